@@ -1,0 +1,33 @@
+// Package docstore is the writer's access to Postgres: the only code that
+// writes the documents, chunks and outbox tables.
+//
+// # Write order
+//
+// A write of one or more document versions is a single SQL statement (for
+// a batch with a key repeated, one statement per occurrence, all in one
+// transaction), so it commits whole or not at all. Inside it:
+//
+//  1. documents: INSERT ... ON CONFLICT (key) DO UPDATE ... WHERE
+//     excluded.version > documents.version — the freshness guard. Only the
+//     rows it returns ("applied") take part in the next steps.
+//  2. chunks: the applied documents' old chunks are deleted and the new
+//     version's chunks inserted, under their derived ids.
+//  3. outbox: one row per applied (key, version, kind), keyed by the derived
+//     event id, carrying the canonical event.
+//
+// A crash before the commit leaves nothing; after it, everything. There is
+// no state in which a document changed without its outbox row, or the
+// reverse.
+//
+// # Results
+//
+// A version not applied is classified by reading the stored row afterwards:
+// a newer stored version makes it [Stale]; the same version with the same
+// content hash makes it [Unchanged] (a redelivery: no second outbox row);
+// the same version with other content is a [*ConflictError]. Versions only
+// grow, so the classification is true of the state at the time it is read.
+//
+// Serialization failures, deadlocks and errors pgconn reports safe to retry
+// are retried with backoff; the statement is atomic, so a retry cannot
+// apply anything twice.
+package docstore

@@ -1,0 +1,392 @@
+package docstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/converge-sync/converge/internal/chunking"
+	"github.com/converge-sync/converge/pkg/contract"
+)
+
+// Result of writing one document version.
+type Result string
+
+// The results of a write that did not fail.
+const (
+	Applied   Result = "applied"   // stored; its event is in the outbox
+	Unchanged Result = "unchanged" // this exact version was already stored
+	Stale     Result = "stale"     // a newer version is stored; nothing written
+)
+
+// Write is one document version to store: an upsert, or a withdrawal when
+// Withdraw is set (then only Key and Version are used).
+type Write struct {
+	Doc      contract.Document
+	Withdraw bool
+}
+
+// Outcome is the result of one [Write], in input order. Err is a
+// *[contract.ValidationError] or a *[ConflictError]; the other writes of
+// the batch are unaffected by it.
+type Outcome struct {
+	Key     string
+	Version int64
+	Result  Result
+	EventID uuid.UUID
+	Err     error
+}
+
+// Config of a [Store].
+type Config struct {
+	Chunking   chunking.Config
+	MaxRetries int           // attempts after the first on a retryable error; default 8
+	RetryBase  time.Duration // first backoff; doubles each attempt; default 5ms
+}
+
+func (c *Config) setDefaults() {
+	if c.Chunking == (chunking.Config{}) {
+		c.Chunking = chunking.DefaultConfig()
+	}
+	if c.MaxRetries == 0 {
+		c.MaxRetries = 8
+	}
+	if c.RetryBase == 0 {
+		c.RetryBase = 5 * time.Millisecond
+	}
+}
+
+// Validate reports a configuration that cannot work.
+func (c Config) Validate() error {
+	if err := c.Chunking.Validate(); err != nil {
+		return fmt.Errorf("docstore: %w", err)
+	}
+	if c.MaxRetries < 0 {
+		return fmt.Errorf("docstore: MaxRetries must be >= 0, got %d", c.MaxRetries)
+	}
+	return nil
+}
+
+// Store writes and reads documents. It is safe for concurrent use.
+type Store struct {
+	pool *pgxpool.Pool
+	cfg  Config
+	log  *slog.Logger
+	// retries counts retried statements; exported through Retries.
+	retries func()
+}
+
+// New returns a Store over pool.
+func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger) (*Store, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Store{pool: pool, cfg: cfg, log: log, retries: func() {}}, nil
+}
+
+// OnRetry sets a hook called once per retried statement (for metrics).
+func (s *Store) OnRetry(f func()) { s.retries = f }
+
+// Pool is the store's connection pool, for readiness checks.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// prepared is a validated write with everything derived from it.
+type prepared struct {
+	idx     int
+	key     string
+	version int64
+	deleted bool
+	title   string
+	links   string // JSON array
+	tags    string // JSON array
+	meta    string
+	hash    string
+	event   contract.Event
+	payload string
+}
+
+// Prepare validates and derives one write: normalisation, chunking, the
+// event and its canonical encoding. It touches no database.
+func (s *Store) prepare(w Write) (prepared, error) {
+	if w.Withdraw {
+		if err := contract.ValidateKey(w.Doc.Key); err != nil {
+			return prepared{}, err
+		}
+		if err := contract.ValidateVersion(w.Doc.Version); err != nil {
+			return prepared{}, err
+		}
+		ev := contract.NewWithdrawnEvent(w.Doc.Key, w.Doc.Version)
+		payload, err := ev.Encode()
+		if err != nil {
+			return prepared{}, fmt.Errorf("docstore: encode event: %w", err)
+		}
+		return prepared{key: ev.Key, version: ev.Version, deleted: true, links: "[]", tags: "[]", meta: "{}",
+			hash: ev.ContentHash, event: ev, payload: string(payload)}, nil
+	}
+	d, err := w.Doc.Normalize()
+	if err != nil {
+		return prepared{}, err
+	}
+	ev := contract.NewUpsertedEvent(d, chunking.Split(d.Body, s.cfg.Chunking))
+	payload, err := ev.Encode()
+	if err != nil {
+		return prepared{}, fmt.Errorf("docstore: encode event: %w", err)
+	}
+	links, _ := json.Marshal(d.Links)
+	tags, _ := json.Marshal(d.Tags)
+	return prepared{key: d.Key, version: d.Version, title: d.Title, links: string(links), tags: string(tags),
+		meta: string(d.Meta), hash: ev.ContentHash, event: ev, payload: string(payload)}, nil
+}
+
+// Put stores one document version.
+func (s *Store) Put(ctx context.Context, d contract.Document) (Outcome, error) {
+	out, err := s.Apply(ctx, []Write{{Doc: d}})
+	if err != nil {
+		return Outcome{}, err
+	}
+	return out[0], out[0].Err
+}
+
+// Withdraw stores a tombstone at version: the document disappears from every
+// projection, and no upsert older than version can bring it back.
+func (s *Store) Withdraw(ctx context.Context, key string, version int64) (Outcome, error) {
+	out, err := s.Apply(ctx, []Write{{Doc: contract.Document{Key: key, Version: version}, Withdraw: true}})
+	if err != nil {
+		return Outcome{}, err
+	}
+	return out[0], out[0].Err
+}
+
+// Apply stores a batch of writes in one transaction and returns one outcome
+// per write, in order. Invalid writes and conflicts are reported in their
+// outcome and do not prevent the others; the returned error is for the
+// batch as a whole (the database failed), in which case nothing was stored.
+func (s *Store) Apply(ctx context.Context, writes []Write) ([]Outcome, error) {
+	outs := make([]Outcome, len(writes))
+	rounds := make([][]prepared, 0, 1)
+	seen := make(map[string]int, len(writes))
+	for i, w := range writes {
+		outs[i] = Outcome{Key: w.Doc.Key, Version: w.Doc.Version}
+		p, err := s.prepare(w)
+		if err != nil {
+			outs[i].Err = err
+			continue
+		}
+		p.idx = i
+		outs[i].EventID = p.event.ID
+		// ON CONFLICT cannot touch a row twice in one statement: the n-th
+		// occurrence of a key goes into the n-th round.
+		r := seen[p.key]
+		seen[p.key] = r + 1
+		if r == len(rounds) {
+			rounds = append(rounds, nil)
+		}
+		rounds[r] = append(rounds[r], p)
+	}
+	if len(rounds) == 0 {
+		return outs, nil
+	}
+	for _, r := range rounds {
+		// A consistent lock order across concurrent batches avoids deadlocks.
+		slices.SortFunc(r, func(a, b prepared) int { return strings.Compare(a.key, b.key) })
+	}
+	err := s.retry(ctx, func() error {
+		if len(rounds) == 1 {
+			// One statement is its own transaction: no BEGIN/COMMIT trips.
+			return s.applyRound(ctx, s.pool, rounds[0], outs)
+		}
+		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			for _, r := range rounds {
+				if err := s.applyRound(ctx, tx, r, outs); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, err
+	}
+	return outs, nil
+}
+
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+const applySQL = `
+WITH input AS (
+    SELECT * FROM unnest($1::text[], $2::int8[], $3::bool[], $4::text[], $5::jsonb[], $6::jsonb[],
+                         $7::jsonb[], $8::text[], $9::int4[], $10::uuid[], $11::text[], $12::json[])
+        AS t(key, version, deleted, title, links, tags, meta, content_hash, chunk_count, event_id, kind, payload)
+), doc AS (
+    INSERT INTO documents AS d (key, version, deleted, title, links, tags, meta, content_hash, chunk_count, updated_at)
+    SELECT i.key, i.version, i.deleted, i.title,
+           ARRAY(SELECT jsonb_array_elements_text(i.links)), ARRAY(SELECT jsonb_array_elements_text(i.tags)),
+           i.meta, i.content_hash, i.chunk_count, now()
+    FROM input i ORDER BY i.key
+    ON CONFLICT (key) DO UPDATE
+        SET version = excluded.version, deleted = excluded.deleted, title = excluded.title,
+            links = excluded.links, tags = excluded.tags, meta = excluded.meta,
+            content_hash = excluded.content_hash, chunk_count = excluded.chunk_count,
+            updated_at = excluded.updated_at
+        WHERE excluded.version > d.version
+    RETURNING d.key
+), del AS (
+    DELETE FROM chunks c USING doc WHERE c.key = doc.key
+), ins AS (
+    INSERT INTO chunks (id, key, version, ordinal, text, content_hash)
+    SELECT c.id, c.key, c.version, c.ordinal, c.text, c.content_hash
+    FROM unnest($13::uuid[], $14::text[], $15::int8[], $16::int4[], $17::text[], $18::text[])
+        AS c(id, key, version, ordinal, text, content_hash)
+    WHERE c.key IN (SELECT key FROM doc)
+), ob AS (
+    INSERT INTO outbox (event_id, key, version, kind, payload)
+    SELECT i.event_id, i.key, i.version, i.kind, i.payload FROM input i
+    WHERE i.key IN (SELECT key FROM doc)
+)
+SELECT key FROM doc`
+
+const classifySQL = `SELECT key, version, deleted, content_hash FROM documents WHERE key = ANY($1)`
+
+// applyRound writes one round (distinct keys) and fills in outs.
+func (s *Store) applyRound(ctx context.Context, q querier, round []prepared, outs []Outcome) error {
+	n := len(round)
+	var (
+		keys, titles, hashes, kinds, payloads = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		links, tags, metas                    = make([]string, n), make([]string, n), make([]string, n)
+		versions                              = make([]int64, n)
+		deleted                               = make([]bool, n)
+		counts                                = make([]int32, n)
+		eventIDs                              = make([]uuid.UUID, n)
+		cIDs                                  []uuid.UUID
+		cKeys, cTexts, cHashes                []string
+		cVersions                             []int64
+		cOrdinals                             []int32
+	)
+	for i, p := range round {
+		keys[i], versions[i], deleted[i], titles[i] = p.key, p.version, p.deleted, p.title
+		links[i], tags[i], metas[i], hashes[i] = p.links, p.tags, p.meta, p.hash
+		counts[i], eventIDs[i], kinds[i], payloads[i] = int32(len(p.event.Chunks)), p.event.ID, string(p.event.Kind), p.payload
+		for _, c := range p.event.Chunks {
+			cIDs = append(cIDs, c.ID)
+			cKeys = append(cKeys, p.key)
+			cVersions = append(cVersions, p.version)
+			cOrdinals = append(cOrdinals, int32(c.Ordinal))
+			cTexts = append(cTexts, c.Text)
+			cHashes = append(cHashes, c.Hash)
+		}
+	}
+	rows, err := q.Query(ctx, applySQL, keys, versions, deleted, titles, links, tags, metas, hashes, counts,
+		eventIDs, kinds, payloads, cIDs, cKeys, cVersions, cOrdinals, cTexts, cHashes)
+	if err != nil {
+		return fmt.Errorf("docstore: apply: %w", err)
+	}
+	applied, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("docstore: apply: %w", err)
+	}
+	done := make(map[string]bool, len(applied))
+	for _, k := range applied {
+		done[k] = true
+	}
+	var pending []string
+	for _, p := range round {
+		if done[p.key] {
+			outs[p.idx].Result, outs[p.idx].Err = Applied, nil
+		} else {
+			pending = append(pending, p.key)
+		}
+	}
+	if len(pending) == 0 {
+		return nil
+	}
+	rows, err = q.Query(ctx, classifySQL, pending)
+	if err != nil {
+		return fmt.Errorf("docstore: classify: %w", err)
+	}
+	type stored struct {
+		version int64
+		deleted bool
+		hash    string
+	}
+	current := make(map[string]stored, len(pending))
+	var (
+		k  string
+		st stored
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&k, &st.version, &st.deleted, &st.hash}, func() error {
+		current[k] = st
+		return nil
+	}); err != nil {
+		return fmt.Errorf("docstore: classify: %w", err)
+	}
+	for _, p := range round {
+		if done[p.key] {
+			continue
+		}
+		cur, ok := current[p.key]
+		switch {
+		case !ok:
+			return fmt.Errorf("docstore: %q was neither applied nor found", p.key)
+		case cur.version > p.version:
+			outs[p.idx].Result, outs[p.idx].Err = Stale, nil
+		case cur.version == p.version && cur.hash == p.hash:
+			outs[p.idx].Result, outs[p.idx].Err = Unchanged, nil
+		case cur.version == p.version:
+			outs[p.idx].Err = &ConflictError{Key: p.key, Version: p.version, StoredHash: cur.hash, IncomingHash: p.hash, StoredDeleted: cur.deleted}
+		default:
+			return fmt.Errorf("docstore: %q stored at version %d, older than %d, yet not applied", p.key, cur.version, p.version)
+		}
+	}
+	return nil
+}
+
+// retry runs f until it succeeds, fails with an error that is not
+// retryable, or the attempts or ctx run out.
+func (s *Store) retry(ctx context.Context, f func() error) error {
+	delay := s.cfg.RetryBase
+	for attempt := 0; ; attempt++ {
+		err := f()
+		if err == nil || attempt >= s.cfg.MaxRetries || !Retryable(err) {
+			return err
+		}
+		s.retries()
+		s.log.DebugContext(ctx, "retrying write", "attempt", attempt+1, "err", err)
+		select {
+		case <-ctx.Done():
+			return errors.Join(err, ctx.Err())
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, time.Second)
+	}
+}
+
+// Retryable reports whether err is a transient database error after which
+// the same statement may simply run again: serialization failure, deadlock,
+// or a failure pgconn knows happened before anything was sent.
+func Retryable(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "40001", "40P01": // serialization_failure, deadlock_detected
+			return true
+		}
+		return false
+	}
+	return pgconn.SafeToRetry(err)
+}

@@ -1,0 +1,41 @@
+package contract
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+)
+
+// Subject prefixes. Keys are not NATS-safe (they may hold dots, spaces and
+// wildcards), so a subject carries a fixed-length token of the key's hash.
+const (
+	DocsSubjectPrefix   = "converge.docs."
+	IngestSubjectPrefix = "converge.ingest."
+	DLQSubjectPrefix    = "converge.dlq."
+	// TokenLength is the length of a subject token in characters.
+	TokenLength = 32
+)
+
+// KeyHash is the SHA-256 of a document key. Subject tokens and verification
+// buckets derive from it.
+func KeyHash(key string) [sha256.Size]byte {
+	return sha256.Sum256([]byte(key))
+}
+
+// SubjectToken is the NATS-safe token of a key: the lowercase hex of the first
+// 16 bytes of its SHA-256, always [TokenLength] characters.
+func SubjectToken(key string) string {
+	h := KeyHash(key)
+	return hex.EncodeToString(h[:TokenLength/2])
+}
+
+// Subject is the stream subject of a document's events:
+// "converge.docs.<token>". All versions of one document share it, so they
+// are ordered.
+func Subject(key string) string { return DocsSubjectPrefix + SubjectToken(key) }
+
+// IngestSubject is the subject a producer publishes a document to when it
+// uses the queue path into the writer: "converge.ingest.<token>".
+func IngestSubject(key string) string { return IngestSubjectPrefix + SubjectToken(key) }
+
+// DLQSubject is the dead-letter subject of a consumer, "converge.dlq.<name>".
+func DLQSubject(consumer string) string { return DLQSubjectPrefix + consumer }
