@@ -1,0 +1,24 @@
+// Package testenv provides real infrastructure for tests: one throwaway
+// PostgreSQL cluster per test package with a cheap fresh database per test,
+// and embedded NATS JetStream servers.
+//
+// Tests exercise the same Postgres and NATS code paths as production rather
+// than fakes, so the helpers aim to make that cheap: the cluster starts once
+// in TestMain (see RunMain), each test gets its own database so tests can
+// run in parallel, and NewDatabaseFrom clones a database prepared once (for
+// example migrated) instead of re-running the preparation per test.
+//
+// Typical use:
+//
+//	var pg *testenv.Postgres
+//
+//	func TestMain(m *testing.M) { os.Exit(testenv.RunMain(m, &pg)) }
+//
+//	func TestX(t *testing.T) {
+//		t.Parallel()
+//		url := pg.NewDatabaseFrom(t, "migrated", migrate)
+//		...
+//	}
+//
+// This package is for tests only; production code uses internal/pgcluster.
+package testenv
