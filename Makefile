@@ -1,0 +1,56 @@
+# converge: the commands in the README. `make help` lists them.
+GO        ?= go
+PKGS      ?= ./...
+BENCHTIME ?= 3s
+BIN       := bin
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## list the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: build
+build: ## build every binary into bin/
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+.PHONY: deps
+deps: ## install what the tests need (PostgreSQL server binaries) when missing
+	@bash scripts/ensure-postgres.sh
+
+.PHONY: fmt-check
+fmt-check: ## fail when a file is not gofmt-formatted
+	@out="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"; \
+	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
+
+.PHONY: vet
+vet: ## go vet
+	$(GO) vet $(PKGS)
+
+.PHONY: test
+test: deps fmt-check vet ## everything CI runs: gofmt, go vet, go test -race (starts its own Postgres and NATS)
+	$(GO) test -race -count=1 -timeout 12m $(PKGS)
+
+.PHONY: test-short
+test-short: deps ## the tests without the race detector
+	$(GO) test -count=1 $(PKGS)
+
+.PHONY: fuzz
+fuzz: ## run every fuzz target for FUZZTIME each (default 30s)
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeEvent$$' -fuzztime $${FUZZTIME:-30s} ./pkg/contract
+	$(GO) test -run '^$$' -fuzz '^FuzzSplit$$' -fuzztime $${FUZZTIME:-30s} ./internal/chunking
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeWrite$$' -fuzztime $${FUZZTIME:-30s} ./internal/writer
+
+.PHONY: bench
+bench: deps ## benchmarks; each comparison runs both sides in one run and prints the ratio
+	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -count 1 ./internal/docstore ./internal/chunking ./pkg/contract
+
+.PHONY: lint
+lint: ## golangci-lint when installed, else go vet
+	@if command -v golangci-lint >/dev/null 2>&1; then golangci-lint run $(PKGS); \
+	else echo "golangci-lint not installed (go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0); running go vet"; $(GO) vet $(PKGS); fi
+
+.PHONY: clean
+clean: ## remove build output
+	rm -rf $(BIN)

@@ -1,0 +1,94 @@
+// Command converge is the operator's tool: schema migrations and, as the
+// pipeline grows, status, replay, rebuild and verification.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/converge-sync/converge/internal/config"
+	"github.com/converge-sync/converge/internal/schema"
+)
+
+const usage = `converge: operate a converge pipeline
+
+Usage:
+  converge migrate up        apply pending schema migrations (a no-op when current)
+  converge migrate status    show the applied and the newest schema version
+
+Every command takes -postgres-url (env CONVERGE_POSTGRES_URL).
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout)
+	stop()
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintln(os.Stderr, "converge:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, out io.Writer) error {
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		fmt.Fprint(out, usage)
+		return nil
+	}
+	switch args[0] {
+	case "migrate":
+		if len(args) < 2 {
+			return fmt.Errorf("migrate needs a subcommand: up or status\n\n%s", usage)
+		}
+		return migrate(ctx, args[1], args[2:], out)
+	default:
+		return fmt.Errorf("unknown command %q\n\n%s", args[0], usage)
+	}
+}
+
+func migrate(ctx context.Context, sub string, args []string, out io.Writer) error {
+	f := config.NewFlags("converge migrate " + sub)
+	pg := f.String("postgres-url", config.EnvPostgresURL, "", "Postgres URL")
+	if err := f.Parse(args); err != nil {
+		return err
+	}
+	if err := config.Require(*pg, "postgres-url", config.EnvPostgresURL); err != nil {
+		return err
+	}
+	switch sub {
+	case "up":
+		st, err := schema.Up(ctx, *pg)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "schema at version %d (newest %d)\n", st.Version, st.Latest)
+		return nil
+	case "status":
+		st, err := schema.Inspect(ctx, *pg)
+		if err != nil {
+			return err
+		}
+		state := "current"
+		switch {
+		case st.Dirty:
+			state = "DIRTY: a migration failed halfway; fix the database, then force the version"
+		case st.Version < st.Latest:
+			state = "behind: run `converge migrate up`"
+		}
+		fmt.Fprintf(out, "schema at version %d, newest %d: %s\n", st.Version, st.Latest, state)
+		if !st.Current() {
+			return errors.New("schema is not current")
+		}
+		return nil
+	default:
+		return fmt.Errorf("unknown migrate subcommand %q: use up or status", sub)
+	}
+}

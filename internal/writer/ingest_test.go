@@ -1,0 +1,195 @@
+package writer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/converge-sync/converge/internal/docstore"
+	"github.com/converge-sync/converge/internal/testenv"
+	"github.com/converge-sync/converge/internal/writer"
+	"github.com/converge-sync/converge/pkg/contract"
+)
+
+// flakyStore fails the first n writes, as a database outage would, to show
+// that messages are acknowledged only after a commit.
+type flakyStore struct {
+	writer.Store
+	failures atomic.Int32
+	calls    atomic.Int32
+}
+
+func (f *flakyStore) Apply(ctx context.Context, w []docstore.Write) ([]docstore.Outcome, error) {
+	f.calls.Add(1)
+	if f.failures.Add(-1) >= 0 {
+		return nil, errors.New("injected: connection refused")
+	}
+	return f.Store.Apply(ctx, w)
+}
+
+func startIngest(t *testing.T, js jetstream.JetStream, store writer.Store) (*writer.Metrics, func()) {
+	t.Helper()
+	metrics := writer.NewMetrics(nil)
+	in := writer.NewIngest(js, store, writer.IngestConfig{BatchSize: 64, MaxWait: 50 * time.Millisecond,
+		RetryDelay: 50 * time.Millisecond}, metrics, nil)
+	if err := in.EnsureStreams(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := in.Run(ctx); err != nil {
+			t.Errorf("ingest: %v", err)
+		}
+	}()
+	stop := func() { cancel(); wg.Wait() }
+	t.Cleanup(stop)
+	return metrics, stop
+}
+
+func publish(t *testing.T, js jetstream.JetStream, subject, data string) {
+	t.Helper()
+	if _, err := js.Publish(context.Background(), subject, []byte(data)); err != nil {
+		t.Fatalf("publish %s: %v", subject, err)
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func countRows(t *testing.T, e *env, sql string) int {
+	t.Helper()
+	var n int
+	if err := e.pool.QueryRow(context.Background(), sql).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestIngestAppliesAndDeadLetters(t *testing.T) {
+	e := newEnv(t)
+	ns := testenv.StartNATS(t)
+	js, err := jetstream.New(ns.Connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &flakyStore{Store: e.store}
+	store.failures.Store(2)
+	_, _ = startIngest(t, js, store)
+
+	// Every document three times, versions interleaved, as an
+	// at-least-once producer would.
+	const docs = 40
+	for round := range 3 {
+		for i := range docs {
+			key := fmt.Sprintf("queue/doc %d", i)
+			for v := 1; v <= 2; v++ {
+				publish(t, js, contract.IngestSubject(key), fmt.Sprintf(`{"key":%q,"version":%d,"title":"v%d","body":"body %d"}`, key, v, v, i))
+			}
+			if round == 2 && i%10 == 0 {
+				publish(t, js, contract.IngestSubject(key), fmt.Sprintf(`{"key":%q,"version":3,"withdrawn":true}`, key))
+			}
+		}
+	}
+	// Poison: malformed, on the wrong subject, and a version conflict.
+	publish(t, js, contract.IngestSubject("bad"), `{"key":"bad","version":`)
+	publish(t, js, contract.IngestSubject("someone-else"), `{"key":"queue/doc 1","version":9,"title":"x"}`)
+	publish(t, js, contract.IngestSubject("queue/doc 5"), `{"key":"queue/doc 5","version":2,"title":"different"}`)
+
+	waitFor(t, "all documents", func() bool {
+		return countRows(t, e, `SELECT count(*) FROM documents WHERE version >= 2`) == docs
+	})
+	dlq, err := js.Stream(context.Background(), writer.DLQStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "three dead letters", func() bool {
+		info, err := dlq.Info(context.Background())
+		return err == nil && info.State.Msgs == 3
+	})
+	wantCodes := map[string]bool{"invalid_json": false, "subject_mismatch": false, "version_conflict": false}
+	for seq := uint64(1); seq <= 3; seq++ {
+		m, err := dlq.GetMsg(context.Background(), seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		code := m.Header.Get(writer.HeaderDLQCode)
+		if _, ok := wantCodes[code]; !ok || m.Header.Get(writer.HeaderDLQReason) == "" || m.Header.Get(writer.HeaderDLQSubject) == "" {
+			t.Fatalf("dead letter %d: code %q headers %v", seq, code, m.Header)
+		}
+		wantCodes[code] = true
+		if m.Subject != contract.DLQSubject(writer.IngestDLQName) {
+			t.Fatalf("dead letter on %s", m.Subject)
+		}
+	}
+	for code, seen := range wantCodes {
+		if !seen {
+			t.Errorf("no dead letter with code %s", code)
+		}
+	}
+	// Exactly one event per applied (key, version), however many
+	// deliveries and failed attempts there were.
+	if n := countRows(t, e, `SELECT count(*) FROM outbox`); n != 2*docs+docs/10 {
+		t.Fatalf("outbox rows %d, want %d", n, 2*docs+docs/10)
+	}
+	if n := countRows(t, e, `SELECT count(*) FROM documents WHERE deleted`); n != docs/10 {
+		t.Fatalf("withdrawn %d, want %d", n, docs/10)
+	}
+	if store.calls.Load() < 3 {
+		t.Fatalf("store called %d times; the injected failures were not exercised", store.calls.Load())
+	}
+	// Work-queue retention: every message was acknowledged, after commit.
+	ingest, _ := js.Stream(context.Background(), writer.IngestStream)
+	waitFor(t, "ingest stream drained", func() bool {
+		info, err := ingest.Info(context.Background())
+		return err == nil && info.State.Msgs == 0
+	})
+}
+
+// A store that is down keeps messages in the stream: nothing is acknowledged
+// before a commit, so nothing is lost when the writer stops mid-outage.
+func TestIngestDoesNotAckWithoutCommit(t *testing.T) {
+	e := newEnv(t)
+	ns := testenv.StartNATS(t)
+	nc := ns.Connect(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &flakyStore{Store: e.store}
+	store.failures.Store(1 << 30)
+	_, stop := startIngest(t, js, store)
+	for i := range 10 {
+		key := fmt.Sprintf("k%d", i)
+		publish(t, js, contract.IngestSubject(key), fmt.Sprintf(`{"key":%q,"version":1}`, key))
+	}
+	waitFor(t, "failed attempts", func() bool { return store.calls.Load() >= 2 })
+	stop()
+	ingest, _ := js.Stream(context.Background(), writer.IngestStream)
+	info, err := ingest.Info(context.Background())
+	if err != nil || info.State.Msgs != 10 {
+		t.Fatalf("ingest stream holds %d messages (%v), want all 10", info.State.Msgs, err)
+	}
+	// The writer comes back with a healthy store and applies them all.
+	store.failures.Store(0)
+	_, _ = startIngest(t, js, store)
+	waitFor(t, "documents after recovery", func() bool {
+		return countRows(t, e, `SELECT count(*) FROM documents`) == 10
+	})
+}
