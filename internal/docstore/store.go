@@ -66,8 +66,10 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// Validate reports a configuration that cannot work.
+// Validate reports a configuration that cannot work. Zero fields take
+// their defaults.
 func (c Config) Validate() error {
+	c.setDefaults()
 	if err := c.Chunking.Validate(); err != nil {
 		return fmt.Errorf("docstore: %w", err)
 	}

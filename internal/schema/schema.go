@@ -17,6 +17,7 @@ import (
 	_ "github.com/golang-migrate/migrate/v4/database/pgx/v5" // registers pgx5://
 	"github.com/golang-migrate/migrate/v4/source/iofs"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/converge-sync/converge/migrations"
 )
@@ -80,7 +81,8 @@ func Check(ctx context.Context, db interface {
 	)
 	err = db.QueryRow(ctx, `SELECT version, dirty FROM schema_migrations LIMIT 1`).Scan(&v, &dirty)
 	switch {
-	case errors.Is(err, pgx.ErrNoRows):
+	case errors.Is(err, pgx.ErrNoRows), isUndefinedTable(err):
+		// Never migrated: version 0, which the caller reports as behind.
 		return Status{Latest: latest}, nil
 	case err != nil:
 		return Status{Latest: latest}, fmt.Errorf("schema: read version: %w", err)
@@ -90,6 +92,11 @@ func Check(ctx context.Context, db interface {
 		return st, ErrDirty
 	}
 	return st, nil
+}
+
+func isUndefinedTable(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42P01"
 }
 
 var migrationName = regexp.MustCompile(`^(\d+)_.*\.up\.sql$`)

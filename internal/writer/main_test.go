@@ -2,10 +2,12 @@ package writer_test
 
 import (
 	"context"
+	"log/slog"
 	"net/http/httptest"
 	"os"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/converge-sync/converge/internal/docstore"
@@ -52,4 +54,15 @@ func newEnv(t testing.TB) *env {
 	srv := httptest.NewServer(writer.NewAPI(store, writer.APIConfig{BatchSize: 100}, metrics, nil))
 	t.Cleanup(srv.Close)
 	return &env{pool: pool, store: store, metrics: metrics, srv: srv}
+}
+
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+func pgxCount(url string, n *int) error {
+	conn, err := pgx.Connect(context.Background(), url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	return conn.QueryRow(context.Background(), `SELECT count(*) FROM documents`).Scan(n)
 }

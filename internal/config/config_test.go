@@ -1,0 +1,56 @@
+package config_test
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/converge-sync/converge/internal/config"
+)
+
+func TestFlagsTakeEnvironmentDefaults(t *testing.T) {
+	t.Setenv("CONVERGE_TEST_ADDR", "127.0.0.1:9999")
+	t.Setenv("CONVERGE_TEST_N", "7")
+	t.Setenv("CONVERGE_TEST_D", "250ms")
+	t.Setenv("CONVERGE_TEST_B", "true")
+	f := config.NewFlags("t")
+	addr := f.String("addr", "CONVERGE_TEST_ADDR", "x", "")
+	n := f.Int("n", "CONVERGE_TEST_N", 1, "")
+	d := f.Duration("d", "CONVERGE_TEST_D", time.Second, "")
+	b := f.Bool("b", "CONVERGE_TEST_B", false, "")
+	def := f.String("def", "CONVERGE_TEST_UNSET", "fallback", "")
+	if err := f.Parse([]string{"-n", "9"}); err != nil {
+		t.Fatal(err)
+	}
+	if *addr != "127.0.0.1:9999" || *n != 9 || *d != 250*time.Millisecond || !*b || *def != "fallback" {
+		t.Fatalf("got %q %d %v %v %q", *addr, *n, *d, *b, *def)
+	}
+}
+
+func TestBadEnvironmentValueIsNamed(t *testing.T) {
+	t.Setenv("CONVERGE_TEST_N", "seven")
+	f := config.NewFlags("t")
+	f.Int("n", "CONVERGE_TEST_N", 1, "")
+	err := f.Parse(nil)
+	if err == nil || !strings.Contains(err.Error(), "CONVERGE_TEST_N") {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestSecretFromFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(path, []byte("s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("CONVERGE_TEST_SECRET_FILE", path)
+	v, ok, err := config.Lookup("CONVERGE_TEST_SECRET")
+	if err != nil || !ok || v != "s3cret" {
+		t.Fatalf("Lookup = %q %v %v", v, ok, err)
+	}
+	t.Setenv("CONVERGE_TEST_SECRET_FILE", filepath.Join(t.TempDir(), "missing"))
+	if _, _, err := config.Lookup("CONVERGE_TEST_SECRET"); err == nil {
+		t.Fatal("a missing secret file must be an error")
+	}
+}

@@ -1,0 +1,141 @@
+package writer_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/converge-sync/converge/internal/writer"
+)
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// The service reports not-ready until the schema is current, migrates when
+// asked, serves the API, and on shutdown lets in-flight requests finish.
+func TestServiceReadinessAndGracefulShutdown(t *testing.T) {
+	dbURL := pg.NewDatabase(t) // empty: not migrated
+	metricsAddr := freeAddr(t)
+
+	run := func(migrate bool) (string, context.CancelFunc, chan error) {
+		ctx, cancel := context.WithCancel(context.Background())
+		addrc := make(chan net.Addr, 1)
+		done := make(chan error, 1)
+		go func() {
+			done <- writer.RunService(ctx, writer.ServiceConfig{
+				PostgresURL: dbURL, HTTPAddr: "127.0.0.1:0", MetricsAddr: metricsAddr, Migrate: migrate,
+				MaxConns: 4, ShutdownGrace: 10 * time.Second, OnListen: func(a net.Addr) { addrc <- a },
+			}, discardLogger())
+		}()
+		select {
+		case a := <-addrc:
+			return "http://" + a.String(), cancel, done
+		case err := <-done:
+			cancel()
+			t.Fatalf("service ended early: %v", err)
+		case <-time.After(30 * time.Second):
+			t.Fatal("service did not listen")
+		}
+		return "", cancel, done
+	}
+
+	_, cancel, done := run(false)
+	waitFor(t, "readyz to answer", func() bool { c, _ := get(t, "http://"+metricsAddr+"/readyz"); return c != 0 })
+	if code, body := get(t, "http://"+metricsAddr+"/readyz"); code != 503 || !strings.Contains(body, "converge migrate up") {
+		t.Fatalf("readyz on an unmigrated database: %d %s", code, body)
+	}
+	if code, _ := get(t, "http://"+metricsAddr+"/healthz"); code != 200 {
+		t.Fatalf("healthz: %d", code)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+
+	base, cancel, done := run(true)
+	waitFor(t, "ready", func() bool { c, _ := get(t, "http://"+metricsAddr+"/readyz"); return c == 200 })
+
+	// Start requests whose bodies are only half sent, shut down while they
+	// are in flight, then finish sending: every one must complete.
+	const inflight = 20
+	var wg sync.WaitGroup
+	codes := make(chan int, inflight)
+	writers := make([]*io.PipeWriter, inflight)
+	rests := make([]string, inflight)
+	for i := range inflight {
+		body := fmt.Sprintf(`{"version":1,"body":%q}`, strings.Repeat("paragraph\n\n", 2000))
+		pr, pw := io.Pipe()
+		writers[i], rests[i] = pw, body[len(body)/2:]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequest("PUT", fmt.Sprintf("%s/v1/documents/s%d", base, i), pr)
+			req.Header.Set("Content-Type", "application/json")
+			req.ContentLength = int64(len(body))
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Errorf("request %d: %v", i, err)
+				codes <- 0
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			codes <- resp.StatusCode
+		}()
+		go func() { _, _ = io.WriteString(pw, body[:len(body)/2]) }()
+	}
+	time.Sleep(300 * time.Millisecond) // let the server accept every request
+	cancel()
+	time.Sleep(100 * time.Millisecond) // shutdown has begun: the listener is closed
+	if _, err := net.DialTimeout("tcp", strings.TrimPrefix(base, "http://"), time.Second); err == nil {
+		t.Error("the API still accepts connections after shutdown began")
+	}
+	for i, pw := range writers {
+		_, _ = io.WriteString(pw, rests[i])
+		_ = pw.Close()
+	}
+	wg.Wait()
+	close(codes)
+	if err := <-done; err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	ok := 0
+	for c := range codes {
+		if c != 200 {
+			t.Fatalf("in-flight request answered %d across shutdown", c)
+		}
+		ok++
+	}
+	var stored int
+	if err := pgxCount(dbURL, &stored); err != nil {
+		t.Fatal(err)
+	}
+	if stored != inflight || ok != inflight {
+		t.Fatalf("%d requests answered 200, %d documents stored, want %d", ok, stored, inflight)
+	}
+	t.Logf("%d of %d requests completed across shutdown", ok, inflight)
+}
