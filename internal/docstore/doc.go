@@ -3,10 +3,15 @@
 //
 // # Write order
 //
-// A write of one or more document versions is a single SQL statement (for
-// a batch with a key repeated, one statement per occurrence, all in one
-// transaction), so it commits whole or not at all. Inside it:
+// A write of one or more document versions is one transaction: for a
+// batch whose keys are distinct, a pipeline of two statements with a single
+// Sync (an implicit transaction, one network round trip); for a batch with a
+// key repeated, an explicit transaction with one write statement per
+// occurrence. Inside it:
 //
+//  0. pg_advisory_xact_lock on each key's hash, in hash order: writers of
+//     the same key are serialised, so each write's snapshot already sees
+//     the chunks the previous writer committed.
 //  1. documents: INSERT ... ON CONFLICT (key) DO UPDATE ... WHERE
 //     excluded.version > documents.version — the freshness guard. Only the
 //     rows it returns ("applied") take part in the next steps.
@@ -15,6 +20,7 @@
 //  3. outbox: one row per applied (key, version, kind), keyed by the derived
 //     event id, carrying the canonical event.
 //
+// Steps 1 to 3 are one SQL statement.
 // A crash before the commit leaves nothing; after it, everything. There is
 // no state in which a document changed without its outbox row, or the
 // reverse.

@@ -115,10 +115,10 @@ type prepared struct {
 	title   string
 	links   string // JSON array
 	tags    string // JSON array
-	meta    string
+	meta    []byte
 	hash    string
 	event   contract.Event
-	payload string
+	payload []byte // canonical event JSON, sent to the json column verbatim
 }
 
 // Prepare validates and derives one write: normalisation, chunking, the
@@ -136,8 +136,8 @@ func (s *Store) prepare(w Write) (prepared, error) {
 		if err != nil {
 			return prepared{}, fmt.Errorf("docstore: encode event: %w", err)
 		}
-		return prepared{key: ev.Key, version: ev.Version, deleted: true, links: "[]", tags: "[]", meta: "{}",
-			hash: ev.ContentHash, event: ev, payload: string(payload)}, nil
+		return prepared{key: ev.Key, version: ev.Version, deleted: true, links: "[]", tags: "[]", meta: []byte("{}"),
+			hash: ev.ContentHash, event: ev, payload: payload}, nil
 	}
 	d, err := w.Doc.Normalize()
 	if err != nil {
@@ -151,7 +151,7 @@ func (s *Store) prepare(w Write) (prepared, error) {
 	links, _ := json.Marshal(d.Links)
 	tags, _ := json.Marshal(d.Tags)
 	return prepared{key: d.Key, version: d.Version, title: d.Title, links: string(links), tags: string(tags),
-		meta: string(d.Meta), hash: ev.ContentHash, event: ev, payload: string(payload)}, nil
+		meta: d.Meta, hash: ev.ContentHash, event: ev, payload: payload}, nil
 }
 
 // Put stores one document version.
@@ -179,7 +179,7 @@ func (s *Store) Withdraw(ctx context.Context, key string, version int64) (Outcom
 // batch as a whole (the database failed), in which case nothing was stored.
 func (s *Store) Apply(ctx context.Context, writes []Write) ([]Outcome, error) {
 	outs := make([]Outcome, len(writes))
-	rounds := make([][]prepared, 0, 1)
+	rounds := make([]round, 0, 1)
 	seen := make(map[string]int, len(writes))
 	for i, w := range writes {
 		outs[i] = Outcome{Key: w.Doc.Key, Version: w.Doc.Version}
@@ -203,17 +203,23 @@ func (s *Store) Apply(ctx context.Context, writes []Write) ([]Outcome, error) {
 		return outs, nil
 	}
 	for _, r := range rounds {
-		// A consistent lock order across concurrent batches avoids deadlocks.
+		// A consistent row lock order across concurrent batches.
 		slices.SortFunc(r, func(a, b prepared) int { return strings.Compare(a.key, b.key) })
 	}
 	err := s.retry(ctx, func() error {
 		if len(rounds) == 1 {
-			// One statement is its own transaction: no BEGIN/COMMIT trips.
-			return s.applyRound(ctx, s.pool, rounds[0], outs)
+			return s.applySingleRound(ctx, rounds[0], outs)
 		}
 		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, lockSQL, rounds[0].keys()); err != nil {
+				return fmt.Errorf("docstore: lock keys: %w", err)
+			}
 			for _, r := range rounds {
-				if err := s.applyRound(ctx, tx, r, outs); err != nil {
+				rows, err := tx.Query(ctx, applySQL, r.args()...)
+				if err != nil {
+					return fmt.Errorf("docstore: apply: %w", err)
+				}
+				if err := s.finishRound(ctx, tx, r, rows, outs); err != nil {
 					return err
 				}
 			}
@@ -249,7 +255,7 @@ WITH input AS (
         WHERE excluded.version > d.version
     RETURNING d.key
 ), del AS (
-    DELETE FROM chunks c USING doc WHERE c.key = doc.key
+    DELETE FROM chunks c WHERE c.key = ANY (ARRAY(SELECT key FROM doc))
 ), ins AS (
     INSERT INTO chunks (id, key, version, ordinal, text, content_hash)
     SELECT c.id, c.key, c.version, c.ordinal, c.text, c.content_hash
@@ -263,24 +269,56 @@ WITH input AS (
 )
 SELECT key FROM doc`
 
+// lockSQL serialises writers of the same keys for the rest of the
+// transaction. Without it, two concurrent writes of one key could each take
+// their snapshot before the other committed, and the later one would
+// delete only the chunks it saw, leaving the other version's chunks behind.
+// Locks are taken in one order (by hash), so writers cannot deadlock on
+// them; the advisory class 0x434F4E56 ("CONV") keeps them apart from other
+// applications' advisory locks, and a hash collision only serialises two
+// unrelated keys.
+const lockSQL = `
+SELECT pg_advisory_xact_lock(1129270870, h)
+FROM (SELECT DISTINCT hashtext(k) AS h FROM unnest($1::text[]) AS k) l
+ORDER BY h`
+
 const classifySQL = `SELECT key, version, deleted, content_hash FROM documents WHERE key = ANY($1)`
 
-// applyRound writes one round (distinct keys) and fills in outs.
-func (s *Store) applyRound(ctx context.Context, q querier, round []prepared, outs []Outcome) error {
-	n := len(round)
+// round is a set of writes with distinct keys: one statement.
+type round []prepared
+
+// keys are the round's keys; the first round holds every key of a batch.
+func (r round) keys() []string {
+	keys := make([]string, len(r))
+	for i, p := range r {
+		keys[i] = p.key
+	}
+	return keys
+}
+
+// args are the parameters of applySQL for the round.
+func (r round) args() []any {
+	n := len(r)
 	var (
-		keys, titles, hashes, kinds, payloads = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-		links, tags, metas                    = make([]string, n), make([]string, n), make([]string, n)
-		versions                              = make([]int64, n)
-		deleted                               = make([]bool, n)
-		counts                                = make([]int32, n)
-		eventIDs                              = make([]uuid.UUID, n)
-		cIDs                                  []uuid.UUID
-		cKeys, cTexts, cHashes                []string
-		cVersions                             []int64
-		cOrdinals                             []int32
+		keys, titles, hashes, kinds = make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		links, tags                 = make([]string, n), make([]string, n)
+		metas, payloads             = make([][]byte, n), make([][]byte, n)
+		versions                    = make([]int64, n)
+		deleted                     = make([]bool, n)
+		counts                      = make([]int32, n)
+		eventIDs                    = make([]uuid.UUID, n)
+		chunks                      int
 	)
-	for i, p := range round {
+	for _, p := range r {
+		chunks += len(p.event.Chunks)
+	}
+	var (
+		cIDs                   = make([]uuid.UUID, 0, chunks)
+		cKeys, cTexts, cHashes = make([]string, 0, chunks), make([]string, 0, chunks), make([]string, 0, chunks)
+		cVersions              = make([]int64, 0, chunks)
+		cOrdinals              = make([]int32, 0, chunks)
+	)
+	for i, p := range r {
 		keys[i], versions[i], deleted[i], titles[i] = p.key, p.version, p.deleted, p.title
 		links[i], tags[i], metas[i], hashes[i] = p.links, p.tags, p.meta, p.hash
 		counts[i], eventIDs[i], kinds[i], payloads[i] = int32(len(p.event.Chunks)), p.event.ID, string(p.event.Kind), p.payload
@@ -293,15 +331,51 @@ func (s *Store) applyRound(ctx context.Context, q querier, round []prepared, out
 			cHashes = append(cHashes, c.Hash)
 		}
 	}
-	rows, err := q.Query(ctx, applySQL, keys, versions, deleted, titles, links, tags, metas, hashes, counts,
-		eventIDs, kinds, payloads, cIDs, cKeys, cVersions, cOrdinals, cTexts, cHashes)
+	return []any{keys, versions, deleted, titles, links, tags, metas, hashes, counts,
+		eventIDs, kinds, payloads, cIDs, cKeys, cVersions, cOrdinals, cTexts, cHashes}
+}
+
+// applySingleRound sends the key locks and the write statement in one
+// pipeline. pgx sends a batch with a single Sync, so both run in one
+// implicit transaction: the locks are held until the write commits, and
+// the write's snapshot is taken after they were granted.
+func (s *Store) applySingleRound(ctx context.Context, r round, outs []Outcome) error {
+	b := &pgx.Batch{}
+	b.Queue(lockSQL, r.keys())
+	b.Queue(applySQL, r.args()...)
+	br := s.pool.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		return fmt.Errorf("docstore: lock keys: %w", err)
+	}
+	rows, err := br.Query()
+	if err != nil {
+		_ = br.Close()
+		return fmt.Errorf("docstore: apply: %w", err)
+	}
+	applied, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
 	if err != nil {
 		return fmt.Errorf("docstore: apply: %w", err)
 	}
+	return s.classify(ctx, s.pool, r, applied, outs)
+}
+
+// finishRound reads the applied keys of a round run inside a transaction
+// and classifies the rest.
+func (s *Store) finishRound(ctx context.Context, q querier, r round, rows pgx.Rows, outs []Outcome) error {
 	applied, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		return fmt.Errorf("docstore: apply: %w", err)
 	}
+	return s.classify(ctx, q, r, applied, outs)
+}
+
+// classify fills in outs for a round: applied keys, and for the others
+// stale, unchanged or a conflict from the stored row.
+func (s *Store) classify(ctx context.Context, q querier, round round, applied []string, outs []Outcome) error {
 	done := make(map[string]bool, len(applied))
 	for _, k := range applied {
 		done[k] = true
@@ -317,7 +391,7 @@ func (s *Store) applyRound(ctx context.Context, q querier, round []prepared, out
 	if len(pending) == 0 {
 		return nil
 	}
-	rows, err = q.Query(ctx, classifySQL, pending)
+	rows, err := q.Query(ctx, classifySQL, pending)
 	if err != nil {
 		return fmt.Errorf("docstore: classify: %w", err)
 	}

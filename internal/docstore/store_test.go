@@ -287,6 +287,7 @@ func TestConcurrentWritersConverge(t *testing.T) {
 	if n := count(t, pool, `SELECT count(*) FROM (SELECT key, version FROM outbox GROUP BY key, version HAVING count(*) > 1) d`); n != 0 {
 		t.Fatalf("%d (key, version) pairs with more than one event", n)
 	}
+	assertChunksMatchDocuments(t, pool)
 	// Every event in the outbox is for a version that was applied at the
 	// time, so events for a key are strictly increasing in commit order;
 	// the last one is the final version.
@@ -301,5 +302,49 @@ func TestRetryable(t *testing.T) {
 	}
 	if docstore.Retryable(context.Canceled) {
 		t.Fatal("cancellation is not retryable")
+	}
+}
+
+// Two versions of one key written at the same moment: whichever wins, the
+// chunks table must hold exactly the winner's chunks.
+func TestConcurrentVersionsLeaveNoStaleChunks(t *testing.T) {
+	ctx := context.Background()
+	s, pool := newStore(t)
+	body := func(key string, v int) string {
+		return strings.Repeat(fmt.Sprintf("Version %d of %s, a paragraph long enough to fill chunks.\n\n", v, key), 60)
+	}
+	const keys = 100
+	for round := range 2 {
+		var wg sync.WaitGroup
+		errs := make(chan error, 2*keys)
+		for k := range keys {
+			key := fmt.Sprintf("race-%d", k)
+			for _, v := range []int{2*round + 2, 2*round + 3} {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if _, err := s.Put(ctx, doc(key, int64(v), body(key, v))); err != nil {
+						errs <- err
+					}
+				}()
+			}
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+		assertChunksMatchDocuments(t, pool)
+	}
+}
+
+func assertChunksMatchDocuments(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	bad := count(t, pool, `
+		SELECT count(*) FROM documents d
+		WHERE d.chunk_count <> (SELECT count(*) FROM chunks c WHERE c.key = d.key)
+		   OR EXISTS (SELECT 1 FROM chunks c WHERE c.key = d.key AND c.version <> d.version)`)
+	if bad != 0 {
+		t.Fatalf("%d documents whose chunk rows are not exactly their current version's", bad)
 	}
 }

@@ -74,6 +74,9 @@ func (s *statusRecorder) WriteHeader(code int) {
 	s.ResponseWriter.WriteHeader(code)
 }
 
+// Unwrap lets http.ResponseController reach the connection (full duplex).
+func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
 func (s *statusRecorder) Flush() {
 	if f, ok := s.ResponseWriter.(http.Flusher); ok {
 		f.Flush()
@@ -269,6 +272,12 @@ func (a *API) batch(w http.ResponseWriter, r *http.Request) {
 	if err := requireContentType(r, "application/x-ndjson", "application/ndjson", "application/jsonl"); err != nil {
 		writeError(w, http.StatusUnsupportedMediaType, "unsupported_media_type", err.Error())
 		return
+	}
+	// Results stream back while the body is still being read. Without full
+	// duplex, net/http would discard the unread body once the first results
+	// are flushed, and the remaining lines would be lost.
+	if err := http.NewResponseController(w).EnableFullDuplex(); err != nil {
+		a.log.WarnContext(r.Context(), "full duplex unavailable: large batches may lose lines", "err", err)
 	}
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)

@@ -218,3 +218,42 @@ func TestBatchNDJSON(t *testing.T) {
 		t.Fatalf("documents %d outbox %d, want 250 and 251", docs, outbox)
 	}
 }
+
+// A batch much larger than one transaction streams results back while the
+// rest of the body is still arriving; no line may be lost (net/http drops
+// an unread body after the first flush unless the handler reads and writes
+// in full duplex).
+func TestLargeBatchLosesNoLine(t *testing.T) {
+	e := newEnv(t) // BatchSize 100
+	const lines = 700
+	pr, pw := io.Pipe()
+	go func() {
+		filler := strings.Repeat("lorem ipsum ", 170) // ~2 KB per line, ~1.4 MB in all
+		for i := range lines {
+			fmt.Fprintf(pw, `{"key":"big-%d","version":1,"body":%q}`+"\n", i, filler)
+		}
+		pw.Close()
+	}()
+	req, _ := http.NewRequest("POST", e.srv.URL+"/v1/documents:batch", pr)
+	req.Header.Set("Content-Type", "application/x-ndjson")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	n := 0
+	for sc.Scan() {
+		var r apiResult
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil || r.Result != "applied" || r.Line != n+1 {
+			t.Fatalf("result %d: %s (%v)", n+1, sc.Text(), err)
+		}
+		n++
+	}
+	if n != lines {
+		t.Fatalf("%d result lines for %d input lines", n, lines)
+	}
+	if got := countRows(t, e, `SELECT count(*) FROM documents`); got != lines {
+		t.Fatalf("%d documents stored, want %d", got, lines)
+	}
+}

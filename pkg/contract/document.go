@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"io"
 	"slices"
 	"strings"
 	"unicode"
@@ -233,8 +234,9 @@ type canonicalDocument struct {
 // normalised document's content (key, title, body, links, tags, meta).
 // Call it on the result of [Document.Normalize].
 func ContentHash(d Document) string {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
+	h := sha256.New()
+	// The encoder streams into the hash: the body is never copied.
+	enc := json.NewEncoder(trimNewline{h})
 	enc.SetEscapeHTML(false)
 	meta := d.Meta
 	if len(meta) == 0 {
@@ -249,8 +251,22 @@ func ContentHash(d Document) string {
 	}
 	// Encoding strings, string slices and a valid RawMessage cannot fail.
 	_ = enc.Encode(canonicalDocument{Key: d.Key, Title: d.Title, Body: d.Body, Links: links, Tags: tags, Meta: meta})
-	sum := sha256.Sum256(bytes.TrimSuffix(buf.Bytes(), []byte("\n")))
-	return hex.EncodeToString(sum[:])
+	var sum [sha256.Size]byte
+	return hex.EncodeToString(h.Sum(sum[:0]))
+}
+
+// trimNewline drops the newline json.Encoder writes after a value, so the
+// hashed bytes are exactly the canonical JSON.
+type trimNewline struct{ w io.Writer }
+
+func (t trimNewline) Write(p []byte) (int, error) {
+	if n := len(p); n > 0 && p[n-1] == '\n' {
+		if _, err := t.w.Write(p[:n-1]); err != nil {
+			return 0, err
+		}
+		return n, nil
+	}
+	return t.w.Write(p)
 }
 
 // WithdrawnHash is the content hash of a withdrawn (tombstoned) document.
@@ -261,6 +277,8 @@ func WithdrawnHash(key string) string {
 
 // TextHash is the lowercase hex SHA-256 of a chunk's text.
 func TextHash(text string) string {
-	sum := sha256.Sum256([]byte(text))
-	return hex.EncodeToString(sum[:])
+	h := sha256.New()
+	_, _ = io.WriteString(h, text) // sha256 implements io.StringWriter: no copy
+	var sum [sha256.Size]byte
+	return hex.EncodeToString(h.Sum(sum[:0]))
 }

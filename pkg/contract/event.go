@@ -119,7 +119,8 @@ func (e Event) Document() Document {
 // gives back the same bytes.
 func (e Event) Encode() ([]byte, error) {
 	var buf bytes.Buffer
-	buf.Grow(256 + len(e.Title) + len(e.Meta) + 96*len(e.Chunks) + 2*estimateText(e.Chunks))
+	text := estimateText(e.Chunks)
+	buf.Grow(512 + 2*len(e.Title) + len(e.Meta) + 200*len(e.Chunks) + text + text/8)
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
 	if err := enc.Encode(e); err != nil {
