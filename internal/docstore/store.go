@@ -148,6 +148,10 @@ func (s *Store) prepare(w Write) (prepared, error) {
 	if err != nil {
 		return prepared{}, fmt.Errorf("docstore: encode event: %w", err)
 	}
+	if len(payload) > contract.MaxEventBytes {
+		return prepared{}, &contract.ValidationError{Code: contract.CodeEventTooLarge, Field: "body",
+			Message: fmt.Sprintf("the document's event would be %d bytes, more than the limit of %d (JSON escaping of the body counts)", len(payload), contract.MaxEventBytes)}
+	}
 	links, _ := json.Marshal(d.Links)
 	tags, _ := json.Marshal(d.Tags)
 	return prepared{key: d.Key, version: d.Version, title: d.Title, links: string(links), tags: string(tags),

@@ -10,6 +10,8 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+
+	"github.com/converge-sync/converge/pkg/contract"
 )
 
 // NATS is an embedded nats-server with JetStream and a file store.
@@ -50,6 +52,8 @@ func StartNATSAt(storeDir string, port int) (*NATS, error) {
 		StoreDir:  storeDir,
 		NoLog:     true,
 		NoSigs:    true,
+		// Events travel as one message each: the largest must fit.
+		MaxPayload: contract.MaxMessageBytes,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("testenv: configure nats-server: %w", err)

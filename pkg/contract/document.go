@@ -24,9 +24,14 @@ const (
 	MaxLinks     = 1024
 	MaxTags      = 256
 	MaxTagBytes  = 256
-	// MaxEventBytes bounds an encoded event: the body, its JSON escaping,
-	// and the per-chunk and per-document envelope.
-	MaxEventBytes = 6*MaxBodyBytes + 4*MaxMetaBytes + MaxLinks*(MaxKeyBytes+8) + MaxTags*(MaxTagBytes+8) + 1<<20
+	// MaxMessageBytes is the NATS max_payload converge needs (8 MB): an
+	// event travels as one message.
+	MaxMessageBytes = 8 << 20
+	// MaxEventBytes bounds an encoded event, leaving room for headers in
+	// one message. The writer refuses (413 event_too_large) a document whose
+	// event would be larger, which only a body full of characters that JSON
+	// escapes can reach.
+	MaxEventBytes = MaxMessageBytes - 64<<10
 )
 
 // Document is what a producer writes: the unit of identity and versioning.

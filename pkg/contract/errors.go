@@ -18,6 +18,7 @@ const (
 	CodeInvalidVersion   = "invalid_version"
 	CodeTitleTooLong     = "title_too_long"
 	CodeBodyTooLarge     = "body_too_large"
+	CodeEventTooLarge    = "event_too_large"
 	CodeNULCharacter     = "nul_character"
 	CodeInvalidMeta      = "invalid_meta"
 	CodeMetaTooLarge     = "meta_too_large"
@@ -54,7 +55,7 @@ func (e *ValidationError) Is(target error) bool { return target == ErrInvalid }
 // to malformed input.
 func (e *ValidationError) TooLarge() bool {
 	switch e.Code {
-	case CodeBodyTooLarge, CodeMetaTooLarge, CodeTooManyLinks, CodeTooManyTags, CodeTitleTooLong:
+	case CodeBodyTooLarge, CodeEventTooLarge, CodeMetaTooLarge, CodeTooManyLinks, CodeTooManyTags, CodeTitleTooLong:
 		return true
 	}
 	return false

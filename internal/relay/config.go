@@ -1,0 +1,133 @@
+package relay
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Config of a [Relay]. Zero fields take the defaults documented on them.
+type Config struct {
+	PostgresURL string // a normal DSN; the replication connection is derived from it
+	Slot        string // replication slot; default "converge_relay"
+	Publication string // default "converge_outbox"
+
+	// Window bounds the publishes awaiting a JetStream acknowledgement;
+	// memory stays flat however large the backlog. Default 4096.
+	Window int
+	// StatusInterval is how often the confirmed position is reported to
+	// Postgres, well within wal_sender_timeout. Default 1s.
+	StatusInterval time.Duration
+	// HeartbeatInterval is how often a non-transactional logical message is
+	// emitted so that the slot advances on a quiet outbox. 0: 10s; <0: off.
+	HeartbeatInterval time.Duration
+	// LagCheckInterval is how often slot lag is measured. Default 5s.
+	LagCheckInterval time.Duration
+	// LagAlarmBytes logs an alarm at every check while the slot's lag is
+	// above it. Default 1 GiB.
+	LagAlarmBytes int64
+	// StandbyRetry is how often a standby relay retries the slot, and the
+	// delay before reconnecting after an error. Default 2s.
+	StandbyRetry time.Duration
+	// ShutdownTimeout bounds the wait for outstanding acknowledgements on
+	// shutdown. Default 30s.
+	ShutdownTimeout time.Duration
+
+	Stream StreamConfig
+}
+
+// StreamConfig is the CONVERGE_DOCS stream the relay ensures.
+type StreamConfig struct {
+	Name     string                // default "CONVERGE_DOCS"
+	Storage  jetstream.StorageType // default file
+	Replicas int                   // default 1
+	// Duplicates is the duplicate window: a republished event within it is
+	// dropped. It must exceed the longest relay outage plus its catch-up.
+	// Default 10m.
+	Duplicates time.Duration
+	// MaxMsgsPerSubject is the history kept per document; the newest
+	// versions are kept, so replaying from the start rebuilds every
+	// projection. Default 4; -1: unlimited.
+	MaxMsgsPerSubject int64
+	// MaxAge drops messages older than this; 0 keeps them (recommended: a
+	// replay must find every document's latest event).
+	MaxAge time.Duration
+}
+
+func (c *Config) setDefaults() {
+	if c.Slot == "" {
+		c.Slot = "converge_relay"
+	}
+	if c.Publication == "" {
+		c.Publication = "converge_outbox"
+	}
+	if c.Window <= 0 {
+		c.Window = 4096
+	}
+	if c.StatusInterval <= 0 {
+		c.StatusInterval = time.Second
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = 10 * time.Second
+	}
+	if c.LagCheckInterval <= 0 {
+		c.LagCheckInterval = 5 * time.Second
+	}
+	if c.LagAlarmBytes <= 0 {
+		c.LagAlarmBytes = 1 << 30
+	}
+	if c.StandbyRetry <= 0 {
+		c.StandbyRetry = 2 * time.Second
+	}
+	if c.ShutdownTimeout <= 0 {
+		c.ShutdownTimeout = 30 * time.Second
+	}
+	c.Stream.setDefaults()
+}
+
+func (s *StreamConfig) setDefaults() {
+	if s.Name == "" {
+		s.Name = "CONVERGE_DOCS"
+	}
+	if s.Replicas <= 0 {
+		s.Replicas = 1
+	}
+	if s.Duplicates <= 0 {
+		s.Duplicates = 10 * time.Minute
+	}
+	if s.MaxMsgsPerSubject == 0 {
+		s.MaxMsgsPerSubject = 4
+	}
+}
+
+// Validate reports a configuration that cannot work.
+func (c Config) Validate() error {
+	c.setDefaults()
+	if c.PostgresURL == "" {
+		return errors.New("relay: a Postgres URL is required")
+	}
+	if !validIdent(c.Slot) {
+		return fmt.Errorf("relay: slot name %q must be lowercase letters, digits and underscores", c.Slot)
+	}
+	if !validIdent(c.Publication) {
+		return fmt.Errorf("relay: publication name %q must be lowercase letters, digits and underscores", c.Publication)
+	}
+	if c.Stream.Storage != jetstream.FileStorage && c.Stream.Storage != jetstream.MemoryStorage {
+		return fmt.Errorf("relay: unknown stream storage %v", c.Stream.Storage)
+	}
+	return nil
+}
+
+func validIdent(s string) bool {
+	if s == "" || len(s) > 63 {
+		return false
+	}
+	for _, r := range s {
+		if (r < 'a' || r > 'z') && (r < '0' || r > '9') && r != '_' {
+			return false
+		}
+	}
+	return true
+}

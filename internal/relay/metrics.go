@@ -1,0 +1,50 @@
+package relay
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics of the relay.
+type Metrics struct {
+	Published     prometheus.Counter
+	Duplicates    prometheus.Counter
+	Transactions  prometheus.Counter
+	PublishTime   prometheus.Histogram
+	CommitToAck   prometheus.Histogram
+	InFlight      prometheus.Gauge
+	ConfirmedLSN  prometheus.Gauge
+	SlotLagBytes  prometheus.Gauge
+	Active        prometheus.Gauge
+	SessionErrors *prometheus.CounterVec
+}
+
+// NewMetrics creates the relay's metrics and registers them with reg (nil:
+// unregistered).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	latency := prometheus.ExponentialBuckets(0.00005, 2, 20)
+	m := &Metrics{
+		Published: prometheus.NewCounter(prometheus.CounterOpts{Name: "converge_relay_events_published_total",
+			Help: "Events acknowledged by JetStream (rate: events/s)."}),
+		Duplicates: prometheus.NewCounter(prometheus.CounterOpts{Name: "converge_relay_duplicates_total",
+			Help: "Republished events JetStream dropped as duplicates (after a restart)."}),
+		Transactions: prometheus.NewCounter(prometheus.CounterOpts{Name: "converge_relay_transactions_total",
+			Help: "Transactions whose every event was acknowledged and whose end LSN was confirmed."}),
+		PublishTime: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "converge_relay_publish_seconds",
+			Help: "From publish to JetStream acknowledgement.", Buckets: latency}),
+		CommitToAck: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "converge_relay_commit_to_ack_seconds",
+			Help: "From the Postgres commit to the JetStream acknowledgement.", Buckets: latency}),
+		InFlight: prometheus.NewGauge(prometheus.GaugeOpts{Name: "converge_relay_inflight",
+			Help: "Publishes awaiting acknowledgement."}),
+		ConfirmedLSN: prometheus.NewGauge(prometheus.GaugeOpts{Name: "converge_relay_confirmed_lsn",
+			Help: "The LSN last confirmed to Postgres, as a number."}),
+		SlotLagBytes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "converge_relay_slot_lag_bytes",
+			Help: "WAL between the server's current position and the slot's confirmed position."}),
+		Active: prometheus.NewGauge(prometheus.GaugeOpts{Name: "converge_relay_active",
+			Help: "1 while this relay holds the slot, 0 while it waits as a standby."}),
+		SessionErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "converge_relay_session_errors_total",
+			Help: "Replication sessions ended by an error, by cause (postgres, publish)."}, []string{"cause"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.Published, m.Duplicates, m.Transactions, m.PublishTime, m.CommitToAck, m.InFlight,
+			m.ConfirmedLSN, m.SlotLagBytes, m.Active, m.SessionErrors)
+	}
+	return m
+}

@@ -1,0 +1,493 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/converge-sync/converge/pkg/contract"
+)
+
+// HeartbeatPrefix is the prefix of the relay's logical heartbeat messages.
+const HeartbeatPrefix = "converge.heartbeat"
+
+// errSlotActive means another relay holds the slot: wait as a standby.
+var errSlotActive = errors.New("relay: replication slot is active in another session")
+
+// Relay is the outbox-to-JetStream relay.
+type Relay struct {
+	cfg     Config
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	metrics *Metrics
+	log     *slog.Logger
+
+	active    atomic.Bool
+	confirmed atomic.Uint64
+}
+
+// New returns a relay publishing over nc.
+func New(nc *nats.Conn, cfg Config, metrics *Metrics, log *slog.Logger) (*Relay, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.setDefaults()
+	js, err := jetstream.New(nc,
+		// The relay bounds its own window below this, so publishes never
+		// stall inside the client.
+		jetstream.WithPublishAsyncMaxPending(2*cfg.Window+64),
+		jetstream.WithPublishAsyncTimeout(30*time.Second))
+	if err != nil {
+		return nil, fmt.Errorf("relay: jetstream: %w", err)
+	}
+	if metrics == nil {
+		metrics = NewMetrics(nil)
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Relay{cfg: cfg, nc: nc, js: js, metrics: metrics, log: log}, nil
+}
+
+// Active reports whether this relay currently holds the slot.
+func (r *Relay) Active() bool { return r.active.Load() }
+
+// ConfirmedLSN is the position last confirmed to Postgres.
+func (r *Relay) ConfirmedLSN() pglogrepl.LSN { return pglogrepl.LSN(r.confirmed.Load()) }
+
+// Run relays until ctx ends. Errors of a session (Postgres restarts, NATS
+// outages) end that session and start another from the confirmed position;
+// only configuration problems end Run.
+func (r *Relay) Run(ctx context.Context) error {
+	if max := r.nc.MaxPayload(); max < contract.MaxMessageBytes {
+		return fmt.Errorf("relay: the NATS server's max_payload is %d bytes; converge needs %d (the largest event and its headers): set max_payload: 8MB in the server configuration", max, contract.MaxMessageBytes)
+	}
+	if _, err := EnsureStream(ctx, r.js, r.cfg.Stream); err != nil {
+		return err
+	}
+	mon := &monitor{cfg: r.cfg, metrics: r.metrics, log: r.log}
+	monDone := make(chan struct{})
+	go func() { defer close(monDone); mon.run(ctx) }()
+	defer func() { <-monDone }()
+
+	standbyLogged := false
+	for {
+		err := r.session(ctx)
+		r.active.Store(false)
+		r.metrics.Active.Set(0)
+		if ctx.Err() != nil {
+			return nil
+		}
+		switch {
+		case errors.Is(err, errSlotActive):
+			if !standbyLogged {
+				r.log.Info("slot held by another relay; waiting as a standby", "slot", r.cfg.Slot)
+				standbyLogged = true
+			}
+		case err != nil:
+			standbyLogged = false
+			cause := "postgres"
+			var pe *publishError
+			if errors.As(err, &pe) {
+				cause = "publish"
+			}
+			r.metrics.SessionErrors.WithLabelValues(cause).Inc()
+			r.log.Error("replication session ended; resuming from the confirmed position", "err", err,
+				"confirmed_lsn", r.ConfirmedLSN().String())
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(r.cfg.StandbyRetry):
+		}
+	}
+}
+
+// replicationURL adds replication=database to a DSN.
+func replicationURL(dsn string) (string, error) {
+	if strings.Contains(dsn, "://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			return "", fmt.Errorf("relay: postgres url: %w", err)
+		}
+		q := u.Query()
+		q.Set("replication", "database")
+		u.RawQuery = q.Encode()
+		return u.String(), nil
+	}
+	return dsn + " replication=database", nil
+}
+
+func (r *Relay) session(ctx context.Context) error {
+	dsn, err := replicationURL(r.cfg.PostgresURL)
+	if err != nil {
+		return err
+	}
+	conn, err := pgconn.Connect(ctx, dsn)
+	if err != nil {
+		return fmt.Errorf("relay: connect for replication: %w", err)
+	}
+	defer conn.Close(context.Background())
+
+	start, err := ensureSlot(ctx, conn, r.cfg.Slot)
+	if err != nil {
+		return err
+	}
+	err = pglogrepl.StartReplication(ctx, conn, r.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", "publication_names '" + r.cfg.Publication + "'", "messages 'true'"},
+	})
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "55006" { // object_in_use: another relay holds it
+		return errSlotActive
+	}
+	if err != nil {
+		return fmt.Errorf("relay: start replication on slot %s: %w", r.cfg.Slot, err)
+	}
+	r.active.Store(true)
+	r.metrics.Active.Set(1)
+	r.log.Info("relaying", "slot", r.cfg.Slot, "from_lsn", start.String())
+	s := &session{relay: r, conn: conn, confirmed: start, relations: map[uint32]relation{}}
+	s.confirm(start)
+	return s.loop(ctx)
+}
+
+// ensureSlot creates the slot on first start and returns its confirmed
+// position.
+func ensureSlot(ctx context.Context, conn *pgconn.PgConn, slot string) (pglogrepl.LSN, error) {
+	lsn, ok, err := slotPosition(ctx, conn, slot)
+	if err != nil || ok {
+		return lsn, err
+	}
+	_, err = pglogrepl.CreateReplicationSlot(ctx, conn, slot, "pgoutput",
+		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication})
+	var pgErr *pgconn.PgError
+	if err != nil && !(errors.As(err, &pgErr) && pgErr.Code == "42710") { // created meanwhile by another relay
+		return 0, fmt.Errorf("relay: create slot %s: %w", slot, err)
+	}
+	lsn, _, err = slotPosition(ctx, conn, slot)
+	return lsn, err
+}
+
+func slotPosition(ctx context.Context, conn *pgconn.PgConn, slot string) (pglogrepl.LSN, bool, error) {
+	// The slot name is validated as an identifier; replication connections
+	// accept only the simple protocol, so it is inlined.
+	res, err := conn.Exec(ctx, "SELECT coalesce(confirmed_flush_lsn::text, '0/0') FROM pg_replication_slots WHERE slot_name = '"+slot+"'").ReadAll()
+	if err != nil {
+		return 0, false, fmt.Errorf("relay: read slot %s: %w", slot, err)
+	}
+	if len(res) == 0 || len(res[0].Rows) == 0 {
+		return 0, false, nil
+	}
+	lsn, err := pglogrepl.ParseLSN(string(res[0].Rows[0][0]))
+	if err != nil {
+		return 0, false, fmt.Errorf("relay: slot %s position: %w", slot, err)
+	}
+	return lsn, true, nil
+}
+
+// publishError is a failed publish: the session ends and resumes from the
+// confirmed position.
+type publishError struct{ err error }
+
+func (e *publishError) Error() string { return "relay: publish: " + e.err.Error() }
+func (e *publishError) Unwrap() error { return e.err }
+
+// pending is a publish awaiting its acknowledgement, or (fut == nil) the end
+// of a transaction, confirmable once everything before it is acknowledged.
+type pending struct {
+	fut        jetstream.PubAckFuture
+	sent       time.Time
+	commitTime time.Time
+	endLSN     pglogrepl.LSN
+}
+
+type session struct {
+	relay     *Relay
+	conn      *pgconn.PgConn
+	relations map[uint32]relation
+
+	queue    []pending // FIFO in publish order
+	head     int
+	inflight int
+
+	inTx          bool
+	commitTime    time.Time
+	commitTimeStr string
+	commitLSNStr  string
+
+	confirmed  pglogrepl.LSN
+	nextStatus time.Time
+}
+
+func (s *session) confirm(lsn pglogrepl.LSN) {
+	if lsn <= s.confirmed && s.confirmed != 0 {
+		return
+	}
+	s.confirmed = lsn
+	s.relay.confirmed.Store(uint64(lsn))
+	s.relay.metrics.ConfirmedLSN.Set(float64(lsn))
+}
+
+func (s *session) sendStatus(ctx context.Context) error {
+	s.nextStatus = time.Now().Add(s.relay.cfg.StatusInterval)
+	err := pglogrepl.SendStandbyStatusUpdate(ctx, s.conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: s.confirmed, WALFlushPosition: s.confirmed, WALApplyPosition: s.confirmed,
+		ClientTime: time.Now(),
+	})
+	if err != nil {
+		return fmt.Errorf("relay: standby status update: %w", err)
+	}
+	return nil
+}
+
+func (s *session) loop(ctx context.Context) error {
+	if err := s.sendStatus(ctx); err != nil {
+		return err
+	}
+	for {
+		if ctx.Err() != nil {
+			return s.shutdown()
+		}
+		if err := s.drain(ctx, false); err != nil {
+			return err
+		}
+		if !time.Now().Before(s.nextStatus) {
+			if err := s.sendStatus(ctx); err != nil {
+				return err
+			}
+		}
+		rctx, cancel := context.WithDeadline(ctx, s.nextStatus)
+		msg, err := s.conn.ReceiveMessage(rctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return s.shutdown()
+			}
+			if pgconn.Timeout(err) {
+				continue
+			}
+			return fmt.Errorf("relay: receive: %w", err)
+		}
+		switch m := msg.(type) {
+		case *pgproto3.CopyData:
+			if err := s.handleCopyData(ctx, m.Data); err != nil {
+				return err
+			}
+		case *pgproto3.ErrorResponse:
+			return fmt.Errorf("relay: replication error: %w", pgconn.ErrorResponseToPgError(m))
+		default:
+			return fmt.Errorf("relay: unexpected replication message %T", msg)
+		}
+	}
+}
+
+func (s *session) handleCopyData(ctx context.Context, data []byte) error {
+	if len(data) == 0 {
+		return nil
+	}
+	switch data[0] {
+	case pglogrepl.PrimaryKeepaliveMessageByteID:
+		ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(data[1:])
+		if err != nil {
+			return fmt.Errorf("relay: keepalive: %w", err)
+		}
+		// Everything the server decoded before ServerWALEnd has been sent;
+		// with nothing in flight, it is all acknowledged.
+		if s.idle() {
+			s.confirm(ka.ServerWALEnd)
+		}
+		if ka.ReplyRequested {
+			return s.sendStatus(ctx)
+		}
+	case pglogrepl.XLogDataByteID:
+		xld, err := pglogrepl.ParseXLogData(data[1:])
+		if err != nil {
+			return fmt.Errorf("relay: xlogdata: %w", err)
+		}
+		return s.handleWAL(ctx, xld)
+	}
+	return nil
+}
+
+func (s *session) idle() bool { return !s.inTx && s.head == len(s.queue) }
+
+func (s *session) handleWAL(ctx context.Context, xld pglogrepl.XLogData) error {
+	msg, err := pglogrepl.Parse(xld.WALData)
+	if err != nil {
+		return fmt.Errorf("relay: decode pgoutput: %w", err)
+	}
+	switch m := msg.(type) {
+	case *pglogrepl.RelationMessage:
+		if m.RelationName != "outbox" {
+			return nil
+		}
+		rel, err := newRelation(m)
+		if err != nil {
+			return err
+		}
+		s.relations[m.RelationID] = rel
+	case *pglogrepl.BeginMessage:
+		s.inTx = true
+		s.commitTime = m.CommitTime
+		s.commitTimeStr = m.CommitTime.UTC().Format(time.RFC3339Nano)
+		s.commitLSNStr = m.FinalLSN.String()
+	case *pglogrepl.InsertMessage:
+		rel, ok := s.relations[m.RelationID]
+		if !ok {
+			return nil // not the outbox
+		}
+		row, err := rel.decodeInsert(m)
+		if err != nil {
+			return err
+		}
+		return s.publish(ctx, row)
+	case *pglogrepl.CommitMessage:
+		s.inTx = false
+		s.queue = append(s.queue, pending{endLSN: m.TransactionEndLSN})
+	case *pglogrepl.LogicalDecodingMessage:
+		if !m.Transactional && m.Prefix == HeartbeatPrefix && s.idle() {
+			s.confirm(m.LSN)
+		}
+	}
+	return nil
+}
+
+func (s *session) publish(ctx context.Context, row outboxRow) error {
+	if s.inflight >= s.relay.cfg.Window {
+		if err := s.drain(ctx, true); err != nil {
+			return err
+		}
+	}
+	msg := &nats.Msg{
+		Subject: contract.Subject(row.key),
+		Data:    row.payload,
+		Header: nats.Header{
+			contract.HeaderCommitTime: []string{s.commitTimeStr},
+			contract.HeaderCommitLSN:  []string{s.commitLSNStr},
+			contract.HeaderKind:       []string{row.kind},
+		},
+	}
+	fut, err := s.relay.js.PublishMsgAsync(msg, jetstream.WithMsgID(row.eventID))
+	if err != nil {
+		return &publishError{err: err}
+	}
+	s.queue = append(s.queue, pending{fut: fut, sent: time.Now(), commitTime: s.commitTime})
+	s.inflight++
+	s.relay.metrics.InFlight.Set(float64(s.inflight))
+	return nil
+}
+
+// drain consumes acknowledgements in publish order, confirming the end of
+// every transaction reached. With block, it waits until at least one
+// publish is acknowledged (the window is full), still reporting status to
+// Postgres meanwhile so the connection is not timed out.
+func (s *session) drain(ctx context.Context, block bool) error {
+	for s.head < len(s.queue) {
+		p := &s.queue[s.head]
+		if p.fut == nil {
+			s.confirm(p.endLSN)
+			s.relay.metrics.Transactions.Inc()
+			s.pop()
+			continue
+		}
+		var (
+			ack *jetstream.PubAck
+			err error
+		)
+		if block {
+			ack, err = s.await(ctx, p.fut)
+			block = false
+		} else {
+			select {
+			case ack = <-p.fut.Ok():
+			case err = <-p.fut.Err():
+			default:
+				return nil
+			}
+		}
+		if err != nil {
+			return &publishError{err: err}
+		}
+		now := time.Now()
+		s.relay.metrics.Published.Inc()
+		if ack.Duplicate {
+			s.relay.metrics.Duplicates.Inc()
+		}
+		s.relay.metrics.PublishTime.Observe(now.Sub(p.sent).Seconds())
+		s.relay.metrics.CommitToAck.Observe(now.Sub(p.commitTime).Seconds())
+		s.inflight--
+		s.pop()
+	}
+	s.relay.metrics.InFlight.Set(float64(s.inflight))
+	return nil
+}
+
+func (s *session) await(ctx context.Context, fut jetstream.PubAckFuture) (*jetstream.PubAck, error) {
+	for {
+		t := time.NewTimer(time.Until(s.nextStatus))
+		select {
+		case ack := <-fut.Ok():
+			t.Stop()
+			return ack, nil
+		case err := <-fut.Err():
+			t.Stop()
+			return nil, err
+		case <-t.C:
+			if err := s.sendStatus(ctx); err != nil {
+				return nil, err
+			}
+		case <-ctx.Done():
+			t.Stop()
+			// Shutting down: keep waiting for this ack, bounded below.
+			sctx, cancel := context.WithTimeout(context.Background(), s.relay.cfg.ShutdownTimeout)
+			defer cancel()
+			select {
+			case ack := <-fut.Ok():
+				return ack, nil
+			case err := <-fut.Err():
+				return nil, err
+			case <-sctx.Done():
+				return nil, errors.New("relay: shutdown timed out waiting for acknowledgements")
+			}
+		}
+	}
+}
+
+func (s *session) pop() {
+	s.queue[s.head] = pending{}
+	s.head++
+	// Reuse the backing array once drained, so memory stays flat.
+	if s.head == len(s.queue) {
+		s.queue, s.head = s.queue[:0], 0
+	} else if s.head > 4096 && s.head*2 > len(s.queue) {
+		n := copy(s.queue, s.queue[s.head:])
+		s.queue, s.head = s.queue[:n], 0
+	}
+}
+
+// shutdown waits (bounded) for outstanding acknowledgements, confirms what
+// they complete, and reports it to Postgres before the connection closes.
+func (s *session) shutdown() error {
+	ctx, cancel := context.WithTimeout(context.Background(), s.relay.cfg.ShutdownTimeout)
+	defer cancel()
+	var err error
+	for s.head < len(s.queue) && err == nil {
+		err = s.drain(ctx, true)
+	}
+	if serr := s.sendStatus(ctx); err == nil {
+		err = serr
+	}
+	s.relay.log.Info("relay stopped", "confirmed_lsn", s.confirmed.String(), "err", err)
+	return err
+}

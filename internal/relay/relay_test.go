@@ -1,0 +1,220 @@
+package relay_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/converge-sync/converge/internal/docstore"
+	"github.com/converge-sync/converge/internal/relay"
+	"github.com/converge-sync/converge/internal/schema"
+	"github.com/converge-sync/converge/internal/testenv"
+	"github.com/converge-sync/converge/pkg/contract"
+)
+
+var pg *testenv.Postgres
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) == "1" {
+		os.Exit(runChild())
+	}
+	os.Exit(testenv.RunMain(m, &pg))
+}
+
+// childEnv makes the test binary run a relay instead of the tests, so crash
+// tests can start it as a real process and SIGKILL it. The child reads
+// CONVERGE_POSTGRES_URL and CONVERGE_NATS_URL, and CONVERGE_RELAY_WINDOW.
+const childEnv = "CONVERGE_RELAY_TEST_CHILD"
+
+func runChild() int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	nc, err := nats.Connect(os.Getenv("CONVERGE_NATS_URL"), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "child relay:", err)
+		return 2
+	}
+	defer nc.Close()
+	window, _ := strconv.Atoi(os.Getenv("CONVERGE_RELAY_WINDOW"))
+	cfg := relay.Config{PostgresURL: os.Getenv("CONVERGE_POSTGRES_URL"), Window: window,
+		StandbyRetry: 200 * time.Millisecond, HeartbeatInterval: 500 * time.Millisecond,
+		Stream: relay.StreamConfig{MaxMsgsPerSubject: -1}}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	r, err := relay.New(nc, cfg, nil, log)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "child relay:", err)
+		return 2
+	}
+	if err := r.Run(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "child relay:", err)
+		return 1
+	}
+	return 0
+}
+
+func migrate(ctx context.Context, url string) error {
+	_, err := schema.Up(ctx, url)
+	return err
+}
+
+type fixture struct {
+	dbURL string
+	pool  *pgxpool.Pool
+	store *docstore.Store
+	nats  *testenv.NATS
+	js    jetstream.JetStream
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	url := pg.NewDatabaseFrom(t, "migrated", migrate)
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	store, err := docstore.New(pool, docstore.Config{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := testenv.StartNATS(t)
+	js, err := jetstream.New(n.Connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The slot must go before the database can be dropped.
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = current_database() AND NOT active`)
+	})
+	return &fixture{dbURL: url, pool: pool, store: store, nats: n, js: js}
+}
+
+func (f *fixture) startRelay(t *testing.T, cfg relay.Config) (stop func()) {
+	t.Helper()
+	cfg.PostgresURL = f.dbURL
+	if cfg.Stream.MaxMsgsPerSubject == 0 {
+		cfg.Stream.MaxMsgsPerSubject = -1
+	}
+	r, err := relay.New(f.nats.Connect(t), cfg, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := r.Run(ctx); err != nil {
+			t.Errorf("relay: %v", err)
+		}
+	}()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); wg.Wait() }) }
+	t.Cleanup(stop)
+	return stop
+}
+
+func (f *fixture) write(t *testing.T, from, to int, version int64) {
+	t.Helper()
+	var writes []docstore.Write
+	for i := from; i < to; i++ {
+		writes = append(writes, docstore.Write{Doc: contract.Document{Key: fmt.Sprintf("doc-%d", i), Version: version,
+			Title: "t", Body: fmt.Sprintf("body %d at %d", i, version)}})
+		if len(writes) == 100 || i == to-1 {
+			outs, err := f.store.Apply(context.Background(), writes)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, o := range outs {
+				if o.Err != nil || o.Result != docstore.Applied {
+					t.Fatalf("write %s: %v %v", o.Key, o.Result, o.Err)
+				}
+			}
+			writes = writes[:0]
+		}
+	}
+}
+
+func streamMsgs(t *testing.T, js jetstream.JetStream) uint64 {
+	t.Helper()
+	s, err := js.Stream(context.Background(), "CONVERGE_DOCS")
+	if err != nil {
+		return 0
+	}
+	info, err := s.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Msgs
+}
+
+func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestRelayPublishesEveryEventOnceAndConfirms(t *testing.T) {
+	f := newFixture(t)
+	f.write(t, 0, 500, 1) // before the slot exists: not relayed (the slot starts now)
+	stop := f.startRelay(t, relay.Config{})
+	waitFor(t, "slot", 10*time.Second, func() bool {
+		var n int
+		_ = f.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'converge_relay' AND active`).Scan(&n)
+		return n == 1
+	})
+	f.write(t, 0, 1000, 2)
+	waitFor(t, "1000 events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 1000 })
+
+	s, _ := f.js.Stream(context.Background(), "CONVERGE_DOCS")
+	for seq := uint64(1); seq <= 1000; seq += 97 {
+		m, err := s.GetMsg(context.Background(), seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev, err := contract.DecodeEvent(m.Data)
+		if err != nil {
+			t.Fatalf("message %d does not decode: %v", seq, err)
+		}
+		if m.Subject != contract.Subject(ev.Key) || m.Header.Get("Nats-Msg-Id") != ev.ID.String() || ev.Version != 2 {
+			t.Fatalf("message %d: subject %s id %s event %s v%d", seq, m.Subject, m.Header.Get("Nats-Msg-Id"), ev.ID, ev.Version)
+		}
+		if _, err := time.Parse(time.RFC3339Nano, m.Header.Get(contract.HeaderCommitTime)); err != nil {
+			t.Fatalf("commit time header: %v", err)
+		}
+	}
+	// Everything acknowledged is confirmed: the slot reaches the last commit.
+	var current string
+	_ = f.pool.QueryRow(context.Background(), `SELECT pg_current_wal_lsn()::text`).Scan(&current)
+	waitFor(t, "confirmed_flush_lsn to pass the last commit", 10*time.Second, func() bool {
+		var ok bool
+		_ = f.pool.QueryRow(context.Background(), `SELECT confirmed_flush_lsn >= $1::pg_lsn FROM pg_replication_slots WHERE slot_name = 'converge_relay'`, current).Scan(&ok)
+		return ok
+	})
+	stop()
+
+	// A restart resumes after the confirmed position: nothing republished.
+	f.startRelay(t, relay.Config{})
+	f.write(t, 0, 10, 3)
+	waitFor(t, "10 more events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 1010 })
+	time.Sleep(300 * time.Millisecond)
+	if n := streamMsgs(t, f.js); n != 1010 {
+		t.Fatalf("stream holds %d messages, want 1010", n)
+	}
+}
