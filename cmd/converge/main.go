@@ -21,8 +21,10 @@ const usage = `converge: operate a converge pipeline
 Usage:
   converge migrate up        apply pending schema migrations (a no-op when current)
   converge migrate status    show the applied and the newest schema version
+  converge status [--json]   the relay's slot (state, confirmed LSN, lag), the outbox and the streams
 
-Every command takes -postgres-url (env CONVERGE_POSTGRES_URL).
+Every command takes -postgres-url (env CONVERGE_POSTGRES_URL); status also
+-nats-url (env CONVERGE_NATS_URL).
 `
 
 func main() {
@@ -44,6 +46,8 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return nil
 	}
 	switch args[0] {
+	case "status":
+		return status(ctx, args[1:], out)
 	case "migrate":
 		if len(args) < 2 {
 			return fmt.Errorf("migrate needs a subcommand: up or status\n\n%s", usage)

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/writer"
@@ -37,6 +38,7 @@ func run(args []string) error {
 	batch := f.Int("batch-size", "CONVERGE_WRITER_BATCH_SIZE", 500, "NDJSON lines per transaction on POST /v1/documents:batch")
 	migrate := f.Bool("migrate", "CONVERGE_WRITER_MIGRATE", false, "apply pending schema migrations at start")
 	grace := f.Duration("shutdown-grace", "CONVERGE_SHUTDOWN_GRACE", 0, "how long in-flight requests may finish on shutdown (0: 15s)")
+	retention := f.Duration("outbox-retention", "CONVERGE_OUTBOX_RETENTION", 24*time.Hour, "delete outbox rows older than this (negative: never); the relay reads WAL, not the table")
 	level := f.String("log-level", config.EnvLogLevel, "info", "debug, info, warn or error")
 	if err := f.Parse(args); err != nil {
 		return err
@@ -46,6 +48,7 @@ func run(args []string) error {
 	}
 	cfg.PostgresURL, cfg.NATSURL, cfg.HTTPAddr, cfg.MetricsAddr = *pg, *natsURL, *httpAddr, *metricsAddr
 	cfg.MaxConns, cfg.API.BatchSize, cfg.Migrate, cfg.ShutdownGrace = *maxConns, *batch, *migrate, *grace
+	cfg.Retention.Retention = *retention
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

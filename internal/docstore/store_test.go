@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -346,5 +347,40 @@ func assertChunksMatchDocuments(t *testing.T, pool *pgxpool.Pool) {
 		   OR EXISTS (SELECT 1 FROM chunks c WHERE c.key = d.key AND c.version <> d.version)`)
 	if bad != 0 {
 		t.Fatalf("%d documents whose chunk rows are not exactly their current version's", bad)
+	}
+}
+
+func TestPruneOutboxDeletesOnlyOldRowsInBatches(t *testing.T) {
+	ctx := context.Background()
+	s, pool := newStore(t)
+	var writes []docstore.Write
+	for i := range 30 {
+		writes = append(writes, docstore.Write{Doc: doc(fmt.Sprintf("p%d", i), 1, "x")})
+	}
+	if _, err := s.Apply(ctx, writes); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE outbox SET created_at = now() - interval '2 days' WHERE key < 'p2'`); err != nil {
+		t.Fatal(err)
+	}
+	old := count(t, pool, `SELECT count(*) FROM outbox WHERE created_at < now() - interval '1 day'`)
+	if old < 10 {
+		t.Fatalf("setup: only %d old rows", old)
+	}
+	n, err := s.PruneOutbox(ctx, 24*time.Hour, 5)
+	if err != nil || n != 5 {
+		t.Fatalf("first batch deleted %d (%v), want 5", n, err)
+	}
+	for n == 5 {
+		if n, err = s.PruneOutbox(ctx, 24*time.Hour, 5); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if left := count(t, pool, `SELECT count(*) FROM outbox`); left != 30-old {
+		t.Fatalf("%d rows left, want %d (only the old ones deleted)", left, 30-old)
+	}
+	// Documents and chunks are untouched by retention.
+	if docs := count(t, pool, `SELECT count(*) FROM documents`); docs != 30 {
+		t.Fatalf("documents %d", docs)
 	}
 }

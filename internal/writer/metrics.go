@@ -8,11 +8,12 @@ import (
 
 // Metrics of the writer. Register them once with a registry from main.
 type Metrics struct {
-	Requests   *prometheus.CounterVec   // by route and HTTP status
-	Documents  *prometheus.CounterVec   // by source and result
-	TxSeconds  *prometheus.HistogramVec // one write statement or transaction, by path
-	Retries    prometheus.Counter
-	DeadLetter *prometheus.CounterVec // ingest messages dead-lettered, by code
+	Requests     *prometheus.CounterVec   // by route and HTTP status
+	Documents    *prometheus.CounterVec   // by source and result
+	TxSeconds    *prometheus.HistogramVec // one write statement or transaction, by path
+	Retries      prometheus.Counter
+	DeadLetter   *prometheus.CounterVec // ingest messages dead-lettered, by code
+	OutboxPruned prometheus.Counter
 }
 
 // NewMetrics creates the writer's metrics and registers them with reg.
@@ -34,9 +35,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		DeadLetter: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "converge_writer_ingest_dead_letters_total", Help: "Ingest messages sent to the dead-letter subject, by error code.",
 		}, []string{"code"}),
+		OutboxPruned: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "converge_writer_outbox_pruned_total", Help: "Outbox rows deleted by retention.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Requests, m.Documents, m.TxSeconds, m.Retries, m.DeadLetter)
+		reg.MustRegister(m.Requests, m.Documents, m.TxSeconds, m.Retries, m.DeadLetter, m.OutboxPruned)
 	}
 	return m
 }

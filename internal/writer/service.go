@@ -30,6 +30,7 @@ type ServiceConfig struct {
 	API           APIConfig
 	Ingest        IngestConfig
 	Store         docstore.Config
+	Retention     RetentionConfig
 	// OnListen, when set, is called with the API's address once it listens.
 	OnListen func(addr net.Addr)
 }
@@ -116,6 +117,11 @@ func RunService(ctx context.Context, cfg ServiceConfig, log *slog.Logger) error 
 		ingest := NewIngest(js, store, cfg.Ingest, metrics, log.With("component", "ingest"))
 		g.Go(func() error { return ingest.Run(ctx) })
 	}
+
+	g.Go(func() error {
+		RunOutboxRetention(ctx, store, cfg.Retention, metrics, log.With("component", "retention"))
+		return nil
+	})
 
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
