@@ -45,6 +45,7 @@ fuzz: ## run every fuzz target for FUZZTIME each (default 30s)
 .PHONY: bench
 bench: deps ## benchmarks; each comparison runs both sides in one run and prints the ratio
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -count 1 ./internal/docstore ./internal/chunking ./pkg/contract
+	$(GO) test -run '^$$' -bench . -benchtime 1x -count $${RELAY_RUNS:-3} ./internal/relay
 
 .PHONY: lint
 lint: ## golangci-lint when installed, else go vet
