@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/converge-sync/converge/internal/docstore"
 	"github.com/converge-sync/converge/internal/relay"
@@ -217,4 +218,44 @@ func TestRelayPublishesEveryEventOnceAndConfirms(t *testing.T) {
 	if n := streamMsgs(t, f.js); n != 1010 {
 		t.Fatalf("stream holds %d messages, want 1010", n)
 	}
+}
+
+// On shutdown the relay waits for outstanding acknowledgements and confirms
+// them before closing, so a restart has nothing to republish. Without the
+// final status update, the restarted relay would resend everything after the
+// last periodic update and JetStream would report duplicates.
+func TestGracefulShutdownConfirmsEverythingAcknowledged(t *testing.T) {
+	f := newFixture(t)
+	cfg := relay.Config{StatusInterval: time.Hour, HeartbeatInterval: -1} // no periodic confirmation
+	stop := f.startRelay(t, cfg)
+	waitFor(t, "slot", 10*time.Second, func() bool {
+		var n int
+		_ = f.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE active`).Scan(&n)
+		return n == 1
+	})
+	f.write(t, 0, 3000, 1)
+	stop() // may be mid-stream: whatever was acknowledged must be confirmed
+	published := streamMsgs(t, f.js)
+
+	metrics := relay.NewMetrics(nil)
+	r, err := relay.New(f.nats.Connect(t), relay.Config{PostgresURL: f.dbURL, Stream: relay.StreamConfig{MaxMsgsPerSubject: -1}}, metrics, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	waitFor(t, "all 3000 events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 3000 })
+	time.Sleep(500 * time.Millisecond)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if d := testutil.ToFloat64(metrics.Duplicates); d != 0 {
+		t.Fatalf("restart republished %v events already acknowledged before shutdown (%d were in the stream at shutdown)", d, published)
+	}
+	if got := testutil.ToFloat64(metrics.Published); got != float64(3000-published) {
+		t.Fatalf("restart published %v events, want the %d not yet relayed", got, 3000-published)
+	}
+	t.Logf("%d events relayed before shutdown, %d after restart, 0 republished", published, 3000-published)
 }
