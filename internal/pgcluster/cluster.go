@@ -41,6 +41,13 @@ type Config struct {
 	Settings map[string]string
 	// Logger receives lifecycle events; nil discards them.
 	Logger *slog.Logger
+	// NoWatchdog disables the owner watchdog. By default a small detached
+	// process (/bin/sh, on Unix) notices within moments when this process
+	// exits without Stop (a panic, a test timeout, SIGKILL), then stops the
+	// server in immediate mode and removes the directories Start created as
+	// temporary ones; a caller-provided Dir is never removed. Disable it
+	// only when the server must outlive this process.
+	NoWatchdog bool
 }
 
 // Cluster is a running (or stopped) local PostgreSQL server. Its methods are
@@ -57,9 +64,12 @@ type Cluster struct {
 	as       *runAs
 	log      *slog.Logger
 
+	noWatchdog bool
+
 	mu      sync.Mutex
 	running bool
 	removed bool
+	wd      *watchdog // guards what the cluster owns if this process dies
 }
 
 const (
@@ -111,7 +121,7 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	c := &Cluster{binDir: binDir, as: as, log: logger}
+	c := &Cluster{binDir: binDir, as: as, log: logger, noWatchdog: cfg.NoWatchdog}
 
 	var createdRoot bool
 	if cfg.Dir == "" {
@@ -155,6 +165,11 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 		}
 		c.sockDir, c.sockTemp = d, true
 	}
+	// Guard the temporary directories already, so dying during initdb or
+	// the first start does not leave them behind.
+	if err := c.syncWatchdog(); err != nil {
+		return nil, err
+	}
 	if err := c.prepareDirs(); err != nil {
 		return nil, err
 	}
@@ -191,6 +206,9 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 		c.log.Warn("pgcluster: port taken, retrying with another", "port", c.port, "attempt", attempt)
 	}
 	c.running = true
+	if err := c.syncWatchdog(); err != nil {
+		return nil, err
+	}
 	return c, nil
 }
 
@@ -206,11 +224,12 @@ func (c *Cluster) Port() int { return c.port }
 func (c *Cluster) DataDir() string { return c.dataDir }
 
 // Stop shuts the server down (fast mode: sessions are disconnected, data is
-// checkpointed) and removes the cluster directory if Start created it as a
-// temporary one. Calling it again is a no-op.
+// checkpointed), removes the cluster directory if Start created it as a
+// temporary one and ends the watchdog. Calling it again is a no-op.
 func (c *Cluster) Stop(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	defer c.syncWatchdogLogged()
 	if c.removed {
 		return nil
 	}
@@ -233,10 +252,12 @@ func (c *Cluster) Stop(ctx context.Context) error {
 }
 
 // StopKeep shuts the server down in fast mode and keeps all files, so
-// Restart can bring it back.
+// Restart can bring it back. The watchdog then only guards a temporary
+// directory, if any, until Stop.
 func (c *Cluster) StopKeep(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	defer c.syncWatchdogLogged()
 	if c.removed {
 		return ErrRemoved
 	}
@@ -255,6 +276,7 @@ func (c *Cluster) StopKeep(ctx context.Context) error {
 func (c *Cluster) Kill() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	defer c.syncWatchdogLogged()
 	if c.removed {
 		return ErrRemoved
 	}
@@ -275,6 +297,7 @@ func (c *Cluster) Kill() error {
 func (c *Cluster) Restart(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	defer c.syncWatchdogLogged()
 	if c.removed {
 		return ErrRemoved
 	}
@@ -473,6 +496,55 @@ func (c *Cluster) cleanupFailedStart() {
 	}
 	if c.temp {
 		_ = os.RemoveAll(c.root)
+	}
+	c.wd.end()
+	c.wd = nil
+}
+
+// syncWatchdog makes the watchdog guard exactly what the cluster owns now:
+// the running postmaster and the temporary directories that still exist.
+// With nothing left to guard it is ended. A new watchdog is started before
+// the old one is ended so there is no unguarded gap. c.mu must be held
+// unless the cluster is not shared yet.
+func (c *Cluster) syncWatchdog() error {
+	if c.noWatchdog {
+		return nil
+	}
+	pm := 0
+	if c.running {
+		pm = c.pid()
+	}
+	var dirs []string
+	if c.temp && !c.removed {
+		dirs = append(dirs, c.root)
+	}
+	if c.sockTemp {
+		if _, err := os.Stat(c.sockDir); err == nil {
+			dirs = append(dirs, c.sockDir)
+		}
+	}
+	if c.wd != nil && c.wd.pm == pm && slices.Equal(c.wd.dirs, dirs) {
+		return nil
+	}
+	var next *watchdog
+	if pm > 0 || len(dirs) > 0 {
+		var err error
+		if next, err = startWatchdog(pm, c.dataDir, dirs); err != nil {
+			return err // keep the old watchdog: it still guards the directories
+		}
+		c.log.Debug("pgcluster: watchdog armed", "watchdog_pid", next.pid(), "postmaster_pid", pm, "dirs", dirs)
+	}
+	c.wd.end()
+	c.wd = next
+	return nil
+}
+
+// syncWatchdogLogged is syncWatchdog for state changes that have already
+// succeeded or failed on their own merits; a watchdog failure is reported
+// rather than turned into the operation's error.
+func (c *Cluster) syncWatchdogLogged() {
+	if err := c.syncWatchdog(); err != nil {
+		c.log.Error("pgcluster: watchdog not updated; the server may outlive this process", "err", err)
 	}
 }
 

@@ -21,4 +21,13 @@
 // Settings are written to data/converge.conf, which postgresql.conf includes
 // last, so values containing spaces or quotes need no shell quoting and a
 // later ALTER SYSTEM still wins.
+//
+// pg_ctl daemonises the server, so it would outlive a process that dies
+// without calling Stop (a panic, `go test -timeout`, SIGKILL). Unless
+// Config.NoWatchdog is set, each cluster therefore has a watchdog: a
+// detached /bin/sh in its own session that blocks reading a pipe only the
+// owner process writes to. When the owner exits, however it dies, the read
+// hits EOF and the watchdog stops the server in immediate mode and removes
+// the directories Start created as temporary ones. Stop, StopKeep, Kill and
+// Restart replace or end it so it only ever guards what the cluster owns.
 package pgcluster
