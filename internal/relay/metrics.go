@@ -40,7 +40,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Active: prometheus.NewGauge(prometheus.GaugeOpts{Name: "converge_relay_active",
 			Help: "1 while this relay holds the slot, 0 while it waits as a standby."}),
 		SessionErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "converge_relay_session_errors_total",
-			Help: "Replication sessions ended by an error, by cause (postgres, publish)."}, []string{"cause"}),
+			Help: "Replication sessions that failed to start or ended with an error, by cause (postgres, publish)."}, []string{"cause"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.Published, m.Duplicates, m.Transactions, m.PublishTime, m.CommitToAck, m.InFlight,

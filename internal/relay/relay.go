@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -158,7 +159,10 @@ func (r *Relay) session(ctx context.Context) error {
 	r.metrics.Active.Set(1)
 	r.log.Info("relaying", "slot", r.cfg.Slot, "from_lsn", start.String())
 	s := &session{relay: r, conn: conn, confirmed: start, relations: map[uint32]relation{}}
-	s.confirm(start)
+	// The slot's position is the truth at the start of a session, even
+	// when a Postgres crash moved it back behind what was reported before.
+	r.confirmed.Store(uint64(start))
+	r.metrics.ConfirmedLSN.Set(float64(start))
 	return s.loop(ctx)
 }
 
@@ -223,15 +227,19 @@ type session struct {
 
 	inTx          bool
 	commitTime    time.Time
-	commitTimeStr string
-	commitLSNStr  string
+	commitTimeHdr []string
+	commitLSNHdr  []string
+	view          insertView
+	stopWake      func()
+	finishing     bool      // cancelled, finishing the transaction in progress
+	finishBy      time.Time // when finishing gives up
 
 	confirmed  pglogrepl.LSN
 	nextStatus time.Time
 }
 
 func (s *session) confirm(lsn pglogrepl.LSN) {
-	if lsn <= s.confirmed && s.confirmed != 0 {
+	if lsn <= s.confirmed {
 		return
 	}
 	s.confirmed = lsn
@@ -241,6 +249,17 @@ func (s *session) confirm(lsn pglogrepl.LSN) {
 
 func (s *session) sendStatus(ctx context.Context) error {
 	s.nextStatus = time.Now().Add(s.relay.cfg.StatusInterval)
+	deadline := s.nextStatus
+	if s.finishing && s.finishBy.Before(deadline) {
+		deadline = s.finishBy
+	}
+	// After cancellation the wake-up deadline stands, unless the session is
+	// finishing its transaction.
+	if ctx.Err() == nil || s.finishing {
+		if err := s.conn.Conn().SetReadDeadline(deadline); err != nil {
+			return fmt.Errorf("relay: set read deadline: %w", err)
+		}
+	}
 	err := pglogrepl.SendStandbyStatusUpdate(ctx, s.conn, pglogrepl.StandbyStatusUpdate{
 		WALWritePosition: s.confirmed, WALFlushPosition: s.confirmed, WALApplyPosition: s.confirmed,
 		ClientTime: time.Now(),
@@ -252,30 +271,50 @@ func (s *session) sendStatus(ctx context.Context) error {
 }
 
 func (s *session) loop(ctx context.Context) error {
+	// A read deadline set once per status interval, instead of a context
+	// per message: the hot loop allocates nothing for it. Cancellation
+	// moves the deadline to the past to wake a blocked read.
+	woken := make(chan struct{})
+	stopWake := context.AfterFunc(ctx, func() {
+		defer close(woken)
+		_ = s.conn.Conn().SetReadDeadline(time.Unix(1, 0))
+	})
+	s.stopWake = func() {
+		if !stopWake() {
+			<-woken // it ran (or is running): let it finish before the deadline is reset
+		}
+	}
+	defer s.stopWake()
 	if err := s.sendStatus(ctx); err != nil {
 		return err
 	}
 	for {
 		if ctx.Err() != nil {
-			return s.shutdown()
-		}
-		if err := s.drain(ctx, false); err != nil {
-			return err
+			// Finish the transaction being received, so that what was
+			// published of it can be confirmed, within the shutdown timeout.
+			if !s.inTx || (s.finishing && time.Now().After(s.finishBy)) {
+				return s.shutdown()
+			}
+			if !s.finishing {
+				s.finishing, s.finishBy = true, time.Now().Add(s.relay.cfg.ShutdownTimeout)
+				s.stopWake()
+				if err := s.sendStatus(ctx); err != nil {
+					return err
+				}
+			}
 		}
 		if !time.Now().Before(s.nextStatus) {
+			if err := s.drain(ctx, false); err != nil {
+				return err
+			}
 			if err := s.sendStatus(ctx); err != nil {
 				return err
 			}
 		}
-		rctx, cancel := context.WithDeadline(ctx, s.nextStatus)
-		msg, err := s.conn.ReceiveMessage(rctx)
-		cancel()
+		msg, err := s.conn.ReceiveMessage(context.Background())
 		if err != nil {
-			if ctx.Err() != nil {
-				return s.shutdown()
-			}
 			if pgconn.Timeout(err) {
-				continue
+				continue // a status tick, or cancellation: the loop's top decides
 			}
 			return fmt.Errorf("relay: receive: %w", err)
 		}
@@ -323,6 +362,16 @@ func (s *session) handleCopyData(ctx context.Context, data []byte) error {
 func (s *session) idle() bool { return !s.inTx && s.head == len(s.queue) }
 
 func (s *session) handleWAL(ctx context.Context, xld pglogrepl.XLogData) error {
+	if d := xld.WALData; len(d) >= 5 && d[0] == 'I' {
+		rel, ok := s.relations[binary.BigEndian.Uint32(d[1:5])]
+		if !ok {
+			return nil // not the outbox
+		}
+		if err := rel.decodeInsertFast(d, &s.view); err != nil {
+			return err
+		}
+		return s.publish(ctx, &s.view)
+	}
 	msg, err := pglogrepl.Parse(xld.WALData)
 	if err != nil {
 		return fmt.Errorf("relay: decode pgoutput: %w", err)
@@ -340,21 +389,13 @@ func (s *session) handleWAL(ctx context.Context, xld pglogrepl.XLogData) error {
 	case *pglogrepl.BeginMessage:
 		s.inTx = true
 		s.commitTime = m.CommitTime
-		s.commitTimeStr = m.CommitTime.UTC().Format(time.RFC3339Nano)
-		s.commitLSNStr = m.FinalLSN.String()
-	case *pglogrepl.InsertMessage:
-		rel, ok := s.relations[m.RelationID]
-		if !ok {
-			return nil // not the outbox
-		}
-		row, err := rel.decodeInsert(m)
-		if err != nil {
-			return err
-		}
-		return s.publish(ctx, row)
+		// Shared by every message of the transaction; never modified.
+		s.commitTimeHdr = []string{m.CommitTime.UTC().Format(time.RFC3339Nano)}
+		s.commitLSNHdr = []string{m.FinalLSN.String()}
 	case *pglogrepl.CommitMessage:
 		s.inTx = false
 		s.queue = append(s.queue, pending{endLSN: m.TransactionEndLSN})
+		return s.drain(ctx, false)
 	case *pglogrepl.LogicalDecodingMessage:
 		if !m.Transactional && m.Prefix == HeartbeatPrefix && s.idle() {
 			s.confirm(m.LSN)
@@ -363,28 +404,39 @@ func (s *session) handleWAL(ctx context.Context, xld pglogrepl.XLogData) error {
 	return nil
 }
 
-func (s *session) publish(ctx context.Context, row outboxRow) error {
+var kindHeaders = map[string][]string{
+	string(contract.KindUpserted):  {string(contract.KindUpserted)},
+	string(contract.KindWithdrawn): {string(contract.KindWithdrawn)},
+}
+
+func (s *session) publish(ctx context.Context, v *insertView) error {
 	if s.inflight >= s.relay.cfg.Window {
 		if err := s.drain(ctx, true); err != nil {
 			return err
 		}
 	}
+	kind, ok := kindHeaders[string(v.kind)] // no allocation for the lookup
+	if !ok {
+		kind = []string{string(v.kind)}
+	}
 	msg := &nats.Msg{
-		Subject: contract.Subject(row.key),
-		Data:    row.payload,
+		Subject: subjectOf(v.key),
+		// The view points into the receive buffer, which the next read
+		// reuses; the client keeps the message until it is acknowledged.
+		Data: append([]byte(nil), v.payload...),
 		Header: nats.Header{
-			contract.HeaderCommitTime: []string{s.commitTimeStr},
-			contract.HeaderCommitLSN:  []string{s.commitLSNStr},
-			contract.HeaderKind:       []string{row.kind},
+			jetstream.MsgIDHeader:     []string{string(v.eventID)},
+			contract.HeaderCommitTime: s.commitTimeHdr,
+			contract.HeaderCommitLSN:  s.commitLSNHdr,
+			contract.HeaderKind:       kind,
 		},
 	}
-	fut, err := s.relay.js.PublishMsgAsync(msg, jetstream.WithMsgID(row.eventID))
+	fut, err := s.relay.js.PublishMsgAsync(msg)
 	if err != nil {
 		return &publishError{err: err}
 	}
 	s.queue = append(s.queue, pending{fut: fut, sent: time.Now(), commitTime: s.commitTime})
 	s.inflight++
-	s.relay.metrics.InFlight.Set(float64(s.inflight))
 	return nil
 }
 
@@ -477,7 +529,10 @@ func (s *session) pop() {
 }
 
 // shutdown waits (bounded) for outstanding acknowledgements, confirms what
-// they complete, and reports it to Postgres before the connection closes.
+// they complete, and ends the replication stream with CopyDone. Waiting for
+// the server's answer to CopyDone proves it processed the final status
+// update: closing the socket right after sending it could make a busy
+// walsender fail its next write and exit before reading the update.
 func (s *session) shutdown() error {
 	ctx, cancel := context.WithTimeout(context.Background(), s.relay.cfg.ShutdownTimeout)
 	defer cancel()
@@ -485,8 +540,15 @@ func (s *session) shutdown() error {
 	for s.head < len(s.queue) && err == nil {
 		err = s.drain(ctx, true)
 	}
+	if s.stopWake != nil {
+		s.stopWake()
+	}
 	if serr := s.sendStatus(ctx); err == nil {
 		err = serr
+	}
+	_ = s.conn.Conn().SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, cerr := pglogrepl.SendStandbyCopyDone(ctx, s.conn); err == nil && cerr != nil {
+		err = fmt.Errorf("relay: end replication: %w", cerr)
 	}
 	s.relay.log.Info("relay stopped", "confirmed_lsn", s.confirmed.String(), "err", err)
 	return err

@@ -70,6 +70,7 @@ func migrate(ctx context.Context, url string) error {
 }
 
 type fixture struct {
+	stops []func()
 	dbURL string
 	pool  *pgxpool.Pool
 	store *docstore.Store
@@ -123,7 +124,16 @@ func (f *fixture) startRelay(t *testing.T, cfg relay.Config) (stop func()) {
 	var once sync.Once
 	stop = func() { once.Do(func() { cancel(); wg.Wait() }) }
 	t.Cleanup(stop)
+	f.stops = append(f.stops, stop)
 	return stop
+}
+
+// stopAll stops every relay the fixture started.
+func (f *fixture) stopAll(t *testing.T) {
+	t.Helper()
+	for _, stop := range f.stops {
+		stop()
+	}
 }
 
 func (f *fixture) write(t *testing.T, from, to int, version int64) {
@@ -258,4 +268,42 @@ func TestGracefulShutdownConfirmsEverythingAcknowledged(t *testing.T) {
 		t.Fatalf("restart published %v events, want the %d not yet relayed", got, 3000-published)
 	}
 	t.Logf("%d events relayed before shutdown, %d after restart, 0 republished", published, 3000-published)
+}
+
+// The relay reports the slot's position from the start of a session, before
+// anything new is confirmed.
+func TestConfirmedLSNReportedFromSlotAtStart(t *testing.T) {
+	f := newFixture(t)
+	f.startRelay(t, relay.Config{}) // creates the slot
+	waitFor(t, "slot", 10*time.Second, func() bool {
+		var n int
+		_ = f.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'converge_relay' AND active AND database = current_database()`).Scan(&n)
+		return n == 1
+	})
+	f.write(t, 0, 10, 1)
+	waitFor(t, "10 events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 10 })
+	var slotLSN string
+	waitFor(t, "confirmation", 10*time.Second, func() bool {
+		_ = f.pool.QueryRow(context.Background(), `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'converge_relay'`).Scan(&slotLSN)
+		return slotLSN != "" && slotLSN != "0/0"
+	})
+	time.Sleep(200 * time.Millisecond)
+	f.stopAll(t)
+	_ = f.pool.QueryRow(context.Background(), `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'converge_relay'`).Scan(&slotLSN)
+
+	r, err := relay.New(f.nats.Connect(t), relay.Config{PostgresURL: f.dbURL, HeartbeatInterval: -1}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	waitFor(t, "the relay to be active", 10*time.Second, r.Active)
+	if got := r.ConfirmedLSN().String(); got != slotLSN {
+		t.Errorf("relay reports %s at start, the slot holds %s", got, slotLSN)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
 }
