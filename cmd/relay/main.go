@@ -48,6 +48,8 @@ func run(args []string) error {
 	replicas := f.Int("stream-replicas", "CONVERGE_STREAM_REPLICAS", 1, "stream replicas")
 	dupes := f.Duration("stream-duplicates", "CONVERGE_STREAM_DUPLICATE_WINDOW", 10*time.Minute, "duplicate window; must exceed the longest relay outage plus catch-up")
 	perSubject := f.Int("stream-history", "CONVERGE_STREAM_HISTORY", 4, "events kept per document (-1: all)")
+	gogc := f.Int("gogc", "CONVERGE_RELAY_GOGC", 300, "garbage collector target percentage (GOGC); the memory limit below bounds the heap")
+	memLimit := f.Int("memory-limit-mib", "CONVERGE_RELAY_MEMORY_LIMIT_MIB", 48, "soft heap limit in MiB (GOMEMLIMIT)")
 	level := f.String("log-level", config.EnvLogLevel, "info", "debug, info, warn or error")
 	if err := f.Parse(args); err != nil {
 		return err
@@ -69,6 +71,7 @@ func run(args []string) error {
 	cfg.StandbyRetry = *standby
 	cfg.Stream.Replicas, cfg.Stream.Duplicates, cfg.Stream.MaxMsgsPerSubject = *replicas, *dupes, int64(*perSubject)
 	log := config.NewLogger(os.Stderr, *level)
+	relay.TuneGC(*gogc, int64(*memLimit)<<20)
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

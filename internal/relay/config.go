@@ -3,6 +3,7 @@ package relay
 import (
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -36,6 +37,19 @@ type Config struct {
 	ShutdownTimeout time.Duration
 
 	Stream StreamConfig
+}
+
+// TuneGC sets the collector for a relay process: the relay's garbage is
+// short-lived (one message per event), so collecting less often saves CPU,
+// while the soft memory limit keeps the heap bounded. percent <= 0 and
+// limitBytes <= 0 leave the runtime's settings alone.
+func TuneGC(percent int, limitBytes int64) {
+	if percent > 0 {
+		debug.SetGCPercent(percent)
+	}
+	if limitBytes > 0 {
+		debug.SetMemoryLimit(limitBytes)
+	}
 }
 
 // StreamConfig is the CONVERGE_DOCS stream the relay ensures.

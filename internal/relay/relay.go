@@ -228,7 +228,6 @@ type session struct {
 	inTx          bool
 	commitTime    time.Time
 	commitTimeHdr []string
-	commitLSNHdr  []string
 	view          insertView
 	stopWake      func()
 	finishing     bool      // cancelled, finishing the transaction in progress
@@ -391,7 +390,6 @@ func (s *session) handleWAL(ctx context.Context, xld pglogrepl.XLogData) error {
 		s.commitTime = m.CommitTime
 		// Shared by every message of the transaction; never modified.
 		s.commitTimeHdr = []string{m.CommitTime.UTC().Format(time.RFC3339Nano)}
-		s.commitLSNHdr = []string{m.FinalLSN.String()}
 	case *pglogrepl.CommitMessage:
 		s.inTx = false
 		s.queue = append(s.queue, pending{endLSN: m.TransactionEndLSN})
@@ -404,31 +402,21 @@ func (s *session) handleWAL(ctx context.Context, xld pglogrepl.XLogData) error {
 	return nil
 }
 
-var kindHeaders = map[string][]string{
-	string(contract.KindUpserted):  {string(contract.KindUpserted)},
-	string(contract.KindWithdrawn): {string(contract.KindWithdrawn)},
-}
-
 func (s *session) publish(ctx context.Context, v *insertView) error {
 	if s.inflight >= s.relay.cfg.Window {
 		if err := s.drain(ctx, true); err != nil {
 			return err
 		}
 	}
-	kind, ok := kindHeaders[string(v.kind)] // no allocation for the lookup
-	if !ok {
-		kind = []string{string(v.kind)}
-	}
 	msg := &nats.Msg{
 		Subject: subjectOf(v.key),
 		// The view points into the receive buffer, which the next read
 		// reuses; the client keeps the message until it is acknowledged.
 		Data: append([]byte(nil), v.payload...),
+		// Few, short headers: the server parses every one of them.
 		Header: nats.Header{
 			jetstream.MsgIDHeader:     []string{string(v.eventID)},
 			contract.HeaderCommitTime: s.commitTimeHdr,
-			contract.HeaderCommitLSN:  s.commitLSNHdr,
-			contract.HeaderKind:       kind,
 		},
 	}
 	fut, err := s.relay.js.PublishMsgAsync(msg)

@@ -39,6 +39,7 @@ func TestMain(m *testing.M) {
 const childEnv = "CONVERGE_RELAY_TEST_CHILD"
 
 func runChild() int {
+	relay.TuneGC(300, 48<<20) // as cmd/relay does by default
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	nc, err := nats.Connect(os.Getenv("CONVERGE_NATS_URL"), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))

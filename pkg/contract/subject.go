@@ -40,15 +40,8 @@ func IngestSubject(key string) string { return IngestSubjectPrefix + SubjectToke
 // DLQSubject is the dead-letter subject of a consumer, "converge.dlq.<name>".
 func DLQSubject(consumer string) string { return DLQSubjectPrefix + consumer }
 
-// Headers the relay sets on every stream message, besides Nats-Msg-Id (the
-// event id).
-const (
-	// HeaderCommitTime is the Postgres commit time of the event's
-	// transaction, RFC 3339 with nanoseconds; consumers measure commit-to-
-	// applied latency from it.
-	HeaderCommitTime = "Converge-Commit-Time"
-	// HeaderCommitLSN is the commit LSN of the event's transaction.
-	HeaderCommitLSN = "Converge-Commit-Lsn"
-	// HeaderKind is the event kind, so a consumer can route without decoding.
-	HeaderKind = "Converge-Kind"
-)
+// HeaderCommitTime is set by the relay on every stream message, besides
+// Nats-Msg-Id (the event id): the Postgres commit time of the event's
+// transaction, RFC 3339 with nanoseconds. Consumers measure commit-to-applied
+// latency from it.
+const HeaderCommitTime = "Converge-Commit-Time"
