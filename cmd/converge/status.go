@@ -85,7 +85,7 @@ func collectStatus(ctx context.Context, pgURL, natsURL, slot string) (statusRepo
 	err = conn.QueryRow(ctx, `
 		SELECT active, active_pid, coalesce(confirmed_flush_lsn::text, ''),
 		       coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), 0)::bigint, coalesce(wal_status, '')
-		FROM pg_replication_slots WHERE slot_name = $1`, slot).
+		FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()`, slot).
 		Scan(&rep.Slot.Active, &rep.Slot.ActivePID, &rep.Slot.ConfirmedLSN, &rep.Slot.LagBytes, &rep.Slot.WALStatus)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):

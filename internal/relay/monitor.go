@@ -53,7 +53,7 @@ func (m *monitor) checkLag(c *pgx.Conn) error {
 	var lag int64
 	err := c.QueryRow(context.Background(), `
 		SELECT coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), 0)::bigint
-		FROM pg_replication_slots WHERE slot_name = $1`, m.cfg.Slot).Scan(&lag)
+		FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()`, m.cfg.Slot).Scan(&lag)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil // not created yet
 	}

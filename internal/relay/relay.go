@@ -78,9 +78,10 @@ func (r *Relay) Run(ctx context.Context) error {
 		return err
 	}
 	mon := &monitor{cfg: r.cfg, metrics: r.metrics, log: r.log}
+	monCtx, stopMon := context.WithCancel(ctx)
 	monDone := make(chan struct{})
-	go func() { defer close(monDone); mon.run(ctx) }()
-	defer func() { <-monDone }()
+	go func() { defer close(monDone); mon.run(monCtx) }()
+	defer func() { stopMon(); <-monDone }()
 
 	standbyLogged := false
 	for {
@@ -90,7 +91,10 @@ func (r *Relay) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
+		var elsewhere *slotElsewhereError
 		switch {
+		case errors.As(err, &elsewhere):
+			return err
 		case errors.Is(err, errSlotActive):
 			if !standbyLogged {
 				r.log.Info("slot held by another relay; waiting as a standby", "slot", r.cfg.Slot)
@@ -186,18 +190,33 @@ func ensureSlot(ctx context.Context, conn *pgconn.PgConn, slot string) (pglogrep
 func slotPosition(ctx context.Context, conn *pgconn.PgConn, slot string) (pglogrepl.LSN, bool, error) {
 	// The slot name is validated as an identifier; replication connections
 	// accept only the simple protocol, so it is inlined.
-	res, err := conn.Exec(ctx, "SELECT coalesce(confirmed_flush_lsn::text, '0/0') FROM pg_replication_slots WHERE slot_name = '"+slot+"'").ReadAll()
+	res, err := conn.Exec(ctx, "SELECT coalesce(confirmed_flush_lsn::text, '0/0'), coalesce(database = current_database(), false), coalesce(database, '') "+
+		"FROM pg_replication_slots WHERE slot_name = '"+slot+"'").ReadAll()
 	if err != nil {
 		return 0, false, fmt.Errorf("relay: read slot %s: %w", slot, err)
 	}
 	if len(res) == 0 || len(res[0].Rows) == 0 {
 		return 0, false, nil
 	}
-	lsn, err := pglogrepl.ParseLSN(string(res[0].Rows[0][0]))
+	row := res[0].Rows[0]
+	if string(row[1]) != "t" {
+		// Slot names are cluster-wide: this one belongs to another database
+		// (or is not a logical slot). Waiting would never help.
+		return 0, false, &slotElsewhereError{slot: slot, database: string(row[2])}
+	}
+	lsn, err := pglogrepl.ParseLSN(string(row[0]))
 	if err != nil {
 		return 0, false, fmt.Errorf("relay: slot %s position: %w", slot, err)
 	}
 	return lsn, true, nil
+}
+
+// slotElsewhereError is a slot name taken in another database: a
+// configuration error, not a transient one.
+type slotElsewhereError struct{ slot, database string }
+
+func (e *slotElsewhereError) Error() string {
+	return fmt.Sprintf("relay: replication slot %q belongs to database %q, not this one: give this relay another -slot", e.slot, e.database)
 }
 
 // publishError is a failed publish: the session ends and resumes from the

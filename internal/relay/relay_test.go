@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -35,11 +36,17 @@ func TestMain(m *testing.M) {
 
 // childEnv makes the test binary run a relay instead of the tests, so crash
 // tests can start it as a real process and SIGKILL it. The child reads
-// CONVERGE_POSTGRES_URL and CONVERGE_NATS_URL, and CONVERGE_RELAY_WINDOW.
+// CONVERGE_POSTGRES_URL and CONVERGE_NATS_URL, and CONVERGE_RELAY_WINDOW and
+// CONVERGE_RELAY_GOGC when set.
 const childEnv = "CONVERGE_RELAY_TEST_CHILD"
 
 func runChild() int {
-	relay.TuneGC(300, 48<<20) // as cmd/relay does by default
+	// cmd/relay's defaults, unless the test asks otherwise.
+	gogc, limit := 300, int64(48<<20)
+	if v, err := strconv.Atoi(os.Getenv("CONVERGE_RELAY_GOGC")); err == nil {
+		gogc, limit = v, 0
+	}
+	relay.TuneGC(gogc, limit)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	nc, err := nats.Connect(os.Getenv("CONVERGE_NATS_URL"), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
@@ -306,5 +313,31 @@ func TestConfirmedLSNReportedFromSlotAtStart(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Slot names are cluster-wide: a relay pointed at a database whose slot name
+// is taken by another database must say so and stop, not retry forever.
+func TestSlotOfAnotherDatabaseIsAConfigurationError(t *testing.T) {
+	f := newFixture(t)
+	other := pg.NewDatabaseFrom(t, "migrated", migrate)
+	conn, err := pgxpool.New(context.Background(), other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.Exec(context.Background(), `SELECT pg_create_logical_replication_slot('converge_relay', 'pgoutput')`); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _, _ = conn.Exec(context.Background(), `SELECT pg_drop_replication_slot('converge_relay')`) }()
+	r, err := relay.New(f.nats.Connect(t), relay.Config{PostgresURL: f.dbURL}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err = r.Run(ctx)
+	if err == nil || !strings.Contains(err.Error(), "belongs to database") {
+		t.Fatalf("Run = %v, want a configuration error naming the other database", err)
 	}
 }

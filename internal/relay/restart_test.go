@@ -666,7 +666,11 @@ func startChildRelay(t *testing.T, dbURL, natsURL string, window int) *relayProc
 	t.Helper()
 	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), childEnv+"=1", "CONVERGE_POSTGRES_URL="+dbURL,
-		"CONVERGE_NATS_URL="+natsURL, "CONVERGE_RELAY_WINDOW="+strconv.Itoa(window))
+		"CONVERGE_NATS_URL="+natsURL, "CONVERGE_RELAY_WINDOW="+strconv.Itoa(window),
+		// Under the race detector, shadow memory grows with the heap the
+		// collector lets grow; the default GOGC keeps this measurement about
+		// what the relay buffers.
+		"CONVERGE_RELAY_GOGC=100")
 	p := &relayProcess{exited: make(chan struct{}), out: &outputBuffer{}}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	// Dies with the test binary, even if that is killed before its cleanup.

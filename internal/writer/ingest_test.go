@@ -143,6 +143,13 @@ func TestIngestAppliesAndDeadLetters(t *testing.T) {
 			t.Errorf("no dead letter with code %s", code)
 		}
 	}
+	// Work-queue retention: a message leaves the stream when acknowledged,
+	// which happens only after its commit; once drained, all is written.
+	ingest, _ := js.Stream(context.Background(), writer.IngestStream)
+	waitFor(t, "ingest stream drained", func() bool {
+		info, err := ingest.Info(context.Background())
+		return err == nil && info.State.Msgs == 0
+	})
 	// Exactly one event per applied (key, version), however many
 	// deliveries and failed attempts there were.
 	if n := countRows(t, e, `SELECT count(*) FROM outbox`); n != 2*docs+docs/10 {
@@ -154,12 +161,6 @@ func TestIngestAppliesAndDeadLetters(t *testing.T) {
 	if store.calls.Load() < 3 {
 		t.Fatalf("store called %d times; the injected failures were not exercised", store.calls.Load())
 	}
-	// Work-queue retention: every message was acknowledged, after commit.
-	ingest, _ := js.Stream(context.Background(), writer.IngestStream)
-	waitFor(t, "ingest stream drained", func() bool {
-		info, err := ingest.Info(context.Background())
-		return err == nil && info.State.Msgs == 0
-	})
 }
 
 // A store that is down keeps messages in the stream: nothing is acknowledged
