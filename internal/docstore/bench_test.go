@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/converge-sync/converge/internal/chunking"
@@ -21,8 +22,9 @@ import (
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
-// rawApplySQL is the store's own statement: the raw side measures the
-// database cost of exactly what Store.Apply sends.
+// rawApplySQL is the store's own statement: the raw side sends it after the
+// same key-lock statement, in one pipeline, as Store.Apply does, so it
+// measures the database cost of exactly what the store sends.
 const rawApplySQL = docstore.ApplySQL
 
 // applyShape is one way of writing: documents per statement, concurrent
@@ -129,7 +131,20 @@ func benchApply(b *testing.B, sh applyShape) {
 		}
 		raw := func() {
 			d, err := runPhase(ctx, "raw", sh.workers, sh.stmtsPerPhase, func(i int) error {
-				tag, err := pool.Exec(ctx, rawApplySQL, rawArgs[i]...)
+				// The same pipeline the store sends: key locks, then the write.
+				batch := &pgx.Batch{}
+				batch.Queue(docstore.LockSQL, rawArgs[i][0])
+				batch.Queue(rawApplySQL, rawArgs[i]...)
+				br := pool.SendBatch(ctx, batch)
+				_, err := br.Exec()
+				if err != nil {
+					_ = br.Close()
+					return fmt.Errorf("raw lock: %w", err)
+				}
+				tag, err := br.Exec()
+				if cerr := br.Close(); err == nil {
+					err = cerr
+				}
 				if err != nil {
 					return fmt.Errorf("raw: %w", err)
 				}
