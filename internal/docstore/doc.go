@@ -27,11 +27,12 @@
 //
 // # Results
 //
-// A version not applied is classified by reading the stored row afterwards:
-// a newer stored version makes it [Stale]; the same version with the same
-// content hash makes it [Unchanged] (a redelivery: no second outbox row);
-// the same version with other content is a [*ConflictError]. Versions only
-// grow, so the classification is true of the state at the time it is read.
+// The write statement also reports, for each input, the stored row its
+// freshness guard compared against (read in the same snapshot, under the
+// key locks). A version not applied is classified from it: a newer stored
+// version makes it [Stale]; the same version with the same content hash
+// makes it [Unchanged] (a redelivery: no second outbox row); the same
+// version with other content is a [*ConflictError].
 //
 // Serialization failures, deadlocks and errors pgconn reports safe to retry
 // are retried with backoff; the statement is atomic, so a retry cannot

@@ -223,7 +223,7 @@ func (s *Store) Apply(ctx context.Context, writes []Write) ([]Outcome, error) {
 				if err != nil {
 					return fmt.Errorf("docstore: apply: %w", err)
 				}
-				if err := s.finishRound(ctx, tx, r, rows, outs); err != nil {
+				if err := finishRound(r, rows, outs); err != nil {
 					return err
 				}
 			}
@@ -234,10 +234,6 @@ func (s *Store) Apply(ctx context.Context, writes []Write) ([]Outcome, error) {
 		return nil, err
 	}
 	return outs, nil
-}
-
-type querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
 const applySQL = `
@@ -271,7 +267,11 @@ WITH input AS (
     SELECT i.event_id, i.key, i.version, i.kind, i.payload FROM input i
     WHERE i.key IN (SELECT key FROM doc)
 )
-SELECT key FROM doc`
+-- One row per input: applied or not, and the row the freshness guard
+-- compared against. This read sees the statement's snapshot, taken after
+-- the key locks were granted, so it is exactly what the guard saw.
+SELECT i.key, i.key IN (SELECT key FROM doc), d.version, d.deleted, d.content_hash
+FROM input i LEFT JOIN documents d ON d.key = i.key`
 
 // lockSQL serialises writers of the same keys for the rest of the
 // transaction. Without it, two concurrent writes of one key could each take
@@ -285,8 +285,6 @@ const lockSQL = `
 SELECT pg_advisory_xact_lock(1129270870, h)
 FROM (SELECT DISTINCT hashtext(k) AS h FROM unnest($1::text[]) AS k) l
 ORDER BY h`
-
-const classifySQL = `SELECT key, version, deleted, content_hash FROM documents WHERE key = ANY($1)`
 
 // round is a set of writes with distinct keys: one statement.
 type round []prepared
@@ -357,80 +355,69 @@ func (s *Store) applySingleRound(ctx context.Context, r round, outs []Outcome) e
 		_ = br.Close()
 		return fmt.Errorf("docstore: apply: %w", err)
 	}
-	applied, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	results, err := collectResults(rows)
 	if cerr := br.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
 	if err != nil {
 		return fmt.Errorf("docstore: apply: %w", err)
 	}
-	return s.classify(ctx, s.pool, r, applied, outs)
+	return classify(r, results, outs)
 }
 
-// finishRound reads the applied keys of a round run inside a transaction
-// and classifies the rest.
-func (s *Store) finishRound(ctx context.Context, q querier, r round, rows pgx.Rows, outs []Outcome) error {
-	applied, err := pgx.CollectRows(rows, pgx.RowTo[string])
+// finishRound classifies a round run inside a transaction.
+func finishRound(r round, rows pgx.Rows, outs []Outcome) error {
+	results, err := collectResults(rows)
 	if err != nil {
 		return fmt.Errorf("docstore: apply: %w", err)
 	}
-	return s.classify(ctx, q, r, applied, outs)
+	return classify(r, results, outs)
 }
 
-// classify fills in outs for a round: applied keys, and for the others
-// stale, unchanged or a conflict from the stored row.
-func (s *Store) classify(ctx context.Context, q querier, round round, applied []string, outs []Outcome) error {
-	done := make(map[string]bool, len(applied))
-	for _, k := range applied {
-		done[k] = true
-	}
-	var pending []string
-	for _, p := range round {
-		if done[p.key] {
-			outs[p.idx].Result, outs[p.idx].Err = Applied, nil
-		} else {
-			pending = append(pending, p.key)
-		}
-	}
-	if len(pending) == 0 {
-		return nil
-	}
-	rows, err := q.Query(ctx, classifySQL, pending)
-	if err != nil {
-		return fmt.Errorf("docstore: classify: %w", err)
-	}
-	type stored struct {
-		version int64
-		deleted bool
-		hash    string
-	}
-	current := make(map[string]stored, len(pending))
+// roundResult is what the write statement reports for one input key.
+type roundResult struct {
+	applied bool
+	version *int64 // the stored row before the statement; nil for a new key
+	deleted *bool
+	hash    *string
+}
+
+func collectResults(rows pgx.Rows) (map[string]roundResult, error) {
+	results := make(map[string]roundResult)
 	var (
-		k  string
-		st stored
+		k   string
+		res roundResult
 	)
-	if _, err := pgx.ForEachRow(rows, []any{&k, &st.version, &st.deleted, &st.hash}, func() error {
-		current[k] = st
+	_, err := pgx.ForEachRow(rows, []any{&k, &res.applied, &res.version, &res.deleted, &res.hash}, func() error {
+		results[k] = res
+		res = roundResult{}
 		return nil
-	}); err != nil {
-		return fmt.Errorf("docstore: classify: %w", err)
-	}
+	})
+	return results, err
+}
+
+// classify fills in outs for a round from the statement's own report:
+// applied, or for the others stale, unchanged or a conflict against the
+// row the guard compared with. It is part of the write, so a result is
+// never reported for a state other than the one written against.
+func classify(round round, results map[string]roundResult, outs []Outcome) error {
 	for _, p := range round {
-		if done[p.key] {
-			continue
-		}
-		cur, ok := current[p.key]
+		res, ok := results[p.key]
 		switch {
 		case !ok:
+			return fmt.Errorf("docstore: no result for %q", p.key)
+		case res.applied:
+			outs[p.idx].Result, outs[p.idx].Err = Applied, nil
+		case res.version == nil:
 			return fmt.Errorf("docstore: %q was neither applied nor found", p.key)
-		case cur.version > p.version:
+		case *res.version > p.version:
 			outs[p.idx].Result, outs[p.idx].Err = Stale, nil
-		case cur.version == p.version && cur.hash == p.hash:
+		case *res.version == p.version && *res.hash == p.hash:
 			outs[p.idx].Result, outs[p.idx].Err = Unchanged, nil
-		case cur.version == p.version:
-			outs[p.idx].Err = &ConflictError{Key: p.key, Version: p.version, StoredHash: cur.hash, IncomingHash: p.hash, StoredDeleted: cur.deleted}
+		case *res.version == p.version:
+			outs[p.idx].Err = &ConflictError{Key: p.key, Version: p.version, StoredHash: *res.hash, IncomingHash: p.hash, StoredDeleted: *res.deleted}
 		default:
-			return fmt.Errorf("docstore: %q stored at version %d, older than %d, yet not applied", p.key, cur.version, p.version)
+			return fmt.Errorf("docstore: %q stored at version %d, older than %d, yet not applied", p.key, *res.version, p.version)
 		}
 	}
 	return nil
