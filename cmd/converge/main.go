@@ -19,7 +19,8 @@ import (
 const usage = `converge: operate a converge pipeline
 
 Usage:
-  converge migrate up        apply pending schema migrations (a no-op when current)
+  converge migrate up        apply pending schema migrations (a no-op when current) and
+                             create the relay's replication slot if missing
   converge migrate status    show the applied and the newest schema version
   converge status [--json]   the relay's slot (state, confirmed LSN, lag), the outbox and the streams
 
@@ -61,6 +62,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 func migrate(ctx context.Context, sub string, args []string, out io.Writer) error {
 	f := config.NewFlags("converge migrate " + sub)
 	pg := f.String("postgres-url", config.EnvPostgresURL, "", "Postgres URL")
+	slot := f.String("slot", "CONVERGE_RELAY_SLOT", "converge_relay", "the relay's replication slot, created by up so that no event written before the relay's first start is missed (empty: don't create)")
 	if err := f.Parse(args); err != nil {
 		return err
 	}
@@ -74,6 +76,18 @@ func migrate(ctx context.Context, sub string, args []string, out io.Writer) erro
 			return err
 		}
 		fmt.Fprintf(out, "schema at version %d (newest %d)\n", st.Version, st.Latest)
+		if *slot == "" {
+			return nil
+		}
+		created, err := schema.EnsureSlot(ctx, *pg, *slot)
+		if err != nil {
+			return err
+		}
+		if created {
+			fmt.Fprintf(out, "replication slot %s created: every event from now on will be relayed (the slot retains WAL until a relay consumes it)\n", *slot)
+		} else {
+			fmt.Fprintf(out, "replication slot %s exists\n", *slot)
+		}
 		return nil
 	case "status":
 		st, err := schema.Inspect(ctx, *pg)

@@ -31,10 +31,20 @@ func TestMigrateUpIsIdempotent(t *testing.T) {
 	if !strings.Contains(out.String(), "behind") {
 		t.Fatalf("status output %q", out.String())
 	}
-	for i := range 2 {
+	t.Cleanup(func() {
+		c, err := pgx.Connect(context.Background(), url)
+		if err == nil {
+			_, _ = c.Exec(context.Background(), `SELECT pg_drop_replication_slot('converge_relay')`)
+			_ = c.Close(context.Background())
+		}
+	})
+	for i, want := range []string{"slot converge_relay created", "slot converge_relay exists"} {
 		out.Reset()
 		if err := run(ctx, []string{"migrate", "up", "-postgres-url", url}, &out); err != nil {
 			t.Fatalf("migrate up #%d: %v", i+1, err)
+		}
+		if !strings.Contains(out.String(), want) {
+			t.Fatalf("migrate up #%d said %q, want %q", i+1, out.String(), want)
 		}
 	}
 	out.Reset()

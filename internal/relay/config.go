@@ -18,6 +18,9 @@ type Config struct {
 	// Window bounds the publishes awaiting a JetStream acknowledgement;
 	// memory stays flat however large the backlog. Default 4096.
 	Window int
+	// WindowBytes bounds the payload bytes of those publishes, so memory
+	// stays flat for large documents too. Default 32 MiB.
+	WindowBytes int
 	// StatusInterval is how often the confirmed position is reported to
 	// Postgres, well within wal_sender_timeout. Default 1s.
 	StatusInterval time.Duration
@@ -79,6 +82,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Window <= 0 {
 		c.Window = 4096
+	}
+	if c.WindowBytes <= 0 {
+		c.WindowBytes = 32 << 20
 	}
 	if c.StatusInterval <= 0 {
 		c.StatusInterval = time.Second

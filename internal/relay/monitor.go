@@ -37,7 +37,7 @@ func (m *monitor) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-beat:
-			m.exec(ctx, "heartbeat", func(c *pgx.Conn) error {
+			m.exec(ctx, "heartbeat", func(ctx context.Context, c *pgx.Conn) error {
 				// Non-transactional: decoded at once, outside any transaction,
 				// so an idle relay can confirm past it.
 				_, err := c.Exec(ctx, `SELECT pg_logical_emit_message(false, $1, '')`, HeartbeatPrefix)
@@ -49,9 +49,9 @@ func (m *monitor) run(ctx context.Context) {
 	}
 }
 
-func (m *monitor) checkLag(c *pgx.Conn) error {
+func (m *monitor) checkLag(ctx context.Context, c *pgx.Conn) error {
 	var lag int64
-	err := c.QueryRow(context.Background(), `
+	err := c.QueryRow(ctx, `
 		SELECT coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), 0)::bigint
 		FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()`, m.cfg.Slot).Scan(&lag)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -69,7 +69,10 @@ func (m *monitor) checkLag(c *pgx.Conn) error {
 	return nil
 }
 
-func (m *monitor) exec(ctx context.Context, what string, f func(*pgx.Conn) error) {
+func (m *monitor) exec(ctx context.Context, what string, f func(context.Context, *pgx.Conn) error) {
+	// Bounded, so a half-open connection cannot stall heartbeats or shutdown.
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
 	if m.conn == nil || m.conn.IsClosed() {
 		c, err := pgx.Connect(ctx, m.cfg.PostgresURL)
 		if err != nil {
@@ -78,7 +81,7 @@ func (m *monitor) exec(ctx context.Context, what string, f func(*pgx.Conn) error
 		}
 		m.conn = c
 	}
-	if err := f(m.conn); err != nil && ctx.Err() == nil {
+	if err := f(ctx, m.conn); err != nil {
 		m.log.Debug("monitor query failed", "what", what, "err", err)
 		_ = m.conn.Close(context.Background())
 		m.conn = nil

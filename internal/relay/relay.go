@@ -74,9 +74,6 @@ func (r *Relay) Run(ctx context.Context) error {
 	if max := r.nc.MaxPayload(); max < contract.MaxMessageBytes {
 		return fmt.Errorf("relay: the NATS server's max_payload is %d bytes; converge needs %d (the largest event and its headers): set max_payload: 8MB in the server configuration", max, contract.MaxMessageBytes)
 	}
-	if _, err := EnsureStream(ctx, r.js, r.cfg.Stream); err != nil {
-		return err
-	}
 	mon := &monitor{cfg: r.cfg, metrics: r.metrics, log: r.log}
 	monCtx, stopMon := context.WithCancel(ctx)
 	monDone := make(chan struct{})
@@ -135,6 +132,11 @@ func replicationURL(dsn string) (string, error) {
 }
 
 func (r *Relay) session(ctx context.Context) error {
+	// Ensured at every session, not once: a NATS outage at start, or a
+	// deleted stream, is a reason to retry, not to exit.
+	if _, err := EnsureStream(ctx, r.js, r.cfg.Stream); err != nil {
+		return &publishError{err: err}
+	}
 	dsn, err := replicationURL(r.cfg.PostgresURL)
 	if err != nil {
 		return err
@@ -145,9 +147,12 @@ func (r *Relay) session(ctx context.Context) error {
 	}
 	defer conn.Close(context.Background())
 
-	start, err := ensureSlot(ctx, conn, r.cfg.Slot)
+	start, created, err := ensureSlot(ctx, conn, r.cfg.Slot)
 	if err != nil {
 		return err
+	}
+	if created {
+		r.warnUnrelayed(ctx, conn)
 	}
 	err = pglogrepl.StartReplication(ctx, conn, r.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
 		PluginArgs: []string{"proto_version '1'", "publication_names '" + r.cfg.Publication + "'", "messages 'true'"},
@@ -172,19 +177,35 @@ func (r *Relay) session(ctx context.Context) error {
 
 // ensureSlot creates the slot on first start and returns its confirmed
 // position.
-func ensureSlot(ctx context.Context, conn *pgconn.PgConn, slot string) (pglogrepl.LSN, error) {
+func ensureSlot(ctx context.Context, conn *pgconn.PgConn, slot string) (pglogrepl.LSN, bool, error) {
 	lsn, ok, err := slotPosition(ctx, conn, slot)
 	if err != nil || ok {
-		return lsn, err
+		return lsn, false, err
 	}
 	_, err = pglogrepl.CreateReplicationSlot(ctx, conn, slot, "pgoutput",
 		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication})
 	var pgErr *pgconn.PgError
+	created := err == nil
 	if err != nil && !(errors.As(err, &pgErr) && pgErr.Code == "42710") { // created meanwhile by another relay
-		return 0, fmt.Errorf("relay: create slot %s: %w", slot, err)
+		return 0, false, fmt.Errorf("relay: create slot %s: %w", slot, err)
 	}
 	lsn, _, err = slotPosition(ctx, conn, slot)
-	return lsn, err
+	return lsn, created, err
+}
+
+// warnUnrelayed says loudly when the slot was created after events were
+// already written: a slot sees only later changes, so those events are not
+// in the stream. `converge migrate up` creates the slot with the schema to
+// avoid this; re-emitting the documents repairs it.
+func (r *Relay) warnUnrelayed(ctx context.Context, conn *pgconn.PgConn) {
+	res, err := conn.Exec(ctx, "SELECT count(*) FROM outbox").ReadAll()
+	if err != nil || len(res) == 0 || len(res[0].Rows) == 0 {
+		return
+	}
+	if n := string(res[0].Rows[0][0]); n != "0" {
+		r.log.Warn("replication slot created after events were written: the outbox rows already present are not relayed; re-emit their documents",
+			"slot", r.cfg.Slot, "outbox_rows", n)
+	}
 }
 
 func slotPosition(ctx context.Context, conn *pgconn.PgConn, slot string) (pglogrepl.LSN, bool, error) {
@@ -233,6 +254,7 @@ type pending struct {
 	sent       time.Time
 	commitTime time.Time
 	endLSN     pglogrepl.LSN
+	size       int
 }
 
 type session struct {
@@ -240,9 +262,10 @@ type session struct {
 	conn      *pgconn.PgConn
 	relations map[uint32]relation
 
-	queue    []pending // FIFO in publish order
-	head     int
-	inflight int
+	queue         []pending // FIFO in publish order
+	head          int
+	inflight      int
+	inflightBytes int
 
 	inTx          bool
 	commitTime    time.Time
@@ -422,7 +445,7 @@ func (s *session) handleWAL(ctx context.Context, xld pglogrepl.XLogData) error {
 }
 
 func (s *session) publish(ctx context.Context, v *insertView) error {
-	if s.inflight >= s.relay.cfg.Window {
+	for s.inflight >= s.relay.cfg.Window || (s.inflight > 0 && s.inflightBytes+len(v.payload) > s.relay.cfg.WindowBytes) {
 		if err := s.drain(ctx, true); err != nil {
 			return err
 		}
@@ -442,8 +465,9 @@ func (s *session) publish(ctx context.Context, v *insertView) error {
 	if err != nil {
 		return &publishError{err: err}
 	}
-	s.queue = append(s.queue, pending{fut: fut, sent: time.Now(), commitTime: s.commitTime})
+	s.queue = append(s.queue, pending{fut: fut, sent: time.Now(), commitTime: s.commitTime, size: len(msg.Data)})
 	s.inflight++
+	s.inflightBytes += len(msg.Data)
 	return nil
 }
 
@@ -486,6 +510,7 @@ func (s *session) drain(ctx context.Context, block bool) error {
 		s.relay.metrics.PublishTime.Observe(now.Sub(p.sent).Seconds())
 		s.relay.metrics.CommitToAck.Observe(now.Sub(p.commitTime).Seconds())
 		s.inflight--
+		s.inflightBytes -= p.size
 		s.pop()
 	}
 	s.relay.metrics.InFlight.Set(float64(s.inflight))
