@@ -137,6 +137,8 @@ func errorStatus(err error) (int, string) {
 		}
 	case isConflict(err):
 		return http.StatusConflict, "version_conflict"
+	case permanent(err):
+		return http.StatusUnprocessableEntity, "rejected_value"
 	case errors.Is(err, docstore.ErrNotFound):
 		return http.StatusNotFound, "not_found"
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
@@ -233,7 +235,7 @@ func (a *API) withdraw(w http.ResponseWriter, r *http.Request) {
 
 func (a *API) applyOne(w http.ResponseWriter, r *http.Request, wr docstore.Write) {
 	start := time.Now()
-	outs, err := a.store.Apply(r.Context(), []docstore.Write{wr})
+	outs, err := applyIsolating(r.Context(), a.store, []docstore.Write{wr})
 	a.metrics.TxSeconds.WithLabelValues("single").Observe(time.Since(start).Seconds())
 	if err != nil {
 		a.fail(w, r, err)
@@ -298,7 +300,7 @@ func (a *API) batch(w http.ResponseWriter, r *http.Request) {
 		ok := true
 		if len(writes) > 0 {
 			start := time.Now()
-			outs, err := a.store.Apply(r.Context(), writes)
+			outs, err := applyIsolating(r.Context(), a.store, writes)
 			a.metrics.TxSeconds.WithLabelValues("batch").Observe(time.Since(start).Seconds())
 			if err != nil {
 				ok = false
@@ -338,6 +340,9 @@ func (a *API) batch(w http.ResponseWriter, r *http.Request) {
 			lineNo++
 			results = append(results, WriteResult{Line: lineNo, Error: &ErrorBody{Code: "request_too_large",
 				Message: fmt.Sprintf("line is longer than the limit of %d bytes", MaxRequestBytes)}})
+			if len(writes) == 0 {
+				flush()
+			}
 			continue
 		case err != nil:
 			// The client went away or the body broke: answer what we have.
@@ -355,6 +360,9 @@ func (a *API) batch(w http.ResponseWriter, r *http.Request) {
 			a.metrics.Documents.WithLabelValues("batch", "invalid").Inc()
 			_, code := errorStatus(derr)
 			results = append(results, WriteResult{Line: lineNo, Key: keyOf(wr, line), Error: &ErrorBody{Code: code, Message: derr.Error()}})
+			if len(writes) == 0 {
+				flush() // nothing pending: answer it now, keep the stream moving
+			}
 			continue
 		}
 		writes = append(writes, wr)

@@ -2,6 +2,8 @@ package writer
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -9,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -182,33 +185,79 @@ func (in *Ingest) handle(ctx context.Context, msgs []jetstream.Msg) {
 		from = append(from, m)
 	}
 	if len(writes) > 0 {
-		start := time.Now()
-		outs, err := in.store.Apply(ctx, writes)
-		in.metrics.TxSeconds.WithLabelValues("ingest").Observe(time.Since(start).Seconds())
-		if err != nil {
-			in.log.ErrorContext(ctx, "ingest write failed; messages will be redelivered", "messages", len(writes), "err", err)
-			for _, m := range from {
-				_ = m.NakWithDelay(in.cfg.RetryDelay)
-			}
-		} else {
-			in.metrics.count("ingest", outs)
-			for i, o := range outs {
-				if o.Err != nil {
-					// A conflict or invalid document can never apply.
-					if in.deadLetter(ctx, from[i], o.Err) {
-						done = append(done, from[i])
-					}
-					continue
-				}
-				done = append(done, from[i])
-			}
-		}
+		done = append(done, in.apply(ctx, writes, from)...)
 	}
 	for _, m := range done {
 		if err := m.Ack(); err != nil {
 			in.log.WarnContext(ctx, "ingest ack failed; the message will be redelivered and written again idempotently", "err", err)
 		}
 	}
+}
+
+// apply stores writes and returns the messages that may be acknowledged:
+// stored, or dead-lettered. A transient failure leaves them all for
+// redelivery.
+func (in *Ingest) apply(ctx context.Context, writes []docstore.Write, from []jetstream.Msg) []jetstream.Msg {
+	start := time.Now()
+	outs, err := applyIsolating(ctx, in.store, writes)
+	in.metrics.TxSeconds.WithLabelValues("ingest").Observe(time.Since(start).Seconds())
+	if err != nil {
+		in.log.ErrorContext(ctx, "ingest write failed; messages will be redelivered", "messages", len(writes), "err", err)
+		for _, m := range from {
+			_ = m.NakWithDelay(in.cfg.RetryDelay)
+		}
+		return nil
+	}
+	in.metrics.count("ingest", outs)
+	var done []jetstream.Msg
+	for i, o := range outs {
+		if o.Err != nil {
+			// A conflict, an invalid document or data the database
+			// rejects can never apply.
+			if in.deadLetter(ctx, from[i], o.Err) {
+				done = append(done, from[i])
+			}
+			continue
+		}
+		done = append(done, from[i])
+	}
+	return done
+}
+
+// applyIsolating stores writes in one transaction. When the database
+// rejects the data of some document (a permanent error that every retry of
+// the whole batch would meet again), the batch is split until the rejected
+// writes are isolated: they get the error in their outcome, the others are
+// stored. The returned error is for transient failures only, in which case
+// nothing was stored.
+func applyIsolating(ctx context.Context, store Store, writes []docstore.Write) ([]docstore.Outcome, error) {
+	outs, err := store.Apply(ctx, writes)
+	switch {
+	case err == nil:
+		return outs, nil
+	case !permanent(err):
+		return nil, err
+	case len(writes) == 1:
+		return []docstore.Outcome{{Key: writes[0].Doc.Key, Version: writes[0].Doc.Version, Err: err}}, nil
+	}
+	mid := len(writes) / 2
+	left, err := applyIsolating(ctx, store, writes[:mid])
+	if err != nil {
+		return nil, err
+	}
+	right, err := applyIsolating(ctx, store, writes[mid:])
+	if err != nil {
+		return nil, err
+	}
+	return append(left, right...), nil
+}
+
+// permanent reports an error the same data will meet again however often
+// it is retried: Postgres rejecting the data itself (class 22, data
+// exception; class 23, integrity constraint violation).
+func permanent(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "23"))
 }
 
 func decodeIngest(m jetstream.Msg) (docstore.Write, error) {
@@ -238,11 +287,16 @@ func (in *Ingest) deadLetter(ctx context.Context, m jetstream.Msg, reason error)
 	dl := nats.NewMsg(contract.DLQSubject(IngestDLQName))
 	dl.Data = m.Data()
 	for k, vs := range m.Headers() {
+		// Nats-* headers are directives to the server (message id, expected
+		// stream or sequence) that would make the dead letter's own publish
+		// fail or be dropped; they are not part of the message.
+		if strings.HasPrefix(k, "Nats-") {
+			continue
+		}
 		for _, v := range vs {
 			dl.Header.Add(k, v)
 		}
 	}
-	dl.Header.Del(nats.MsgIdHdr)
 	dl.Header.Set(HeaderDLQReason, truncate(reason.Error(), 1024))
 	dl.Header.Set(HeaderDLQCode, code)
 	dl.Header.Set(HeaderDLQSubject, m.Subject())
@@ -250,8 +304,10 @@ func (in *Ingest) deadLetter(ctx context.Context, m jetstream.Msg, reason error)
 		dl.Header.Set(HeaderDLQStream, meta.Stream)
 		dl.Header.Set(HeaderDLQSeq, strconv.FormatUint(meta.Sequence.Stream, 10))
 		// The same message dead-lettered twice (redelivery after a crash)
-		// is stored once.
-		dl.Header.Set(nats.MsgIdHdr, "ingest-dlq-"+strconv.FormatUint(meta.Sequence.Stream, 10))
+		// is stored once; the data's hash keeps a recreated ingest stream,
+		// whose sequences restart, from colliding with older dead letters.
+		sum := sha256.Sum256(m.Data())
+		dl.Header.Set(nats.MsgIdHdr, "ingest-dlq-"+strconv.FormatUint(meta.Sequence.Stream, 10)+"-"+hex.EncodeToString(sum[:8]))
 	}
 	if _, err := in.js.PublishMsg(ctx, dl); err != nil {
 		in.log.ErrorContext(ctx, "dead-letter publish failed; message left for redelivery", "subject", m.Subject(), "err", err)

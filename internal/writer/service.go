@@ -97,13 +97,24 @@ func RunService(ctx context.Context, cfg ServiceConfig, log *slog.Logger) error 
 		}},
 	}
 
+	// Listen before starting anything, so a taken port leaves nothing
+	// running behind.
+	ln, err := net.Listen("tcp", cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("writer: listen %s: %w", cfg.HTTPAddr, err)
+	}
+	log.Info("writer API listening", "addr", ln.Addr().String())
+	if cfg.OnListen != nil {
+		cfg.OnListen(ln.Addr())
+	}
+
 	g, ctx := errgroup.WithContext(ctx)
 	if cfg.NATSURL != "" {
 		nc, err := nats.Connect(cfg.NATSURL, nats.Name("converge-writer"), nats.MaxReconnects(-1))
 		if err != nil {
 			return fmt.Errorf("writer: connect nats: %w", err)
 		}
-		defer nc.Drain() //nolint:errcheck // best effort on shutdown
+		defer drain(nc, log)
 		js, err := jetstream.New(nc)
 		if err != nil {
 			return fmt.Errorf("writer: jetstream: %w", err)
@@ -123,14 +134,6 @@ func RunService(ctx context.Context, cfg ServiceConfig, log *slog.Logger) error 
 		return nil
 	})
 
-	ln, err := net.Listen("tcp", cfg.HTTPAddr)
-	if err != nil {
-		return fmt.Errorf("writer: listen %s: %w", cfg.HTTPAddr, err)
-	}
-	log.Info("writer API listening", "addr", ln.Addr().String())
-	if cfg.OnListen != nil {
-		cfg.OnListen(ln.Addr())
-	}
 	api := NewAPI(store, cfg.API, metrics, log)
 	g.Go(func() error { return telemetry.ServeListener(ctx, ln, api, cfg.ShutdownGrace, log) })
 	if cfg.MetricsAddr != "" {
@@ -139,4 +142,21 @@ func RunService(ctx context.Context, cfg ServiceConfig, log *slog.Logger) error 
 		})
 	}
 	return g.Wait()
+}
+
+// drain lets the ingest consumer's last acknowledgements reach the server
+// before the connection closes, waiting a bounded time for it.
+func drain(nc *nats.Conn, log *slog.Logger) {
+	closed := make(chan struct{})
+	nc.SetClosedHandler(func(*nats.Conn) { close(closed) })
+	if err := nc.Drain(); err != nil {
+		nc.Close()
+		return
+	}
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		log.Warn("nats drain timed out")
+		nc.Close()
+	}
 }
