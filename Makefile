@@ -48,8 +48,9 @@ bench: deps ## benchmarks; each comparison runs both sides in one run and prints
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count $${RELAY_RUNS:-3} ./internal/relay
 
 .PHONY: lint
-lint: ## golangci-lint when installed, else go vet
-	@if command -v golangci-lint >/dev/null 2>&1; then golangci-lint run $(PKGS); \
+lint: ## golangci-lint (.golangci.yml) when installed, else go vet
+	@lint="$$(command -v golangci-lint || echo "$$($(GO) env GOPATH)/bin/golangci-lint")"; \
+	if [ -x "$$lint" ]; then "$$lint" run $(PKGS); \
 	else echo "golangci-lint not installed (go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0); running go vet"; $(GO) vet $(PKGS); fi
 
 .PHONY: clean

@@ -186,7 +186,7 @@ func ensureSlot(ctx context.Context, conn *pgconn.PgConn, slot string) (pglogrep
 		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication})
 	var pgErr *pgconn.PgError
 	created := err == nil
-	if err != nil && !(errors.As(err, &pgErr) && pgErr.Code == "42710") { // created meanwhile by another relay
+	if err != nil && (!errors.As(err, &pgErr) || pgErr.Code != "42710") { // 42710: created meanwhile by another relay
 		return 0, false, fmt.Errorf("relay: create slot %s: %w", slot, err)
 	}
 	lsn, _, err = slotPosition(ctx, conn, slot)

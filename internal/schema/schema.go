@@ -48,7 +48,7 @@ func Up(ctx context.Context, databaseURL string) (Status, error) {
 	select {
 	case <-ctx.Done():
 		m.GracefulStop <- true
-		<-done
+		<-done //nolint:errcheck // cancelled: ctx.Err() is the answer
 		return Status{}, ctx.Err()
 	case err = <-done:
 	}
