@@ -533,8 +533,9 @@ func (s *session) await(ctx context.Context, fut jetstream.PubAckFuture) (*jetst
 			}
 		case <-ctx.Done():
 			t.Stop()
-			// Shutting down: keep waiting for this ack, bounded below.
-			sctx, cancel := context.WithTimeout(context.Background(), s.relay.cfg.ShutdownTimeout)
+			// Shutting down: keep waiting for this ack, within the one
+			// shutdown deadline shared by every wait.
+			sctx, cancel := context.WithDeadline(context.Background(), s.stopBy())
 			defer cancel()
 			select {
 			case ack := <-fut.Ok():
@@ -546,6 +547,14 @@ func (s *session) await(ctx context.Context, fut jetstream.PubAckFuture) (*jetst
 			}
 		}
 	}
+}
+
+// stopBy is the deadline of the whole shutdown, fixed when it begins.
+func (s *session) stopBy() time.Time {
+	if s.finishBy.IsZero() {
+		s.finishBy = time.Now().Add(s.relay.cfg.ShutdownTimeout)
+	}
+	return s.finishBy
 }
 
 func (s *session) pop() {
@@ -566,7 +575,7 @@ func (s *session) pop() {
 // update: closing the socket right after sending it could make a busy
 // walsender fail its next write and exit before reading the update.
 func (s *session) shutdown() error {
-	ctx, cancel := context.WithTimeout(context.Background(), s.relay.cfg.ShutdownTimeout)
+	ctx, cancel := context.WithDeadline(context.Background(), s.stopBy())
 	defer cancel()
 	var err error
 	for s.head < len(s.queue) && err == nil {
