@@ -41,6 +41,9 @@ fuzz: ## run every fuzz target for FUZZTIME each (default 30s)
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeEvent$$' -fuzztime $${FUZZTIME:-30s} ./pkg/contract
 	$(GO) test -run '^$$' -fuzz '^FuzzSplit$$' -fuzztime $${FUZZTIME:-30s} ./internal/chunking
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeWrite$$' -fuzztime $${FUZZTIME:-30s} ./internal/writer
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeInsertFast$$' -fuzztime $${FUZZTIME:-30s} ./internal/relay
+	$(GO) test -run '^$$' -fuzz '^FuzzCanonicalEncodingMatchesReference$$' -fuzztime $${FUZZTIME:-30s} ./pkg/contract
+	$(GO) test -run '^$$' -fuzz '^FuzzCanonicalMetaMatchesReference$$' -fuzztime $${FUZZTIME:-30s} ./pkg/contract
 
 .PHONY: bench
 bench: deps ## benchmarks; each comparison runs both sides in one run and prints the ratio

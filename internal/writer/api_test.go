@@ -136,6 +136,7 @@ func TestBadInputIsRejectedAndChangesNothing(t *testing.T) {
 		{"wrong content type", "PUT", docURL(e, "k"), "text/plain", `{"version":2}`, 415, "unsupported_media_type"},
 		{"no content type", "PUT", docURL(e, "k"), "", `{"version":2}`, 415, "unsupported_media_type"},
 		{"meta not an object", "PUT", docURL(e, "k"), "application/json", `{"version":2,"meta":[1]}`, 422, "invalid_meta"},
+		{"meta number beyond numeric", "PUT", docURL(e, "k"), "application/json", `{"version":2,"meta":{"n":1e200000}}`, 422, "invalid_meta"},
 		{"NUL in body", "PUT", docURL(e, "k"), "application/json", `{"version":2,"body":"a\u0000b"}`, 422, "nul_character"},
 		{"empty tag", "PUT", docURL(e, "k"), "application/json", `{"version":2,"tags":[""]}`, 422, "invalid_tag"},
 		{"withdrawn on PUT", "PUT", docURL(e, "k"), "application/json", `{"version":2,"withdrawn":true}`, 400, "invalid_json"},
@@ -255,5 +256,16 @@ func TestLargeBatchLosesNoLine(t *testing.T) {
 	}
 	if got := countRows(t, e, `SELECT count(*) FROM documents`); got != lines {
 		t.Fatalf("%d documents stored, want %d", got, lines)
+	}
+}
+
+// Numbers at the edges of what Postgres numeric holds are accepted and
+// stored, not refused by the database after validation passed.
+func TestMetaNumbersPostgresCanStore(t *testing.T) {
+	e := newEnv(t)
+	code, r, raw := do(t, "PUT", docURL(e, "nums"), "application/json",
+		`{"version":1,"meta":{"big":1e300,"tiny":1e-300,"neg":-12.5e10,"long":0.`+strings.Repeat("1", 16000)+`}}`)
+	if code != 200 || r.Result != "applied" {
+		t.Fatalf("PUT: %d %.300s", code, raw)
 	}
 }

@@ -5,9 +5,11 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"hash"
 	"io"
 	"slices"
 	"strings"
+	"sync"
 	"unicode"
 	"unicode/utf8"
 )
@@ -179,6 +181,23 @@ func CanonicalMeta(raw json.RawMessage) (json.RawMessage, error) {
 	if !utf8.Valid(trimmed) {
 		return nil, invalid(CodeInvalidUTF8, "meta", "is not valid UTF-8")
 	}
+	out, ok := canonicalMetaFast(trimmed)
+	if !ok {
+		var err error
+		if out, err = canonicalMetaDecoded(trimmed); err != nil {
+			return nil, err
+		}
+	}
+	if err := checkMetaNumbers(out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// canonicalMetaDecoded is the definition of the canonical meta: decode into
+// an any, numbers kept as written, and encode that with encoding/json, which
+// sorts map keys. It also words every refusal.
+func canonicalMetaDecoded(trimmed []byte) (json.RawMessage, error) {
 	dec := json.NewDecoder(bytes.NewReader(trimmed))
 	dec.UseNumber()
 	var v any
@@ -224,55 +243,36 @@ func canonicalJSON(v any) ([]byte, error) {
 	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
 }
 
-// canonicalDocument fixes the field order of the hashed form. Version is
-// not part of it: the same content at two versions has the same hash.
-type canonicalDocument struct {
-	Key   string          `json:"key"`
-	Title string          `json:"title"`
-	Body  string          `json:"body"`
-	Links []string        `json:"links"`
-	Tags  []string        `json:"tags"`
-	Meta  json.RawMessage `json:"meta"`
-}
-
 // ContentHash is the lowercase hex SHA-256 of the canonical JSON of a
-// normalised document's content (key, title, body, links, tags, meta).
-// Call it on the result of [Document.Normalize].
+// normalised document's content, in this order: key, title, body, links,
+// tags, meta. Version is not part of it: the same content at two versions
+// has the same hash. Call it on the result of [Document.Normalize].
 func ContentHash(d Document) string {
-	h := sha256.New()
-	// The encoder streams into the hash: the body is never copied.
-	enc := json.NewEncoder(trimNewline{h})
-	enc.SetEscapeHTML(false)
-	meta := d.Meta
-	if len(meta) == 0 {
-		meta = json.RawMessage("{}")
+	st := contentHashers.Get().(*contentHasher)
+	defer contentHashers.Put(st)
+	st.h.Reset()
+	// Meta that is not valid JSON (Normalize lets none through) writes
+	// nothing: the hash of nothing, as when encoding/json failed.
+	st.meta, st.stage, _ = writeCanonicalDocument(st.h, st.meta, st.stage, d)
+	if cap(st.meta) > 4*stageSize {
+		st.meta = nil // do not keep a large meta's buffer in the pool
 	}
-	links, tags := d.Links, d.Tags
-	if links == nil {
-		links = []string{}
-	}
-	if tags == nil {
-		tags = []string{}
-	}
-	// Encoding strings, string slices and a valid RawMessage cannot fail.
-	_ = enc.Encode(canonicalDocument{Key: d.Key, Title: d.Title, Body: d.Body, Links: links, Tags: tags, Meta: meta})
-	var sum [sha256.Size]byte
-	return hex.EncodeToString(h.Sum(sum[:0]))
+	var out [2 * sha256.Size]byte
+	hex.Encode(out[:], st.h.Sum(st.sum[:0]))
+	return string(out[:])
 }
 
-// trimNewline drops the newline json.Encoder writes after a value, so the
-// hashed bytes are exactly the canonical JSON.
-type trimNewline struct{ w io.Writer }
-
-func (t trimNewline) Write(p []byte) (int, error) {
-	if n := len(p); n > 0 && p[n-1] == '\n' {
-		if _, err := t.w.Write(p[:n-1]); err != nil {
-			return 0, err
-		}
-		return n, nil
-	}
-	return t.w.Write(p)
+// contentHasher is the reusable state of ContentHash.
+type contentHasher struct {
+	h     hash.Hash
+	sum   [sha256.Size]byte // Sum's destination: a local would escape
+	meta  []byte
+	stage []byte
 }
+
+var contentHashers = sync.Pool{New: func() any {
+	return &contentHasher{h: sha256.New(), stage: make([]byte, 0, stageSize)}
+}}
 
 // WithdrawnHash is the content hash of a withdrawn (tombstoned) document.
 func WithdrawnHash(key string) string {

@@ -62,6 +62,8 @@ func TestNormalizeRejects(t *testing.T) {
 		{"meta not json", func(d *contract.Document) { d.Meta = json.RawMessage(`{"a":`) }, contract.CodeInvalidMeta, false},
 		{"meta trailing data", func(d *contract.Document) { d.Meta = json.RawMessage(`{} {}`) }, contract.CodeInvalidMeta, false},
 		{"meta NUL", func(d *contract.Document) { d.Meta = json.RawMessage(`{"a":"\u0000"}`) }, contract.CodeNULCharacter, false},
+		{"meta number beyond numeric", func(d *contract.Document) { d.Meta = json.RawMessage(`{"a":[1e200000]}`) }, contract.CodeInvalidMeta, false},
+		{"meta number too small for numeric", func(d *contract.Document) { d.Meta = json.RawMessage(`{"a":{"b":-1e-200000}}`) }, contract.CodeInvalidMeta, false},
 		{"bad link", func(d *contract.Document) { d.Links = []string{"ok", ""} }, contract.CodeInvalidLink, false},
 		{"too many links", func(d *contract.Document) { d.Links = make([]string, contract.MaxLinks+1) }, contract.CodeTooManyLinks, true},
 		{"empty tag", func(d *contract.Document) { d.Tags = []string{""} }, contract.CodeInvalidTag, false},

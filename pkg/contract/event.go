@@ -118,23 +118,7 @@ func (e Event) Document() Document {
 // order, no HTML escaping, no trailing newline. Encoding a decoded event
 // gives back the same bytes.
 func (e Event) Encode() ([]byte, error) {
-	var buf bytes.Buffer
-	text := estimateText(e.Chunks)
-	buf.Grow(512 + 2*len(e.Title) + len(e.Meta) + 200*len(e.Chunks) + text + text/8)
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(e); err != nil {
-		return nil, err
-	}
-	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
-}
-
-func estimateText(cs []EventChunk) int {
-	n := 0
-	for _, c := range cs {
-		n += len(c.Text)
-	}
-	return n
+	return e.appendJSON(make([]byte, 0, e.encodedSizeHint()))
 }
 
 // DecodeEvent parses and verifies an encoded event. It refuses unknown
