@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/url"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -320,10 +321,15 @@ func (s *session) loop(ctx context.Context) error {
 		defer close(woken)
 		_ = s.conn.Conn().SetReadDeadline(time.Unix(1, 0))
 	})
+	// Once only: a second stop reports false ("already stopped") for a wake
+	// that never ran, and waiting for it then would never end.
+	var stopOnce sync.Once
 	s.stopWake = func() {
-		if !stopWake() {
-			<-woken // it ran (or is running): let it finish before the deadline is reset
-		}
+		stopOnce.Do(func() {
+			if !stopWake() {
+				<-woken // it ran (or is running): let it finish before the deadline is reset
+			}
+		})
 	}
 	defer s.stopWake()
 	if err := s.sendStatus(ctx); err != nil {

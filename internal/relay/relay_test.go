@@ -130,7 +130,20 @@ func (f *fixture) startRelay(t *testing.T, cfg relay.Config) (stop func()) {
 		}
 	}()
 	var once sync.Once
-	stop = func() { once.Do(func() { cancel(); wg.Wait() }) }
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			done := make(chan struct{})
+			go func() { wg.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(time.Minute):
+				// A hang here is a bug in shutdown: fail now, with every
+				// goroutine's stack, rather than at the package timeout.
+				panic("relay did not stop within a minute of cancellation")
+			}
+		})
+	}
 	t.Cleanup(stop)
 	f.stops = append(f.stops, stop)
 	return stop
