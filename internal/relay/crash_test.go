@@ -181,7 +181,9 @@ func (c *relayChild) checkLog(t *testing.T) {
 func slotState(t *testing.T, f *fixture) (exists, active bool, pid int32) {
 	t.Helper()
 	err := f.pool.QueryRow(context.Background(),
-		`SELECT active, coalesce(active_pid, 0) FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()`,
+		// A slot being created is held (active) before it has a start
+		// point; only a confirmed_flush_lsn shows it is ready and streaming.
+		`SELECT active AND confirmed_flush_lsn IS NOT NULL, coalesce(active_pid, 0) FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()`,
 		childSlot).Scan(&active, &pid)
 	if err != nil {
 		return false, false, 0

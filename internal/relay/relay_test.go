@@ -208,7 +208,7 @@ func TestRelayPublishesEveryEventOnceAndConfirms(t *testing.T) {
 	stop := f.startRelay(t, relay.Config{})
 	waitFor(t, "slot", 10*time.Second, func() bool {
 		var n int
-		_ = f.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'converge_relay' AND active`).Scan(&n)
+		_ = f.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'converge_relay' AND active AND confirmed_flush_lsn IS NOT NULL AND database = current_database()`).Scan(&n)
 		return n == 1
 	})
 	f.write(t, 0, 1000, 2)
@@ -261,7 +261,7 @@ func TestGracefulShutdownConfirmsEverythingAcknowledged(t *testing.T) {
 	stop := f.startRelay(t, cfg)
 	waitFor(t, "slot", 10*time.Second, func() bool {
 		var n int
-		_ = f.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE active`).Scan(&n)
+		_ = f.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE active AND confirmed_flush_lsn IS NOT NULL AND database = current_database()`).Scan(&n)
 		return n == 1
 	})
 	f.write(t, 0, 3000, 1)
@@ -298,7 +298,7 @@ func TestConfirmedLSNReportedFromSlotAtStart(t *testing.T) {
 	f.startRelay(t, relay.Config{}) // creates the slot
 	waitFor(t, "slot", 10*time.Second, func() bool {
 		var n int
-		_ = f.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'converge_relay' AND active AND database = current_database()`).Scan(&n)
+		_ = f.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'converge_relay' AND active AND confirmed_flush_lsn IS NOT NULL AND database = current_database()`).Scan(&n)
 		return n == 1
 	})
 	f.write(t, 0, 10, 1)

@@ -85,7 +85,8 @@ func waitSlotActive(t *testing.T, pool *pgxpool.Pool, slot string) {
 	waitFor(t, "slot "+slot+" to be active", 20*time.Second, func() bool {
 		var active bool
 		err := pool.QueryRow(context.Background(),
-			`SELECT active FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()`, slot).Scan(&active)
+			// Held while being created too: wait for its start point as well.
+			`SELECT active AND confirmed_flush_lsn IS NOT NULL FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()`, slot).Scan(&active)
 		return err == nil && active
 	})
 }
