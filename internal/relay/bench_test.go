@@ -1,7 +1,6 @@
 package relay_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -400,7 +399,7 @@ func (it *backlogRun) relay(b *testing.B) sideResult {
 		b.Fatal(err)
 	}
 
-	var stderr childLog
+	var stderr lockedBuffer
 	cmd := exec.Command(os.Args[0])
 	// CONVERGE_RELAY_WINDOW, when set, passes through to the child.
 	cmd.Env = append(os.Environ(), childEnv+"=1", "CONVERGE_POSTGRES_URL="+it.dbURL, "CONVERGE_NATS_URL="+it.nats.URL)
@@ -539,48 +538,4 @@ func selfCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// procStatusBytes reads a kB field such as VmRSS from /proc/<pid>/status.
-func procStatusBytes(pid int, field string) (int64, error) {
-	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		name, value, ok := strings.Cut(sc.Text(), ":")
-		if !ok || name != field {
-			continue
-		}
-		kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(value), " kB"), 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("%s: %w", field, err)
-		}
-		return kb << 10, nil
-	}
-	if err := sc.Err(); err != nil {
-		return 0, err
-	}
-	return 0, fmt.Errorf("%s not in /proc/%d/status", field, pid)
-}
-
-// childLog collects the child's stderr, written by exec's copying
-// goroutine and read on failure.
-type childLog struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *childLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *childLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
 }

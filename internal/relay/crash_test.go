@@ -42,29 +42,11 @@ const crashSeedEnv = "CONVERGE_CRASH_SEED"
 // childSlot is the slot relay children use: the relay's default.
 const childSlot = "converge_relay"
 
-// syncBuffer collects a child's output; tests read it while the child runs.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // relayChild is a relay running in a child process (see runChild).
 type relayChild struct {
 	name string
 	cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *lockedBuffer
 	done chan struct{} // closed once the process is reaped
 	err  error         // cmd.Wait's result; read only after done
 }
@@ -106,7 +88,7 @@ func (cs *relayChildren) start(t *testing.T, f *fixture, name, natsURL string, w
 		"CONVERGE_POSTGRES_URL="+f.dbURL,
 		"CONVERGE_NATS_URL="+natsURL,
 		"CONVERGE_RELAY_WINDOW="+strconv.Itoa(window))
-	out := &syncBuffer{}
+	out := &lockedBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	// Should the test binary die without running its cleanups, the kernel
 	// kills the child: a stray relay would hold the slot of the next run.

@@ -8,8 +8,6 @@ package relay_test
 // its relay process to the test binary with Pdeathsig.
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -58,7 +56,7 @@ func runRelay(t *testing.T, nc *nats.Conn, dbURL string, cfg relay.Config, metri
 	// Every version stays in the stream, so it can be compared with the
 	// outbox event by event.
 	cfg.Stream.MaxMsgsPerSubject = -1
-	logs := &outputBuffer{}
+	logs := &lockedBuffer{}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("relay log:\n%s", logs)
@@ -531,7 +529,7 @@ func TestLargeTransactionBoundedMemory(t *testing.T) {
 	rows, payloadBytes := largeTransaction(t, events)
 	waitSlotActive(t, f.pool, "converge_relay")
 	time.Sleep(300 * time.Millisecond) // past start-up: connections, first heartbeats
-	baseline, err := procStatusField(child.pid, "VmRSS")
+	baseline, err := procStatusBytes(child.pid, "VmRSS")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -555,7 +553,7 @@ func TestLargeTransactionBoundedMemory(t *testing.T) {
 		return streamMsgs(t, f.js) >= events
 	})
 	relayed := time.Since(start)
-	hwm, err := procStatusField(child.pid, "VmHWM")
+	hwm, err := procStatusBytes(child.pid, "VmHWM")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -649,7 +647,7 @@ func mib(b int64) float64 { return float64(b) / (1 << 20) }
 type relayProcess struct {
 	pid    int
 	exited chan struct{} // closed when the process has exited
-	out    *outputBuffer
+	out    *lockedBuffer
 }
 
 func (p *relayProcess) running() bool {
@@ -672,7 +670,7 @@ func startChildRelay(t *testing.T, dbURL, natsURL string, window int) *relayProc
 		// collector lets grow; the default GOGC keeps this measurement about
 		// what the relay buffers.
 		"CONVERGE_RELAY_GOGC=100")
-	p := &relayProcess{exited: make(chan struct{}), out: &outputBuffer{}}
+	p := &relayProcess{exited: make(chan struct{}), out: &lockedBuffer{}}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	// Dies with the test binary, even if that is killed before its cleanup.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -723,7 +721,7 @@ func sampleRSS(pid int, every time.Duration) *rssSampler {
 		tick := time.NewTicker(every)
 		defer tick.Stop()
 		for {
-			if rss, err := procStatusField(pid, "VmRSS"); err == nil {
+			if rss, err := procStatusBytes(pid, "VmRSS"); err == nil {
 				s.peak = max(s.peak, rss)
 				s.samples++
 			}
@@ -741,44 +739,4 @@ func (s *rssSampler) halt() (peak int64, samples int) {
 	close(s.stop)
 	<-s.done
 	return s.peak, s.samples
-}
-
-// procStatusField reads a size field such as VmRSS from /proc/<pid>/status,
-// in bytes.
-func procStatusField(pid int, field string) (int64, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
-		return 0, err
-	}
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	for sc.Scan() {
-		name, value, ok := strings.Cut(sc.Text(), ":")
-		if !ok || name != field {
-			continue
-		}
-		kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(value), " kB"), 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("%s: %w", field, err)
-		}
-		return kb << 10, nil
-	}
-	return 0, fmt.Errorf("%s not in /proc/%d/status", field, pid)
-}
-
-// outputBuffer collects a log written from other goroutines.
-type outputBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *outputBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *outputBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
