@@ -11,16 +11,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/internal/relay"
-	"github.com/converge-sync/converge/internal/schema"
 	"github.com/converge-sync/converge/internal/testenv"
 )
 
 func TestStatusReportsSlotOutboxAndStreams(t *testing.T) {
 	ctx := context.Background()
-	url := pg.NewDatabaseFrom(t, "migrated", func(ctx context.Context, url string) error {
-		_, err := schema.Up(ctx, url)
-		return err
-	})
+	url := pg.MigratedDatabase(t)
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
 		t.Fatal(err)

@@ -56,7 +56,7 @@ func BenchmarkApply(b *testing.B) {
 
 func benchApply(b *testing.B, sh applyShape) {
 	ctx := context.Background()
-	url := pg.NewDatabaseFrom(b, "migrated", migrate)
+	url := pg.MigratedDatabase(b)
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		b.Fatal(err)

@@ -15,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/converge-sync/converge/internal/docstore"
-	"github.com/converge-sync/converge/internal/schema"
 	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/pkg/contract"
 )
@@ -24,14 +23,9 @@ var pg *testenv.Postgres
 
 func TestMain(m *testing.M) { os.Exit(testenv.RunMain(m, &pg)) }
 
-func migrate(ctx context.Context, url string) error {
-	_, err := schema.Up(ctx, url)
-	return err
-}
-
 func newStore(t *testing.T) (*docstore.Store, *pgxpool.Pool) {
 	t.Helper()
-	url := pg.NewDatabaseFrom(t, "migrated", migrate)
+	url := pg.MigratedDatabase(t)
 	pool, err := pgxpool.New(context.Background(), url)
 	if err != nil {
 		t.Fatal(err)

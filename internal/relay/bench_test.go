@@ -105,7 +105,7 @@ func newBacklogRun(b *testing.B) *backlogRun {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), backlogTimeout)
 	defer cancel()
-	it := &backlogRun{dbURL: pg.NewDatabaseFrom(b, "migrated", migrate)}
+	it := &backlogRun{dbURL: pg.MigratedDatabase(b)}
 	cfg, err := pgx.ParseConfig(it.dbURL)
 	if err != nil {
 		b.Fatal(err)

@@ -20,7 +20,6 @@ import (
 
 	"github.com/converge-sync/converge/internal/docstore"
 	"github.com/converge-sync/converge/internal/relay"
-	"github.com/converge-sync/converge/internal/schema"
 	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/pkg/contract"
 )
@@ -72,11 +71,6 @@ func runChild() int {
 	return 0
 }
 
-func migrate(ctx context.Context, url string) error {
-	_, err := schema.Up(ctx, url)
-	return err
-}
-
 type fixture struct {
 	stops []func()
 	dbURL string
@@ -88,7 +82,7 @@ type fixture struct {
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
-	url := pg.NewDatabaseFrom(t, "migrated", migrate)
+	url := pg.MigratedDatabase(t)
 	pool, err := pgxpool.New(context.Background(), url)
 	if err != nil {
 		t.Fatal(err)
@@ -333,7 +327,7 @@ func TestConfirmedLSNReportedFromSlotAtStart(t *testing.T) {
 // is taken by another database must say so and stop, not retry forever.
 func TestSlotOfAnotherDatabaseIsAConfigurationError(t *testing.T) {
 	f := newFixture(t)
-	other := pg.NewDatabaseFrom(t, "migrated", migrate)
+	other := pg.MigratedDatabase(t)
 	conn, err := pgxpool.New(context.Background(), other)
 	if err != nil {
 		t.Fatal(err)
@@ -353,4 +347,43 @@ func TestSlotOfAnotherDatabaseIsAConfigurationError(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "belongs to database") {
 		t.Fatalf("Run = %v, want a configuration error naming the other database", err)
 	}
+}
+
+// A relay that has to create its slot over an outbox that already holds
+// events cannot relay them (a slot sees only later changes) and must say
+// so; `converge migrate up` creates the slot with the schema to avoid it.
+func TestCreatingTheSlotOverAFilledOutboxWarns(t *testing.T) {
+	f := newFixture(t)
+	f.write(t, 0, 5, 1) // no slot yet
+	var logs lockedBuffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	r, err := relay.New(f.nats.Connect(t), relay.Config{PostgresURL: f.dbURL}, nil, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	waitFor(t, "the relay to be active", 10*time.Second, r.Active)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logs.String(), "not relayed") || !strings.Contains(logs.String(), "outbox_rows=5") {
+		t.Fatalf("no warning about the 5 unrelayed events:\n%s", logs.String())
+	}
+}
+
+// With a byte window smaller than one event, the relay publishes one event
+// at a time and still relays everything.
+func TestByteWindowSmallerThanAnEventStillRelays(t *testing.T) {
+	f := newFixture(t)
+	f.startRelay(t, relay.Config{WindowBytes: 1})
+	waitFor(t, "slot", 10*time.Second, func() bool {
+		var n int
+		_ = f.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE active AND confirmed_flush_lsn IS NOT NULL AND database = current_database()`).Scan(&n)
+		return n == 1
+	})
+	f.write(t, 0, 300, 1)
+	waitFor(t, "300 events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 300 })
 }

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"mime"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
@@ -317,7 +318,7 @@ func (a *API) batch(w http.ResponseWriter, r *http.Request) {
 				}
 			}
 		}
-		slicesSortByLine(results)
+		slices.SortStableFunc(results, func(a, b WriteResult) int { return a.Line - b.Line })
 		for _, res := range results {
 			_ = enc.Encode(res)
 		}

@@ -33,6 +33,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/converge-sync/converge/internal/chunking"
+	"github.com/converge-sync/converge/internal/docstore"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
@@ -1095,18 +1096,7 @@ func drCheckGet(t *testing.T, ctx context.Context, l *drLoader, c *drCorpus, key
 			lim.errorf("GET %q: status %d: %.300s", key, status, data)
 			continue
 		}
-		var rec struct {
-			Key         string          `json:"key"`
-			Version     int64           `json:"version"`
-			Withdrawn   bool            `json:"withdrawn"`
-			Title       string          `json:"title"`
-			Body        string          `json:"body"`
-			Links       []string        `json:"links"`
-			Tags        []string        `json:"tags"`
-			Meta        json.RawMessage `json:"meta"`
-			ContentHash string          `json:"content_hash"`
-			Chunks      int             `json:"chunks"`
-		}
+		var rec docstore.Record
 		if err := json.Unmarshal(data, &rec); err != nil {
 			lim.errorf("GET %q: %v", key, err)
 			continue

@@ -205,3 +205,30 @@ func TestIngestDoesNotAckWithoutCommit(t *testing.T) {
 		return countRows(t, e, `SELECT count(*) FROM documents`) == 10
 	})
 }
+
+// The retention loop deletes every aged outbox row, batch after batch, and
+// leaves recent ones.
+func TestOutboxRetentionLoop(t *testing.T) {
+	e := newEnv(t)
+	for i := range 25 {
+		if _, err := e.store.Put(context.Background(), contract.Document{Key: fmt.Sprintf("r%d", i), Version: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := e.pool.Exec(context.Background(), `UPDATE outbox SET created_at = now() - interval '3 days' WHERE key <> 'r0'`); err != nil {
+		t.Fatal(err)
+	}
+	metrics := writer.NewMetrics(nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		writer.RunOutboxRetention(ctx, e.store, writer.RetentionConfig{Retention: 24 * time.Hour, Interval: 20 * time.Millisecond, Batch: 4}, metrics, discardLogger())
+	}()
+	waitFor(t, "aged rows deleted", func() bool { return countRows(t, e, `SELECT count(*) FROM outbox`) == 1 })
+	cancel()
+	<-done
+	if got := testutil.ToFloat64(metrics.OutboxPruned); got != 24 {
+		t.Fatalf("pruned counter %v, want 24", got)
+	}
+}

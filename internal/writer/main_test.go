@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/converge-sync/converge/internal/docstore"
-	"github.com/converge-sync/converge/internal/schema"
 	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/internal/writer"
 )
@@ -19,11 +18,6 @@ import (
 var pg *testenv.Postgres
 
 func TestMain(m *testing.M) { os.Exit(testenv.RunMain(m, &pg)) }
-
-func migrate(ctx context.Context, url string) error {
-	_, err := schema.Up(ctx, url)
-	return err
-}
 
 // env is one writer over a fresh migrated database.
 type env struct {
@@ -35,7 +29,7 @@ type env struct {
 
 func newEnv(t testing.TB) *env {
 	t.Helper()
-	url := pg.NewDatabaseFrom(t, "migrated", migrate)
+	url := pg.MigratedDatabase(t)
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		t.Fatal(err)

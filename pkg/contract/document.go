@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"hash"
-	"io"
 	"slices"
 	"strings"
 	"sync"
@@ -282,8 +281,6 @@ func WithdrawnHash(key string) string {
 
 // TextHash is the lowercase hex SHA-256 of a chunk's text.
 func TextHash(text string) string {
-	h := sha256.New()
-	_, _ = io.WriteString(h, text) // sha256 implements io.StringWriter: no copy
-	var sum [sha256.Size]byte
-	return hex.EncodeToString(h.Sum(sum[:0]))
+	sum := sha256.Sum256([]byte(text))
+	return hex.EncodeToString(sum[:])
 }
