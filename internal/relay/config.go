@@ -21,6 +21,10 @@ type Config struct {
 	// WindowBytes bounds the payload bytes of those publishes, so memory
 	// stays flat for large documents too. Default 32 MiB.
 	WindowBytes int
+	// AckTimeout is how long a publish may wait for its acknowledgement
+	// before the session ends and resumes from the confirmed position (the
+	// message or its acknowledgement was lost). Default 30s.
+	AckTimeout time.Duration
 	// StatusInterval is how often the confirmed position is reported to
 	// Postgres, well within wal_sender_timeout. Default 1s.
 	StatusInterval time.Duration
@@ -100,6 +104,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.StandbyRetry <= 0 {
 		c.StandbyRetry = 2 * time.Second
+	}
+	if c.AckTimeout <= 0 {
+		c.AckTimeout = 30 * time.Second
 	}
 	if c.ShutdownTimeout <= 0 {
 		c.ShutdownTimeout = 30 * time.Second

@@ -45,11 +45,9 @@ func New(nc *nats.Conn, cfg Config, metrics *Metrics, log *slog.Logger) (*Relay,
 		return nil, err
 	}
 	cfg.setDefaults()
-	js, err := jetstream.New(nc,
-		// The relay bounds its own window below this, so publishes never
-		// stall inside the client.
-		jetstream.WithPublishAsyncMaxPending(2*cfg.Window+64),
-		jetstream.WithPublishAsyncTimeout(30*time.Second))
+	// Used to manage the stream; publishes go through the session's
+	// publisher.
+	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, fmt.Errorf("relay: jetstream: %w", err)
 	}
@@ -165,14 +163,19 @@ func (r *Relay) session(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("relay: start replication on slot %s: %w", r.cfg.Slot, err)
 	}
-	r.active.Store(true)
-	r.metrics.Active.Set(1)
-	r.log.Info("relaying", "slot", r.cfg.Slot, "from_lsn", start.String())
-	s := &session{relay: r, conn: conn, confirmed: start, relations: map[uint32]relation{}}
+	pub, err := newPublisher(r.nc, r.cfg.Stream.Name, r.cfg.Window)
+	if err != nil {
+		return &publishError{err: err}
+	}
+	defer pub.close()
+	s := &session{relay: r, conn: conn, pub: pub, confirmed: start, relations: map[uint32]relation{}}
 	// The slot's position is the truth at the start of a session, even
 	// when a Postgres crash moved it back behind what was reported before.
 	r.confirmed.Store(uint64(start))
 	r.metrics.ConfirmedLSN.Set(float64(start))
+	r.active.Store(true)
+	r.metrics.Active.Set(1)
+	r.log.Info("relaying", "slot", r.cfg.Slot, "from_lsn", start.String())
 	return s.loop(ctx)
 }
 
@@ -248,10 +251,11 @@ type publishError struct{ err error }
 func (e *publishError) Error() string { return "relay: publish: " + e.err.Error() }
 func (e *publishError) Unwrap() error { return e.err }
 
-// pending is a publish awaiting its acknowledgement, or (fut == nil) the end
-// of a transaction, confirmable once everything before it is acknowledged.
+// pending is a publish awaiting its acknowledgement, or (!pub) the end of a
+// transaction, confirmable once everything before it is acknowledged.
 type pending struct {
-	fut        jetstream.PubAckFuture
+	pub        bool   // a publish, not the end of a transaction
+	seq        uint64 // the publisher's sequence of the publish
 	sent       time.Time
 	commitTime time.Time
 	endLSN     pglogrepl.LSN
@@ -261,6 +265,7 @@ type pending struct {
 type session struct {
 	relay     *Relay
 	conn      *pgconn.PgConn
+	pub       *publisher
 	relations map[uint32]relation
 
 	queue         []pending // FIFO in publish order
@@ -456,24 +461,16 @@ func (s *session) publish(ctx context.Context, v *insertView) error {
 			return err
 		}
 	}
-	msg := &nats.Msg{
-		Subject: subjectOf(v.key),
-		// The view points into the receive buffer, which the next read
-		// reuses; the client keeps the message until it is acknowledged.
-		Data: append([]byte(nil), v.payload...),
-		// Few, short headers: the server parses every one of them.
-		Header: nats.Header{
-			jetstream.MsgIDHeader:     []string{string(v.eventID)},
-			contract.HeaderCommitTime: s.commitTimeHdr,
-		},
-	}
-	fut, err := s.relay.js.PublishMsgAsync(msg)
+	// The payload points into the receive buffer, which the next read
+	// reuses: publish copies it into the connection's buffer.
+	seq, err := s.pub.publish(subjectOf(v.key), string(v.eventID), s.commitTimeHdr, v.payload)
 	if err != nil {
 		return &publishError{err: err}
 	}
-	s.queue = append(s.queue, pending{fut: fut, sent: time.Now(), commitTime: s.commitTime, size: len(msg.Data)})
+	now := time.Now()
+	s.queue = append(s.queue, pending{pub: true, seq: seq, sent: now, commitTime: s.commitTime, size: len(v.payload)})
 	s.inflight++
-	s.inflightBytes += len(msg.Data)
+	s.inflightBytes += len(v.payload)
 	return nil
 }
 
@@ -484,33 +481,33 @@ func (s *session) publish(ctx context.Context, v *insertView) error {
 func (s *session) drain(ctx context.Context, block bool) error {
 	for s.head < len(s.queue) {
 		p := &s.queue[s.head]
-		if p.fut == nil {
+		if !p.pub {
 			s.confirm(p.endLSN)
 			s.relay.metrics.Transactions.Inc()
 			s.pop()
 			continue
 		}
-		var (
-			ack *jetstream.PubAck
-			err error
-		)
-		if block {
-			ack, err = s.await(ctx, p.fut)
+		state, err := s.pub.outcome(p.seq)
+		if state == ackWaiting && block {
+			state, err = s.await(ctx, p)
 			block = false
-		} else {
-			select {
-			case ack = <-p.fut.Ok():
-			case err = <-p.fut.Err():
-			default:
-				return nil
-			}
 		}
-		if err != nil {
+		switch state {
+		case ackWaiting:
+			if time.Since(p.sent) > s.relay.cfg.AckTimeout {
+				return &publishError{err: fmt.Errorf("%w: waited %v", errAckTimeout, s.relay.cfg.AckTimeout)}
+			}
+			if s.pub.reconnected() {
+				return &publishError{err: errReconnected}
+			}
+			s.relay.metrics.InFlight.Set(float64(s.inflight))
+			return nil
+		case ackFailed:
 			return &publishError{err: err}
 		}
 		now := time.Now()
 		s.relay.metrics.Published.Inc()
-		if ack.Duplicate {
+		if state == ackDuplicate {
 			s.relay.metrics.Duplicates.Inc()
 		}
 		s.relay.metrics.PublishTime.Observe(now.Sub(p.sent).Seconds())
@@ -523,36 +520,56 @@ func (s *session) drain(ctx context.Context, block bool) error {
 	return nil
 }
 
-func (s *session) await(ctx context.Context, fut jetstream.PubAckFuture) (*jetstream.PubAck, error) {
+// await waits for the acknowledgement of p, reporting status to Postgres
+// meanwhile, until it arrives, AckTimeout passes, or (shutting down) the
+// shutdown deadline passes. It returns the publish's state.
+func (s *session) await(ctx context.Context, p *pending) (uint32, error) {
+	deadline := p.sent.Add(s.relay.cfg.AckTimeout)
 	for {
-		t := time.NewTimer(time.Until(s.nextStatus))
-		select {
-		case ack := <-fut.Ok():
-			t.Stop()
-			return ack, nil
-		case err := <-fut.Err():
-			t.Stop()
-			return nil, err
-		case <-t.C:
-			if err := s.sendStatus(ctx); err != nil {
-				return nil, err
-			}
-		case <-ctx.Done():
-			t.Stop()
+		if state, err := s.pub.outcome(p.seq); state != ackWaiting {
+			return state, err
+		}
+		now := time.Now()
+		if !now.Before(deadline) {
+			return ackFailed, fmt.Errorf("%w: waited %v", errAckTimeout, s.relay.cfg.AckTimeout)
+		}
+		if s.pub.reconnected() {
+			return ackFailed, errReconnected
+		}
+		if ctx.Err() != nil && !now.Before(s.stopBy()) {
+			return ackFailed, errors.New("relay: shutdown timed out waiting for acknowledgements")
+		}
+		wait := earliest(deadline, s.nextStatus)
+		if ctx.Err() != nil {
 			// Shutting down: keep waiting for this ack, within the one
-			// shutdown deadline shared by every wait.
-			sctx, cancel := context.WithDeadline(context.Background(), s.stopBy())
-			defer cancel()
-			select {
-			case ack := <-fut.Ok():
-				return ack, nil
-			case err := <-fut.Err():
-				return nil, err
-			case <-sctx.Done():
-				return nil, errors.New("relay: shutdown timed out waiting for acknowledgements")
+			// shutdown deadline shared by every wait; Postgres still hears
+			// from us at the status interval.
+			wait = earliest(wait, s.stopBy())
+		}
+		t := time.NewTimer(time.Until(wait))
+		var done <-chan struct{}
+		if ctx.Err() == nil {
+			done = ctx.Done()
+		}
+		select {
+		case <-s.pub.wake:
+		case <-t.C:
+		case <-done:
+		}
+		t.Stop()
+		if !time.Now().Before(s.nextStatus) {
+			if err := s.sendStatus(ctx); err != nil {
+				return ackFailed, err
 			}
 		}
 	}
+}
+
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 // stopBy is the deadline of the whole shutdown, fixed when it begins.

@@ -1,0 +1,204 @@
+package relay
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync/atomic"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/converge-sync/converge/pkg/contract"
+)
+
+// publisher publishes to JetStream asynchronously: core NATS publishes whose
+// replies, the stream's acknowledgements, arrive on one inbox subscription
+// per session. Each publish in flight owns one slot of a ring as large as
+// the relay's window; slot i always uses the reply subject <inbox>.i, so a
+// publish allocates nothing for its reply, and the message is written to
+// the connection's buffer before Publish returns, so the payload is not
+// copied. (jetstream.PublishMsgAsync keeps a future with two channels, a
+// map entry and a copy of every message: about a quarter of the relay's
+// CPU per event.)
+//
+// The caller keeps at most len(slots) publishes in flight and consumes
+// acknowledgements in publish order; a slot is reused only after the
+// acknowledgement of its previous publish was consumed.
+type publisher struct {
+	nc      *nats.Conn
+	stream  string
+	sub     *nats.Subscription
+	prefix  string // the inbox, with a trailing dot
+	replies []string
+	slots   []ackSlot
+	next    uint64        // sequence of the next publish; its slot is next % len(slots)
+	wake    chan struct{} // signalled (never blocking) on every acknowledgement
+	// reconnects is the connection's reconnect count when the session
+	// began: a publish in flight across a reconnect may be lost with the old
+	// connection, so its acknowledgement is not waited for.
+	reconnects uint64
+
+	msg nats.Msg // reused: PublishMsg encodes it before returning
+	id  []string // the Nats-Msg-Id header's value
+}
+
+// ackSlot is the outcome of one publish: set by the subscription's
+// goroutine, read by the session after state is no longer ackWaiting.
+type ackSlot struct {
+	state atomic.Uint32
+	err   error // written before state is set to ackFailed
+}
+
+const (
+	ackWaiting uint32 = iota
+	ackStored
+	ackDuplicate
+	ackFailed
+)
+
+func newPublisher(nc *nats.Conn, stream string, window int) (*publisher, error) {
+	p := &publisher{
+		nc: nc, stream: stream,
+		prefix:  nats.NewInbox() + ".",
+		replies: make([]string, window),
+		slots:   make([]ackSlot, window),
+		wake:    make(chan struct{}, 1),
+		id:      make([]string, 1),
+	}
+	for i := range p.replies {
+		p.replies[i] = p.prefix + strconv.Itoa(i)
+	}
+	p.msg.Header = nats.Header{jetstream.MsgIDHeader: p.id}
+	p.reconnects = nc.Stats().Reconnects
+	sub, err := nc.Subscribe(p.prefix+"*", p.onAck)
+	if err != nil {
+		return nil, fmt.Errorf("relay: subscribe to acknowledgements: %w", err)
+	}
+	// The window bounds what can be pending on it; never drop an ack as a
+	// slow consumer.
+	if err := sub.SetPendingLimits(-1, -1); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, fmt.Errorf("relay: acknowledgement subscription: %w", err)
+	}
+	p.sub = sub
+	return p, nil
+}
+
+// close stops listening: acknowledgements of this session that are still
+// on their way are dropped, and the next session republishes.
+func (p *publisher) close() { _ = p.sub.Unsubscribe() }
+
+// publish sends one message and returns its sequence. commitTimeHdr is the
+// value of the commit-time header, shared by a transaction's messages.
+func (p *publisher) publish(subject, eventID string, commitTimeHdr []string, data []byte) (uint64, error) {
+	seq := p.next
+	i := seq % uint64(len(p.slots))
+	p.slots[i].err = nil
+	p.slots[i].state.Store(ackWaiting)
+	p.id[0] = eventID
+	p.msg.Header[contract.HeaderCommitTime] = commitTimeHdr
+	p.msg.Subject, p.msg.Reply, p.msg.Data = subject, p.replies[i], data
+	err := p.nc.PublishMsg(&p.msg)
+	p.msg.Data = nil // the payload belongs to the caller's buffer
+	if err != nil {
+		return 0, err
+	}
+	p.next++
+	return seq, nil
+}
+
+// outcome is the state of publish seq, and its error when it failed.
+func (p *publisher) outcome(seq uint64) (uint32, error) {
+	s := &p.slots[seq%uint64(len(p.slots))]
+	st := s.state.Load()
+	if st == ackFailed {
+		return st, s.err
+	}
+	return st, nil
+}
+
+// reconnected reports whether the connection was re-established since the
+// session began.
+func (p *publisher) reconnected() bool { return p.nc.Stats().Reconnects != p.reconnects }
+
+// onAck records an acknowledgement: runs on the subscription's goroutine.
+func (p *publisher) onAck(m *nats.Msg) {
+	i, err := strconv.Atoi(strings.TrimPrefix(m.Subject, p.prefix))
+	if err != nil || i < 0 || i >= len(p.slots) {
+		return // not a reply of ours
+	}
+	s := &p.slots[i]
+	state, ackErr := p.parseAck(m)
+	if ackErr != nil {
+		s.err = ackErr
+	}
+	s.state.Store(state)
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+var (
+	ackPrefix     = []byte(`{"stream":"`)
+	ackError      = []byte(`"error"`)
+	ackDuplicated = []byte(`"duplicate"`)
+)
+
+// parseAck reads a JetStream publish acknowledgement: a JSON PubAck, an API
+// error, or a no-responders status when no stream listens on the subject.
+func (p *publisher) parseAck(m *nats.Msg) (uint32, error) {
+	d := m.Data
+	// The common case, a plain PubAck in the server's own encoding, is
+	// checked without decoding it; anything else (a duplicate, an error) is
+	// decoded.
+	if bytes.HasPrefix(d, ackPrefix) && bytes.HasPrefix(d[len(ackPrefix):], []byte(p.stream)) &&
+		len(d) > len(ackPrefix)+len(p.stream) && d[len(ackPrefix)+len(p.stream)] == '"' &&
+		!bytes.Contains(d, ackError) && !bytes.Contains(d, ackDuplicated) {
+		return ackStored, nil
+	}
+	if len(d) == 0 && m.Header.Get("Status") == "503" {
+		return ackFailed, fmt.Errorf("no stream listens on %s (no responders): %w", m.Subject, nats.ErrNoResponders)
+	}
+	var ack struct {
+		Stream    string `json:"stream"`
+		Duplicate bool   `json:"duplicate"`
+		Error     *struct {
+			Code        int    `json:"code"`
+			ErrCode     int    `json:"err_code"`
+			Description string `json:"description"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(d, &ack); err != nil {
+		return ackFailed, fmt.Errorf("unreadable acknowledgement %q: %w", truncate(d, 200), err)
+	}
+	switch {
+	case ack.Error != nil:
+		return ackFailed, fmt.Errorf("stream refused the message: %s (code %d, error code %d)", ack.Error.Description, ack.Error.Code, ack.Error.ErrCode)
+	case ack.Stream != p.stream:
+		return ackFailed, fmt.Errorf("acknowledged by stream %q, not %q: another stream listens on the subject", ack.Stream, p.stream)
+	case ack.Duplicate:
+		return ackDuplicate, nil
+	}
+	return ackStored, nil
+}
+
+func truncate(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[:n]
+	}
+	return b
+}
+
+// errAckTimeout is a publish whose acknowledgement did not arrive in time:
+// the message or its reply was lost (a NATS restart, a partition).
+var errAckTimeout = errors.New("no acknowledgement in time")
+
+// errReconnected is a publish awaiting its acknowledgement when the NATS
+// connection was re-established: the message or its acknowledgement may
+// have been lost with the old connection.
+var errReconnected = errors.New("the NATS connection was re-established while publishes awaited acknowledgement")

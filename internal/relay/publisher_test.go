@@ -1,0 +1,153 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/converge-sync/converge/internal/testenv"
+)
+
+// awaitOutcome polls the publisher until publish seq is answered.
+func awaitOutcome(t *testing.T, p *publisher, seq uint64) (uint32, error) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if st, err := p.outcome(seq); st != ackWaiting {
+			return st, err
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("publish %d: no acknowledgement within 10s", seq)
+		}
+		select {
+		case <-p.wake:
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func TestPublisherOutcomes(t *testing.T) {
+	n := testenv.StartNATS(t)
+	nc := n.Connect(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "DOCS", Subjects: []string{"docs.>"}, Duplicates: time.Minute, MaxMsgSize: 4096}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "OTHER", Subjects: []string{"other.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := newPublisher(nc, "DOCS", 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	hdr := []string{"2026-01-02T03:04:05Z"}
+
+	// The payload is the caller's buffer: reusing it right after publish
+	// must not change what is stored.
+	buf := []byte("first payload")
+	seq, err := p.publish("docs.a", "id-1", hdr, buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(buf, "XXXXX")
+	if st, err := awaitOutcome(t, p, seq); st != ackStored || err != nil {
+		t.Fatalf("first publish: state %d, err %v; want stored", st, err)
+	}
+	stream, err := js.Stream(ctx, "DOCS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := stream.GetMsg(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(m.Data) != "first payload" || m.Header.Get(jetstream.MsgIDHeader) != "id-1" || m.Header.Get("Converge-Commit-Time") != hdr[0] {
+		t.Fatalf("stored %q with headers %v", m.Data, m.Header)
+	}
+
+	cases := []struct {
+		name, subject, id string
+		data              []byte
+		want              uint32
+		errHas            string
+	}{
+		{"same id again", "docs.a", "id-1", []byte("first payload"), ackDuplicate, ""},
+		{"no stream on the subject", "nowhere.a", "id-2", []byte("x"), ackFailed, "no responders"},
+		{"another stream's subject", "other.a", "id-3", []byte("x"), ackFailed, `acknowledged by stream "OTHER"`},
+		{"refused by the stream", "docs.b", "id-4", make([]byte, 8192), ackFailed, "stream refused the message"},
+		// Six publishes through four slots: slots are reused.
+		{"after errors, stored again", "docs.c", "id-5", []byte("y"), ackStored, ""},
+		{"and again", "docs.d", "id-6", []byte("z"), ackStored, ""},
+	}
+	for _, c := range cases {
+		seq, err := p.publish(c.subject, c.id, hdr, c.data)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		st, err := awaitOutcome(t, p, seq)
+		if st != c.want {
+			t.Fatalf("%s: state %d (err %v), want %d", c.name, st, err, c.want)
+		}
+		if c.errHas == "" && err != nil || c.errHas != "" && (err == nil || !strings.Contains(err.Error(), c.errHas)) {
+			t.Fatalf("%s: err %v, want one containing %q", c.name, err, c.errHas)
+		}
+		if c.errHas == "no responders" && !errors.Is(err, nats.ErrNoResponders) {
+			t.Fatalf("%s: %v does not wrap nats.ErrNoResponders", c.name, err)
+		}
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 3 {
+		t.Fatalf("stream holds %d messages, want 3", info.State.Msgs)
+	}
+}
+
+// Replies that are not a PubAck of this publisher's stream never count as
+// stored, and stray subjects on the inbox are ignored.
+func TestPublisherParseAck(t *testing.T) {
+	p := &publisher{stream: "DOCS", prefix: "_INBOX.x.", slots: make([]ackSlot, 2), wake: make(chan struct{}, 1)}
+	cases := []struct {
+		data string
+		want uint32
+	}{
+		{`{"stream":"DOCS","seq":7}`, ackStored},
+		{`{"stream":"DOCS","seq":7,"duplicate":true}`, ackDuplicate},
+		{`{"stream":"DOCS","seq":7,"duplicate": true}`, ackDuplicate}, // the server's spelling
+		{`{"stream":"DOCS","seq":7,"duplicate": false}`, ackStored},
+		{`{"stream":"DOCS","domain":"hub","seq":7}`, ackStored},
+		{`{"stream":"DOCS2","seq":7}`, ackFailed},
+		{`{"stream":"DOC","seq":7}`, ackFailed},
+		{`{"error":{"code":503,"err_code":10077,"description":"maximum messages exceeded"},"stream":"DOCS","seq":0}`, ackFailed},
+		{`{"stream":"DOCS","seq":0,"error":{"code":400,"description":"bad"}}`, ackFailed},
+		{`not json`, ackFailed},
+		{``, ackFailed},
+	}
+	for _, c := range cases {
+		got, err := p.parseAck(&nats.Msg{Subject: "_INBOX.x.1", Data: []byte(c.data)})
+		if got != c.want || (got == ackFailed) != (err != nil) {
+			t.Errorf("parseAck(%q) = %d, %v; want %d", c.data, got, err, c.want)
+		}
+	}
+	for _, subj := range []string{"_INBOX.x.2", "_INBOX.x.-1", "_INBOX.x.a", "_INBOX.y.0"} {
+		p.onAck(&nats.Msg{Subject: subj, Data: []byte(`{"stream":"DOCS","seq":1}`)})
+	}
+	if p.slots[0].state.Load() != ackWaiting || p.slots[1].state.Load() != ackWaiting {
+		t.Fatal("a reply on a subject outside the slots was recorded")
+	}
+	p.onAck(&nats.Msg{Subject: "_INBOX.x.1", Data: []byte(`{"stream":"DOCS","seq":1}`)})
+	if p.slots[1].state.Load() != ackStored {
+		t.Fatal("the reply for slot 1 was not recorded")
+	}
+}
