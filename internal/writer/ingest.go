@@ -2,12 +2,9 @@ package writer
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"strings"
 	"time"
 
@@ -15,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/converge-sync/converge/internal/deadletter"
 	"github.com/converge-sync/converge/internal/docstore"
 	"github.com/converge-sync/converge/pkg/contract"
 )
@@ -23,19 +21,19 @@ import (
 const (
 	IngestStream   = "CONVERGE_INGEST"
 	IngestConsumer = "converge-writer"
-	DLQStream      = "CONVERGE_DLQ"
+	DLQStream      = deadletter.Stream
 	// IngestDLQName names the ingest consumer's dead-letter subject,
 	// converge.dlq.ingest.
 	IngestDLQName = "ingest"
 )
 
-// Headers of a dead-lettered message.
+// Headers of a dead-lettered message (see package deadletter).
 const (
-	HeaderDLQReason  = "Converge-Dlq-Reason"
-	HeaderDLQCode    = "Converge-Dlq-Code"
-	HeaderDLQSubject = "Converge-Dlq-Subject"
-	HeaderDLQStream  = "Converge-Dlq-Stream"
-	HeaderDLQSeq     = "Converge-Dlq-Sequence"
+	HeaderDLQReason  = deadletter.HeaderReason
+	HeaderDLQCode    = deadletter.HeaderCode
+	HeaderDLQSubject = deadletter.HeaderSubject
+	HeaderDLQStream  = deadletter.HeaderStream
+	HeaderDLQSeq     = deadletter.HeaderSeq
 )
 
 // IngestConfig of the ingest consumer.
@@ -109,16 +107,10 @@ func (in *Ingest) EnsureStreams(ctx context.Context) error {
 }
 
 // EnsureDLQStream creates or updates the stream that keeps every consumer's
-// dead letters (converge.dlq.>), so they can be listed and redriven.
+// dead letters.
 func EnsureDLQStream(ctx context.Context, js jetstream.JetStream, replicas int) error {
-	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name:        DLQStream,
-		Description: "dead letters of every converge consumer, with the reason in headers",
-		Subjects:    []string{contract.DLQSubjectPrefix + ">"},
-		Storage:     jetstream.FileStorage,
-		Replicas:    max(replicas, 1),
-	}); err != nil {
-		return fmt.Errorf("writer: ensure stream %s: %w", DLQStream, err)
+	if err := deadletter.EnsureStream(ctx, js, replicas); err != nil {
+		return fmt.Errorf("writer: %w", err)
 	}
 	return nil
 }
@@ -284,31 +276,7 @@ func (in *Ingest) deadLetter(ctx context.Context, m jetstream.Msg, reason error)
 	if errors.As(reason, &ve) {
 		code = ve.Code
 	}
-	dl := nats.NewMsg(contract.DLQSubject(IngestDLQName))
-	dl.Data = m.Data()
-	for k, vs := range m.Headers() {
-		// Nats-* headers are directives to the server (message id, expected
-		// stream or sequence) that would make the dead letter's own publish
-		// fail or be dropped; they are not part of the message.
-		if strings.HasPrefix(k, "Nats-") {
-			continue
-		}
-		for _, v := range vs {
-			dl.Header.Add(k, v)
-		}
-	}
-	dl.Header.Set(HeaderDLQReason, truncate(reason.Error(), 1024))
-	dl.Header.Set(HeaderDLQCode, code)
-	dl.Header.Set(HeaderDLQSubject, m.Subject())
-	if meta, err := m.Metadata(); err == nil {
-		dl.Header.Set(HeaderDLQStream, meta.Stream)
-		dl.Header.Set(HeaderDLQSeq, strconv.FormatUint(meta.Sequence.Stream, 10))
-		// The same message dead-lettered twice (redelivery after a crash)
-		// is stored once; the data's hash keeps a recreated ingest stream,
-		// whose sequences restart, from colliding with older dead letters.
-		sum := sha256.Sum256(m.Data())
-		dl.Header.Set(nats.MsgIdHdr, "ingest-dlq-"+strconv.FormatUint(meta.Sequence.Stream, 10)+"-"+hex.EncodeToString(sum[:8]))
-	}
+	dl := deadletter.New(IngestDLQName, m, code, reason)
 	if _, err := in.js.PublishMsg(ctx, dl); err != nil {
 		in.log.ErrorContext(ctx, "dead-letter publish failed; message left for redelivery", "subject", m.Subject(), "err", err)
 		_ = m.NakWithDelay(in.cfg.RetryDelay)

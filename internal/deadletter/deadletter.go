@@ -1,0 +1,85 @@
+// Package deadletter is where every converge consumer puts a message it can
+// never process: the stream CONVERGE_DLQ on converge.dlq.<consumer>, with
+// the reason in headers, so that a poison message never blocks a stream and
+// never vanishes. `converge dlq` lists and redrives them.
+package deadletter
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/converge-sync/converge/pkg/contract"
+)
+
+// Stream keeps the dead letters of every consumer.
+const Stream = "CONVERGE_DLQ"
+
+// Headers of a dead letter, besides the original message's own headers.
+const (
+	HeaderReason  = "Converge-Dlq-Reason"   // why, in words (at most 1 KiB)
+	HeaderCode    = "Converge-Dlq-Code"     // why, as a stable code
+	HeaderSubject = "Converge-Dlq-Subject"  // the original subject
+	HeaderStream  = "Converge-Dlq-Stream"   // the original stream
+	HeaderSeq     = "Converge-Dlq-Sequence" // the original stream sequence
+)
+
+// EnsureStream creates or updates the dead-letter stream.
+func EnsureStream(ctx context.Context, js jetstream.JetStream, replicas int) error {
+	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        Stream,
+		Description: "dead letters of every converge consumer, with the reason in headers",
+		Subjects:    []string{contract.DLQSubjectPrefix + ">"},
+		Storage:     jetstream.FileStorage,
+		Replicas:    max(replicas, 1),
+	}); err != nil {
+		return fmt.Errorf("ensure stream %s: %w", Stream, err)
+	}
+	return nil
+}
+
+// New builds the dead letter of m for consumer (its subject is
+// converge.dlq.<consumer>): m's data and headers, and the reason. Its
+// Nats-Msg-Id is derived from the original's stream sequence and data, so
+// the same message dead-lettered twice (a redelivery after a crash) is
+// stored once.
+func New(consumer string, m jetstream.Msg, code string, reason error) *nats.Msg {
+	dl := nats.NewMsg(contract.DLQSubject(consumer))
+	dl.Data = m.Data()
+	for k, vs := range m.Headers() {
+		// Nats-* headers are directives to the server (message id, expected
+		// stream or sequence) that would make the dead letter's own publish
+		// fail or be dropped; they are not part of the message.
+		if strings.HasPrefix(k, "Nats-") {
+			continue
+		}
+		for _, v := range vs {
+			dl.Header.Add(k, v)
+		}
+	}
+	dl.Header.Set(HeaderReason, truncate(reason.Error(), 1024))
+	dl.Header.Set(HeaderCode, code)
+	dl.Header.Set(HeaderSubject, m.Subject())
+	if meta, err := m.Metadata(); err == nil {
+		dl.Header.Set(HeaderStream, meta.Stream)
+		dl.Header.Set(HeaderSeq, strconv.FormatUint(meta.Sequence.Stream, 10))
+		// The data's hash keeps a recreated stream, whose sequences
+		// restart, from colliding with older dead letters.
+		sum := sha256.Sum256(m.Data())
+		dl.Header.Set(nats.MsgIdHdr, consumer+"-dlq-"+strconv.FormatUint(meta.Sequence.Stream, 10)+"-"+hex.EncodeToString(sum[:8]))
+	}
+	return dl
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return strings.ToValidUTF8(s[:n], "") + "..."
+}
