@@ -1,0 +1,240 @@
+// Package index is the index projection: one point per chunk of the current
+// version of every document, in a [Backend] (a Qdrant collection, or the
+// embedded index), converged to the stream's events by the projector
+// runtime.
+//
+// Model: a point's id is the chunk's derived id (contract.ChunkID of key,
+// version and ordinal), its vector the embedding of the chunk's text, its
+// payload the document key, version, ordinal, content hash, chunk hash,
+// title, tags and text. Each document also has a version marker in the
+// same store, so the freshness guard survives restarts and rebuilds.
+//
+// Write order for an upserted version V of document K (the marker last, so
+// a crash anywhere before it leaves the marker behind and a redelivery
+// redoes the whole write, idempotently):
+//
+//  1. if K's marker holds V or newer: skip;
+//  2. upsert the points of V (vectors of chunks whose text is unchanged are
+//     reused when ReuseVectors is set, instead of embedding them again);
+//  3. delete K's points of every other version (a version with fewer
+//     chunks leaves none behind);
+//  4. count fence: K must now have exactly len(chunks) points, or the
+//     write is an error naming both numbers (and is retried);
+//  5. set K's marker to V.
+//
+// A withdrawal (version V) deletes all of K's points, checks that none is
+// left, and sets a deleted marker at V, which a late older upsert cannot
+// get past.
+package index
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/converge-sync/converge/internal/embed"
+	"github.com/converge-sync/converge/internal/projector"
+	"github.com/converge-sync/converge/pkg/contract"
+)
+
+// Index applies events to a Backend.
+type Index struct {
+	backend  Backend
+	embedder embed.Embedder
+	reuse    bool
+}
+
+// Options of an Index.
+type Options struct {
+	// ReuseVectors looks up the stored vectors of a document's previous
+	// version and reuses those of unchanged chunks instead of embedding
+	// them again: worth a read when embedding is remote and costly.
+	ReuseVectors bool
+}
+
+// New returns an index over backend, ensuring it for the embedder's
+// dimension.
+func New(ctx context.Context, backend Backend, embedder embed.Embedder, opts Options) (*Index, error) {
+	if err := backend.Ensure(ctx, embedder.Dimension()); err != nil {
+		return nil, fmt.Errorf("index: %w", err)
+	}
+	return &Index{backend: backend, embedder: embedder, reuse: opts.ReuseVectors}, nil
+}
+
+// Backend is the store under the index.
+func (x *Index) Backend() Backend { return x.backend }
+
+// Apply implements projector.Store. Events must have distinct keys. The
+// backend is written in batches across the events; if a batch fails
+// permanently, the events are applied one by one so that only the one the
+// store rejects fails.
+func (x *Index) Apply(ctx context.Context, events []*contract.Event) []projector.Result {
+	results, err := x.apply(ctx, events)
+	if err == nil {
+		return results
+	}
+	results = make([]projector.Result, len(events))
+	if !projector.IsPermanent(err) || len(events) == 1 {
+		for i := range results {
+			results[i].Err = err
+		}
+		return results
+	}
+	for i, ev := range events {
+		one, err := x.apply(ctx, []*contract.Event{ev})
+		if err != nil {
+			results[i].Err = err
+		} else {
+			results[i] = one[0]
+		}
+	}
+	return results
+}
+
+// apply returns per-event results, or one error for all of them.
+func (x *Index) apply(ctx context.Context, events []*contract.Event) ([]projector.Result, error) {
+	results := make([]projector.Result, len(events))
+	keys := make([]string, len(events))
+	for i, ev := range events {
+		keys[i] = ev.Key
+	}
+	markers, err := x.backend.Markers(ctx, keys)
+	if err != nil {
+		return nil, fmt.Errorf("index: read version markers: %w", err)
+	}
+	var todo []*contract.Event
+	var todoIdx []int
+	for i, ev := range events {
+		if m, ok := markers[ev.Key]; ok && m.Version >= ev.Version {
+			results[i].Outcome = projector.Skipped
+			continue
+		}
+		todo = append(todo, ev)
+		todoIdx = append(todoIdx, i)
+	}
+	if len(todo) == 0 {
+		return results, nil
+	}
+
+	points, err := x.points(ctx, todo, markers)
+	if err != nil {
+		return nil, err
+	}
+	if len(points) > 0 {
+		if err := x.backend.Upsert(ctx, points); err != nil {
+			return nil, fmt.Errorf("index: upsert %d points: %w", len(points), err)
+		}
+	}
+	keep := make([]Keep, len(todo))
+	for i, ev := range todo {
+		keep[i] = Keep{Key: ev.Key}
+		if ev.Kind == contract.KindUpserted {
+			keep[i].Version = ev.Version
+		}
+	}
+	if err := x.backend.DeleteStale(ctx, keep); err != nil {
+		return nil, fmt.Errorf("index: delete stale points: %w", err)
+	}
+
+	// Count fence: a partial write is an error, never agreement.
+	counts, err := x.backend.Counts(ctx, keysOf(todo))
+	if err != nil {
+		return nil, fmt.Errorf("index: count fence: %w", err)
+	}
+	var newMarkers []Marker
+	for j, ev := range todo {
+		want := 0
+		if ev.Kind == contract.KindUpserted {
+			want = len(ev.Chunks)
+		}
+		if got := counts[ev.Key]; got != want {
+			err := fmt.Errorf("index: count fence: %q holds %d points after writing version %d, want %d", ev.Key, got, ev.Version, want)
+			results[todoIdx[j]].Err = err
+			continue
+		}
+		newMarkers = append(newMarkers, Marker{Key: ev.Key, Version: ev.Version, Deleted: ev.Kind == contract.KindWithdrawn, ContentHash: ev.ContentHash})
+	}
+	if len(newMarkers) > 0 {
+		if err := x.backend.SetMarkers(ctx, newMarkers); err != nil {
+			return nil, fmt.Errorf("index: set version markers: %w", err)
+		}
+	}
+	return results, nil
+}
+
+// points builds the points of the upserted events, embedding the chunks
+// (or reusing the vectors of unchanged ones).
+func (x *Index) points(ctx context.Context, events []*contract.Event, markers map[string]Marker) ([]Point, error) {
+	var points []Point
+	for _, ev := range events {
+		if ev.Kind != contract.KindUpserted {
+			continue
+		}
+		for _, c := range ev.Chunks {
+			points = append(points, Point{ID: c.ID, Key: ev.Key, Version: ev.Version, Ordinal: c.Ordinal,
+				ContentHash: ev.ContentHash, ChunkHash: c.Hash, Title: ev.Title, Tags: ev.Tags, Text: c.Text})
+		}
+	}
+	if len(points) == 0 {
+		return nil, nil
+	}
+	if x.reuse {
+		for _, ev := range events {
+			if _, seen := markers[ev.Key]; !seen || ev.Kind != contract.KindUpserted {
+				continue
+			}
+			old, err := x.backend.Points(ctx, ev.Key, true)
+			if err != nil {
+				return nil, fmt.Errorf("index: read vectors of %q: %w", ev.Key, err)
+			}
+			byHash := make(map[string][]float32, len(old))
+			for _, p := range old {
+				if len(p.Vector) == x.embedder.Dimension() {
+					byHash[p.ChunkHash] = p.Vector
+				}
+			}
+			for i := range points {
+				if points[i].Key == ev.Key && points[i].Vector == nil {
+					points[i].Vector = byHash[points[i].ChunkHash]
+				}
+			}
+		}
+	}
+	var texts []string
+	var idx []int
+	for i, p := range points {
+		if p.Vector == nil {
+			texts = append(texts, p.Text)
+			idx = append(idx, i)
+		}
+	}
+	if len(texts) > 0 {
+		vecs, err := x.embedder.Embed(ctx, texts)
+		if err != nil {
+			return nil, fmt.Errorf("index: embed %d chunks with %s: %w", len(texts), x.embedder.Name(), err)
+		}
+		if len(vecs) != len(texts) {
+			return nil, fmt.Errorf("index: embedder %s returned %d vectors for %d texts", x.embedder.Name(), len(vecs), len(texts))
+		}
+		for j, i := range idx {
+			points[i].Vector = vecs[j]
+		}
+	}
+	return points, nil
+}
+
+// Search returns the k chunks nearest to the text.
+func (x *Index) Search(ctx context.Context, text string, k int) ([]Hit, error) {
+	vecs, err := x.embedder.Embed(ctx, []string{text})
+	if err != nil {
+		return nil, fmt.Errorf("index: embed query: %w", err)
+	}
+	return x.backend.Search(ctx, vecs[0], k)
+}
+
+func keysOf(events []*contract.Event) []string {
+	keys := make([]string, len(events))
+	for i, ev := range events {
+		keys[i] = ev.Key
+	}
+	return keys
+}

@@ -1,0 +1,521 @@
+// Package projector is the runtime shared by every projector: the single
+// writer of one store (the index, the graph), converging it to the events of
+// the stream CONVERGE_DOCS whatever the number of deliveries, their order,
+// or a rebuild from scratch.
+//
+// The order of work, per batch:
+//
+//  1. fetch up to BatchSize messages from a durable pull consumer with
+//     explicit acknowledgements;
+//  2. decode each message; one that is not a valid event is dead-lettered
+//     to converge.dlq.<name> at once (it can never apply);
+//  3. keep only the newest version of each document (older versions of it
+//     in the batch share the newest one's fate);
+//  4. apply the events (documents in parallel, Parallel shards; versions of
+//     one document never, since a document appears once per batch and
+//     batches run one after another); the store's freshness guard skips
+//     a version older than the one it holds;
+//  5. acknowledge each message only after its store write succeeded. A
+//     transient store error (the store is down) is retried in place with
+//     backoff, forever, keeping the messages' acknowledgement deadlines
+//     alive; an error the store marks [Permanent] naks the message with a
+//     delay, and after MaxDeliver deliveries dead-letters it, so the stream
+//     never stalls and nothing vanishes.
+//
+// A redelivered message (an acknowledgement lost, a crash before it) is
+// applied again: the store skips it by its version marker.
+package projector
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/converge-sync/converge/internal/deadletter"
+	"github.com/converge-sync/converge/pkg/contract"
+)
+
+// Outcome of applying one event.
+type Outcome int
+
+const (
+	// Applied: the store now holds the event's version.
+	Applied Outcome = iota
+	// Skipped: the store already holds this version or a newer one.
+	Skipped
+)
+
+// Result of applying one event: an outcome, or an error.
+type Result struct {
+	Outcome Outcome
+	Err     error
+}
+
+// Store is a projection's store as the runtime sees it.
+type Store interface {
+	// Apply converges the store to events, at most one per document key,
+	// and returns one result per event, in order. Errors are transient
+	// (retried) unless marked [Permanent].
+	Apply(ctx context.Context, events []*contract.Event) []Result
+}
+
+// Permanent marks err as one that retrying cannot fix: the store rejects
+// the data itself.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &permanentError{err}
+}
+
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }
+
+// IsPermanent reports whether err was marked [Permanent].
+func IsPermanent(err error) bool {
+	var p *permanentError
+	return errors.As(err, &p)
+}
+
+// Config of a [Runtime]. Zero fields take the defaults documented on them.
+type Config struct {
+	// Name of the projector: its durable consumer, and its dead-letter
+	// subject converge.dlq.<Name>. Required.
+	Name string
+	// Stream consumed; default CONVERGE_DOCS.
+	Stream string
+	// BatchSize is the most messages fetched and applied at once; default 256.
+	BatchSize int
+	// MaxWait is how long a fetch waits to fill a batch; default 200ms.
+	MaxWait time.Duration
+	// Parallel is how many shards of a batch (by document) are applied at
+	// once; default 2.
+	Parallel int
+	// AckWait is the consumer's redelivery timeout; the runtime extends it
+	// while a batch is being applied. Default 60s.
+	AckWait time.Duration
+	// MaxDeliver is the number of deliveries after which a message whose
+	// store write fails permanently is dead-lettered; default 5.
+	MaxDeliver int
+	// RetryMin and RetryMax bound the backoff of transient retries and of
+	// redeliveries; defaults 100ms and 30s.
+	RetryMin, RetryMax time.Duration
+	// StopWhenCaughtUp ends Run once the consumer has nothing pending
+	// (rebuilds, tests); otherwise Run waits for new events until ctx ends.
+	StopWhenCaughtUp bool
+	// LagInterval is how often the consumer's pending count is measured;
+	// default 5s.
+	LagInterval time.Duration
+}
+
+func (c *Config) setDefaults() error {
+	if c.Name == "" {
+		return errors.New("projector: a name is required (it names the durable consumer and the dead-letter subject)")
+	}
+	if c.Stream == "" {
+		c.Stream = "CONVERGE_DOCS"
+	}
+	if c.BatchSize <= 0 {
+		c.BatchSize = 256
+	}
+	if c.MaxWait <= 0 {
+		c.MaxWait = 200 * time.Millisecond
+	}
+	if c.Parallel <= 0 {
+		c.Parallel = 2
+	}
+	if c.AckWait <= 0 {
+		c.AckWait = 60 * time.Second
+	}
+	if c.MaxDeliver <= 0 {
+		c.MaxDeliver = 5
+	}
+	if c.RetryMin <= 0 {
+		c.RetryMin = 100 * time.Millisecond
+	}
+	if c.RetryMax < c.RetryMin {
+		c.RetryMax = max(30*time.Second, c.RetryMin)
+	}
+	if c.LagInterval <= 0 {
+		c.LagInterval = 5 * time.Second
+	}
+	return nil
+}
+
+// Runtime runs one projector.
+type Runtime struct {
+	cfg     Config
+	js      jetstream.JetStream
+	store   Store
+	metrics *Metrics
+	log     *slog.Logger
+	ready   chan struct{}
+	once    sync.Once
+}
+
+// New returns a runtime applying the stream's events to store.
+func New(js jetstream.JetStream, store Store, cfg Config, metrics *Metrics, log *slog.Logger) (*Runtime, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	if metrics == nil {
+		metrics = NewMetrics(nil)
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Runtime{cfg: cfg, js: js, store: store, metrics: metrics, log: log.With("projector", cfg.Name), ready: make(chan struct{})}, nil
+}
+
+// Ready is closed once the consumer exists and the first fetch began.
+func (r *Runtime) Ready() <-chan struct{} { return r.ready }
+
+// Run consumes until ctx ends (or, with StopWhenCaughtUp, until nothing is
+// pending). The batch in progress is finished, within its retries, before
+// Run returns: messages are acknowledged or, if ctx ended during a retry,
+// released for redelivery.
+func (r *Runtime) Run(ctx context.Context) error {
+	if err := deadletter.EnsureStream(ctx, r.js, 1); err != nil {
+		return fmt.Errorf("projector %s: %w", r.cfg.Name, err)
+	}
+	cons, err := r.js.CreateOrUpdateConsumer(ctx, r.cfg.Stream, jetstream.ConsumerConfig{
+		Durable:       r.cfg.Name,
+		Description:   "converge projector " + r.cfg.Name,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       r.cfg.AckWait,
+		MaxAckPending: 4 * r.cfg.BatchSize,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		FilterSubject: contract.DocsSubjectPrefix + ">",
+		MaxDeliver:    -1, // dead letters are the runtime's decision
+	})
+	if err != nil {
+		return fmt.Errorf("projector %s: consumer on stream %s: %w", r.cfg.Name, r.cfg.Stream, err)
+	}
+	lagCtx, stopLag := context.WithCancel(ctx)
+	defer stopLag()
+	go r.watchLag(lagCtx, cons)
+	r.once.Do(func() { close(r.ready) })
+	r.log.Info("projecting", "stream", r.cfg.Stream, "batch", r.cfg.BatchSize, "parallel", r.cfg.Parallel)
+
+	failures := 0
+	for ctx.Err() == nil {
+		batch, err := cons.Fetch(r.cfg.BatchSize, jetstream.FetchMaxWait(r.cfg.MaxWait))
+		if err != nil {
+			failures++
+			r.log.Warn("fetch failed; retrying", "err", err)
+			sleep(ctx, r.backoff(failures))
+			continue
+		}
+		var msgs []jetstream.Msg
+		for m := range batch.Messages() {
+			msgs = append(msgs, m)
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && len(msgs) == 0 && ctx.Err() == nil {
+			failures++
+			r.log.Warn("fetch failed; retrying", "err", err)
+			sleep(ctx, r.backoff(failures))
+			continue
+		}
+		failures = 0
+		if len(msgs) == 0 {
+			if r.cfg.StopWhenCaughtUp {
+				done, err := caughtUp(ctx, cons)
+				if err != nil {
+					r.log.Warn("consumer info failed", "err", err)
+				} else if done {
+					return nil
+				}
+			}
+			continue
+		}
+		r.process(ctx, msgs)
+	}
+	return nil
+}
+
+func caughtUp(ctx context.Context, cons jetstream.Consumer) (bool, error) {
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return false, err
+	}
+	return info.NumPending == 0 && info.NumAckPending == 0, nil
+}
+
+func (r *Runtime) watchLag(ctx context.Context, cons jetstream.Consumer) {
+	t := time.NewTicker(r.cfg.LagInterval)
+	defer t.Stop()
+	for {
+		if info, err := cons.Info(ctx); err == nil {
+			r.metrics.Pending.Set(float64(info.NumPending + uint64(info.NumAckPending)))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// item is one document of a batch: its newest event, the message carrying
+// it, and the messages of older (or equal) versions it supersedes.
+type item struct {
+	msg        jetstream.Msg
+	ev         *contract.Event
+	delivered  uint64
+	commitTime time.Time
+	superseded []jetstream.Msg
+}
+
+func (r *Runtime) process(ctx context.Context, msgs []jetstream.Msg) {
+	start := time.Now()
+	byKey := make(map[string]*item, len(msgs))
+	var items []*item
+	for _, m := range msgs {
+		ev, err := contract.DecodeEvent(m.Data())
+		if err != nil {
+			r.deadLetter(ctx, m, "undecodable", err)
+			continue
+		}
+		if want := contract.Subject(ev.Key); m.Subject() != want {
+			r.deadLetter(ctx, m, "wrong_subject", fmt.Errorf("event for key %q arrived on %s, want %s", ev.Key, m.Subject(), want))
+			continue
+		}
+		it := &item{msg: m, ev: &ev}
+		if meta, err := m.Metadata(); err == nil {
+			it.delivered = meta.NumDelivered
+		}
+		if ct, err := time.Parse(time.RFC3339Nano, m.Headers().Get(contract.HeaderCommitTime)); err == nil {
+			it.commitTime = ct
+		}
+		prev, ok := byKey[ev.Key]
+		switch {
+		case !ok:
+			byKey[ev.Key] = it
+			items = append(items, it)
+		case ev.Version > prev.ev.Version:
+			it.superseded = append(prev.superseded, prev.msg)
+			*prev = *it
+		default:
+			prev.superseded = append(prev.superseded, m)
+		}
+	}
+	if len(items) == 0 {
+		return
+	}
+	// Keep the acknowledgement deadlines alive while the batch is applied
+	// (a slow store, transient retries).
+	stopKeep := r.keepAlive(msgs)
+	defer stopKeep()
+
+	results := r.applyWithRetry(ctx, items)
+	for i, it := range items {
+		res := results[i]
+		switch {
+		case res.Err == nil:
+			r.ack(it)
+			r.metrics.Events.WithLabelValues(outcomeLabel(res.Outcome)).Inc()
+			r.metrics.Events.WithLabelValues("superseded").Add(float64(len(it.superseded)))
+			if !it.commitTime.IsZero() && res.Outcome == Applied {
+				r.metrics.CommitToApplied.Observe(time.Since(it.commitTime).Seconds())
+			}
+		case IsPermanent(res.Err) && it.delivered >= uint64(r.cfg.MaxDeliver):
+			reason := fmt.Errorf("store rejected version %d of %q after %d deliveries: %w", it.ev.Version, it.ev.Key, it.delivered, res.Err)
+			if r.deadLetter(ctx, it.msg, "rejected", reason) {
+				for _, m := range it.superseded {
+					_ = m.Ack()
+				}
+			}
+		case IsPermanent(res.Err):
+			r.log.Warn("store rejected an event; it will be redelivered", "key", it.ev.Key, "version", it.ev.Version,
+				"delivered", it.delivered, "max_deliver", r.cfg.MaxDeliver, "err", res.Err)
+			r.nak(it, r.backoff(int(it.delivered)))
+		default:
+			// Only when ctx ended during transient retries: released for
+			// prompt redelivery to whoever runs next.
+			r.nak(it, 0)
+		}
+	}
+	r.metrics.BatchSeconds.Observe(time.Since(start).Seconds())
+}
+
+// applyWithRetry applies the items, retrying the transiently failed ones
+// with backoff until they succeed, fail permanently, or ctx ends.
+func (r *Runtime) applyWithRetry(ctx context.Context, items []*item) []Result {
+	results := make([]Result, len(items))
+	todo := make([]int, len(items))
+	for i := range todo {
+		todo[i] = i
+	}
+	for attempt := 1; ; attempt++ {
+		events := make([]*contract.Event, len(todo))
+		for j, i := range todo {
+			events[j] = items[i].ev
+		}
+		res := r.applySharded(ctx, events)
+		var again []int
+		var firstErr error
+		for j, i := range todo {
+			results[i] = res[j]
+			if res[j].Err != nil && !IsPermanent(res[j].Err) {
+				again = append(again, i)
+				if firstErr == nil {
+					firstErr = res[j].Err
+				}
+			}
+		}
+		if len(again) == 0 || ctx.Err() != nil {
+			return results
+		}
+		r.metrics.Retries.Inc()
+		delay := r.backoff(attempt)
+		r.log.Warn("store write failed; retrying", "documents", len(again), "attempt", attempt, "in", delay, "err", firstErr)
+		sleep(ctx, delay)
+		if ctx.Err() != nil {
+			return results
+		}
+		todo = again
+	}
+}
+
+// applySharded applies events in Parallel shards by document key.
+func (r *Runtime) applySharded(ctx context.Context, events []*contract.Event) []Result {
+	n := min(r.cfg.Parallel, len(events))
+	if n <= 1 {
+		return r.safeApply(ctx, events)
+	}
+	shards := make([][]int, n)
+	for i, ev := range events {
+		h := fnv.New32a()
+		_, _ = h.Write([]byte(ev.Key))
+		s := int(h.Sum32() % uint32(n))
+		shards[s] = append(shards[s], i)
+	}
+	results := make([]Result, len(events))
+	var wg sync.WaitGroup
+	for _, shard := range shards {
+		if len(shard) == 0 {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			evs := make([]*contract.Event, len(shard))
+			for j, i := range shard {
+				evs[j] = events[i]
+			}
+			for j, res := range r.safeApply(ctx, evs) {
+				results[shard[j]] = res
+			}
+		}()
+	}
+	wg.Wait()
+	return results
+}
+
+// safeApply calls the store, turning a malformed answer into errors.
+func (r *Runtime) safeApply(ctx context.Context, events []*contract.Event) []Result {
+	res := r.store.Apply(ctx, events)
+	if len(res) != len(events) {
+		err := fmt.Errorf("projector %s: store returned %d results for %d events", r.cfg.Name, len(res), len(events))
+		res = make([]Result, len(events))
+		for i := range res {
+			res[i].Err = err
+		}
+	}
+	return res
+}
+
+func (r *Runtime) ack(it *item) {
+	for _, m := range it.superseded {
+		_ = m.Ack()
+	}
+	if err := it.msg.Ack(); err != nil {
+		// Redelivered later and skipped by the store's version marker.
+		r.log.Warn("ack failed", "key", it.ev.Key, "err", err)
+	}
+}
+
+func (r *Runtime) nak(it *item, delay time.Duration) {
+	for _, m := range append([]jetstream.Msg{it.msg}, it.superseded...) {
+		if delay > 0 {
+			_ = m.NakWithDelay(delay)
+		} else {
+			_ = m.Nak()
+		}
+	}
+}
+
+// deadLetter stores m on converge.dlq.<name> with the reason and then
+// acknowledges it. If the dead letter cannot be stored, m is left for
+// redelivery and deadLetter reports false.
+func (r *Runtime) deadLetter(ctx context.Context, m jetstream.Msg, code string, reason error) bool {
+	dl := deadletter.New(r.cfg.Name, m, code, reason)
+	if _, err := r.js.PublishMsg(ctx, dl); err != nil {
+		r.log.Error("dead-letter publish failed; message left for redelivery", "subject", m.Subject(), "err", err)
+		_ = m.NakWithDelay(r.cfg.RetryMin)
+		return false
+	}
+	if err := m.Ack(); err != nil {
+		r.log.Warn("ack of a dead-lettered message failed; it will be dead-lettered again, and stored once", "err", err)
+	}
+	r.metrics.DeadLetters.WithLabelValues(code).Inc()
+	r.log.Warn("message dead-lettered", "subject", m.Subject(), "code", code, "reason", reason)
+	return true
+}
+
+// keepAlive tells the server, every third of AckWait, that msgs are in
+// progress, until the returned function is called.
+func (r *Runtime) keepAlive(msgs []jetstream.Msg) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(r.cfg.AckWait / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				for _, m := range msgs {
+					_ = m.InProgress()
+				}
+			}
+		}
+	}()
+	return func() { close(done); wg.Wait() }
+}
+
+// backoff is RetryMin doubled per attempt, capped at RetryMax.
+func (r *Runtime) backoff(attempt int) time.Duration {
+	d := r.cfg.RetryMin
+	for i := 1; i < attempt && d < r.cfg.RetryMax; i++ {
+		d *= 2
+	}
+	return min(d, r.cfg.RetryMax)
+}
+
+func outcomeLabel(o Outcome) string {
+	if o == Skipped {
+		return "skipped"
+	}
+	return "applied"
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

@@ -1,0 +1,336 @@
+package projector_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/converge-sync/converge/internal/deadletter"
+	"github.com/converge-sync/converge/internal/projector"
+	"github.com/converge-sync/converge/internal/testenv"
+	"github.com/converge-sync/converge/pkg/contract"
+)
+
+// memStore is a store kept in a map, with a version guard like every real
+// store's, that fails on demand and checks the runtime's promises: one key
+// at most once per call, and never two calls for one key at once.
+type memStore struct {
+	mu        sync.Mutex
+	versions  map[string]int64
+	busy      map[string]bool
+	applied   int
+	violation error
+	// failing returns the error for an event, if any.
+	failing func(ev *contract.Event) error
+}
+
+func newMemStore() *memStore {
+	return &memStore{versions: map[string]int64{}, busy: map[string]bool{}}
+}
+
+func (s *memStore) Apply(ctx context.Context, events []*contract.Event) []projector.Result {
+	s.mu.Lock()
+	seen := map[string]bool{}
+	for _, ev := range events {
+		if seen[ev.Key] || s.busy[ev.Key] {
+			s.violation = fmt.Errorf("key %s twice in a call or in two calls at once", ev.Key)
+		}
+		seen[ev.Key], s.busy[ev.Key] = true, true
+	}
+	s.mu.Unlock()
+	time.Sleep(time.Millisecond) // let concurrent calls overlap if the runtime allowed it
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	res := make([]projector.Result, len(events))
+	for i, ev := range events {
+		s.busy[ev.Key] = false
+		if s.failing != nil {
+			if err := s.failing(ev); err != nil {
+				res[i].Err = err
+				continue
+			}
+		}
+		if s.versions[ev.Key] >= ev.Version {
+			res[i].Outcome = projector.Skipped
+			continue
+		}
+		s.versions[ev.Key] = ev.Version
+		s.applied++
+	}
+	return res
+}
+
+func (s *memStore) version(key string) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.versions[key]
+}
+
+type env struct {
+	js jetstream.JetStream
+	nc *nats.Conn
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	n := testenv.StartNATS(t)
+	nc := n.Connect(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "CONVERGE_DOCS",
+		Subjects: []string{contract.DocsSubjectPrefix + ">"}, Storage: jetstream.MemoryStorage}); err != nil {
+		t.Fatal(err)
+	}
+	return &env{js: js, nc: nc}
+}
+
+func (e *env) publish(t *testing.T, ev contract.Event) {
+	t.Helper()
+	data, err := ev.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.publishRaw(t, contract.Subject(ev.Key), data)
+}
+
+func (e *env) publishRaw(t *testing.T, subject string, data []byte) {
+	t.Helper()
+	m := nats.NewMsg(subject)
+	m.Data = data
+	m.Header.Set(contract.HeaderCommitTime, time.Now().UTC().Format(time.RFC3339Nano))
+	if _, err := e.js.PublishMsg(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func upsert(key string, version int64) contract.Event {
+	d, err := contract.Document{Key: key, Version: version, Title: "t", Body: fmt.Sprintf("body of %s at %d", key, version)}.Normalize()
+	if err != nil {
+		panic(err)
+	}
+	return contract.NewUpsertedEvent(d, []string{d.Body})
+}
+
+func run(t *testing.T, e *env, store projector.Store, cfg projector.Config, metrics *projector.Metrics) {
+	t.Helper()
+	cfg.StopWhenCaughtUp = true
+	if cfg.Name == "" {
+		cfg.Name = "test"
+	}
+	r, err := projector.New(e.js, store, cfg, metrics, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := r.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("the projector did not catch up within 30s")
+	}
+}
+
+func deadLetters(t *testing.T, e *env, name string) []*jetstream.RawStreamMsg {
+	t.Helper()
+	s, err := e.js.Stream(context.Background(), deadletter.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(context.Background(), jetstream.WithSubjectFilter(contract.DLQSubject(name)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []*jetstream.RawStreamMsg
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
+		m, err := s.GetMsg(context.Background(), seq)
+		if err != nil {
+			continue
+		}
+		if m.Subject == contract.DLQSubject(name) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// Every document ends at its newest version, whatever the interleaving of
+// versions in the stream, and superseded versions in a batch are counted.
+func TestNewestVersionWins(t *testing.T) {
+	e := newEnv(t)
+	for v := int64(1); v <= 5; v++ {
+		for k := range 50 {
+			e.publish(t, upsert(fmt.Sprintf("doc-%d", k), v))
+		}
+	}
+	// Late and repeated versions.
+	for k := range 50 {
+		e.publish(t, upsert(fmt.Sprintf("doc-%d", k), 2))
+		e.publish(t, upsert(fmt.Sprintf("doc-%d", k), 5))
+	}
+	store := newMemStore()
+	metrics := projector.NewMetrics(nil)
+	run(t, e, store, projector.Config{BatchSize: 64, Parallel: 4}, metrics)
+	if store.violation != nil {
+		t.Fatal(store.violation)
+	}
+	for k := range 50 {
+		if v := store.version(fmt.Sprintf("doc-%d", k)); v != 5 {
+			t.Fatalf("doc-%d at version %d, want 5", k, v)
+		}
+	}
+	applied := testutil.ToFloat64(metrics.Events.WithLabelValues("applied"))
+	skipped := testutil.ToFloat64(metrics.Events.WithLabelValues("skipped"))
+	superseded := testutil.ToFloat64(metrics.Events.WithLabelValues("superseded"))
+	if applied+skipped+superseded != 350 {
+		t.Fatalf("applied %v + skipped %v + superseded %v != 350 messages", applied, skipped, superseded)
+	}
+	if superseded == 0 {
+		t.Fatal("no version was superseded within a batch")
+	}
+	t.Logf("350 messages: %v applied, %v skipped, %v superseded", applied, skipped, superseded)
+}
+
+// A message that is not an event goes to converge.dlq.<name> with the
+// reason, and the stream goes on.
+func TestUndecodableMessageIsDeadLettered(t *testing.T) {
+	e := newEnv(t)
+	e.publish(t, upsert("a", 1))
+	e.publishRaw(t, contract.Subject("poison"), []byte(`{"schema":"converge.event.v1","kind":"nonsense"}`))
+	ev := upsert("elsewhere", 1)
+	data, _ := ev.Encode()
+	e.publishRaw(t, contract.Subject("not-its-key"), data)
+	e.publish(t, upsert("b", 1))
+	store := newMemStore()
+	metrics := projector.NewMetrics(nil)
+	run(t, e, store, projector.Config{Name: "idx"}, metrics)
+	if store.version("a") != 1 || store.version("b") != 1 {
+		t.Fatal("events around the poison were not applied")
+	}
+	dls := deadLetters(t, e, "idx")
+	if len(dls) != 2 {
+		t.Fatalf("%d dead letters, want 2", len(dls))
+	}
+	codes := map[string]bool{}
+	for _, dl := range dls {
+		codes[dl.Header.Get(deadletter.HeaderCode)] = true
+		if dl.Header.Get(deadletter.HeaderReason) == "" || dl.Header.Get(deadletter.HeaderStream) != "CONVERGE_DOCS" || dl.Header.Get(deadletter.HeaderSeq) == "" {
+			t.Fatalf("dead letter headers %v", dl.Header)
+		}
+	}
+	if !codes["undecodable"] || !codes["wrong_subject"] {
+		t.Fatalf("dead-letter codes %v", codes)
+	}
+	if n := testutil.ToFloat64(metrics.DeadLetters.WithLabelValues("undecodable")); n != 1 {
+		t.Fatalf("dead-letter metric %v", n)
+	}
+}
+
+// A store that rejects an event permanently gets it MaxDeliver times, then
+// the event is dead-lettered; the others are applied meanwhile.
+func TestPermanentRejectionIsDeadLetteredAfterMaxDeliver(t *testing.T) {
+	e := newEnv(t)
+	var mu sync.Mutex
+	attempts := 0
+	store := newMemStore()
+	store.failing = func(ev *contract.Event) error {
+		if ev.Key != "bad" {
+			return nil
+		}
+		mu.Lock()
+		attempts++
+		mu.Unlock()
+		return projector.Permanent(errors.New("vector size mismatch"))
+	}
+	e.publish(t, upsert("good", 1))
+	e.publish(t, upsert("bad", 1))
+	e.publish(t, upsert("good2", 1))
+	run(t, e, store, projector.Config{Name: "idx", MaxDeliver: 3, RetryMin: 10 * time.Millisecond, RetryMax: 50 * time.Millisecond}, nil)
+	if store.version("good") != 1 || store.version("good2") != 1 || store.version("bad") != 0 {
+		t.Fatal("wrong store state")
+	}
+	if attempts != 3 {
+		t.Fatalf("bad was tried %d times, want MaxDeliver = 3", attempts)
+	}
+	dls := deadLetters(t, e, "idx")
+	if len(dls) != 1 || dls[0].Header.Get(deadletter.HeaderCode) != "rejected" {
+		t.Fatalf("dead letters: %d", len(dls))
+	}
+	if ev, err := contract.DecodeEvent(dls[0].Data); err != nil || ev.Key != "bad" {
+		t.Fatalf("dead letter holds %v (%v)", ev.Key, err)
+	}
+}
+
+// A transient error (the store is down) is retried in place until it
+// clears; nothing is dead-lettered however long it lasts.
+func TestTransientErrorsRetryInPlace(t *testing.T) {
+	e := newEnv(t)
+	var mu sync.Mutex
+	failures := 0
+	store := newMemStore()
+	store.failing = func(ev *contract.Event) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if failures < 20 {
+			failures++
+			return errors.New("connection refused")
+		}
+		return nil
+	}
+	for k := range 10 {
+		e.publish(t, upsert(fmt.Sprintf("d%d", k), 1))
+	}
+	metrics := projector.NewMetrics(nil)
+	run(t, e, store, projector.Config{MaxDeliver: 2, RetryMin: time.Millisecond, RetryMax: 5 * time.Millisecond}, metrics)
+	for k := range 10 {
+		if store.version(fmt.Sprintf("d%d", k)) != 1 {
+			t.Fatalf("d%d not applied", k)
+		}
+	}
+	if testutil.ToFloat64(metrics.Retries) == 0 {
+		t.Fatal("no retry counted")
+	}
+	if s, err := e.js.Stream(context.Background(), deadletter.Stream); err == nil {
+		if info, _ := s.Info(context.Background()); info != nil && info.State.Msgs != 0 {
+			t.Fatalf("%d dead letters for transient errors", info.State.Msgs)
+		}
+	}
+}
+
+// A second run of the same projector resumes after what was acknowledged;
+// a runtime stopped mid-stream leaves nothing unapplied.
+func TestResumesFromDurableConsumer(t *testing.T) {
+	e := newEnv(t)
+	for k := range 100 {
+		e.publish(t, upsert(fmt.Sprintf("doc-%d", k), 1))
+	}
+	first := newMemStore()
+	run(t, e, first, projector.Config{}, nil)
+	for k := range 20 {
+		e.publish(t, upsert(fmt.Sprintf("doc-%d", k), 2))
+	}
+	second := newMemStore()
+	run(t, e, second, projector.Config{}, nil)
+	if second.applied != 20 {
+		t.Fatalf("the second run applied %d events, want the 20 new ones", second.applied)
+	}
+	if first.applied != 100 {
+		t.Fatalf("the first run applied %d events, want 100", first.applied)
+	}
+}
+
+func TestConfigNeedsAName(t *testing.T) {
+	_, err := projector.New(nil, newMemStore(), projector.Config{}, nil, nil)
+	if err == nil {
+		t.Fatal("a projector without a name was accepted")
+	}
+}
