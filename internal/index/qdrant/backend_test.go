@@ -1,0 +1,547 @@
+package qdrant_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/converge-sync/converge/internal/index"
+	"github.com/converge-sync/converge/internal/index/qdrant"
+	"github.com/converge-sync/converge/internal/index/qdranttest"
+	"github.com/converge-sync/converge/internal/projector"
+	"github.com/converge-sync/converge/pkg/contract"
+)
+
+const dim = 8
+
+func ctx() context.Context { return context.Background() }
+
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// open returns a backend on srv; edit adjusts its configuration.
+func open(t testing.TB, srv *qdranttest.Server, edit func(*qdrant.Config)) *qdrant.Backend {
+	t.Helper()
+	cfg := qdrant.Config{Addr: srv.Addr()}
+	if edit != nil {
+		edit(&cfg)
+	}
+	b, err := qdrant.New(ctx(), cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	return b
+}
+
+// ensured returns a backend on a fresh server with its collection created.
+func ensured(t testing.TB, edit func(*qdrant.Config)) (*qdrant.Backend, *qdranttest.Server) {
+	t.Helper()
+	srv := qdranttest.Start(t)
+	b := open(t, srv, edit)
+	must(t, b.Ensure(ctx(), dim))
+	return b, srv
+}
+
+func axis(i int) []float32 {
+	v := make([]float32, dim)
+	v[i%dim] = 1
+	return v
+}
+
+func chunk(key string, version int64, ordinal int, vec []float32) index.Point {
+	text := fmt.Sprintf("%s v%d #%d", key, version, ordinal)
+	return index.Point{
+		ID: contract.ChunkID(key, version, ordinal), Key: key, Version: version, Ordinal: ordinal,
+		ContentHash: fmt.Sprintf("h-%s-%d", key, version), ChunkHash: contract.TextHash(text),
+		Title: "T " + key, Tags: []string{"t1", "t2"}, Text: text, Vector: vec,
+	}
+}
+
+func versionsOf(points []index.Point) []string {
+	out := make([]string, len(points))
+	for i, p := range points {
+		out[i] = fmt.Sprintf("v%d#%d", p.Version, p.Ordinal)
+	}
+	return out
+}
+
+func TestEnsureIsIdempotent(t *testing.T) {
+	b, srv := ensured(t, nil)
+	must(t, b.Ensure(ctx(), dim))
+	if n := srv.Calls("Collections/Create"); n != 1 {
+		t.Fatalf("collection created %d times; want 1", n)
+	}
+	if n := srv.Calls("Points/CreateFieldIndex"); n != 5 {
+		t.Fatalf("%d payload indexes created; want 5 (key, type, version, version_high, version_low), once", n)
+	}
+	// A second process finds everything in place.
+	must(t, open(t, srv, nil).Ensure(ctx(), dim))
+	if n := srv.Calls("Collections/Create") + srv.Calls("Points/CreateFieldIndex"); n != 6 {
+		t.Fatalf("a second Ensure changed the collection (%d create calls in all)", n)
+	}
+}
+
+func TestEnsureRejectsAnotherDimension(t *testing.T) {
+	b, _ := ensured(t, nil)
+	err := b.Ensure(ctx(), dim*2)
+	if !errors.Is(err, qdrant.ErrDimensionMismatch) {
+		t.Fatalf("Ensure(%d) on a collection of %d: %v; want ErrDimensionMismatch", dim*2, dim, err)
+	}
+	for _, want := range []string{fmt.Sprint(dim), fmt.Sprint(dim * 2), "converge_chunks"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Fatalf("error %q does not name %s", err, want)
+		}
+	}
+}
+
+func TestCallsBeforeEnsureAreNotFound(t *testing.T) {
+	srv := qdranttest.Start(t)
+	b := open(t, srv, func(c *qdrant.Config) { c.Collection = "nothing_yet" })
+	checks := map[string]error{
+		"Upsert":      b.Upsert(ctx(), []index.Point{chunk("a", 1, 0, axis(0))}),
+		"SetMarkers":  b.SetMarkers(ctx(), []index.Marker{{Key: "a", Version: 1}}),
+		"DeleteStale": b.DeleteStale(ctx(), []index.Keep{{Key: "a"}}),
+	}
+	_, checks["Counts"] = b.Counts(ctx(), []string{"a"})
+	_, checks["Points"] = b.Points(ctx(), "a", false)
+	_, checks["Markers"] = b.Markers(ctx(), []string{"a"})
+	_, checks["Search"] = b.Search(ctx(), axis(0), 3)
+	checks["ScanMarkers"] = b.ScanMarkers(ctx(), func(index.Marker) error { return nil })
+	for name, err := range checks {
+		if !errors.Is(err, qdrant.ErrCollectionNotFound) || status.Code(err) != codes.NotFound {
+			t.Errorf("%s before Ensure: %v; want a NotFound error", name, err)
+		}
+		var qe *qdrant.Error
+		if !errors.As(err, &qe) || qe.Collection != "nothing_yet" || qe.Code() != codes.NotFound || qe.SafeToRetry() {
+			t.Errorf("%s before Ensure: %#v; want a *qdrant.Error naming the collection, not retryable", name, err)
+		}
+	}
+}
+
+func TestMarkersNeverGoBack(t *testing.T) {
+	b, srv := ensured(t, nil)
+	must(t, b.SetMarkers(ctx(), []index.Marker{
+		{Key: "a", Version: 5, ContentHash: "a5"},
+		{Key: "b", Version: 2, Deleted: true, ContentHash: "b2"},
+		{Key: "a", Version: 4, ContentHash: "a4"}, // older duplicate in the same call
+	}))
+	must(t, b.SetMarkers(ctx(), []index.Marker{
+		{Key: "a", Version: 3, ContentHash: "a3"},    // older: ignored by the server
+		{Key: "a", Version: 5, ContentHash: "other"}, // equal: ignored too
+		{Key: "b", Version: 3, ContentHash: "b3"},    // newer: replaces the withdrawal
+		{Key: "c", Version: 1, ContentHash: "c1"},    // new key: inserted
+	}))
+	got, err := b.Markers(ctx(), []string{"a", "b", "c", "missing", "a"})
+	must(t, err)
+	want := map[string]index.Marker{
+		"a": {Key: "a", Version: 5, ContentHash: "a5"},
+		"b": {Key: "b", Version: 3, ContentHash: "b3"},
+		"c": {Key: "c", Version: 1, ContentHash: "c1"},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("markers %v; want %v", got, want)
+	}
+	for k, m := range want {
+		if got[k] != m {
+			t.Fatalf("marker %q = %+v; want %+v", k, got[k], m)
+		}
+	}
+	// The guard is the server's: every marker write carries update_filter.
+	if n := srv.Calls("Points/Upsert"); n != 2 {
+		t.Fatalf("%d upsert requests; want 2", n)
+	}
+	// Markers are not chunks.
+	counts, err := b.Counts(ctx(), []string{"a"})
+	must(t, err)
+	if counts["a"] != 0 {
+		t.Fatalf("markers counted as chunks: %v", counts)
+	}
+	if hits, err := b.Search(ctx(), axis(0), 10); err != nil || len(hits) != 0 {
+		t.Fatalf("search found markers: %v, %v", hits, err)
+	}
+}
+
+// TestMarkerVersionsCompareExactly uses versions beyond 2^53, where a float
+// comparison of the whole version would see 2^60+1 and 2^60+2 as equal.
+func TestMarkerVersionsCompareExactly(t *testing.T) {
+	b, _ := ensured(t, nil)
+	base := int64(1) << 60
+	for _, step := range []struct {
+		version int64
+		want    int64
+	}{
+		{base + 1, base + 1},
+		{base + 2, base + 2},         // newer by one: written
+		{base + 1, base + 2},         // older by one: ignored
+		{base + 1<<32, base + 1<<32}, // newer in the high half
+		{base + 3, base + 1<<32},     // older high half, larger low half: ignored
+		{math.MaxInt64, math.MaxInt64},
+	} {
+		must(t, b.SetMarkers(ctx(), []index.Marker{{Key: "k", Version: step.version}}))
+		got, err := b.Markers(ctx(), []string{"k"})
+		must(t, err)
+		if got["k"].Version != step.want {
+			t.Fatalf("after setting %d: stored %d; want %d", step.version, got["k"].Version, step.want)
+		}
+	}
+}
+
+func TestUpsertReplacesByID(t *testing.T) {
+	b, _ := ensured(t, nil)
+	must(t, b.Upsert(ctx(), []index.Point{chunk("a", 1, 0, axis(0)), chunk("a", 1, 1, axis(1))}))
+	changed := chunk("a", 1, 1, axis(2))
+	changed.Text, changed.Tags = "rewritten", nil
+	must(t, b.Upsert(ctx(), []index.Point{changed}))
+	got, err := b.Points(ctx(), "a", true)
+	must(t, err)
+	if len(got) != 2 {
+		t.Fatalf("%d points after replacing one; want 2", len(got))
+	}
+	want := chunk("a", 1, 0, axis(0))
+	if !samePoint(got[0], want) || got[1].Text != "rewritten" || got[1].Tags != nil || !slices.Equal(got[1].Vector, axis(2)) {
+		t.Fatalf("points %+v", got)
+	}
+}
+
+func samePoint(a, b index.Point) bool {
+	return a.ID == b.ID && a.Key == b.Key && a.Version == b.Version && a.Ordinal == b.Ordinal &&
+		a.ContentHash == b.ContentHash && a.ChunkHash == b.ChunkHash && a.Title == b.Title &&
+		slices.Equal(a.Tags, b.Tags) && a.Text == b.Text && slices.Equal(a.Vector, b.Vector)
+}
+
+func TestUpsertSplitsIntoParallelBatches(t *testing.T) {
+	b, srv := ensured(t, func(c *qdrant.Config) { c.BatchSize, c.Parallel = 7, 3 })
+	var points []index.Point
+	for i := range 100 {
+		points = append(points, chunk(fmt.Sprintf("doc-%d", i%10), 1, i/10, axis(i)))
+	}
+	must(t, b.Upsert(ctx(), points))
+	if n := srv.Calls("Points/Upsert"); n != 15 { // ceil(100/7)
+		t.Fatalf("%d upsert requests; want 15", n)
+	}
+	if n := srv.MaxInFlight("Points/Upsert"); n > 3 {
+		t.Fatalf("%d upserts in flight at once; Parallel is 3", n)
+	}
+	keys := make([]string, 10)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("doc-%d", i)
+	}
+	counts, err := b.Counts(ctx(), keys)
+	must(t, err)
+	for _, k := range keys {
+		if counts[k] != 10 {
+			t.Fatalf("counts %v; want 10 per key", counts)
+		}
+	}
+}
+
+func TestDeleteStaleKeepsOnlyTheKeptVersion(t *testing.T) {
+	b, srv := ensured(t, func(c *qdrant.Config) { c.BatchSize = 2 })
+	var points []index.Point
+	for v := int64(1); v <= 3; v++ {
+		for o := range 3 {
+			points = append(points, chunk("a", v, o, axis(o)), chunk("b", v, o, axis(o)), chunk("c", v, o, axis(o)))
+		}
+	}
+	must(t, b.Upsert(ctx(), points))
+	must(t, b.SetMarkers(ctx(), []index.Marker{{Key: "b", Version: 3}}))
+	before := srv.Calls("Points/Delete")
+	must(t, b.DeleteStale(ctx(), []index.Keep{{Key: "a", Version: 2}, {Key: "b", Version: 0}, {Key: "c", Version: 3}}))
+	if n := srv.Calls("Points/Delete") - before; n != 2 {
+		t.Fatalf("%d delete requests for 3 keeps in batches of 2; want 2", n)
+	}
+	for key, want := range map[string][]string{
+		"a": {"v2#0", "v2#1", "v2#2"},
+		"b": {},
+		"c": {"v3#0", "v3#1", "v3#2"},
+	} {
+		got, err := b.Points(ctx(), key, false)
+		must(t, err)
+		if !slices.Equal(versionsOf(got), want) {
+			t.Fatalf("%s keeps %v; want %v", key, versionsOf(got), want)
+		}
+	}
+	markers, err := b.Markers(ctx(), []string{"b"})
+	must(t, err)
+	if markers["b"].Version != 3 {
+		t.Fatalf("DeleteStale removed the marker of b: %v", markers)
+	}
+}
+
+func TestCounts(t *testing.T) {
+	b, _ := ensured(t, nil)
+	var points []index.Point
+	for o := range 3 {
+		points = append(points, chunk("three", 1, o, axis(o)))
+	}
+	for o := range 5 {
+		points = append(points, chunk("five", int64(1+o%2), o, axis(o)))
+	}
+	must(t, b.Upsert(ctx(), points))
+	got, err := b.Counts(ctx(), []string{"three", "five", "none", "three"})
+	must(t, err)
+	if len(got) != 3 || got["three"] != 3 || got["five"] != 5 || got["none"] != 0 {
+		t.Fatalf("counts %v; want three:3 five:5 none:0", got)
+	}
+}
+
+func TestPointsAreOrderedByVersionThenOrdinal(t *testing.T) {
+	b, _ := ensured(t, nil)
+	var points []index.Point
+	for v := int64(1); v <= 3; v++ {
+		for o := range 300 { // more than one scroll page
+			points = append(points, chunk("big", v, o, axis(o)))
+		}
+	}
+	rand.New(rand.NewPCG(1, 2)).Shuffle(len(points), func(i, j int) { points[i], points[j] = points[j], points[i] })
+	must(t, b.Upsert(ctx(), append(points, chunk("other", 1, 0, axis(0)))))
+
+	got, err := b.Points(ctx(), "big", false)
+	must(t, err)
+	if len(got) != 900 {
+		t.Fatalf("%d points; want 900", len(got))
+	}
+	for i, p := range got {
+		if p.Version != int64(1+i/300) || p.Ordinal != i%300 || p.Vector != nil || p.Key != "big" {
+			t.Fatalf("point %d is %s v%d#%d (vector %v); want big v%d#%d without vector", i, p.Key, p.Version, p.Ordinal, p.Vector, 1+i/300, i%300)
+		}
+	}
+	got, err = b.Points(ctx(), "big", true)
+	must(t, err)
+	if !slices.Equal(got[301].Vector, axis(1)) || !samePoint(got[301], chunk("big", 2, 1, axis(1))) {
+		t.Fatalf("point with vector %+v; want %+v", got[301], chunk("big", 2, 1, axis(1)))
+	}
+}
+
+func TestScanMarkers(t *testing.T) {
+	b, _ := ensured(t, nil)
+	var markers []index.Marker
+	for i := range 600 { // more than two scroll pages
+		markers = append(markers, index.Marker{Key: fmt.Sprintf("k%03d", i), Version: int64(i + 1), Deleted: i%7 == 0, ContentHash: fmt.Sprint(i)})
+	}
+	must(t, b.SetMarkers(ctx(), markers))
+	must(t, b.Upsert(ctx(), []index.Point{chunk("k001", 2, 0, axis(0))}))
+	seen := make(map[string]index.Marker)
+	must(t, b.ScanMarkers(ctx(), func(m index.Marker) error {
+		if _, dup := seen[m.Key]; dup {
+			return fmt.Errorf("marker %q seen twice", m.Key)
+		}
+		seen[m.Key] = m
+		return nil
+	}))
+	if len(seen) != len(markers) {
+		t.Fatalf("scanned %d markers; want %d", len(seen), len(markers))
+	}
+	for _, m := range markers {
+		if seen[m.Key] != m {
+			t.Fatalf("scanned %+v; want %+v", seen[m.Key], m)
+		}
+	}
+	stop := errors.New("stop")
+	calls := 0
+	err := b.ScanMarkers(ctx(), func(index.Marker) error { calls++; return stop })
+	if !errors.Is(err, stop) || calls != 1 {
+		t.Fatalf("ScanMarkers after fn failed: %v after %d calls; want fn's error after 1", err, calls)
+	}
+}
+
+func TestSearchRanksByCosine(t *testing.T) {
+	b, _ := ensured(t, nil)
+	near := []float32{1, 0.1, 0, 0, 0, 0, 0, 0}
+	mid := []float32{1, 1, 0, 0, 0, 0, 0, 0}
+	must(t, b.Upsert(ctx(), []index.Point{
+		chunk("far", 1, 0, axis(3)),
+		chunk("mid", 1, 0, mid),
+		chunk("near", 1, 0, near),
+		chunk("exact", 1, 0, []float32{5, 0, 0, 0, 0, 0, 0, 0}),
+	}))
+	must(t, b.SetMarkers(ctx(), []index.Marker{{Key: "exact", Version: 1}}))
+	hits, err := b.Search(ctx(), axis(0), 3)
+	must(t, err)
+	var keys []string
+	for _, h := range hits {
+		keys = append(keys, h.Point.Key)
+		if h.Point.Vector != nil || h.Point.Text == "" {
+			t.Fatalf("hit %+v: want the payload without the vector", h.Point)
+		}
+	}
+	if !slices.Equal(keys, []string{"exact", "near", "mid"}) {
+		t.Fatalf("ranking %v; want [exact near mid]", keys)
+	}
+	if math.Abs(float64(hits[0].Score)-1) > 1e-6 || math.Abs(float64(hits[2].Score)-1/math.Sqrt2) > 1e-6 {
+		t.Fatalf("scores %v, %v; want 1 and 1/sqrt(2)", hits[0].Score, hits[2].Score)
+	}
+	if hits, err := b.Search(ctx(), axis(0), 0); err != nil || hits != nil {
+		t.Fatalf("Search with k=0: %v, %v", hits, err)
+	}
+}
+
+// TestSearchBreaksTiesByID has more equal scores than k: the server orders
+// them by descending id, the backend must return the smallest ids.
+func TestSearchBreaksTiesByID(t *testing.T) {
+	b, _ := ensured(t, nil)
+	var points []index.Point
+	var ids []uuid.UUID
+	for i := range 9 {
+		p := chunk(fmt.Sprintf("dup-%d", i), 1, 0, axis(0))
+		points = append(points, p)
+		ids = append(ids, p.ID)
+	}
+	points = append(points, chunk("second", 1, 0, []float32{1, 0.1, 0, 0, 0, 0, 0, 0}), chunk("other", 1, 0, axis(1)))
+	must(t, b.Upsert(ctx(), points))
+	slices.SortFunc(ids, func(a, b uuid.UUID) int { return strings.Compare(a.String(), b.String()) })
+	for _, k := range []int{1, 3, 4, 10, 11, 12} {
+		hits, err := b.Search(ctx(), axis(0), k)
+		must(t, err)
+		var got []uuid.UUID
+		for _, h := range hits {
+			got = append(got, h.Point.ID)
+		}
+		want := ids[:min(k, 9)]
+		switch {
+		case k == 10:
+			want = append(slices.Clone(ids), contract.ChunkID("second", 1, 0))
+		case k > 10:
+			want = append(slices.Clone(ids), contract.ChunkID("second", 1, 0), contract.ChunkID("other", 1, 0))
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("k=%d: ids %v; want %v", k, got, want)
+		}
+	}
+}
+
+func TestAPIKey(t *testing.T) {
+	srv := qdranttest.Start(t, qdranttest.WithAPIKey("s3cret"))
+	// Qdrant's health check is open, so New succeeds without the key; the
+	// first real request does not.
+	err := open(t, srv, nil).Ensure(ctx(), dim)
+	if status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("Ensure without the key: %v; want Unauthenticated", err)
+	}
+	err = open(t, srv, func(c *qdrant.Config) { c.APIKey = "wrong" }).Ensure(ctx(), dim)
+	if status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("Ensure with a wrong key: %v; want Unauthenticated", err)
+	}
+	b := open(t, srv, func(c *qdrant.Config) { c.APIKey = "s3cret" })
+	must(t, b.Ensure(ctx(), dim))
+	must(t, b.Upsert(ctx(), []index.Point{chunk("a", 1, 0, axis(0))}))
+}
+
+func TestNewRejectsServersWithoutConditionalUpdates(t *testing.T) {
+	srv := qdranttest.Start(t, qdranttest.WithVersion("1.15.4"))
+	_, err := qdrant.New(ctx(), qdrant.Config{Addr: srv.Addr()})
+	if err == nil || !strings.Contains(err.Error(), "1.15.4") {
+		t.Fatalf("New against Qdrant 1.15.4: %v; want an error naming the version", err)
+	}
+}
+
+func TestSwitchAlias(t *testing.T) {
+	srv := qdranttest.Start(t)
+	v1 := open(t, srv, func(c *qdrant.Config) { c.Collection = "chunks_v1" })
+	v2 := open(t, srv, func(c *qdrant.Config) { c.Collection = "chunks_v2" })
+	must(t, v1.Ensure(ctx(), dim))
+	must(t, v2.Ensure(ctx(), dim))
+	must(t, v1.Upsert(ctx(), []index.Point{chunk("a", 1, 0, axis(0))}))
+	must(t, v2.Upsert(ctx(), []index.Point{chunk("a", 2, 0, axis(0)), chunk("a", 2, 1, axis(1))}))
+
+	live := open(t, srv, func(c *qdrant.Config) { c.Collection = "live" })
+	if _, err := live.Counts(ctx(), []string{"a"}); !errors.Is(err, qdrant.ErrCollectionNotFound) {
+		t.Fatalf("alias before it exists: %v; want ErrCollectionNotFound", err)
+	}
+	count := func() int {
+		t.Helper()
+		n, err := live.Counts(ctx(), []string{"a"})
+		must(t, err)
+		return n["a"]
+	}
+	must(t, live.SwitchAlias(ctx(), "live", "chunks_v1")) // creates the alias
+	must(t, live.Ensure(ctx(), dim))                      // resolves through it
+	if n := count(); n != 1 {
+		t.Fatalf("live -> v1: %d points; want 1", n)
+	}
+	before := srv.Calls("Collections/UpdateAliases")
+	must(t, live.SwitchAlias(ctx(), "live", "chunks_v2"))
+	if n := srv.Calls("Collections/UpdateAliases") - before; n != 1 {
+		t.Fatalf("the switch took %d requests; want 1", n)
+	}
+	if n := count(); n != 2 {
+		t.Fatalf("live -> v2: %d points; want 2", n)
+	}
+	err := live.SwitchAlias(ctx(), "live", "chunks_v3")
+	if !errors.Is(err, qdrant.ErrCollectionNotFound) {
+		t.Fatalf("switch to a missing collection: %v; want ErrCollectionNotFound", err)
+	}
+	if n := count(); n != 2 {
+		t.Fatalf("a failed switch moved the alias: %d points; want 2", n)
+	}
+
+	// The rebuild's last step: drop the collection the alias left.
+	if err := live.DropCollection(ctx(), "chunks_v2"); err == nil || !strings.Contains(err.Error(), "live") {
+		t.Fatalf("dropping the alias's collection: %v; want a refusal naming the alias", err)
+	}
+	must(t, live.DropCollection(ctx(), "chunks_v1"))
+	must(t, live.DropCollection(ctx(), "chunks_v1")) // already gone
+	if _, err := v1.Counts(ctx(), []string{"a"}); !errors.Is(err, qdrant.ErrCollectionNotFound) {
+		t.Fatalf("v1 after the drop: %v; want ErrCollectionNotFound", err)
+	}
+	if n := count(); n != 2 {
+		t.Fatalf("live after dropping v1: %d points; want 2", n)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  qdrant.Config
+		want string // "" for valid
+	}{
+		{qdrant.Config{Addr: "localhost:6334"}, ""},
+		{qdrant.Config{Addr: "[::1]:6334", BatchSize: 1024, Parallel: 64, Collection: "x"}, ""},
+		{qdrant.Config{Addr: "http://qdrant.internal:6334"}, ""},
+		{qdrant.Config{Addr: "https://qdrant.example:6334/"}, ""},
+		{qdrant.Config{Addr: "grpc://qdrant.internal:6334"}, "scheme"},
+		{qdrant.Config{}, "address"},
+		{qdrant.Config{Addr: "localhost"}, "address"},
+		{qdrant.Config{Addr: ":6334"}, "host"},
+		{qdrant.Config{Addr: "localhost:0"}, "port"},
+		{qdrant.Config{Addr: "localhost:6334", BatchSize: 1025}, "batch size"},
+		{qdrant.Config{Addr: "localhost:6334", BatchSize: -1}, "batch size"},
+		{qdrant.Config{Addr: "localhost:6334", Parallel: -2}, "parallel"},
+		{qdrant.Config{Addr: "localhost:6334", Collection: "a/b"}, "collection"},
+		{qdrant.Config{Addr: "localhost:6334", Timeout: -1}, "timeout"},
+	} {
+		err := tc.cfg.Validate()
+		if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("Validate(%+v) = %v; want %q", tc.cfg, err, tc.want)
+		}
+	}
+}
+
+// A request Qdrant rejects (here a vector of the wrong size) is permanent
+// to the projector runtime, which dead-letters the event after its
+// redeliveries; an unreachable server is not, and is retried.
+func TestRejectionsArePermanentOutagesAreNot(t *testing.T) {
+	b, srv := ensured(t, nil)
+	err := b.Upsert(ctx(), []index.Point{chunk("k", 1, 0, make([]float32, dim+3))})
+	if err == nil || !projector.IsPermanent(err) {
+		t.Fatalf("upsert of a wrong-size vector: %v; want a permanent error", err)
+	}
+	srv.Stop()
+	err = b.Upsert(ctx(), []index.Point{chunk("k", 1, 0, axis(1))})
+	if err == nil || projector.IsPermanent(err) {
+		t.Fatalf("upsert to a stopped server: %v; want a transient error", err)
+	}
+}

@@ -1,0 +1,86 @@
+package qdrant
+
+import (
+	"errors"
+	"fmt"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// ErrCollectionNotFound is matched by an [*Error] whose request found no
+// collection (or alias) of the configured name, such as any call before
+// [Backend.Ensure] created it.
+var ErrCollectionNotFound = errors.New("qdrant: collection not found")
+
+// ErrDimensionMismatch is matched by every [*DimensionError].
+var ErrDimensionMismatch = errors.New("qdrant: vector dimension mismatch")
+
+// Error is a failed request to Qdrant. It keeps the gRPC status error as
+// its cause, so status.Code and errors.As see through it.
+type Error struct {
+	Op         string // what the backend was doing, e.g. "upsert"
+	Collection string
+	Err        error
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("qdrant: %s on collection %q: %v", e.Op, e.Collection, e.Err)
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// Is makes errors.Is(err, ErrCollectionNotFound) true for a NotFound status:
+// the only thing the backend's requests can fail to find is the collection.
+func (e *Error) Is(target error) bool {
+	return target == ErrCollectionNotFound && status.Code(e.Err) == codes.NotFound
+}
+
+// Code is the gRPC status code of the failure (codes.Unknown when the
+// failure was not a status, codes.DeadlineExceeded or codes.Canceled for a
+// context that ended).
+func (e *Error) Code() codes.Code {
+	if st, ok := status.FromError(e.Err); ok {
+		return st.Code()
+	}
+	return status.FromContextError(e.Err).Code()
+}
+
+// SafeToRetry reports whether the request may simply be sent again: every
+// write of the backend is idempotent, so a transient failure is retryable.
+func (e *Error) SafeToRetry() bool {
+	switch e.Code() {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted, codes.Aborted:
+		return true
+	}
+	return false
+}
+
+// DimensionError is [Backend.Ensure] finding a collection whose vectors
+// have another dimension than the embedder's.
+type DimensionError struct {
+	Collection string
+	Have       int // the collection's vector size
+	Want       int // the size Ensure was asked for
+}
+
+func (e *DimensionError) Error() string {
+	return fmt.Sprintf("qdrant: collection %q holds vectors of dimension %d, not %d: rebuild the index into a new collection for this embedder",
+		e.Collection, e.Have, e.Want)
+}
+
+// Is makes errors.Is(err, ErrDimensionMismatch) true.
+func (e *DimensionError) Is(target error) bool { return target == ErrDimensionMismatch }
+
+// Permanent reports whether Qdrant rejected the request itself (a wrong
+// vector size, a malformed payload): sending it again cannot succeed. The
+// projector runtime dead-letters such an event after its redeliveries,
+// while every other failure (Qdrant down, a timeout, a missing collection
+// that a restart recreates) is retried until it clears.
+func (e *Error) Permanent() bool {
+	switch e.Code() {
+	case codes.InvalidArgument, codes.OutOfRange:
+		return true
+	}
+	return false
+}

@@ -1,0 +1,135 @@
+package qdrant
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"slices"
+	"sync"
+
+	qd "github.com/qdrant/go-client/qdrant"
+
+	"github.com/converge-sync/converge/internal/index"
+)
+
+// Upsert writes points in batches of BatchSize, Parallel batches at a time.
+// A failed batch fails the call; batches already written stay written,
+// which a repeated call makes whole again (same ids, same payloads).
+func (b *Backend) Upsert(ctx context.Context, points []index.Point) error {
+	return b.inBatches(ctx, len(points), b.cfg.BatchSize, func(ctx context.Context, lo, hi int) error {
+		batch := make([]*qd.PointStruct, 0, hi-lo)
+		for _, p := range points[lo:hi] {
+			batch = append(batch, chunkPoint(p))
+		}
+		err := b.call(ctx, func(ctx context.Context) error {
+			_, err := b.client.GetPointsClient().Upsert(ctx, &qd.UpsertPoints{
+				CollectionName: b.cfg.Collection,
+				Wait:           qd.PtrOf(true),
+				Points:         batch,
+			})
+			return err
+		})
+		if err != nil {
+			return b.fail("upsert", err)
+		}
+		return nil
+	})
+}
+
+// DeleteStale deletes by filter, one request per BatchSize keeps (each keep
+// one should clause). Markers are never deleted.
+func (b *Backend) DeleteStale(ctx context.Context, keep []index.Keep) error {
+	return b.inBatches(ctx, len(keep), b.cfg.BatchSize, func(ctx context.Context, lo, hi int) error {
+		stale := make([]*qd.Condition, 0, hi-lo)
+		for _, k := range keep[lo:hi] {
+			stale = append(stale, qd.NewFilterAsCondition(staleChunks(k)))
+		}
+		err := b.call(ctx, func(ctx context.Context) error {
+			_, err := b.client.GetPointsClient().Delete(ctx, &qd.DeletePoints{
+				CollectionName: b.cfg.Collection,
+				Wait:           qd.PtrOf(true),
+				Points:         qd.NewPointsSelectorFilter(&qd.Filter{Should: stale}),
+			})
+			return err
+		})
+		if err != nil {
+			return b.fail("delete stale", err)
+		}
+		return nil
+	})
+}
+
+// Counts asks for an exact count of each key's chunks, Parallel at a time.
+func (b *Backend) Counts(ctx context.Context, keys []string) (map[string]int, error) {
+	keys = distinct(keys)
+	out := make(map[string]int, len(keys))
+	var mu sync.Mutex
+	err := b.inBatches(ctx, len(keys), 1, func(ctx context.Context, lo, _ int) error {
+		var n uint64
+		err := b.call(ctx, func(ctx context.Context) error {
+			resp, err := b.client.GetPointsClient().Count(ctx, &qd.CountPoints{
+				CollectionName: b.cfg.Collection,
+				Filter:         chunksOf(keys[lo]),
+				Exact:          qd.PtrOf(true),
+			})
+			n = resp.GetResult().GetCount()
+			return err
+		})
+		if err != nil {
+			return b.fail("count", err)
+		}
+		mu.Lock()
+		out[keys[lo]] = int(n)
+		mu.Unlock()
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Points scrolls through the document's chunks and orders them by version,
+// then ordinal.
+func (b *Backend) Points(ctx context.Context, key string, withVectors bool) ([]index.Point, error) {
+	var out []index.Point
+	var offset *qd.PointId
+	for {
+		var page []*qd.RetrievedPoint
+		var next *qd.PointId
+		err := b.call(ctx, func(ctx context.Context) error {
+			resp, err := b.client.GetPointsClient().Scroll(ctx, &qd.ScrollPoints{
+				CollectionName: b.cfg.Collection,
+				Filter:         chunksOf(key),
+				Offset:         offset,
+				Limit:          qd.PtrOf(uint32(pageSize)),
+				WithPayload:    qd.NewWithPayload(true),
+				WithVectors:    qd.NewWithVectors(withVectors),
+			})
+			page, next = resp.GetResult(), resp.GetNextPageOffset()
+			return err
+		})
+		if err != nil {
+			return nil, b.fail("scroll points", err)
+		}
+		for _, r := range page {
+			var vectors *qd.VectorsOutput
+			if withVectors {
+				vectors = r.GetVectors()
+			}
+			p, err := decodeChunk(r.GetId(), r.GetPayload(), vectors)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, p)
+		}
+		if next == nil {
+			break
+		}
+		offset = next
+	}
+	slices.SortFunc(out, func(a, b index.Point) int {
+		return cmp.Or(cmp.Compare(a.Version, b.Version), cmp.Compare(a.Ordinal, b.Ordinal), bytes.Compare(a.ID[:], b.ID[:]))
+	})
+	return out, nil
+}

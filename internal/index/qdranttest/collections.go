@@ -1,0 +1,260 @@
+package qdranttest
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/qdrant/go-client/qdrant"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// collection is one collection's configuration and points.
+type collection struct {
+	dim      int
+	distance qdrant.Distance
+	indexes  map[string]qdrant.PayloadSchemaType
+	points   map[pointID]*point
+	byKey    map[string]map[pointID]*point // see keyindex.go
+}
+
+// maxVectorSize is Qdrant's limit on a dense vector's dimension.
+const maxVectorSize = 65536
+
+type collectionsService struct {
+	qdrant.UnimplementedCollectionsServer
+	s *Server
+}
+
+func (cs *collectionsService) Create(_ context.Context, req *qdrant.CreateCollection) (*qdrant.CollectionOperationResponse, error) {
+	start := time.Now()
+	name := req.GetCollectionName()
+	if err := validCollectionName(name); err != nil {
+		return nil, err
+	}
+	vc := req.GetVectorsConfig()
+	if vc == nil {
+		return nil, unsupported("a collection without a dense vector")
+	}
+	if vc.GetParamsMap() != nil {
+		return nil, unsupported("named vectors")
+	}
+	p := vc.GetParams()
+	if p.GetSize() < 1 || p.GetSize() > maxVectorSize {
+		return nil, badInput("Validation error in body: [vectors.size: value %d invalid, must be from 1 to %d]", p.GetSize(), maxVectorSize)
+	}
+	switch p.GetDistance() {
+	case qdrant.Distance_Cosine, qdrant.Distance_Dot, qdrant.Distance_Euclid, qdrant.Distance_Manhattan:
+	default:
+		return nil, badInput("unknown distance %v", p.GetDistance())
+	}
+	switch {
+	case p.GetDatatype() != qdrant.Datatype_Default && p.GetDatatype() != qdrant.Datatype_Float32:
+		return nil, unsupported("a vector datatype other than float32")
+	case p.MultivectorConfig != nil:
+		return nil, unsupported("multivectors")
+	case req.SparseVectorsConfig != nil:
+		return nil, unsupported("sparse vectors")
+	case req.ShardingMethod != nil && req.GetShardingMethod() == qdrant.ShardingMethod_Custom:
+		return nil, unsupported("custom sharding")
+	}
+
+	s := cs.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.collections[name]; ok {
+		return nil, badInput("Collection `%s` already exists!", name)
+	}
+	if _, ok := s.aliases[name]; ok {
+		return nil, badInput("Can't create collection with name %s. Alias with the same name already exists", name)
+	}
+	s.collections[name] = &collection{
+		dim:      int(p.GetSize()),
+		distance: p.GetDistance(),
+		indexes:  make(map[string]qdrant.PayloadSchemaType),
+		points:   make(map[pointID]*point),
+	}
+	return &qdrant.CollectionOperationResponse{Result: true, Time: since(start)}, nil
+}
+
+// validCollectionName applies Qdrant's rules for collection and alias names.
+func validCollectionName(name string) error {
+	if name == "" || len(name) > 255 {
+		return badInput("Validation error in path parameters: [name: length must be between 1 and 255]")
+	}
+	if strings.ContainsAny(name, "<>:\"/\\|?*\x00") {
+		return badInput("Validation error in path parameters: [name: collection name cannot contain any of <>:\"/\\|?* or the null character]")
+	}
+	return nil
+}
+
+func (cs *collectionsService) Get(_ context.Context, req *qdrant.GetCollectionInfoRequest) (*qdrant.GetCollectionInfoResponse, error) {
+	start := time.Now()
+	s := cs.s
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	c, err := s.resolve(req.GetCollectionName())
+	if err != nil {
+		return nil, err
+	}
+	schema := make(map[string]*qdrant.PayloadSchemaInfo, len(c.indexes))
+	for field, typ := range c.indexes {
+		n := uint64(0)
+		for _, p := range c.points {
+			if _, ok := p.payload[field]; ok {
+				n++
+			}
+		}
+		schema[field] = &qdrant.PayloadSchemaInfo{DataType: typ, Points: &n}
+	}
+	count := uint64(len(c.points))
+	indexed := uint64(0)
+	return &qdrant.GetCollectionInfoResponse{
+		Result: &qdrant.CollectionInfo{
+			Status:          qdrant.CollectionStatus_Green,
+			OptimizerStatus: &qdrant.OptimizerStatus{Ok: true},
+			SegmentsCount:   1,
+			Config: &qdrant.CollectionConfig{
+				Params: &qdrant.CollectionParams{
+					ShardNumber: 1,
+					VectorsConfig: qdrant.NewVectorsConfig(&qdrant.VectorParams{
+						Size:     uint64(c.dim),
+						Distance: c.distance,
+					}),
+				},
+				HnswConfig:      &qdrant.HnswConfigDiff{},
+				OptimizerConfig: &qdrant.OptimizersConfigDiff{},
+				WalConfig:       &qdrant.WalConfigDiff{},
+			},
+			PayloadSchema:       schema,
+			PointsCount:         &count,
+			IndexedVectorsCount: &indexed,
+		},
+		Time: since(start),
+	}, nil
+}
+
+func (cs *collectionsService) List(context.Context, *qdrant.ListCollectionsRequest) (*qdrant.ListCollectionsResponse, error) {
+	start := time.Now()
+	s := cs.s
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	names := make([]string, 0, len(s.collections))
+	for name := range s.collections {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	out := make([]*qdrant.CollectionDescription, len(names))
+	for i, name := range names {
+		out[i] = &qdrant.CollectionDescription{Name: name}
+	}
+	return &qdrant.ListCollectionsResponse{Collections: out, Time: since(start)}, nil
+}
+
+// CollectionExists answers for collection names only, as Qdrant does.
+func (cs *collectionsService) CollectionExists(_ context.Context, req *qdrant.CollectionExistsRequest) (*qdrant.CollectionExistsResponse, error) {
+	start := time.Now()
+	s := cs.s
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	_, ok := s.collections[req.GetCollectionName()]
+	return &qdrant.CollectionExistsResponse{Result: &qdrant.CollectionExists{Exists: ok}, Time: since(start)}, nil
+}
+
+// Delete drops a collection and the aliases pointing to it; a missing
+// collection is not an error but a false result, as in Qdrant.
+func (cs *collectionsService) Delete(_ context.Context, req *qdrant.DeleteCollection) (*qdrant.CollectionOperationResponse, error) {
+	start := time.Now()
+	name := req.GetCollectionName()
+	s := cs.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for alias, target := range s.aliases {
+		if target == name {
+			delete(s.aliases, alias)
+		}
+	}
+	_, ok := s.collections[name]
+	delete(s.collections, name)
+	return &qdrant.CollectionOperationResponse{Result: ok, Time: since(start)}, nil
+}
+
+// UpdateAliases applies the actions in order while holding the lock, so no
+// reader sees part of them. As in Qdrant, an action that fails leaves the
+// earlier ones applied.
+func (cs *collectionsService) UpdateAliases(_ context.Context, req *qdrant.ChangeAliases) (*qdrant.CollectionOperationResponse, error) {
+	start := time.Now()
+	s := cs.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, action := range req.GetActions() {
+		switch a := action.GetAction().(type) {
+		case *qdrant.AliasOperations_CreateAlias:
+			alias, target := a.CreateAlias.GetAliasName(), a.CreateAlias.GetCollectionName()
+			if err := validCollectionName(alias); err != nil {
+				return nil, err
+			}
+			if _, ok := s.collections[target]; !ok {
+				return nil, notFound("Collection `%s` doesn't exist!", target)
+			}
+			if _, ok := s.collections[alias]; ok {
+				return nil, badInput("Collection `%s` already exists!", alias)
+			}
+			s.aliases[alias] = target
+		case *qdrant.AliasOperations_DeleteAlias:
+			delete(s.aliases, a.DeleteAlias.GetAliasName())
+		case *qdrant.AliasOperations_RenameAlias:
+			old, renamed := a.RenameAlias.GetOldAliasName(), a.RenameAlias.GetNewAliasName()
+			target, ok := s.aliases[old]
+			if !ok {
+				return nil, notFound("Alias %s does not exists!", old)
+			}
+			if err := validCollectionName(renamed); err != nil {
+				return nil, err
+			}
+			delete(s.aliases, old)
+			s.aliases[renamed] = target
+		default:
+			return nil, badInput("alias operation is required")
+		}
+	}
+	return &qdrant.CollectionOperationResponse{Result: true, Time: since(start)}, nil
+}
+
+func (cs *collectionsService) ListAliases(context.Context, *qdrant.ListAliasesRequest) (*qdrant.ListAliasesResponse, error) {
+	start := time.Now()
+	s := cs.s
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return &qdrant.ListAliasesResponse{Aliases: s.aliasesOf(""), Time: since(start)}, nil
+}
+
+func (cs *collectionsService) ListCollectionAliases(_ context.Context, req *qdrant.ListCollectionAliasesRequest) (*qdrant.ListAliasesResponse, error) {
+	start := time.Now()
+	s := cs.s
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	name := req.GetCollectionName()
+	if _, ok := s.collections[name]; !ok {
+		return nil, notFound("Collection `%s` doesn't exist!", name)
+	}
+	return &qdrant.ListAliasesResponse{Aliases: s.aliasesOf(name), Time: since(start)}, nil
+}
+
+// aliasesOf lists the aliases of collection (all of them for ""), sorted.
+func (s *Server) aliasesOf(collection string) []*qdrant.AliasDescription {
+	var out []*qdrant.AliasDescription
+	for alias, target := range s.aliases {
+		if collection == "" || target == collection {
+			out = append(out, &qdrant.AliasDescription{AliasName: alias, CollectionName: target})
+		}
+	}
+	slices.SortFunc(out, func(a, b *qdrant.AliasDescription) int { return strings.Compare(a.AliasName, b.AliasName) })
+	return out
+}
+
+func (cs *collectionsService) Update(context.Context, *qdrant.UpdateCollection) (*qdrant.CollectionOperationResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "qdranttest: updating a collection's parameters is not supported by the test server")
+}

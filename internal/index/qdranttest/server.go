@@ -1,0 +1,229 @@
+package qdranttest
+
+import (
+	"context"
+	"crypto/subtle"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/qdrant/go-client/qdrant"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+)
+
+// Version is the Qdrant version the server reports in HealthCheck.
+const Version = "1.17.1"
+
+// maxMessageBytes is Qdrant's default gRPC request limit (32 MiB).
+const maxMessageBytes = 32 << 20
+
+// Option configures a [Server].
+type Option func(*Server)
+
+// WithAPIKey makes the server require key in the "api-key" metadata (or as
+// "authorization: Bearer <key>") on every call but HealthCheck.
+func WithAPIKey(key string) Option {
+	return func(s *Server) { s.apiKey = key }
+}
+
+// WithVersion makes HealthCheck report version v instead of [Version].
+func WithVersion(v string) Option {
+	return func(s *Server) { s.version = v }
+}
+
+// Server is an in-process Qdrant gRPC server. Its methods are safe for
+// concurrent use.
+type Server struct {
+	apiKey  string
+	version string
+	lis     net.Listener
+	grpc    *grpc.Server
+
+	statsMu sync.Mutex
+	stats   map[string]*callStats // by "Service/Method", e.g. "Points/Upsert"
+
+	mu          sync.RWMutex
+	collections map[string]*collection
+	aliases     map[string]string // alias -> collection
+	operationID uint64
+}
+
+// Start starts a server on 127.0.0.1 and stops it when the test ends.
+func Start(t testing.TB, opts ...Option) *Server {
+	t.Helper()
+	s := &Server{
+		version:     Version,
+		stats:       make(map[string]*callStats),
+		collections: make(map[string]*collection),
+		aliases:     make(map[string]string),
+	}
+	for _, o := range opts {
+		o(s)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("qdranttest: listen: %v", err)
+	}
+	s.lis = lis
+	s.grpc = grpc.NewServer(
+		grpc.MaxRecvMsgSize(maxMessageBytes),
+		grpc.ChainUnaryInterceptor(s.count, s.authenticate),
+		// The Qdrant client pings idle connections every 10s; Qdrant
+		// accepts that, grpc-go's default policy would hang up on it.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Second, PermitWithoutStream: true}),
+	)
+	qdrant.RegisterQdrantServer(s.grpc, healthService{s: s})
+	qdrant.RegisterCollectionsServer(s.grpc, &collectionsService{s: s})
+	qdrant.RegisterPointsServer(s.grpc, &pointsService{s: s})
+	go func() { _ = s.grpc.Serve(lis) }()
+	t.Cleanup(s.grpc.Stop)
+	return s
+}
+
+// Stop stops the server at once, closing every connection (an outage).
+func (s *Server) Stop() { s.grpc.Stop() }
+
+// Addr is the server's "host:port".
+func (s *Server) Addr() string { return s.lis.Addr().String() }
+
+// Host is the server's IP address, for qdrant.Config.
+func (s *Server) Host() string { return s.lis.Addr().(*net.TCPAddr).IP.String() }
+
+// Port is the server's TCP port, for qdrant.Config.
+func (s *Server) Port() int { return s.lis.Addr().(*net.TCPAddr).Port }
+
+// authenticate enforces the API key the way Qdrant does: health checks are
+// open, every other call needs the key.
+func (s *Server) authenticate(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if s.apiKey == "" || info.FullMethod == "/qdrant.Qdrant/HealthCheck" {
+		return handler(ctx, req)
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	var given string
+	if v := md.Get("api-key"); len(v) > 0 {
+		given = v[0]
+	} else if v := md.Get("authorization"); len(v) > 0 {
+		given, _ = strings.CutPrefix(v[0], "Bearer ")
+	}
+	if given == "" {
+		return nil, status.Error(codes.Unauthenticated, "Must provide an API key or an Authorization bearer token")
+	}
+	if subtle.ConstantTimeCompare([]byte(given), []byte(s.apiKey)) != 1 {
+		return nil, status.Error(codes.Unauthenticated, "Invalid API key or JWT")
+	}
+	return handler(ctx, req)
+}
+
+type healthService struct {
+	qdrant.UnimplementedQdrantServer
+	s *Server
+}
+
+func (h healthService) HealthCheck(context.Context, *qdrant.HealthCheckRequest) (*qdrant.HealthCheckReply, error) {
+	return &qdrant.HealthCheckReply{Title: "qdrant - vector search engine", Version: h.s.version}, nil
+}
+
+// callStats counts the calls of one method.
+type callStats struct {
+	calls, inFlight, maxInFlight int
+}
+
+// count records every call, authenticated or not.
+func (s *Server) count(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	name := strings.TrimPrefix(info.FullMethod, "/qdrant.")
+	s.statsMu.Lock()
+	st := s.stats[name]
+	if st == nil {
+		st = &callStats{}
+		s.stats[name] = st
+	}
+	st.calls++
+	st.inFlight++
+	st.maxInFlight = max(st.maxInFlight, st.inFlight)
+	s.statsMu.Unlock()
+	defer func() {
+		s.statsMu.Lock()
+		st.inFlight--
+		s.statsMu.Unlock()
+	}()
+	return handler(ctx, req)
+}
+
+// Calls is the number of calls of a method so far, named "Service/Method"
+// as in Qdrant's service definitions: "Points/Upsert", "Points/Count",
+// "Collections/UpdateAliases", "Qdrant/HealthCheck", ...
+func (s *Server) Calls(method string) int {
+	s.statsMu.Lock()
+	defer s.statsMu.Unlock()
+	if st := s.stats[method]; st != nil {
+		return st.calls
+	}
+	return 0
+}
+
+// MaxInFlight is the largest number of calls of a method that were being
+// served at once.
+func (s *Server) MaxInFlight(method string) int {
+	s.statsMu.Lock()
+	defer s.statsMu.Unlock()
+	if st := s.stats[method]; st != nil {
+		return st.maxInFlight
+	}
+	return 0
+}
+
+// resolve finds a collection by name or alias; s.mu must be held.
+func (s *Server) resolve(name string) (*collection, error) {
+	if c, ok := s.collections[name]; ok {
+		return c, nil
+	}
+	if target, ok := s.aliases[name]; ok {
+		if c, ok := s.collections[target]; ok {
+			return c, nil
+		}
+	}
+	return nil, notFound("Collection `%s` doesn't exist!", name)
+}
+
+// nextOperation numbers an update; s.mu must be held for writing.
+func (s *Server) nextOperation() *uint64 {
+	s.operationID++
+	id := s.operationID
+	return &id
+}
+
+// applied answers an update. The server applies every update before it
+// answers; like Qdrant it reports Completed only to a caller that waited.
+func applied(op *uint64, wait bool, start time.Time) *qdrant.PointsOperationResponse {
+	st := qdrant.UpdateStatus_Acknowledged
+	if wait {
+		st = qdrant.UpdateStatus_Completed
+	}
+	return &qdrant.PointsOperationResponse{
+		Result: &qdrant.UpdateResult{OperationId: op, Status: st},
+		Time:   since(start),
+	}
+}
+
+func since(start time.Time) float64 { return time.Since(start).Seconds() }
+
+// Qdrant's status messages carry the error class as a prefix.
+
+func notFound(format string, args ...any) error {
+	return status.Errorf(codes.NotFound, "Not found: "+format, args...)
+}
+
+func badInput(format string, args ...any) error {
+	return status.Errorf(codes.InvalidArgument, "Wrong input: "+format, args...)
+}
+
+// unsupported rejects a request the server does not model.
+func unsupported(what string) error {
+	return status.Errorf(codes.InvalidArgument, "qdranttest: %s is not supported by the test server", what)
+}

@@ -1,0 +1,350 @@
+package qdranttest_test
+
+import (
+	"context"
+	"math"
+	"slices"
+	"testing"
+
+	"github.com/qdrant/go-client/qdrant"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/converge-sync/converge/internal/index/qdranttest"
+)
+
+func connect(t *testing.T, s *qdranttest.Server, apiKey string) *qdrant.Client {
+	t.Helper()
+	c, err := qdrant.NewClient(&qdrant.Config{Host: s.Host(), Port: s.Port(), APIKey: apiKey, SkipCompatibilityCheck: true, PoolSize: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func ctx() context.Context { return context.Background() }
+
+func wantCode(t *testing.T, err error, code codes.Code) {
+	t.Helper()
+	if status.Code(err) != code {
+		t.Fatalf("got %v; want code %v", err, code)
+	}
+}
+
+func mustOK(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func create(t *testing.T, c *qdrant.Client, name string, dim uint64, d qdrant.Distance) {
+	t.Helper()
+	mustOK(t, c.CreateCollection(ctx(), &qdrant.CreateCollection{
+		CollectionName: name,
+		VectorsConfig:  qdrant.NewVectorsConfig(&qdrant.VectorParams{Size: dim, Distance: d}),
+	}))
+}
+
+func upsert(t *testing.T, c *qdrant.Client, collection string, points ...*qdrant.PointStruct) {
+	t.Helper()
+	_, err := c.Upsert(ctx(), &qdrant.UpsertPoints{CollectionName: collection, Wait: qdrant.PtrOf(true), Points: points})
+	mustOK(t, err)
+}
+
+func pt(id uint64, vec []float32, payload map[string]any) *qdrant.PointStruct {
+	return &qdrant.PointStruct{Id: qdrant.NewIDNum(id), Vectors: qdrant.NewVectorsDense(vec), Payload: qdrant.NewValueMap(payload)}
+}
+
+func ids[T interface{ GetId() *qdrant.PointId }](points []T) []uint64 {
+	out := make([]uint64, len(points))
+	for i, p := range points {
+		out[i] = p.GetId().GetNum()
+	}
+	return out
+}
+
+func TestHealthCheckIsOpenAndReportsVersion(t *testing.T) {
+	s := qdranttest.Start(t, qdranttest.WithAPIKey("secret"))
+	reply, err := connect(t, s, "").HealthCheck(ctx())
+	mustOK(t, err)
+	if reply.GetVersion() != qdranttest.Version {
+		t.Fatalf("version %q; want %q", reply.GetVersion(), qdranttest.Version)
+	}
+}
+
+func TestAPIKey(t *testing.T) {
+	s := qdranttest.Start(t, qdranttest.WithAPIKey("secret"))
+	_, err := connect(t, s, "").ListCollections(ctx())
+	wantCode(t, err, codes.Unauthenticated)
+	_, err = connect(t, s, "wrong").ListCollections(ctx())
+	wantCode(t, err, codes.Unauthenticated)
+	_, err = connect(t, s, "secret").ListCollections(ctx())
+	mustOK(t, err)
+}
+
+func TestCollectionErrors(t *testing.T) {
+	s := qdranttest.Start(t)
+	c := connect(t, s, "")
+	_, err := c.GetCollectionInfo(ctx(), "missing")
+	wantCode(t, err, codes.NotFound)
+	_, err = c.Count(ctx(), &qdrant.CountPoints{CollectionName: "missing"})
+	wantCode(t, err, codes.NotFound)
+
+	create(t, c, "docs", 3, qdrant.Distance_Cosine)
+	err = c.CreateCollection(ctx(), &qdrant.CreateCollection{
+		CollectionName: "docs",
+		VectorsConfig:  qdrant.NewVectorsConfig(&qdrant.VectorParams{Size: 3, Distance: qdrant.Distance_Cosine}),
+	})
+	wantCode(t, err, codes.InvalidArgument) // Qdrant: "Collection `docs` already exists!"
+	err = c.CreateCollection(ctx(), &qdrant.CreateCollection{
+		CollectionName: "zero",
+		VectorsConfig:  qdrant.NewVectorsConfig(&qdrant.VectorParams{Size: 0, Distance: qdrant.Distance_Cosine}),
+	})
+	wantCode(t, err, codes.InvalidArgument)
+
+	_, err = c.Upsert(ctx(), &qdrant.UpsertPoints{CollectionName: "docs", Points: []*qdrant.PointStruct{pt(1, []float32{1, 0}, nil)}})
+	wantCode(t, err, codes.InvalidArgument)
+	_, err = c.Upsert(ctx(), &qdrant.UpsertPoints{CollectionName: "docs", Points: []*qdrant.PointStruct{
+		{Id: qdrant.NewIDUUID("not-a-uuid"), Vectors: qdrant.NewVectorsDense([]float32{1, 0, 0})},
+	}})
+	wantCode(t, err, codes.InvalidArgument)
+	_, err = c.Count(ctx(), &qdrant.CountPoints{CollectionName: "docs", Filter: &qdrant.Filter{
+		Must: []*qdrant.Condition{qdrant.NewMatchText("text", "hello")},
+	}})
+	wantCode(t, err, codes.InvalidArgument)
+
+	// A rejected batch writes nothing.
+	_, err = c.Upsert(ctx(), &qdrant.UpsertPoints{CollectionName: "docs", Points: []*qdrant.PointStruct{
+		pt(1, []float32{1, 0, 0}, nil), pt(2, []float32{1, 0}, nil),
+	}})
+	wantCode(t, err, codes.InvalidArgument)
+	n, err := c.Count(ctx(), &qdrant.CountPoints{CollectionName: "docs"})
+	mustOK(t, err)
+	if n != 0 {
+		t.Fatalf("count after a rejected batch = %d; want 0", n)
+	}
+}
+
+func TestUpdateFilter(t *testing.T) {
+	s := qdranttest.Start(t)
+	c := connect(t, s, "")
+	create(t, c, "docs", 2, qdrant.Distance_Cosine)
+	upsert(t, c, "docs", pt(1, []float32{1, 0}, map[string]any{"version": 5}), pt(2, []float32{1, 0}, map[string]any{"version": 1}))
+
+	// Only stored points with version < 3 are updated; point 3 is new and
+	// is inserted regardless of the filter.
+	_, err := c.Upsert(ctx(), &qdrant.UpsertPoints{
+		CollectionName: "docs",
+		Wait:           qdrant.PtrOf(true),
+		Points: []*qdrant.PointStruct{
+			pt(1, []float32{1, 0}, map[string]any{"version": 3}),
+			pt(2, []float32{1, 0}, map[string]any{"version": 3}),
+			pt(3, []float32{1, 0}, map[string]any{"version": 3}),
+		},
+		UpdateFilter: &qdrant.Filter{Must: []*qdrant.Condition{qdrant.NewRange("version", &qdrant.Range{Lt: qdrant.PtrOf(3.0)})}},
+	})
+	mustOK(t, err)
+	got, err := c.Get(ctx(), &qdrant.GetPoints{CollectionName: "docs", Ids: []*qdrant.PointId{qdrant.NewIDNum(1), qdrant.NewIDNum(2), qdrant.NewIDNum(3)}, WithPayload: qdrant.NewWithPayload(true)})
+	mustOK(t, err)
+	versions := map[uint64]int64{}
+	for _, p := range got {
+		versions[p.GetId().GetNum()] = p.GetPayload()["version"].GetIntegerValue()
+	}
+	if want := map[uint64]int64{1: 5, 2: 3, 3: 3}; !mapsEqual(versions, want) {
+		t.Fatalf("versions after conditional upsert = %v; want %v", versions, want)
+	}
+}
+
+func mapsEqual[K comparable, V comparable](a, b map[K]V) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+func TestFilters(t *testing.T) {
+	s := qdranttest.Start(t)
+	c := connect(t, s, "")
+	create(t, c, "docs", 2, qdrant.Distance_Dot)
+	upsert(t, c, "docs",
+		pt(1, []float32{1, 0}, map[string]any{"key": "a", "version": 1, "tags": []any{"x", "y"}}),
+		pt(2, []float32{1, 0}, map[string]any{"key": "a", "version": 2}),
+		pt(3, []float32{1, 0}, map[string]any{"key": "b", "version": 1, "tags": []any{}}),
+		pt(4, []float32{1, 0}, map[string]any{"key": "c", "version": 7, "note": nil}),
+	)
+	cases := []struct {
+		name   string
+		filter *qdrant.Filter
+		want   []uint64
+	}{
+		{"must", &qdrant.Filter{Must: []*qdrant.Condition{qdrant.NewMatchKeyword("key", "a"), qdrant.NewMatchInt("version", 2)}}, []uint64{2}},
+		{"should", &qdrant.Filter{Should: []*qdrant.Condition{qdrant.NewMatchKeyword("key", "b"), qdrant.NewMatchInt("version", 7)}}, []uint64{3, 4}},
+		{"must_not", &qdrant.Filter{MustNot: []*qdrant.Condition{qdrant.NewMatchKeyword("key", "a")}}, []uint64{3, 4}},
+		{"array element", &qdrant.Filter{Must: []*qdrant.Condition{qdrant.NewMatchKeyword("tags", "y")}}, []uint64{1}},
+		{"keywords", &qdrant.Filter{Must: []*qdrant.Condition{qdrant.NewMatchKeywords("key", "b", "c")}}, []uint64{3, 4}},
+		{"range", &qdrant.Filter{Must: []*qdrant.Condition{qdrant.NewRange("version", &qdrant.Range{Gte: qdrant.PtrOf(2.0)})}}, []uint64{2, 4}},
+		{"has_id", &qdrant.Filter{Must: []*qdrant.Condition{qdrant.NewHasID(qdrant.NewIDNum(3), qdrant.NewIDNum(9))}}, []uint64{3}},
+		{"is_empty", &qdrant.Filter{Must: []*qdrant.Condition{qdrant.NewIsEmpty("tags")}}, []uint64{2, 3, 4}},
+		{"is_null", &qdrant.Filter{Must: []*qdrant.Condition{qdrant.NewIsNull("note")}}, []uint64{4}},
+		{"nested should of musts", &qdrant.Filter{Should: []*qdrant.Condition{
+			qdrant.NewFilterAsCondition(&qdrant.Filter{Must: []*qdrant.Condition{qdrant.NewMatchKeyword("key", "a")}, MustNot: []*qdrant.Condition{qdrant.NewMatchInt("version", 1)}}),
+			qdrant.NewFilterAsCondition(&qdrant.Filter{Must: []*qdrant.Condition{qdrant.NewMatchKeyword("key", "c")}}),
+		}}, []uint64{2, 4}},
+		{"min_should", &qdrant.Filter{MinShould: &qdrant.MinShould{MinCount: 2, Conditions: []*qdrant.Condition{
+			qdrant.NewMatchKeyword("key", "a"), qdrant.NewMatchInt("version", 1), qdrant.NewMatchKeyword("tags", "x"),
+		}}}, []uint64{1}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := c.Scroll(ctx(), &qdrant.ScrollPoints{CollectionName: "docs", Filter: tc.filter, Limit: qdrant.PtrOf(uint32(100))})
+			mustOK(t, err)
+			if !slices.Equal(ids(got), tc.want) {
+				t.Fatalf("got %v; want %v", ids(got), tc.want)
+			}
+			n, err := c.Count(ctx(), &qdrant.CountPoints{CollectionName: "docs", Filter: tc.filter, Exact: qdrant.PtrOf(true)})
+			mustOK(t, err)
+			if int(n) != len(tc.want) {
+				t.Fatalf("count %d; want %d", n, len(tc.want))
+			}
+		})
+	}
+}
+
+func TestScrollPages(t *testing.T) {
+	s := qdranttest.Start(t)
+	c := connect(t, s, "")
+	create(t, c, "docs", 2, qdrant.Distance_Cosine)
+	for i := uint64(25); i >= 1; i-- {
+		upsert(t, c, "docs", pt(i, []float32{1, 1}, nil))
+	}
+	var all []uint64
+	var offset *qdrant.PointId
+	pages := 0
+	for {
+		page, next, err := c.ScrollAndOffset(ctx(), &qdrant.ScrollPoints{CollectionName: "docs", Offset: offset, Limit: qdrant.PtrOf(uint32(10)), WithVectors: qdrant.NewWithVectors(true)})
+		mustOK(t, err)
+		pages++
+		all = append(all, ids(page)...)
+		for _, p := range page {
+			v := p.GetVectors().GetVector().GetDense().GetData()
+			if math.Abs(float64(v[0])-1/math.Sqrt2) > 1e-6 {
+				t.Fatalf("stored cosine vector %v is not normalised", v)
+			}
+		}
+		if next == nil {
+			break
+		}
+		offset = next
+	}
+	if pages != 3 || len(all) != 25 || !slices.IsSorted(all) {
+		t.Fatalf("%d pages, ids %v; want 3 pages of ids 1..25 in order", pages, all)
+	}
+}
+
+func TestQueryRanksByCosine(t *testing.T) {
+	s := qdranttest.Start(t)
+	c := connect(t, s, "")
+	create(t, c, "docs", 2, qdrant.Distance_Cosine)
+	upsert(t, c, "docs",
+		pt(1, []float32{0, 1}, map[string]any{"kind": "x"}),
+		pt(2, []float32{1, 0}, map[string]any{"kind": "x"}),
+		pt(3, []float32{2, 0}, map[string]any{"kind": "x"}), // same direction as 2
+		pt(4, []float32{1, 1}, map[string]any{"kind": "x"}),
+		pt(5, []float32{1, 0}, map[string]any{"kind": "y"}),
+	)
+	hits, err := c.Query(ctx(), &qdrant.QueryPoints{
+		CollectionName: "docs",
+		Query:          qdrant.NewQueryDense([]float32{3, 0}),
+		Filter:         &qdrant.Filter{Must: []*qdrant.Condition{qdrant.NewMatchKeyword("kind", "x")}},
+		Limit:          qdrant.PtrOf(uint64(3)),
+	})
+	mustOK(t, err)
+	// 2 and 3 tie at 1; ties come by descending id.
+	if got := ids(hits); !slices.Equal(got, []uint64{3, 2, 4}) {
+		t.Fatalf("ranking %v; want [3 2 4]", got)
+	}
+	if math.Abs(float64(hits[2].GetScore())-1/math.Sqrt2) > 1e-6 {
+		t.Fatalf("cosine of (1,1) and (3,0) = %v; want 1/sqrt(2)", hits[2].GetScore())
+	}
+	hits, err = c.Query(ctx(), &qdrant.QueryPoints{
+		CollectionName: "docs",
+		Query:          qdrant.NewQueryDense([]float32{1, 0}),
+		ScoreThreshold: qdrant.PtrOf(float32(0.5)),
+	})
+	mustOK(t, err)
+	if got := ids(hits); !slices.Equal(got, []uint64{5, 3, 2, 4}) {
+		t.Fatalf("with threshold 0.5: %v; want [5 3 2 4]", got)
+	}
+	_, err = c.Query(ctx(), &qdrant.QueryPoints{CollectionName: "docs", Query: qdrant.NewQueryDense([]float32{1, 0, 0})})
+	wantCode(t, err, codes.InvalidArgument)
+}
+
+func TestAliases(t *testing.T) {
+	s := qdranttest.Start(t)
+	c := connect(t, s, "")
+	create(t, c, "v1", 2, qdrant.Distance_Cosine)
+	create(t, c, "v2", 2, qdrant.Distance_Cosine)
+	upsert(t, c, "v1", pt(1, []float32{1, 0}, nil))
+	upsert(t, c, "v2", pt(1, []float32{1, 0}, nil), pt(2, []float32{1, 0}, nil))
+	count := func(name string) uint64 {
+		t.Helper()
+		n, err := c.Count(ctx(), &qdrant.CountPoints{CollectionName: name})
+		mustOK(t, err)
+		return n
+	}
+
+	mustOK(t, c.CreateAlias(ctx(), "live", "v1"))
+	if n := count("live"); n != 1 {
+		t.Fatalf("live -> v1 counts %d; want 1", n)
+	}
+	mustOK(t, c.UpdateAliases(ctx(), []*qdrant.AliasOperations{qdrant.NewAliasDelete("live"), qdrant.NewAliasCreate("live", "v2")}))
+	if n := count("live"); n != 2 {
+		t.Fatalf("live -> v2 counts %d; want 2", n)
+	}
+	// Deleting a missing alias is not an error in Qdrant.
+	mustOK(t, c.DeleteAlias(ctx(), "never"))
+	wantCode(t, c.CreateAlias(ctx(), "x", "missing"), codes.NotFound)
+	wantCode(t, c.RenameAlias(ctx(), "missing", "y"), codes.NotFound)
+	wantCode(t, c.CreateAlias(ctx(), "v1", "v2"), codes.InvalidArgument)
+	err := c.CreateCollection(ctx(), &qdrant.CreateCollection{
+		CollectionName: "live",
+		VectorsConfig:  qdrant.NewVectorsConfig(&qdrant.VectorParams{Size: 2, Distance: qdrant.Distance_Cosine}),
+	})
+	wantCode(t, err, codes.InvalidArgument)
+
+	mustOK(t, c.RenameAlias(ctx(), "live", "current"))
+	aliases, err := c.ListAliases(ctx())
+	mustOK(t, err)
+	if len(aliases) != 1 || aliases[0].GetAliasName() != "current" || aliases[0].GetCollectionName() != "v2" {
+		t.Fatalf("aliases %v; want current -> v2", aliases)
+	}
+	mustOK(t, c.DeleteCollection(ctx(), "v2"))
+	_, err = c.Count(ctx(), &qdrant.CountPoints{CollectionName: "current"})
+	wantCode(t, err, codes.NotFound)
+	if aliases, _ := c.ListAliases(ctx()); len(aliases) != 0 {
+		t.Fatalf("aliases of a dropped collection survive: %v", aliases)
+	}
+}
+
+func TestDeleteByFilterAndIDs(t *testing.T) {
+	s := qdranttest.Start(t)
+	c := connect(t, s, "")
+	create(t, c, "docs", 2, qdrant.Distance_Cosine)
+	upsert(t, c, "docs", pt(1, []float32{1, 0}, map[string]any{"k": "a"}), pt(2, []float32{1, 0}, map[string]any{"k": "b"}), pt(3, []float32{1, 0}, map[string]any{"k": "a"}))
+	_, err := c.Delete(ctx(), &qdrant.DeletePoints{CollectionName: "docs", Points: qdrant.NewPointsSelectorFilter(&qdrant.Filter{Must: []*qdrant.Condition{qdrant.NewMatchKeyword("k", "a")}})})
+	mustOK(t, err)
+	_, err = c.Delete(ctx(), &qdrant.DeletePoints{CollectionName: "docs", Points: qdrant.NewPointsSelector(qdrant.NewIDNum(9))})
+	mustOK(t, err)
+	got, err := c.Scroll(ctx(), &qdrant.ScrollPoints{CollectionName: "docs"})
+	mustOK(t, err)
+	if !slices.Equal(ids(got), []uint64{2}) {
+		t.Fatalf("left %v; want [2]", ids(got))
+	}
+}
