@@ -1,0 +1,88 @@
+// Package backends opens the index store a configuration names: a Qdrant
+// collection when a Qdrant address is set, the embedded index under the
+// data directory otherwise; and the embedder. It is shared by the index
+// projector and the commands that read the index.
+package backends
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/converge-sync/converge/internal/config"
+	"github.com/converge-sync/converge/internal/embed"
+	"github.com/converge-sync/converge/internal/index"
+	"github.com/converge-sync/converge/internal/index/embedded"
+	"github.com/converge-sync/converge/internal/index/qdrant"
+)
+
+// Env names of the index settings.
+const (
+	EnvQdrantURL    = "CONVERGE_QDRANT_URL"
+	EnvQdrantAPIKey = "CONVERGE_QDRANT_API_KEY" //nolint:gosec // the name of a variable, not a credential
+	EnvEmbedURL     = "CONVERGE_EMBED_URL"
+	EnvEmbedAPIKey  = "CONVERGE_EMBED_API_KEY" //nolint:gosec // the name of a variable, not a credential
+)
+
+// Config names the index store and the embedder.
+type Config struct {
+	QdrantURL        string // host:port of Qdrant's gRPC API; empty: the embedded index
+	QdrantAPIKey     string
+	QdrantTLS        bool
+	QdrantCollection string
+	QdrantBatch      int
+	QdrantParallel   int
+	DataDir          string // the embedded index lives in DataDir/index
+	Embed            embed.Config
+}
+
+// Flags binds the settings to flags (each with its environment variable);
+// call the returned function after parsing.
+func Flags(f *config.Flags) func() *Config {
+	qURL := f.String("qdrant-url", EnvQdrantURL, "", "Qdrant gRPC host:port (empty: the embedded index under -data-dir)")
+	qKey := f.String("qdrant-api-key", EnvQdrantAPIKey, "", "Qdrant API key")
+	qTLS := f.Bool("qdrant-tls", "CONVERGE_QDRANT_TLS", false, "connect to Qdrant over TLS")
+	qColl := f.String("qdrant-collection", "CONVERGE_QDRANT_COLLECTION", "converge_chunks", "Qdrant collection (or alias)")
+	qBatch := f.Int("qdrant-batch", "CONVERGE_QDRANT_BATCH", 128, "points per Qdrant upsert")
+	qPar := f.Int("qdrant-parallel", "CONVERGE_QDRANT_PARALLEL", 2, "concurrent Qdrant upserts")
+	dataDir := f.String("data-dir", config.EnvDataDir, "./.converge", "directory of the embedded stores")
+	eURL := f.String("embed-url", EnvEmbedURL, "", "base URL of an OpenAI-compatible /v1/embeddings endpoint (empty: the local hash embedder)")
+	eModel := f.String("embed-model", "CONVERGE_EMBED_MODEL", "", "embedding model (with -embed-url)")
+	eKey := f.String("embed-api-key", EnvEmbedAPIKey, "", "embedding API key (with -embed-url)")
+	eDim := f.Int("embed-dim", "CONVERGE_EMBED_DIM", 0, "vector dimension: the model's (required with -embed-url), or the hash embedder's (default 256)")
+	return func() *Config {
+		return &Config{QdrantURL: *qURL, QdrantAPIKey: *qKey, QdrantTLS: *qTLS, QdrantCollection: *qColl,
+			QdrantBatch: *qBatch, QdrantParallel: *qPar, DataDir: *dataDir,
+			Embed: embed.Config{URL: *eURL, Model: *eModel, APIKey: *eKey, Dimension: *eDim}}
+	}
+}
+
+// Describe names the store, for logs and reports.
+func (c *Config) Describe() string {
+	if c.QdrantURL != "" {
+		return fmt.Sprintf("qdrant %s collection %s", c.QdrantURL, c.QdrantCollection)
+	}
+	return "embedded index in " + filepath.Join(c.DataDir, "index")
+}
+
+// Open opens the backend and the embedder.
+func Open(ctx context.Context, c *Config) (index.Backend, embed.Embedder, error) {
+	e, err := embed.New(c.Embed)
+	if err != nil {
+		return nil, nil, err
+	}
+	if c.QdrantURL != "" {
+		b, err := qdrant.New(ctx, qdrant.Config{Addr: c.QdrantURL, APIKey: c.QdrantAPIKey, UseTLS: c.QdrantTLS,
+			Collection: c.QdrantCollection, BatchSize: c.QdrantBatch, Parallel: c.QdrantParallel, Timeout: 30 * time.Second})
+		if err != nil {
+			return nil, nil, err
+		}
+		return b, e, nil
+	}
+	b, err := embedded.Open(filepath.Join(c.DataDir, "index"), embedded.Options{})
+	if err != nil {
+		return nil, nil, err
+	}
+	return b, e, nil
+}
