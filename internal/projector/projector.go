@@ -35,6 +35,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/internal/deadletter"
@@ -79,10 +80,16 @@ type permanentError struct{ err error }
 func (e *permanentError) Error() string { return e.err.Error() }
 func (e *permanentError) Unwrap() error { return e.err }
 
-// IsPermanent reports whether err was marked [Permanent].
+// IsPermanent reports whether err was marked [Permanent], or is (or
+// wraps) an error whose Permanent method says so: store adapters classify
+// their own failures that way.
 func IsPermanent(err error) bool {
 	var p *permanentError
-	return errors.As(err, &p)
+	if errors.As(err, &p) {
+		return true
+	}
+	var c interface{ Permanent() bool }
+	return errors.As(err, &c) && c.Permanent()
 }
 
 // Config of a [Runtime]. Zero fields take the defaults documented on them.
@@ -186,6 +193,27 @@ func (r *Runtime) Run(ctx context.Context) error {
 	if err := deadletter.EnsureStream(ctx, r.js, 1); err != nil {
 		return fmt.Errorf("projector %s: %w", r.cfg.Name, err)
 	}
+	failures := 0
+	for ctx.Err() == nil {
+		done, err := r.consume(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if done {
+			return err
+		}
+		failures++
+		r.log.Warn("consuming failed; starting again", "err", err)
+		sleep(ctx, r.backoff(failures))
+	}
+	return nil
+}
+
+// consume creates (or updates) the durable consumer and applies batches
+// until ctx ends, or with StopWhenCaughtUp until nothing is pending (done
+// true). An error is a reason to start again: the consumer was deleted, the
+// connection closed.
+func (r *Runtime) consume(ctx context.Context) (done bool, err error) {
 	cons, err := r.js.CreateOrUpdateConsumer(ctx, r.cfg.Stream, jetstream.ConsumerConfig{
 		Durable:       r.cfg.Name,
 		Description:   "converge projector " + r.cfg.Name,
@@ -197,48 +225,85 @@ func (r *Runtime) Run(ctx context.Context) error {
 		MaxDeliver:    -1, // dead letters are the runtime's decision
 	})
 	if err != nil {
-		return fmt.Errorf("projector %s: consumer on stream %s: %w", r.cfg.Name, r.cfg.Stream, err)
+		return false, fmt.Errorf("projector %s: consumer on stream %s: %w", r.cfg.Name, r.cfg.Stream, err)
 	}
+	// Two batches buffered in the client: the next batch is on its way
+	// while one is applied.
+	it, err := cons.Messages(jetstream.PullMaxMessages(2 * r.cfg.BatchSize))
+	if err != nil {
+		return false, fmt.Errorf("projector %s: %w", r.cfg.Name, err)
+	}
+	defer release(it)
 	lagCtx, stopLag := context.WithCancel(ctx)
 	defer stopLag()
 	go r.watchLag(lagCtx, cons)
 	r.once.Do(func() { close(r.ready) })
 	r.log.Info("projecting", "stream", r.cfg.Stream, "batch", r.cfg.BatchSize, "parallel", r.cfg.Parallel)
 
-	failures := 0
 	for ctx.Err() == nil {
-		batch, err := cons.Fetch(r.cfg.BatchSize, jetstream.FetchMaxWait(r.cfg.MaxWait))
+		msgs, err := r.gather(ctx, it)
 		if err != nil {
-			failures++
-			r.log.Warn("fetch failed; retrying", "err", err)
-			sleep(ctx, r.backoff(failures))
-			continue
+			return false, err
 		}
-		var msgs []jetstream.Msg
-		for m := range batch.Messages() {
-			msgs = append(msgs, m)
+		if len(msgs) > 0 {
+			r.process(ctx, msgs)
 		}
-		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && len(msgs) == 0 && ctx.Err() == nil {
-			failures++
-			r.log.Warn("fetch failed; retrying", "err", err)
-			sleep(ctx, r.backoff(failures))
-			continue
-		}
-		failures = 0
-		if len(msgs) == 0 {
-			if r.cfg.StopWhenCaughtUp {
-				done, err := caughtUp(ctx, cons)
-				if err != nil {
-					r.log.Warn("consumer info failed", "err", err)
-				} else if done {
-					return nil
-				}
+		if r.cfg.StopWhenCaughtUp && len(msgs) < r.cfg.BatchSize {
+			done, err := caughtUp(ctx, cons)
+			if err != nil {
+				r.log.Warn("consumer info failed", "err", err)
+			} else if done {
+				return true, nil
 			}
-			continue
 		}
-		r.process(ctx, msgs)
 	}
-	return nil
+	return true, nil
+}
+
+// release stops the iterator and hands the messages it had buffered back
+// to the server for prompt redelivery, instead of leaving them to their
+// acknowledgement deadline.
+func release(it jetstream.MessagesContext) {
+	it.Drain()
+	for {
+		m, err := it.Next(jetstream.NextMaxWait(time.Second))
+		if err != nil {
+			return
+		}
+		_ = m.Nak()
+	}
+}
+
+// linger is how long a batch waits for one more message once it has one:
+// a batch holds what arrives together, and never waits long to fill up.
+const linger = 2 * time.Millisecond
+
+// gather returns the next batch: up to BatchSize messages, waiting up to
+// MaxWait for the first one. A missed heartbeat or a reconnect is not an
+// error (the iterator renews its pull requests); a closed iterator is.
+func (r *Runtime) gather(ctx context.Context, it jetstream.MessagesContext) ([]jetstream.Msg, error) {
+	var msgs []jetstream.Msg
+	wait := r.cfg.MaxWait
+	for len(msgs) < r.cfg.BatchSize && ctx.Err() == nil {
+		m, err := it.Next(jetstream.NextMaxWait(wait))
+		switch {
+		case err == nil:
+			msgs = append(msgs, m)
+			wait = linger
+			continue
+		case errors.Is(err, nats.ErrTimeout):
+		case errors.Is(err, jetstream.ErrMsgIteratorClosed), errors.Is(err, jetstream.ErrConsumerDeleted),
+			errors.Is(err, jetstream.ErrConsumerNotFound):
+			if len(msgs) > 0 {
+				return msgs, nil // apply what arrived; the next call reports it
+			}
+			return nil, err
+		default:
+			r.log.Debug("consumer notice", "err", err)
+		}
+		break
+	}
+	return msgs, nil
 }
 
 func caughtUp(ctx context.Context, cons jetstream.Consumer) (bool, error) {

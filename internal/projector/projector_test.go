@@ -334,3 +334,26 @@ func TestConfigNeedsAName(t *testing.T) {
 		t.Fatal("a projector without a name was accepted")
 	}
 }
+
+type classified struct{ permanent bool }
+
+func (c classified) Error() string   { return "classified" }
+func (c classified) Permanent() bool { return c.permanent }
+
+func TestIsPermanent(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{errors.New("plain"), false},
+		{projector.Permanent(errors.New("marked")), true},
+		{fmt.Errorf("wrapped: %w", projector.Permanent(errors.New("marked"))), true},
+		{fmt.Errorf("wrapped: %w", classified{true}), true},
+		{fmt.Errorf("wrapped: %w", classified{false}), false},
+		{nil, false},
+	} {
+		if got := projector.IsPermanent(c.err); got != c.want {
+			t.Errorf("IsPermanent(%v) = %v, want %v", c.err, got, c.want)
+		}
+	}
+}

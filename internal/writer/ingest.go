@@ -287,13 +287,6 @@ func (in *Ingest) deadLetter(ctx context.Context, m jetstream.Msg, reason error)
 	return true
 }
 
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return strings.ToValidUTF8(s[:n], "") + "..."
-}
-
 func sleep(ctx context.Context, d time.Duration) {
 	t := time.NewTimer(d)
 	defer t.Stop()
