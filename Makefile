@@ -36,6 +36,11 @@ test: deps fmt-check vet ## everything CI runs: gofmt, go vet, go test -race (st
 test-short: deps ## the tests without the race detector
 	$(GO) test -count=1 $(PKGS)
 
+.PHONY: test-servers
+test-servers: ## with Docker: start real Qdrant (docker-compose.test.yml) and run the adapters' conformance suites against it
+	docker compose -f docker-compose.test.yml up -d --wait
+	CONVERGE_TEST_QDRANT_URL=127.0.0.1:6334 $(GO) test -count=1 -run Conformance ./internal/index/qdrant/
+
 .PHONY: fuzz
 fuzz: ## run every fuzz target for FUZZTIME each (default 30s)
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeEvent$$' -fuzztime $${FUZZTIME:-30s} ./pkg/contract
@@ -44,11 +49,18 @@ fuzz: ## run every fuzz target for FUZZTIME each (default 30s)
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeInsertFast$$' -fuzztime $${FUZZTIME:-30s} ./internal/relay
 	$(GO) test -run '^$$' -fuzz '^FuzzCanonicalEncodingMatchesReference$$' -fuzztime $${FUZZTIME:-30s} ./pkg/contract
 	$(GO) test -run '^$$' -fuzz '^FuzzCanonicalMetaMatchesReference$$' -fuzztime $${FUZZTIME:-30s} ./pkg/contract
+	$(GO) test -run '^$$' -fuzz '^FuzzHashMatchesReference$$' -fuzztime $${FUZZTIME:-30s} ./internal/embed
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeResponse$$' -fuzztime $${FUZZTIME:-30s} ./internal/embed
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRecord$$' -fuzztime $${FUZZTIME:-30s} ./internal/index/embedded
+	$(GO) test -run '^$$' -fuzz '^FuzzRecordReader$$' -fuzztime $${FUZZTIME:-30s} ./internal/index/embedded
+	$(GO) test -run '^$$' -fuzz '^FuzzOpen$$' -fuzztime $${FUZZTIME:-30s} ./internal/index/embedded
 
 .PHONY: bench
 bench: deps ## benchmarks; each comparison runs both sides in one run and prints the ratio
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -count 1 ./internal/docstore ./internal/chunking ./pkg/contract
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count $${RELAY_RUNS:-3} ./internal/relay
+	$(GO) test -run '^$$' -bench . -benchtime 1x -count 3 ./internal/index
+	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -count 1 ./internal/index/embedded ./internal/index/qdrant ./internal/embed
 
 .PHONY: lint
 lint: ## golangci-lint (.golangci.yml) when installed, else go vet

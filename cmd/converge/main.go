@@ -23,6 +23,9 @@ Usage:
                              create the relay's replication slot if missing
   converge migrate status    show the applied and the newest schema version
   converge status [--json]   the relay's slot (state, confirmed LSN, lag), the outbox and the streams
+  converge search TEXT [-k N] [--json]
+                             the index's chunks nearest to TEXT, asked of the index projector
+                             (-index-addr, env CONVERGE_PROJECTOR_INDEX_ADDR, default 127.0.0.1:9103)
 
 Every command takes -postgres-url (env CONVERGE_POSTGRES_URL); status also
 -nats-url (env CONVERGE_NATS_URL).
@@ -49,6 +52,8 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	switch args[0] {
 	case "status":
 		return status(ctx, args[1:], out)
+	case "search":
+		return search(ctx, args[1:], out)
 	case "migrate":
 		if len(args) < 2 {
 			return fmt.Errorf("migrate needs a subcommand: up or status\n\n%s", usage)

@@ -1,0 +1,89 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/converge-sync/converge/internal/config"
+	"github.com/converge-sync/converge/internal/index"
+)
+
+// search asks the index projector (which embeds the query with the
+// index's own embedder) for the chunks nearest to a text.
+func search(ctx context.Context, args []string, out io.Writer) error {
+	f := config.NewFlags("converge search")
+	addr := f.String("index-addr", "CONVERGE_PROJECTOR_INDEX_ADDR", "127.0.0.1:9103", "the index projector's metrics address, which serves /v1/search")
+	k := f.Int("k", "", 10, "number of results")
+	asJSON := f.Bool("json", "", false, "machine-readable output")
+	// Flags may come before or after the query.
+	var words []string
+	for rest := args; ; {
+		if err := f.Parse(rest); err != nil {
+			return err
+		}
+		if f.NArg() == 0 {
+			break
+		}
+		words = append(words, f.Arg(0))
+		rest = f.Args()[1:]
+	}
+	query := strings.Join(words, " ")
+	if query == "" {
+		return fmt.Errorf("search needs a query: converge search \"some text\" [-k N]")
+	}
+	u := url.URL{Scheme: "http", Host: *addr, Path: "/v1/search", RawQuery: url.Values{"q": {query}, "k": {strconv.Itoa(*k)}}.Encode()}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("search: the index projector at %s does not answer (is projector-index running? -index-addr): %w", *addr, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("search: %s: %s", resp.Status, strings.TrimSpace(string(body)))
+	}
+	if *asJSON {
+		_, err := out.Write(body)
+		return err
+	}
+	var res struct {
+		Results []index.SearchResult `json:"results"`
+	}
+	if err := json.Unmarshal(body, &res); err != nil {
+		return fmt.Errorf("search: unreadable answer: %w", err)
+	}
+	if len(res.Results) == 0 {
+		fmt.Fprintln(out, "no results (is the index empty?)")
+		return nil
+	}
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SCORE\tKEY\tVERSION\tCHUNK\tTEXT")
+	for _, r := range res.Results {
+		fmt.Fprintf(tw, "%.4f\t%s\t%d\t%d\t%s\n", r.Score, r.Key, r.Version, r.Ordinal, snippet(r.Text, 80))
+	}
+	return tw.Flush()
+}
+
+func snippet(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len([]rune(s)) <= n {
+		return s
+	}
+	return string([]rune(s)[:n]) + "..."
+}

@@ -1,0 +1,513 @@
+//go:build linux
+
+// Package e2e_test runs the real pipeline: documents written to Postgres by
+// the writer's store, relayed through logical replication into an embedded
+// NATS JetStream server, projected into the embedded index; and checks that
+// the index ends equal to Postgres (point ids, versions and content hashes
+// per document, not counts) under redelivery, reordering, replay, a poison
+// message and SIGKILLs of the projector.
+package e2e_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"os/signal"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/converge-sync/converge/internal/deadletter"
+	"github.com/converge-sync/converge/internal/docstore"
+	"github.com/converge-sync/converge/internal/embed"
+	"github.com/converge-sync/converge/internal/index"
+	"github.com/converge-sync/converge/internal/index/embedded"
+	"github.com/converge-sync/converge/internal/projector"
+	"github.com/converge-sync/converge/internal/relay"
+	"github.com/converge-sync/converge/internal/testenv"
+	"github.com/converge-sync/converge/pkg/contract"
+)
+
+var pg *testenv.Postgres
+
+// childEnv makes the test binary run an index projector instead of the
+// tests (see runProjectorChild), so that a test can SIGKILL it.
+const childEnv = "CONVERGE_E2E_PROJECTOR_CHILD"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) == "1" {
+		os.Exit(runProjectorChild())
+	}
+	os.Exit(testenv.RunMain(m, &pg))
+}
+
+const dim = 64
+
+// runProjectorChild projects CONVERGE_NATS_URL's stream into the embedded
+// index in CONVERGE_DATA_DIR until SIGTERM (or SIGKILL).
+func runProjectorChild() int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	nc, err := nats.Connect(os.Getenv("CONVERGE_NATS_URL"))
+	if err != nil {
+		log.Error("nats", "err", err)
+		return 2
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return 2
+	}
+	store, err := embedded.Open(os.Getenv("CONVERGE_DATA_DIR"), embedded.Options{})
+	if err != nil {
+		log.Error("open index", "err", err)
+		return 2
+	}
+	defer store.Close()
+	x, err := newIndex(ctx, store)
+	if err != nil {
+		log.Error("index", "err", err)
+		return 2
+	}
+	r, err := projector.New(js, x, projector.Config{Name: "index", BatchSize: 64, AckWait: 2 * time.Second}, nil, log)
+	if err != nil {
+		return 2
+	}
+	if err := r.Run(ctx); err != nil {
+		log.Error("run", "err", err)
+		return 1
+	}
+	return 0
+}
+
+func newIndex(ctx context.Context, b index.Backend) (*index.Index, error) {
+	e, err := embed.NewHash(dim)
+	if err != nil {
+		return nil, err
+	}
+	return index.New(ctx, b, e, index.Options{})
+}
+
+// pipeline is a migrated database, an embedded NATS server and a relay
+// between them.
+type pipeline struct {
+	pool  *pgxpool.Pool
+	store *docstore.Store
+	nats  *testenv.NATS
+	js    jetstream.JetStream
+	mu    sync.Mutex // guards rng
+	rng   *rand.Rand
+}
+
+func newPipeline(t *testing.T) *pipeline {
+	t.Helper()
+	url := pg.MigratedDatabase(t)
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = current_database() AND NOT active`)
+	})
+	store, err := docstore.New(pool, docstore.Config{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := testenv.StartNATS(t)
+	js, err := jetstream.New(n.Connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := relay.New(n.Connect(t), relay.Config{PostgresURL: url, StandbyRetry: 100 * time.Millisecond}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("relay: %v", err)
+		}
+	})
+	p := &pipeline{pool: pool, store: store, nats: n, js: js, rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))}
+	waitFor(t, "the relay's slot", 20*time.Second, func() bool {
+		var ok bool
+		_ = pool.QueryRow(context.Background(), `SELECT count(*) = 1 FROM pg_replication_slots WHERE active AND confirmed_flush_lsn IS NOT NULL AND database = current_database()`).Scan(&ok)
+		return ok
+	})
+	return p
+}
+
+// write applies random upserts and withdrawals of keys doc-0..doc-(keys-1),
+// each at a version above the stored one, in batches of up to 20.
+func (p *pipeline) write(t *testing.T, n, keys int) {
+	t.Helper()
+	if err := p.tryWrite(n, keys); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (p *pipeline) tryWrite(n, keys int) error {
+	var writes []docstore.Write
+	var failed error
+	flush := func() {
+		outs, err := p.store.Apply(context.Background(), writes)
+		if err != nil && failed == nil {
+			failed = err
+		}
+		for _, o := range outs {
+			if o.Err != nil && failed == nil {
+				failed = fmt.Errorf("write %s: %w", o.Key, o.Err)
+			}
+		}
+		writes = writes[:0]
+	}
+	seen := map[string]bool{}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i := range n {
+		key := fmt.Sprintf("doc-%d", p.rng.IntN(keys))
+		if seen[key] {
+			flush()
+			clear(seen)
+		}
+		seen[key] = true
+		version := time.Now().UnixNano() + int64(i)
+		w := docstore.Write{Doc: contract.Document{Key: key, Version: version, Title: "Title " + key,
+			Body: body(p.rng.IntN(6)+1, key, version), Tags: []string{fmt.Sprint("t", p.rng.IntN(3))}}}
+		if p.rng.IntN(10) == 0 {
+			w = docstore.Write{Withdraw: true, Doc: contract.Document{Key: key, Version: version}}
+		}
+		writes = append(writes, w)
+		if len(writes) == 20 {
+			flush()
+			clear(seen)
+		}
+	}
+	if len(writes) > 0 {
+		flush()
+	}
+	return failed
+}
+
+func body(paragraphs int, key string, version int64) string {
+	var b bytes.Buffer
+	for i := range paragraphs {
+		// ~700 bytes a paragraph: several chunks per document.
+		fmt.Fprintf(&b, "Paragraph %d of %s at %d. %s\n\n", i, key, version, bytes.Repeat([]byte("lorem ipsum dolor sit amet "), 25))
+	}
+	return b.String()
+}
+
+// diff compares the index with Postgres and returns the first difference,
+// or "" when they agree on every document: its version marker (version,
+// tombstone, content hash) and its points (ids in ordinal order, version,
+// chunk hashes, content hash), and no document in the index that Postgres
+// does not have.
+func diff(ctx context.Context, pool *pgxpool.Pool, b index.Backend) (string, error) {
+	type doc struct {
+		version int64
+		deleted bool
+		hash    string
+		chunks  []index.Point
+	}
+	docs := map[string]*doc{}
+	rows, err := pool.Query(ctx, `SELECT key, version, deleted, content_hash FROM documents`)
+	if err != nil {
+		return "", err
+	}
+	for rows.Next() {
+		d := &doc{}
+		var key string
+		if err := rows.Scan(&key, &d.version, &d.deleted, &d.hash); err != nil {
+			return "", err
+		}
+		docs[key] = d
+	}
+	if rows.Err() != nil {
+		return "", rows.Err()
+	}
+	rows, err = pool.Query(ctx, `SELECT id, key, version, ordinal, content_hash FROM chunks ORDER BY key, ordinal`)
+	if err != nil {
+		return "", err
+	}
+	for rows.Next() {
+		var c index.Point
+		if err := rows.Scan(&c.ID, &c.Key, &c.Version, &c.Ordinal, &c.ChunkHash); err != nil {
+			return "", err
+		}
+		docs[c.Key].chunks = append(docs[c.Key].chunks, c)
+	}
+	if rows.Err() != nil {
+		return "", rows.Err()
+	}
+	keys := make([]string, 0, len(docs))
+	for k := range docs {
+		keys = append(keys, k)
+	}
+	markers, err := b.Markers(ctx, keys)
+	if err != nil {
+		return "", err
+	}
+	for key, d := range docs {
+		m, ok := markers[key]
+		if !ok || m.Version != d.version || m.Deleted != d.deleted || m.ContentHash != d.hash {
+			return fmt.Sprintf("%s: index marker %+v (present %v), Postgres version %d deleted %v hash %s", key, m, ok, d.version, d.deleted, d.hash), nil
+		}
+		pts, err := b.Points(ctx, key, false)
+		if err != nil {
+			return "", err
+		}
+		if len(pts) != len(d.chunks) {
+			return fmt.Sprintf("%s: %d points in the index, %d chunks in Postgres", key, len(pts), len(d.chunks)), nil
+		}
+		for i, p := range pts {
+			c := d.chunks[i]
+			if p.ID != c.ID || p.Version != c.Version || p.Ordinal != c.Ordinal || p.ChunkHash != c.ChunkHash || p.ContentHash != d.hash {
+				return fmt.Sprintf("%s: point %d is %v v%d #%d %s (doc %s), Postgres has %v v%d #%d %s (doc %s)", key, i,
+					p.ID, p.Version, p.Ordinal, p.ChunkHash, p.ContentHash, c.ID, c.Version, c.Ordinal, c.ChunkHash, d.hash), nil
+			}
+		}
+	}
+	extra := ""
+	err = b.ScanMarkers(ctx, func(m index.Marker) error {
+		if _, ok := docs[m.Key]; !ok && extra == "" {
+			extra = fmt.Sprintf("%s: in the index (version %d), not in Postgres", m.Key, m.Version)
+		}
+		return nil
+	})
+	return extra, err
+}
+
+// converge waits until the index agrees with Postgres.
+func converge(t *testing.T, pool *pgxpool.Pool, b index.Backend, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		d, err := diff(context.Background(), pool, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the index did not converge within %v: %s", timeout, d)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// runProjector runs an in-process index projector until the returned stop
+// is called.
+func runProjector(t *testing.T, js jetstream.JetStream, x *index.Index, name string) (stop func()) {
+	t.Helper()
+	r, err := projector.New(js, x, projector.Config{Name: name, BatchSize: 64, RetryMin: 10 * time.Millisecond}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("projector: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+func openStore(t *testing.T, dir string) *embedded.Store {
+	t.Helper()
+	s, err := embedded.Open(dir, embedded.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// The index converges to Postgres; then every message is delivered twice
+// more (two replays of the whole stream from its start, through the same
+// durable state), an old version is published again after its successor,
+// and a poison message arrives: the index still equals Postgres, and the
+// poison is in the dead-letter stream with its reason.
+func TestIndexConvergesUnderRedeliveryReorderAndPoison(t *testing.T) {
+	p := newPipeline(t)
+	store := openStore(t, t.TempDir())
+	t.Cleanup(func() { _ = store.Close() })
+	x, err := newIndex(context.Background(), store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runProjector(t, p.js, x, "index")
+	p.write(t, 600, 80)
+	converge(t, p.pool, store, 60*time.Second)
+	stop()
+
+	// Two more deliveries of every message: replay from the start with new
+	// consumers into the same index.
+	for pass := 2; pass <= 3; pass++ {
+		name := fmt.Sprintf("index-pass-%d", pass)
+		stop := runProjector(t, p.js, x, name)
+		waitFor(t, "the replay to catch up", 60*time.Second, func() bool { return caughtUp(t, p.js, name) })
+		stop()
+		if d, err := diff(context.Background(), p.pool, store); err != nil || d != "" {
+			t.Fatalf("after delivery %d of every message: %s %v", pass, d, err)
+		}
+	}
+
+	// An older version arriving after its successor, and a poison message.
+	var key string
+	var version int64
+	if err := p.pool.QueryRow(context.Background(), `SELECT key, version FROM documents WHERE NOT deleted ORDER BY key LIMIT 1`).Scan(&key, &version); err != nil {
+		t.Fatal(err)
+	}
+	d, _ := contract.Document{Key: key, Version: version - 1, Title: "stale", Body: "a stale body"}.Normalize()
+	stale := contract.NewUpsertedEvent(d, []string{d.Body})
+	data, _ := stale.Encode()
+	if _, err := p.js.Publish(context.Background(), contract.Subject(key), data); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.js.Publish(context.Background(), contract.Subject("poison"), []byte("{not an event")); err != nil {
+		t.Fatal(err)
+	}
+	stop = runProjector(t, p.js, x, "index")
+	p.write(t, 100, 80)
+	converge(t, p.pool, store, 60*time.Second)
+	waitFor(t, "the poison message's dead letter", 10*time.Second, func() bool {
+		s, err := p.js.Stream(context.Background(), deadletter.Stream)
+		if err != nil {
+			return false
+		}
+		m, err := s.GetLastMsgForSubject(context.Background(), contract.DLQSubject("index"))
+		return err == nil && m.Header.Get(deadletter.HeaderCode) == "undecodable" && m.Header.Get(deadletter.HeaderReason) != ""
+	})
+	stop()
+	if d, err := diff(context.Background(), p.pool, store); err != nil || d != "" {
+		t.Fatalf("at the end: %s %v", d, err)
+	}
+}
+
+func caughtUp(t *testing.T, js jetstream.JetStream, consumer string) bool {
+	t.Helper()
+	c, err := js.Consumer(context.Background(), "CONVERGE_DOCS", consumer)
+	if err != nil {
+		return false
+	}
+	info, err := c.Info(context.Background())
+	return err == nil && info.NumPending == 0 && info.NumAckPending == 0
+}
+
+// A projector in a child process is SIGKILLed at random points while the
+// writer keeps writing, and restarted each time; at the end the index, read
+// from its files by a fresh process, equals Postgres.
+func TestIndexProjectorSurvivesSIGKILL(t *testing.T) {
+	p := newPipeline(t)
+	dir := t.TempDir()
+	var logs bytes.Buffer
+	var logsMu sync.Mutex
+	start := func() *exec.Cmd {
+		cmd := exec.Command(os.Args[0])
+		cmd.Env = append(os.Environ(), childEnv+"=1", "CONVERGE_NATS_URL="+p.nats.URL, "CONVERGE_DATA_DIR="+dir)
+		cmd.Stderr = writerFunc(func(b []byte) (int, error) { logsMu.Lock(); defer logsMu.Unlock(); return logs.Write(b) })
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return cmd
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			logsMu.Lock()
+			t.Logf("projector output (tail):\n%s", lastBytes(logs.String(), 4000))
+			logsMu.Unlock()
+		}
+	})
+
+	writing := make(chan struct{})
+	go func() {
+		defer close(writing)
+		for range 10 {
+			if err := p.tryWrite(100, 60); err != nil {
+				t.Error(err)
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
+	kills := 0
+	for {
+		cmd := start()
+		time.Sleep(time.Duration(150+rand.IntN(400)) * time.Millisecond)
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		kills++
+		select {
+		case <-writing:
+		default:
+			continue
+		}
+		break
+	}
+	for range 3 { // and a few more once the writer is done
+		cmd := start()
+		time.Sleep(time.Duration(100+rand.IntN(300)) * time.Millisecond)
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		kills++
+	}
+	cmd := start()
+	waitFor(t, "the projector to catch up", 90*time.Second, func() bool { return caughtUp(t, p.js, "index") })
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("projector after SIGTERM: %v", err)
+	}
+	store := openStore(t, dir)
+	defer store.Close()
+	if d, err := diff(context.Background(), p.pool, store); err != nil || d != "" {
+		t.Fatalf("after %d SIGKILLs: %s %v", kills, d, err)
+	}
+	var docs int
+	_ = p.pool.QueryRow(context.Background(), `SELECT count(*) FROM documents`).Scan(&docs)
+	t.Logf("%d SIGKILLs of the projector; the index equals Postgres on all %d documents", kills, docs)
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
+
+func lastBytes(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return "..." + s[len(s)-n:]
+}
+
+func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
