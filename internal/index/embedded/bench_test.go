@@ -8,22 +8,17 @@ import (
 	"time"
 
 	"github.com/converge-sync/converge/internal/index"
+	"github.com/converge-sync/converge/internal/storage/wal/waltest"
 )
 
 // BenchmarkUpsert writes 1000 points of dimension 256 per op, 10 chunks
 // per document, and reports points/s.
 func BenchmarkUpsert(b *testing.B) {
-	for _, bc := range []struct {
-		name string
-		opts Options
-	}{
-		{"sync=call", Options{}},
-		{"sync=100ms", Options{SyncEvery: 100 * time.Millisecond}},
-	} {
-		b.Run(bc.name, func(b *testing.B) {
+	for _, bc := range waltest.SyncPolicies {
+		b.Run(bc.Name, func(b *testing.B) {
 			const dim, perOp = 256, 1000
 			ctx := context.Background()
-			s := open(b, b.TempDir(), bc.opts)
+			s := open(b, b.TempDir(), bc.Options)
 			must(b, s.Ensure(ctx, dim))
 			r := rand.New(rand.NewPCG(1, 2))
 			batches := make([][]index.Point, 8)

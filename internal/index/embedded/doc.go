@@ -6,16 +6,17 @@
 //
 // # Files
 //
+// The directory's files, their records and their recovery are those of
+// package [wal]:
+//
 //	LOCK                      flock'd by the one process that has the store open
 //	snapshot                  the whole state as of some log (none before the first compaction)
 //	wal-NNNNNNNNNNNNNNNN.log  the writes since, in order, one record per write call
 //
-// A record is a length, a checksum of the length, a CRC-32C of the payload
-// and the payload (record.go); a payload is an op byte and its fields
-// (codec.go): the dimension, an upsert of points, a delete of stale points,
-// a set of markers. A log starts with a header naming its sequence number;
-// the snapshot starts with a header naming the first log it does not cover
-// and ends with a record repeating its counts.
+// A payload is an op byte and its fields (codec.go): the dimension, an
+// upsert of points, a delete of stale points, a set of markers. The
+// snapshot's header holds the dimension and the point and marker counts,
+// which its end record repeats.
 //
 // # Write order
 //
@@ -33,13 +34,14 @@
 // offset, and Open fails rather than drop the records after it; the index
 // is derived data and can be rebuilt from the document store.
 //
-// Compaction (snapshot.go) starts the next log, writes the state captured
-// at that moment to snapshot.tmp, syncs it, renames it to snapshot, syncs
-// the directory and only then removes the logs it covers. A crash at any
-// step leaves either the old snapshot with every log, or the new snapshot
-// with logs it covers, which Open deletes. Writes continue during a
-// compaction: points are immutable once stored, so the snapshot is written
-// from a copied slice of pointers without holding the lock.
+// Compaction (see [wal.Log.Compact]) starts the next log, writes the state
+// captured at that moment to snapshot.tmp, syncs it, renames it to
+// snapshot, syncs the directory and only then removes the logs it covers.
+// A crash at any step leaves either the old snapshot with every log, or
+// the new snapshot with logs it covers, which Open deletes. Writes
+// continue during a compaction: points are immutable once stored, so the
+// snapshot is written from a copied slice of pointers without holding the
+// lock.
 //
 // # Why not chromem-go
 //

@@ -2,15 +2,16 @@ package embedded
 
 import (
 	"errors"
-	"fmt"
+
+	"github.com/converge-sync/converge/internal/storage/wal"
 )
 
 // ErrLocked is returned by [Open] when another process (or another [Store]
 // in this one) has the directory open: the store has a single writer.
-var ErrLocked = errors.New("embedded index: directory is in use")
+var ErrLocked = wal.ErrLocked
 
 // ErrClosed is returned by every method of a closed [Store].
-var ErrClosed = errors.New("embedded index: store is closed")
+var ErrClosed = wal.ErrClosed
 
 // ErrDimensionMismatch is returned when a vector or an [Store.Ensure] call
 // disagrees with the dimension the store holds.
@@ -21,21 +22,10 @@ var ErrDimensionMismatch = errors.New("embedded index: dimension mismatch")
 var ErrNoDimension = errors.New("embedded index: no dimension recorded (Ensure not called)")
 
 // ErrCorrupt is matched by every [*CorruptError].
-var ErrCorrupt = errors.New("embedded index: corrupt file")
+var ErrCorrupt = wal.ErrCorrupt
 
 // CorruptError reports a damaged record in a log or snapshot file: one that
 // fails its checksum or does not decode, and is not a torn final record.
 // [Open] refuses such a directory rather than silently dropping the records
 // that follow; the index can be rebuilt from the document store.
-type CorruptError struct {
-	Path   string // the file
-	Offset int64  // the offset of the damaged record
-	Reason string
-}
-
-func (e *CorruptError) Error() string {
-	return fmt.Sprintf("embedded index: %s: corrupt record at offset %d: %s", e.Path, e.Offset, e.Reason)
-}
-
-// Is makes errors.Is(err, ErrCorrupt) true.
-func (e *CorruptError) Is(target error) bool { return target == ErrCorrupt }
+type CorruptError = wal.CorruptError

@@ -127,7 +127,7 @@ func (s *Store) Search(ctx context.Context, vector []float32, k int) ([]index.Hi
 	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	if s.closing {
+	if s.log.Closed() {
 		return nil, ErrClosed
 	}
 	if len(s.all) == 0 {

@@ -5,316 +5,48 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"io/fs"
-	"log/slog"
 	"math"
-	"os"
-	"path/filepath"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
-	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/converge-sync/converge/internal/index"
+	"github.com/converge-sync/converge/internal/storage/wal"
 )
 
 // Store is the embedded index: an [index.Backend] kept in memory and in an
 // append-only log under one directory. See the package documentation for
 // the files and the order of writes.
 type Store struct {
-	dir      string
-	opts     Options
-	logger   *slog.Logger
-	lockFile *os.File
-	done     chan struct{} // closed by Close to stop background work
-	wg       sync.WaitGroup
+	log *wal.Log
 
-	// syncMu serialises syncs of the log with its rotation and with Close.
-	// It is always taken before mu.
-	syncMu sync.Mutex
-	synced int64 // the value of written at the last successful sync
-
-	// compactMu serialises compactions.
-	compactMu sync.Mutex
-
-	mu      sync.RWMutex
-	closing bool  // Close has begun: no more calls
-	closed  bool  // Close has closed the files
-	failed  error // a write or sync whose outcome on disk is unknown; sticky
-	dim     int
+	mu  sync.RWMutex
+	dim int
 	// Points are never modified once stored (an upsert stores a new one),
 	// so a compaction can write a copied slice of them without holding mu.
 	all     []*index.Point    // every point once, vectors normalised
 	slot    map[uuid.UUID]int // a point's index in all
 	byKey   map[string]map[uuid.UUID]*index.Point
 	markers map[string]index.Marker
-
-	logFile     *os.File
-	logSeq      uint64
-	logSize     int64 // bytes in logFile
-	logBytes    int64 // bytes in the logs the snapshot does not cover
-	written     int64 // bytes appended since Open, over all logs
-	nextCompact int64 // logBytes at which a compaction starts
-	compacting  bool  // a background compaction is running
 }
-
-const (
-	lockName        = "LOCK"
-	snapshotName    = "snapshot"
-	snapshotTmpName = "snapshot.tmp"
-	logPrefix       = "wal-"
-	logSuffix       = ".log"
-)
-
-func logName(seq uint64) string { return fmt.Sprintf("%s%016d%s", logPrefix, seq, logSuffix) }
 
 // Open opens the embedded index in dir, creating the directory if needed,
 // and replays its snapshot and logs. It fails with [ErrLocked] if another
 // Store has dir open, and with a [*CorruptError] if a file is damaged
 // other than by a torn final record, which is truncated away.
 func Open(dir string, opts Options) (*Store, error) {
-	if err := opts.Validate(); err != nil {
-		return nil, err
-	}
-	opts = opts.withDefaults()
-	if err := os.MkdirAll(dir, 0o750); err != nil {
-		return nil, fmt.Errorf("embedded index: %w", err)
-	}
-	lockFile, err := lockDir(dir)
-	if err != nil {
-		return nil, err
-	}
 	s := &Store{
-		dir:      dir,
-		opts:     opts,
-		logger:   opts.Logger.With("index_dir", dir),
-		lockFile: lockFile,
-		done:     make(chan struct{}),
-		slot:     make(map[uuid.UUID]int),
-		byKey:    make(map[string]map[uuid.UUID]*index.Point),
-		markers:  make(map[string]index.Marker),
+		slot:    make(map[uuid.UUID]int),
+		byKey:   make(map[string]map[uuid.UUID]*index.Point),
+		markers: make(map[string]index.Marker),
 	}
-	if err := s.load(); err != nil {
-		if s.logFile != nil {
-			_ = s.logFile.Close()
-		}
-		_ = unlock(lockFile)
-		_ = lockFile.Close()
-		return nil, err
+	log, err := wal.Open(dir, indexFormat, &durable{s: s}, opts)
+	if err != nil {
+		return nil, fmt.Errorf("embedded index: %w", err)
 	}
-	s.synced = s.written
-	if opts.SyncEvery > 0 {
-		s.wg.Add(1)
-		go s.syncLoop()
-	}
+	s.log = log
 	return s, nil
-}
-
-func lockDir(dir string) (*os.File, error) {
-	path := filepath.Join(dir, lockName)
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("embedded index: %w", err)
-	}
-	held, err := tryLock(f)
-	if err != nil {
-		_ = f.Close()
-		return nil, fmt.Errorf("embedded index: lock %s: %w", path, err)
-	}
-	if !held {
-		holder, _ := io.ReadAll(io.LimitReader(f, 32))
-		_ = f.Close()
-		if pid := strings.TrimSpace(string(holder)); pid != "" {
-			return nil, fmt.Errorf("%w: %s is locked by process %s", ErrLocked, path, pid)
-		}
-		return nil, fmt.Errorf("%w: %s is locked by another process", ErrLocked, path)
-	}
-	// The holder's pid is only for the message above.
-	if err := f.Truncate(0); err == nil {
-		_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
-	}
-	return f, nil
-}
-
-// load reads the snapshot, then the logs it does not cover, in order.
-func (s *Store) load() error {
-	tmp := filepath.Join(s.dir, snapshotTmpName)
-	if err := os.Remove(tmp); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("embedded index: remove unfinished snapshot: %w", err)
-	}
-	nextSeq := uint64(1)
-	snapPath := filepath.Join(s.dir, snapshotName)
-	f, err := os.Open(snapPath)
-	switch {
-	case err == nil:
-		nextSeq, err = s.readSnapshot(f, snapPath)
-		_ = f.Close()
-		if err != nil {
-			return err
-		}
-	case !errors.Is(err, fs.ErrNotExist):
-		return fmt.Errorf("embedded index: %w", err)
-	}
-	s.nextCompact = max(s.opts.CompactBytes, s.snapshotSize())
-
-	seqs, err := listLogs(s.dir)
-	if err != nil {
-		return err
-	}
-	var replay []uint64
-	for _, seq := range seqs {
-		if seq < nextSeq {
-			// Covered by the snapshot: a compaction stopped before removing it.
-			if err := os.Remove(filepath.Join(s.dir, logName(seq))); err != nil {
-				return fmt.Errorf("embedded index: remove compacted log: %w", err)
-			}
-			continue
-		}
-		if want := nextSeq + uint64(len(replay)); seq != want {
-			return fmt.Errorf("embedded index: %s: log %s is missing (found %s)", s.dir, logName(want), logName(seq))
-		}
-		replay = append(replay, seq)
-	}
-	for i, seq := range replay {
-		if err := s.replayLog(seq, i == len(replay)-1); err != nil {
-			return err
-		}
-	}
-	if len(replay) == 0 {
-		return s.startLog(nextSeq)
-	}
-	last := replay[len(replay)-1]
-	path := filepath.Join(s.dir, logName(last))
-	if s.logSize == 0 {
-		// Not even the log's header reached the disk: start it again.
-		if err := os.Remove(path); err != nil {
-			return fmt.Errorf("embedded index: %w", err)
-		}
-		return s.startLog(last)
-	}
-	s.logFile, err = os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
-	if err != nil {
-		return fmt.Errorf("embedded index: %w", err)
-	}
-	s.logSeq = last
-	return nil
-}
-
-func (s *Store) snapshotSize() int64 {
-	fi, err := os.Stat(filepath.Join(s.dir, snapshotName))
-	if err != nil {
-		return 0
-	}
-	return fi.Size()
-}
-
-// listLogs returns the sequence numbers of the log files in dir, ascending.
-func listLogs(dir string) ([]uint64, error) {
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return nil, fmt.Errorf("embedded index: %w", err)
-	}
-	var seqs []uint64
-	for _, e := range entries {
-		num, ok := strings.CutPrefix(e.Name(), logPrefix)
-		if !ok {
-			continue
-		}
-		num, ok = strings.CutSuffix(num, logSuffix)
-		if !ok {
-			continue
-		}
-		seq, err := strconv.ParseUint(num, 10, 64)
-		if err != nil || seq == 0 {
-			continue
-		}
-		seqs = append(seqs, seq)
-	}
-	slices.Sort(seqs)
-	return seqs, nil
-}
-
-// replayLog applies one log's records. Only the last log may end in a torn
-// record, which is truncated away; every earlier one was synced before the
-// next was created.
-func (s *Store) replayLog(seq uint64, last bool) error {
-	path := filepath.Join(s.dir, logName(seq))
-	f, err := os.Open(path)
-	if err != nil {
-		return fmt.Errorf("embedded index: %w", err)
-	}
-	defer f.Close()
-	rr, err := newRecordReader(f, path)
-	if err != nil {
-		return err
-	}
-	header := false
-	for {
-		off := rr.off
-		payload, err := rr.next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if errors.Is(err, errTorn) {
-			if !last {
-				return rr.corrupt("incomplete record in a log that is not the last")
-			}
-			if err := truncateTail(path, rr.off); err != nil {
-				return err
-			}
-			s.logger.Warn("embedded index: dropped a torn record at the end of the log",
-				"path", path, "offset", rr.off, "bytes", rr.size-rr.off)
-			break
-		}
-		if err != nil {
-			return err
-		}
-		rec, err := decodeRecord(payload)
-		if err != nil {
-			return &CorruptError{Path: path, Offset: off, Reason: err.Error()}
-		}
-		if !header {
-			if rec.op != opLogHeader || rec.seq != seq {
-				return &CorruptError{Path: path, Offset: off, Reason: "the log does not start with its own header"}
-			}
-			header = true
-			continue
-		}
-		if err := s.replay(rec); err != nil {
-			return &CorruptError{Path: path, Offset: off, Reason: err.Error()}
-		}
-	}
-	if !header && !last {
-		return &CorruptError{Path: path, Offset: 0, Reason: "empty log that is not the last"}
-	}
-	s.logBytes += rr.off
-	s.written += rr.off
-	if last {
-		s.logSize = rr.off
-	}
-	return nil
-}
-
-func truncateTail(path string, size int64) error {
-	f, err := os.OpenFile(path, os.O_WRONLY, 0)
-	if err != nil {
-		return fmt.Errorf("embedded index: %w", err)
-	}
-	err = f.Truncate(size)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("embedded index: truncate torn record: %w", err)
-	}
-	return nil
 }
 
 // replay applies a log record read back at Open.
@@ -326,10 +58,8 @@ func (s *Store) replay(rec record) error {
 		}
 		s.dim = rec.dim
 	case opUpsert:
-		for _, p := range rec.points {
-			if len(p.Vector) != s.dim {
-				return fmt.Errorf("point %s has %d dimensions, the store %d", p.ID, len(p.Vector), s.dim)
-			}
+		if err := s.checkDims(rec.points); err != nil {
+			return err
 		}
 		s.applyUpsert(rec.points)
 	case opDeleteStale:
@@ -342,53 +72,14 @@ func (s *Store) replay(rec record) error {
 	return nil
 }
 
-// createLog creates log seq with its header record, synced together with
-// the directory entry.
-func createLog(dir string, seq uint64) (*os.File, int64, error) {
-	path := filepath.Join(dir, logName(seq))
-	rec, err := encodeLogHeader(seq)
-	if err != nil {
-		return nil, 0, err
+// checkDims checks the dimension of points read back at Open.
+func (s *Store) checkDims(points []*index.Point) error {
+	for _, p := range points {
+		if len(p.Vector) != s.dim {
+			return fmt.Errorf("point %s has %d dimensions, the store %d", p.ID, len(p.Vector), s.dim)
+		}
 	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|os.O_APPEND, 0o600)
-	if err != nil {
-		return nil, 0, fmt.Errorf("embedded index: %w", err)
-	}
-	if _, err = f.Write(rec); err == nil {
-		err = f.Sync()
-	}
-	if err == nil {
-		err = syncDir(dir)
-	}
-	if err != nil {
-		_ = f.Close()
-		_ = os.Remove(path)
-		return nil, 0, fmt.Errorf("embedded index: create %s: %w", path, err)
-	}
-	return f, int64(len(rec)), nil
-}
-
-func (s *Store) startLog(seq uint64) error {
-	f, n, err := createLog(s.dir, seq)
-	if err != nil {
-		return err
-	}
-	s.logFile, s.logSeq, s.logSize = f, seq, n
-	s.logBytes += n
-	s.written += n
 	return nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	return err
 }
 
 // The apply functions change the in-memory state; they run with mu held
@@ -469,97 +160,21 @@ func (s *Store) applyMarkers(markers []index.Marker) {
 }
 
 // writable is called with mu held before a write.
-func (s *Store) writable() error {
-	if s.closing {
-		return ErrClosed
-	}
-	if s.failed != nil {
-		return fmt.Errorf("embedded index: an earlier write failed, reopen the store: %w", s.failed)
-	}
-	return nil
-}
+func (s *Store) writable() error { return s.log.Writable() }
 
 // writeLocked appends a sealed record to the log and then applies it in
-// memory; mu is held. It returns the log position to sync to.
+// memory; mu is held. It returns the log position to commit.
 func (s *Store) writeLocked(rec []byte, apply func()) (int64, error) {
-	n, err := s.logFile.Write(rec)
+	end, err := s.log.Append(rec)
 	if err != nil {
-		// A partial record followed by later ones would read back as
-		// corruption: cut it off, or refuse further writes.
-		err = fmt.Errorf("embedded index: append to %s: %w", s.logFile.Name(), err)
-		if terr := s.logFile.Truncate(s.logSize); terr != nil {
-			s.failed = errors.Join(err, terr)
-		}
 		return 0, err
 	}
-	s.logSize += int64(n)
-	s.logBytes += int64(n)
-	s.written += int64(n)
 	apply()
-	s.maybeCompactLocked()
-	return s.written, nil
+	return end, nil
 }
 
-// commit makes a write durable when every write call is synced.
-func (s *Store) commit(end int64) error {
-	if s.opts.SyncEvery > 0 {
-		return nil
-	}
-	return s.syncTo(end)
-}
-
-// syncTo syncs the log if it has not been synced up to position target.
-// Writers that arrive while a sync runs share the next one.
-func (s *Store) syncTo(target int64) error {
-	s.syncMu.Lock()
-	defer s.syncMu.Unlock()
-	if s.synced >= target {
-		return nil
-	}
-	s.mu.RLock()
-	f, written, failed, closed := s.logFile, s.written, s.failed, s.closed
-	s.mu.RUnlock()
-	if failed != nil {
-		return fmt.Errorf("embedded index: log not synced: %w", failed)
-	}
-	if closed {
-		return ErrClosed
-	}
-	if err := f.Sync(); err != nil {
-		// After a failed fsync the kernel may have dropped the dirty pages:
-		// nothing written since the last good sync can be trusted.
-		err = fmt.Errorf("embedded index: sync %s: %w", f.Name(), err)
-		s.mu.Lock()
-		if s.failed == nil {
-			s.failed = err
-		}
-		s.mu.Unlock()
-		return err
-	}
-	s.synced = written
-	return nil
-}
-
-func (s *Store) syncLoop() {
-	defer s.wg.Done()
-	t := time.NewTicker(s.opts.SyncEvery)
-	defer t.Stop()
-	reported := false
-	for {
-		select {
-		case <-s.done:
-			return
-		case <-t.C:
-		}
-		s.mu.RLock()
-		written := s.written
-		s.mu.RUnlock()
-		if err := s.syncTo(written); err != nil && !reported && !errors.Is(err, ErrClosed) {
-			s.logger.Error("embedded index: background sync failed; writes are refused until the store is reopened", "err", err)
-			reported = true
-		}
-	}
-}
+// commit makes a write durable as the options ask; mu is not held.
+func (s *Store) commit(end int64) error { return s.log.Commit(end) }
 
 // Ensure records the dimension on first use; see [index.Backend].
 func (s *Store) Ensure(ctx context.Context, dim int) error {
@@ -604,7 +219,7 @@ func (s *Store) Markers(ctx context.Context, keys []string) (map[string]index.Ma
 	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	if s.closing {
+	if s.log.Closed() {
 		return nil, ErrClosed
 	}
 	out := make(map[string]index.Marker, len(keys))
@@ -785,7 +400,7 @@ func (s *Store) Counts(ctx context.Context, keys []string) (map[string]int, erro
 	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	if s.closing {
+	if s.log.Closed() {
 		return nil, ErrClosed
 	}
 	out := make(map[string]int, len(keys))
@@ -802,7 +417,7 @@ func (s *Store) Points(ctx context.Context, key string, withVectors bool) ([]ind
 		return nil, err
 	}
 	s.mu.RLock()
-	if s.closing {
+	if s.log.Closed() {
 		s.mu.RUnlock()
 		return nil, ErrClosed
 	}
@@ -838,7 +453,7 @@ func (s *Store) ScanMarkers(ctx context.Context, fn func(index.Marker) error) er
 		return err
 	}
 	s.mu.RLock()
-	if s.closing {
+	if s.log.Closed() {
 		s.mu.RUnlock()
 		return ErrClosed
 	}
@@ -863,44 +478,6 @@ func (s *Store) ScanMarkers(ctx context.Context, fn func(index.Marker) error) er
 // Close stops background work, syncs the log and releases the directory.
 // It reports a failed sync or write whose outcome on disk is unknown.
 // Calls after the first return nil.
-func (s *Store) Close() error {
-	s.mu.Lock()
-	if s.closing {
-		s.mu.Unlock()
-		return nil
-	}
-	s.closing = true
-	close(s.done)
-	s.mu.Unlock()
-	s.wg.Wait()
-
-	s.syncMu.Lock()
-	defer s.syncMu.Unlock()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var errs []error
-	if s.failed == nil {
-		if err := s.logFile.Sync(); err != nil {
-			s.failed = fmt.Errorf("embedded index: sync %s: %w", s.logFile.Name(), err)
-		} else {
-			s.synced = s.written
-		}
-	}
-	if s.failed != nil {
-		// Writes acknowledged since the last good sync may be lost.
-		errs = append(errs, s.failed)
-	}
-	if err := s.logFile.Close(); err != nil {
-		errs = append(errs, fmt.Errorf("embedded index: %w", err))
-	}
-	if err := unlock(s.lockFile); err != nil {
-		errs = append(errs, fmt.Errorf("embedded index: unlock: %w", err))
-	}
-	if err := s.lockFile.Close(); err != nil {
-		errs = append(errs, fmt.Errorf("embedded index: %w", err))
-	}
-	s.closed = true
-	return errors.Join(errs...)
-}
+func (s *Store) Close() error { return s.log.Close() }
 
 var _ index.Backend = (*Store)(nil)

@@ -19,6 +19,8 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/converge-sync/converge/internal/index"
+	"github.com/converge-sync/converge/internal/storage/wal"
+	"github.com/converge-sync/converge/internal/storage/wal/waltest"
 )
 
 var testNamespace = uuid.MustParse("6f0f3c2e-5a7b-4d8e-9c1a-2b3c4d5e6f70")
@@ -58,15 +60,7 @@ func docPoints(r *rand.Rand, key string, version int64, n, dim int) []index.Poin
 	return ps
 }
 
-func open(t testing.TB, dir string, opts Options) *Store {
-	t.Helper()
-	s, err := Open(dir, opts)
-	if err != nil {
-		t.Fatalf("Open(%s): %v", dir, err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
-	return s
-}
+func open(t testing.TB, dir string, opts Options) *Store { return waltest.Open(t, Open, dir, opts) }
 
 func must(t testing.TB, err error) {
 	t.Helper()
@@ -401,8 +395,8 @@ func TestTornTailRecovered(t *testing.T) {
 		keepB  bool                                              // the last record survives
 	}{
 		{"partial header", truncateAt(5), false},
-		{"header only", truncateAt(recordHeaderSize), false},
-		{"partial payload", truncateAt(recordHeaderSize + 40), false},
+		{"header only", truncateAt(wal.HeaderSize), false},
+		{"partial payload", truncateAt(wal.HeaderSize + 40), false},
 		{"one byte short", func(t *testing.T, path string, start, end int64) { truncateAt(end-start-1)(t, path, start, end) }, false},
 		{"payload not written", func(t *testing.T, path string, start, end int64) {
 			flip(t, path, end-3)
@@ -423,7 +417,7 @@ func TestTornTailRecovered(t *testing.T) {
 			must(t, s.Ensure(ctx, dim))
 			must(t, s.Upsert(ctx, docPoints(r, "a", 1, 4, dim)))
 			wantA := dump(t, s)
-			path := filepath.Join(dir, logName(1))
+			path := filepath.Join(dir, wal.LogName(1))
 			start := fileSize(t, path)
 			must(t, s.Upsert(ctx, docPoints(r, "b", 1, 4, dim)))
 			wantAB := dump(t, s)
@@ -453,7 +447,7 @@ func TestTornLogHeaderRecovered(t *testing.T) {
 	dir := t.TempDir()
 	s := open(t, dir, Options{})
 	must(t, s.Close())
-	path := filepath.Join(dir, logName(1))
+	path := filepath.Join(dir, wal.LogName(1))
 	must(t, os.Truncate(path, 3))
 	s = open(t, dir, Options{})
 	must(t, s.Ensure(context.Background(), 4))
@@ -473,7 +467,7 @@ func TestCorruptionDetected(t *testing.T) {
 		r := rand.New(rand.NewPCG(5, 5))
 		s := open(t, dir, Options{})
 		must(t, s.Ensure(ctx, dim))
-		path = filepath.Join(dir, logName(1))
+		path = filepath.Join(dir, wal.LogName(1))
 		aStart = fileSize(t, path)
 		must(t, s.Upsert(ctx, docPoints(r, "a", 1, 4, dim)))
 		aEnd = fileSize(t, path)
@@ -487,7 +481,7 @@ func TestCorruptionDetected(t *testing.T) {
 		damage func(t *testing.T, path string, aStart, aEnd int64)
 		reason string
 	}{
-		{"payload bit", func(t *testing.T, path string, aStart, aEnd int64) { flip(t, path, aStart+recordHeaderSize+30) }, "payload checksum"},
+		{"payload bit", func(t *testing.T, path string, aStart, aEnd int64) { flip(t, path, aStart+wal.HeaderSize+30) }, "payload checksum"},
 		{"length bit", func(t *testing.T, path string, aStart, aEnd int64) { flip(t, path, aStart+1) }, "length checksum"},
 		{"checksum bit", func(t *testing.T, path string, aStart, aEnd int64) { flip(t, path, aStart+9) }, "payload checksum"},
 		{"zeroed record", func(t *testing.T, path string, aStart, aEnd int64) {
@@ -528,9 +522,9 @@ func TestCorruptionDetected(t *testing.T) {
 		must(t, s.rotateOnly())
 		must(t, s.rotateOnly())
 		must(t, s.Close())
-		must(t, os.Remove(filepath.Join(dir, logName(2))))
-		if _, err := Open(dir, Options{}); err == nil || !strings.Contains(err.Error(), logName(2)) {
-			t.Fatalf("Open: %v, want an error naming %s", err, logName(2))
+		must(t, os.Remove(filepath.Join(dir, wal.LogName(2))))
+		if _, err := Open(dir, Options{}); err == nil || !strings.Contains(err.Error(), wal.LogName(2)) {
+			t.Fatalf("Open: %v, want an error naming %s", err, wal.LogName(2))
 		}
 	})
 	t.Run("snapshot", func(t *testing.T) {
@@ -538,7 +532,7 @@ func TestCorruptionDetected(t *testing.T) {
 		s := open(t, dir, Options{})
 		must(t, s.Compact(context.Background()))
 		must(t, s.Close())
-		snap := filepath.Join(dir, snapshotName)
+		snap := filepath.Join(dir, wal.SnapshotName)
 		flip(t, snap, fileSize(t, snap)/2)
 		_, err := Open(dir, Options{})
 		var ce *CorruptError
@@ -551,7 +545,7 @@ func TestCorruptionDetected(t *testing.T) {
 		s := open(t, dir, Options{})
 		must(t, s.Compact(context.Background()))
 		must(t, s.Close())
-		snap := filepath.Join(dir, snapshotName)
+		snap := filepath.Join(dir, wal.SnapshotName)
 		must(t, os.Truncate(snap, fileSize(t, snap)-1))
 		if _, err := Open(dir, Options{}); !errors.Is(err, ErrCorrupt) {
 			t.Fatalf("Open: %v, want corruption", err)
@@ -561,19 +555,12 @@ func TestCorruptionDetected(t *testing.T) {
 
 // rotateOnly starts a new log without writing a snapshot.
 func (s *Store) rotateOnly() error {
-	_, _, err := s.rotate()
-	return err
+	return s.log.Rotate()
 }
 
 func TestSecondOpenerLocked(t *testing.T) {
 	dir := t.TempDir()
-	s := open(t, dir, Options{})
-	_, err := Open(dir, Options{})
-	if !errors.Is(err, ErrLocked) || !strings.Contains(err.Error(), strconv.Itoa(os.Getpid())) {
-		t.Fatalf("second Open: %v, want ErrLocked naming pid %d", err, os.Getpid())
-	}
-	must(t, s.Close())
-	open(t, dir, Options{})
+	waltest.ExpectLocked(t, Open, dir, open(t, dir, Options{}))
 }
 
 func TestCompaction(t *testing.T) {
@@ -592,21 +579,18 @@ func TestCompaction(t *testing.T) {
 		}
 	}
 	// Background compactions ran: the log was rotated.
-	s.mu.RLock()
-	seq := s.logSeq
-	s.mu.RUnlock()
-	if seq == 1 {
+	if s.log.Seq() == 1 {
 		t.Fatal("no automatic compaction ran")
 	}
 	must(t, s.Compact(ctx))
 	want := dump(t, s)
 	must(t, s.Close())
-	logs, err := listLogs(dir)
+	logs, err := wal.ListLogs(dir)
 	must(t, err)
 	if len(logs) != 1 {
 		t.Fatalf("%d logs after compaction, want 1", len(logs))
 	}
-	if _, err := os.Stat(filepath.Join(dir, snapshotName)); err != nil {
+	if _, err := os.Stat(filepath.Join(dir, wal.SnapshotName)); err != nil {
 		t.Fatal(err)
 	}
 	sameState(t, dump(t, open(t, dir, Options{})), want)
@@ -620,7 +604,7 @@ func TestCompactionCrashLeftovers(t *testing.T) {
 	s := open(t, dir, Options{})
 	populate(t, s, rand.New(rand.NewPCG(2, 2)), 8)
 	must(t, s.Close())
-	old, err := os.ReadFile(filepath.Join(dir, logName(1)))
+	old, err := os.ReadFile(filepath.Join(dir, wal.LogName(1)))
 	must(t, err)
 
 	s = open(t, dir, Options{})
@@ -628,12 +612,12 @@ func TestCompactionCrashLeftovers(t *testing.T) {
 	must(t, s.SetMarkers(ctx, []index.Marker{{Key: "after", Version: 1}}))
 	want := dump(t, s)
 	must(t, s.Close())
-	must(t, os.WriteFile(filepath.Join(dir, logName(1)), old, 0o640))
-	must(t, os.WriteFile(filepath.Join(dir, snapshotTmpName), []byte("half a snapshot"), 0o640))
+	must(t, os.WriteFile(filepath.Join(dir, wal.LogName(1)), old, 0o640))
+	must(t, os.WriteFile(filepath.Join(dir, wal.TempSnapshotName), []byte("half a snapshot"), 0o640))
 
 	s = open(t, dir, Options{})
 	sameState(t, dump(t, s), want)
-	for _, name := range []string{logName(1), snapshotTmpName} {
+	for _, name := range []string{wal.LogName(1), wal.TempSnapshotName} {
 		if _, err := os.Stat(filepath.Join(dir, name)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s not removed at Open: %v", name, err)
 		}
@@ -762,12 +746,7 @@ func TestScanMarkersStopsOnError(t *testing.T) {
 	}
 }
 
-func fileSize(t testing.TB, path string) int64 {
-	t.Helper()
-	fi, err := os.Stat(path)
-	must(t, err)
-	return fi.Size()
-}
+func fileSize(t testing.TB, path string) int64 { return waltest.FileSize(t, path) }
 
 func truncateAt(n int64) func(t *testing.T, path string, start, end int64) {
 	return func(t *testing.T, path string, start, end int64) {

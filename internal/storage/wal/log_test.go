@@ -1,0 +1,454 @@
+package wal
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+var journalFormat = Format{Magic: "converge-test-journal", Version: 3}
+
+const kindEntries byte = 2
+
+// journal is the store of these tests: a list of entries, appended by
+// records of a few entries each.
+type journal struct {
+	sync.Mutex // the state's lock
+	entries    []string
+	log        *Log
+
+	snapHeader, snapEnd uint64 // the counts its snapshot's records carried at Open
+	snapLoaded          int
+}
+
+func encodeEntries(entries []string) []byte {
+	b := append(NewRecord(64), kindEntries)
+	b = binary.AppendUvarint(b, uint64(len(entries)))
+	for _, e := range entries {
+		b = AppendString(b, e)
+	}
+	rec, err := Seal(b)
+	if err != nil {
+		panic(err)
+	}
+	return rec
+}
+
+func decodeEntries(payload []byte) ([]string, error) {
+	d := NewDecoder(payload)
+	if k := d.Byte(); k != kindEntries {
+		return nil, fmt.Errorf("kind %d", k)
+	}
+	out := make([]string, d.Count(1))
+	for i := range out {
+		out[i] = d.Str()
+	}
+	return out, d.Finish()
+}
+
+func (j *journal) SnapshotHeader(fields []byte) error {
+	d := NewDecoder(fields)
+	j.snapHeader = d.Uvarint()
+	return d.Finish()
+}
+
+func (j *journal) SnapshotRecord(payload []byte) error {
+	es, err := decodeEntries(payload)
+	j.entries = append(j.entries, es...)
+	j.snapLoaded += len(es)
+	return err
+}
+
+func (j *journal) SnapshotEnd(fields []byte) error {
+	d := NewDecoder(fields)
+	j.snapEnd = d.Uvarint()
+	if j.snapEnd != j.snapHeader || int(j.snapEnd) != j.snapLoaded {
+		return fmt.Errorf("header says %d, end %d, loaded %d", j.snapHeader, j.snapEnd, j.snapLoaded)
+	}
+	return d.Finish()
+}
+
+func (j *journal) LogRecord(payload []byte) error {
+	es, err := decodeEntries(payload)
+	j.entries = append(j.entries, es...)
+	return err
+}
+
+func (j *journal) Capture() (Snapshot, error) {
+	entries := slices.Clone(j.entries)
+	n := binary.AppendUvarint(nil, uint64(len(entries)))
+	return Snapshot{Header: n, End: n, Write: func(w *SnapshotWriter) error {
+		for batch := range slices.Chunk(entries, 3) {
+			if err := w.Write(encodeEntries(batch)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}}, nil
+}
+
+func openJournal(t testing.TB, dir string, opts Options) (*journal, error) {
+	t.Helper()
+	j := &journal{}
+	l, err := Open(dir, journalFormat, j, opts)
+	if err != nil {
+		return nil, err
+	}
+	j.log = l
+	t.Cleanup(func() { _ = l.Close() })
+	return j, nil
+}
+
+func mustOpen(t testing.TB, dir string, opts Options) *journal {
+	t.Helper()
+	j, err := openJournal(t, dir, opts)
+	if err != nil {
+		t.Fatalf("Open(%s): %v", dir, err)
+	}
+	return j
+}
+
+// add appends one record of entries, applies it and commits it.
+func (j *journal) add(entries ...string) error {
+	rec := encodeEntries(entries)
+	j.Lock()
+	end, err := j.log.Append(rec)
+	if err == nil {
+		j.entries = append(j.entries, entries...)
+	}
+	j.Unlock()
+	if err != nil {
+		return err
+	}
+	return j.log.Commit(end)
+}
+
+func (j *journal) mustAdd(t testing.TB, entries ...string) {
+	t.Helper()
+	if err := j.add(entries...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (j *journal) expect(t testing.TB, want ...string) {
+	t.Helper()
+	j.Lock()
+	defer j.Unlock()
+	if !slices.Equal(j.entries, want) {
+		t.Fatalf("entries %q, want %q", j.entries, want)
+	}
+}
+
+func noErr(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func logPath(dir string, seq uint64) string { return filepath.Join(dir, LogName(seq)) }
+
+func sizeOf(t testing.TB, path string) int64 {
+	t.Helper()
+	fi, err := os.Stat(path)
+	noErr(t, err)
+	return fi.Size()
+}
+
+func TestReopenReplaysInOrder(t *testing.T) {
+	for _, opts := range []Options{{}, {SyncEvery: 5 * time.Millisecond}} {
+		t.Run(fmt.Sprint(opts.SyncEvery), func(t *testing.T) {
+			dir := t.TempDir()
+			j := mustOpen(t, dir, opts)
+			j.mustAdd(t, "a", "b")
+			j.mustAdd(t, "c")
+			noErr(t, j.log.Close())
+			j = mustOpen(t, dir, opts)
+			j.expect(t, "a", "b", "c")
+			j.mustAdd(t, "d")
+			noErr(t, j.log.Close())
+			mustOpen(t, dir, opts).expect(t, "a", "b", "c", "d")
+		})
+	}
+}
+
+func TestTornTailTruncated(t *testing.T) {
+	dir := t.TempDir()
+	j := mustOpen(t, dir, Options{})
+	j.mustAdd(t, "kept")
+	keep := sizeOf(t, logPath(dir, 1))
+	j.mustAdd(t, strings.Repeat("lost ", 20))
+	noErr(t, j.log.Close())
+	noErr(t, os.Truncate(logPath(dir, 1), sizeOf(t, logPath(dir, 1))-7))
+
+	j = mustOpen(t, dir, Options{})
+	j.expect(t, "kept")
+	if got := sizeOf(t, logPath(dir, 1)); got != keep {
+		t.Fatalf("log is %d bytes after recovery, want %d", got, keep)
+	}
+	j.mustAdd(t, "after")
+	noErr(t, j.log.Close())
+	mustOpen(t, dir, Options{}).expect(t, "kept", "after")
+}
+
+func TestDamageIsCorruption(t *testing.T) {
+	setup := func(t *testing.T) (dir string, second int64) {
+		dir = t.TempDir()
+		j := mustOpen(t, dir, Options{})
+		j.mustAdd(t, "one")
+		second = sizeOf(t, logPath(dir, 1))
+		j.mustAdd(t, "two")
+		j.mustAdd(t, "three")
+		noErr(t, j.log.Close())
+		return dir, second
+	}
+	expectCorrupt := func(t *testing.T, dir, path string, off int64, reason string) {
+		t.Helper()
+		_, err := openJournal(t, dir, Options{})
+		var ce *CorruptError
+		if !errors.As(err, &ce) || !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("Open: %v, want a *CorruptError", err)
+		}
+		if ce.Path != path || ce.Offset != off || !strings.Contains(ce.Reason, reason) {
+			t.Fatalf("got %v, want %s at %d: %s", err, path, off, reason)
+		}
+	}
+	t.Run("flipped payload byte", func(t *testing.T) {
+		dir, second := setup(t)
+		b, err := os.ReadFile(logPath(dir, 1))
+		noErr(t, err)
+		b[second+HeaderSize+1] ^= 0x20
+		noErr(t, os.WriteFile(logPath(dir, 1), b, 0o600))
+		expectCorrupt(t, dir, logPath(dir, 1), second, "payload checksum")
+	})
+	t.Run("another store's files", func(t *testing.T) {
+		dir, _ := setup(t)
+		_, err := Open(dir, Format{Magic: "converge-other", Version: 3}, &journal{}, Options{})
+		if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), `not a converge-other file (magic "converge-test-journal")`) {
+			t.Fatalf("Open: %v", err)
+		}
+	})
+	t.Run("a record the store rejects", func(t *testing.T) {
+		dir, _ := setup(t)
+		j := mustOpen(t, dir, Options{})
+		j.Lock()
+		_, err := j.log.Append(sealed(t, "\x09not entries"))
+		j.Unlock()
+		noErr(t, err)
+		end := sizeOf(t, logPath(dir, 1)) - int64(HeaderSize+len("\x09not entries"))
+		noErr(t, j.log.Close())
+		expectCorrupt(t, dir, logPath(dir, 1), end, "kind 9")
+	})
+	// Records spread over three logs, then one of the earlier logs damaged.
+	for _, tc := range []struct {
+		name   string
+		damage func(dir string, second int64) error
+		want   func(dir string, second int64) string
+	}{
+		{"torn record in an earlier log",
+			func(dir string, second int64) error { return os.Truncate(logPath(dir, 1), second+3) },
+			func(dir string, second int64) string {
+				return fmt.Sprintf("%s: corrupt record at offset %d: incomplete record in a log that is not the last", logPath(dir, 1), second)
+			}},
+		{"missing log",
+			func(dir string, _ int64) error { return os.Remove(logPath(dir, 2)) },
+			func(string, int64) string { return LogName(2) + " is missing" }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir, second := setup(t)
+			j := mustOpen(t, dir, Options{})
+			noErr(t, j.log.Rotate())
+			j.mustAdd(t, "four")
+			noErr(t, j.log.Rotate())
+			noErr(t, j.log.Close())
+			noErr(t, tc.damage(dir, second))
+			want := tc.want(dir, second)
+			if _, err := openJournal(t, dir, Options{}); err == nil || !strings.Contains(err.Error(), want) {
+				t.Fatalf("Open: %v, want %q", err, want)
+			}
+		})
+	}
+}
+
+func TestCompaction(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	j := mustOpen(t, dir, Options{CompactBytes: 1024})
+	var want []string
+	for i := range 200 {
+		e := fmt.Sprint("entry-", i)
+		j.mustAdd(t, e)
+		want = append(want, e)
+	}
+	if j.log.Seq() == 1 {
+		t.Fatal("no automatic compaction ran")
+	}
+	noErr(t, j.log.Compact(ctx))
+	j.mustAdd(t, "after")
+	want = append(want, "after")
+	noErr(t, j.log.Close())
+	logs, err := ListLogs(dir)
+	noErr(t, err)
+	if len(logs) != 1 {
+		t.Fatalf("logs %v after compaction, want one", logs)
+	}
+	j = mustOpen(t, dir, Options{})
+	j.expect(t, want...)
+	if j.snapHeader != 200 || j.snapEnd != 200 || j.snapLoaded != 200 {
+		t.Fatalf("snapshot header %d end %d loaded %d, want 200", j.snapHeader, j.snapEnd, j.snapLoaded)
+	}
+}
+
+// TestCompactionLeftovers puts back what a crash during a compaction can
+// leave: a log the snapshot covers and an unfinished temporary snapshot.
+func TestCompactionLeftovers(t *testing.T) {
+	dir := t.TempDir()
+	j := mustOpen(t, dir, Options{})
+	j.mustAdd(t, "a", "b")
+	covered, err := os.ReadFile(logPath(dir, 1))
+	noErr(t, err)
+	noErr(t, j.log.Compact(context.Background()))
+	j.mustAdd(t, "c")
+	noErr(t, j.log.Close())
+	noErr(t, os.WriteFile(logPath(dir, 1), covered, 0o600))
+	noErr(t, os.WriteFile(filepath.Join(dir, TempSnapshotName), []byte("unfinished"), 0o600))
+
+	mustOpen(t, dir, Options{}).expect(t, "a", "b", "c")
+	for _, name := range []string{LogName(1), TempSnapshotName} {
+		if _, err := os.Stat(filepath.Join(dir, name)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s not removed at Open: %v", name, err)
+		}
+	}
+}
+
+func TestDamagedSnapshot(t *testing.T) {
+	setup := func(t *testing.T) (dir, snap string) {
+		dir = t.TempDir()
+		j := mustOpen(t, dir, Options{})
+		j.mustAdd(t, "a", "b", "c", "d")
+		noErr(t, j.log.Compact(context.Background()))
+		noErr(t, j.log.Close())
+		return dir, filepath.Join(dir, SnapshotName)
+	}
+	endRecord := int64(HeaderSize + 2) // the kind and a one-byte count
+	cases := []struct {
+		name   string
+		damage func(t *testing.T, snap string)
+		reason string
+	}{
+		{"cut short", func(t *testing.T, snap string) { noErr(t, os.Truncate(snap, sizeOf(t, snap)-1)) }, "ends inside a record"},
+		{"no end record", func(t *testing.T, snap string) { noErr(t, os.Truncate(snap, sizeOf(t, snap)-endRecord)) }, "no end record"},
+		{"bytes after the end", func(t *testing.T, snap string) {
+			f, err := os.OpenFile(snap, os.O_WRONLY|os.O_APPEND, 0)
+			noErr(t, err)
+			_, err = f.Write(sealed(t, "extra"))
+			noErr(t, err)
+			noErr(t, f.Close())
+		}, "bytes after the end record"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir, snap := setup(t)
+			tc.damage(t, snap)
+			_, err := openJournal(t, dir, Options{})
+			var ce *CorruptError
+			if !errors.As(err, &ce) || ce.Path != snap || !strings.Contains(ce.Reason, tc.reason) {
+				t.Fatalf("Open: %v, want %q in %s", err, tc.reason, snap)
+			}
+		})
+	}
+}
+
+// TestLockDir checks the directory lock: refused while held, naming the
+// holder, free again once released, and held by an open Log.
+func TestLockDir(t *testing.T) {
+	dir := t.TempDir()
+	held, err := lockDir(dir)
+	noErr(t, err)
+	if _, err := lockDir(dir); !errors.Is(err, ErrLocked) || !strings.Contains(err.Error(), "locked by process "+strconv.Itoa(os.Getpid())) {
+		t.Fatalf("lock while held: %v", err)
+	}
+	noErr(t, unlock(held))
+	noErr(t, held.Close())
+	again, err := lockDir(dir)
+	noErr(t, err)
+	noErr(t, again.Close()) // closing the file releases the lock too
+
+	j := mustOpen(t, dir, Options{})
+	if _, err := openJournal(t, dir, Options{}); !errors.Is(err, ErrLocked) {
+		t.Fatalf("Open while a Log has the directory: %v", err)
+	}
+	noErr(t, j.log.Close())
+	mustOpen(t, dir, Options{})
+}
+
+func TestClosedLog(t *testing.T) {
+	j := mustOpen(t, t.TempDir(), Options{})
+	noErr(t, j.log.Close())
+	noErr(t, j.log.Close())
+	_, err := j.log.Append(encodeEntries([]string{"x"}))
+	for i, err := range []error{err, j.log.Compact(context.Background()), j.log.Rotate(), j.log.Writable()} {
+		if !errors.Is(err, ErrClosed) {
+			t.Errorf("call %d after Close: %v", i, err)
+		}
+	}
+}
+
+// TestFailedWriteIsSticky makes an append fail in a way whose outcome on
+// disk is unknown: every later write is refused, and Close reports it.
+func TestFailedWriteIsSticky(t *testing.T) {
+	j := mustOpen(t, t.TempDir(), Options{})
+	j.mustAdd(t, "a")
+	j.log.mu.Lock()
+	_ = j.log.file.Close() // the write and the truncation after it both fail
+	j.log.mu.Unlock()
+	if err := j.add("b"); err == nil {
+		t.Fatal("append to a closed file succeeded")
+	}
+	if err := j.add("c"); err == nil || !strings.Contains(err.Error(), "reopen the store") {
+		t.Fatalf("append after a failed one: %v", err)
+	}
+	if err := j.log.Close(); err == nil {
+		t.Fatal("Close did not report the failed write")
+	}
+}
+
+func TestConcurrentAppendsAndCompactions(t *testing.T) {
+	const writers, each = 8, 150
+	dir := t.TempDir()
+	j := mustOpen(t, dir, Options{CompactBytes: 4096})
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() {
+			for i := range each {
+				if err := j.add(fmt.Sprintf("%d/%d", w, i)); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	noErr(t, j.log.Close())
+	j = mustOpen(t, dir, Options{})
+	next := make([]int, writers)
+	for _, e := range j.entries {
+		var w, i int
+		if _, err := fmt.Sscanf(e, "%d/%d", &w, &i); err != nil || i != next[w] {
+			t.Fatalf("entry %q out of order (next of writer %d is %d)", e, w, next[w])
+		}
+		next[w]++
+	}
+	if len(j.entries) != writers*each {
+		t.Fatalf("%d entries, want %d", len(j.entries), writers*each)
+	}
+}
