@@ -1,0 +1,289 @@
+package neo4j
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/neo4j/neo4j-go-driver/v5/neo4j"
+	"github.com/neo4j/neo4j-go-driver/v5/neo4j/config"
+
+	"github.com/converge-sync/converge/internal/graph"
+)
+
+// closeTimeout bounds Close, which has no context.
+const closeTimeout = 10 * time.Second
+
+// Backend is a [graph.Backend] on one Neo4j database. It is safe for
+// concurrent use.
+type Backend struct {
+	cfg    Config
+	run    runner
+	driver neo4j.DriverWithContext // nil when run is not the driver's
+}
+
+var _ graph.Backend = (*Backend)(nil)
+
+// New connects to Neo4j, checks that the server answers with these
+// credentials and is Neo4j 5.3 or later, and returns the backend. It does
+// not touch the database: call [Backend.Ensure] before writing.
+func New(ctx context.Context, cfg Config) (*Backend, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	auth := neo4j.NoAuth()
+	if cfg.User != "" {
+		auth = neo4j.BasicAuth(cfg.User, cfg.Password, "")
+	}
+	driver, err := neo4j.NewDriverWithContext(cfg.URL, auth, func(c *config.Config) {
+		c.MaxTransactionRetryTime = cfg.MaxRetryTime
+		if cfg.TLS != nil {
+			c.TlsConfig = cfg.TLS.Clone()
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("neo4j: %s: %w", redacted(cfg.URL), err)
+	}
+	if err := checkServer(ctx, driver, cfg); err != nil {
+		_ = driver.Close(ctx)
+		return nil, err
+	}
+	return &Backend{cfg: cfg, run: driverRunner{driver: driver, database: cfg.Database}, driver: driver}, nil
+}
+
+// checkServer verifies connectivity and the server's version: the count
+// fence uses COUNT subqueries (Neo4j 5.3), which an older server rejects
+// as a syntax error, a failure that would dead-letter every event.
+func checkServer(ctx context.Context, driver neo4j.DriverWithContext, cfg Config) error {
+	who := redacted(cfg.URL)
+	if cfg.User != "" {
+		who += fmt.Sprintf(" as %q", cfg.User)
+	}
+	if err := driver.VerifyConnectivity(ctx); err != nil {
+		return fmt.Errorf("neo4j: cannot connect to %s: %w", who, err)
+	}
+	info, err := driver.GetServerInfo(ctx)
+	if err != nil {
+		return fmt.Errorf("neo4j: cannot connect to %s: %w", who, err)
+	}
+	if major, minor, ok := agentVersion(info.Agent()); ok && (major < 5 || major == 5 && minor < 3) {
+		return fmt.Errorf("neo4j: server at %s is %s; converge needs Neo4j 5.3 or later", who, info.Agent())
+	}
+	return nil
+}
+
+// agentVersion reads the version of a server agent such as
+// "Neo4j/5.26.1" (5, 26) or "Neo4j/2025.01.0" (2025, 1: the calendar
+// versions that followed 5.26). ok is false for an agent it cannot read,
+// which New lets pass.
+func agentVersion(agent string) (major, minor int, ok bool) {
+	version, found := strings.CutPrefix(agent, "Neo4j/")
+	if !found {
+		return 0, 0, false
+	}
+	parts := strings.SplitN(version, ".", 3)
+	if len(parts) < 2 {
+		return 0, 0, false
+	}
+	major, err1 := strconv.Atoi(parts[0])
+	minor, err2 := strconv.Atoi(parts[1])
+	return major, minor, err1 == nil && err2 == nil
+}
+
+func redacted(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "the configured URL"
+	}
+	return u.Redacted()
+}
+
+func (b *Backend) fail(op string, err error) error {
+	return &Error{Op: op, Database: b.cfg.Database, Err: err}
+}
+
+// Ensure creates the uniqueness constraints on Document.key, Chunk.id and
+// Tag.name, each in a transaction of its own (Neo4j does not mix schema
+// and data writes in one), idempotently.
+func (b *Backend) Ensure(ctx context.Context) error {
+	for _, st := range []statement{
+		{"ensureDocumentKey", cypherConstraintDocumentKey, nil},
+		{"ensureChunkID", cypherConstraintChunkID, nil},
+		{"ensureTagName", cypherConstraintTagName, nil},
+	} {
+		err := b.run.ExecuteWrite(ctx, func(t tx) error {
+			_, err := t.Run(ctx, st.cypher, st.params)
+			return err
+		})
+		if err != nil {
+			return b.fail("ensure", fmt.Errorf("%s: %w", st.name, err))
+		}
+	}
+	return nil
+}
+
+// Apply writes docs in batches of Config.BatchSize, sorted by key, one
+// write transaction per batch (see the package documentation for the
+// statements and their order). On an error the batches before the failing
+// one stay committed and applied is nil.
+func (b *Backend) Apply(ctx context.Context, docs []graph.Doc) (applied []bool, err error) {
+	batches, err := planBatches(docs, b.cfg.BatchSize)
+	if err != nil {
+		return nil, b.fail("apply", err)
+	}
+	applied = make([]bool, len(docs))
+	for _, batch := range batches {
+		flags, err := b.applyBatch(ctx, batch)
+		if err != nil {
+			return nil, b.fail("apply", err)
+		}
+		for i, r := range batch {
+			applied[r.index] = flags[i]
+		}
+	}
+	return applied, nil
+}
+
+// applyBatch runs one batch's transaction and returns its applied flags.
+func (b *Backend) applyBatch(ctx context.Context, batch []docRow) ([]bool, error) {
+	var (
+		flags  []bool
+		failed string // the statement that failed last, to name in the error
+	)
+	err := b.run.ExecuteWrite(ctx, func(t tx) error {
+		flags, failed = nil, ""
+		// Errors of Run go back to the retry logic as they are: it
+		// recognises transient ones by their type.
+		run := func(st statement) ([]record, error) {
+			recs, err := t.Run(ctx, st.cypher, st.params)
+			if err != nil {
+				failed = st.name
+			}
+			return recs, err
+		}
+		guard := guardStatement(batch)
+		recs, err := run(guard)
+		if err != nil {
+			return err
+		}
+		answer, err := guardResult(batch, recs)
+		if err != nil {
+			return err
+		}
+		rows := appliedRows(batch, answer)
+		if len(rows) == 0 {
+			flags = answer
+			return nil
+		}
+		for _, st := range writeStatements(rows) {
+			if _, err := run(st); err != nil {
+				return err
+			}
+		}
+		fence := fenceStatement(rows)
+		if recs, err = run(fence); err != nil {
+			return err
+		}
+		if err := checkFence(rows, recs); err != nil {
+			return err
+		}
+		flags = answer
+		return nil
+	})
+	if err != nil {
+		if failed != "" {
+			err = fmt.Errorf("%s: %w", failed, err)
+		}
+		return nil, err
+	}
+	if len(flags) != len(batch) {
+		return nil, errors.New("the write transaction ended without an answer")
+	}
+	return flags, nil
+}
+
+// Document reads what the graph holds about key.
+func (b *Backend) Document(ctx context.Context, key string) (v graph.View, ok bool, err error) {
+	err = b.run.ExecuteRead(ctx, func(t tx) error {
+		v, ok = graph.View{}, false
+		recs, err := t.Run(ctx, cypherDocument, map[string]any{"key": key})
+		if err != nil {
+			return err
+		}
+		switch len(recs) {
+		case 0:
+			return nil
+		case 1:
+			v, err = decodeView(recs[0])
+			ok = err == nil
+			return err
+		default:
+			return fmt.Errorf("%d nodes of key %q", len(recs), key)
+		}
+	})
+	if err != nil {
+		return graph.View{}, false, b.fail("read document", err)
+	}
+	return v, ok, nil
+}
+
+// ScanDocuments reads the documents in key order, Config.BatchSize per read
+// transaction, and calls fn for each outside the transaction; fn's error
+// ends the scan and is returned as it is. A scan concurrent with writes
+// sees each document once, in the state of the page that read it.
+func (b *Backend) ScanDocuments(ctx context.Context, fn func(graph.View) error) error {
+	limit := b.cfg.BatchSize
+	after := ""
+	for {
+		var page []graph.View
+		err := b.run.ExecuteRead(ctx, func(t tx) error {
+			page = page[:0]
+			recs, err := t.Run(ctx, cypherScanDocuments, map[string]any{"after": after, "limit": int64(limit)})
+			if err != nil {
+				return err
+			}
+			for _, rec := range recs {
+				v, err := decodeView(rec)
+				if err != nil {
+					return err
+				}
+				page = append(page, v)
+			}
+			return nil
+		})
+		if err != nil {
+			return b.fail("scan documents", err)
+		}
+		sortViews(page)
+		if len(page) > 0 && page[0].Key <= after {
+			return b.fail("scan documents", fmt.Errorf("a page after %q began with %q", after, page[0].Key))
+		}
+		for _, v := range page {
+			if err := fn(v); err != nil {
+				return err
+			}
+		}
+		if len(page) < limit {
+			return nil
+		}
+		after = page[len(page)-1].Key
+	}
+}
+
+// Close closes the driver and its connections.
+func (b *Backend) Close() error {
+	if b.driver == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	defer cancel()
+	if err := b.driver.Close(ctx); err != nil {
+		return b.fail("close", err)
+	}
+	return nil
+}

@@ -1,0 +1,109 @@
+package neo4j
+
+// The Cypher statements of the backend: constants, every value a
+// parameter. The write statements run in the order listed, nodes before
+// relationships (see the package documentation).
+
+// Ensure: one schema statement per transaction. IF NOT EXISTS makes each a
+// no-op when an equivalent constraint exists.
+const (
+	cypherConstraintDocumentKey = `CREATE CONSTRAINT converge_document_key IF NOT EXISTS
+FOR (n:Document) REQUIRE n.key IS UNIQUE`
+	cypherConstraintChunkID = `CREATE CONSTRAINT converge_chunk_id IF NOT EXISTS
+FOR (n:Chunk) REQUIRE n.id IS UNIQUE`
+	cypherConstraintTagName = `CREATE CONSTRAINT converge_tag_name IF NOT EXISTS
+FOR (n:Tag) REQUIRE n.name IS UNIQUE`
+)
+
+// cypherMergeDocuments is the freshness guard. $rows: [{key, version,
+// deleted, title, content_hash}], sorted by key. Setting _LOCK_ takes the
+// node's write lock before its version is read (the lost-update pattern of
+// the Neo4j manual), so two transactions writing one key cannot both see
+// the old version; the lock is held to the end of the transaction. A node
+// without a version (new, or a stub) takes any version.
+const cypherMergeDocuments = `UNWIND $rows AS row
+MERGE (d:Document {key: row.key})
+SET d._LOCK_ = true
+WITH d, row, (d.version IS NULL OR d.version < row.version) AS applied
+REMOVE d._LOCK_
+FOREACH (i IN CASE WHEN applied THEN [1] ELSE [] END |
+  SET d.version = row.version, d.title = row.title, d.content_hash = row.content_hash,
+      d.deleted = row.deleted, d.stub = null)
+RETURN row.key AS key, applied`
+
+// cypherDeleteChunks removes the chunks of older versions. $keys: the
+// applied documents, sorted.
+const cypherDeleteChunks = `UNWIND $keys AS key
+MATCH (:Document {key: key})-[:HAS_CHUNK]->(c:Chunk)
+DETACH DELETE c`
+
+// cypherMergeChunks writes the chunk nodes. $chunks: [{id, key, version,
+// ordinal, content_hash}], by key, then ordinal.
+const cypherMergeChunks = `UNWIND $chunks AS chunk
+MERGE (c:Chunk {id: chunk.id})
+SET c.key = chunk.key, c.version = chunk.version, c.ordinal = chunk.ordinal,
+    c.content_hash = chunk.content_hash`
+
+// cypherMergeLinkTargets makes sure every link target exists: a key not
+// yet seen becomes a stub. $keys: the targets, sorted, distinct.
+const cypherMergeLinkTargets = `UNWIND $keys AS key
+MERGE (t:Document {key: key})
+ON CREATE SET t.stub = true`
+
+// cypherMergeTags writes the tag nodes. $names: sorted, distinct.
+const cypherMergeTags = `UNWIND $names AS name
+MERGE (:Tag {name: name})`
+
+// cypherDeleteEdges removes the outgoing links and tags of older versions.
+// $keys: the applied documents, sorted.
+const cypherDeleteEdges = `UNWIND $keys AS key
+MATCH (:Document {key: key})-[r:LINKS_TO|TAGGED]->()
+DELETE r`
+
+// cypherMergeHasChunk: $rows: [{key, id}], by key, then ordinal.
+const cypherMergeHasChunk = `UNWIND $rows AS row
+MATCH (d:Document {key: row.key})
+MATCH (c:Chunk {id: row.id})
+MERGE (d)-[:HAS_CHUNK]->(c)`
+
+// cypherMergeLinks: $rows: [{key, target}], sorted by key, then target.
+const cypherMergeLinks = `UNWIND $rows AS row
+MATCH (d:Document {key: row.key})
+MATCH (t:Document {key: row.target})
+MERGE (d)-[:LINKS_TO]->(t)`
+
+// cypherMergeTagged: $rows: [{key, tag}], sorted by key, then tag.
+const cypherMergeTagged = `UNWIND $rows AS row
+MATCH (d:Document {key: row.key})
+MATCH (t:Tag {name: row.tag})
+MERGE (d)-[:TAGGED]->(t)`
+
+// cypherCountEdges is the count fence, run after the writes in the same
+// transaction. $keys: the applied documents, sorted. A key missing from
+// the answer has no node.
+const cypherCountEdges = `UNWIND $keys AS key
+MATCH (d:Document {key: key})
+RETURN key,
+       COUNT { (d)-[:HAS_CHUNK]->(:Chunk) } AS chunks,
+       COUNT { (d)-[:LINKS_TO]->(:Document) } AS links,
+       COUNT { (d)-[:TAGGED]->(:Tag) } AS tags`
+
+// cypherView returns what the graph holds about document node d, one
+// record per node. Lists come back in no particular order; the backend
+// sorts them.
+const cypherView = `
+RETURN d.key AS key, d.version AS version, d.deleted AS deleted, d.title AS title,
+       d.content_hash AS content_hash, d.stub AS stub,
+       [(d)-[:HAS_CHUNK]->(c:Chunk) | {id: c.id, ordinal: c.ordinal, content_hash: c.content_hash}] AS chunks,
+       [(d)-[:LINKS_TO]->(t:Document) | t.key] AS links,
+       [(d)-[:TAGGED]->(t:Tag) | t.name] AS tags,
+       [(s:Document)-[:LINKS_TO]->(d) | s.key] AS linked_by`
+
+// cypherDocument reads one document. $key.
+const cypherDocument = `MATCH (d:Document {key: $key})` + cypherView
+
+// cypherScanDocuments reads the next page of documents in key order, after
+// the cursor $after ("" to start), at most $limit of them.
+const cypherScanDocuments = `MATCH (d:Document)
+WHERE d.key > $after
+WITH d ORDER BY d.key LIMIT $limit` + cypherView

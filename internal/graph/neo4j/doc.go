@@ -1,0 +1,66 @@
+// Package neo4j is the [graph.Backend] on a Neo4j database, 5.3 or later
+// (Community edition suffices), spoken to over Bolt with the official Go
+// driver.
+//
+// The graph:
+//
+//	(:Document {key, version, title, content_hash, deleted})
+//	(:Document {key, stub: true})            a link target not yet written
+//	(:Chunk {id, key, version, ordinal, content_hash})
+//	(:Tag {name})
+//	(:Document)-[:HAS_CHUNK]->(:Chunk)
+//	(:Document)-[:LINKS_TO]->(:Document)
+//	(:Document)-[:TAGGED]->(:Tag)
+//
+// [Backend.Ensure] creates uniqueness constraints on Document.key, Chunk.id
+// and Tag.name; every write is a MERGE on one of those keys, so no node is
+// ever created twice. Tag nodes are shared by the documents tagged with
+// them and are never deleted: a tag no document uses any more stays as an
+// orphan (:Tag) node, which reads ignore.
+//
+// # Writes
+//
+// [Backend.Apply] sorts the documents by key and writes them in batches of
+// [Config.BatchSize], one managed write transaction (driver retries on
+// transient errors and deadlocks included) per batch. Every statement is a
+// constant that takes its values from parameters (UNWIND $rows). Within a
+// transaction the statements run in this order, nodes before
+// relationships, each over rows sorted by key, so that concurrent
+// transactions take their locks in the same order as far as possible:
+//
+//  1. the freshness guard: MERGE each (:Document) by key, take its write
+//     lock (by setting and removing a _LOCK_ property) before reading its
+//     version, and set its fields only if the incoming version is greater
+//     than the stored one (or the node is new or a stub); it returns, per
+//     key, whether the version applied. Everything below concerns only
+//     the applied documents, so a stale version creates nothing, not even
+//     the stubs of its links;
+//  2. DETACH DELETE their (:Chunk) nodes, then MERGE the new ones;
+//  3. MERGE the link targets (a target not yet seen becomes a stub) and
+//     the (:Tag) nodes;
+//  4. delete their outgoing LINKS_TO and TAGGED relationships, then MERGE
+//     the new HAS_CHUNK, LINKS_TO and TAGGED relationships;
+//  5. the count fence: count each document's HAS_CHUNK, LINKS_TO and
+//     TAGGED relationships and fail the transaction ([*FenceError]) unless
+//     they equal the incoming numbers.
+//
+// A withdrawal goes through the same steps with no chunks, links or tags:
+// its node stays, deleted and with its version, as a tombstone that a late
+// older version cannot get past, and relationships from other documents
+// to it stay.
+//
+// A batch commits whole or not at all. If Apply fails on a later batch, the
+// earlier batches stay committed; applying the same documents again is
+// harmless (the committed ones report not applied, their version being
+// stored already).
+//
+// # Errors
+//
+// A failure returns an [*Error] naming the operation and the database and
+// keeping the driver's error as its cause. Its Permanent method, which the
+// projector runtime consults before dead-lettering, is true only when
+// Neo4j rejected the statement itself (Neo.ClientError.Statement.*, or
+// Neo.ClientError.Schema.ConstraintValidationFailed) or Apply was given
+// documents it cannot write ([ErrInvalidDocs]); a count fence mismatch,
+// like an unreachable server, is retried.
+package neo4j

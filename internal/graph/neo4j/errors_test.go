@@ -1,0 +1,53 @@
+package neo4j
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/neo4j/neo4j-go-driver/v5/neo4j"
+
+	"github.com/converge-sync/converge/internal/projector"
+)
+
+func TestPermanent(t *testing.T) {
+	for _, c := range []struct {
+		cause error
+		want  bool
+	}{
+		{&neo4j.Neo4jError{Code: "Neo.ClientError.Statement.SyntaxError"}, true},
+		{&neo4j.Neo4jError{Code: "Neo.ClientError.Statement.TypeError"}, true},
+		{&neo4j.Neo4jError{Code: "Neo.ClientError.Statement.ParameterMissing"}, true},
+		{&neo4j.Neo4jError{Code: "Neo.ClientError.Schema.ConstraintValidationFailed"}, true},
+		{fmt.Errorf("mergeLinks: %w", &neo4j.Neo4jError{Code: "Neo.ClientError.Statement.SemanticError"}), true},
+		{fmt.Errorf("%w: key %q appears twice", ErrInvalidDocs, "a"), true},
+		{&neo4j.Neo4jError{Code: "Neo.TransientError.Transaction.DeadlockDetected"}, false},
+		{&neo4j.Neo4jError{Code: "Neo.ClientError.Security.Unauthorized"}, false},
+		{&neo4j.Neo4jError{Code: "Neo.ClientError.Database.DatabaseNotFound"}, false},
+		{&neo4j.Neo4jError{Code: "Neo.DatabaseError.General.UnknownError"}, false},
+		{&neo4j.ConnectivityError{Inner: errors.New("connection refused")}, false},
+		{&neo4j.TransactionExecutionLimit{Cause: "timeout"}, false},
+		{&FenceError{Key: "a", Have: Counts{Chunks: 1}, Want: Counts{Chunks: 2}}, false},
+		{errors.New("anything else"), false},
+	} {
+		err := error(&Error{Op: "apply", Database: "neo4j", Err: c.cause})
+		if got := projector.IsPermanent(err); got != c.want {
+			t.Errorf("IsPermanent(%v) = %v, want %v", err, got, c.want)
+		}
+	}
+}
+
+func TestErrorMessages(t *testing.T) {
+	err := &Error{Op: "apply", Database: "graph", Err: &FenceError{Key: "doc/1", Have: Counts{2, 1, 0}, Want: Counts{3, 1, 0}}}
+	want := `neo4j: apply on database "graph": count fence: document "doc/1" has 2 HAS_CHUNK, 1 LINKS_TO, 0 TAGGED relationships; want 3, 1, 0`
+	if err.Error() != want {
+		t.Errorf("got  %s\nwant %s", err, want)
+	}
+	missing := &FenceError{Key: "k", Missing: true}
+	if missing.Error() != `count fence: document "k" not found after its write` {
+		t.Errorf("got %s", missing)
+	}
+	if (&Error{Err: errors.New("x")}).Code() != "" {
+		t.Error("Code of a non-Neo4j error is not empty")
+	}
+}

@@ -1,0 +1,361 @@
+package neo4j
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+
+	"github.com/neo4j/neo4j-go-driver/v5/neo4j"
+)
+
+// statementNames names every Cypher constant of the package, in the order
+// statements.golden lists them.
+var statementNames = []struct{ name, cypher string }{
+	{"ensureDocumentKey", cypherConstraintDocumentKey},
+	{"ensureChunkID", cypherConstraintChunkID},
+	{"ensureTagName", cypherConstraintTagName},
+	{"mergeDocuments", cypherMergeDocuments},
+	{"deleteChunks", cypherDeleteChunks},
+	{"mergeChunks", cypherMergeChunks},
+	{"mergeLinkTargets", cypherMergeLinkTargets},
+	{"mergeTags", cypherMergeTags},
+	{"deleteEdges", cypherDeleteEdges},
+	{"mergeHasChunk", cypherMergeHasChunk},
+	{"mergeLinks", cypherMergeLinks},
+	{"mergeTagged", cypherMergeTagged},
+	{"countEdges", cypherCountEdges},
+	{"document", cypherDocument},
+	{"scanDocuments", cypherScanDocuments},
+}
+
+func statementName(cypher string) string {
+	for _, s := range statementNames {
+		if s.cypher == cypher {
+			return s.name
+		}
+	}
+	return ""
+}
+
+// modelGraph is, in Go, what each statement is meant to do to the graph.
+// The fake transactions below interpret a statement by which constant it
+// is and by its parameters, never by parsing Cypher. It stands in for a
+// server so that the Go side (plans, batches, retries, answers, decoding)
+// can be tested; whether the Cypher does what the model does needs a real
+// Neo4j (TestConformance with CONVERGE_TEST_NEO4J_URL).
+type modelGraph struct {
+	docs   map[string]*modelDoc
+	chunks map[string]modelChunk // by id
+	tags   map[string]bool
+}
+
+type modelDoc struct {
+	hasVersion bool // false: a stub
+	version    int64
+	deleted    bool
+	title      string
+	hash       string
+	chunks     map[string]bool // HAS_CHUNK, by chunk id
+	links      map[string]bool // LINKS_TO, by target key
+	tagged     map[string]bool // TAGGED, by tag name
+}
+
+type modelChunk struct {
+	key     string
+	version int64
+	ordinal int64
+	hash    string
+}
+
+func newModelGraph() *modelGraph {
+	return &modelGraph{docs: map[string]*modelDoc{}, chunks: map[string]modelChunk{}, tags: map[string]bool{}}
+}
+
+func newModelDoc() *modelDoc {
+	return &modelDoc{chunks: map[string]bool{}, links: map[string]bool{}, tagged: map[string]bool{}}
+}
+
+func (g *modelGraph) clone() *modelGraph {
+	c := &modelGraph{docs: make(map[string]*modelDoc, len(g.docs)), chunks: maps.Clone(g.chunks), tags: maps.Clone(g.tags)}
+	for k, d := range g.docs {
+		dc := *d
+		dc.chunks, dc.links, dc.tagged = maps.Clone(d.chunks), maps.Clone(d.links), maps.Clone(d.tagged)
+		c.docs[k] = &dc
+	}
+	return c
+}
+
+func rowsParam(params map[string]any, name string) []map[string]any {
+	rows, ok := params[name].([]map[string]any)
+	if !ok {
+		panic(fmt.Sprintf("model: parameter %s is %T", name, params[name]))
+	}
+	return rows
+}
+
+func stringsParam(params map[string]any, name string) []string {
+	s, ok := params[name].([]string)
+	if !ok {
+		panic(fmt.Sprintf("model: parameter %s is %T", name, params[name]))
+	}
+	return s
+}
+
+// run applies one statement.
+func (g *modelGraph) run(cypher string, params map[string]any) ([]record, error) {
+	switch cypher {
+	case cypherConstraintDocumentKey, cypherConstraintChunkID, cypherConstraintTagName:
+		return nil, nil
+	case cypherMergeDocuments:
+		var out []record
+		for _, row := range rowsParam(params, "rows") {
+			key, version := row["key"].(string), row["version"].(int64)
+			d := g.docs[key]
+			if d == nil {
+				d = newModelDoc()
+				g.docs[key] = d
+			}
+			applied := !d.hasVersion || d.version < version
+			if applied {
+				d.hasVersion, d.version = true, version
+				d.deleted, d.title, d.hash = row["deleted"].(bool), row["title"].(string), row["content_hash"].(string)
+			}
+			out = append(out, record{"key": key, "applied": applied})
+		}
+		return out, nil
+	case cypherDeleteChunks:
+		for _, key := range stringsParam(params, "keys") {
+			if d := g.docs[key]; d != nil {
+				for id := range d.chunks {
+					delete(g.chunks, id)
+				}
+				d.chunks = map[string]bool{}
+			}
+		}
+		return nil, nil
+	case cypherMergeChunks:
+		for _, c := range rowsParam(params, "chunks") {
+			g.chunks[c["id"].(string)] = modelChunk{key: c["key"].(string), version: c["version"].(int64),
+				ordinal: c["ordinal"].(int64), hash: c["content_hash"].(string)}
+		}
+		return nil, nil
+	case cypherMergeLinkTargets:
+		for _, key := range stringsParam(params, "keys") {
+			if g.docs[key] == nil {
+				g.docs[key] = newModelDoc()
+			}
+		}
+		return nil, nil
+	case cypherMergeTags:
+		for _, name := range stringsParam(params, "names") {
+			g.tags[name] = true
+		}
+		return nil, nil
+	case cypherDeleteEdges:
+		for _, key := range stringsParam(params, "keys") {
+			if d := g.docs[key]; d != nil {
+				d.links, d.tagged = map[string]bool{}, map[string]bool{}
+			}
+		}
+		return nil, nil
+	case cypherMergeHasChunk:
+		for _, row := range rowsParam(params, "rows") {
+			d, id := g.docs[row["key"].(string)], row["id"].(string)
+			if _, ok := g.chunks[id]; d != nil && ok {
+				d.chunks[id] = true
+			}
+		}
+		return nil, nil
+	case cypherMergeLinks:
+		for _, row := range rowsParam(params, "rows") {
+			d, target := g.docs[row["key"].(string)], row["target"].(string)
+			if d != nil && g.docs[target] != nil {
+				d.links[target] = true
+			}
+		}
+		return nil, nil
+	case cypherMergeTagged:
+		for _, row := range rowsParam(params, "rows") {
+			d, tag := g.docs[row["key"].(string)], row["tag"].(string)
+			if d != nil && g.tags[tag] {
+				d.tagged[tag] = true
+			}
+		}
+		return nil, nil
+	case cypherCountEdges:
+		var out []record
+		for _, key := range stringsParam(params, "keys") {
+			if d := g.docs[key]; d != nil {
+				out = append(out, record{"key": key, "chunks": int64(len(d.chunks)),
+					"links": int64(len(d.links)), "tags": int64(len(d.tagged))})
+			}
+		}
+		return out, nil
+	case cypherDocument:
+		key := params["key"].(string)
+		if g.docs[key] == nil {
+			return nil, nil
+		}
+		return []record{g.view(key)}, nil
+	case cypherScanDocuments:
+		after, limit := params["after"].(string), params["limit"].(int64)
+		keys := slices.Sorted(maps.Keys(g.docs))
+		var out []record
+		for _, key := range keys {
+			if key > after && int64(len(out)) < limit {
+				out = append(out, g.view(key))
+			}
+		}
+		// The server returns the page in no guaranteed order.
+		slices.Reverse(out)
+		return out, nil
+	}
+	return nil, fmt.Errorf("model: not a statement of the package: %q", cypher)
+}
+
+// view is the record cypherView returns for key, with the driver's types:
+// nil for a property the node lacks, []any for lists (in map order, as
+// unordered as the server's), int64 for integers.
+func (g *modelGraph) view(key string) record {
+	d := g.docs[key]
+	rec := record{"key": key, "version": nil, "deleted": nil, "title": nil, "content_hash": nil, "stub": nil}
+	if d.hasVersion {
+		rec["version"], rec["deleted"], rec["title"], rec["content_hash"] = d.version, d.deleted, d.title, d.hash
+	} else {
+		rec["stub"] = true
+	}
+	chunks, links, tags, linkedBy := []any{}, []any{}, []any{}, []any{}
+	for id := range d.chunks {
+		c := g.chunks[id]
+		chunks = append(chunks, map[string]any{"id": id, "ordinal": c.ordinal, "content_hash": c.hash})
+	}
+	for t := range d.links {
+		links = append(links, t)
+	}
+	for t := range d.tagged {
+		tags = append(tags, t)
+	}
+	for k, other := range g.docs {
+		if other.links[key] {
+			linkedBy = append(linkedBy, k)
+		}
+	}
+	rec["chunks"], rec["links"], rec["tags"], rec["linked_by"] = chunks, links, tags, linkedBy
+	return rec
+}
+
+// call is one statement a fake transaction ran.
+type call struct {
+	name   string
+	params map[string]any
+}
+
+// attempt is one run of a unit of work.
+type attempt struct {
+	write     bool
+	calls     []call
+	committed bool
+	err       error
+}
+
+// fakeRunner runs units of work against a modelGraph the way the driver's
+// managed transactions run them against a server: each attempt works on a
+// copy of the graph that replaces it only on commit (an error rolls the
+// attempt back), and an error the driver deems retryable
+// (neo4j.IsRetryable: transient errors such as DeadlockDetected) runs the
+// work again, up to maxAttempts times. Transactions are serialised.
+type fakeRunner struct {
+	mu          sync.Mutex
+	graph       *modelGraph
+	maxAttempts int
+	// fail, when set, may fail a statement before it runs: n counts the
+	// transactions (1-based), try the attempts within it.
+	fail func(n, try int, name string) error
+	// answer, when set, may change a statement's records.
+	answer   func(name string, recs []record) []record
+	attempts []attempt
+	txs      int
+}
+
+func newFakeRunner() *fakeRunner {
+	return &fakeRunner{graph: newModelGraph(), maxAttempts: 5}
+}
+
+func (r *fakeRunner) ExecuteWrite(ctx context.Context, work func(tx) error) error {
+	return r.execute(ctx, true, work)
+}
+
+func (r *fakeRunner) ExecuteRead(ctx context.Context, work func(tx) error) error {
+	return r.execute(ctx, false, work)
+}
+
+func (r *fakeRunner) execute(ctx context.Context, write bool, work func(tx) error) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.txs++
+	for try := 1; ; try++ {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		t := &fakeTx{runner: r, graph: r.graph.clone(), n: r.txs, try: try}
+		err := work(t)
+		a := attempt{write: write, calls: t.calls, err: err}
+		if err == nil {
+			if write {
+				r.graph = t.graph
+			}
+			a.committed = true
+		}
+		r.attempts = append(r.attempts, a)
+		if err == nil || !neo4j.IsRetryable(err) || try == r.maxAttempts {
+			return err
+		}
+	}
+}
+
+// committed is the calls of the committed write transactions.
+func (r *fakeRunner) committed() [][]call {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out [][]call
+	for _, a := range r.attempts {
+		if a.write && a.committed {
+			out = append(out, a.calls)
+		}
+	}
+	return out
+}
+
+type fakeTx struct {
+	runner *fakeRunner
+	graph  *modelGraph
+	n, try int
+	calls  []call
+}
+
+func (t *fakeTx) Run(ctx context.Context, cypher string, params map[string]any) ([]record, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	name := statementName(cypher)
+	t.calls = append(t.calls, call{name: name, params: params})
+	if t.runner.fail != nil {
+		if err := t.runner.fail(t.n, t.try, name); err != nil {
+			return nil, err
+		}
+	}
+	recs, err := t.graph.run(cypher, params)
+	if err == nil && t.runner.answer != nil {
+		recs = t.runner.answer(name, recs)
+	}
+	return recs, err
+}
+
+// newTestBackend is a Backend on r.
+func newTestBackend(r *fakeRunner, batchSize int) *Backend {
+	cfg := Config{URL: "bolt://model", BatchSize: batchSize}
+	cfg.setDefaults()
+	return &Backend{cfg: cfg, run: r}
+}

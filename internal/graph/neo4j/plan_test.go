@@ -1,0 +1,276 @@
+package neo4j
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/converge-sync/converge/internal/graph"
+	"github.com/converge-sync/converge/pkg/contract"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files under testdata")
+
+// golden compares got with testdata/name.golden, or rewrites the file
+// with -update.
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name+".golden")
+	if *update {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test -update to create it)", err)
+	}
+	if got != string(want) {
+		t.Errorf("%s differs from the plan (review, then go test -update):\n--- got\n%s\n--- want\n%s", path, got, want)
+	}
+}
+
+// TestStatementsGolden pins the text of every Cypher statement.
+func TestStatementsGolden(t *testing.T) {
+	var b strings.Builder
+	for _, s := range statementNames {
+		fmt.Fprintf(&b, "== %s\n%s\n\n", s.name, strings.TrimSpace(s.cypher))
+	}
+	golden(t, "statements", b.String())
+}
+
+// doc is an upsert of key at version with n chunks.
+func doc(key string, version int64, n int, links, tags []string) graph.Doc {
+	d := graph.Doc{Key: key, Version: version, Title: fmt.Sprintf("%s v%d", key, version),
+		ContentHash: fmt.Sprintf("doc-%s-%d", key, version), Links: links, Tags: tags}
+	for i := range n {
+		d.Chunks = append(d.Chunks, graph.Chunk{ID: contract.ChunkID(key, version, i), Ordinal: i,
+			ContentHash: fmt.Sprintf("chunk-%s-%d-%d", key, version, i)})
+	}
+	return d
+}
+
+func withdrawal(key string, version int64) graph.Doc {
+	return graph.Doc{Key: key, Version: version, Deleted: true, ContentHash: fmt.Sprintf("withdrawn-%s", key)}
+}
+
+// renderPlan writes out the statements of Apply(docs), as the transactions
+// would run them when the guard answers applied for the keys not in stale.
+func renderPlan(t *testing.T, docs []graph.Doc, batchSize int, stale ...string) string {
+	t.Helper()
+	batches, err := planBatches(docs, batchSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for i, batch := range batches {
+		fmt.Fprintf(&b, "######## transaction %d of %d\n", i+1, len(batches))
+		writeStatement(t, &b, guardStatement(batch))
+		flags := make([]bool, len(batch))
+		var applied, skipped []string
+		for j, r := range batch {
+			flags[j] = !contains(stale, r.doc.Key)
+			if flags[j] {
+				applied = append(applied, r.doc.Key)
+			} else {
+				skipped = append(skipped, r.doc.Key)
+			}
+		}
+		fmt.Fprintf(&b, "# guard answers: applied %v, not applied %v\n", applied, skipped)
+		rows := appliedRows(batch, flags)
+		if len(rows) == 0 {
+			continue
+		}
+		for _, st := range writeStatements(rows) {
+			writeStatement(t, &b, st)
+		}
+		writeStatement(t, &b, fenceStatement(rows))
+		fmt.Fprint(&b, "# fence expects:")
+		for _, r := range rows {
+			c := r.counts()
+			fmt.Fprintf(&b, " %s=%d/%d/%d", r.doc.Key, c.Chunks, c.Links, c.Tags)
+		}
+		fmt.Fprint(&b, " (HAS_CHUNK/LINKS_TO/TAGGED)\n")
+	}
+	return b.String()
+}
+
+func contains(s []string, v string) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+func writeStatement(t *testing.T, b *strings.Builder, st statement) {
+	t.Helper()
+	if statementName(st.cypher) != st.name {
+		t.Fatalf("statement %s carries the Cypher of %q", st.name, statementName(st.cypher))
+	}
+	params, err := json.MarshalIndent(st.params, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(b, "== %s\n%s\n", st.name, params)
+}
+
+// TestPlanGolden pins the statements and parameters of representative
+// batches; review testdata/*.golden by eye after -update.
+func TestPlanGolden(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		docs  []graph.Doc
+		batch int
+		stale []string
+	}{
+		// A new document: its node, 2 chunks, links and tags given
+		// unsorted (the plan sorts them).
+		{"new_document", []graph.Doc{doc("a", 1, 2, []string{"c", "b"}, []string{"y", "x"})}, 100, nil},
+		// Version 2 with fewer chunks, one link left, no tags: the old
+		// chunks and edges are deleted, only the new ones merged.
+		{"update_fewer_chunks", []graph.Doc{doc("a", 2, 1, []string{"b"}, nil)}, 100, nil},
+		// A withdrawal: node fields set, chunks and outgoing edges
+		// deleted, nothing merged; the fence expects zero of each.
+		{"withdrawal", []graph.Doc{withdrawal("a", 3)}, 100, nil},
+		// Links to keys not yet seen (y, z) and to documents of the same
+		// batch (a, b): one MERGE per distinct target.
+		{"links_to_unseen", []graph.Doc{
+			doc("b", 1, 0, []string{"a", "y"}, nil),
+			doc("a", 1, 0, []string{"b", "z"}, nil),
+		}, 100, nil},
+		// Shared tags: one Tag MERGE per distinct name.
+		{"tags", []graph.Doc{
+			doc("a", 1, 1, nil, []string{"graph", "go"}),
+			doc("b", 1, 1, nil, []string{"neo4j", "graph"}),
+		}, 100, nil},
+		// Five documents, BatchSize 2: three transactions in key order.
+		{"batch_split", []graph.Doc{
+			doc("e", 1, 1, []string{"a"}, nil),
+			doc("c", 1, 1, nil, []string{"t"}),
+			doc("a", 1, 1, []string{"e"}, nil),
+			withdrawal("d", 4),
+			doc("b", 1, 1, nil, nil),
+		}, 2, nil},
+		// The guard answers b not applied (the graph holds a newer b):
+		// nothing of b is written, not even the stub of its link.
+		{"stale_skipped", []graph.Doc{
+			doc("a", 2, 1, []string{"x"}, nil),
+			doc("b", 1, 1, []string{"y"}, []string{"t"}),
+		}, 100, []string{"b"}},
+		// Nothing applied: the transaction is the guard alone.
+		{"all_stale", []graph.Doc{doc("a", 1, 1, []string{"x"}, nil)}, 100, []string{"a"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			golden(t, c.name, renderPlan(t, c.docs, c.batch, c.stale...))
+		})
+	}
+}
+
+func TestPlanBatchesValidates(t *testing.T) {
+	id := contract.ChunkID("a", 1, 0)
+	for _, c := range []struct {
+		name string
+		docs []graph.Doc
+	}{
+		{"empty key", []graph.Doc{{Version: 1}}},
+		{"repeated key", []graph.Doc{doc("a", 1, 0, nil, nil), doc("b", 1, 0, nil, nil), doc("a", 2, 0, nil, nil)}},
+		{"empty link", []graph.Doc{doc("a", 1, 0, []string{"", "b"}, nil)}},
+		{"empty tag", []graph.Doc{doc("a", 1, 0, nil, []string{""})}},
+		{"chunk without id", []graph.Doc{{Key: "a", Version: 1, Chunks: []graph.Chunk{{Ordinal: 0}}}}},
+		{"repeated chunk id", []graph.Doc{{Key: "a", Version: 1, Chunks: []graph.Chunk{{ID: id}, {ID: id, Ordinal: 1}}}}},
+	} {
+		if _, err := planBatches(c.docs, 10); !errors.Is(err, ErrInvalidDocs) {
+			t.Errorf("%s: err = %v, want ErrInvalidDocs", c.name, err)
+		}
+	}
+}
+
+func TestPlanBatchesNormalisesCopies(t *testing.T) {
+	links, tags := []string{"c", "b", "c"}, []string{"y", "x", "x"}
+	w := withdrawal("w", 2)
+	w.Links, w.Tags, w.Chunks = []string{"stray"}, []string{"stray"}, doc("w", 2, 1, nil, nil).Chunks
+	batches, err := planBatches([]graph.Doc{doc("a", 1, 0, links, tags), w}, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, wr := batches[0][0].doc, batches[0][1].doc
+	if fmt.Sprint(a.Links, a.Tags) != "[b c] [x y]" {
+		t.Errorf("links %v tags %v, want sorted and distinct", a.Links, a.Tags)
+	}
+	if fmt.Sprint(links, tags) != "[c b c] [y x x]" {
+		t.Errorf("the caller's slices were modified: %v %v", links, tags)
+	}
+	if wr.Chunks != nil || wr.Links != nil || wr.Tags != nil {
+		t.Errorf("a withdrawal kept %v %v %v", wr.Chunks, wr.Links, wr.Tags)
+	}
+}
+
+func TestWriteStatementsOrderNodesBeforeRelationships(t *testing.T) {
+	batches, err := planBatches([]graph.Doc{doc("a", 1, 2, []string{"b"}, []string{"t"})}, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, st := range writeStatements(batches[0]) {
+		names = append(names, st.name)
+	}
+	want := "deleteChunks mergeChunks mergeLinkTargets mergeTags deleteEdges mergeHasChunk mergeLinks mergeTagged"
+	if got := strings.Join(names, " "); got != want {
+		t.Errorf("order %s, want %s", got, want)
+	}
+}
+
+func TestCheckFence(t *testing.T) {
+	batches, err := planBatches([]graph.Doc{doc("a", 1, 2, []string{"x"}, nil), doc("b", 1, 0, nil, []string{"t"})}, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := batches[0]
+	good := []record{
+		{"key": "b", "chunks": int64(0), "links": int64(0), "tags": int64(1)},
+		{"key": "a", "chunks": int64(2), "links": int64(1), "tags": int64(0)},
+	}
+	if err := checkFence(rows, good); err != nil {
+		t.Fatalf("matching counts: %v", err)
+	}
+	bad := []record{good[0], {"key": "a", "chunks": int64(3), "links": int64(1), "tags": int64(0)}}
+	var fe *FenceError
+	if err := checkFence(rows, bad); !errors.As(err, &fe) || fe.Key != "a" || fe.Have.Chunks != 3 || fe.Want.Chunks != 2 {
+		t.Fatalf("a with 3 chunks: %v", err)
+	}
+	if err := checkFence(rows, good[:1]); !errors.As(err, &fe) || fe.Key != "a" || !fe.Missing {
+		t.Fatalf("a missing: %v", err)
+	}
+	if err := checkFence(rows, []record{{"key": "a", "chunks": 2}}); err == nil || errors.As(err, &fe) {
+		t.Fatalf("a malformed answer: %v", err)
+	}
+}
+
+func TestGuardResult(t *testing.T) {
+	batches, err := planBatches([]graph.Doc{doc("b", 1, 0, nil, nil), doc("a", 1, 0, nil, nil)}, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := guardResult(batches[0], []record{{"key": "b", "applied": false}, {"key": "a", "applied": true}})
+	if err != nil || fmt.Sprint(got) != "[true false]" {
+		t.Fatalf("guardResult = %v, %v; want [true false] (a, b)", got, err)
+	}
+	for _, recs := range [][]record{
+		{{"key": "a", "applied": true}},
+		{{"key": "a", "applied": true}, {"key": "b", "applied": true}, {"key": "c", "applied": true}},
+		{{"key": "a", "applied": true}, {"key": "a", "applied": true}},
+		{{"key": "a", "applied": "yes"}, {"key": "b", "applied": true}},
+	} {
+		if _, err := guardResult(batches[0], recs); err == nil {
+			t.Errorf("guardResult accepted %v", recs)
+		}
+	}
+}
