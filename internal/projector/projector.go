@@ -166,7 +166,15 @@ type Runtime struct {
 	log     *slog.Logger
 	ready   chan struct{}
 	once    sync.Once
+	// consumed: this runtime had a consumer, so its disappearance is an
+	// operator's doing.
+	consumed bool
 }
+
+// ConsumerGrace is how long a runtime whose consumer was deleted waits for
+// it to be recreated (converge replay does that at once) before creating it
+// again itself, from the stream's first message.
+var ConsumerGrace = 2 * time.Second
 
 // New returns a runtime applying the stream's events to store.
 func New(js jetstream.JetStream, store Store, cfg Config, metrics *Metrics, log *slog.Logger) (*Runtime, error) {
@@ -203,7 +211,11 @@ func (r *Runtime) Run(ctx context.Context) error {
 			return err
 		}
 		failures++
-		r.log.Warn("consuming failed; starting again", "err", err)
+		if errors.Is(err, jetstream.ErrConsumerDeleted) {
+			r.log.Info("the consumer was deleted (a replay?); starting again", "err", err)
+		} else {
+			r.log.Warn("consuming failed; starting again", "err", err)
+		}
 		sleep(ctx, r.backoff(failures))
 	}
 	return nil
@@ -214,7 +226,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 // true). An error is a reason to start again: the consumer was deleted, the
 // connection closed.
 func (r *Runtime) consume(ctx context.Context) (done bool, err error) {
-	cons, err := r.js.CreateOrUpdateConsumer(ctx, r.cfg.Stream, jetstream.ConsumerConfig{
+	cc := jetstream.ConsumerConfig{
 		Durable:       r.cfg.Name,
 		Description:   "converge projector " + r.cfg.Name,
 		AckPolicy:     jetstream.AckExplicitPolicy,
@@ -223,7 +235,24 @@ func (r *Runtime) consume(ctx context.Context) (done bool, err error) {
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 		FilterSubject: contract.DocsSubjectPrefix + ">",
 		MaxDeliver:    -1, // dead letters are the runtime's decision
-	})
+	}
+	switch existing, err := r.js.Consumer(ctx, r.cfg.Stream, r.cfg.Name); {
+	case err == nil:
+		// Where it starts is the operator's (converge replay); the rest is
+		// the runtime's.
+		ec := existing.CachedInfo().Config
+		cc.DeliverPolicy, cc.OptStartSeq, cc.OptStartTime = ec.DeliverPolicy, ec.OptStartSeq, ec.OptStartTime
+	case errors.Is(err, jetstream.ErrConsumerNotFound) && r.consumed:
+		// The consumer this runtime used is gone: an operator may be
+		// replacing it (converge replay). Give them time before starting
+		// again from the stream's first message.
+		sleep(ctx, ConsumerGrace)
+		if existing, err := r.js.Consumer(ctx, r.cfg.Stream, r.cfg.Name); err == nil {
+			ec := existing.CachedInfo().Config
+			cc.DeliverPolicy, cc.OptStartSeq, cc.OptStartTime = ec.DeliverPolicy, ec.OptStartSeq, ec.OptStartTime
+		}
+	}
+	cons, err := r.js.CreateOrUpdateConsumer(ctx, r.cfg.Stream, cc)
 	if err != nil {
 		return false, fmt.Errorf("projector %s: consumer on stream %s: %w", r.cfg.Name, r.cfg.Stream, err)
 	}
@@ -234,6 +263,7 @@ func (r *Runtime) consume(ctx context.Context) (done bool, err error) {
 		return false, fmt.Errorf("projector %s: %w", r.cfg.Name, err)
 	}
 	defer release(it)
+	r.consumed = true
 	lagCtx, stopLag := context.WithCancel(ctx)
 	defer stopLag()
 	go r.watchLag(lagCtx, cons)

@@ -7,7 +7,12 @@ package backends
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/signal"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/converge-sync/converge/internal/config"
@@ -15,6 +20,8 @@ import (
 	"github.com/converge-sync/converge/internal/index"
 	"github.com/converge-sync/converge/internal/index/embedded"
 	"github.com/converge-sync/converge/internal/index/qdrant"
+	"github.com/converge-sync/converge/internal/projector"
+	"github.com/converge-sync/converge/internal/verify"
 )
 
 // Env names of the index settings.
@@ -85,4 +92,49 @@ func Open(ctx context.Context, c *Config) (index.Backend, embed.Embedder, error)
 		return nil, nil, err
 	}
 	return b, e, nil
+}
+
+// Run is the index projector process: it opens the store, converges it to
+// the stream with the projector runtime, and serves /metrics, /healthz,
+// /readyz, GET /v1/search and verify's endpoints until ctx ends.
+func Run(ctx context.Context, sc projector.ServiceConfig, c *Config, opts index.Options, log *slog.Logger) error {
+	backend, embedder, err := Open(ctx, c)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = backend.Close() }()
+	x, err := index.New(ctx, backend, embedder, opts)
+	if err != nil {
+		return err
+	}
+	log.Info("index store", "store", c.Describe(), "embedder", embedder.Name(), "dimension", embedder.Dimension())
+	routes := map[string]http.Handler{
+		"GET /v1/search": index.SearchHandler(x),
+		"GET /v1/verify/": verify.Handler(verify.Index, func(ctx context.Context) ([]verify.Doc, error) {
+			return verify.ReadIndex(ctx, backend)
+		}),
+	}
+	return projector.RunService(ctx, sc, x, routes, log)
+}
+
+// Main is the projector-index command: flags, then Run until SIGINT or
+// SIGTERM. `converge projector-index` runs the same.
+func Main(args []string) error {
+	f := config.NewFlags("projector-index")
+	service := projector.ServiceFlags(f, "index", "127.0.0.1:9103")
+	reuse := f.Bool("reuse-vectors", "CONVERGE_INDEX_REUSE_VECTORS", false, "reuse the stored vectors of unchanged chunks (worth it with a remote embedder)")
+	store := Flags(f)
+	if err := f.Parse(args); err != nil {
+		return err
+	}
+	sc, err := service()
+	if err != nil {
+		return err
+	}
+	cfg := store()
+	log := config.NewLogger(os.Stderr, sc.LogLevel)
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return Run(ctx, sc, cfg, index.Options{ReuseVectors: *reuse}, log)
 }

@@ -1,0 +1,114 @@
+// Package backends opens the graph store a configuration names: Neo4j when
+// a URL is set, the embedded graph under the data directory otherwise.
+package backends
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	"github.com/converge-sync/converge/internal/config"
+	"github.com/converge-sync/converge/internal/graph"
+	"github.com/converge-sync/converge/internal/graph/embedded"
+	"github.com/converge-sync/converge/internal/graph/neo4j"
+	"github.com/converge-sync/converge/internal/projector"
+	"github.com/converge-sync/converge/internal/verify"
+)
+
+// Env names of the graph settings.
+const (
+	EnvNeo4jURL      = "CONVERGE_NEO4J_URL"
+	EnvNeo4jUser     = "CONVERGE_NEO4J_USER"
+	EnvNeo4jPassword = "CONVERGE_NEO4J_PASSWORD" //nolint:gosec // the name of a variable, not a credential
+)
+
+// Config names the graph store.
+type Config struct {
+	Neo4jURL      string // bolt://, neo4j://, neo4j+s://; empty: the embedded graph
+	Neo4jUser     string
+	Neo4jPassword string
+	Neo4jDatabase string
+	Neo4jBatch    int
+	DataDir       string // the embedded graph lives in DataDir/graph
+}
+
+// Flags binds the settings to flags (each with its environment variable);
+// call the returned function after parsing.
+func Flags(f *config.Flags) func() *Config {
+	url := f.String("neo4j-url", EnvNeo4jURL, "", "Neo4j URL, bolt:// or neo4j:// (neo4j+s:// for TLS); empty: the embedded graph under -data-dir")
+	user := f.String("neo4j-user", EnvNeo4jUser, "neo4j", "Neo4j user")
+	password := f.String("neo4j-password", EnvNeo4jPassword, "", "Neo4j password")
+	database := f.String("neo4j-database", "CONVERGE_NEO4J_DATABASE", "neo4j", "Neo4j database")
+	batch := f.Int("neo4j-batch", "CONVERGE_NEO4J_BATCH", 100, "documents per Neo4j transaction")
+	dataDir := f.String("data-dir", config.EnvDataDir, "./.converge", "directory of the embedded stores")
+	return func() *Config {
+		return &Config{Neo4jURL: *url, Neo4jUser: *user, Neo4jPassword: *password, Neo4jDatabase: *database,
+			Neo4jBatch: *batch, DataDir: *dataDir}
+	}
+}
+
+// Describe names the store, for logs and reports.
+func (c *Config) Describe() string {
+	if c.Neo4jURL != "" {
+		return fmt.Sprintf("neo4j %s database %s", c.Neo4jURL, c.Neo4jDatabase)
+	}
+	return "embedded graph in " + filepath.Join(c.DataDir, "graph")
+}
+
+// Open opens the backend.
+func Open(ctx context.Context, c *Config) (graph.Backend, error) {
+	if c.Neo4jURL != "" {
+		return neo4j.New(ctx, neo4j.Config{URL: c.Neo4jURL, User: c.Neo4jUser, Password: c.Neo4jPassword,
+			Database: c.Neo4jDatabase, BatchSize: c.Neo4jBatch})
+	}
+	return embedded.Open(filepath.Join(c.DataDir, "graph"), embedded.Options{})
+}
+
+// Run is the graph projector process: it opens the store, converges it to
+// the stream with the projector runtime, and serves /metrics, /healthz,
+// /readyz, GET /v1/graph/{key} and verify's endpoints until ctx ends.
+func Run(ctx context.Context, sc projector.ServiceConfig, c *Config, log *slog.Logger) error {
+	backend, err := Open(ctx, c)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = backend.Close() }()
+	p, err := graph.New(ctx, backend)
+	if err != nil {
+		return err
+	}
+	log.Info("graph store", "store", c.Describe())
+	routes := map[string]http.Handler{
+		"GET /v1/graph/{key...}": graph.DocumentHandler(backend),
+		"GET /v1/verify/": verify.Handler(verify.Graph, func(ctx context.Context) ([]verify.Doc, error) {
+			return verify.ReadGraph(ctx, backend)
+		}),
+	}
+	return projector.RunService(ctx, sc, p, routes, log)
+}
+
+// Main is the projector-graph command: flags, then Run until SIGINT or
+// SIGTERM. `converge projector-graph` runs the same.
+func Main(args []string) error {
+	f := config.NewFlags("projector-graph")
+	service := projector.ServiceFlags(f, "graph", "127.0.0.1:9104")
+	store := Flags(f)
+	if err := f.Parse(args); err != nil {
+		return err
+	}
+	sc, err := service()
+	if err != nil {
+		return err
+	}
+	cfg := store()
+	log := config.NewLogger(os.Stderr, sc.LogLevel)
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return Run(ctx, sc, cfg, log)
+}

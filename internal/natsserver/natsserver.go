@@ -1,0 +1,72 @@
+// Package natsserver runs a real NATS server with JetStream inside the
+// process, on 127.0.0.1: what `converge dev` and `converge demo` use when no
+// NATS URL is configured, and what the tests run against.
+package natsserver
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/converge-sync/converge/pkg/contract"
+)
+
+// Server is an embedded nats-server with JetStream and a file store.
+type Server struct {
+	Server   *server.Server
+	URL      string
+	StoreDir string
+	// Port is the bound client port; pass it to Start again to restart the
+	// server where clients expect it.
+	Port int
+
+	once sync.Once
+}
+
+// Start starts a server with its JetStream store in storeDir, listening on
+// 127.0.0.1:port (-1 or 0: a free port). Starting again on the store dir and
+// port of a stopped server is a restart: streams and messages persist.
+func Start(storeDir string, port int) (*Server, error) {
+	if port == 0 {
+		port = -1
+	}
+	ns, err := server.NewServer(&server.Options{
+		Host:      "127.0.0.1",
+		Port:      port,
+		JetStream: true,
+		StoreDir:  storeDir,
+		NoLog:     true,
+		NoSigs:    true,
+		// Events travel as one message each: the largest must fit.
+		MaxPayload: contract.MaxMessageBytes,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("configure nats-server: %w", err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		ns.Shutdown()
+		ns.WaitForShutdown()
+		return nil, errors.New("nats-server not ready within 10s")
+	}
+	addr, ok := ns.Addr().(*net.TCPAddr)
+	if !ok {
+		ns.Shutdown()
+		ns.WaitForShutdown()
+		return nil, fmt.Errorf("unexpected nats-server address %v", ns.Addr())
+	}
+	return &Server{Server: ns, URL: ns.ClientURL(), StoreDir: storeDir, Port: addr.Port}, nil
+}
+
+// Shutdown stops the server and waits until it has released its port and
+// store; it is safe to call more than once.
+func (s *Server) Shutdown() {
+	s.once.Do(func() {
+		s.Server.Shutdown()
+		s.Server.WaitForShutdown()
+	})
+}

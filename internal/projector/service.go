@@ -1,0 +1,92 @@
+package projector
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/converge-sync/converge/internal/config"
+	"github.com/converge-sync/converge/internal/telemetry"
+)
+
+// ServiceConfig is what a projector process needs besides its store.
+type ServiceConfig struct {
+	NATSURL     string
+	MetricsAddr string // /metrics, /healthz, /readyz and the projector's own routes; empty: off
+	LogLevel    string
+	Runtime     Config
+}
+
+// ServiceFlags binds a projector process's common flags; call the returned
+// function after parsing. name and metricsAddr are the defaults of -name
+// and -metrics-addr.
+func ServiceFlags(f *config.Flags, name, metricsAddr string) func() (ServiceConfig, error) {
+	natsURL := f.String("nats-url", config.EnvNATSURL, "", "NATS URL")
+	addr := f.String("metrics-addr", config.EnvMetricsAddr, metricsAddr, "address of /metrics, /healthz, /readyz and the projector's read API (empty: off)")
+	durable := f.String("name", "CONVERGE_PROJECTOR_NAME", name, "durable consumer name; dead letters go to converge.dlq.<name>")
+	batch := f.Int("batch", "CONVERGE_PROJECTOR_BATCH", 256, "messages fetched and applied at once")
+	parallel := f.Int("parallel", "CONVERGE_PROJECTOR_PARALLEL", 2, "shards of a batch applied at once")
+	maxDeliver := f.Int("max-deliver", "CONVERGE_PROJECTOR_MAX_DELIVER", 5, "deliveries after which an event the store rejects is dead-lettered")
+	level := f.String("log-level", config.EnvLogLevel, "info", "debug, info, warn or error")
+	return func() (ServiceConfig, error) {
+		if err := config.Require(*natsURL, "nats-url", config.EnvNATSURL); err != nil {
+			return ServiceConfig{}, err
+		}
+		return ServiceConfig{NATSURL: *natsURL, MetricsAddr: *addr, LogLevel: *level,
+			Runtime: Config{Name: *durable, BatchSize: *batch, Parallel: *parallel, MaxDeliver: *maxDeliver}}, nil
+	}
+}
+
+// RunService connects to NATS and runs a projector over store until ctx
+// ends, serving /metrics, /healthz, /readyz and routes (pattern -> handler)
+// on the metrics address.
+func RunService(ctx context.Context, sc ServiceConfig, store Store, routes map[string]http.Handler, log *slog.Logger) error {
+	nc, err := nats.Connect(sc.NATSURL, nats.Name("converge-projector-"+sc.Runtime.Name), nats.MaxReconnects(-1))
+	if err != nil {
+		return fmt.Errorf("connect nats: %w", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	reg := telemetry.NewRegistry()
+	r, err := New(js, store, sc.Runtime, NewMetrics(reg, sc.Runtime.Name), log)
+	if err != nil {
+		return err
+	}
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return r.Run(ctx) })
+	if sc.MetricsAddr != "" {
+		checks := []telemetry.Check{
+			{Name: "nats", Func: func(context.Context) error {
+				if !nc.IsConnected() {
+					return fmt.Errorf("nats: %s", nc.Status())
+				}
+				return nil
+			}},
+			{Name: "consumer", Func: func(context.Context) error {
+				select {
+				case <-r.Ready():
+					return nil
+				default:
+					return errors.New("consumer not created yet")
+				}
+			}},
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/", telemetry.Handler(reg, checks...))
+		for pattern, h := range routes {
+			mux.Handle(pattern, h)
+		}
+		g.Go(func() error { return telemetry.Serve(ctx, sc.MetricsAddr, mux, 5*time.Second, nil) })
+	}
+	return g.Wait()
+}
