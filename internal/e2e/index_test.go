@@ -9,14 +9,17 @@
 package e2e_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"os/signal"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -34,18 +37,26 @@ import (
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/relay"
 	"github.com/converge-sync/converge/internal/testenv"
+	"github.com/converge-sync/converge/internal/verify"
+	vpostgres "github.com/converge-sync/converge/internal/verify/postgres"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
 var pg *testenv.Postgres
 
-// childEnv makes the test binary run an index projector instead of the
-// tests (see runProjectorChild), so that a test can SIGKILL it.
+// childEnv makes the test binary run a projector ("index" or "graph")
+// instead of the tests, so that a test can SIGKILL it.
 const childEnv = "CONVERGE_E2E_PROJECTOR_CHILD"
 
+// childReady is the line a child prints on stdout once it handles SIGTERM.
+const childReady = "ready"
+
 func TestMain(m *testing.M) {
-	if os.Getenv(childEnv) == "1" {
+	switch os.Getenv(childEnv) {
+	case "index":
 		os.Exit(runProjectorChild())
+	case "graph":
+		os.Exit(runGraphChild())
 	}
 	os.Exit(testenv.RunMain(m, &pg))
 }
@@ -57,6 +68,7 @@ const dim = 64
 func runProjectorChild() int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
+	fmt.Println(childReady) // SIGTERM is handled from here on
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	nc, err := nats.Connect(os.Getenv("CONVERGE_NATS_URL"))
 	if err != nil {
@@ -186,8 +198,13 @@ func (p *pipeline) tryWrite(n, keys int) error {
 		}
 		seen[key] = true
 		version := time.Now().UnixNano() + int64(i)
+		var links []string
+		for range p.rng.IntN(4) {
+			// Some links point past the written keys: stubs in the graph.
+			links = append(links, fmt.Sprintf("doc-%d", p.rng.IntN(keys+keys/4)))
+		}
 		w := docstore.Write{Doc: contract.Document{Key: key, Version: version, Title: "Title " + key,
-			Body: body(p.rng.IntN(6)+1, key, version), Tags: []string{fmt.Sprint("t", p.rng.IntN(3))}}}
+			Body: body(p.rng.IntN(6)+1, key, version), Links: links, Tags: []string{fmt.Sprint("t", p.rng.IntN(3)), fmt.Sprint("u", p.rng.IntN(2))}}}
 		if p.rng.IntN(10) == 0 {
 			w = docstore.Write{Withdraw: true, Doc: contract.Document{Key: key, Version: version}}
 		}
@@ -313,7 +330,7 @@ func converge(t *testing.T, pool *pgxpool.Pool, b index.Backend, timeout time.Du
 
 // runProjector runs an in-process index projector until the returned stop
 // is called.
-func runProjector(t *testing.T, js jetstream.JetStream, x *index.Index, name string) (stop func()) {
+func runProjector(t *testing.T, js jetstream.JetStream, x projector.Store, name string) (stop func()) {
 	t.Helper()
 	r, err := projector.New(js, x, projector.Config{Name: name, BatchSize: 64, RetryMin: 10 * time.Millisecond}, nil, nil)
 	if err != nil {
@@ -404,6 +421,42 @@ func TestIndexConvergesUnderRedeliveryReorderAndPoison(t *testing.T) {
 	if d, err := diff(context.Background(), p.pool, store); err != nil || d != "" {
 		t.Fatalf("at the end: %s %v", d, err)
 	}
+	verifyIndex(t, p, store)
+}
+
+// verifyIndex checks converge verify's machinery on a converged index:
+// through the projector's HTTP endpoints it agrees; after points of one
+// document are deleted behind the projector's back it names exactly that
+// document.
+func verifyIndex(t *testing.T, p *pipeline, store index.Backend) {
+	t.Helper()
+	ctx := context.Background()
+	srv := httptest.NewServer(verify.Handler(verify.Index, func(ctx context.Context) ([]verify.Doc, error) { return verify.ReadIndex(ctx, store) }))
+	defer srv.Close()
+	side := &verify.Remote{Label: "index", Addr: strings.TrimPrefix(srv.URL, "http://")}
+	truth := &vpostgres.Postgres{Pool: p.pool}
+	rep, err := verify.Compare(ctx, truth, side, verify.Index, verify.DefaultBuckets, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.Agrees || rep.Documents == 0 || rep.Documents != rep.StoreDocuments {
+		t.Fatalf("verify of a converged index: %+v", rep)
+	}
+	var key string
+	if err := p.pool.QueryRow(ctx, `SELECT key FROM documents WHERE NOT deleted ORDER BY key DESC LIMIT 1`).Scan(&key); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.DeleteStale(ctx, []index.Keep{{Key: key}}); err != nil {
+		t.Fatal(err)
+	}
+	rep, err = verify.Compare(ctx, truth, side, verify.Index, verify.DefaultBuckets, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Agrees || len(rep.Differences) != 1 || rep.Differences[0].Key != key || rep.Differences[0].Problem != verify.StaleChunks {
+		t.Fatalf("verify after deleting %s's points: %+v", key, rep.Differences)
+	}
+	t.Logf("verify: %d documents agree; after deleting the points of %s: %s (%s)", rep.Documents, key, rep.Differences[0].Problem, rep.Differences[0].Detail)
 }
 
 func caughtUp(t *testing.T, js jetstream.JetStream, consumer string) bool {
@@ -422,11 +475,29 @@ func caughtUp(t *testing.T, js jetstream.JetStream, consumer string) bool {
 func TestIndexProjectorSurvivesSIGKILL(t *testing.T) {
 	p := newPipeline(t)
 	dir := t.TempDir()
+	kills := crashProjector(t, p, "index", dir)
+	store := openStore(t, dir)
+	defer store.Close()
+	if d, err := diff(context.Background(), p.pool, store); err != nil || d != "" {
+		t.Fatalf("after %d SIGKILLs: %s %v", kills, d, err)
+	}
+	var docs int
+	_ = p.pool.QueryRow(context.Background(), `SELECT count(*) FROM documents`).Scan(&docs)
+	t.Logf("%d SIGKILLs of the projector; the index equals Postgres on all %d documents", kills, docs)
+}
+
+// crashProjector runs a projector of kind ("index" or "graph") in a child
+// process on dir, SIGKILLs it at random points while the writer writes
+// 1,000 documents and a few times after, restarts it each time, and
+// finally lets one catch up and stop with SIGTERM. It returns the number
+// of kills.
+func crashProjector(t *testing.T, p *pipeline, kind, dir string) int {
+	t.Helper()
 	var logs bytes.Buffer
 	var logsMu sync.Mutex
 	start := func() *exec.Cmd {
 		cmd := exec.Command(os.Args[0])
-		cmd.Env = append(os.Environ(), childEnv+"=1", "CONVERGE_NATS_URL="+p.nats.URL, "CONVERGE_DATA_DIR="+dir)
+		cmd.Env = append(os.Environ(), childEnv+"="+kind, "CONVERGE_NATS_URL="+p.nats.URL, "CONVERGE_DATA_DIR="+dir)
 		cmd.Stderr = writerFunc(func(b []byte) (int, error) { logsMu.Lock(); defer logsMu.Unlock(); return logs.Write(b) })
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		if err := cmd.Start(); err != nil {
@@ -454,40 +525,46 @@ func TestIndexProjectorSurvivesSIGKILL(t *testing.T) {
 		}
 	}()
 	kills := 0
-	for {
+	kill := func(lo, spread int) {
 		cmd := start()
-		time.Sleep(time.Duration(150+rand.IntN(400)) * time.Millisecond)
+		time.Sleep(time.Duration(lo+rand.IntN(spread)) * time.Millisecond)
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 		kills++
+	}
+	for done := false; !done; {
+		kill(150, 400)
 		select {
 		case <-writing:
+			done = true
 		default:
-			continue
 		}
-		break
 	}
 	for range 3 { // and a few more once the writer is done
-		cmd := start()
-		time.Sleep(time.Duration(100+rand.IntN(300)) * time.Millisecond)
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		kills++
+		kill(100, 300)
 	}
-	cmd := start()
-	waitFor(t, "the projector to catch up", 90*time.Second, func() bool { return caughtUp(t, p.js, "index") })
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), childEnv+"="+kind, "CONVERGE_NATS_URL="+p.nats.URL, "CONVERGE_DATA_DIR="+dir)
+	cmd.Stderr = writerFunc(func(b []byte) (int, error) { logsMu.Lock(); defer logsMu.Unlock(); return logs.Write(b) })
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// Only a child that handles SIGTERM can be asked to stop gracefully.
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil || strings.TrimSpace(line) != childReady {
+		t.Fatalf("the projector child did not report ready: %q %v", line, err)
+	}
+	waitFor(t, "the projector to catch up", 90*time.Second, func() bool { return caughtUp(t, p.js, kind) })
 	_ = cmd.Process.Signal(syscall.SIGTERM)
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("projector after SIGTERM: %v", err)
 	}
-	store := openStore(t, dir)
-	defer store.Close()
-	if d, err := diff(context.Background(), p.pool, store); err != nil || d != "" {
-		t.Fatalf("after %d SIGKILLs: %s %v", kills, d, err)
-	}
-	var docs int
-	_ = p.pool.QueryRow(context.Background(), `SELECT count(*) FROM documents`).Scan(&docs)
-	t.Logf("%d SIGKILLs of the projector; the index equals Postgres on all %d documents", kills, docs)
+	return kills
 }
 
 type writerFunc func([]byte) (int, error)

@@ -1,0 +1,149 @@
+package verify
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// MaxBuckets bounds the number of buckets of a request.
+const MaxBuckets = 1 << 16
+
+// digestsJSON is the answer of GET /v1/verify/digests.
+type digestsJSON struct {
+	Kind    Kind           `json:"kind"`
+	Buckets []BucketDigest `json:"buckets"`
+}
+
+// Handler serves a projection's side of verify, read from its store by the
+// process that owns it:
+//
+//	GET /v1/verify/digests?buckets=N        the digest of each of N buckets
+//	GET /v1/verify/buckets?buckets=N&b=1,7  the documents of buckets 1 and 7
+//
+// read is called once per request.
+func Handler(kind Kind, read func(context.Context) ([]Doc, error)) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/verify/digests", func(w http.ResponseWriter, r *http.Request) {
+		n, ok := bucketsParam(w, r)
+		if !ok {
+			return
+		}
+		docs, err := read(r.Context())
+		if err != nil {
+			httpError(w, http.StatusServiceUnavailable, err.Error())
+			return
+		}
+		writeJSON(w, digestsJSON{Kind: kind, Buckets: Digests(kind, n, docs)})
+	})
+	mux.HandleFunc("GET /v1/verify/buckets", func(w http.ResponseWriter, r *http.Request) {
+		n, ok := bucketsParam(w, r)
+		if !ok {
+			return
+		}
+		var want []int
+		for _, s := range strings.Split(r.URL.Query().Get("b"), ",") {
+			b, err := strconv.Atoi(s)
+			if err != nil || b < 0 || b >= n {
+				httpError(w, http.StatusBadRequest, fmt.Sprintf("b must list buckets from 0 to %d, got %q", n-1, s))
+				return
+			}
+			want = append(want, b)
+		}
+		docs, err := read(r.Context())
+		if err != nil {
+			httpError(w, http.StatusServiceUnavailable, err.Error())
+			return
+		}
+		out, _ := (&Memory{Docs: docs}).Buckets(r.Context(), kind, n, want)
+		writeJSON(w, out)
+	})
+	return mux
+}
+
+func bucketsParam(w http.ResponseWriter, r *http.Request) (int, bool) {
+	n, err := strconv.Atoi(r.URL.Query().Get("buckets"))
+	if err != nil || n < 1 || n > MaxBuckets {
+		httpError(w, http.StatusBadRequest, fmt.Sprintf("buckets must be an integer from 1 to %d", MaxBuckets))
+		return 0, false
+	}
+	return n, true
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func httpError(w http.ResponseWriter, status int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]string{"code": "verify", "message": msg}})
+}
+
+// Remote is a projection's side of verify, asked of the projector that
+// owns the store over HTTP (its metrics address).
+type Remote struct {
+	Label string // "index" or "graph"
+	Addr  string // host:port
+	// Client defaults to one with a 5-minute timeout: a projector reads
+	// its whole store to answer.
+	Client *http.Client
+}
+
+// Name implements Side.
+func (r *Remote) Name() string { return r.Label }
+
+// Digests implements Side.
+func (r *Remote) Digests(ctx context.Context, kind Kind, n int) ([]BucketDigest, error) {
+	var out digestsJSON
+	if err := r.get(ctx, "/v1/verify/digests", url.Values{"buckets": {strconv.Itoa(n)}}, &out); err != nil {
+		return nil, err
+	}
+	if out.Kind != kind || len(out.Buckets) != n {
+		return nil, fmt.Errorf("%s at %s answered %d %s digests, want %d %s", r.Label, r.Addr, len(out.Buckets), out.Kind, n, kind)
+	}
+	return out.Buckets, nil
+}
+
+// Buckets implements Side.
+func (r *Remote) Buckets(ctx context.Context, _ Kind, n int, buckets []int) (map[int][]Doc, error) {
+	bs := make([]string, len(buckets))
+	for i, b := range buckets {
+		bs[i] = strconv.Itoa(b)
+	}
+	out := map[int][]Doc{}
+	err := r.get(ctx, "/v1/verify/buckets", url.Values{"buckets": {strconv.Itoa(n)}, "b": {strings.Join(bs, ",")}}, &out)
+	return out, err
+}
+
+func (r *Remote) get(ctx context.Context, path string, q url.Values, v any) error {
+	c := r.Client
+	if c == nil {
+		c = &http.Client{Timeout: 5 * time.Minute}
+	}
+	u := url.URL{Scheme: "http", Host: r.Addr, Path: path, RawQuery: q.Encode()}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return fmt.Errorf("the %s projector at %s does not answer: %w", r.Label, r.Addr, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return fmt.Errorf("the %s projector at %s: %s: %s", r.Label, r.Addr, resp.Status, strings.TrimSpace(string(body)))
+	}
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		return fmt.Errorf("the %s projector at %s: unreadable answer: %w", r.Label, r.Addr, err)
+	}
+	return nil
+}
