@@ -13,6 +13,8 @@ import (
 	"syscall"
 
 	"github.com/converge-sync/converge/internal/config"
+	gbackends "github.com/converge-sync/converge/internal/graph/backends"
+	ibackends "github.com/converge-sync/converge/internal/index/backends"
 	"github.com/converge-sync/converge/internal/schema"
 )
 
@@ -26,6 +28,19 @@ Usage:
   converge search TEXT [-k N] [--json]
                              the index's chunks nearest to TEXT, asked of the index projector
                              (-index-addr, env CONVERGE_PROJECTOR_INDEX_ADDR, default 127.0.0.1:9103)
+  converge verify [--json] [-stores index,graph]
+                             prove that the index and the graph agree with Postgres, document by
+                             document (bucket digests; exit 0 only when every store agrees)
+  converge replay PROJECTOR --from-seq N | --from-time T
+                             move a projector's consumer back; it receives every event from there
+                             again and skips what its store already holds
+  converge dlq list|show|redrive
+                             dead letters of each consumer: list them, show one consumer's, and
+                             send them back to their stream once the cause is fixed (converge dlq help)
+  converge graph KEY [--json]
+                             the document as the graph holds it: node, chunks, links out and in, tags,
+                             asked of the graph projector (-graph-addr, env CONVERGE_PROJECTOR_GRAPH_ADDR,
+                             default 127.0.0.1:9104)
 
 Every command takes -postgres-url (env CONVERGE_POSTGRES_URL); status also
 -nats-url (env CONVERGE_NATS_URL).
@@ -54,6 +69,22 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return status(ctx, args[1:], out)
 	case "search":
 		return search(ctx, args[1:], out)
+	case "graph":
+		return graphDoc(ctx, args[1:], out)
+	case "verify":
+		return verifyCmd(ctx, args[1:], out)
+	case "replay":
+		return replay(ctx, args[1:], out)
+	case "dlq":
+		return dlqCmd(ctx, args[1:], out)
+	case "dev":
+		return dev(ctx, args[1:], out)
+	case "demo":
+		return demo(ctx, args[1:], out)
+	case "projector-index":
+		return ibackends.Main(args[1:])
+	case "projector-graph":
+		return gbackends.Main(args[1:])
 	case "migrate":
 		if len(args) < 2 {
 			return fmt.Errorf("migrate needs a subcommand: up or status\n\n%s", usage)

@@ -3,19 +3,31 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 
+	gbackends "github.com/converge-sync/converge/internal/graph/backends"
 	"github.com/converge-sync/converge/internal/schema"
 	"github.com/converge-sync/converge/internal/testenv"
 )
 
 var pg *testenv.Postgres
 
-func TestMain(m *testing.M) { os.Exit(testenv.RunMain(m, &pg)) }
+func TestMain(m *testing.M) {
+	// The demo starts its graph projector as `<this binary> projector-graph`.
+	if len(os.Args) > 1 && os.Args[1] == "projector-graph" {
+		if err := gbackends.Main(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "projector-graph:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(testenv.RunMain(m, &pg))
+}
 
 func TestMigrateUpIsIdempotent(t *testing.T) {
 	ctx := context.Background()

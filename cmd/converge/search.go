@@ -5,12 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
 	"text/tabwriter"
-	"time"
 
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/index"
@@ -40,23 +38,9 @@ func search(ctx context.Context, args []string, out io.Writer) error {
 		return fmt.Errorf("search needs a query: converge search \"some text\" [-k N]")
 	}
 	u := url.URL{Scheme: "http", Host: *addr, Path: "/v1/search", RawQuery: url.Values{"q": {query}, "k": {strconv.Itoa(*k)}}.Encode()}
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	body, err := getJSON(ctx, u.String(), "search: the index projector", "projector-index", "-index-addr")
 	if err != nil {
 		return err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return fmt.Errorf("search: the index projector at %s does not answer (is projector-index running? -index-addr): %w", *addr, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("search: %s: %s", resp.Status, strings.TrimSpace(string(body)))
 	}
 	if *asJSON {
 		_, err := out.Write(body)

@@ -14,6 +14,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/internal/config"
+	"github.com/converge-sync/converge/internal/deadletter"
+	"github.com/converge-sync/converge/internal/writer"
+	"github.com/converge-sync/converge/pkg/contract"
 )
 
 // slotStatus is the relay's replication slot as Postgres reports it.
@@ -44,10 +47,23 @@ type streamStatus struct {
 	Consumers int       `json:"consumers"`
 }
 
+// consumerStatus is a projector's (or the writer's ingest) durable consumer.
+type consumerStatus struct {
+	Stream      string     `json:"stream"`
+	Name        string     `json:"name"`
+	Pending     uint64     `json:"pending"`     // not yet delivered
+	AckPending  int        `json:"ack_pending"` // delivered, not yet acknowledged
+	Redelivered int        `json:"redelivered"`
+	AckFloorSeq uint64     `json:"ack_floor_seq"`
+	LastApplied *time.Time `json:"last_applied_commit_time,omitempty"` // the Postgres commit time of the last event acknowledged in order
+	DeadLetters uint64     `json:"dead_letters"`                       // on converge.dlq.<name>
+}
+
 type statusReport struct {
-	Slot    slotStatus     `json:"slot"`
-	Outbox  outboxStatus   `json:"outbox"`
-	Streams []streamStatus `json:"streams,omitempty"`
+	Slot      slotStatus       `json:"slot"`
+	Outbox    outboxStatus     `json:"outbox"`
+	Streams   []streamStatus   `json:"streams,omitempty"`
+	Consumers []consumerStatus `json:"consumers,omitempty"`
 }
 
 func status(ctx context.Context, args []string, out io.Writer) error {
@@ -128,7 +144,48 @@ func collectStatus(ctx context.Context, pgURL, natsURL, slot string) (statusRepo
 		st.LastTime, st.Subjects, st.Consumers = info.State.LastTime, info.State.NumSubjects, info.State.Consumers
 		rep.Streams = append(rep.Streams, st)
 	}
-	return rep, nil
+	consumers, err := collectConsumers(ctx, js)
+	rep.Consumers = consumers
+	return rep, err
+}
+
+// collectConsumers reports the durable consumers of the documents and
+// ingest streams, with their dead-letter depth and, for projectors, the
+// commit time of the last event they acknowledged in order.
+func collectConsumers(ctx context.Context, js jetstream.JetStream) ([]consumerStatus, error) {
+	var dlq jetstream.Stream
+	if s, err := js.Stream(ctx, deadletter.Stream); err == nil {
+		dlq = s
+	}
+	var out []consumerStatus
+	for _, name := range []string{"CONVERGE_DOCS", "CONVERGE_INGEST"} {
+		s, err := js.Stream(ctx, name)
+		if err != nil {
+			continue
+		}
+		for info := range s.ListConsumers(ctx).Info() {
+			c := consumerStatus{Stream: name, Name: info.Name, Pending: info.NumPending, AckPending: info.NumAckPending,
+				Redelivered: info.NumRedelivered, AckFloorSeq: info.AckFloor.Stream}
+			if info.AckFloor.Stream > 0 {
+				if m, err := s.GetMsg(ctx, info.AckFloor.Stream); err == nil {
+					if t, err := time.Parse(time.RFC3339Nano, m.Header.Get(contract.HeaderCommitTime)); err == nil {
+						c.LastApplied = &t
+					}
+				}
+			}
+			dlqName := info.Name
+			if name == "CONVERGE_INGEST" {
+				dlqName = writer.IngestDLQName
+			}
+			if dlq != nil {
+				if di, err := dlq.Info(ctx, jetstream.WithSubjectFilter(contract.DLQSubject(dlqName))); err == nil {
+					c.DeadLetters = di.State.Subjects[contract.DLQSubject(dlqName)]
+				}
+			}
+			out = append(out, c)
+		}
+	}
+	return out, nil
 }
 
 func printStatus(out io.Writer, rep statusReport) {
@@ -161,6 +218,17 @@ func printStatus(out io.Writer, rep statusReport) {
 				last = s.LastTime.Format(time.RFC3339)
 			}
 			fmt.Fprintf(tw, "%s\t%d\t%s\t%d..%d\t%d\t%d\t%s\n", s.Name, s.Messages, bytesHuman(int64(s.Bytes)), s.FirstSeq, s.LastSeq, s.Subjects, s.Consumers, last)
+		}
+	}
+	if len(rep.Consumers) > 0 {
+		fmt.Fprintln(tw)
+		fmt.Fprintln(tw, "CONSUMER\tSTREAM\tPENDING\tUNACKED\tREDELIVERED\tDEAD LETTERS\tLAST APPLIED COMMIT")
+		for _, c := range rep.Consumers {
+			last := "-"
+			if c.LastApplied != nil {
+				last = fmt.Sprintf("%s (%s ago)", c.LastApplied.Format(time.RFC3339), time.Since(*c.LastApplied).Round(time.Second))
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\n", c.Name, c.Stream, c.Pending, c.AckPending, c.Redelivered, c.DeadLetters, last)
 		}
 	}
 	_ = tw.Flush()

@@ -1,0 +1,373 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/converge-sync/converge/internal/config"
+	"github.com/converge-sync/converge/internal/verify"
+	"github.com/converge-sync/converge/internal/verify/postgres"
+)
+
+// demo runs the pipeline on embedded defaults, loads a sample corpus,
+// redelivers every event, kills and restarts a projector, verifies, shows a
+// search and a graph query, and ends with a convergence report.
+func demo(ctx context.Context, args []string, out io.Writer) error {
+	f := config.NewFlags("converge demo")
+	flags := devFlags(f, devConfig{})
+	n := f.Int("docs", "", 300, "documents in the sample corpus")
+	if err := f.Parse(args); err != nil {
+		return err
+	}
+	if *n < 10 || *n > 100000 {
+		return errors.New("-docs must be from 10 to 100000")
+	}
+	cfg := flags()
+	for _, a := range []*string{&cfg.httpAddr, &cfg.writerAddr, &cfg.relayAddr, &cfg.indexAddr, &cfg.graphAddr} {
+		if *a == "" {
+			addr, err := freeAddr()
+			if err != nil {
+				return err
+			}
+			*a = addr
+		}
+	}
+	cfg.graphChild = true
+	d := &demoRun{out: out, began: time.Now()}
+
+	d.step("starting the pipeline: a throwaway PostgreSQL 15, an embedded NATS JetStream server, the writer, the relay, the index projector, and the graph projector as a child process")
+	s, err := startDev(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = s.stop() }()
+	d.stack = s
+	d.pool, err = pgxpool.New(ctx, s.postgresURL)
+	if err != nil {
+		return err
+	}
+	defer d.pool.Close()
+	nc, err := nats.Connect(s.natsURL)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	if d.js, err = jetstream.New(nc); err != nil {
+		return err
+	}
+	d.note("ready in %v; writer API at %s", time.Since(d.began).Round(time.Millisecond), s.apiURL)
+
+	corpus := sampleCorpus(*n, 1)
+	d.step(fmt.Sprintf("writing %d documents (with links and tags) through the writer's batch API", len(corpus)))
+	if err := d.post(ctx, corpus); err != nil {
+		return err
+	}
+	if err := d.converge(ctx, "initial load"); err != nil {
+		return err
+	}
+
+	d.step("redelivering every event to both projectors: converge replay index --from-seq 1; converge replay graph --from-seq 1")
+	before := d.skipped()
+	for _, name := range []string{"index", "graph"} {
+		pending, err := replayConsumer(ctx, d.js, "CONVERGE_DOCS", name, 1, time.Time{})
+		if err != nil {
+			return err
+		}
+		d.note("%s: %d events to redeliver", name, pending)
+	}
+	if err := d.caughtUp(ctx); err != nil {
+		return err
+	}
+	d.redelivered = d.skipped() - before
+	d.note("%d events redelivered and recognised as already applied (version markers); nothing written twice", int(d.redelivered))
+	if err := d.converge(ctx, "after redelivery"); err != nil {
+		return err
+	}
+
+	updates := sampleCorpus(*n, 2)[:min(100, *n/2)]
+	nWithdraw := min(20, *n/4)
+	d.step(fmt.Sprintf("updating %d documents and withdrawing %d while the graph projector is SIGKILLed mid-stream and restarted", len(updates), nWithdraw))
+	var withdrawals []map[string]any
+	for i := range nWithdraw {
+		withdrawals = append(withdrawals, map[string]any{"key": corpus[len(corpus)-1-i]["key"], "version": 3, "withdrawn": true})
+	}
+	posted := make(chan error, 1)
+	go func() { posted <- d.post(ctx, append(updates, withdrawals...)) }()
+	time.Sleep(time.Duration(50+rand.IntN(150)) * time.Millisecond) //nolint:gosec // a kill time, not a secret
+	if err := s.killGraphChild(); err != nil {
+		return err
+	}
+	d.kills++
+	d.note("graph projector killed (SIGKILL)")
+	if err := <-posted; err != nil {
+		return err
+	}
+	if err := s.startGraphChild(); err != nil {
+		return err
+	}
+	d.note("graph projector restarted")
+	if err := d.converge(ctx, "after the kill"); err != nil {
+		return err
+	}
+
+	d.step(`a search through the index: converge search "lava flows from volcanoes"`)
+	if err := search(ctx, []string{"-index-addr", cfg.indexAddr, "-k", "3", "lava flows from volcanoes"}, out); err != nil {
+		return err
+	}
+	key := corpus[0]["key"].(string)
+	d.step("a graph query: converge graph " + key)
+	if err := graphDoc(ctx, []string{"-graph-addr", cfg.graphAddr, key}, out); err != nil {
+		return err
+	}
+
+	d.step("converge verify: every document of Postgres against the index and the graph")
+	rep, err := runVerify(ctx, &postgres.Postgres{Pool: d.pool}, sides("index,graph", cfg.indexAddr, cfg.graphAddr), verify.DefaultBuckets, false)
+	if err != nil {
+		return err
+	}
+	printVerify(out, rep)
+	d.report(ctx, rep)
+	if !rep.Agrees {
+		return errDisagree
+	}
+	return nil
+}
+
+type demoRun struct {
+	out         io.Writer
+	began       time.Time
+	stack       *devStack
+	pool        *pgxpool.Pool
+	js          jetstream.JetStream
+	steps       int
+	written     int
+	redelivered float64
+	kills       int
+	phases      []string
+}
+
+func (d *demoRun) step(what string) {
+	d.steps++
+	fmt.Fprintf(d.out, "\n== %d. %s\n", d.steps, what)
+}
+
+func (d *demoRun) note(format string, args ...any) {
+	fmt.Fprintf(d.out, "   "+format+"\n", args...)
+}
+
+// post writes documents through the writer's batch API, 100 a request.
+func (d *demoRun) post(ctx context.Context, docs []map[string]any) error {
+	for lo := 0; lo < len(docs); lo += 100 {
+		var body bytes.Buffer
+		enc := json.NewEncoder(&body)
+		for _, doc := range docs[lo:min(lo+100, len(docs))] {
+			if err := enc.Encode(doc); err != nil {
+				return err
+			}
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.stack.apiURL+"/v1/documents:batch", &body)
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Content-Type", "application/x-ndjson")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return fmt.Errorf("writer: %w", err)
+		}
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			var r struct {
+				Result string `json:"result"`
+				Error  *struct {
+					Code    string `json:"code"`
+					Message string `json:"message"`
+				} `json:"error"`
+			}
+			if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+				_ = resp.Body.Close()
+				return fmt.Errorf("writer: unreadable result line %q", sc.Text())
+			}
+			if r.Error != nil {
+				_ = resp.Body.Close()
+				return fmt.Errorf("writer refused a document: %s: %s", r.Error.Code, r.Error.Message)
+			}
+			d.written++
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("writer: %s", resp.Status)
+		}
+	}
+	d.note("%d writes accepted so far", d.written)
+	return nil
+}
+
+// converge waits until verify finds both projections equal to Postgres.
+func (d *demoRun) converge(ctx context.Context, phase string) error {
+	start := time.Now()
+	truth := &postgres.Postgres{Pool: d.pool}
+	stores := sides("index,graph", d.stack.cfg.indexAddr, d.stack.cfg.graphAddr)
+	var last verifyReport
+	for time.Since(start) < 2*time.Minute {
+		rep, err := runVerify(ctx, truth, stores, verify.DefaultBuckets, false)
+		if err == nil && rep.Agrees {
+			took := time.Since(start).Round(time.Millisecond)
+			d.note("converged: the index and the graph equal Postgres on all %d documents (%v after the last write)", rep.Stores[0].Documents, took)
+			d.phases = append(d.phases, fmt.Sprintf("%s: converged in %v", phase, took))
+			return nil
+		}
+		last = rep
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	printVerify(d.out, last)
+	return fmt.Errorf("%s: the projections did not converge within 2 minutes", phase)
+}
+
+// caughtUp waits until both projectors' consumers exist again and have
+// nothing pending.
+func (d *demoRun) caughtUp(ctx context.Context) error {
+	deadline := time.Now().Add(2 * time.Minute)
+	for _, name := range []string{"index", "graph"} {
+		for {
+			c, err := d.js.Consumer(ctx, "CONVERGE_DOCS", name)
+			if err == nil {
+				if info, err := c.Info(ctx); err == nil && info.NumPending == 0 && info.NumAckPending == 0 && info.Delivered.Consumer > 0 {
+					break
+				}
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("the %s projector did not catch up within 2 minutes", name)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	return nil
+}
+
+// skipped sums the projectors' converge_projector_events_total{result="skipped"}.
+func (d *demoRun) skipped() float64 {
+	var total float64
+	for _, addr := range []string{d.stack.cfg.indexAddr, d.stack.cfg.graphAddr} {
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			continue
+		}
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			line := sc.Text()
+			if strings.HasPrefix(line, "converge_projector_events_total{") && strings.Contains(line, `result="skipped"`) {
+				var v float64
+				if _, err := fmt.Sscanf(line[strings.LastIndexByte(line, ' ')+1:], "%g", &v); err == nil {
+					total += v
+				}
+			}
+		}
+		_ = resp.Body.Close()
+	}
+	return total
+}
+
+func (d *demoRun) report(ctx context.Context, rep verifyReport) {
+	var docs, withdrawn, chunks, links int
+	_ = d.pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE deleted), coalesce(sum(chunk_count), 0), coalesce(sum(cardinality(links)), 0) FROM documents`).
+		Scan(&docs, &withdrawn, &chunks, &links)
+	var events uint64
+	if s, err := d.js.Stream(ctx, "CONVERGE_DOCS"); err == nil {
+		if info, err := s.Info(ctx); err == nil {
+			events = info.State.Msgs
+		}
+	}
+	fmt.Fprintf(d.out, "\n== convergence report\n")
+	tw := tabwriter.NewWriter(d.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "documents in Postgres\t%d (%d withdrawn), %d chunks, %d links\n", docs, withdrawn, chunks, links)
+	fmt.Fprintf(tw, "writes accepted by the writer\t%d\n", d.written)
+	fmt.Fprintf(tw, "events in the stream\t%d\n", events)
+	fmt.Fprintf(tw, "events redelivered, skipped as applied\t%d\n", int(d.redelivered))
+	fmt.Fprintf(tw, "projector kills (SIGKILL)\t%d\n", d.kills)
+	for _, p := range d.phases {
+		fmt.Fprintf(tw, "convergence\t%s\n", p)
+	}
+	for _, r := range rep.Stores {
+		verdict := "AGREES with Postgres"
+		if !r.Agrees {
+			verdict = fmt.Sprintf("DISAGREES on %d documents", len(r.Differences))
+		}
+		fmt.Fprintf(tw, "verify %s\t%s: %d documents, %d digest buckets compared\n", r.Store, verdict, r.StoreDocuments, r.Buckets)
+	}
+	fmt.Fprintf(tw, "total time\t%v\n", time.Since(d.began).Round(time.Millisecond))
+	_ = tw.Flush()
+}
+
+// sampleCorpus generates n documents deterministically: articles on a dozen
+// topics, each linking to others of its topic and beyond, tagged by topic
+// and kind. revision 2 rewrites the bodies (the same keys, version 2).
+func sampleCorpus(n int, revision int64) []map[string]any {
+	topics := []struct{ name, kind, words string }{
+		{"volcanoes", "earth", "lava magma eruption crater ash basalt caldera vent plume pressure"},
+		{"rivers", "earth", "delta current estuary flood bank sediment meander source basin tide"},
+		{"glaciers", "earth", "ice moraine crevasse snow valley melt firn calving flow cirque"},
+		{"forests", "life", "canopy fern moss root fungus seedling bark leaf understory clearing"},
+		{"coral", "life", "reef polyp algae lagoon bleaching current fish atoll spawn shelf"},
+		{"birds", "life", "feather migration nest song wing flock beak egg plumage flight"},
+		{"databases", "computing", "table index query transaction replication log snapshot commit row schema"},
+		{"compilers", "computing", "parser token syntax tree register optimisation bytecode linker loop"},
+		{"networks", "computing", "packet router latency protocol socket bandwidth switch frame route hop"},
+		{"telescopes", "space", "lens mirror aperture galaxy nebula orbit star spectrum focus dome"},
+		{"comets", "space", "tail nucleus orbit ice dust perihelion coma meteor shower sun"},
+		{"harbours", "places", "pier crane ship cargo quay lighthouse tide dock ferry breakwater"},
+	}
+	rng := rand.New(rand.NewPCG(20261130, uint64(revision))) //nolint:gosec // a reproducible corpus, not a secret
+	docs := make([]map[string]any, n)
+	for i := range n {
+		t := topics[i%len(topics)]
+		words := strings.Fields(t.words)
+		var body strings.Builder
+		for p := range 2 + rng.IntN(4) {
+			fmt.Fprintf(&body, "## Part %d\n\n", p+1)
+			for range 3 + rng.IntN(5) {
+				w := make([]string, 6+rng.IntN(8))
+				for j := range w {
+					w[j] = words[rng.IntN(len(words))]
+				}
+				fmt.Fprintf(&body, "%s %s. ", strings.ToUpper(w[0][:1])+w[0][1:], strings.Join(w[1:], " "))
+			}
+			body.WriteString("\n\n")
+		}
+		if revision > 1 {
+			fmt.Fprintf(&body, "Revised (revision %d).\n", revision)
+		}
+		var links []string
+		for range 1 + rng.IntN(3) {
+			links = append(links, corpusKey(topics[rng.IntN(len(topics))].name, rng.IntN(n/len(topics)+1)))
+		}
+		links = append(links, corpusKey(t.name, (i/len(topics)+1)%(n/len(topics)+1)))
+		docs[i] = map[string]any{
+			"key": corpusKey(t.name, i/len(topics)), "version": revision,
+			"title": fmt.Sprintf("%s, article %d", strings.ToUpper(t.name[:1])+t.name[1:], i/len(topics)),
+			"body":  body.String(), "links": links, "tags": []string{t.name, t.kind},
+			"meta": map[string]any{"source": "converge demo corpus", "revision": revision},
+		}
+	}
+	return docs
+}
+
+func corpusKey(topic string, i int) string { return fmt.Sprintf("wiki/%s/%03d", topic, i) }

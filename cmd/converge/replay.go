@@ -1,0 +1,111 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/converge-sync/converge/internal/config"
+)
+
+// replay moves a projector's durable consumer back to a stream sequence or
+// a time. The projector, running or not, then receives every event from
+// there again; its stores skip what they already hold (version markers), so
+// a replay has no duplicate effects.
+func replay(ctx context.Context, args []string, out io.Writer) error {
+	f := config.NewFlags("converge replay")
+	natsURL := f.String("nats-url", config.EnvNATSURL, "", "NATS URL")
+	stream := f.String("stream", "", "CONVERGE_DOCS", "the projectors' stream")
+	fromSeq := f.Int("from-seq", "", 0, "replay from this stream sequence (1: everything)")
+	fromTime := f.String("from-time", "", "", "replay from this time (RFC 3339, e.g. 2026-11-30T10:00:00Z)")
+	var names []string
+	for rest := args; ; {
+		if err := f.Parse(rest); err != nil {
+			return err
+		}
+		if f.NArg() == 0 {
+			break
+		}
+		names = append(names, f.Arg(0))
+		rest = f.Args()[1:]
+	}
+	if len(names) != 1 {
+		return errors.New("replay needs one projector (its consumer name, e.g. index or graph): converge replay index --from-seq 1")
+	}
+	if err := config.Require(*natsURL, "nats-url", config.EnvNATSURL); err != nil {
+		return err
+	}
+	var start time.Time
+	switch {
+	case *fromSeq > 0 && *fromTime != "":
+		return errors.New("replay: give --from-seq or --from-time, not both")
+	case *fromSeq < 0:
+		return errors.New("replay: --from-seq must be 1 or more")
+	case *fromTime != "":
+		t, err := time.Parse(time.RFC3339, *fromTime)
+		if err != nil {
+			return fmt.Errorf("replay: --from-time: %w", err)
+		}
+		start = t
+	case *fromSeq == 0:
+		return errors.New("replay: give --from-seq N or --from-time T")
+	}
+	nc, err := nats.Connect(*natsURL)
+	if err != nil {
+		return fmt.Errorf("connect nats: %w", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	pending, err := replayConsumer(ctx, js, *stream, names[0], uint64(*fromSeq), start)
+	if err != nil {
+		return err
+	}
+	from := fmt.Sprintf("sequence %d", *fromSeq)
+	if !start.IsZero() {
+		from = start.Format(time.RFC3339)
+	}
+	fmt.Fprintf(out, "consumer %s of %s now delivers from %s: %d events to redeliver\n", names[0], *stream, from, pending)
+	return nil
+}
+
+// replayConsumer replaces the durable consumer name by one that starts at
+// stream sequence seq, or at time start when seq is 0, keeping the rest of
+// its configuration. It returns the number of messages now pending.
+func replayConsumer(ctx context.Context, js jetstream.JetStream, stream, name string, seq uint64, start time.Time) (uint64, error) {
+	c, err := js.Consumer(ctx, stream, name)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return 0, fmt.Errorf("replay: stream %s has no consumer %q (has its projector ever run?)", stream, name)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("replay: %w", err)
+	}
+	cfg := c.CachedInfo().Config
+	cfg.OptStartSeq, cfg.OptStartTime = 0, nil
+	if seq > 0 {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, seq
+	} else {
+		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &start
+	}
+	// A consumer's start cannot be changed in place: it is deleted and
+	// created again at once (a running projector waits for it).
+	if err := js.DeleteConsumer(ctx, stream, name); err != nil {
+		return 0, fmt.Errorf("replay: delete consumer %s: %w", name, err)
+	}
+	nc, err := js.CreateConsumer(ctx, stream, cfg)
+	if err != nil {
+		return 0, fmt.Errorf("replay: create consumer %s (the projector will recreate it from the stream's start): %w", name, err)
+	}
+	info, err := nc.Info(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return info.NumPending, nil
+}

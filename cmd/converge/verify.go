@@ -1,0 +1,139 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/converge-sync/converge/internal/config"
+	"github.com/converge-sync/converge/internal/verify"
+	"github.com/converge-sync/converge/internal/verify/postgres"
+)
+
+// errDisagree makes converge exit non-zero when a store disagrees.
+var errDisagree = errors.New("the stores do not agree with Postgres")
+
+type verifyReport struct {
+	Agrees bool            `json:"agrees"`
+	Stores []verify.Report `json:"stores"`
+}
+
+// verifyCmd compares each projection with Postgres by bucket digests and
+// reports every differing document.
+func verifyCmd(ctx context.Context, args []string, out io.Writer) error {
+	f := config.NewFlags("converge verify")
+	pg := f.String("postgres-url", config.EnvPostgresURL, "", "Postgres URL")
+	indexAddr := f.String("index-addr", "CONVERGE_PROJECTOR_INDEX_ADDR", "127.0.0.1:9103", "the index projector's metrics address")
+	graphAddr := f.String("graph-addr", "CONVERGE_PROJECTOR_GRAPH_ADDR", "127.0.0.1:9104", "the graph projector's metrics address")
+	stores := f.String("stores", "", "index,graph", "the projections to verify, comma-separated")
+	buckets := f.Int("buckets", "", verify.DefaultBuckets, "number of digest buckets")
+	asJSON := f.Bool("json", "", false, "machine-readable report")
+	if err := f.Parse(args); err != nil {
+		return err
+	}
+	if err := config.Require(*pg, "postgres-url", config.EnvPostgresURL); err != nil {
+		return err
+	}
+	if *buckets < 1 || *buckets > verify.MaxBuckets {
+		return fmt.Errorf("-buckets must be from 1 to %d", verify.MaxBuckets)
+	}
+	pool, err := pgxpool.New(ctx, *pg)
+	if err != nil {
+		return fmt.Errorf("postgres: %w", err)
+	}
+	defer pool.Close()
+	rep, err := runVerify(ctx, &postgres.Postgres{Pool: pool}, sides(*stores, *indexAddr, *graphAddr), *buckets, !*asJSON)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(rep); err != nil {
+			return err
+		}
+	} else {
+		printVerify(out, rep)
+	}
+	if !rep.Agrees {
+		return errDisagree
+	}
+	return nil
+}
+
+type namedSide struct {
+	kind verify.Kind
+	side verify.Side
+}
+
+func sides(list, indexAddr, graphAddr string) []namedSide {
+	var out []namedSide
+	for _, s := range strings.Split(list, ",") {
+		switch strings.TrimSpace(s) {
+		case "index":
+			out = append(out, namedSide{verify.Index, &verify.Remote{Label: "index", Addr: indexAddr}})
+		case "graph":
+			out = append(out, namedSide{verify.Graph, &verify.Remote{Label: "graph", Addr: graphAddr}})
+		}
+	}
+	return out
+}
+
+func runVerify(ctx context.Context, truth verify.Side, stores []namedSide, buckets int, progress bool) (verifyReport, error) {
+	rep := verifyReport{Agrees: true}
+	if len(stores) == 0 {
+		return rep, errors.New("verify: no store to verify (-stores index,graph)")
+	}
+	for _, s := range stores {
+		var show func(done, total int)
+		if progress {
+			show = func(done, total int) {
+				fmt.Fprintf(os.Stderr, "\r%s: compared %d/%d differing buckets", s.side.Name(), done, total)
+				if done == total {
+					fmt.Fprintln(os.Stderr)
+				}
+			}
+		}
+		r, err := verify.Compare(ctx, truth, s.side, s.kind, buckets, show)
+		if err != nil {
+			return rep, err
+		}
+		rep.Stores = append(rep.Stores, r)
+		rep.Agrees = rep.Agrees && r.Agrees
+	}
+	return rep, nil
+}
+
+func printVerify(out io.Writer, rep verifyReport) {
+	for _, r := range rep.Stores {
+		if r.Agrees {
+			fmt.Fprintf(out, "%-6s agrees with Postgres on all %d documents (%d of %d bucket digests equal)\n", r.Store, r.Documents, r.Buckets, r.Buckets)
+			continue
+		}
+		counts := map[string]int{}
+		for _, d := range r.Differences {
+			counts[d.Problem]++
+		}
+		var kinds []string
+		for k, n := range counts {
+			kinds = append(kinds, fmt.Sprintf("%d %s", n, k))
+		}
+		slices.Sort(kinds)
+		fmt.Fprintf(out, "%-6s DISAGREES: %d documents differ (%s); %d of %d buckets differ; Postgres %d documents, %s %d\n",
+			r.Store, len(r.Differences), strings.Join(kinds, ", "), r.DifferingBuckets, r.Buckets, r.Documents, r.Store, r.StoreDocuments)
+		for i, d := range r.Differences {
+			if i == 50 {
+				fmt.Fprintf(out, "  ... and %d more (--json lists all)\n", len(r.Differences)-50)
+				break
+			}
+			fmt.Fprintf(out, "  %-16s %s: %s\n", d.Problem, d.Key, d.Detail)
+		}
+	}
+}
