@@ -15,6 +15,18 @@ build: ## build every binary into bin/
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ ./cmd/...
 
+.PHONY: demo
+demo: deps ## the whole pipeline on embedded defaults: load a corpus, redeliver, kill a projector, verify, report
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/ ./cmd/converge
+	$(BIN)/converge demo
+
+.PHONY: dev
+dev: deps ## the whole pipeline in one process on embedded defaults, until Ctrl-C
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/ ./cmd/converge
+	$(BIN)/converge dev
+
 .PHONY: deps
 deps: ## install what the tests need (PostgreSQL server binaries) when missing
 	@bash scripts/ensure-postgres.sh
@@ -37,9 +49,11 @@ test-short: deps ## the tests without the race detector
 	$(GO) test -count=1 $(PKGS)
 
 .PHONY: test-servers
-test-servers: ## with Docker: start real Qdrant (docker-compose.test.yml) and run the adapters' conformance suites against it
+test-servers: ## with Docker: start real Qdrant and Neo4j (docker-compose.test.yml) and run the adapters' conformance suites against them
 	docker compose -f docker-compose.test.yml up -d --wait
 	CONVERGE_TEST_QDRANT_URL=127.0.0.1:6334 $(GO) test -count=1 -run Conformance ./internal/index/qdrant/
+	CONVERGE_TEST_NEO4J_URL=bolt://127.0.0.1:7687 CONVERGE_TEST_NEO4J_USER=neo4j CONVERGE_TEST_NEO4J_PASSWORD=converge-test \
+		$(GO) test -count=1 -run Conformance ./internal/graph/neo4j/
 
 .PHONY: fuzz
 fuzz: ## run every fuzz target for FUZZTIME each (default 30s)
@@ -59,7 +73,7 @@ fuzz: ## run every fuzz target for FUZZTIME each (default 30s)
 bench: deps ## benchmarks; each comparison runs both sides in one run and prints the ratio
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -count 1 ./internal/docstore ./internal/chunking ./pkg/contract
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count $${RELAY_RUNS:-3} ./internal/relay
-	$(GO) test -run '^$$' -bench . -benchtime 1x -count 3 ./internal/index
+	$(GO) test -run '^$$' -bench . -benchtime 1x -count 3 ./internal/index ./internal/graph
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -count 1 ./internal/index/embedded ./internal/index/qdrant ./internal/embed
 
 .PHONY: lint
@@ -67,6 +81,14 @@ lint: ## golangci-lint (.golangci.yml) when installed, else go vet
 	@lint="$$(command -v golangci-lint || echo "$$($(GO) env GOPATH)/bin/golangci-lint")"; \
 	if [ -x "$$lint" ]; then "$$lint" run $(PKGS); \
 	else echo "golangci-lint not installed (go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0); running go vet"; $(GO) vet $(PKGS); fi
+
+.PHONY: up
+up: ## with Docker: build the image and start the whole stack (docker-compose.yml), waiting until it is healthy
+	docker compose up -d --build --wait
+
+.PHONY: down
+down: ## with Docker: stop the stack started by `make up` (its volumes stay)
+	docker compose down
 
 .PHONY: clean
 clean: ## remove build output

@@ -1,0 +1,550 @@
+package deploy
+
+import (
+	"maps"
+	"net"
+	"net/url"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	natsconf "github.com/nats-io/nats-server/v2/conf"
+
+	"github.com/converge-sync/converge/pkg/contract"
+)
+
+// TestServicesRunWhatTheBinariesDefine builds the binaries and checks every
+// service run from the Dockerfile's image against them: its command names
+// a binary (and, for converge, a subcommand), each -flag is one that
+// command defines, and each CONVERGE_* variable it sets is one that
+// command reads. Every binary is run by some service.
+func TestServicesRunWhatTheBinariesDefine(t *testing.T) {
+	c := loadCompose(t)
+	bins := buildBinaries(t)
+	run := map[string]bool{}
+	for _, name := range slices.Sorted(maps.Keys(c.Services)) {
+		s := c.Services[name]
+		if !s.fromDockerfile() {
+			continue
+		}
+		t.Run(name, func(t *testing.T) {
+			if len(s.Entrypoint) > 0 {
+				t.Errorf("sets an entrypoint %q: the image has none; name the binary in the command", s.Entrypoint)
+			}
+			if len(s.Command) == 0 {
+				t.Fatal("no command: it must name the binary to run")
+			}
+			run[s.Command[0]] = true
+			cmd, args, err := bins.cliOf(s.Command)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, a := range args {
+				if a == "--" {
+					break
+				}
+				if !strings.HasPrefix(a, "-") || a == "-" {
+					continue
+				}
+				flag, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
+				if !cmd.flags[flag] {
+					t.Errorf("command passes %s, which %s does not define", a, cmd.name)
+				}
+			}
+			for _, env := range slices.Sorted(maps.Keys(s.Environment)) {
+				if strings.HasPrefix(env, "CONVERGE_") && !cmd.reads(env) {
+					t.Errorf("sets %s, which %s does not read; it reads %s", env, cmd.name, strings.Join(cmd.sortedEnvs(), ", "))
+				}
+			}
+		})
+	}
+	if len(run) == 0 {
+		t.Fatal("no service runs the image built from the Dockerfile")
+	}
+	for _, b := range bins.names {
+		if !run[b] {
+			t.Errorf("no service runs %s (cmd/%s)", b, b)
+		}
+	}
+}
+
+// TestImagesArePinned: every service names a tagged image (not latest) or
+// is built from this repository.
+func TestImagesArePinned(t *testing.T) {
+	for name, s := range loadCompose(t).Services {
+		if s.Image == "" {
+			if s.Build == nil {
+				t.Errorf("%s: neither image nor build", name)
+			}
+			continue
+		}
+		ref := withDefaults(s.Image)
+		if strings.Contains(ref, "@sha256:") {
+			continue
+		}
+		tag := ""
+		if i := strings.LastIndex(ref, ":"); i > strings.LastIndex(ref, "/") {
+			tag = ref[i+1:]
+		}
+		if tag == "" || tag == "latest" {
+			t.Errorf("%s: image %q is not pinned to a version", name, s.Image)
+		}
+	}
+}
+
+// TestPortsArePublishedOnLoopback: nothing of the stack is reachable from
+// other machines.
+func TestPortsArePublishedOnLoopback(t *testing.T) {
+	for name, s := range loadCompose(t).Services {
+		for _, p := range s.Ports {
+			if p.HostIP != "127.0.0.1" || p.Published == "" {
+				t.Errorf("%s: port %q is not published on 127.0.0.1:<port>", name, p.Raw)
+			}
+		}
+	}
+}
+
+// TestServicesHaveHealthchecks: every long-running service has a
+// healthcheck and a restart policy; every one-shot service (one that
+// others wait for to complete) is not restarted, and a long-running
+// service waits for it, which is what lets `docker compose up --wait`
+// treat its exit as success.
+func TestServicesHaveHealthchecks(t *testing.T) {
+	c := loadCompose(t)
+	oneShots := c.oneShots()
+	for name, s := range c.Services {
+		if oneShots[name] {
+			if s.Restart != "" && s.Restart != "no" {
+				t.Errorf("%s: one-shot service with restart %q", name, s.Restart)
+			}
+			adopted := false
+			for other, o := range c.Services {
+				if !oneShots[other] && o.DependsOn[name] == "service_completed_successfully" {
+					adopted = true
+				}
+			}
+			if !adopted {
+				t.Errorf("%s: one-shot service that no long-running service waits for with service_completed_successfully", name)
+			}
+			continue
+		}
+		if !s.Healthcheck.enabled() {
+			t.Errorf("%s: no healthcheck", name)
+		}
+		if s.Restart == "" || s.Restart == "no" {
+			t.Errorf("%s: long-running service without a restart policy", name)
+		}
+	}
+}
+
+// TestDependsOnExistingServices: every dependency names a service, with a
+// condition that service can meet.
+func TestDependsOnExistingServices(t *testing.T) {
+	c := loadCompose(t)
+	for name, s := range c.Services {
+		for dep, cond := range s.DependsOn {
+			d, ok := c.Services[dep]
+			switch {
+			case !ok:
+				t.Errorf("%s: depends on %q, which is not a service", name, dep)
+			case dep == name:
+				t.Errorf("%s: depends on itself", name)
+			case cond == "service_healthy" && !d.Healthcheck.enabled():
+				t.Errorf("%s: waits for %s to be healthy, which has no healthcheck", name, dep)
+			case cond != "service_started" && cond != "service_healthy" && cond != "service_completed_successfully":
+				t.Errorf("%s: depends on %s with unknown condition %q", name, dep, cond)
+			}
+		}
+	}
+}
+
+// TestServicesListenWhereTheirPortsArePublished: each port published for
+// a service of the image is one it listens on at 0.0.0.0 (a service
+// listening on 127.0.0.1 inside its container cannot be reached through a
+// published port), and its healthcheck asks its metrics address.
+func TestServicesListenWhereTheirPortsArePublished(t *testing.T) {
+	c := loadCompose(t)
+	oneShots := c.oneShots()
+	for name, s := range c.Services {
+		if !s.fromDockerfile() {
+			continue
+		}
+		listens := map[string]string{} // port -> variable
+		for env, v := range s.Environment {
+			if !strings.HasPrefix(env, "CONVERGE_") || !strings.HasSuffix(env, "_ADDR") {
+				continue
+			}
+			host, port, err := net.SplitHostPort(withDefaults(v))
+			if err != nil {
+				t.Errorf("%s: %s=%q: %v", name, env, v, err)
+				continue
+			}
+			if host == "0.0.0.0" || host == "" || host == "::" {
+				listens[port] = env
+			}
+		}
+		for _, p := range s.Ports {
+			if _, ok := listens[p.Target]; !ok {
+				t.Errorf("%s: publishes port %s, but no CONVERGE_*_ADDR makes it listen on 0.0.0.0:%s", name, p.Target, p.Target)
+			}
+		}
+		if oneShots[name] {
+			continue
+		}
+		_, metricsPort, err := net.SplitHostPort(withDefaults(s.Environment["CONVERGE_METRICS_ADDR"]))
+		if err != nil {
+			t.Errorf("%s: CONVERGE_METRICS_ADDR=%q: its healthcheck needs the metrics address: %v", name, s.Environment["CONVERGE_METRICS_ADDR"], err)
+			continue
+		}
+		if s.Healthcheck != nil && !strings.Contains(strings.Join(s.Healthcheck.Test, " "), ":"+metricsPort+"/") {
+			t.Errorf("%s: healthcheck %q does not ask the metrics address (port %s)", name, s.Healthcheck.Test, metricsPort)
+		}
+	}
+}
+
+// storeCredentials are the variables that carry a store's credentials, and
+// the only binary that may be given them: one writer per store.
+var storeCredentials = map[string]string{
+	"CONVERGE_QDRANT_API_KEY": "projector-index",
+	"CONVERGE_NEO4J_USER":     "projector-graph",
+	"CONVERGE_NEO4J_PASSWORD": "projector-graph",
+}
+
+var secretName = regexp.MustCompile(`PASSWORD|API_KEY|_AUTH$|_URL$`)
+
+// TestCredentials: each service of the image connects to Postgres as its
+// own role, created by the init script; the store credentials go to their
+// projector alone; every password and key is a variable whose default is
+// plainly local-only.
+func TestCredentials(t *testing.T) {
+	c := loadCompose(t)
+	initScripts := ""
+	for _, p := range globFiles(t, "deploy/postgres/init/*") {
+		initScripts += readFile(t, p)
+	}
+	created := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?i)CREATE\s+ROLE\s+(\w+)`).FindAllStringSubmatch(initScripts, -1) {
+		created[m[1]] = true
+	}
+	roleOf := map[string]string{} // Postgres role -> service
+	for _, name := range slices.Sorted(maps.Keys(c.Services)) {
+		s := c.Services[name]
+		for env, v := range s.Environment {
+			if secretName.MatchString(env) {
+				checkSecretValue(t, name, env, v)
+			}
+		}
+		if !s.fromDockerfile() {
+			continue
+		}
+		for env := range s.Environment {
+			if only, ok := storeCredentials[env]; ok && (len(s.Command) == 0 || s.Command[0] != only) {
+				t.Errorf("%s: is given %s, which only %s may have", name, env, only)
+			}
+		}
+		raw, ok := s.Environment["CONVERGE_POSTGRES_URL"]
+		if !ok {
+			continue
+		}
+		u, err := url.Parse(withDefaults(raw))
+		if err != nil || u.User == nil || u.User.Username() == "" {
+			t.Errorf("%s: CONVERGE_POSTGRES_URL %q names no role (%v)", name, raw, err)
+			continue
+		}
+		role := u.User.Username()
+		if other, ok := roleOf[role]; ok {
+			t.Errorf("%s and %s both connect to Postgres as %s: each gets its own role", other, name, role)
+		}
+		roleOf[role] = name
+		if !created[role] {
+			t.Errorf("%s: connects as %s, which deploy/postgres/init does not create", name, role)
+		}
+		if _, hasPassword := u.User.Password(); !hasPassword {
+			t.Errorf("%s: CONVERGE_POSTGRES_URL has no password", name)
+		}
+	}
+}
+
+// checkSecretValue: a secret is never written into the file: it comes from
+// a variable, and a default, if any, says it is local-only.
+func checkSecretValue(t *testing.T, service, env, v string) {
+	t.Helper()
+	isURL := strings.HasSuffix(env, "_URL")
+	if isURL {
+		u, err := url.Parse(withDefaults(v))
+		if err != nil || u.User == nil {
+			return // no credentials in it
+		}
+		if _, ok := u.User.Password(); !ok {
+			return
+		}
+	}
+	refs := varRef.FindAllStringSubmatch(v, -1)
+	if len(refs) == 0 {
+		t.Errorf("%s: %s is written into docker-compose.yml; take it from a variable (${NAME:-local default})", service, env)
+	}
+	for _, r := range refs {
+		if r[2] == ":-" || r[2] == "-" {
+			if !strings.Contains(r[3], "local") {
+				t.Errorf("%s: %s defaults to %q: a default secret must say it is local-only", service, env, r[3])
+			}
+		}
+	}
+}
+
+// TestPostgresGrants: deploy/postgres/grants.sql gives the writer DML on
+// every table the migrations create and the relay SELECT on every table of
+// a publication, and no other role DML: the writer is the only writer of
+// Postgres. The postgres service runs the init scripts with wal_level
+// logical, and a service runs grants.sql.
+func TestPostgresGrants(t *testing.T) {
+	c := loadCompose(t)
+	roleOfBinary := map[string]string{}
+	initMounted, grantsRun, walLogical := false, false, false
+	for _, s := range c.Services {
+		if strings.HasPrefix(s.Image, "postgres:") && strings.Contains(strings.Join(s.Command, " "), "wal_level=logical") {
+			walLogical = true
+		}
+		for _, v := range s.Volumes {
+			if path.Clean(v.Source) == "deploy/postgres/init" && v.Target == "/docker-entrypoint-initdb.d" {
+				initMounted = true
+			}
+			if path.Clean(v.Source) == "deploy/postgres/grants.sql" && slices.Contains(s.Command, v.Target) {
+				grantsRun = true
+			}
+		}
+		if s.fromDockerfile() && len(s.Command) > 0 {
+			if u, err := url.Parse(withDefaults(s.Environment["CONVERGE_POSTGRES_URL"])); err == nil && u.User != nil {
+				roleOfBinary[s.Command[0]] = u.User.Username()
+			}
+		}
+	}
+	if !walLogical {
+		t.Error("no postgres service runs with -c wal_level=logical")
+	}
+	if !initMounted {
+		t.Error("no service mounts ./deploy/postgres/init on /docker-entrypoint-initdb.d")
+	}
+	if !grantsRun {
+		t.Error("no service mounts ./deploy/postgres/grants.sql and runs it")
+	}
+	writer, relay := roleOfBinary["writer"], roleOfBinary["relay"]
+	if writer == "" || relay == "" {
+		t.Fatalf("the writer's and the relay's Postgres roles are not in docker-compose.yml (writer %q, relay %q)", writer, relay)
+	}
+
+	var tables, published []string
+	createTable := regexp.MustCompile(`(?i)CREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?"?(\w+)"?`)
+	publication := regexp.MustCompile(`(?is)CREATE\s+PUBLICATION\s+\w+\s+FOR\s+TABLE\s+(.+?)(?:\s+WITH\b|;)`)
+	for _, p := range globFiles(t, "migrations/*.up.sql") {
+		sql := stripSQLComments(readFile(t, p))
+		for _, m := range createTable.FindAllStringSubmatch(sql, -1) {
+			tables = append(tables, m[1])
+		}
+		for _, m := range publication.FindAllStringSubmatch(sql, -1) {
+			published = append(published, splitList(m[1])...)
+		}
+	}
+	if len(tables) == 0 {
+		t.Fatal("found no CREATE TABLE in migrations/*.up.sql")
+	}
+
+	granted := map[string]map[string]map[string]bool{} // role -> table -> privilege
+	grant := regexp.MustCompile(`(?is)^\s*GRANT\s+(.+?)\s+ON\s+(?:TABLE\s+)?(.+?)\s+TO\s+(.+?)\s*$`)
+	for _, stmt := range strings.Split(stripSQLComments(readFile(t, "deploy/postgres/grants.sql")), ";") {
+		m := grant.FindStringSubmatch(stmt)
+		if m == nil {
+			continue
+		}
+		for _, role := range splitList(m[3]) {
+			for _, table := range splitList(m[2]) {
+				for _, priv := range splitList(strings.ToUpper(m[1])) {
+					if granted[role] == nil {
+						granted[role] = map[string]map[string]bool{}
+					}
+					if granted[role][table] == nil {
+						granted[role][table] = map[string]bool{}
+					}
+					granted[role][table][priv] = true
+				}
+			}
+		}
+	}
+	has := func(role, table, priv string) bool {
+		return granted[role][table][priv] || granted[role][table]["ALL"] || granted[role][table]["ALL PRIVILEGES"]
+	}
+	for _, table := range tables {
+		for _, priv := range []string{"SELECT", "INSERT", "UPDATE", "DELETE"} {
+			if !has(writer, table, priv) {
+				t.Errorf("grants.sql does not grant %s on %s to the writer's role %s", priv, table, writer)
+			}
+		}
+	}
+	for _, table := range published {
+		if !has(relay, table, "SELECT") {
+			t.Errorf("grants.sql does not grant SELECT on the published table %s to the relay's role %s", table, relay)
+		}
+	}
+	for role, byTable := range granted {
+		for table := range byTable {
+			for _, priv := range []string{"INSERT", "UPDATE", "DELETE", "TRUNCATE"} {
+				if role != writer && has(role, table, priv) {
+					t.Errorf("grants.sql grants %s on %s to %s: only the writer's role %s writes Postgres", priv, table, role, writer)
+				}
+			}
+		}
+	}
+}
+
+// TestRelaySlotAgrees: `converge migrate up` creates the slot the relay
+// reads; a different name would leave the relay to create its own, after
+// documents were written.
+func TestRelaySlotAgrees(t *testing.T) {
+	c := loadCompose(t)
+	slots := map[string][]string{} // slot -> services
+	for _, name := range slices.Sorted(maps.Keys(c.Services)) {
+		s := c.Services[name]
+		if v, ok := s.Environment["CONVERGE_RELAY_SLOT"]; ok && s.fromDockerfile() {
+			slots[withDefaults(v)] = append(slots[withDefaults(v)], name)
+		}
+	}
+	if len(slots) > 1 {
+		t.Errorf("services name different replication slots: %v", slots)
+	}
+}
+
+// TestNATSConfiguration: the server the stack runs accepts the largest
+// event (the relay refuses a smaller max_payload) and runs JetStream.
+func TestNATSConfiguration(t *testing.T) {
+	const confPath = "deploy/nats/converge.conf"
+	mounted := false
+	for _, s := range loadCompose(t).Services {
+		for _, v := range s.Volumes {
+			if path.Clean(v.Source) == confPath && slices.Contains(s.Command, v.Target) {
+				mounted = true
+			}
+		}
+	}
+	if !mounted {
+		t.Errorf("no service mounts ./%s and passes it to nats-server", confPath)
+	}
+	conf, err := natsconf.ParseFile(filepath.Join(root, confPath))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mp, ok := conf["max_payload"].(int64); !ok || mp < contract.MaxMessageBytes {
+		t.Errorf("%s: max_payload %v is below %d bytes, the largest event", confPath, conf["max_payload"], contract.MaxMessageBytes)
+	}
+	if _, ok := conf["jetstream"]; !ok {
+		t.Errorf("%s: JetStream is not enabled", confPath)
+	}
+}
+
+// TestDockerfile: the builder builds every binary statically and
+// reproducibly from files it copies (every package the binaries import is
+// under a copied directory), and the runtime stage runs as a non-root user
+// from pinned images.
+func TestDockerfile(t *testing.T) {
+	lines := strings.Split(strings.ReplaceAll(readFile(t, "Dockerfile"), "\\\n", " "), "\n")
+	var (
+		stages   []string // images, in order
+		copied   = map[string]bool{}
+		build    string
+		lastUser string
+	)
+	for _, line := range lines {
+		f := strings.Fields(line)
+		if len(f) == 0 || strings.HasPrefix(f[0], "#") {
+			continue
+		}
+		switch strings.ToUpper(f[0]) {
+		case "FROM":
+			stages = append(stages, f[1])
+			lastUser = ""
+		case "COPY":
+			if len(stages) == 1 && !strings.HasPrefix(f[1], "--from") {
+				for _, src := range f[1 : len(f)-1] {
+					copied[path.Clean(src)] = true
+				}
+			}
+		case "RUN":
+			if strings.Contains(line, "go build") {
+				build = line
+			}
+		case "USER":
+			lastUser = f[1]
+		}
+	}
+	if len(stages) < 2 || !strings.HasPrefix(stages[0], "golang:1.26") {
+		t.Fatalf("stages %q: want a golang:1.26 builder, then a runtime stage", stages)
+	}
+	for _, img := range stages {
+		if tag := img[strings.LastIndex(img, ":")+1:]; !strings.Contains(img, ":") || tag == "latest" {
+			t.Errorf("image %q is not pinned to a version", img)
+		}
+	}
+	for _, want := range []string{"CGO_ENABLED=0", "-trimpath", "./cmd/..."} {
+		if !strings.Contains(build, want) {
+			t.Errorf("the go build step %q lacks %s", build, want)
+		}
+	}
+	if user, _, _ := strings.Cut(lastUser, ":"); user == "" || user == "root" || user == "0" {
+		t.Errorf("the runtime stage runs as %q: want a non-root USER", lastUser)
+	}
+	for _, f := range []string{"go.mod", "go.sum"} {
+		if !copied[f] {
+			t.Errorf("the builder does not copy %s", f)
+		}
+	}
+	modPath := strings.TrimSpace(goList(t, "-m"))
+	for _, pkg := range strings.Fields(goList(t, "-deps", "-f", "{{if .Module}}{{if .Module.Main}}{{.ImportPath}}{{end}}{{end}}", "./cmd/...")) {
+		rel := strings.TrimPrefix(strings.TrimPrefix(pkg, modPath), "/")
+		top, _, _ := strings.Cut(rel, "/")
+		if !copied[top] {
+			t.Errorf("the binaries import %s, but the builder does not copy %s/", pkg, top)
+		}
+	}
+}
+
+// goList runs `go list args...` in the module root.
+func goList(t *testing.T, args ...string) string {
+	t.Helper()
+	cmd := exec.Command("go", append([]string{"list"}, args...)...)
+	cmd.Dir = root
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list %s: %v", strings.Join(args, " "), err)
+	}
+	return string(out)
+}
+
+func globFiles(t *testing.T, pattern string) []string {
+	t.Helper()
+	matches, err := filepath.Glob(filepath.Join(root, pattern))
+	if err != nil || len(matches) == 0 {
+		t.Fatalf("%s: no files (%v)", pattern, err)
+	}
+	for i, m := range matches {
+		matches[i], _ = filepath.Rel(root, m)
+	}
+	return matches
+}
+
+var sqlComment = regexp.MustCompile(`--[^\n]*`)
+
+func stripSQLComments(s string) string { return sqlComment.ReplaceAllString(s, "") }
+
+// splitList splits a comma-separated SQL list, unquoting identifiers.
+func splitList(s string) []string {
+	var out []string
+	for _, item := range strings.Split(s, ",") {
+		if item = strings.Trim(strings.TrimSpace(item), `"`); item != "" {
+			out = append(out, item)
+		}
+	}
+	return out
+}
