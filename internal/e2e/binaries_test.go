@@ -1,0 +1,381 @@
+//go:build linux
+
+package e2e_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/converge-sync/converge/internal/graph"
+	graphembedded "github.com/converge-sync/converge/internal/graph/embedded"
+	"github.com/converge-sync/converge/internal/index"
+	"github.com/converge-sync/converge/internal/index/embedded"
+	"github.com/converge-sync/converge/internal/testenv"
+)
+
+// service is one of the real binaries, run as a child process.
+type service struct {
+	t    *testing.T
+	name string
+	bin  string
+	args []string
+	addr string // its metrics address: /readyz
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	logs bytes.Buffer
+}
+
+func (s *service) start() {
+	s.t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cmd := exec.Command(s.bin, s.args...)
+	cmd.Stdout = &lockedWriter{mu: &s.mu, w: &s.logs}
+	cmd.Stderr = cmd.Stdout
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		s.t.Fatalf("start %s: %v", s.name, err)
+	}
+	s.cmd = cmd
+}
+
+// kill SIGKILLs the process and reaps it.
+func (s *service) kill() {
+	s.mu.Lock()
+	cmd := s.cmd
+	s.cmd = nil
+	s.mu.Unlock()
+	if cmd != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}
+}
+
+// stop asks the process to stop (SIGTERM) and waits for a clean exit.
+func (s *service) stop() {
+	s.t.Helper()
+	s.mu.Lock()
+	cmd := s.cmd
+	s.cmd = nil
+	s.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			s.t.Errorf("%s after SIGTERM: %v", s.name, err)
+		}
+	case <-time.After(time.Minute):
+		_ = cmd.Process.Kill()
+		s.t.Errorf("%s did not stop within a minute of SIGTERM", s.name)
+	}
+}
+
+func (s *service) ready() bool { return httpReady("http://" + s.addr + "/readyz") }
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (l *lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
+}
+
+func httpReady(u string) bool {
+	c := http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get(u)
+	if err != nil {
+		return false
+	}
+	_ = resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return "127.0.0.1:" + strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+}
+
+// buildBinaries builds every command once into a temporary directory.
+func buildBinaries(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	cmd := exec.Command("go", "build", "-o", dir+"/", "github.com/converge-sync/converge/cmd/...")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return dir
+}
+
+// TestBinariesSurviveKillsAndVerify runs the real binaries as separate
+// processes (writer, relay, both projectors; Postgres and NATS are the test's
+// own), SIGKILLs each service once while documents are written, replays
+// both projectors, and checks with `converge verify` (the binary) that every
+// store agrees; then it damages the index and the graph behind the
+// projectors' backs and checks that verify names exactly those documents.
+func TestBinariesSurviveKillsAndVerify(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs every binary")
+	}
+	bin := buildBinaries(t)
+	dbURL := pg.MigratedDatabase(t)
+	nats := testenv.StartNATS(t)
+	data := t.TempDir()
+	converge := filepath.Join(bin, "converge")
+	run := func(args ...string) (string, error) {
+		out, err := exec.Command(converge, args...).CombinedOutput()
+		return string(out), err
+	}
+	if out, err := run("migrate", "up", "-postgres-url", dbURL); err != nil {
+		t.Fatalf("converge migrate up: %v\n%s", err, out)
+	}
+	t.Cleanup(func() {
+		// The slot must go before the database can be dropped.
+		_, _ = run("status", "-postgres-url", dbURL) // (keeps the binary exercised)
+		dropSlots(t, dbURL)
+	})
+
+	httpAddr := freePort(t)
+	svc := func(name string, addr string, args ...string) *service {
+		return &service{t: t, name: name, bin: filepath.Join(bin, name), args: args, addr: addr}
+	}
+	wAddr, rAddr, iAddr, gAddr := freePort(t), freePort(t), freePort(t), freePort(t)
+	services := []*service{
+		svc("writer", wAddr, "-postgres-url", dbURL, "-nats-url", nats.URL, "-http-addr", httpAddr, "-metrics-addr", wAddr),
+		svc("relay", rAddr, "-postgres-url", dbURL, "-nats-url", nats.URL, "-metrics-addr", rAddr, "-standby-retry", "200ms"),
+		svc("projector-index", iAddr, "-nats-url", nats.URL, "-data-dir", data, "-metrics-addr", iAddr),
+		svc("projector-graph", gAddr, "-nats-url", nats.URL, "-data-dir", data, "-metrics-addr", gAddr),
+	}
+	t.Cleanup(func() {
+		for _, s := range services {
+			s.kill()
+			if t.Failed() {
+				s.mu.Lock()
+				t.Logf("--- %s output (tail) ---\n%s", s.name, lastBytes(s.logs.String(), 3000))
+				s.mu.Unlock()
+			}
+		}
+	})
+	for _, s := range services {
+		s.start()
+	}
+	for _, s := range services {
+		waitFor(t, s.name+" to be ready", 60*time.Second, s.ready)
+	}
+	relayActive := func() bool {
+		resp, err := http.Get("http://" + rAddr + "/metrics")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			if sc.Text() == "converge_relay_active 1" {
+				return true
+			}
+		}
+		return false
+	}
+	waitFor(t, "the relay to hold its slot", 30*time.Second, relayActive)
+
+	// Write 400 documents in batches while each service is SIGKILLed once
+	// at a random point and restarted.
+	api := "http://" + httpAddr
+	docs := corpus(400)
+	written := make(chan error, 1)
+	go func() {
+		for lo := 0; lo < len(docs); lo += 20 {
+			if err := postRetrying(api, docs[lo:min(lo+20, len(docs))], 30*time.Second); err != nil {
+				written <- err
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		written <- nil
+	}()
+	for _, s := range services {
+		time.Sleep(time.Duration(100+rand.IntN(300)) * time.Millisecond)
+		s.kill()
+		s.start()
+		waitFor(t, s.name+" to be ready again", 60*time.Second, s.ready)
+	}
+	if err := <-written; err != nil {
+		t.Fatal(err)
+	}
+
+	verifyArgs := []string{"verify", "--json", "-postgres-url", dbURL, "-index-addr", iAddr, "-graph-addr", gAddr}
+	agrees := func() bool {
+		_, err := run(verifyArgs...)
+		return err == nil
+	}
+	waitFor(t, "converge verify to exit 0 after the kills", 90*time.Second, agrees)
+
+	// Replay both projectors from the start with the binary.
+	for _, name := range []string{"index", "graph"} {
+		if out, err := run("replay", name, "--from-seq", "1", "-nats-url", nats.URL); err != nil {
+			t.Fatalf("converge replay %s: %v\n%s", name, err, out)
+		}
+	}
+	waitFor(t, "converge verify to exit 0 after the replays", 90*time.Second, agrees)
+	if out, err := run("status", "-postgres-url", dbURL, "-nats-url", nats.URL); err != nil || !strings.Contains(out, "CONSUMER") {
+		t.Fatalf("converge status: %v\n%s", err, out)
+	}
+
+	// Damage both stores behind the projectors' backs (stopped, so that
+	// their stores can be opened).
+	ix, gx := services[2], services[3]
+	ix.stop()
+	gx.stop()
+	damagedIndex, damagedGraph := "doc/007", "doc/013"
+	is, err := embedded.Open(filepath.Join(data, "index"), embedded.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := is.DeleteStale(context.Background(), []index.Keep{{Key: damagedIndex}}); err != nil {
+		t.Fatal(err)
+	}
+	_ = is.Close()
+	gs, err := graphembedded.Open(filepath.Join(data, "graph"), graphembedded.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, ok, err := gs.Document(context.Background(), damagedGraph)
+	if err != nil || !ok {
+		t.Fatalf("graph document %s: %v %v", damagedGraph, ok, err)
+	}
+	bumped := v.Doc
+	bumped.Version++
+	if _, err := gs.Apply(context.Background(), []graph.Doc{bumped}); err != nil {
+		t.Fatal(err)
+	}
+	_ = gs.Close()
+	ix.start()
+	gx.start()
+	waitFor(t, "the projectors to be ready again", 60*time.Second, func() bool { return ix.ready() && gx.ready() })
+
+	out, err := run(verifyArgs...)
+	if err == nil {
+		t.Fatalf("converge verify exited 0 after the damage:\n%s", out)
+	}
+	var rep struct {
+		Agrees bool `json:"agrees"`
+		Stores []struct {
+			Store       string `json:"store"`
+			Differences []struct {
+				Key     string `json:"key"`
+				Problem string `json:"problem"`
+			} `json:"differences"`
+		} `json:"stores"`
+	}
+	if err := json.Unmarshal([]byte(out[:strings.LastIndexByte(out, '}')+1]), &rep); err != nil {
+		t.Fatalf("verify --json: %v\n%s", err, out)
+	}
+	got := map[string]string{}
+	for _, s := range rep.Stores {
+		for _, d := range s.Differences {
+			got[s.Store+" "+d.Key] = d.Problem
+		}
+	}
+	want := map[string]string{"index " + damagedIndex: "stale_chunks", "graph " + damagedGraph: "version_mismatch"}
+	if rep.Agrees || fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("verify named %v, want exactly %v", got, want)
+	}
+	t.Logf("4 services SIGKILLed and restarted during the load, both projectors replayed; verify agreed on 400 documents, then named exactly the 2 damaged ones: %v", got)
+}
+
+// corpus is n documents doc/000.., each linking to two others, with tags.
+func corpus(n int) []map[string]any {
+	docs := make([]map[string]any, n)
+	for i := range docs {
+		docs[i] = map[string]any{
+			"key": fmt.Sprintf("doc/%03d", i), "version": 1, "title": fmt.Sprintf("Document %d", i),
+			"body":  fmt.Sprintf("Paragraph one of document %d.\n\nParagraph two, %s.", i, strings.Repeat("words ", 50+i%40)),
+			"links": []string{fmt.Sprintf("doc/%03d", (i+1)%n), fmt.Sprintf("doc/%03d", (i*7)%(n+10))},
+			"tags":  []string{fmt.Sprint("t", i%5)},
+		}
+	}
+	return docs
+}
+
+// postRetrying posts docs to the writer's batch API, retrying while the
+// writer is down (a rewrite of the same versions is "unchanged").
+func postRetrying(api string, docs []map[string]any, timeout time.Duration) error {
+	var body bytes.Buffer
+	enc := json.NewEncoder(&body)
+	for _, d := range docs {
+		if err := enc.Encode(d); err != nil {
+			return err
+		}
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		resp, err := http.Post(api+"/v1/documents:batch", "application/x-ndjson", bytes.NewReader(body.Bytes()))
+		if err == nil {
+			ok := resp.StatusCode == http.StatusOK
+			lines := 0
+			sc := bufio.NewScanner(resp.Body)
+			for sc.Scan() {
+				if bytes.Contains(sc.Bytes(), []byte(`"error"`)) {
+					ok = false
+				}
+				lines++
+			}
+			_ = resp.Body.Close()
+			if ok && lines == len(docs) {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the writer did not accept a batch within %v (last error %v)", timeout, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func dropSlots(t *testing.T, dbURL string) {
+	pool, err := pgxpool.New(context.Background(), dbURL)
+	if err != nil {
+		return
+	}
+	defer pool.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		var left int
+		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE database = current_database()`).Scan(&left)
+		if left == 0 {
+			return
+		}
+		_, _ = pool.Exec(context.Background(), `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = current_database() AND NOT active`)
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("replication slots left in the test database")
+}
