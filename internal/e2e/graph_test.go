@@ -49,6 +49,9 @@ func runGraphChild() int {
 	defer store.Close()
 	p, err := graph.New(ctx, store)
 	if err != nil {
+		if ctx.Err() != nil {
+			return 0 // stopped while starting
+		}
 		log.Error("graph", "err", err)
 		return 2
 	}

@@ -88,6 +88,9 @@ func runProjectorChild() int {
 	defer store.Close()
 	x, err := newIndex(ctx, store)
 	if err != nil {
+		if ctx.Err() != nil {
+			return 0 // stopped while starting
+		}
 		log.Error("index", "err", err)
 		return 2
 	}

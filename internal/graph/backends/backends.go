@@ -75,11 +75,17 @@ func Open(ctx context.Context, c *Config) (graph.Backend, error) {
 func Run(ctx context.Context, sc projector.ServiceConfig, c *Config, log *slog.Logger) error {
 	backend, err := Open(ctx, c)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while starting
+		}
 		return err
 	}
 	defer func() { _ = backend.Close() }()
 	p, err := graph.New(ctx, backend)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while starting
+		}
 		return err
 	}
 	log.Info("graph store", "store", c.Describe())

@@ -100,11 +100,17 @@ func Open(ctx context.Context, c *Config) (index.Backend, embed.Embedder, error)
 func Run(ctx context.Context, sc projector.ServiceConfig, c *Config, opts index.Options, log *slog.Logger) error {
 	backend, embedder, err := Open(ctx, c)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while starting
+		}
 		return err
 	}
 	defer func() { _ = backend.Close() }()
 	x, err := index.New(ctx, backend, embedder, opts)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while starting
+		}
 		return err
 	}
 	log.Info("index store", "store", c.Describe(), "embedder", embedder.Name(), "dimension", embedder.Dimension())
