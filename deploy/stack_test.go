@@ -297,7 +297,7 @@ func checkSecretValue(t *testing.T, service, env, v string) {
 }
 
 // TestPostgresGrants: deploy/postgres/grants.sql gives the writer DML on
-// every table the migrations create and the relay SELECT on every table of
+// every table the migrations create (USAGE on every sequence) and the relay SELECT on every table of
 // a publication, and no other role DML: the writer is the only writer of
 // Postgres. The postgres service runs the init scripts with wal_level
 // logical, and a service runs grants.sql.
@@ -337,13 +337,17 @@ func TestPostgresGrants(t *testing.T) {
 		t.Fatalf("the writer's and the relay's Postgres roles are not in docker-compose.yml (writer %q, relay %q)", writer, relay)
 	}
 
-	var tables, published []string
+	var tables, sequences, published []string
 	createTable := regexp.MustCompile(`(?i)CREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?"?(\w+)"?`)
+	createSequence := regexp.MustCompile(`(?i)CREATE\s+SEQUENCE\s+(?:IF\s+NOT\s+EXISTS\s+)?"?(\w+)"?`)
 	publication := regexp.MustCompile(`(?is)CREATE\s+PUBLICATION\s+\w+\s+FOR\s+TABLE\s+(.+?)(?:\s+WITH\b|;)`)
 	for _, p := range globFiles(t, "migrations/*.up.sql") {
 		sql := stripSQLComments(readFile(t, p))
 		for _, m := range createTable.FindAllStringSubmatch(sql, -1) {
 			tables = append(tables, m[1])
+		}
+		for _, m := range createSequence.FindAllStringSubmatch(sql, -1) {
+			sequences = append(sequences, m[1])
 		}
 		for _, m := range publication.FindAllStringSubmatch(sql, -1) {
 			published = append(published, splitList(m[1])...)
@@ -354,14 +358,20 @@ func TestPostgresGrants(t *testing.T) {
 	}
 
 	granted := map[string]map[string]map[string]bool{} // role -> table -> privilege
-	grant := regexp.MustCompile(`(?is)^\s*GRANT\s+(.+?)\s+ON\s+(?:TABLE\s+)?(.+?)\s+TO\s+(.+?)\s*$`)
+	// A sequence's grants are keyed "sequence <name>", apart from tables.
+	grant := regexp.MustCompile(`(?is)^\s*GRANT\s+(.+?)\s+ON\s+(TABLE\s+|SEQUENCE\s+)?(.+?)\s+TO\s+(.+?)\s*$`)
 	for _, stmt := range strings.Split(stripSQLComments(readFile(t, "deploy/postgres/grants.sql")), ";") {
 		m := grant.FindStringSubmatch(stmt)
 		if m == nil {
 			continue
 		}
-		for _, role := range splitList(m[3]) {
-			for _, table := range splitList(m[2]) {
+		prefix := ""
+		if strings.EqualFold(strings.TrimSpace(m[2]), "SEQUENCE") {
+			prefix = "sequence "
+		}
+		for _, role := range splitList(m[4]) {
+			for _, table := range splitList(m[3]) {
+				table = prefix + table
 				for _, priv := range splitList(strings.ToUpper(m[1])) {
 					if granted[role] == nil {
 						granted[role] = map[string]map[string]bool{}
@@ -382,6 +392,11 @@ func TestPostgresGrants(t *testing.T) {
 			if !has(writer, table, priv) {
 				t.Errorf("grants.sql does not grant %s on %s to the writer's role %s", priv, table, writer)
 			}
+		}
+	}
+	for _, seq := range sequences {
+		if !has(writer, "sequence "+seq, "USAGE") {
+			t.Errorf("grants.sql does not grant USAGE on sequence %s to the writer's role %s", seq, writer)
 		}
 	}
 	for _, table := range published {

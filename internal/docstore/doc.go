@@ -37,4 +37,14 @@
 // Serialization failures, deadlocks and errors pgconn reports safe to retry
 // are retried with backoff; the statement is atomic, so a retry cannot
 // apply anything twice.
+//
+// # Re-emission
+//
+// [Store.Reemit] and [Store.ReemitAll] write the event of documents'
+// current versions to the outbox again, under the same key locks, with a
+// fresh emission number, so that the relay publishes them again and the
+// projections rewrite them; see [Store.Reemit] for their write order. They
+// rebuild each event from the stored rows and refuse, with a
+// [*NotReproducibleError], a document whose rows do not rebuild the event
+// that was emitted.
 package docstore

@@ -32,3 +32,23 @@ func (e *ConflictError) Error() string {
 
 // Is makes errors.Is(err, ErrVersionConflict) true.
 func (e *ConflictError) Is(target error) bool { return target == ErrVersionConflict }
+
+// ErrNotReproducible is matched by every [*NotReproducibleError].
+var ErrNotReproducible = errors.New("docstore: the stored document does not reproduce its event")
+
+// NotReproducibleError is a document whose stored rows do not rebuild the
+// event that was emitted for its version (its content hash differs, or its
+// chunks are not those of the version). Re-emission refuses it rather than
+// emit something other than the original.
+type NotReproducibleError struct {
+	Key     string
+	Version int64
+	Reason  string
+}
+
+func (e *NotReproducibleError) Error() string {
+	return fmt.Sprintf("docstore: cannot re-emit %q version %d: %s", e.Key, e.Version, e.Reason)
+}
+
+// Is makes errors.Is(err, ErrNotReproducible) true.
+func (e *NotReproducibleError) Is(target error) bool { return target == ErrNotReproducible }
