@@ -25,6 +25,8 @@ import (
 type Store interface {
 	Apply(ctx context.Context, writes []docstore.Write) ([]docstore.Outcome, error)
 	Get(ctx context.Context, key string) (docstore.Record, error)
+	Reemit(ctx context.Context, keys []string) (docstore.Reemitted, error)
+	ReemitAll(ctx context.Context, after string, limit int) (docstore.Reemitted, string, error)
 }
 
 // APIConfig of the HTTP API.
@@ -58,6 +60,7 @@ func NewAPI(store Store, cfg APIConfig, metrics *Metrics, log *slog.Logger) *API
 	a.mux.HandleFunc("DELETE /v1/documents/{key...}", a.instrument("delete", a.withdraw))
 	a.mux.HandleFunc("GET /v1/documents/{key...}", a.instrument("get", a.get))
 	a.mux.HandleFunc("POST /v1/documents:batch", a.instrument("batch", a.batch))
+	a.mux.HandleFunc("POST /v1/admin/reemit", a.instrument("reemit", a.reemit))
 	return a
 }
 
@@ -142,6 +145,8 @@ func errorStatus(err error) (int, string) {
 		return http.StatusUnprocessableEntity, "rejected_value"
 	case errors.Is(err, docstore.ErrNotFound):
 		return http.StatusNotFound, "not_found"
+	case errors.Is(err, docstore.ErrNotReproducible):
+		return http.StatusInternalServerError, "not_reproducible"
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return http.StatusServiceUnavailable, "unavailable"
 	default:
@@ -154,6 +159,9 @@ func isConflict(err error) bool { return errors.Is(err, docstore.ErrVersionConfl
 func (a *API) fail(w http.ResponseWriter, r *http.Request, err error) {
 	status, code := errorStatus(err)
 	msg := err.Error()
+	if code == "not_reproducible" {
+		msg = notReproducibleMessage(err)
+	}
 	if status == http.StatusServiceUnavailable {
 		a.log.ErrorContext(r.Context(), "write failed", "method", r.Method, "path", r.URL.Path, "err", err)
 		msg = "the document store is unavailable; nothing was written, retry later"

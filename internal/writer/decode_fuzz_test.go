@@ -50,3 +50,45 @@ func FuzzDecodeWrite(f *testing.F) {
 		}
 	})
 }
+
+// FuzzDecodeReemitRequest: the re-emission request decoder never panics,
+// rejects with a coded ValidationError, and accepts only a request it can
+// serve: valid keys within the limit, or all with a limit in range.
+func FuzzDecodeReemitRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"keys":["a","b"]}`,
+		`{"all":true,"after":"k","limit":10}`,
+		`{"all":true}`,
+		`{"keys":[]}`,
+		`{"keys":["a"],"all":true}`,
+		`{"all":true,"limit":5001}`,
+		`{"keys":[""]}`,
+		`{}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		req, err := decodeReemitRequest(data)
+		if err != nil {
+			var ve *contract.ValidationError
+			if !errors.As(err, &ve) || ve.Code == "" {
+				t.Fatalf("rejection without a code: %T %v", err, err)
+			}
+			return
+		}
+		if req.All && len(req.Keys) > 0 || !req.All && req.Keys == nil {
+			t.Fatalf("accepted neither or both: %+v", req)
+		}
+		if req.All && (req.Limit < 1 || req.Limit > MaxReemitKeys) {
+			t.Fatalf("accepted limit %d", req.Limit)
+		}
+		if len(req.Keys) > MaxReemitKeys {
+			t.Fatalf("accepted %d keys", len(req.Keys))
+		}
+		for _, k := range req.Keys {
+			if contract.ValidateKey(k) != nil {
+				t.Fatalf("accepted key %q", k)
+			}
+		}
+	})
+}

@@ -10,4 +10,8 @@
 // or a version conflict) is published to the dead-letter subject
 // converge.dlq.ingest with the reason in headers, and only then acknowledged,
 // so it neither blocks the stream nor vanishes.
+//
+// POST /v1/admin/reemit re-emits documents (see [docstore.Store.Reemit]):
+// the operator's repair of a projection, used by converge backfill and
+// converge verify --repair.
 package writer

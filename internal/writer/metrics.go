@@ -23,10 +23,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "converge_writer_requests_total", Help: "HTTP requests by route and status code.",
 		}, []string{"route", "code"}),
 		Documents: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "converge_writer_documents_total", Help: "Document writes by source (http, batch, ingest) and result (applied, unchanged, stale, conflict, invalid).",
+			Name: "converge_writer_documents_total", Help: "Document writes by source (http, batch, ingest) and result (applied, unchanged, stale, conflict, invalid); re-emissions as source reemit, result reemitted or not_found.",
 		}, []string{"source", "result"}),
 		TxSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "converge_writer_tx_seconds", Help: "Latency of one write transaction, by path (single, batch, ingest).",
+			Name: "converge_writer_tx_seconds", Help: "Latency of one write transaction, by path (single, batch, ingest, reemit).",
 			Buckets: prometheus.ExponentialBuckets(0.0002, 2, 16),
 		}, []string{"path"}),
 		Retries: prometheus.NewCounter(prometheus.CounterOpts{

@@ -45,3 +45,15 @@ func DLQSubject(consumer string) string { return DLQSubjectPrefix + consumer }
 // transaction, RFC 3339 with nanoseconds. Consumers measure commit-to-applied
 // latency from it.
 const HeaderCommitTime = "Converge-Commit-Time"
+
+// HeaderReemission is set by the relay on a re-emitted event: an event
+// written to the outbox again (converge backfill, converge verify
+// --repair) for a document version already emitted, to repair a
+// projection. Its value is the re-emission's number (decimal, > 0, from
+// the outbox's emission sequence), and the message's Nats-Msg-Id is then
+// "<event id>.<emission>", so that the stream's duplicate window does not
+// drop it as a copy of the original. The event itself is the original's,
+// byte for byte. Projectors apply it as a repair: a store that holds the
+// same version writes it again instead of skipping it; an older version
+// is still skipped. An original emission carries no such header.
+const HeaderReemission = "Converge-Reemission"
