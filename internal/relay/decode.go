@@ -9,10 +9,13 @@ import (
 
 // relation maps the outbox's columns to their positions, learned from the
 // relation message pgoutput sends before the first row (and again after a
-// schema change), so column order is never assumed.
+// schema change), so column order is never assumed. emission is optional
+// (-1 when absent): the outbox of schema version 1 has no such column, and
+// all its rows are original emissions.
 type relation struct {
 	id                                   uint32
 	eventID, key, version, kind, payload int
+	emission                             int
 	namespace, name                      string
 }
 
@@ -20,7 +23,7 @@ var errNotOutbox = errors.New("relay: change is not for the outbox")
 
 func newRelation(m *pglogrepl.RelationMessage) (relation, error) {
 	r := relation{id: m.RelationID, namespace: m.Namespace, name: m.RelationName,
-		eventID: -1, key: -1, version: -1, kind: -1, payload: -1}
+		eventID: -1, key: -1, version: -1, kind: -1, payload: -1, emission: -1}
 	for i, c := range m.Columns {
 		switch c.Name {
 		case "event_id":
@@ -33,6 +36,8 @@ func newRelation(m *pglogrepl.RelationMessage) (relation, error) {
 			r.kind = i
 		case "payload":
 			r.payload = i
+		case "emission":
+			r.emission = i
 		}
 	}
 	if r.eventID < 0 || r.key < 0 || r.version < 0 || r.kind < 0 || r.payload < 0 {

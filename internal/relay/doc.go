@@ -6,6 +6,18 @@
 // converge.docs.<token> with Nats-Msg-Id set to the event id, asynchronously,
 // with at most Config.Window publishes awaiting their acknowledgement.
 //
+// # Re-emissions
+//
+// An outbox row whose emission column is not 0 re-emits an event already
+// emitted (converge backfill, converge verify --repair): it is published
+// with Nats-Msg-Id "<event id>.<emission>", which the duplicate window has
+// not seen, and the header contract.HeaderReemission, which makes the
+// projectors rewrite a version they already hold. A republished
+// re-emission (after a crash) has the same id and is dropped like any
+// other. An outbox without the column (schema version 1) holds original
+// emissions only; the relay reads either, and takes the column on when a
+// migration adds it while it runs.
+//
 // # What is confirmed when
 //
 // Postgres is told that the relay has flushed a position (a standby status

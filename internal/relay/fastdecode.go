@@ -18,6 +18,28 @@ type insertView struct {
 	version    []byte
 	kind       []byte
 	payload    []byte
+	// emission is the row's emission number, digits: "0" (or nil, on an
+	// outbox without the column) for the original emission of an event.
+	emission []byte
+}
+
+// reemission reports whether the row re-emits an event already emitted:
+// an emission number other than 0.
+func (v *insertView) reemission() bool {
+	return len(v.emission) > 1 || (len(v.emission) == 1 && v.emission[0] != '0')
+}
+
+// messageID is the row's Nats-Msg-Id and, for a re-emission, the value of
+// its re-emission header (nil otherwise). An original emission's id is the
+// event id; a re-emission's is "<event id>.<emission>", which the stream's
+// duplicate window has not seen, while a republish of the same
+// re-emission (after a relay restart) is still dropped. The original
+// emission, the hot path, costs one allocation: the id's string.
+func (v *insertView) messageID() (string, []string) {
+	if !v.reemission() {
+		return string(v.eventID), nil
+	}
+	return string(v.eventID) + "." + string(v.emission), []string{string(v.emission)}
 }
 
 // decodeInsertFast decodes a pgoutput Insert ('I') message for the outbox
@@ -36,6 +58,7 @@ func (r relation) decodeInsertFast(data []byte, v *insertView) error {
 	n := int(binary.BigEndian.Uint16(data[6:8]))
 	pos := 8
 	found := 0
+	v.emission = nil
 	for i := 0; i < n; i++ {
 		if pos >= len(data) {
 			return fmt.Errorf("relay: insert message truncated at column %d", i)
@@ -71,6 +94,12 @@ func (r relation) decodeInsertFast(data []byte, v *insertView) error {
 			dst = &v.kind
 		case r.payload:
 			dst = &v.payload
+		case r.emission:
+			if kind != 't' {
+				return fmt.Errorf("relay: outbox column %d (emission) arrived as %q, want a text value", i, kind)
+			}
+			v.emission = val
+			continue
 		default:
 			continue
 		}
@@ -83,8 +112,14 @@ func (r relation) decodeInsertFast(data []byte, v *insertView) error {
 	if found != 5 {
 		return fmt.Errorf("relay: outbox insert lacks columns (%d of 5 found)", found)
 	}
+	if r.emission >= 0 && v.emission == nil {
+		return fmt.Errorf("relay: outbox insert lacks its emission column")
+	}
 	if !isDigits(v.version) {
 		return fmt.Errorf("relay: outbox version %q is not an integer", v.version)
+	}
+	if v.emission != nil && !isDigits(v.emission) {
+		return fmt.Errorf("relay: outbox emission %q is not an integer", v.emission)
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import "github.com/prometheus/client_golang/prometheus"
 type Metrics struct {
 	Published     prometheus.Counter
 	Duplicates    prometheus.Counter
+	Reemissions   prometheus.Counter
 	Transactions  prometheus.Counter
 	PublishTime   prometheus.Histogram
 	CommitToAck   prometheus.Histogram
@@ -25,6 +26,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Events acknowledged by JetStream (rate: events/s)."}),
 		Duplicates: prometheus.NewCounter(prometheus.CounterOpts{Name: "converge_relay_duplicates_total",
 			Help: "Republished events JetStream dropped as duplicates (after a restart)."}),
+		Reemissions: prometheus.NewCounter(prometheus.CounterOpts{Name: "converge_relay_reemissions_total",
+			Help: "Re-emitted events (converge backfill, verify --repair) acknowledged by JetStream; also counted in events_published_total."}),
 		Transactions: prometheus.NewCounter(prometheus.CounterOpts{Name: "converge_relay_transactions_total",
 			Help: "Transactions whose every event was acknowledged and whose end LSN was confirmed."}),
 		PublishTime: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "converge_relay_publish_seconds",
@@ -43,7 +46,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Replication sessions that failed to start or ended with an error, by cause (postgres, publish)."}, []string{"cause"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Published, m.Duplicates, m.Transactions, m.PublishTime, m.CommitToAck, m.InFlight,
+		reg.MustRegister(m.Published, m.Duplicates, m.Reemissions, m.Transactions, m.PublishTime, m.CommitToAck, m.InFlight,
 			m.ConfirmedLSN, m.SlotLagBytes, m.Active, m.SessionErrors)
 	}
 	return m

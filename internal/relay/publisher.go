@@ -92,15 +92,22 @@ func newPublisher(nc *nats.Conn, stream string, window int) (*publisher, error) 
 // on their way are dropped, and the next session republishes.
 func (p *publisher) close() { _ = p.sub.Unsubscribe() }
 
-// publish sends one message and returns its sequence. commitTimeHdr is the
-// value of the commit-time header, shared by a transaction's messages.
-func (p *publisher) publish(subject, eventID string, commitTimeHdr []string, data []byte) (uint64, error) {
+// publish sends one message and returns its sequence. msgID is its
+// Nats-Msg-Id; commitTimeHdr is the value of the commit-time header, shared
+// by a transaction's messages; reemission, when not nil, the value of the
+// re-emission header.
+func (p *publisher) publish(subject, msgID string, commitTimeHdr, reemission []string, data []byte) (uint64, error) {
 	seq := p.next
 	i := seq % uint64(len(p.slots))
 	p.slots[i].err = nil
 	p.slots[i].state.Store(ackWaiting)
-	p.id[0] = eventID
+	p.id[0] = msgID
 	p.msg.Header[contract.HeaderCommitTime] = commitTimeHdr
+	if reemission != nil {
+		p.msg.Header[contract.HeaderReemission] = reemission
+	} else {
+		delete(p.msg.Header, contract.HeaderReemission)
+	}
 	p.msg.Subject, p.msg.Reply, p.msg.Data = subject, p.replies[i], data
 	err := p.nc.PublishMsg(&p.msg)
 	p.msg.Data = nil // the payload belongs to the caller's buffer

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/internal/testenv"
+	"github.com/converge-sync/converge/pkg/contract"
 )
 
 // awaitOutcome polls the publisher until publish seq is answered.
@@ -55,7 +56,7 @@ func TestPublisherOutcomes(t *testing.T) {
 	// The payload is the caller's buffer: reusing it right after publish
 	// must not change what is stored.
 	buf := []byte("first payload")
-	seq, err := p.publish("docs.a", "id-1", hdr, buf)
+	seq, err := p.publish("docs.a", "id-1", hdr, nil, buf)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,20 +78,23 @@ func TestPublisherOutcomes(t *testing.T) {
 
 	cases := []struct {
 		name, subject, id string
+		reemission        []string
 		data              []byte
 		want              uint32
 		errHas            string
 	}{
-		{"same id again", "docs.a", "id-1", []byte("first payload"), ackDuplicate, ""},
-		{"no stream on the subject", "nowhere.a", "id-2", []byte("x"), ackFailed, "no responders"},
-		{"another stream's subject", "other.a", "id-3", []byte("x"), ackFailed, `acknowledged by stream "OTHER"`},
-		{"refused by the stream", "docs.b", "id-4", make([]byte, 8192), ackFailed, "stream refused the message"},
-		// Six publishes through four slots: slots are reused.
-		{"after errors, stored again", "docs.c", "id-5", []byte("y"), ackStored, ""},
-		{"and again", "docs.d", "id-6", []byte("z"), ackStored, ""},
+		{"same id again", "docs.a", "id-1", nil, []byte("first payload"), ackDuplicate, ""},
+		{"a re-emission of it", "docs.a", "id-1.7", []string{"7"}, []byte("first payload"), ackStored, ""},
+		{"the re-emission again", "docs.a", "id-1.7", []string{"7"}, []byte("first payload"), ackDuplicate, ""},
+		{"no stream on the subject", "nowhere.a", "id-2", nil, []byte("x"), ackFailed, "no responders"},
+		{"another stream's subject", "other.a", "id-3", nil, []byte("x"), ackFailed, `acknowledged by stream "OTHER"`},
+		{"refused by the stream", "docs.b", "id-4", nil, make([]byte, 8192), ackFailed, "stream refused the message"},
+		// Eight publishes through four slots: slots are reused.
+		{"after errors, stored again", "docs.c", "id-5", nil, []byte("y"), ackStored, ""},
+		{"and again", "docs.d", "id-6", nil, []byte("z"), ackStored, ""},
 	}
 	for _, c := range cases {
-		seq, err := p.publish(c.subject, c.id, hdr, c.data)
+		seq, err := p.publish(c.subject, c.id, hdr, c.reemission, c.data)
 		if err != nil {
 			t.Fatalf("%s: %v", c.name, err)
 		}
@@ -109,8 +113,18 @@ func TestPublisherOutcomes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info.State.Msgs != 3 {
-		t.Fatalf("stream holds %d messages, want 3", info.State.Msgs)
+	if info.State.Msgs != 4 {
+		t.Fatalf("stream holds %d messages, want 4", info.State.Msgs)
+	}
+	// The re-emission carries its header; the next message does not.
+	for seq, want := range map[uint64][2]string{2: {"id-1.7", "7"}, 3: {"id-5", ""}} {
+		m, err := stream.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Header.Get(jetstream.MsgIDHeader) != want[0] || m.Header.Get(contract.HeaderReemission) != want[1] || m.Header.Get(contract.HeaderCommitTime) != hdr[0] {
+			t.Fatalf("message %d has headers %v, want id %s and re-emission %q", seq, m.Header, want[0], want[1])
+		}
 	}
 }
 

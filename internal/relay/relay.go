@@ -207,7 +207,7 @@ func (r *Relay) warnUnrelayed(ctx context.Context, conn *pgconn.PgConn) {
 		return
 	}
 	if n := string(res[0].Rows[0][0]); n != "0" {
-		r.log.Warn("replication slot created after events were written: the outbox rows already present are not relayed; re-emit their documents",
+		r.log.Warn("replication slot created after events were written: the outbox rows already present are not relayed; re-emit their documents (converge backfill --all)",
 			"slot", r.cfg.Slot, "outbox_rows", n)
 	}
 }
@@ -260,6 +260,7 @@ type pending struct {
 	commitTime time.Time
 	endLSN     pglogrepl.LSN
 	size       int
+	reemission bool // a re-emitted event
 }
 
 type session struct {
@@ -461,14 +462,15 @@ func (s *session) publish(ctx context.Context, v *insertView) error {
 			return err
 		}
 	}
+	msgID, reemission := v.messageID()
 	// The payload points into the receive buffer, which the next read
 	// reuses: publish copies it into the connection's buffer.
-	seq, err := s.pub.publish(subjectOf(v.key), string(v.eventID), s.commitTimeHdr, v.payload)
+	seq, err := s.pub.publish(subjectOf(v.key), msgID, s.commitTimeHdr, reemission, v.payload)
 	if err != nil {
 		return &publishError{err: err}
 	}
 	now := time.Now()
-	s.queue = append(s.queue, pending{pub: true, seq: seq, sent: now, commitTime: s.commitTime, size: len(v.payload)})
+	s.queue = append(s.queue, pending{pub: true, seq: seq, sent: now, commitTime: s.commitTime, size: len(v.payload), reemission: reemission != nil})
 	s.inflight++
 	s.inflightBytes += len(v.payload)
 	return nil
@@ -509,6 +511,9 @@ func (s *session) drain(ctx context.Context, block bool) error {
 		s.relay.metrics.Published.Inc()
 		if state == ackDuplicate {
 			s.relay.metrics.Duplicates.Inc()
+		}
+		if p.reemission {
+			s.relay.metrics.Reemissions.Inc()
 		}
 		s.relay.metrics.PublishTime.Observe(now.Sub(p.sent).Seconds())
 		s.relay.metrics.CommitToAck.Observe(now.Sub(p.commitTime).Seconds())

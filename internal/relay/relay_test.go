@@ -97,7 +97,13 @@ type fixture struct {
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
-	url := pg.MigratedDatabase(t)
+	return newFixtureOn(t, pg.MigratedDatabase(t))
+}
+
+// newFixtureOn is a fixture over the database at url, whose schema the
+// caller prepared.
+func newFixtureOn(t *testing.T, url string) *fixture {
+	t.Helper()
 	pool, err := pgxpool.New(context.Background(), url)
 	if err != nil {
 		t.Fatal(err)
