@@ -18,6 +18,12 @@ type Doc struct {
 	Links       []string // keys of linked documents: sorted, distinct
 	Tags        []string // sorted, distinct
 	Chunks      []Chunk  // in ordinal order
+	// Repair marks a write that repairs the document (a re-emitted event):
+	// an equal stored version is written again, node, chunks and outgoing
+	// edges, as if it were older. A newer stored version still wins. It is
+	// an instruction to Apply, not part of what the graph holds: a View
+	// never has it set.
+	Repair bool
 }
 
 // Chunk is a (:Chunk) node.
@@ -44,8 +50,9 @@ type Backend interface {
 	// Document.key, Chunk.id and Tag.name), idempotently.
 	Ensure(ctx context.Context) error
 	// Apply writes docs (distinct keys) with the freshness guard in the
-	// store: a document whose stored version is greater than or equal to
-	// the incoming one changes nothing (applied[i] false). Otherwise the
+	// store: a document whose stored version is greater than the incoming
+	// one, or equal to it when the Doc is not a Repair, changes nothing
+	// (applied[i] false). Otherwise the
 	// node's fields are set, its chunks and outgoing LINKS_TO and TAGGED
 	// edges are replaced by exactly the incoming ones (none remain from
 	// older versions), a link to a key not yet seen creates a stub node,

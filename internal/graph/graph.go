@@ -25,6 +25,12 @@
 // upsert cannot get past, and removes its chunks and outgoing edges; links
 // from other documents to K stay. A count fence after each write checks
 // that every written document has exactly its chunks, links and tags.
+//
+// A repair (a re-emitted event, applied in a call whose context is marked
+// by projector.WithRepair) of the version the graph holds writes it again
+// ([Doc.Repair]): K's node, chunks and outgoing edges are set to exactly
+// those of V, which restores what was lost or altered behind the
+// projector's back.
 package graph
 
 import (
@@ -69,12 +75,14 @@ func (p *Projection) Backend() Backend { return p.backend }
 
 // Apply implements projector.Store. If the batch fails permanently, the
 // events are applied one by one so that only the one the store rejects
-// fails.
+// fails. In a repair call (projector.IsRepair), every Doc is a Repair.
 func (p *Projection) Apply(ctx context.Context, events []*contract.Event) []projector.Result {
 	results := make([]projector.Result, len(events))
 	docs := make([]Doc, len(events))
+	repair := projector.IsRepair(ctx)
 	for i, ev := range events {
 		docs[i] = FromEvent(ev)
+		docs[i].Repair = repair
 	}
 	applied, err := p.backend.Apply(ctx, docs)
 	if err == nil && len(applied) != len(docs) {

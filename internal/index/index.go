@@ -13,9 +13,11 @@
 // a crash anywhere before it leaves the marker behind and a redelivery
 // redoes the whole write, idempotently):
 //
-//  1. if K's marker holds V or newer: skip;
+//  1. if K's marker holds a version newer than V, or V itself and the
+//     call is not a repair (see projector.WithRepair): skip;
 //  2. upsert the points of V (vectors of chunks whose text is unchanged are
-//     reused when ReuseVectors is set, instead of embedding them again);
+//     reused when ReuseVectors is set, instead of embedding them again,
+//     except in a repair);
 //  3. delete K's points of every other version (a version with fewer
 //     chunks leaves none behind);
 //  4. count fence: K must now have exactly len(chunks) points, or the
@@ -25,6 +27,12 @@
 // A withdrawal (version V) deletes all of K's points, checks that none is
 // left, and sets a deleted marker at V, which a late older upsert cannot
 // get past.
+//
+// A repair (a re-emitted event, applied in a call whose context is marked
+// by projector.WithRepair) of the version K's marker holds goes through
+// steps 2 to 5 again: the version's points are rewritten whole and those of
+// any other version deleted, which restores points lost or altered behind
+// the projector's back. The marker is left as it is (it already holds V).
 package index
 
 import (
@@ -101,10 +109,11 @@ func (x *Index) apply(ctx context.Context, events []*contract.Event) ([]projecto
 	if err != nil {
 		return nil, fmt.Errorf("index: read version markers: %w", err)
 	}
+	repair := projector.IsRepair(ctx)
 	var todo []*contract.Event
 	var todoIdx []int
 	for i, ev := range events {
-		if m, ok := markers[ev.Key]; ok && m.Version >= ev.Version {
+		if m, ok := markers[ev.Key]; ok && (m.Version > ev.Version || (m.Version == ev.Version && !repair)) {
 			results[i].Outcome = projector.Skipped
 			continue
 		}
@@ -115,7 +124,9 @@ func (x *Index) apply(ctx context.Context, events []*contract.Event) ([]projecto
 		return results, nil
 	}
 
-	points, err := x.points(ctx, todo, markers)
+	// A repair embeds its chunks again rather than trust the stored
+	// vectors it is repairing.
+	points, err := x.points(ctx, todo, markers, x.reuse && !repair)
 	if err != nil {
 		return nil, err
 	}
@@ -163,7 +174,7 @@ func (x *Index) apply(ctx context.Context, events []*contract.Event) ([]projecto
 
 // points builds the points of the upserted events, embedding the chunks
 // (or reusing the vectors of unchanged ones).
-func (x *Index) points(ctx context.Context, events []*contract.Event, markers map[string]Marker) ([]Point, error) {
+func (x *Index) points(ctx context.Context, events []*contract.Event, markers map[string]Marker, reuse bool) ([]Point, error) {
 	var points []Point
 	for _, ev := range events {
 		if ev.Kind != contract.KindUpserted {
@@ -177,7 +188,7 @@ func (x *Index) points(ctx context.Context, events []*contract.Event, markers ma
 	if len(points) == 0 {
 		return nil, nil
 	}
-	if x.reuse {
+	if reuse {
 		for _, ev := range events {
 			if _, seen := markers[ev.Key]; !seen || ev.Kind != contract.KindUpserted {
 				continue

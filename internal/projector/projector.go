@@ -24,6 +24,16 @@
 //
 // A redelivered message (an acknowledgement lost, a crash before it) is
 // applied again: the store skips it by its version marker.
+//
+// # Repairs
+//
+// A message with the header contract.HeaderReemission re-emits a version
+// already emitted, to repair a store damaged behind its projector's back.
+// It takes part in step 3 like any other (the newest version of a document
+// wins; at equal versions the repair is kept), and the repairs of a batch
+// are applied in their own store calls, whose context is marked with
+// [WithRepair]: the store then writes an event whose version it already
+// holds again, instead of skipping it. An older version is still skipped.
 package projector
 
 import (
@@ -62,8 +72,25 @@ type Result struct {
 type Store interface {
 	// Apply converges the store to events, at most one per document key,
 	// and returns one result per event, in order. Errors are transient
-	// (retried) unless marked [Permanent].
+	// (retried) unless marked [Permanent]. With ctx marked by [WithRepair],
+	// a version equal to the stored one is written again.
 	Apply(ctx context.Context, events []*contract.Event) []Result
+}
+
+type repairKey struct{}
+
+// WithRepair marks ctx for a [Store.Apply] call whose events are repairs:
+// the store writes an event whose version it already holds again
+// (rewriting that version whole) instead of skipping it. A version older
+// than the stored one is skipped all the same.
+func WithRepair(ctx context.Context) context.Context {
+	return context.WithValue(ctx, repairKey{}, true)
+}
+
+// IsRepair reports whether ctx was marked by [WithRepair].
+func IsRepair(ctx context.Context) bool {
+	repair, _ := ctx.Value(repairKey{}).(bool)
+	return repair
 }
 
 // Permanent marks err as one that retrying cannot fix: the store rejects
@@ -364,9 +391,17 @@ func (r *Runtime) watchLag(ctx context.Context, cons jetstream.Consumer) {
 type item struct {
 	msg        jetstream.Msg
 	ev         *contract.Event
+	repair     bool // the message re-emits its event (contract.HeaderReemission)
 	delivered  uint64
 	commitTime time.Time
 	superseded []jetstream.Msg
+}
+
+// supersedes reports whether it wins over prev, an item of the same
+// document: a newer version, or the same version as a repair where prev
+// is not one (the repair also does what the original would).
+func (it *item) supersedes(prev *item) bool {
+	return it.ev.Version > prev.ev.Version || (it.ev.Version == prev.ev.Version && it.repair && !prev.repair)
 }
 
 func (r *Runtime) process(ctx context.Context, msgs []jetstream.Msg) {
@@ -383,7 +418,7 @@ func (r *Runtime) process(ctx context.Context, msgs []jetstream.Msg) {
 			r.deadLetter(ctx, m, "wrong_subject", fmt.Errorf("event for key %q arrived on %s, want %s", ev.Key, m.Subject(), want))
 			continue
 		}
-		it := &item{msg: m, ev: &ev}
+		it := &item{msg: m, ev: &ev, repair: m.Headers().Get(contract.HeaderReemission) != ""}
 		if meta, err := m.Metadata(); err == nil {
 			it.delivered = meta.NumDelivered
 		}
@@ -395,7 +430,7 @@ func (r *Runtime) process(ctx context.Context, msgs []jetstream.Msg) {
 		case !ok:
 			byKey[ev.Key] = it
 			items = append(items, it)
-		case ev.Version > prev.ev.Version:
+		case it.supersedes(prev):
 			it.superseded = append(prev.superseded, prev.msg)
 			*prev = *it
 		default:
@@ -450,11 +485,11 @@ func (r *Runtime) applyWithRetry(ctx context.Context, items []*item) []Result {
 		todo[i] = i
 	}
 	for attempt := 1; ; attempt++ {
-		events := make([]*contract.Event, len(todo))
+		batch := make([]*item, len(todo))
 		for j, i := range todo {
-			events[j] = items[i].ev
+			batch[j] = items[i]
 		}
-		res := r.applySharded(ctx, events)
+		res := r.applySharded(ctx, batch)
 		var again []int
 		var firstErr error
 		for j, i := range todo {
@@ -480,20 +515,21 @@ func (r *Runtime) applyWithRetry(ctx context.Context, items []*item) []Result {
 	}
 }
 
-// applySharded applies events in Parallel shards by document key.
-func (r *Runtime) applySharded(ctx context.Context, events []*contract.Event) []Result {
-	n := min(r.cfg.Parallel, len(events))
+// applySharded applies the items' events in Parallel shards by document
+// key.
+func (r *Runtime) applySharded(ctx context.Context, items []*item) []Result {
+	n := min(r.cfg.Parallel, len(items))
 	if n <= 1 {
-		return r.safeApply(ctx, events)
+		return r.applyShard(ctx, items)
 	}
 	shards := make([][]int, n)
-	for i, ev := range events {
+	for i, it := range items {
 		h := fnv.New32a()
-		_, _ = h.Write([]byte(ev.Key))
+		_, _ = h.Write([]byte(it.ev.Key))
 		s := int(h.Sum32() % uint32(n))
 		shards[s] = append(shards[s], i)
 	}
-	results := make([]Result, len(events))
+	results := make([]Result, len(items))
 	var wg sync.WaitGroup
 	for _, shard := range shards {
 		if len(shard) == 0 {
@@ -502,16 +538,43 @@ func (r *Runtime) applySharded(ctx context.Context, events []*contract.Event) []
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			evs := make([]*contract.Event, len(shard))
+			its := make([]*item, len(shard))
 			for j, i := range shard {
-				evs[j] = events[i]
+				its[j] = items[i]
 			}
-			for j, res := range r.safeApply(ctx, evs) {
+			for j, res := range r.applyShard(ctx, its) {
 				results[shard[j]] = res
 			}
 		}()
 	}
 	wg.Wait()
+	return results
+}
+
+// applyShard applies the items' events: the originals in one store call,
+// the repairs in another whose ctx is marked with WithRepair.
+func (r *Runtime) applyShard(ctx context.Context, items []*item) []Result {
+	results := make([]Result, len(items))
+	for _, repair := range []bool{false, true} {
+		var events []*contract.Event
+		var idx []int
+		for i, it := range items {
+			if it.repair == repair {
+				events = append(events, it.ev)
+				idx = append(idx, i)
+			}
+		}
+		if len(events) == 0 {
+			continue
+		}
+		callCtx := ctx
+		if repair {
+			callCtx = WithRepair(ctx)
+		}
+		for j, res := range r.safeApply(callCtx, events) {
+			results[idx[j]] = res
+		}
+	}
 	return results
 }
 

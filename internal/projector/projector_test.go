@@ -357,3 +357,106 @@ func TestIsPermanent(t *testing.T) {
 		}
 	}
 }
+
+// publishRepair publishes ev as a re-emission: the relay's message id and
+// re-emission header.
+func (e *env) publishRepair(t *testing.T, ev contract.Event, emission int) {
+	t.Helper()
+	data, err := ev.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := nats.NewMsg(contract.Subject(ev.Key))
+	m.Data = data
+	m.Header.Set(contract.HeaderCommitTime, time.Now().UTC().Format(time.RFC3339Nano))
+	m.Header.Set(contract.HeaderReemission, fmt.Sprint(emission))
+	m.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("%s.%d", ev.ID, emission))
+	if _, err := e.js.PublishMsg(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// repairStore records, per key, how each version was written: in a plain
+// call or in a repair call. Its guard is the stores': an older version is
+// skipped, an equal one too unless the call is a repair.
+type repairStore struct {
+	mu       sync.Mutex
+	versions map[string]int64
+	writes   map[string][]string // key -> "v<version> plain|repair" per write
+}
+
+func (s *repairStore) Apply(ctx context.Context, events []*contract.Event) []projector.Result {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	repair := projector.IsRepair(ctx)
+	res := make([]projector.Result, len(events))
+	for i, ev := range events {
+		stored, ok := s.versions[ev.Key]
+		if ok && (stored > ev.Version || (stored == ev.Version && !repair)) {
+			res[i].Outcome = projector.Skipped
+			continue
+		}
+		s.versions[ev.Key] = ev.Version
+		how := "plain"
+		if repair {
+			how = "repair"
+		}
+		s.writes[ev.Key] = append(s.writes[ev.Key], fmt.Sprintf("v%d %s", ev.Version, how))
+	}
+	return res
+}
+
+// A re-emitted message is a repair: it is applied in a store call marked
+// with WithRepair, so the store writes the version it already holds again;
+// the newest version of a document still wins, and at equal versions the
+// repair does. Originals never go through a repair call.
+func TestRepairsAreAppliedInMarkedCalls(t *testing.T) {
+	e := newEnv(t)
+	store := &repairStore{versions: map[string]int64{}, writes: map[string][]string{}}
+	// Already projected before: a at v1, c at v3.
+	e.publish(t, upsert("a", 1))
+	e.publish(t, upsert("c", 3))
+	run(t, e, store, projector.Config{Name: "repairs"}, nil)
+
+	e.publish(t, upsert("a", 1))          // a redelivery: skipped
+	e.publishRepair(t, upsert("a", 1), 1) // a repair of the same version: written again
+	e.publish(t, upsert("b", 2))
+	e.publishRepair(t, upsert("b", 1), 2) // a repair of an older version: never wins
+	e.publishRepair(t, upsert("c", 3), 3) // a repair, then the original again
+	e.publish(t, upsert("c", 3))
+	e.publish(t, upsert("d", 1))
+	metrics := projector.NewMetrics(nil)
+	run(t, e, store, projector.Config{Name: "repairs", BatchSize: 64, Parallel: 2}, metrics)
+
+	want := map[string][]string{
+		"a": {"v1 plain", "v1 repair"},
+		"b": {"v2 plain"},
+		"c": {"v3 plain", "v3 repair"},
+		"d": {"v1 plain"},
+	}
+	for key, w := range want {
+		if got := store.writes[key]; fmt.Sprint(got) != fmt.Sprint(w) {
+			t.Errorf("%s written as %v, want %v", key, got, w)
+		}
+	}
+	// Every message was acknowledged: the consumer caught up (run returned),
+	// and each is counted once.
+	applied := testutil.ToFloat64(metrics.Events.WithLabelValues("applied"))
+	skipped := testutil.ToFloat64(metrics.Events.WithLabelValues("skipped"))
+	superseded := testutil.ToFloat64(metrics.Events.WithLabelValues("superseded"))
+	if applied+skipped+superseded != 7 {
+		t.Fatalf("applied %v + skipped %v + superseded %v != 7 messages", applied, skipped, superseded)
+	}
+}
+
+func TestRepairContext(t *testing.T) {
+	ctx := context.Background()
+	if projector.IsRepair(ctx) {
+		t.Fatal("a plain context is a repair")
+	}
+	rc := projector.WithRepair(ctx)
+	type other struct{}
+	if !projector.IsRepair(rc) || !projector.IsRepair(context.WithValue(rc, other{}, 1)) {
+		t.Fatal("a repair context (or one derived from it) is not a repair")
+	}
+}

@@ -30,8 +30,11 @@
 // written. Invalid documents fail it with [ErrInvalidDocs]. Both are
 // permanent errors for the projector runtime. Then, under the lock, the
 // freshness guard keeps the documents whose key has no node, a stub, or
-// an older version; those become one log record, appended and then
-// applied in memory, so the log's order is the order readers observe.
+// an older version (or the same version, for a [graph.Doc] marked Repair,
+// which replaces the node whole); those become one log record, appended
+// and then applied in memory, so the log's order is the order readers
+// observe. Replaying the log stores its nodes as they are, so a repair
+// survives a restart like any other write.
 // With [Options.SyncEvery] zero the call syncs the log before it returns
 // (concurrent calls share one sync); otherwise a background loop syncs at
 // that interval. A call whose documents are all stale writes nothing.

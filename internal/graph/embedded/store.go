@@ -74,6 +74,7 @@ func (s *Store) Apply(ctx context.Context, docs []graph.Doc) ([]bool, error) {
 	// Everything that does not depend on the stored state runs before the
 	// lock: validation, the nodes to store, the count fence.
 	incoming := make([]*node, len(docs))
+	repair := make([]bool, len(docs))
 	seen := make(map[string]struct{}, len(docs))
 	for i := range docs {
 		d := &docs[i]
@@ -85,7 +86,7 @@ func (s *Store) Apply(ctx context.Context, docs []graph.Doc) ([]bool, error) {
 		if err != nil {
 			return nil, err
 		}
-		incoming[i] = n
+		incoming[i], repair[i] = n, d.Repair
 	}
 	applied := make([]bool, len(docs))
 	var fresh []*node
@@ -95,7 +96,7 @@ func (s *Store) Apply(ctx context.Context, docs []graph.Doc) ([]bool, error) {
 		return nil, err
 	}
 	for i, n := range incoming {
-		if cur := s.nodes[n.key]; cur == nil || cur.stub || cur.version < n.version {
+		if cur := s.nodes[n.key]; cur == nil || cur.stub || cur.version < n.version || (repair[i] && cur.version == n.version) {
 			applied[i] = true
 			fresh = append(fresh, n)
 		}

@@ -118,7 +118,8 @@ func checkInvariants(t testing.TB, s *Store) {
 
 // populate writes every kind of change: new documents with links to stubs,
 // stubs filled in, links and tags replaced, stale versions, withdrawals,
-// and a document re-written after its withdrawal.
+// a document re-written after its withdrawal, and a repair of a held
+// version.
 func populate(t testing.TB, s *Store) {
 	t.Helper()
 	applyAll(t, s,
@@ -130,6 +131,11 @@ func populate(t testing.TB, s *Store) {
 	applyAll(t, s, withdrawal("b", 2), upsert("e", 1, 1, []string{"b"}, nil))
 	applyAll(t, s, upsert("c", 3, 1, nil, nil), withdrawal("ghost", 7))
 	applyAll(t, s, upsert("b", 3, 2, []string{"stub-1"}, []string{"back"}))
+	repair := upsert("self", 4, 1, []string{"b"}, []string{"fixed"})
+	repair.Repair = true
+	if got := applyAll(t, s, repair); !got[0] {
+		t.Fatal("the repair of self v4 was not applied")
+	}
 }
 
 func TestPersistenceAcrossReopen(t *testing.T) {

@@ -2,7 +2,8 @@
 // the embedded graph, and Neo4j when a server is configured. It checks the
 // semantics of graph.Backend: upsert, idempotent re-apply, stale versions
 // skipped, chunk shrinkage, link and tag replacement, stubs filled in,
-// withdrawal without resurrection (incoming links kept), scans and counts.
+// withdrawal without resurrection (incoming links kept), repairs of the
+// held version, scans and counts.
 package graphtest
 
 import (
@@ -39,6 +40,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) graph.Backend) {
 	t.Run("WithdrawalKeepsATombstone", func(t *testing.T) { testWithdrawal(t, open(t)) })
 	t.Run("LargeBatchAndScan", func(t *testing.T) { testLargeBatch(t, open(t)) })
 	t.Run("ThroughTheProjection", func(t *testing.T) { testProjection(t, open(t)) })
+	t.Run("RepairRewritesTheHeldVersion", func(t *testing.T) { testRepair(t, open(t)) })
 }
 
 func ctx() context.Context { return context.Background() }
@@ -284,4 +286,69 @@ func testProjection(t *testing.T, b graph.Backend) {
 	}
 	Expect(t, b, graph.FromEvent(v2))
 	Expect(t, b, graph.FromEvent(&w), "p")
+}
+
+// testRepair damages a document behind the projection's back (the same
+// version applied as a repair with fewer chunks, other links, tags and
+// content): re-applying the original normally skips it and leaves the
+// damage; applying it as a repair makes the document equal to the original
+// again, edges and incoming links included. A repair never brings back an
+// older version. Through the projection, a call marked with
+// projector.WithRepair is a repair.
+func testRepair(t *testing.T, b graph.Backend) {
+	orig := Upsert("doc", 2, 4, []string{"x", "y"}, []string{"t1", "t2"})
+	x := Upsert("x", 1, 1, nil, nil)
+	apply(t, b, orig, x)
+	Expect(t, b, orig)
+
+	damaged := Upsert("doc", 2, 1, []string{"z"}, []string{"t3"})
+	damaged.Title, damaged.ContentHash, damaged.Repair = "damaged", "damaged-hash", true
+	if got := apply(t, b, damaged); !got[0] {
+		t.Fatal("a repair of the version the graph holds was not applied")
+	}
+	Expect(t, b, damaged)
+	if got := apply(t, b, orig); got[0] {
+		t.Fatal("re-applying the held version normally was applied")
+	}
+	Expect(t, b, damaged)
+
+	repair := orig
+	repair.Repair = true
+	if got := apply(t, b, repair); !got[0] {
+		t.Fatal("the repair was not applied")
+	}
+	Expect(t, b, orig)
+	Expect(t, b, x, "doc")
+	if v := read(t, b, "z"); !v.Stub || len(v.LinkedBy) != 0 {
+		t.Fatalf("z after the repair: stub %v linked by %v, want a stub no one links to", v.Stub, v.LinkedBy)
+	}
+	if v := read(t, b, "y"); !slices.Equal(v.LinkedBy, []string{"doc"}) {
+		t.Fatalf("y linked by %v, want [doc]", v.LinkedBy)
+	}
+
+	v3 := Upsert("doc", 3, 2, nil, nil)
+	apply(t, b, v3)
+	if got := apply(t, b, repair); got[0] {
+		t.Fatal("a repair of version 2 after version 3 was applied")
+	}
+	Expect(t, b, v3)
+
+	p, err := graph.New(ctx(), b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := contract.Document{Key: "doc", Version: 3, Title: "T", Body: "the body", Tags: []string{"z"}}.Normalize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := contract.NewUpsertedEvent(d, []string{d.Body})
+	res := p.Apply(ctx(), []*contract.Event{&ev})
+	if res[0].Err != nil || res[0].Outcome != projector.Skipped {
+		t.Fatalf("the held version through the projection: %+v, want skipped", res)
+	}
+	res = p.Apply(projector.WithRepair(ctx()), []*contract.Event{&ev})
+	if res[0].Err != nil || res[0].Outcome != projector.Applied {
+		t.Fatalf("the held version as a repair through the projection: %+v, want applied", res)
+	}
+	Expect(t, b, graph.FromEvent(&ev))
 }

@@ -16,15 +16,16 @@ FOR (n:Tag) REQUIRE n.name IS UNIQUE`
 )
 
 // cypherMergeDocuments is the freshness guard. $rows: [{key, version,
-// deleted, title, content_hash}], sorted by key. Setting _LOCK_ takes the
-// node's write lock before its version is read (the lost-update pattern of
-// the Neo4j manual), so two transactions writing one key cannot both see
-// the old version; the lock is held to the end of the transaction. A node
-// without a version (new, or a stub) takes any version.
+// deleted, title, content_hash, repair}], sorted by key. Setting _LOCK_
+// takes the node's write lock before its version is read (the lost-update
+// pattern of the Neo4j manual), so two transactions writing one key cannot
+// both see the old version; the lock is held to the end of the
+// transaction. A node without a version (new, or a stub) takes any
+// version; a repair row also rewrites the version the node holds.
 const cypherMergeDocuments = `UNWIND $rows AS row
 MERGE (d:Document {key: row.key})
 SET d._LOCK_ = true
-WITH d, row, (d.version IS NULL OR d.version < row.version) AS applied
+WITH d, row, (d.version IS NULL OR d.version < row.version OR (row.repair AND d.version = row.version)) AS applied
 REMOVE d._LOCK_
 FOREACH (i IN CASE WHEN applied THEN [1] ELSE [] END |
   SET d.version = row.version, d.title = row.title, d.content_hash = row.content_hash,

@@ -117,7 +117,11 @@ func (g *modelGraph) run(cypher string, params map[string]any) ([]record, error)
 				d = newModelDoc()
 				g.docs[key] = d
 			}
-			applied := !d.hasVersion || d.version < version
+			repair, ok := row["repair"].(bool)
+			if !ok {
+				panic(fmt.Sprintf("model: mergeDocuments row without a repair flag: %v", row))
+			}
+			applied := !d.hasVersion || d.version < version || (repair && d.version == version)
 			if applied {
 				d.hasVersion, d.version = true, version
 				d.deleted, d.title, d.hash = row["deleted"].(bool), row["title"].(string), row["content_hash"].(string)

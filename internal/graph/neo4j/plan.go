@@ -99,6 +99,7 @@ func guardStatement(batch []docRow) statement {
 			"deleted":      r.doc.Deleted,
 			"title":        r.doc.Title,
 			"content_hash": r.doc.ContentHash,
+			"repair":       r.doc.Repair,
 		}
 	}
 	return statement{"mergeDocuments", cypherMergeDocuments, map[string]any{"rows": rows}}

@@ -56,6 +56,11 @@ func doc(key string, version int64, n int, links, tags []string) graph.Doc {
 	return d
 }
 
+func repaired(d graph.Doc) graph.Doc {
+	d.Repair = true
+	return d
+}
+
 func withdrawal(key string, version int64) graph.Doc {
 	return graph.Doc{Key: key, Version: version, Deleted: true, ContentHash: fmt.Sprintf("withdrawn-%s", key)}
 }
@@ -167,6 +172,10 @@ func TestPlanGolden(t *testing.T) {
 		}, 100, []string{"b"}},
 		// Nothing applied: the transaction is the guard alone.
 		{"all_stale", []graph.Doc{doc("a", 1, 1, []string{"x"}, nil)}, 100, []string{"a"}},
+		// A repair (a re-emitted event) beside a plain write: the guard
+		// rows say which is which; an applied repair replaces the
+		// document's chunks and edges like any applied version.
+		{"repair", []graph.Doc{repaired(doc("a", 2, 2, []string{"b"}, []string{"t"})), doc("c", 1, 1, nil, nil)}, 100, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			golden(t, c.name, renderPlan(t, c.docs, c.batch, c.stale...))

@@ -4,7 +4,7 @@
 // configured. It checks the backend's primitives and, through an
 // index.Index, the projection's semantics: upsert, idempotent re-upsert,
 // stale versions skipped, shrinkage, withdrawal without resurrection,
-// counts and search.
+// repairs of the held version, counts and search.
 package indextest
 
 import (
@@ -54,6 +54,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) index.Backend) {
 	t.Run("Projection", func(t *testing.T) { testProjection(t, open(t)) })
 	t.Run("WithdrawalDoesNotResurrect", func(t *testing.T) { testWithdrawal(t, open(t)) })
 	t.Run("SearchThroughTheIndex", func(t *testing.T) { testIndexSearch(t, open(t)) })
+	t.Run("RepairRewritesTheHeldVersion", func(t *testing.T) { testRepair(t, open(t)) })
 }
 
 func ctx() context.Context { return context.Background() }
@@ -236,7 +237,18 @@ func newIndex(t *testing.T, b index.Backend) *index.Index {
 
 func apply(t *testing.T, x *index.Index, events ...*contract.Event) []projector.Outcome {
 	t.Helper()
-	results := x.Apply(ctx(), events)
+	return applyIn(t, ctx(), x, events...)
+}
+
+// repair applies events as repairs (re-emitted events).
+func repair(t *testing.T, x *index.Index, events ...*contract.Event) []projector.Outcome {
+	t.Helper()
+	return applyIn(t, projector.WithRepair(ctx()), x, events...)
+}
+
+func applyIn(t *testing.T, ctx context.Context, x *index.Index, events ...*contract.Event) []projector.Outcome {
+	t.Helper()
+	results := x.Apply(ctx, events)
 	if len(results) != len(events) {
 		t.Fatalf("%d results for %d events", len(results), len(events))
 	}
@@ -333,6 +345,50 @@ func testWithdrawal(t *testing.T, b index.Backend) {
 		t.Fatalf("ghost v4 after its withdrawal at v5: %v", got)
 	}
 	expect(t, b, withdrawn("ghost", 5))
+}
+
+// testRepair damages a document behind the projection's back (its points
+// deleted): re-applying its event normally skips it, as the marker holds
+// its version, and leaves it damaged; applying it as a repair makes it
+// equal to the original again. A repair never brings back an older
+// version, and a repaired withdrawal removes stray points.
+func testRepair(t *testing.T, b index.Backend) {
+	x := newIndex(t, b)
+	v1 := event("doc", 1, body(5, "zeta"), "x")
+	other := event("other", 1, body(2, "eta"))
+	apply(t, x, v1, other)
+	expect(t, b, v1)
+
+	must(t, b.DeleteStale(ctx(), []index.Keep{{Key: "doc"}}))
+	if got := apply(t, x, v1); got[0] != projector.Skipped {
+		t.Fatalf("re-applying v1 normally: %v, want skipped", got)
+	}
+	counts, err := b.Counts(ctx(), []string{"doc"})
+	must(t, err)
+	if counts["doc"] != 0 {
+		t.Fatalf("a skipped event wrote %d points", counts["doc"])
+	}
+	if got := repair(t, x, v1, other); !slices.Equal(got, []projector.Outcome{projector.Applied, projector.Applied}) {
+		t.Fatalf("repairing v1 and other: %v, want applied", got)
+	}
+	expect(t, b, v1)
+	expect(t, b, other)
+
+	v2 := event("doc", 2, body(3, "theta"))
+	apply(t, x, v2)
+	if got := repair(t, x, v1); got[0] != projector.Skipped {
+		t.Fatalf("a repair of v1 after v2: %v, want skipped", got)
+	}
+	expect(t, b, v2)
+
+	w3 := withdrawn("doc", 3)
+	apply(t, x, w3)
+	must(t, b.Upsert(ctx(), []index.Point{point("doc", 3, 0, unit(1))})) // a stray point
+	if got := apply(t, x, w3); got[0] != projector.Skipped {
+		t.Fatalf("re-applying the withdrawal normally: %v, want skipped", got)
+	}
+	repair(t, x, w3)
+	expect(t, b, w3)
 }
 
 func testIndexSearch(t *testing.T, b index.Backend) {
