@@ -355,7 +355,7 @@ func postRetrying(api string, docs []map[string]any, timeout time.Duration) erro
 			}
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the writer did not accept a batch within %v (last error %v)", timeout, err)
+			return fmt.Errorf("the writer did not accept a batch within %v (last error: %w)", timeout, err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
