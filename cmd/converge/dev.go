@@ -18,6 +18,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/converge-sync/converge/internal/config"
@@ -134,6 +135,14 @@ func startDev(ctx context.Context, cfg devConfig) (_ *devStack, err error) {
 	if s.relay, err = relay.New(nc, relay.Config{PostgresURL: s.postgresURL}, relay.NewMetrics(reg), cfg.log.With("service", "relay")); err != nil {
 		nc.Close()
 		return nil, err
+	}
+	// The relay ensures the stream too; doing it here first spares the
+	// projectors a retry when they start before it.
+	if js, err := jetstream.New(nc); err == nil {
+		if _, err := relay.EnsureStream(ctx, js, relay.StreamConfig{}); err != nil {
+			nc.Close()
+			return nil, fmt.Errorf("create the stream: %w", err)
+		}
 	}
 	g.Go(func() error {
 		defer nc.Close()

@@ -1,5 +1,6 @@
-// Command converge is the operator's tool: schema migrations and, as the
-// pipeline grows, status, replay, rebuild and verification.
+// Command converge is the operator's tool: schema migrations, status,
+// verification and repair, backfill, replay, dead letters, and the
+// pipeline on embedded defaults (dev, demo).
 package main
 
 import (
@@ -28,9 +29,15 @@ Usage:
   converge search TEXT [-k N] [--json]
                              the index's chunks nearest to TEXT, asked of the index projector
                              (-index-addr, env CONVERGE_PROJECTOR_INDEX_ADDR, default 127.0.0.1:9103)
-  converge verify [--json] [-stores index,graph]
+  converge verify [--json] [-stores index,graph] [--repair [-writer-url URL] [-repair-timeout 2m]]
                              prove that the index and the graph agree with Postgres, document by
-                             document (bucket digests; exit 0 only when every store agrees)
+                             document (bucket digests; exit 0 only when every store agrees); with
+                             --repair, re-emit every document Postgres can repair through the writer
+                             and wait until the stores agree
+  converge backfill --keys k1,k2,... | --all [-after KEY] [-writer-url URL] [--json]
+                             re-emit documents through the writer (-writer-url, env CONVERGE_WRITER_URL,
+                             default http://127.0.0.1:8080): their current version's event is relayed
+                             again and every projection rewrites it
   converge replay PROJECTOR --from-seq N | --from-time T
                              move a projector's consumer back; it receives every event from there
                              again and skips what its store already holds
@@ -42,8 +49,8 @@ Usage:
                              asked of the graph projector (-graph-addr, env CONVERGE_PROJECTOR_GRAPH_ADDR,
                              default 127.0.0.1:9104)
 
-Every command takes -postgres-url (env CONVERGE_POSTGRES_URL); status also
--nats-url (env CONVERGE_NATS_URL).
+Every command that reads Postgres takes -postgres-url (env CONVERGE_POSTGRES_URL);
+status also -nats-url (env CONVERGE_NATS_URL).
 `
 
 func main() {
@@ -73,6 +80,8 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return graphDoc(ctx, args[1:], out)
 	case "verify":
 		return verifyCmd(ctx, args[1:], out)
+	case "backfill":
+		return backfill(ctx, args[1:], out)
 	case "replay":
 		return replay(ctx, args[1:], out)
 	case "dlq":

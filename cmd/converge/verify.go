@@ -9,6 +9,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -23,6 +24,8 @@ var errDisagree = errors.New("the stores do not agree with Postgres")
 type verifyReport struct {
 	Agrees bool            `json:"agrees"`
 	Stores []verify.Report `json:"stores"`
+	// Repair is what --repair did; Stores is then the final verify.
+	Repair *repairReport `json:"repair,omitempty"`
 }
 
 // verifyCmd compares each projection with Postgres by bucket digests and
@@ -35,8 +38,21 @@ func verifyCmd(ctx context.Context, args []string, out io.Writer) error {
 	stores := f.String("stores", "", "index,graph", "the projections to verify, comma-separated")
 	buckets := f.Int("buckets", "", verify.DefaultBuckets, "number of digest buckets")
 	asJSON := f.Bool("json", "", false, "machine-readable report")
+	repair := f.Bool("repair", "", false, "re-emit, through the writer, every document Postgres can repair, then verify again until the stores agree")
+	writerURL := f.String("writer-url", envWriterURL, "http://127.0.0.1:8080", "with --repair: the writer's API")
+	repairTimeout := f.Duration("repair-timeout", "", 2*time.Minute, "with --repair: how long to wait for the stores to agree")
 	if err := f.Parse(args); err != nil {
 		return err
+	}
+	var wc *writerClient
+	if *repair {
+		var err error
+		if wc, err = newWriterClient(*writerURL); err != nil {
+			return err
+		}
+		if *repairTimeout <= 0 {
+			return errors.New("-repair-timeout must be positive")
+		}
 	}
 	if err := config.Require(*pg, "postgres-url", config.EnvPostgresURL); err != nil {
 		return err
@@ -49,9 +65,19 @@ func verifyCmd(ctx context.Context, args []string, out io.Writer) error {
 		return fmt.Errorf("postgres: %w", err)
 	}
 	defer pool.Close()
-	rep, err := runVerify(ctx, &postgres.Postgres{Pool: pool}, sides(*stores, *indexAddr, *graphAddr), *buckets, !*asJSON)
+	truth, stored := &postgres.Postgres{Pool: pool}, sides(*stores, *indexAddr, *graphAddr)
+	rep, err := runVerify(ctx, truth, stored, *buckets, !*asJSON)
 	if err != nil {
 		return err
+	}
+	if *repair && !rep.Agrees {
+		if !*asJSON {
+			printVerify(out, rep)
+		}
+		rep, err = repairStores(ctx, wc, truth, stored, *buckets, rep, *repairTimeout, repairPollInterval, progressOut(!*asJSON, out))
+		if err != nil {
+			return err
+		}
 	}
 	if *asJSON {
 		enc := json.NewEncoder(out)
@@ -61,6 +87,9 @@ func verifyCmd(ctx context.Context, args []string, out io.Writer) error {
 		}
 	} else {
 		printVerify(out, rep)
+		if rep.Repair != nil {
+			printRepaired(out, rep.Repair)
+		}
 	}
 	if !rep.Agrees {
 		return errDisagree

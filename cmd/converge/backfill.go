@@ -1,0 +1,217 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/converge-sync/converge/internal/config"
+	"github.com/converge-sync/converge/internal/writer"
+)
+
+// envWriterURL names the writer's API for the operator's commands.
+const envWriterURL = "CONVERGE_WRITER_URL"
+
+// writerClient calls the writer's re-emission endpoint,
+// POST /v1/admin/reemit.
+type writerClient struct {
+	base string // http://host:port
+	http *http.Client
+}
+
+func newWriterClient(base string) (*writerClient, error) {
+	base = strings.TrimRight(strings.TrimSpace(base), "/")
+	if !strings.HasPrefix(base, "http://") && !strings.HasPrefix(base, "https://") {
+		return nil, fmt.Errorf("-writer-url must be http://host:port or https://..., got %q", base)
+	}
+	return &writerClient{base: base, http: &http.Client{Timeout: 5 * time.Minute}}, nil
+}
+
+// reemit sends one request and decodes the answer, or the writer's error.
+func (c *writerClient) reemit(ctx context.Context, req writer.ReemitRequest) (writer.ReemitResponse, error) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return writer.ReemitResponse{}, err
+	}
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/v1/admin/reemit", bytes.NewReader(body))
+	if err != nil {
+		return writer.ReemitResponse{}, err
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	resp, err := c.http.Do(hreq)
+	if err != nil {
+		return writer.ReemitResponse{}, fmt.Errorf("the writer at %s does not answer (is it running? -writer-url, env %s): %w", c.base, envWriterURL, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
+	if err != nil {
+		return writer.ReemitResponse{}, fmt.Errorf("the writer's answer: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		var e struct {
+			Error writer.ErrorBody `json:"error"`
+		}
+		if json.Unmarshal(data, &e) == nil && e.Error.Code != "" {
+			return writer.ReemitResponse{}, fmt.Errorf("the writer refused the re-emission: %s (%s)", e.Error.Message, e.Error.Code)
+		}
+		return writer.ReemitResponse{}, fmt.Errorf("the writer answered %s: %s", resp.Status, strings.TrimSpace(string(truncateBytes(data, 500))))
+	}
+	var out writer.ReemitResponse
+	if err := json.Unmarshal(data, &out); err != nil {
+		return writer.ReemitResponse{}, fmt.Errorf("unreadable answer from the writer: %w", err)
+	}
+	return out, nil
+}
+
+// reemitKeys re-emits keys, in requests of at most writer.MaxReemitKeys.
+func (c *writerClient) reemitKeys(ctx context.Context, keys []string) (writer.ReemitResponse, error) {
+	all := writer.ReemitResponse{Reemitted: []writer.ReemittedDocument{}, NotFound: []string{}}
+	for lo := 0; lo < len(keys); lo += writer.MaxReemitKeys {
+		res, err := c.reemit(ctx, writer.ReemitRequest{Keys: keys[lo:min(lo+writer.MaxReemitKeys, len(keys))]})
+		if err != nil {
+			return all, err
+		}
+		all.Reemitted = append(all.Reemitted, res.Reemitted...)
+		all.NotFound = append(all.NotFound, res.NotFound...)
+	}
+	return all, nil
+}
+
+func truncateBytes(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[:n]
+	}
+	return b
+}
+
+// backfillReport is what backfill did, for --json.
+type backfillReport struct {
+	Reemitted []writer.ReemittedDocument `json:"reemitted"`
+	NotFound  []string                   `json:"not_found"`
+	// Next is where an interrupted --all stopped: resume with -after Next.
+	Next string `json:"next,omitempty"`
+}
+
+// backfill re-emits documents through the writer: their current version's
+// event is written to the outbox again, relayed, and rewritten by every
+// projection (see docstore.Store.Reemit).
+func backfill(ctx context.Context, args []string, out io.Writer) error {
+	f := config.NewFlags("converge backfill")
+	writerURL := f.String("writer-url", envWriterURL, "http://127.0.0.1:8080", "the writer's API")
+	keysFlag := f.String("keys", "", "", "re-emit these documents: keys separated by commas")
+	all := f.Bool("all", "", false, "re-emit every document, in key order, a page at a time")
+	after := f.String("after", "", "", "with --all: start after this key (to resume)")
+	limit := f.Int("limit", "", writer.DefaultReemitLimit, fmt.Sprintf("with --all: documents per request (1 to %d)", writer.MaxReemitKeys))
+	asJSON := f.Bool("json", "", false, "machine-readable report")
+	if err := f.Parse(args); err != nil {
+		return err
+	}
+	if f.NArg() > 0 {
+		return fmt.Errorf("backfill takes no arguments (got %q): name documents with --keys k1,k2 or use --all", f.Args())
+	}
+	keys := splitKeys(*keysFlag)
+	switch {
+	case *all && len(keys) > 0:
+		return errors.New("backfill: give either --keys or --all, not both")
+	case !*all && len(keys) == 0:
+		return errors.New("backfill: name the documents with --keys k1,k2,... or re-emit every document with --all")
+	case !*all && *after != "":
+		return errors.New("backfill: -after goes with --all")
+	case *limit < 1 || *limit > writer.MaxReemitKeys:
+		return fmt.Errorf("backfill: -limit must be from 1 to %d", writer.MaxReemitKeys)
+	}
+	c, err := newWriterClient(*writerURL)
+	if err != nil {
+		return err
+	}
+	rep := backfillReport{Reemitted: []writer.ReemittedDocument{}, NotFound: []string{}}
+	if *all {
+		err = backfillAll(ctx, c, *after, *limit, &rep)
+	} else {
+		var res writer.ReemitResponse
+		res, err = c.reemitKeys(ctx, keys)
+		rep.Reemitted, rep.NotFound = append(rep.Reemitted, res.Reemitted...), append(rep.NotFound, res.NotFound...)
+	}
+	if *asJSON {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		if jerr := enc.Encode(rep); jerr != nil && err == nil {
+			err = jerr
+		}
+	} else {
+		printBackfill(out, rep, *all)
+	}
+	if err != nil && rep.Next != "" {
+		return fmt.Errorf("%w\nresume with: converge backfill --all -after %q", err, rep.Next)
+	}
+	return err
+}
+
+// backfillAll pages through every document after `after`, with a progress
+// line on stderr. On an error or an interruption, rep.Next is the key to
+// resume after.
+func backfillAll(ctx context.Context, c *writerClient, after string, limit int, rep *backfillReport) error {
+	start := time.Now()
+	defer fmt.Fprintln(os.Stderr)
+	for {
+		if err := ctx.Err(); err != nil {
+			rep.Next = after
+			return fmt.Errorf("backfill interrupted: %w", err)
+		}
+		res, err := c.reemit(ctx, writer.ReemitRequest{All: true, After: after, Limit: limit})
+		if err != nil {
+			rep.Next = after
+			return err
+		}
+		rep.Reemitted = append(rep.Reemitted, res.Reemitted...)
+		rep.NotFound = append(rep.NotFound, res.NotFound...)
+		last := after
+		if n := len(res.Reemitted); n > 0 {
+			last = res.Reemitted[n-1].Key
+		}
+		fmt.Fprintf(os.Stderr, "\rbackfill: re-emitted %d documents in %v, last %q", len(rep.Reemitted), time.Since(start).Round(time.Second), last)
+		if res.Next == "" {
+			return nil
+		}
+		after = res.Next
+	}
+}
+
+// splitKeys splits a comma-separated list, dropping empty items.
+func splitKeys(s string) []string {
+	var keys []string
+	for _, k := range strings.Split(s, ",") {
+		if k = strings.TrimSpace(k); k != "" {
+			keys = append(keys, k)
+		}
+	}
+	return keys
+}
+
+func printBackfill(out io.Writer, rep backfillReport, all bool) {
+	what := "the named documents"
+	if all {
+		what = "every document"
+	}
+	fmt.Fprintf(out, "re-emitted %d documents (%s): their events are in the outbox again; the relay publishes them and every projection rewrites them\n", len(rep.Reemitted), what)
+	for i, d := range rep.Reemitted {
+		if i == 20 && len(rep.Reemitted) > 21 {
+			fmt.Fprintf(out, "  ... and %d more (--json lists all)\n", len(rep.Reemitted)-20)
+			break
+		}
+		fmt.Fprintf(out, "  %s version %d (event %s, emission %d)\n", d.Key, d.Version, d.EventID, d.Emission)
+	}
+	if len(rep.NotFound) > 0 {
+		fmt.Fprintf(out, "not found (no such document in Postgres): %s\n", strings.Join(rep.NotFound, ", "))
+	}
+	if rep.Next != "" {
+		fmt.Fprintf(out, "stopped after %q\n", rep.Next)
+	}
+}

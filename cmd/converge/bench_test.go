@@ -1,0 +1,991 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"os"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/converge-sync/converge/internal/chunking"
+	"github.com/converge-sync/converge/internal/config"
+	"github.com/converge-sync/converge/internal/embed"
+	"github.com/converge-sync/converge/internal/graph"
+	gbackends "github.com/converge-sync/converge/internal/graph/backends"
+	gembedded "github.com/converge-sync/converge/internal/graph/embedded"
+	"github.com/converge-sync/converge/internal/index"
+	ibackends "github.com/converge-sync/converge/internal/index/backends"
+	iembedded "github.com/converge-sync/converge/internal/index/embedded"
+	"github.com/converge-sync/converge/internal/natsserver"
+	"github.com/converge-sync/converge/internal/projector"
+	"github.com/converge-sync/converge/internal/relay"
+	"github.com/converge-sync/converge/internal/verify"
+	"github.com/converge-sync/converge/internal/verify/postgres"
+	"github.com/converge-sync/converge/pkg/contract"
+)
+
+// The end-to-end benchmarks of `make bench`: the whole pipeline in this
+// process (startDev: a throwaway PostgreSQL 15, embedded NATS, the writer,
+// the relay, the embedded index and graph projectors), and a rebuild of
+// each projection from a stream filled directly.
+const (
+	envBenchDocs   = "CONVERGE_BENCH_DOCS"         // documents of the throughput run
+	envRebuildDocs = "CONVERGE_BENCH_REBUILD_DOCS" // documents of the rebuild
+	envLatencyRate = "CONVERGE_BENCH_LATENCY_RATE" // documents/s of the latency run; default half the end-to-end rate
+
+	defaultBenchDocs   = 20000
+	defaultRebuildDocs = 100000
+	calibrationDocs    = 5000 // the latency run's calibration, when the throughput run did not run first
+
+	batchLines    = 100 // documents per POST /v1/documents:batch
+	writerClients = 4   // concurrent batch clients
+
+	latencyRun     = 20 * time.Second
+	latencyWorkers = 32 // concurrent PUT clients, so that the pacing is open loop
+	latencyTarget  = 50 * time.Millisecond
+
+	rebuildTargetDocs = 100000
+	rebuildTarget     = 60 * time.Second
+
+	commitToApplied = "converge_projector_commit_to_applied_seconds"
+)
+
+func envCount(b *testing.B, name string, def int) int {
+	b.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		b.Fatalf("%s=%q: want a positive number of documents", name, v)
+	}
+	return n
+}
+
+// BenchmarkEndToEnd measures the pipeline from the writer's API to both
+// projections: the throughput of bulk writes, then the commit -> applied
+// latency at half of that rate.
+func BenchmarkEndToEnd(b *testing.B) {
+	n := envCount(b, envBenchDocs, defaultBenchDocs)
+	ctx := context.Background()
+	s, ready := startBenchStack(b)
+	defer s.close(b)
+	// A benchmark with sub-benchmarks prints no log of its own: the first
+	// sub-benchmark to run says how the pipeline started.
+	var once sync.Once
+	note := func(b *testing.B) { once.Do(func() { b.Log(ready) }) }
+
+	// The end-to-end rate the latency run paces itself by: the throughput
+	// run's, or a calibration run's when only the latency run was chosen.
+	var e2eRate float64
+	runs := 0
+	b.Run("throughput", func(b *testing.B) {
+		note(b)
+		var write, conv, ver time.Duration
+		var pressure string
+		var chunks float64
+		for range b.N {
+			runs++
+			r := s.throughput(ctx, b, fmt.Sprintf("tp%d", runs), n)
+			write += r.write
+			conv += r.converge
+			ver += r.verify
+			pressure, chunks = r.pressure, r.chunks
+		}
+		docs := float64(n) * float64(b.N)
+		writeRate, rate := docs/write.Seconds(), docs/conv.Seconds()
+		e2eRate = rate
+		b.ReportMetric(writeRate, "writer_docs/s")
+		b.ReportMetric(rate, "e2e_docs/s")
+		b.ReportMetric(ver.Seconds()/float64(b.N), "verify_s")
+		b.Logf("throughput, %d documents of ~2 KB (%.2f chunks, 3 links, 2 tags each) in batches of %d from %d clients: writer %.0f docs/s (last write acknowledged after %v); "+
+			"end to end %.0f docs/s (both projectors caught up after %v), %.2f of the writer's rate; verify agreed in %v (not in the throughput); %s",
+			n, chunks, batchLines, writerClients, writeRate, (write / time.Duration(b.N)).Round(time.Millisecond),
+			rate, (conv / time.Duration(b.N)).Round(time.Millisecond), rate/writeRate, (ver / time.Duration(b.N)).Round(time.Millisecond), pressure)
+	})
+	b.Run("latency", func(b *testing.B) {
+		note(b)
+		rate := e2eRate / 2
+		load := fmt.Sprintf("half of the end-to-end %.0f docs/s", e2eRate)
+		if v := os.Getenv(envLatencyRate); v != "" {
+			r, err := strconv.ParseFloat(v, 64)
+			if err != nil || r <= 0 {
+				b.Fatalf("%s=%q: want documents per second", envLatencyRate, v)
+			}
+			rate, load = r, "set by "+envLatencyRate+", not half load"
+		} else if e2eRate == 0 {
+			runs++
+			c := min(n, calibrationDocs)
+			r := s.throughput(ctx, b, fmt.Sprintf("cal%d", runs), c)
+			e2eRate = float64(c) / r.converge.Seconds()
+			b.Logf("calibration: %d documents end to end at %.0f docs/s", c, e2eRate)
+			rate = e2eRate / 2
+			load = fmt.Sprintf("half of the end-to-end %.0f docs/s", e2eRate)
+		}
+		for range b.N {
+			runs++
+			s.latency(ctx, b, fmt.Sprintf("lat%d", runs), rate, load)
+		}
+	})
+}
+
+// benchStack is the dev pipeline plus the clients the benchmarks use.
+type benchStack struct {
+	dev    *devStack
+	pool   *pgxpool.Pool
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	stream jetstream.Stream
+	client *http.Client
+}
+
+func startBenchStack(b *testing.B) (*benchStack, string) {
+	b.Helper()
+	ctx := context.Background()
+	cfg := devConfig{log: config.NewLogger(os.Stderr, "warn"), logOut: os.Stderr,
+		index: &ibackends.Config{}, graph: &gbackends.Config{}}
+	for _, a := range []*string{&cfg.httpAddr, &cfg.writerAddr, &cfg.relayAddr, &cfg.indexAddr, &cfg.graphAddr} {
+		addr, err := freeAddr()
+		if err != nil {
+			b.Fatal(err)
+		}
+		*a = addr
+	}
+	began := time.Now()
+	dev, err := startDev(ctx, cfg)
+	if err != nil {
+		b.Fatalf("start the pipeline: %v", err)
+	}
+	s := &benchStack{dev: dev, client: &http.Client{Timeout: time.Minute,
+		Transport: &http.Transport{MaxIdleConns: 2 * latencyWorkers, MaxIdleConnsPerHost: 2 * latencyWorkers}}}
+	if s.pool, err = pgxpool.New(ctx, dev.postgresURL); err != nil {
+		s.close(b)
+		b.Fatal(err)
+	}
+	if s.nc, err = nats.Connect(dev.natsURL); err != nil {
+		s.close(b)
+		b.Fatal(err)
+	}
+	if s.js, err = jetstream.New(s.nc); err != nil {
+		s.close(b)
+		b.Fatal(err)
+	}
+	// The relay creates the stream when it starts.
+	if s.stream, err = s.js.Stream(ctx, "CONVERGE_DOCS"); err != nil {
+		s.close(b)
+		b.Fatalf("stream CONVERGE_DOCS: %v", err)
+	}
+	return s, fmt.Sprintf("pipeline ready in %v: PostgreSQL 15 (throwaway, fsync off), embedded NATS, writer, relay, embedded index and graph projectors; one process and Postgres on %d CPUs",
+		time.Since(began).Round(time.Millisecond), runtime.NumCPU())
+}
+
+func (s *benchStack) close(b *testing.B) {
+	if s.nc != nil {
+		s.nc.Close()
+	}
+	if s.pool != nil {
+		s.pool.Close()
+	}
+	if err := s.dev.stop(); err != nil {
+		b.Errorf("stop the pipeline: %v", err)
+	}
+}
+
+// benchDocument is document i of n of a run: a ~2 KB body of a few
+// paragraphs, three links to other documents of the run (some not written
+// yet: stubs in the graph) and two tags.
+func benchDocument(run string, i, n int) contract.Document {
+	words := strings.Fields("replication slot outbox commit stream consumer projector index graph vector chunk " +
+		"version marker tombstone snapshot digest bucket relay writer batch acknowledge deliver converge " +
+		"postgres jetstream embedding search neighbour link tag meta document key")
+	rng := rand.New(rand.NewPCG(uint64(i), 1)) //nolint:gosec // reproducible text, not a secret
+	var body strings.Builder
+	for body.Len() < 1900 {
+		for range 12 + rng.IntN(10) {
+			body.WriteString(words[rng.IntN(len(words))])
+			body.WriteByte(' ')
+		}
+		body.WriteString(run)
+		body.WriteString(". ")
+		if rng.IntN(4) == 0 {
+			body.WriteString("\n\n")
+		}
+	}
+	return contract.Document{
+		Key: benchKey(run, i), Version: 1, Title: fmt.Sprintf("Bench %s document %d", run, i), Body: body.String(),
+		Links: []string{benchKey(run, (i+1)%n), benchKey(run, (i*7+3)%n), benchKey(run, rng.IntN(n))},
+		Tags:  []string{"bench", "t" + strconv.Itoa(i%16)},
+		Meta:  json.RawMessage(`{"source":"converge bench","run":"` + run + `"}`),
+	}
+}
+
+func benchKey(run string, i int) string { return fmt.Sprintf("bench/%s/%06d", run, i) }
+
+type throughputResult struct {
+	write, converge, verify time.Duration
+	pressure                string  // the machine's CPU pressure while writing and converging
+	chunks                  float64 // a document's, on average
+}
+
+// throughput writes n new documents through the batch API and times the
+// last acknowledged write, both projectors catching up, and a verify.
+func (s *benchStack) throughput(ctx context.Context, b *testing.B, run string, n int) throughputResult {
+	b.Helper()
+	var batches [][]byte
+	chunks := 0
+	for lo := 0; lo < n; lo += batchLines {
+		var body bytes.Buffer
+		enc := json.NewEncoder(&body)
+		for i := lo; i < min(lo+batchLines, n); i++ {
+			d := benchDocument(run, i, n)
+			if err := enc.Encode(d); err != nil {
+				b.Fatal(err)
+			}
+			chunks += len(chunking.Split(d.Body, chunking.DefaultConfig())) // the writer's chunker
+		}
+		batches = append(batches, body.Bytes())
+	}
+	from := s.lastSeq(ctx, b)
+
+	stallFrom, _ := cpuStalled()
+	start := time.Now()
+	var next, applied atomic.Int64
+	g, gctx := errgroup.WithContext(ctx)
+	for range writerClients {
+		g.Go(func() error {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= len(batches) {
+					return nil
+				}
+				a, err := s.postBatch(gctx, batches[i])
+				if err != nil {
+					return err
+				}
+				applied.Add(int64(a))
+			}
+		})
+	}
+	if err := g.Wait(); err != nil {
+		b.Fatal(err)
+	}
+	r := throughputResult{chunks: float64(chunks) / float64(n)}
+	r.write = time.Since(start)
+	if applied.Load() != int64(n) {
+		b.Fatalf("the writer applied %d of %d new documents", applied.Load(), n)
+	}
+	s.waitCaughtUp(ctx, b, from+uint64(n))
+	r.converge = time.Since(start)
+	r.pressure = cpuPressure(stallFrom, r.converge)
+
+	verifyStart := time.Now()
+	s.mustAgree(ctx, b)
+	r.verify = time.Since(verifyStart)
+	return r
+}
+
+// postBatch posts one NDJSON batch and returns how many lines were applied.
+func (s *benchStack) postBatch(ctx context.Context, body []byte) (int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.dev.apiURL+"/v1/documents:batch", bytes.NewReader(body))
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Content-Type", "application/x-ndjson")
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("writer: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("writer: %s", resp.Status)
+	}
+	applied := 0
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		var line struct {
+			Result string          `json:"result"`
+			Error  json.RawMessage `json:"error"`
+		}
+		if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
+			return applied, fmt.Errorf("writer: unreadable result line %q", sc.Text())
+		}
+		if line.Result != "applied" {
+			return applied, fmt.Errorf("writer: result %q %s", line.Result, line.Error)
+		}
+		applied++
+	}
+	return applied, sc.Err()
+}
+
+func (s *benchStack) lastSeq(ctx context.Context, b *testing.B) uint64 {
+	b.Helper()
+	info, err := s.stream.Info(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return info.State.LastSeq
+}
+
+// waitCaughtUp polls until the stream holds every event up to seq and both
+// projectors' consumers have been delivered it, with nothing pending and
+// nothing unacknowledged: the projector acknowledges only after its store
+// write.
+func (s *benchStack) waitCaughtUp(ctx context.Context, b *testing.B, seq uint64) {
+	b.Helper()
+	deadline := time.Now().Add(5 * time.Minute)
+	for _, name := range []string{"index", "graph"} {
+		for {
+			c, err := s.js.Consumer(ctx, "CONVERGE_DOCS", name)
+			if err == nil {
+				info, err := c.Info(ctx)
+				if err == nil && info.Delivered.Stream >= seq && info.NumPending == 0 && info.NumAckPending == 0 {
+					break
+				}
+			}
+			if time.Now().After(deadline) {
+				b.Fatalf("the %s projector did not reach stream sequence %d within 5 minutes", name, seq)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
+
+// mustAgree compares both projections with Postgres (verify.Compare of
+// the bucket digests, the projectors answering over HTTP).
+func (s *benchStack) mustAgree(ctx context.Context, b *testing.B) {
+	b.Helper()
+	truth := &postgres.Postgres{Pool: s.pool}
+	for _, side := range []struct {
+		kind verify.Kind
+		side verify.Side
+	}{
+		{verify.Index, &verify.Remote{Label: "index", Addr: s.dev.cfg.indexAddr}},
+		{verify.Graph, &verify.Remote{Label: "graph", Addr: s.dev.cfg.graphAddr}},
+	} {
+		rep, err := verify.Compare(ctx, truth, side.side, side.kind, verify.DefaultBuckets, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if !rep.Agrees {
+			b.Fatalf("verify: %s disagrees with Postgres on %d documents once caught up (first: %+v)", rep.Store, len(rep.Differences), rep.Differences[0])
+		}
+	}
+}
+
+// latency writes single documents (PUT /v1/documents/{key}) at rate for
+// latencyRun, open loop (each request is due at start + i/rate, whatever
+// the earlier ones took), and reports each projector's commit -> applied
+// latency from its histogram.
+func (s *benchStack) latency(ctx context.Context, b *testing.B, run string, rate float64, load string) {
+	b.Helper()
+	n := int(rate * latencyRun.Seconds())
+	if n < 1 {
+		b.Fatalf("rate %.2f docs/s gives no document in %v", rate, latencyRun)
+	}
+	paths := make([]string, n)
+	bodies := make([][]byte, n)
+	for i := range n {
+		d := benchDocument(run, i, n)
+		paths[i] = s.dev.apiURL + "/v1/documents/" + url.PathEscape(d.Key)
+		var err error
+		if bodies[i], err = json.Marshal(d); err != nil {
+			b.Fatal(err)
+		}
+	}
+	addrs := map[string]string{"index": s.dev.cfg.indexAddr, "graph": s.dev.cfg.graphAddr}
+	before := map[string]projectorMetrics{}
+	for name, addr := range addrs {
+		before[name] = scrapeProjector(ctx, b, addr)
+	}
+	relayBefore := s.scrapeRelay(ctx, b)
+	from := s.lastSeq(ctx, b)
+
+	jobs := make(chan int, n)
+	roundTrips := make([]time.Duration, n)
+	g, gctx := errgroup.WithContext(ctx)
+	for range latencyWorkers {
+		g.Go(func() error {
+			for i := range jobs {
+				t := time.Now()
+				if err := s.put(gctx, paths[i], bodies[i]); err != nil {
+					return err
+				}
+				roundTrips[i] = time.Since(t)
+			}
+			return nil
+		})
+	}
+	stallFrom, _ := cpuStalled()
+	start := time.Now()
+	var maxLate time.Duration
+	for i := range n {
+		due := start.Add(time.Duration(float64(i) / rate * float64(time.Second)))
+		if d := time.Until(due); d > 0 {
+			time.Sleep(d)
+		} else {
+			maxLate = max(maxLate, -d)
+		}
+		if gctx.Err() != nil {
+			break // a request failed: g.Wait reports it
+		}
+		jobs <- i
+	}
+	close(jobs)
+	if err := g.Wait(); err != nil {
+		b.Fatal(err)
+	}
+	sent := time.Since(start)
+	s.waitCaughtUp(ctx, b, from+uint64(n))
+	pressure := cpuPressure(stallFrom, time.Since(start))
+	// A projector observes the latency right after acknowledging, so its
+	// histogram may trail the consumer's state by a moment.
+	after := map[string]projectorMetrics{}
+	for name, addr := range addrs {
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			after[name] = scrapeProjector(ctx, b, addr)
+			if after[name].latency.count-before[name].latency.count >= float64(n) || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+
+	relayStage, err := s.scrapeRelay(ctx, b).minus(relayBefore)
+	if err != nil {
+		b.Fatalf("relay: %v", err)
+	}
+	slices.Sort(roundTrips)
+	achieved := float64(n) / sent.Seconds()
+	b.Logf("latency: %d single-document PUTs paced at %.0f docs/s (%s) for %v: achieved %.0f docs/s, "+
+		"pacer at most %v late; PUT round trip p50 %v p99 %v (client side, exact); %s",
+		n, rate, load, sent.Round(time.Millisecond), achieved, maxLate.Round(time.Microsecond),
+		roundTrips[n/2].Round(time.Microsecond), roundTrips[min(n-1, n*99/100)].Round(time.Microsecond), pressure)
+	b.Logf("relay, commit -> acknowledgement as the relay records it (on its next read from Postgres, so at low rates it trails the stream's): p50 %.1f ms, p99 %.1f ms, mean %.1f ms (exact) over %d events",
+		1000*relayStage.quantile(0.5), 1000*relayStage.quantile(0.99), 1000*relayStage.sum/relayStage.count, int(relayStage.count))
+	b.ReportMetric(achieved, "paced_docs/s")
+	for _, name := range []string{"index", "graph"} {
+		h, err := after[name].latency.minus(before[name].latency)
+		if err != nil {
+			b.Fatalf("%s: %v", name, err)
+		}
+		batches, err := after[name].batches.minus(before[name].batches)
+		if err != nil {
+			b.Fatalf("%s: %v", name, err)
+		}
+		events := after[name].events - before[name].events
+		if h.count != float64(n) {
+			b.Errorf("%s: %v commit -> applied observations, want one per document (%d)", name, h.count, n)
+		}
+		// Precision: the histogram's buckets (0.5 ms doubling: ..., 16, 32,
+		// 64, 128 ms, ...) are all a projector records, so a quantile is
+		// interpolated linearly within its bucket, as Prometheus's
+		// histogram_quantile does; the true value can be anywhere in that
+		// bucket. The mean (sum/count) is exact.
+		p50, p99 := h.quantile(0.50), h.quantile(0.99)
+		lo, hi, inBucket := h.bucketOf(0.99)
+		// Whether the buckets alone decide the target: the fractions of
+		// events within the bounds on either side of it.
+		below, above := h.around(latencyTarget.Seconds())
+		fBelow, fAbove := h.fractionWithin(below), h.fractionWithin(above)
+		verdict := "NOT MET"
+		if p99 < latencyTarget.Seconds() {
+			verdict = "met"
+		}
+		how := "decided by the buckets alone"
+		if fBelow < 0.99 && fAbove >= 0.99 {
+			how = "decided by the interpolation only"
+		}
+		how = fmt.Sprintf("%.2f%% of events within %s, %.2f%% within %s: %s", 100*fBelow, fmtSeconds(below), 100*fAbove, fmtSeconds(above), how)
+		b.ReportMetric(p50*1000, name+"_p50_ms")
+		b.ReportMetric(p99*1000, name+"_p99_ms")
+		b.Logf("%s projector, commit -> applied over %d events: p50 %.1f ms, p99 %.1f ms, mean %.1f ms (exact); "+
+			"p99 interpolated within the bucket (%s, %s] of %.0f events; target p99 < %v at half load: %s (%s); p99/target %.2f; "+
+			"%.0f batches of %.1f events on average, %.1f ms each to apply and acknowledge",
+			name, int(h.count), p50*1000, p99*1000, 1000*h.sum/h.count, fmtSeconds(lo), fmtSeconds(hi), inBucket,
+			latencyTarget, verdict, how, p99/latencyTarget.Seconds(), batches.count, events/batches.count, 1000*batches.sum/batches.count)
+	}
+}
+
+func (s *benchStack) put(ctx context.Context, u string, body []byte) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, u, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("writer: %w", err)
+	}
+	defer resp.Body.Close()
+	var r struct {
+		Result string `json:"result"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil || resp.StatusCode != http.StatusOK || r.Result != "applied" {
+		return fmt.Errorf("writer: PUT %s: %s, result %q, %w", u, resp.Status, r.Result, err)
+	}
+	return nil
+}
+
+// histogram is one Prometheus histogram as scraped: cumulative bucket
+// counts by upper bound (the last bound is +Inf).
+type histogram struct {
+	bounds     []float64
+	cumulative []float64
+	count, sum float64
+}
+
+// projectorMetrics is what the latency run reads of a projector's
+// /metrics.
+type projectorMetrics struct {
+	latency histogram // commit -> applied
+	batches histogram // converge_projector_batch_seconds: one observation a batch
+	events  float64   // converge_projector_events_total, every result
+}
+
+func scrapeProjector(ctx context.Context, b *testing.B, addr string) projectorMetrics {
+	b.Helper()
+	text := scrapeMetrics(ctx, b, addr)
+	var m projectorMetrics
+	var err error
+	if m.latency, err = parseHistogram(text, commitToApplied); err != nil {
+		b.Fatalf("metrics of %s: %v", addr, err)
+	}
+	if m.batches, err = parseHistogram(text, "converge_projector_batch_seconds"); err != nil {
+		b.Fatalf("metrics of %s: %v", addr, err)
+	}
+	for line := range strings.Lines(text) {
+		if strings.HasPrefix(line, "converge_projector_events_total") {
+			v, err := strconv.ParseFloat(strings.TrimSpace(line[strings.LastIndexByte(line, ' ')+1:]), 64)
+			if err != nil {
+				b.Fatalf("metrics of %s: %q: %v", addr, line, err)
+			}
+			m.events += v
+		}
+	}
+	return m
+}
+
+// scrapeRelay reads the relay's commit -> acknowledged histogram.
+func (s *benchStack) scrapeRelay(ctx context.Context, b *testing.B) histogram {
+	b.Helper()
+	h, err := parseHistogram(scrapeMetrics(ctx, b, s.dev.cfg.relayAddr), "converge_relay_commit_to_ack_seconds")
+	if err != nil {
+		b.Fatalf("metrics of the relay: %v", err)
+	}
+	return h
+}
+
+func scrapeMetrics(ctx context.Context, b *testing.B, addr string) string {
+	b.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var text bytes.Buffer
+	if _, err := text.ReadFrom(resp.Body); err != nil {
+		b.Fatal(err)
+	}
+	return text.String()
+}
+
+// parseHistogram reads the histogram name from a text exposition. A
+// projector exports one series of it (its name is a constant label), so
+// every bucket line of name belongs to it.
+func parseHistogram(text, name string) (histogram, error) {
+	var h histogram
+	for line := range strings.Lines(text) {
+		line = strings.TrimSpace(line)
+		sp := strings.LastIndexByte(line, ' ')
+		if sp < 0 || !strings.HasPrefix(line, name+"_") {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[sp+1:], 64)
+		if err != nil {
+			return h, fmt.Errorf("%q: %w", line, err)
+		}
+		series := line[len(name)+1 : sp]
+		switch {
+		case strings.HasPrefix(series, "bucket"):
+			_, le, ok := strings.Cut(series, `le="`)
+			if !ok {
+				return h, fmt.Errorf("a bucket without le: %q", line)
+			}
+			le, _, _ = strings.Cut(le, `"`)
+			bound, err := strconv.ParseFloat(le, 64) // "+Inf" parses as +Inf
+			if err != nil {
+				return h, fmt.Errorf("le %q: %w", le, err)
+			}
+			h.bounds = append(h.bounds, bound)
+			h.cumulative = append(h.cumulative, v)
+		case strings.HasPrefix(series, "sum"):
+			h.sum = v
+		case strings.HasPrefix(series, "count"):
+			h.count = v
+		}
+	}
+	if len(h.bounds) == 0 || !math.IsInf(h.bounds[len(h.bounds)-1], 1) {
+		return h, fmt.Errorf("no histogram %s", name)
+	}
+	return h, nil
+}
+
+// minus is the histogram of the observations made between o and h.
+func (h histogram) minus(o histogram) (histogram, error) {
+	if !slices.Equal(h.bounds, o.bounds) {
+		return histogram{}, errors.New("the histogram's buckets changed between scrapes")
+	}
+	d := histogram{bounds: h.bounds, cumulative: make([]float64, len(h.bounds)), count: h.count - o.count, sum: h.sum - o.sum}
+	for i := range h.cumulative {
+		d.cumulative[i] = h.cumulative[i] - o.cumulative[i]
+	}
+	return d, nil
+}
+
+// quantile interpolates the q-quantile linearly within its bucket, as
+// Prometheus's histogram_quantile does: the first bucket starts at 0, and
+// a quantile in the +Inf bucket is the highest finite bound.
+func (h histogram) quantile(q float64) float64 {
+	total := h.cumulative[len(h.cumulative)-1]
+	if total == 0 {
+		return math.NaN()
+	}
+	rank := q * total
+	i, _ := slices.BinarySearch(h.cumulative, rank)
+	if i >= len(h.bounds)-1 {
+		return h.bounds[len(h.bounds)-2]
+	}
+	lower, below := 0.0, 0.0
+	if i > 0 {
+		lower, below = h.bounds[i-1], h.cumulative[i-1]
+	}
+	return lower + (h.bounds[i]-lower)*(rank-below)/(h.cumulative[i]-below)
+}
+
+// bucketOf returns the bounds of the bucket holding the q-quantile and
+// the number of observations in it.
+func (h histogram) bucketOf(q float64) (lower, upper, count float64) {
+	rank := q * h.cumulative[len(h.cumulative)-1]
+	i, _ := slices.BinarySearch(h.cumulative, rank)
+	i = min(i, len(h.bounds)-1)
+	below := 0.0
+	if i > 0 {
+		lower, below = h.bounds[i-1], h.cumulative[i-1]
+	}
+	return lower, h.bounds[i], h.cumulative[i] - below
+}
+
+// fractionWithin is the fraction of observations at most bound, which
+// must be one of the histogram's bounds (0: none).
+func (h histogram) fractionWithin(bound float64) float64 {
+	i := slices.Index(h.bounds, bound)
+	if i < 0 {
+		return 0
+	}
+	return h.cumulative[i] / h.cumulative[len(h.cumulative)-1]
+}
+
+// around returns the bucket bounds on either side of v: the highest at
+// most v (0 if none) and the lowest above it.
+func (h histogram) around(v float64) (below, above float64) {
+	i, _ := slices.BinarySearch(h.bounds, v)
+	if i < len(h.bounds) && h.bounds[i] == v {
+		return v, h.bounds[min(i+1, len(h.bounds)-1)]
+	}
+	if i > 0 {
+		below = h.bounds[i-1]
+	}
+	return below, h.bounds[min(i, len(h.bounds)-1)]
+}
+
+// cpuStalled is the machine's total time, since boot, during which some
+// task waited for a CPU (Linux pressure stall information); false where
+// the kernel does not report it.
+func cpuStalled() (time.Duration, bool) {
+	data, err := os.ReadFile("/proc/pressure/cpu")
+	if err != nil {
+		return 0, false
+	}
+	line, _, _ := strings.Cut(string(data), "\n") // "some avg10=... total=<microseconds>"
+	_, total, ok := strings.Cut(line, "total=")
+	us, err := strconv.ParseInt(strings.TrimSpace(total), 10, 64)
+	if !ok || err != nil {
+		return 0, false
+	}
+	return time.Duration(us) * time.Microsecond, true
+}
+
+// cpuPressure describes how contended the machine's CPUs were over the
+// last elapsed, since cpuStalled said from: the pipeline's own work, and
+// whatever else runs on the machine, which the figures then include.
+func cpuPressure(from time.Duration, elapsed time.Duration) string {
+	to, ok := cpuStalled()
+	if !ok || from == 0 {
+		return "CPU pressure not reported by this kernel"
+	}
+	return fmt.Sprintf("CPU pressure: some task of the machine waited for a CPU %.0f%% of the time (PSI, this process, Postgres and anything else)",
+		100*(to-from).Seconds()/elapsed.Seconds())
+}
+
+func fmtSeconds(s float64) string {
+	if math.IsInf(s, 1) {
+		return "+Inf"
+	}
+	return strconv.FormatFloat(s*1000, 'g', -1, 64) + " ms"
+}
+
+// BenchmarkRebuildIndex times a rebuild: a fresh projector runtime
+// converging an empty store to a stream of rebuildDocs events from its
+// start, for the embedded index (hash embedder) and for the embedded
+// graph. The stream is filled directly, not through Postgres: the point is
+// the projector.
+func BenchmarkRebuildIndex(b *testing.B) {
+	n := envCount(b, envRebuildDocs, defaultRebuildDocs)
+	ctx := context.Background()
+	ns, err := natsserver.Start(b.TempDir(), -1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ns.Shutdown()
+	nc, err := nats.Connect(ns.URL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer nc.Close()
+	var mu sync.Mutex
+	var refused error // a publish the stream refused
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096),
+		jetstream.WithPublishAsyncErrHandler(func(_ jetstream.JetStream, _ *nats.Msg, err error) {
+			mu.Lock()
+			refused = errors.Join(refused, err)
+			mu.Unlock()
+		}))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := relay.EnsureStream(ctx, js, relay.StreamConfig{}); err != nil {
+		b.Fatal(err)
+	}
+	fillStart := time.Now()
+	chunks, size := fillStream(ctx, b, js, n)
+	mu.Lock()
+	if refused != nil {
+		b.Fatalf("filling the stream: %v", refused)
+	}
+	mu.Unlock()
+	filled := fmt.Sprintf("stream CONVERGE_DOCS filled with %d events (%.2f chunks a document, %.0f bytes an event) in %v",
+		n, float64(chunks)/float64(n), float64(size)/float64(n), time.Since(fillStart).Round(time.Millisecond))
+	// A benchmark with sub-benchmarks prints no log of its own.
+	var once sync.Once
+
+	runs := 0
+	rebuild := func(b *testing.B, what string, open func(b *testing.B) (projector.Store, func(context.Context) (int, error), func() error)) {
+		once.Do(func() { b.Log(filled) })
+		var took time.Duration
+		for range b.N {
+			runs++
+			start := time.Now()
+			store, count, closeStore := open(b)
+			r, err := projector.New(js, store, projector.Config{Name: fmt.Sprintf("rebuild-%s-%d", what, runs), StopWhenCaughtUp: true}, nil, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := r.Run(ctx); err != nil {
+				b.Fatal(err)
+			}
+			took += time.Since(start)
+			got, err := count(ctx)
+			if err != nil || got != n {
+				b.Fatalf("after the rebuild the %s holds %d documents (%v), want %d", what, got, err, n)
+			}
+			if err := closeStore(); err != nil {
+				b.Fatal(err)
+			}
+			if err := js.DeleteConsumer(ctx, "CONVERGE_DOCS", fmt.Sprintf("rebuild-%s-%d", what, runs)); err != nil {
+				b.Fatal(err)
+			}
+		}
+		per := took / time.Duration(b.N)
+		rate := float64(n) / per.Seconds()
+		projected := time.Duration(float64(rebuildTargetDocs) / rate * float64(time.Second))
+		verdict := "met"
+		if projected >= rebuildTarget {
+			verdict = "NOT MET"
+		}
+		b.ReportMetric(per.Seconds(), "rebuild_s")
+		b.ReportMetric(rate, "docs/s")
+		b.Logf("rebuild of the embedded %s from %d events: %v, %.0f docs/s; %d documents take %v at this rate; target < %v for %d: %s (%.2f of the target)",
+			what, n, per.Round(time.Millisecond), rate, rebuildTargetDocs, projected.Round(time.Millisecond), rebuildTarget, rebuildTargetDocs,
+			verdict, projected.Seconds()/rebuildTarget.Seconds())
+	}
+	b.Run("index", func(b *testing.B) {
+		rebuild(b, "index", func(b *testing.B) (projector.Store, func(context.Context) (int, error), func() error) {
+			e, err := embed.New(embed.Config{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			st, err := iembedded.Open(b.TempDir(), iembedded.Options{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			x, err := index.New(ctx, st, e, index.Options{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			count := func(ctx context.Context) (int, error) {
+				docs, err := verify.ReadIndex(ctx, st)
+				return len(docs), err
+			}
+			return x, count, st.Close
+		})
+	})
+	b.Run("graph", func(b *testing.B) {
+		rebuild(b, "graph", func(b *testing.B) (projector.Store, func(context.Context) (int, error), func() error) {
+			st, err := gembedded.Open(b.TempDir(), gembedded.Options{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			p, err := graph.New(ctx, st)
+			if err != nil {
+				b.Fatal(err)
+			}
+			count := func(ctx context.Context) (int, error) {
+				docs, err := verify.ReadGraph(ctx, st)
+				return len(docs), err
+			}
+			return p, count, st.Close
+		})
+	})
+}
+
+// fillStream publishes n upserted events of ~1 KB documents (one or two
+// chunks by the writer's chunker, two or three links, two tags)
+// asynchronously, as the relay does (Nats-Msg-Id = the event id), and
+// returns the number of chunks and of encoded bytes. A publish the stream
+// refuses goes to js's error handler.
+func fillStream(ctx context.Context, b *testing.B, js jetstream.JetStream, n int) (chunks, size int) {
+	b.Helper()
+	words := strings.Fields("river delta glacier forest coral reef bird nest compiler parser token network packet router " +
+		"telescope mirror comet orbit harbour pier crane ship cargo lava magma crater basalt canopy fern moss")
+	for i := range n {
+		rng := rand.New(rand.NewPCG(uint64(i), 7)) //nolint:gosec // reproducible text, not a secret
+		var body strings.Builder
+		want := 700 + rng.IntN(700) // one chunk below the chunker's 1024-byte target, two above
+		for body.Len() < want {
+			for range 10 + rng.IntN(10) {
+				body.WriteString(words[rng.IntN(len(words))])
+				body.WriteByte(' ')
+			}
+			body.WriteString(strconv.Itoa(i))
+			body.WriteString(".\n\n")
+		}
+		key := fmt.Sprintf("rebuild/%07d", i)
+		links := []string{fmt.Sprintf("rebuild/%07d", (i+1)%n), fmt.Sprintf("rebuild/%07d", rng.IntN(n))}
+		if i%3 == 0 {
+			links = append(links, fmt.Sprintf("external/%d", i%500))
+		}
+		d, err := contract.Document{Key: key, Version: 1, Title: "Rebuild document " + strconv.Itoa(i), Body: body.String(),
+			Links: links, Tags: []string{"rebuild", "t" + strconv.Itoa(i%32)}, Meta: json.RawMessage(`{"source":"converge bench"}`)}.Normalize()
+		if err != nil {
+			b.Fatal(err)
+		}
+		ev := contract.NewUpsertedEvent(d, chunking.Split(d.Body, chunking.DefaultConfig()))
+		data, err := ev.Encode()
+		if err != nil {
+			b.Fatal(err)
+		}
+		chunks += len(ev.Chunks)
+		size += len(data)
+		m := nats.NewMsg(contract.Subject(key))
+		m.Data = data
+		for {
+			_, err := js.PublishMsgAsync(m, jetstream.WithMsgID(ev.ID.String()))
+			if errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
+				<-js.PublishAsyncComplete()
+				continue
+			}
+			if err != nil {
+				b.Fatal(err)
+			}
+			break
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-ctx.Done():
+		b.Fatal(ctx.Err())
+	case <-time.After(2 * time.Minute):
+		b.Fatal("the stream's acknowledgements did not arrive within 2 minutes")
+	}
+	return chunks, size
+}
+
+// The benchmarks' histogram arithmetic, checked against values computed
+// by hand the way Prometheus's histogram_quantile computes them.
+func TestBenchHistogram(t *testing.T) {
+	inf := math.Inf(1)
+	h := histogram{bounds: []float64{0.001, 0.002, 0.004, inf}, cumulative: []float64{10, 30, 40, 50}}
+	before := histogram{bounds: h.bounds, cumulative: []float64{0, 0, 0, 10}}
+	d, err := h.minus(before)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		h    histogram
+		q    float64
+		want float64
+	}{
+		{d, 0.25, 0.001},   // rank 10: the top of the first bucket, which starts at 0
+		{d, 0.5, 0.0015},   // rank 20: halfway through (1 ms, 2 ms]
+		{d, 0.99, 0.00392}, // rank 39.6: 9.6 of the 10 events of (2 ms, 4 ms]
+		{h, 0.99, 0.004},   // rank 49.5, in +Inf: the highest finite bound
+	} {
+		if got := c.h.quantile(c.q); math.Abs(got-c.want) > 1e-12 {
+			t.Errorf("quantile(%v) of %v = %v, want %v", c.q, c.h.cumulative, got, c.want)
+		}
+	}
+	if lo, hi, n := d.bucketOf(0.99); lo != 0.002 || hi != 0.004 || n != 10 {
+		t.Errorf("bucketOf(0.99) = (%v, %v] of %v, want (0.002, 0.004] of 10", lo, hi, n)
+	}
+	for _, c := range []struct{ v, below, above float64 }{{0.003, 0.002, 0.004}, {0.002, 0.002, 0.004}, {0.0005, 0, 0.001}, {1, 0.004, inf}} {
+		if below, above := d.around(c.v); below != c.below || above != c.above {
+			t.Errorf("around(%v) = %v, %v, want %v, %v", c.v, below, above, c.below, c.above)
+		}
+	}
+	if f := d.fractionWithin(0.002); f != 0.75 {
+		t.Errorf("fractionWithin(2 ms) = %v, want 0.75", f)
+	}
+	if _, err := h.minus(histogram{bounds: []float64{1, inf}}); err == nil {
+		t.Error("subtracting histograms of other buckets must fail")
+	}
+	text := "# TYPE x histogram\nx_bucket{projector=\"index\",le=\"0.001\"} 3\nx_bucket{projector=\"index\",le=\"+Inf\"} 4\nx_sum{projector=\"index\"} 0.5\nx_count{projector=\"index\"} 4\nxy_total 9\n"
+	p, err := parseHistogram(text, "x")
+	if err != nil || !slices.Equal(p.bounds, []float64{0.001, inf}) || !slices.Equal(p.cumulative, []float64{3, 4}) || p.sum != 0.5 || p.count != 4 {
+		t.Errorf("parseHistogram = %+v, %v", p, err)
+	}
+}

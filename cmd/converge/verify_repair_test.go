@@ -1,0 +1,182 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/converge-sync/converge/internal/config"
+	"github.com/converge-sync/converge/internal/graph"
+	graphembedded "github.com/converge-sync/converge/internal/graph/embedded"
+)
+
+// damageGraph stops the dev stack's graph projector (a child process),
+// applies docs to its embedded graph behind its back, and starts it again.
+func damageGraph(t *testing.T, s *devStack, docs ...graph.Doc) {
+	t.Helper()
+	if err := s.killGraphChild(); err != nil {
+		t.Fatal(err)
+	}
+	g, err := graphembedded.Open(filepath.Join(s.cfg.dataDir, "graph"), graphembedded.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	applied, err := g.Apply(context.Background(), docs)
+	if cerr := g.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, ok := range applied {
+		if !ok {
+			t.Fatalf("damage %s was not applied", docs[i].Key)
+		}
+	}
+	if err := s.startGraphChild(); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitUntil(context.Background(), context.Background(), 30*time.Second, func() bool {
+		return httpOK("http://" + s.cfg.graphAddr + "/readyz")
+	}); err != nil {
+		t.Fatalf("the restarted graph projector: %v", err)
+	}
+}
+
+// graphView is what the graph projector serves about key, as a Doc.
+func graphView(t *testing.T, s *devStack, key string) graph.Doc {
+	t.Helper()
+	body, err := getJSON(context.Background(), "http://"+s.cfg.graphAddr+"/v1/graph/"+url.PathEscape(key), "graph", "projector-graph", "-graph-addr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v graph.DocumentJSON
+	if err := json.Unmarshal(body, &v); err != nil {
+		t.Fatal(err)
+	}
+	d := graph.Doc{Key: v.Key, Version: v.Version, Deleted: v.Deleted, Title: v.Title, ContentHash: v.ContentHash, Links: v.LinksOut, Tags: v.Tags}
+	for _, c := range v.Chunks {
+		id, err := uuid.Parse(c.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.Chunks = append(d.Chunks, graph.Chunk{ID: id, Ordinal: c.Ordinal, ContentHash: c.ContentHash})
+	}
+	return d
+}
+
+// converge verify --repair, through the whole pipeline on embedded
+// defaults: documents damaged in the graph behind its projector's back are
+// named, re-emitted through the writer and repaired, and verify exits 0;
+// a document only the graph has is reported as beyond repair by
+// re-emission, and verify exits non-zero.
+func TestVerifyRepairThroughTheDevStack(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the whole pipeline")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	dbURL := pg.NewDatabase(t)
+	t.Cleanup(func() {
+		c, err := pgx.Connect(context.Background(), dbURL)
+		if err == nil {
+			_, _ = c.Exec(context.Background(), `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = current_database()`)
+			_ = c.Close(context.Background())
+		}
+	})
+	f := config.NewFlags("test")
+	flags := devFlags(f, devConfig{dataDir: t.TempDir()})
+	if err := f.Parse([]string{"-postgres-url", dbURL, "-log-level", "error"}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := flags()
+	for _, a := range []*string{&cfg.httpAddr, &cfg.writerAddr, &cfg.relayAddr, &cfg.indexAddr, &cfg.graphAddr} {
+		addr, err := freeAddr()
+		if err != nil {
+			t.Fatal(err)
+		}
+		*a = addr
+	}
+	cfg.graphChild = true
+	s, err := startDev(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := s.stop(); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+	})
+
+	for i := range 20 {
+		para := strings.Repeat(fmt.Sprintf("Paragraph about topic %d, with enough words to fill a chunk. ", i), 12)
+		body := fmt.Sprintf(`{"version":1,"title":"Doc %d","body":%q,"links":["doc-%02d"],"tags":["t%d"]}`, i, para+"\n\n"+para+"\n\n"+para, (i+1)%20, i%3)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPut, s.apiURL+"/v1/documents/"+fmt.Sprintf("doc-%02d", i), strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("PUT doc-%02d: %s", i, resp.Status)
+		}
+	}
+	verifyArgs := []string{"verify", "-postgres-url", dbURL, "-index-addr", cfg.indexAddr, "-graph-addr", cfg.graphAddr}
+	if err := waitUntil(ctx, ctx, 60*time.Second, func() bool {
+		return run(ctx, verifyArgs, &bytes.Buffer{}) == nil
+	}); err != nil {
+		t.Fatalf("the stores did not agree with Postgres: %v", err)
+	}
+
+	// Damage: doc-03 keeps one chunk of its version, doc-07 links elsewhere.
+	g3, g7 := graphView(t, s, "doc-03"), graphView(t, s, "doc-07")
+	if len(g3.Chunks) < 2 || len(g7.Chunks) == 0 {
+		t.Fatalf("doc-03 has %d chunks, doc-07 %d: the test needs several", len(g3.Chunks), len(g7.Chunks))
+	}
+	g3.Chunks, g7.Links = g3.Chunks[:1], []string{"nowhere"}
+	g3.Repair, g7.Repair = true, true
+	damageGraph(t, s, g3, g7)
+	var out bytes.Buffer
+	if err := run(ctx, verifyArgs, &out); !errors.Is(err, errDisagree) ||
+		!strings.Contains(out.String(), "stale_chunks     doc-03") || !strings.Contains(out.String(), "links_mismatch   doc-07") {
+		t.Fatalf("verify after the damage: %v\n%s", err, out.String())
+	}
+
+	out.Reset()
+	repairArgs := append(verifyArgs, "--repair", "-writer-url", s.apiURL, "-repair-timeout", "60s")
+	if err := run(ctx, repairArgs, &out); err != nil {
+		t.Fatalf("verify --repair: %v\n%s", err, out.String())
+	}
+	t.Logf("verify --repair:\n%s", out.String())
+	for _, want := range []string{"graph  DISAGREES", "re-emitting 2 documents", "repaired 2 differences",
+		"graph  stale_chunks     doc-03", "graph  links_mismatch   doc-07", "graph  agrees with Postgres on all 20 documents"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("verify --repair output lacks %q:\n%s", want, out.String())
+		}
+	}
+
+	// A document only the graph has cannot be repaired by re-emission.
+	damageGraph(t, s, graph.Doc{Key: "ghost", Version: 1, ContentHash: "x"})
+	out.Reset()
+	err = run(ctx, append(repairArgs, "--json"), &out)
+	var rep verifyReport
+	if jerr := json.Unmarshal(out.Bytes(), &rep); jerr != nil {
+		t.Fatalf("%v: %s", jerr, out.String())
+	}
+	if !errors.Is(err, errDisagree) || rep.Agrees || rep.Repair == nil || len(rep.Repair.Unrepairable) != 1 ||
+		rep.Repair.Unrepairable[0].Key != "ghost" || rep.Repair.Unrepairable[0].Problem != "extra" || len(rep.Repair.Reemitted) != 0 {
+		t.Fatalf("verify --repair with an extra document: %v %+v", err, rep.Repair)
+	}
+}
