@@ -68,6 +68,8 @@ fuzz: ## run every fuzz target for FUZZTIME each (default 30s)
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRecord$$' -fuzztime $${FUZZTIME:-30s} ./internal/index/embedded
 	$(GO) test -run '^$$' -fuzz '^FuzzRecordReader$$' -fuzztime $${FUZZTIME:-30s} ./internal/index/embedded
 	$(GO) test -run '^$$' -fuzz '^FuzzOpen$$' -fuzztime $${FUZZTIME:-30s} ./internal/index/embedded
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeReemitRequest$$' -fuzztime $${FUZZTIME:-30s} ./internal/writer
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeNodes$$' -fuzztime $${FUZZTIME:-30s} ./internal/graph/embedded
 
 .PHONY: bench
 bench: deps ## benchmarks; each comparison runs both sides in one run and prints the ratio
@@ -75,6 +77,7 @@ bench: deps ## benchmarks; each comparison runs both sides in one run and prints
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count $${RELAY_RUNS:-3} ./internal/relay
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count 3 ./internal/index ./internal/graph
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -count 1 ./internal/index/embedded ./internal/index/qdrant ./internal/embed
+	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 15m ./cmd/converge
 
 .PHONY: lint
 lint: ## golangci-lint (.golangci.yml) when installed, else go vet
