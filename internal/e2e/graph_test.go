@@ -5,17 +5,12 @@ package e2e_test
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"os"
-	"os/signal"
 	"slices"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/internal/deadletter"
 	"github.com/converge-sync/converge/internal/graph"
@@ -27,43 +22,18 @@ import (
 // runGraphChild projects CONVERGE_NATS_URL's stream into the embedded graph
 // in CONVERGE_DATA_DIR until SIGTERM (or SIGKILL).
 func runGraphChild() int {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
-	fmt.Println(childReady) // SIGTERM is handled from here on
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	nc, err := nats.Connect(os.Getenv("CONVERGE_NATS_URL"))
-	if err != nil {
-		log.Error("nats", "err", err)
-		return 2
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return 2
-	}
-	store, err := graphembedded.Open(os.Getenv("CONVERGE_DATA_DIR"), graphembedded.Options{})
-	if err != nil {
-		log.Error("open graph", "err", err)
-		return 2
-	}
-	defer store.Close()
-	p, err := graph.New(ctx, store)
-	if err != nil {
-		if ctx.Err() != nil {
-			return 0 // stopped while starting
+	return runChild("graph", func(ctx context.Context) (projector.Store, func() error, error) {
+		store, err := graphembedded.Open(os.Getenv("CONVERGE_DATA_DIR"), graphembedded.Options{})
+		if err != nil {
+			return nil, nil, err
 		}
-		log.Error("graph", "err", err)
-		return 2
-	}
-	r, err := projector.New(js, p, projector.Config{Name: "graph", BatchSize: 64, AckWait: 2 * time.Second}, nil, log)
-	if err != nil {
-		return 2
-	}
-	if err := r.Run(ctx); err != nil {
-		log.Error("run", "err", err)
-		return 1
-	}
-	return 0
+		p, err := graph.New(ctx, store)
+		if err != nil {
+			_ = store.Close()
+			return nil, nil, err
+		}
+		return p, store.Close, nil
+	})
 }
 
 // graphDiff compares the graph with Postgres and returns the first

@@ -66,6 +66,25 @@ const dim = 64
 // runProjectorChild projects CONVERGE_NATS_URL's stream into the embedded
 // index in CONVERGE_DATA_DIR until SIGTERM (or SIGKILL).
 func runProjectorChild() int {
+	return runChild("index", func(ctx context.Context) (projector.Store, func() error, error) {
+		store, err := embedded.Open(os.Getenv("CONVERGE_DATA_DIR"), embedded.Options{})
+		if err != nil {
+			return nil, nil, err
+		}
+		x, err := newIndex(ctx, store)
+		if err != nil {
+			_ = store.Close()
+			return nil, nil, err
+		}
+		return x, store.Close, nil
+	})
+}
+
+// runChild runs projector name over the store open returns, on
+// CONVERGE_NATS_URL's stream, until SIGTERM (or SIGKILL). Its exit status:
+// 0 after SIGTERM (also while starting), 1 when the runtime failed, 2 when
+// it could not start.
+func runChild(name string, open func(context.Context) (projector.Store, func() error, error)) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	fmt.Println(childReady) // SIGTERM is handled from here on
@@ -78,24 +97,21 @@ func runProjectorChild() int {
 	defer nc.Close()
 	js, err := jetstream.New(nc)
 	if err != nil {
+		log.Error("jetstream", "err", err)
 		return 2
 	}
-	store, err := embedded.Open(os.Getenv("CONVERGE_DATA_DIR"), embedded.Options{})
-	if err != nil {
-		log.Error("open index", "err", err)
-		return 2
-	}
-	defer store.Close()
-	x, err := newIndex(ctx, store)
+	store, closeStore, err := open(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
 			return 0 // stopped while starting
 		}
-		log.Error("index", "err", err)
+		log.Error("open the store", "err", err)
 		return 2
 	}
-	r, err := projector.New(js, x, projector.Config{Name: "index", BatchSize: 64, AckWait: 2 * time.Second}, nil, log)
+	defer func() { _ = closeStore() }()
+	r, err := projector.New(js, store, projector.Config{Name: name, BatchSize: 64, AckWait: 2 * time.Second}, nil, log)
 	if err != nil {
+		log.Error("projector", "err", err)
 		return 2
 	}
 	if err := r.Run(ctx); err != nil {

@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -89,4 +92,24 @@ func RunService(ctx context.Context, sc ServiceConfig, store Store, routes map[s
 		g.Go(func() error { return telemetry.Serve(ctx, sc.MetricsAddr, mux, 5*time.Second, nil) })
 	}
 	return g.Wait()
+}
+
+// Main is a projector command: the common flags (see ServiceFlags), the
+// store's flags (bind, returning the function to call after parsing), then
+// run until SIGINT or SIGTERM.
+func Main(args []string, command, name, metricsAddr string, bind func(*config.Flags) func(ctx context.Context, sc ServiceConfig, log *slog.Logger) error) error {
+	f := config.NewFlags(command)
+	service := ServiceFlags(f, name, metricsAddr)
+	run := bind(f)
+	if err := f.Parse(args); err != nil {
+		return err
+	}
+	sc, err := service()
+	if err != nil {
+		return err
+	}
+	log := config.NewLogger(os.Stderr, sc.LogLevel)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return run(ctx, sc, log)
 }

@@ -7,10 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"os"
-	"os/signal"
 	"path/filepath"
-	"syscall"
 
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/graph"
@@ -101,20 +98,11 @@ func Run(ctx context.Context, sc projector.ServiceConfig, c *Config, log *slog.L
 // Main is the projector-graph command: flags, then Run until SIGINT or
 // SIGTERM. `converge projector-graph` runs the same.
 func Main(args []string) error {
-	f := config.NewFlags("projector-graph")
-	service := projector.ServiceFlags(f, "graph", "127.0.0.1:9104")
-	store := Flags(f)
-	if err := f.Parse(args); err != nil {
-		return err
-	}
-	sc, err := service()
-	if err != nil {
-		return err
-	}
-	cfg := store()
-	log := config.NewLogger(os.Stderr, sc.LogLevel)
-
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	return Run(ctx, sc, cfg, log)
+	return projector.Main(args, "projector-graph", "graph", "127.0.0.1:9104",
+		func(f *config.Flags) func(context.Context, projector.ServiceConfig, *slog.Logger) error {
+			store := Flags(f)
+			return func(ctx context.Context, sc projector.ServiceConfig, log *slog.Logger) error {
+				return Run(ctx, sc, store(), log)
+			}
+		})
 }

@@ -9,10 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"os"
-	"os/signal"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	"github.com/converge-sync/converge/internal/config"
@@ -126,21 +123,12 @@ func Run(ctx context.Context, sc projector.ServiceConfig, c *Config, opts index.
 // Main is the projector-index command: flags, then Run until SIGINT or
 // SIGTERM. `converge projector-index` runs the same.
 func Main(args []string) error {
-	f := config.NewFlags("projector-index")
-	service := projector.ServiceFlags(f, "index", "127.0.0.1:9103")
-	reuse := f.Bool("reuse-vectors", "CONVERGE_INDEX_REUSE_VECTORS", false, "reuse the stored vectors of unchanged chunks (worth it with a remote embedder)")
-	store := Flags(f)
-	if err := f.Parse(args); err != nil {
-		return err
-	}
-	sc, err := service()
-	if err != nil {
-		return err
-	}
-	cfg := store()
-	log := config.NewLogger(os.Stderr, sc.LogLevel)
-
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	return Run(ctx, sc, cfg, index.Options{ReuseVectors: *reuse}, log)
+	return projector.Main(args, "projector-index", "index", "127.0.0.1:9103",
+		func(f *config.Flags) func(context.Context, projector.ServiceConfig, *slog.Logger) error {
+			reuse := f.Bool("reuse-vectors", "CONVERGE_INDEX_REUSE_VECTORS", false, "reuse the stored vectors of unchanged chunks (worth it with a remote embedder)")
+			store := Flags(f)
+			return func(ctx context.Context, sc projector.ServiceConfig, log *slog.Logger) error {
+				return Run(ctx, sc, store(), index.Options{ReuseVectors: *reuse}, log)
+			}
+		})
 }
