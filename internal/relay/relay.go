@@ -1,10 +1,12 @@
 package relay
 
 import (
+	"bufio"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/url"
 	"strings"
@@ -26,6 +28,9 @@ const HeartbeatPrefix = "converge.heartbeat"
 
 // errSlotActive means another relay holds the slot: wait as a standby.
 var errSlotActive = errors.New("relay: replication slot is active in another session")
+
+// replicationReadBuffer is the read buffer of the replication connection.
+const replicationReadBuffer = 256 << 10
 
 // Relay is the outbox-to-JetStream relay.
 type Relay struct {
@@ -140,7 +145,16 @@ func (r *Relay) session(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	conn, err := pgconn.Connect(ctx, dsn)
+	pcfg, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		return fmt.Errorf("relay: replication connection config: %w", err)
+	}
+	// A large read buffer takes a backlog from the socket in few reads:
+	// the relay's CPU goes mostly to system calls.
+	pcfg.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
+		return pgproto3.NewFrontend(bufio.NewReaderSize(r, replicationReadBuffer), w)
+	}
+	conn, err := pgconn.ConnectConfig(ctx, pcfg)
 	if err != nil {
 		return fmt.Errorf("relay: connect for replication: %w", err)
 	}
