@@ -34,7 +34,7 @@ Usage:
                              document (bucket digests; exit 0 only when every store agrees); with
                              --repair, re-emit every document Postgres can repair through the writer
                              and wait until the stores agree
-  converge backfill --keys k1,k2,... | --all [-after KEY] [-writer-url URL] [--json]
+  converge backfill --keys k1,k2,... | --all [-after KEY] [-limit N] [-writer-url URL] [--json]
                              re-emit documents through the writer (-writer-url, env CONVERGE_WRITER_URL,
                              default http://127.0.0.1:8080): their current version's event is relayed
                              again and every projection rewrites it
@@ -48,9 +48,16 @@ Usage:
                              the document as the graph holds it: node, chunks, links out and in, tags,
                              asked of the graph projector (-graph-addr, env CONVERGE_PROJECTOR_GRAPH_ADDR,
                              default 127.0.0.1:9104)
+  converge dev               the whole pipeline in this process on embedded defaults (a throwaway
+                             PostgreSQL, an embedded NATS, the embedded index and graph), until Ctrl-C
+  converge demo [-docs N]    dev, plus a sample corpus, a redelivery, a killed and restarted projector,
+                             verify, a search and a graph query, ending in a convergence report
+  converge projector-index | projector-graph
+                             run a projector (the same as the projector-index and projector-graph binaries)
 
 Every command that reads Postgres takes -postgres-url (env CONVERGE_POSTGRES_URL);
-status also -nats-url (env CONVERGE_NATS_URL).
+status, replay and dlq also -nats-url (env CONVERGE_NATS_URL). "converge COMMAND -h" lists a
+command's flags.
 `
 
 func main() {
