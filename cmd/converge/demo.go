@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -148,6 +149,7 @@ func demo(ctx context.Context, args []string, out io.Writer) error {
 }
 
 type demoRun struct {
+	outMu       sync.Mutex // the load goroutine reports while the demo goes on
 	out         io.Writer
 	began       time.Time
 	stack       *devStack
@@ -161,11 +163,15 @@ type demoRun struct {
 }
 
 func (d *demoRun) step(what string) {
+	d.outMu.Lock()
+	defer d.outMu.Unlock()
 	d.steps++
 	fmt.Fprintf(d.out, "\n== %d. %s\n", d.steps, what)
 }
 
 func (d *demoRun) note(format string, args ...any) {
+	d.outMu.Lock()
+	defer d.outMu.Unlock()
 	fmt.Fprintf(d.out, "   "+format+"\n", args...)
 }
 
