@@ -159,22 +159,31 @@ func (s *Store) applyMarkers(markers []index.Marker) {
 	}
 }
 
-// writable is called with mu held before a write.
-func (s *Store) writable() error { return s.log.Writable() }
-
-// writeLocked appends a sealed record to the log and then applies it in
-// memory; mu is held. It returns the log position to commit.
-func (s *Store) writeLocked(rec []byte, apply func()) (int64, error) {
-	end, err := s.log.Append(rec)
-	if err != nil {
-		return 0, err
+// write makes one change: under mu, plan decides it and returns its record
+// and how to apply it in memory (a nil record: nothing to write); the
+// record is appended to the log and applied, and made durable as the
+// options ask after mu is released.
+func (s *Store) write(plan func() (rec []byte, apply func(), err error)) error {
+	s.mu.Lock()
+	if err := s.log.Writable(); err != nil {
+		s.mu.Unlock()
+		return err
 	}
-	apply()
-	return end, nil
+	rec, apply, err := plan()
+	if err != nil || rec == nil {
+		s.mu.Unlock()
+		return err
+	}
+	end, err := s.log.Append(rec)
+	if err == nil {
+		apply()
+	}
+	s.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return s.log.Commit(end)
 }
-
-// commit makes a write durable as the options ask; mu is not held.
-func (s *Store) commit(end int64) error { return s.log.Commit(end) }
 
 // Ensure records the dimension on first use; see [index.Backend].
 func (s *Store) Ensure(ctx context.Context, dim int) error {
@@ -184,32 +193,17 @@ func (s *Store) Ensure(ctx context.Context, dim int) error {
 	if dim <= 0 {
 		return fmt.Errorf("embedded index: dimension %d is not positive", dim)
 	}
-	s.mu.Lock()
-	if err := s.writable(); err != nil {
-		s.mu.Unlock()
-		return err
-	}
-	switch s.dim {
-	case dim:
-		s.mu.Unlock()
-		return nil
-	case 0:
-	default:
-		have := s.dim
-		s.mu.Unlock()
-		return fmt.Errorf("%w: the store holds %d-dimensional vectors, not %d", ErrDimensionMismatch, have, dim)
-	}
-	rec, err := encodeDimension(dim)
-	if err != nil {
-		s.mu.Unlock()
-		return err
-	}
-	end, err := s.writeLocked(rec, func() { s.dim = dim })
-	s.mu.Unlock()
-	if err != nil {
-		return err
-	}
-	return s.commit(end)
+	return s.write(func() ([]byte, func(), error) {
+		switch s.dim {
+		case dim:
+			return nil, nil, nil
+		case 0:
+		default:
+			return nil, nil, fmt.Errorf("%w: the store holds %d-dimensional vectors, not %d", ErrDimensionMismatch, s.dim, dim)
+		}
+		rec, err := encodeDimension(dim)
+		return rec, func() { s.dim = dim }, err
+	})
 }
 
 // Markers returns the stored markers of keys; see [index.Backend].
@@ -240,41 +234,28 @@ func (s *Store) SetMarkers(ctx context.Context, markers []index.Marker) error {
 	if len(markers) == 0 {
 		return nil
 	}
-	s.mu.Lock()
-	if err := s.writable(); err != nil {
-		s.mu.Unlock()
-		return err
-	}
-	var effective []index.Marker
-	pending := make(map[string]int64, len(markers))
-	for _, m := range markers {
-		cur, ok := pending[m.Key]
-		if !ok {
-			var stored index.Marker
-			stored, ok = s.markers[m.Key]
-			cur = stored.Version
+	return s.write(func() ([]byte, func(), error) {
+		var effective []index.Marker
+		pending := make(map[string]int64, len(markers))
+		for _, m := range markers {
+			cur, ok := pending[m.Key]
+			if !ok {
+				var stored index.Marker
+				stored, ok = s.markers[m.Key]
+				cur = stored.Version
+			}
+			if ok && cur >= m.Version {
+				continue
+			}
+			pending[m.Key] = m.Version
+			effective = append(effective, m)
 		}
-		if ok && cur >= m.Version {
-			continue
+		if len(effective) == 0 {
+			return nil, nil, nil
 		}
-		pending[m.Key] = m.Version
-		effective = append(effective, m)
-	}
-	if len(effective) == 0 {
-		s.mu.Unlock()
-		return nil
-	}
-	rec, err := encodeMarkers(effective)
-	if err != nil {
-		s.mu.Unlock()
-		return err
-	}
-	end, err := s.writeLocked(rec, func() { s.applyMarkers(effective) })
-	s.mu.Unlock()
-	if err != nil {
-		return err
-	}
-	return s.commit(end)
+		rec, err := encodeMarkers(effective)
+		return rec, func() { s.applyMarkers(effective) }, err
+	})
 }
 
 // Upsert stores points, replacing those with the same ID; see
@@ -307,17 +288,9 @@ func (s *Store) Upsert(ctx context.Context, points []index.Point) error {
 	if err != nil {
 		return err
 	}
-	s.mu.Lock()
-	if err := s.writable(); err != nil {
-		s.mu.Unlock()
-		return err
-	}
-	end, err := s.writeLocked(rec, func() { s.applyUpsert(stored) })
-	s.mu.Unlock()
-	if err != nil {
-		return err
-	}
-	return s.commit(end)
+	return s.write(func() ([]byte, func(), error) {
+		return rec, func() { s.applyUpsert(stored) }, nil
+	})
 }
 
 // prepare copies p with its vector normalised.
@@ -362,35 +335,22 @@ func (s *Store) DeleteStale(ctx context.Context, keep []index.Keep) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	s.mu.Lock()
-	if err := s.writable(); err != nil {
-		s.mu.Unlock()
-		return err
-	}
-	// Removing points never makes a keep that removes nothing remove
-	// something, so judging each against the state before the call is
-	// exact.
-	var effective []index.Keep
-	for _, k := range keep {
-		if s.hasStale(k) {
-			effective = append(effective, k)
+	return s.write(func() ([]byte, func(), error) {
+		// Removing points never makes a keep that removes nothing remove
+		// something, so judging each against the state before the call is
+		// exact.
+		var effective []index.Keep
+		for _, k := range keep {
+			if s.hasStale(k) {
+				effective = append(effective, k)
+			}
 		}
-	}
-	if len(effective) == 0 {
-		s.mu.Unlock()
-		return nil
-	}
-	rec, err := encodeDeleteStale(effective)
-	if err != nil {
-		s.mu.Unlock()
-		return err
-	}
-	end, err := s.writeLocked(rec, func() { s.applyDeleteStale(effective) })
-	s.mu.Unlock()
-	if err != nil {
-		return err
-	}
-	return s.commit(end)
+		if len(effective) == 0 {
+			return nil, nil, nil
+		}
+		rec, err := encodeDeleteStale(effective)
+		return rec, func() { s.applyDeleteStale(effective) }, err
+	})
 }
 
 // Counts returns each key's number of points; see [index.Backend].
