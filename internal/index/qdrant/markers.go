@@ -100,39 +100,13 @@ func (b *Backend) SetMarkers(ctx context.Context, markers []index.Marker) error 
 // ScanMarkers pages through every marker in id order. An error from fn
 // stops the scan and is returned as is.
 func (b *Backend) ScanMarkers(ctx context.Context, fn func(index.Marker) error) error {
-	var offset *qd.PointId
-	for {
-		var page []*qd.RetrievedPoint
-		var next *qd.PointId
-		err := b.call(ctx, func(ctx context.Context) error {
-			resp, err := b.client.GetPointsClient().Scroll(ctx, &qd.ScrollPoints{
-				CollectionName: b.cfg.Collection,
-				Filter:         onlyType(typeMarker),
-				Offset:         offset,
-				Limit:          qd.PtrOf(uint32(pageSize)),
-				WithPayload:    qd.NewWithPayload(true),
-				WithVectors:    qd.NewWithVectors(false),
-			})
-			page, next = resp.GetResult(), resp.GetNextPageOffset()
-			return err
-		})
+	return b.scroll(ctx, "scan markers", onlyType(typeMarker), false, func(p *qd.RetrievedPoint) error {
+		m, err := decodeMarker(p.GetId(), p.GetPayload())
 		if err != nil {
-			return b.fail("scan markers", err)
+			return err
 		}
-		for _, p := range page {
-			m, err := decodeMarker(p.GetId(), p.GetPayload())
-			if err != nil {
-				return err
-			}
-			if err := fn(m); err != nil {
-				return err
-			}
-		}
-		if next == nil {
-			return nil
-		}
-		offset = next
-	}
+		return fn(m)
+	})
 }
 
 // distinct returns keys without repeats, in first-seen order.

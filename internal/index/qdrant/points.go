@@ -93,6 +93,30 @@ func (b *Backend) Counts(ctx context.Context, keys []string) (map[string]int, er
 // then ordinal.
 func (b *Backend) Points(ctx context.Context, key string, withVectors bool) ([]index.Point, error) {
 	var out []index.Point
+	err := b.scroll(ctx, "scroll points", chunksOf(key), withVectors, func(r *qd.RetrievedPoint) error {
+		var vectors *qd.VectorsOutput
+		if withVectors {
+			vectors = r.GetVectors()
+		}
+		p, err := decodeChunk(r.GetId(), r.GetPayload(), vectors)
+		if err != nil {
+			return err
+		}
+		out = append(out, p)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	slices.SortFunc(out, func(a, b index.Point) int {
+		return cmp.Or(cmp.Compare(a.Version, b.Version), cmp.Compare(a.Ordinal, b.Ordinal), bytes.Compare(a.ID[:], b.ID[:]))
+	})
+	return out, nil
+}
+
+// scroll pages through the points filter matches, in id order, calling fn
+// for each; an error from fn stops it and is returned as is.
+func (b *Backend) scroll(ctx context.Context, op string, filter *qd.Filter, withVectors bool, fn func(*qd.RetrievedPoint) error) error {
 	var offset *qd.PointId
 	for {
 		var page []*qd.RetrievedPoint
@@ -100,7 +124,7 @@ func (b *Backend) Points(ctx context.Context, key string, withVectors bool) ([]i
 		err := b.call(ctx, func(ctx context.Context) error {
 			resp, err := b.client.GetPointsClient().Scroll(ctx, &qd.ScrollPoints{
 				CollectionName: b.cfg.Collection,
-				Filter:         chunksOf(key),
+				Filter:         filter,
 				Offset:         offset,
 				Limit:          qd.PtrOf(uint32(pageSize)),
 				WithPayload:    qd.NewWithPayload(true),
@@ -110,26 +134,16 @@ func (b *Backend) Points(ctx context.Context, key string, withVectors bool) ([]i
 			return err
 		})
 		if err != nil {
-			return nil, b.fail("scroll points", err)
+			return b.fail(op, err)
 		}
-		for _, r := range page {
-			var vectors *qd.VectorsOutput
-			if withVectors {
-				vectors = r.GetVectors()
+		for _, p := range page {
+			if err := fn(p); err != nil {
+				return err
 			}
-			p, err := decodeChunk(r.GetId(), r.GetPayload(), vectors)
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, p)
 		}
 		if next == nil {
-			break
+			return nil
 		}
 		offset = next
 	}
-	slices.SortFunc(out, func(a, b index.Point) int {
-		return cmp.Or(cmp.Compare(a.Version, b.Version), cmp.Compare(a.Ordinal, b.Ordinal), bytes.Compare(a.ID[:], b.ID[:]))
-	})
-	return out, nil
 }
