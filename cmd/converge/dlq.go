@@ -144,6 +144,25 @@ func dlqSubjects(ctx context.Context, s jetstream.Stream) (map[string]uint64, ui
 }
 
 // unknownConsumer is the error for a consumer without dead letters.
+// openConsumerDLQ connects to the dead-letter stream and checks that
+// consumer has dead letters; it returns the stream's dead letters counted
+// by consumer and its last sequence. The caller closes nc.
+func openConsumerDLQ(ctx context.Context, natsURL, consumer string) (*nats.Conn, jetstream.JetStream, jetstream.Stream, map[string]uint64, uint64, error) {
+	nc, js, s, err := connectDLQ(ctx, natsURL)
+	if err != nil {
+		return nil, nil, nil, nil, 0, err
+	}
+	counts, lastSeq, err := dlqSubjects(ctx, s)
+	if err == nil && counts[consumer] == 0 {
+		err = unknownConsumer(consumer, counts)
+	}
+	if err != nil {
+		nc.Close()
+		return nil, nil, nil, nil, 0, err
+	}
+	return nc, js, s, counts, lastSeq, nil
+}
+
 func unknownConsumer(consumer string, counts map[string]uint64) error {
 	if len(counts) == 0 {
 		return fmt.Errorf("dlq: no dead letters for consumer %q: no consumer has any", consumer)
@@ -459,18 +478,11 @@ func dlqShow(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	consumer := pos[0]
-	nc, js, s, err := connectDLQ(ctx, *natsURL)
+	nc, js, _, counts, lastSeq, err := openConsumerDLQ(ctx, *natsURL, consumer)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	counts, lastSeq, err := dlqSubjects(ctx, s)
-	if err != nil {
-		return err
-	}
-	if counts[consumer] == 0 {
-		return unknownConsumer(consumer, counts)
-	}
 	rep := dlqShowReport{Consumer: consumer, Subject: contract.DLQSubject(consumer), Total: counts[consumer], DeadLetters: []dlqEntry{}}
 	rep.Truncated, err = scanDLQ(ctx, js, rep.Subject, lastSeq, *limit, false, func(m jetstream.Msg, meta *jetstream.MsgMetadata) error {
 		rep.DeadLetters = append(rep.DeadLetters, newDLQEntry(meta.Sequence.Stream, meta.Timestamp, m.Headers(), m.Data()))
@@ -586,18 +598,11 @@ func dlqRedrive(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	consumer := pos[0]
-	nc, js, s, err := connectDLQ(ctx, *natsURL)
+	nc, js, s, _, lastSeq, err := openConsumerDLQ(ctx, *natsURL, consumer)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	counts, lastSeq, err := dlqSubjects(ctx, s)
-	if err != nil {
-		return err
-	}
-	if counts[consumer] == 0 {
-		return unknownConsumer(consumer, counts)
-	}
 	subject := contract.DLQSubject(consumer)
 
 	// Select first, then change: a bad --seq stops the command before
