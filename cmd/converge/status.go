@@ -153,20 +153,28 @@ func collectStatus(ctx context.Context, pgURL, natsURL, slot string) (statusRepo
 // ingest streams, with their dead-letter depth and, for projectors, the
 // commit time of the last event they acknowledged in order.
 func collectConsumers(ctx context.Context, js jetstream.JetStream) ([]consumerStatus, error) {
-	var dlq jetstream.Stream
-	if s, err := js.Stream(ctx, deadletter.Stream); err == nil {
-		dlq = s
+	dlq, err := js.Stream(ctx, deadletter.Stream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		dlq = nil
+	} else if err != nil {
+		return nil, fmt.Errorf("status: stream %s: %w", deadletter.Stream, err)
 	}
 	var out []consumerStatus
 	for _, name := range []string{"CONVERGE_DOCS", "CONVERGE_INGEST"} {
 		s, err := js.Stream(ctx, name)
-		if err != nil {
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
 			continue
 		}
-		for info := range s.ListConsumers(ctx).Info() {
+		if err != nil {
+			return out, fmt.Errorf("status: stream %s: %w", name, err)
+		}
+		lister := s.ListConsumers(ctx)
+		for info := range lister.Info() {
 			c := consumerStatus{Stream: name, Name: info.Name, Pending: info.NumPending, AckPending: info.NumAckPending,
 				Redelivered: info.NumRedelivered, AckFloorSeq: info.AckFloor.Stream}
 			if info.AckFloor.Stream > 0 {
+				// The acknowledged message may be gone (history limits):
+				// then its commit time is unknown, not an error.
 				if m, err := s.GetMsg(ctx, info.AckFloor.Stream); err == nil {
 					if t, err := time.Parse(time.RFC3339Nano, m.Header.Get(contract.HeaderCommitTime)); err == nil {
 						c.LastApplied = &t
@@ -178,11 +186,16 @@ func collectConsumers(ctx context.Context, js jetstream.JetStream) ([]consumerSt
 				dlqName = writer.IngestDLQName
 			}
 			if dlq != nil {
-				if di, err := dlq.Info(ctx, jetstream.WithSubjectFilter(contract.DLQSubject(dlqName))); err == nil {
-					c.DeadLetters = di.State.Subjects[contract.DLQSubject(dlqName)]
+				di, err := dlq.Info(ctx, jetstream.WithSubjectFilter(contract.DLQSubject(dlqName)))
+				if err != nil {
+					return out, fmt.Errorf("status: dead letters of %s: %w", info.Name, err)
 				}
+				c.DeadLetters = di.State.Subjects[contract.DLQSubject(dlqName)]
 			}
 			out = append(out, c)
+		}
+		if err := lister.Err(); err != nil {
+			return out, fmt.Errorf("status: consumers of %s: %w", name, err)
 		}
 	}
 	return out, nil

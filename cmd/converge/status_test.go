@@ -6,12 +6,16 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/converge-sync/converge/internal/deadletter"
 	"github.com/converge-sync/converge/internal/relay"
 	"github.com/converge-sync/converge/internal/testenv"
+	"github.com/converge-sync/converge/pkg/contract"
 )
 
 func TestStatusReportsSlotOutboxAndStreams(t *testing.T) {
@@ -34,8 +38,32 @@ func TestStatusReportsSlotOutboxAndStreams(t *testing.T) {
 	if _, err := relay.EnsureStream(ctx, js, relay.StreamConfig{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.Publish(ctx, "converge.docs.0123456789abcdef0123456789abcdef", []byte(`{}`)); err != nil {
+	commit := time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)
+	msg := nats.NewMsg("converge.docs.0123456789abcdef0123456789abcdef")
+	msg.Data = []byte(`{}`)
+	msg.Header.Set(contract.HeaderCommitTime, commit.Format(time.RFC3339Nano))
+	if _, err := js.PublishMsg(ctx, msg); err != nil {
 		t.Fatal(err)
+	}
+	// A projector's consumer that applied the message, with two dead letters.
+	cons, err := js.CreateConsumer(ctx, "CONVERGE_DOCS", jetstream.ConsumerConfig{Durable: "index", AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := cons.Next()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.DoubleAck(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := deadletter.EnsureStream(ctx, js, 1); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := js.Publish(ctx, contract.DLQSubject("index"), []byte("poison")); err != nil {
+			t.Fatal(err)
+		}
 	}
 
 	var out bytes.Buffer
@@ -56,11 +84,19 @@ func TestStatusReportsSlotOutboxAndStreams(t *testing.T) {
 	if rep.Streams[1].Exists {
 		t.Fatalf("CONVERGE_INGEST reported as existing: %+v", rep.Streams[1])
 	}
+	if len(rep.Consumers) != 1 {
+		t.Fatalf("consumers %+v, want the index projector's", rep.Consumers)
+	}
+	c := rep.Consumers[0]
+	if c.Name != "index" || c.Stream != "CONVERGE_DOCS" || c.Pending != 0 || c.AckPending != 0 || c.AckFloorSeq != 1 ||
+		c.DeadLetters != 2 || c.LastApplied == nil || !c.LastApplied.Equal(commit) {
+		t.Fatalf("consumer %+v (last applied %v), want index caught up at seq 1, 2 dead letters, last applied %v", c, c.LastApplied, commit)
+	}
 	out.Reset()
 	if err := run(ctx, []string{"status", "-postgres-url", url, "-nats-url", n.URL}, &out); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"converge_relay", "standby/stopped", "CONVERGE_DOCS", "OUTBOX"} {
+	for _, want := range []string{"converge_relay", "standby/stopped", "CONVERGE_DOCS", "OUTBOX", "CONSUMER", "index"} {
 		if !strings.Contains(out.String(), want) {
 			t.Fatalf("table lacks %q:\n%s", want, out.String())
 		}
