@@ -374,6 +374,9 @@ func (s *session) loop(ctx context.Context) error {
 			if err := s.drain(ctx, false); err != nil {
 				return err
 			}
+			if err := s.checkHead(); err != nil {
+				return err
+			}
 			if err := s.sendStatus(ctx); err != nil {
 				return err
 			}
@@ -510,12 +513,8 @@ func (s *session) drain(ctx context.Context, block bool) error {
 		}
 		switch state {
 		case ackWaiting:
-			if time.Since(p.sent) > s.relay.cfg.AckTimeout {
-				return &publishError{err: fmt.Errorf("%w: waited %v", errAckTimeout, s.relay.cfg.AckTimeout)}
-			}
-			if s.pub.reconnected() {
-				return &publishError{err: errReconnected}
-			}
+			// Whether it waits too long is checked once per status
+			// interval (checkHead), not at every commit.
 			s.relay.metrics.InFlight.Set(float64(s.inflight))
 			return nil
 		case ackFailed:
@@ -536,6 +535,22 @@ func (s *session) drain(ctx context.Context, block bool) error {
 		s.pop()
 	}
 	s.relay.metrics.InFlight.Set(float64(s.inflight))
+	return nil
+}
+
+// checkHead ends the session when the oldest publish still awaiting its
+// acknowledgement has waited longer than AckTimeout, or was in flight
+// across a NATS reconnect: the message or its acknowledgement may be lost.
+func (s *session) checkHead() error {
+	if s.head == len(s.queue) || !s.queue[s.head].pub {
+		return nil
+	}
+	if time.Since(s.queue[s.head].sent) > s.relay.cfg.AckTimeout {
+		return &publishError{err: fmt.Errorf("%w: waited %v", errAckTimeout, s.relay.cfg.AckTimeout)}
+	}
+	if s.pub.reconnected() {
+		return &publishError{err: errReconnected}
+	}
 	return nil
 }
 
