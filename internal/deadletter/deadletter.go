@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -82,4 +83,16 @@ func truncate(s string, n int) string {
 		return s
 	}
 	return strings.ToValidUTF8(s[:n], "") + "..."
+}
+
+// Publish stores m's dead letter (see New) and waits for JetStream's
+// acknowledgement. If it cannot be stored, m is negatively acknowledged
+// with retryDelay, so that it is redelivered rather than lost, and the
+// error is returned; acknowledging m after a success is the caller's.
+func Publish(ctx context.Context, js jetstream.JetStream, consumer string, m jetstream.Msg, code string, reason error, retryDelay time.Duration) error {
+	if _, err := js.PublishMsg(ctx, New(consumer, m, code, reason)); err != nil {
+		_ = m.NakWithDelay(retryDelay)
+		return fmt.Errorf("dead letter of %s: %w", m.Subject(), err)
+	}
+	return nil
 }

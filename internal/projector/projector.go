@@ -615,10 +615,8 @@ func (r *Runtime) nak(it *item, delay time.Duration) {
 // acknowledges it. If the dead letter cannot be stored, m is left for
 // redelivery and deadLetter reports false.
 func (r *Runtime) deadLetter(ctx context.Context, m jetstream.Msg, code string, reason error) bool {
-	dl := deadletter.New(r.cfg.Name, m, code, reason)
-	if _, err := r.js.PublishMsg(ctx, dl); err != nil {
+	if err := deadletter.Publish(ctx, r.js, r.cfg.Name, m, code, reason, r.cfg.RetryMin); err != nil {
 		r.log.Error("dead-letter publish failed; message left for redelivery", "subject", m.Subject(), "err", err)
-		_ = m.NakWithDelay(r.cfg.RetryMin)
 		return false
 	}
 	if err := m.Ack(); err != nil {

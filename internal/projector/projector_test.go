@@ -460,3 +460,55 @@ func TestRepairContext(t *testing.T) {
 		t.Fatal("a repair context (or one derived from it) is not a repair")
 	}
 }
+
+// A dead letter that cannot be stored (the dead-letter stream is gone)
+// leaves the poison message for redelivery instead of losing it; once the
+// stream is back, it is dead-lettered, once.
+func TestDeadLetterPublishFailureRedelivers(t *testing.T) {
+	e := newEnv(t)
+	store := newMemStore()
+	metrics := projector.NewMetrics(nil)
+	r, err := projector.New(e.js, store, projector.Config{Name: "idx", RetryMin: 20 * time.Millisecond, RetryMax: 50 * time.Millisecond, MaxWait: 50 * time.Millisecond}, metrics, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	<-r.Ready()
+	if err := e.js.DeleteStream(context.Background(), deadletter.Stream); err != nil {
+		t.Fatal(err)
+	}
+	e.publishRaw(t, contract.Subject("poison"), []byte("not an event"))
+	e.publish(t, upsert("good", 1))
+	deadline := time.Now().Add(10 * time.Second)
+	for store.version("good") != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the event after the poison was not applied while its dead letter could not be stored")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond) // several redeliveries of the poison
+	if n := testutil.ToFloat64(metrics.DeadLetters.WithLabelValues("undecodable")); n != 0 {
+		t.Fatalf("%v dead letters counted while the dead-letter stream was missing", n)
+	}
+	if err := deadletter.EnsureStream(context.Background(), e.js, 1); err != nil {
+		t.Fatal(err)
+	}
+	for len(deadLetters(t, e, "idx")) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the poison was not dead-lettered once the stream was back")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if n := len(deadLetters(t, e, "idx")); n != 1 {
+		t.Fatalf("%d dead letters, want 1", n)
+	}
+}

@@ -276,10 +276,8 @@ func (in *Ingest) deadLetter(ctx context.Context, m jetstream.Msg, reason error)
 	if errors.As(reason, &ve) {
 		code = ve.Code
 	}
-	dl := deadletter.New(IngestDLQName, m, code, reason)
-	if _, err := in.js.PublishMsg(ctx, dl); err != nil {
+	if err := deadletter.Publish(ctx, in.js, IngestDLQName, m, code, reason, in.cfg.RetryDelay); err != nil {
 		in.log.ErrorContext(ctx, "dead-letter publish failed; message left for redelivery", "subject", m.Subject(), "err", err)
-		_ = m.NakWithDelay(in.cfg.RetryDelay)
 		return false
 	}
 	in.metrics.DeadLetter.WithLabelValues(code).Inc()
