@@ -3,6 +3,8 @@ package graph
 import (
 	"encoding/json"
 	"net/http"
+
+	"github.com/converge-sync/converge/internal/httpjson"
 )
 
 // DocumentJSON is the answer of GET /v1/graph/{key}.
@@ -49,24 +51,18 @@ func DocumentHandler(b Backend) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key := r.PathValue("key")
 		if key == "" {
-			writeError(w, http.StatusBadRequest, "missing_key", "a document key is required: /v1/graph/{key}")
+			httpjson.Error(w, http.StatusBadRequest, "missing_key", "a document key is required: /v1/graph/{key}")
 			return
 		}
 		v, ok, err := b.Document(r.Context(), key)
 		switch {
 		case err != nil:
-			writeError(w, http.StatusServiceUnavailable, "graph_unavailable", err.Error())
+			httpjson.Error(w, http.StatusServiceUnavailable, "graph_unavailable", err.Error())
 		case !ok:
-			writeError(w, http.StatusNotFound, "not_found", "the graph has no document "+key)
+			httpjson.Error(w, http.StatusNotFound, "not_found", "the graph has no document "+key)
 		default:
 			w.Header().Set("Content-Type", "application/json")
 			_ = json.NewEncoder(w).Encode(ToJSON(v))
 		}
 	})
-}
-
-func writeError(w http.ResponseWriter, status int, code, msg string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]string{"code": code, "message": msg}})
 }

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+
+	"github.com/converge-sync/converge/internal/httpjson"
 )
 
 // SearchResult is one hit of GET /v1/search.
@@ -28,21 +30,21 @@ func SearchHandler(x *Index) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query().Get("q")
 		if q == "" {
-			writeError(w, http.StatusBadRequest, "missing_query", "the query parameter q is required")
+			httpjson.Error(w, http.StatusBadRequest, "missing_query", "the query parameter q is required")
 			return
 		}
 		k := 10
 		if s := r.URL.Query().Get("k"); s != "" {
 			n, err := strconv.Atoi(s)
 			if err != nil || n < 1 || n > MaxSearchK {
-				writeError(w, http.StatusBadRequest, "invalid_k", "k must be an integer from 1 to "+strconv.Itoa(MaxSearchK))
+				httpjson.Error(w, http.StatusBadRequest, "invalid_k", "k must be an integer from 1 to "+strconv.Itoa(MaxSearchK))
 				return
 			}
 			k = n
 		}
 		hits, err := x.Search(r.Context(), q, k)
 		if err != nil {
-			writeError(w, http.StatusServiceUnavailable, "search_failed", err.Error())
+			httpjson.Error(w, http.StatusServiceUnavailable, "search_failed", err.Error())
 			return
 		}
 		out := struct {
@@ -56,10 +58,4 @@ func SearchHandler(x *Index) http.Handler {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(out)
 	})
-}
-
-func writeError(w http.ResponseWriter, status int, code, msg string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]string{"code": code, "message": msg}})
 }

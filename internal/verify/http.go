@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/converge-sync/converge/internal/httpjson"
 )
 
 // MaxBuckets bounds the number of buckets of a request.
@@ -82,9 +84,7 @@ func writeJSON(w http.ResponseWriter, v any) {
 }
 
 func httpError(w http.ResponseWriter, status int, msg string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]string{"code": "verify", "message": msg}})
+	httpjson.Error(w, status, "verify", msg)
 }
 
 // Remote is a projection's side of verify, asked of the projector that

@@ -18,6 +18,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/converge-sync/converge/internal/docstore"
+	"github.com/converge-sync/converge/internal/httpjson"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
@@ -109,21 +110,12 @@ type WriteResult struct {
 }
 
 // ErrorBody is the body of every error: {"error":{"code","message"}}.
-type ErrorBody struct {
-	Code    string `json:"code"`
-	Message string `json:"message"`
-}
+type ErrorBody = httpjson.ErrorBody
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	enc := json.NewEncoder(w)
-	enc.SetEscapeHTML(false)
-	_ = enc.Encode(v)
-}
+func writeJSON(w http.ResponseWriter, status int, v any) { httpjson.Write(w, status, v) }
 
 func writeError(w http.ResponseWriter, status int, code, message string) {
-	writeJSON(w, status, map[string]ErrorBody{"error": {Code: code, Message: message}})
+	httpjson.Error(w, status, code, message)
 }
 
 // errorStatus maps an error to its HTTP status and code.
