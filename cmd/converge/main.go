@@ -41,6 +41,11 @@ Usage:
   converge replay PROJECTOR --from-seq N | --from-time T
                              move a projector's consumer back; it receives every event from there
                              again and skips what its store already holds
+  converge rebuild index|graph [--json] [-no-verify] [-timeout D]
+                             rebuild a projection from the stream's start while live traffic
+                             continues (the index and the embedded graph blue/green, with an atomic
+                             switch; Neo4j in place after a wipe), asked of its projector; resumed
+                             if the projector restarts; then verify the rebuilt store
   converge dlq list|show|redrive
                              dead letters of each consumer: list them, show one consumer's, and
                              send them back to their stream once the cause is fixed (converge dlq help)
@@ -91,6 +96,8 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return backfill(ctx, args[1:], out)
 	case "replay":
 		return replay(ctx, args[1:], out)
+	case "rebuild":
+		return rebuildCmd(ctx, args[1:], out)
 	case "dlq":
 		return dlqCmd(ctx, args[1:], out)
 	case "dev":

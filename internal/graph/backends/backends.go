@@ -4,17 +4,11 @@ package backends
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
-	"net/http"
-	"path/filepath"
 
 	"github.com/converge-sync/converge/internal/config"
-	"github.com/converge-sync/converge/internal/graph"
-	"github.com/converge-sync/converge/internal/graph/embedded"
-	"github.com/converge-sync/converge/internal/graph/neo4j"
 	"github.com/converge-sync/converge/internal/projector"
-	"github.com/converge-sync/converge/internal/verify"
+	"github.com/converge-sync/converge/internal/rebuild"
 )
 
 // Env names of the graph settings.
@@ -49,50 +43,13 @@ func Flags(f *config.Flags) func() *Config {
 	}
 }
 
-// Describe names the store, for logs and reports.
-func (c *Config) Describe() string {
-	if c.Neo4jURL != "" {
-		return fmt.Sprintf("neo4j %s database %s", c.Neo4jURL, c.Neo4jDatabase)
-	}
-	return "embedded graph in " + filepath.Join(c.DataDir, "graph")
-}
-
-// Open opens the backend.
-func Open(ctx context.Context, c *Config) (graph.Backend, error) {
-	if c.Neo4jURL != "" {
-		return neo4j.New(ctx, neo4j.Config{URL: c.Neo4jURL, User: c.Neo4jUser, Password: c.Neo4jPassword,
-			Database: c.Neo4jDatabase, BatchSize: c.Neo4jBatch})
-	}
-	return embedded.Open(filepath.Join(c.DataDir, "graph"), embedded.Options{})
-}
-
-// Run is the graph projector process: it opens the store, converges it to
-// the stream with the projector runtime, and serves /metrics, /healthz,
-// /readyz, GET /v1/graph/{key} and verify's endpoints until ctx ends.
+// Run is the graph projector process: it opens the live generation of the
+// store, converges it to the stream with the projector runtime, rebuilds it
+// on request (see [rebuild]), and serves /metrics, /healthz, /readyz,
+// GET /v1/graph/{key}, verify's endpoints and /v1/admin/rebuild until ctx
+// ends.
 func Run(ctx context.Context, sc projector.ServiceConfig, c *Config, log *slog.Logger) error {
-	backend, err := Open(ctx, c)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil // stopped while starting
-		}
-		return err
-	}
-	defer func() { _ = backend.Close() }()
-	p, err := graph.New(ctx, backend)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil // stopped while starting
-		}
-		return err
-	}
-	log.Info("graph store", "store", c.Describe())
-	routes := map[string]http.Handler{
-		"GET /v1/graph/{key...}": graph.DocumentHandler(backend),
-		"GET /v1/verify/": verify.Handler(verify.Graph, func(ctx context.Context) ([]verify.Doc, error) {
-			return verify.ReadGraph(ctx, backend)
-		}),
-	}
-	return projector.RunService(ctx, sc, p, routes, log)
+	return rebuild.RunService(ctx, sc, NewStores(c, log), log)
 }
 
 // Main is the projector-graph command: flags, then Run until SIGINT or

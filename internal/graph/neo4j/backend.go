@@ -275,6 +275,39 @@ func (b *Backend) ScanDocuments(ctx context.Context, fn func(graph.View) error) 
 	}
 }
 
+// Wipe deletes the whole projection (Document, Chunk and Tag nodes and
+// their relationships) in transactions of Config.BatchSize*10 nodes, for a
+// rebuild in place: Neo4j Community has one database, so a graph is
+// rebuilt by wiping it and replaying the stream. The constraints stay.
+func (b *Backend) Wipe(ctx context.Context) (deleted int64, err error) {
+	limit := int64(b.cfg.BatchSize) * 10
+	for {
+		var n int64
+		err := b.run.ExecuteWrite(ctx, func(t tx) error {
+			recs, err := t.Run(ctx, cypherWipe, map[string]any{"limit": limit})
+			if err != nil {
+				return err
+			}
+			if len(recs) != 1 {
+				return fmt.Errorf("wipe returned %d records; want 1", len(recs))
+			}
+			v, ok := recs[0]["deleted"].(int64)
+			if !ok {
+				return fmt.Errorf("wipe returned deleted=%T; want an integer", recs[0]["deleted"])
+			}
+			n = v
+			return nil
+		})
+		if err != nil {
+			return deleted, b.fail("wipe", err)
+		}
+		deleted += n
+		if n < limit {
+			return deleted, nil
+		}
+	}
+}
+
 // Close closes the driver and its connections.
 func (b *Backend) Close() error {
 	if b.driver == nil {

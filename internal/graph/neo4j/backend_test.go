@@ -368,3 +368,54 @@ func TestDecodeView(t *testing.T) {
 		}
 	}
 }
+
+// Wipe deletes documents, chunks and tags in transactions of ten batches'
+// worth of nodes until one deletes fewer, and the graph is then empty and
+// takes the same documents again.
+func TestWipe(t *testing.T) {
+	r := newFakeRunner()
+	b := newTestBackend(r, 1) // 10 nodes per wipe transaction
+	var docs []graph.Doc
+	for i := range 8 {
+		key := fmt.Sprintf("k%d", i)
+		docs = append(docs, doc(key, 1, 2, []string{"k0", "stub"}, []string{"t1", "t2"}))
+	}
+	mustApply(t, b, docs...)
+	nodes := len(r.graph.docs) + len(r.graph.chunks) + len(r.graph.tags) // 8 docs + a stub, 16 chunks, 2 tags
+	if nodes != 27 {
+		t.Fatalf("graph before the wipe has %d nodes; want 27", nodes)
+	}
+	before := len(r.committed())
+	deleted, err := b.Wipe(ctx())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if deleted != 27 {
+		t.Errorf("Wipe reported %d nodes deleted; want 27", deleted)
+	}
+	if n := len(r.graph.docs) + len(r.graph.chunks) + len(r.graph.tags); n != 0 {
+		t.Errorf("%d nodes left after the wipe", n)
+	}
+	if txs := len(r.committed()) - before; txs != 3 { // 10 + 10 + 7
+		t.Errorf("the wipe took %d transactions; want 3", txs)
+	}
+	if applied := mustApply(t, b, docs[0]); !applied[0] {
+		t.Error("a version the wiped graph held was not applied again")
+	}
+}
+
+// A wipe that fails reports what it deleted before and the failure.
+func TestWipeError(t *testing.T) {
+	r := newFakeRunner()
+	b := newTestBackend(r, 1)
+	mustApply(t, b, doc("a", 1, 1, nil, nil))
+	r.answer = func(name string, recs []record) []record {
+		if name == "wipe" {
+			return []record{{"deleted": "many"}}
+		}
+		return recs
+	}
+	if _, err := b.Wipe(ctx()); err == nil || !strings.Contains(err.Error(), "deleted=string") {
+		t.Fatalf("Wipe with a malformed answer: %v; want an error naming it", err)
+	}
+}

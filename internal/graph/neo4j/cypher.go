@@ -108,3 +108,12 @@ const cypherDocument = `MATCH (d:Document {key: $key})` + cypherView
 const cypherScanDocuments = `MATCH (d:Document)
 WHERE d.key > $after
 WITH d ORDER BY d.key LIMIT $limit` + cypherView
+
+// cypherWipe deletes up to $limit of the projection's nodes (documents,
+// chunks, tags) with their relationships, for a rebuild in place; run
+// until it deletes none. Nodes of other labels are left alone.
+const cypherWipe = `MATCH (n)
+WHERE n:Document OR n:Chunk OR n:Tag
+WITH n LIMIT $limit
+DETACH DELETE n
+RETURN count(*) AS deleted`

@@ -28,6 +28,7 @@ var statementNames = []struct{ name, cypher string }{
 	{"countEdges", cypherCountEdges},
 	{"document", cypherDocument},
 	{"scanDocuments", cypherScanDocuments},
+	{"wipe", cypherWipe},
 }
 
 func statementName(cypher string) string {
@@ -215,6 +216,39 @@ func (g *modelGraph) run(cypher string, params map[string]any) ([]record, error)
 		// The server returns the page in no guaranteed order.
 		slices.Reverse(out)
 		return out, nil
+	case cypherWipe:
+		// Documents first, then chunks, then tags, up to the limit.
+		limit := params["limit"].(int64)
+		var n int64
+		// DETACH: the relationships of a deleted node go with it.
+		for _, key := range slices.Sorted(maps.Keys(g.docs)) {
+			if n < limit {
+				delete(g.docs, key)
+				for _, d := range g.docs {
+					delete(d.links, key)
+				}
+				n++
+			}
+		}
+		for _, id := range slices.Sorted(maps.Keys(g.chunks)) {
+			if n < limit {
+				delete(g.chunks, id)
+				for _, d := range g.docs {
+					delete(d.chunks, id)
+				}
+				n++
+			}
+		}
+		for _, name := range slices.Sorted(maps.Keys(g.tags)) {
+			if n < limit {
+				delete(g.tags, name)
+				for _, d := range g.docs {
+					delete(d.tagged, name)
+				}
+				n++
+			}
+		}
+		return []record{{"deleted": n}}, nil
 	}
 	return nil, fmt.Errorf("model: not a statement of the package: %q", cypher)
 }

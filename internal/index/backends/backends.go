@@ -6,19 +6,13 @@ package backends
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
-	"net/http"
-	"path/filepath"
-	"time"
 
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/embed"
 	"github.com/converge-sync/converge/internal/index"
-	"github.com/converge-sync/converge/internal/index/embedded"
-	"github.com/converge-sync/converge/internal/index/qdrant"
 	"github.com/converge-sync/converge/internal/projector"
-	"github.com/converge-sync/converge/internal/verify"
+	"github.com/converge-sync/converge/internal/rebuild"
 )
 
 // Env names of the index settings.
@@ -62,62 +56,21 @@ func Flags(f *config.Flags) func() *Config {
 	}
 }
 
-// Describe names the store, for logs and reports.
-func (c *Config) Describe() string {
-	if c.QdrantURL != "" {
-		return fmt.Sprintf("qdrant %s collection %s", c.QdrantURL, c.QdrantCollection)
-	}
-	return "embedded index in " + filepath.Join(c.DataDir, "index")
-}
-
-// Open opens the backend and the embedder.
-func Open(ctx context.Context, c *Config) (index.Backend, embed.Embedder, error) {
-	e, err := embed.New(c.Embed)
-	if err != nil {
-		return nil, nil, err
-	}
-	if c.QdrantURL != "" {
-		b, err := qdrant.New(ctx, qdrant.Config{Addr: c.QdrantURL, APIKey: c.QdrantAPIKey, UseTLS: c.QdrantTLS,
-			Collection: c.QdrantCollection, BatchSize: c.QdrantBatch, Parallel: c.QdrantParallel, Timeout: 30 * time.Second})
-		if err != nil {
-			return nil, nil, err
-		}
-		return b, e, nil
-	}
-	b, err := embedded.Open(filepath.Join(c.DataDir, "index"), embedded.Options{})
-	if err != nil {
-		return nil, nil, err
-	}
-	return b, e, nil
-}
-
-// Run is the index projector process: it opens the store, converges it to
-// the stream with the projector runtime, and serves /metrics, /healthz,
-// /readyz, GET /v1/search and verify's endpoints until ctx ends.
+// Run is the index projector process: it opens the live generation of the
+// store, converges it to the stream with the projector runtime, rebuilds it
+// on request (see [rebuild]), and serves /metrics, /healthz, /readyz,
+// GET /v1/search, verify's endpoints and /v1/admin/rebuild until ctx ends.
 func Run(ctx context.Context, sc projector.ServiceConfig, c *Config, opts index.Options, log *slog.Logger) error {
-	backend, embedder, err := Open(ctx, c)
+	stores, err := NewStores(ctx, c, opts, log)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil // stopped while starting
 		}
 		return err
 	}
-	defer func() { _ = backend.Close() }()
-	x, err := index.New(ctx, backend, embedder, opts)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil // stopped while starting
-		}
-		return err
-	}
-	log.Info("index store", "store", c.Describe(), "embedder", embedder.Name(), "dimension", embedder.Dimension())
-	routes := map[string]http.Handler{
-		"GET /v1/search": index.SearchHandler(x),
-		"GET /v1/verify/": verify.Handler(verify.Index, func(ctx context.Context) ([]verify.Doc, error) {
-			return verify.ReadIndex(ctx, backend)
-		}),
-	}
-	return projector.RunService(ctx, sc, x, routes, log)
+	defer func() { _ = stores.Close() }()
+	log.Info("index", "embedder", stores.embedder.Name(), "dimension", stores.embedder.Dimension())
+	return rebuild.RunService(ctx, sc, stores, log)
 }
 
 // Main is the projector-index command: flags, then Run until SIGINT or

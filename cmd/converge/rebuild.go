@@ -1,0 +1,201 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/converge-sync/converge/internal/config"
+	"github.com/converge-sync/converge/internal/httpjson"
+	"github.com/converge-sync/converge/internal/rebuild"
+	"github.com/converge-sync/converge/internal/verify"
+	"github.com/converge-sync/converge/internal/verify/postgres"
+)
+
+// rebuildPollInterval is how often converge rebuild asks for progress.
+var rebuildPollInterval = 500 * time.Millisecond
+
+type rebuildReport struct {
+	Rebuild rebuild.Status `json:"rebuild"`
+	Seconds float64        `json:"seconds"`
+	// Verify is the verify of the rebuilt store (absent with -no-verify).
+	Verify *verify.Report `json:"verify,omitempty"`
+}
+
+// rebuildCmd asks a projector to rebuild its projection from the stream's
+// start (blue/green into a fresh generation, or in place after a wipe where
+// the store has room for one copy), follows its progress, and verifies the
+// result against Postgres.
+func rebuildCmd(ctx context.Context, args []string, out io.Writer) error {
+	f := config.NewFlags("converge rebuild")
+	indexAddr := f.String("index-addr", "CONVERGE_PROJECTOR_INDEX_ADDR", "127.0.0.1:9103", "the index projector's metrics address")
+	graphAddr := f.String("graph-addr", "CONVERGE_PROJECTOR_GRAPH_ADDR", "127.0.0.1:9104", "the graph projector's metrics address")
+	pg := f.String("postgres-url", config.EnvPostgresURL, "", "Postgres URL (for the verify at the end)")
+	noVerify := f.Bool("no-verify", "", false, "do not verify the rebuilt store against Postgres")
+	timeout := f.Duration("timeout", "", 0, "give up waiting after this long (0: wait until done; the rebuild goes on in the projector)")
+	asJSON := f.Bool("json", "", false, "machine-readable report")
+	var which string
+	if len(args) > 0 && (args[0] == "index" || args[0] == "graph") {
+		which, args = args[0], args[1:]
+	}
+	if err := f.Parse(args); err != nil {
+		return err
+	}
+	if which == "" || f.NArg() > 0 {
+		return errors.New("rebuild needs the projection to rebuild: converge rebuild index | converge rebuild graph")
+	}
+	addr, kind := *indexAddr, verify.Index
+	if which == "graph" {
+		addr, kind = *graphAddr, verify.Graph
+	}
+	if !*noVerify {
+		if err := config.Require(*pg, "postgres-url", config.EnvPostgresURL); err != nil {
+			return fmt.Errorf("%w (or -no-verify)", err)
+		}
+	}
+	if *timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, *timeout)
+		defer cancel()
+	}
+	var progress io.Writer = os.Stderr
+	if *asJSON {
+		progress = io.Discard
+	}
+	start := time.Now()
+	st, err := runRebuild(ctx, &http.Client{Timeout: 30 * time.Second}, addr, rebuildPollInterval, progress)
+	if err != nil {
+		return err
+	}
+	rep := rebuildReport{Rebuild: st, Seconds: time.Since(start).Seconds()}
+	if !*noVerify {
+		pool, err := pgxpool.New(ctx, *pg)
+		if err != nil {
+			return fmt.Errorf("postgres: %w", err)
+		}
+		defer pool.Close()
+		r, err := verify.Compare(ctx, &postgres.Postgres{Pool: pool}, &verify.Remote{Label: which, Addr: addr}, kind, verify.DefaultBuckets, nil)
+		if err != nil {
+			return fmt.Errorf("verify after the rebuild: %w", err)
+		}
+		rep.Verify = &r
+	}
+	if *asJSON {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(rep); err != nil {
+			return err
+		}
+	} else {
+		how := "blue/green into " + st.Target + ", previous generation " + st.Previous + " dropped"
+		if st.InPlace {
+			how = "in place, after a wipe of " + st.Target
+		}
+		fmt.Fprintf(out, "%s rebuilt from the stream's start in %.1fs (%s)\n", which, rep.Seconds, how)
+		if rep.Verify != nil {
+			printVerify(out, verifyReport{Agrees: rep.Verify.Agrees, Stores: []verify.Report{*rep.Verify}})
+		}
+	}
+	if rep.Verify != nil && !rep.Verify.Agrees {
+		return errDisagree
+	}
+	return nil
+}
+
+// runRebuild starts a rebuild on the projector at addr (or joins the one in
+// progress) and polls its status until it is done, printing progress.
+func runRebuild(ctx context.Context, client *http.Client, addr string, interval time.Duration, progress io.Writer) (rebuild.Status, error) {
+	url := "http://" + addr + rebuild.AdminPath
+	st, err := rebuildRequest(ctx, client, http.MethodPost, url)
+	if err != nil {
+		return st, err
+	}
+	id := st.ID
+	fmt.Fprintf(progress, "rebuild %s of %s: %s\n", id, st.Projector, describeRebuild(st))
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	last := ""
+	for {
+		select {
+		case <-ctx.Done():
+			return st, fmt.Errorf("stopped waiting for rebuild %s (it goes on in the projector; see GET %s): %w", id, url, ctx.Err())
+		case <-t.C:
+		}
+		st, err = rebuildRequest(ctx, client, http.MethodGet, url)
+		if err != nil {
+			// The projector may be restarting: it resumes the rebuild.
+			fmt.Fprintf(progress, "\rrebuild %s: %v; asking again\n", id, err)
+			continue
+		}
+		if st.Phase == rebuild.PhaseStarting {
+			continue
+		}
+		if st.ID != id && st.ID != "" {
+			return st, fmt.Errorf("the projector reports rebuild %s, not %s", st.ID, id)
+		}
+		line := fmt.Sprintf("rebuild %s: %-9s applied %d of %d (pending %d)", id, st.Phase, st.AppliedSeq, st.StreamLastSeq, st.Pending)
+		if st.Error != "" {
+			line += " last error: " + st.Error
+		}
+		if line != last {
+			fmt.Fprintf(progress, "\r%s", line)
+			last = line
+		}
+		if st.Phase == rebuild.PhaseDone && st.ID == id {
+			fmt.Fprintln(progress)
+			return st, nil
+		}
+		if st.Phase == rebuild.PhaseIdle && st.ID == "" {
+			// A restarted projector with no rebuild state: the state of a
+			// rebuild is deleted only when it is done.
+			fmt.Fprintln(progress)
+			st.ID, st.Phase = id, rebuild.PhaseDone
+			return st, nil
+		}
+	}
+}
+
+func describeRebuild(st rebuild.Status) string {
+	if st.InPlace {
+		return "in place (wipe, then fill from the stream's start), live writes held back until it has caught up"
+	}
+	return fmt.Sprintf("blue/green into %s while %s stays live", st.Target, st.Previous)
+}
+
+func rebuildRequest(ctx context.Context, client *http.Client, method, url string) (rebuild.Status, error) {
+	var st rebuild.Status
+	req, err := http.NewRequestWithContext(ctx, method, url, bytes.NewReader(nil))
+	if err != nil {
+		return st, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return st, fmt.Errorf("projector at %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return st, fmt.Errorf("projector at %s: %w", url, err)
+	}
+	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusAccepted {
+		var e struct {
+			Error httpjson.ErrorBody `json:"error"`
+		}
+		if json.Unmarshal(body, &e) == nil && e.Error.Message != "" {
+			return st, fmt.Errorf("projector at %s: %s: %s", url, e.Error.Code, e.Error.Message)
+		}
+		return st, fmt.Errorf("projector at %s: %s", url, resp.Status)
+	}
+	if err := json.Unmarshal(body, &st); err != nil {
+		return st, fmt.Errorf("projector at %s: malformed status: %w", url, err)
+	}
+	return st, nil
+}

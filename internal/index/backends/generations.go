@@ -1,0 +1,187 @@
+package backends
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/converge-sync/converge/internal/embed"
+	"github.com/converge-sync/converge/internal/index"
+	"github.com/converge-sync/converge/internal/index/embedded"
+	"github.com/converge-sync/converge/internal/index/qdrant"
+	"github.com/converge-sync/converge/internal/rebuild"
+	"github.com/converge-sync/converge/internal/verify"
+)
+
+// Stores are the generations of the index for [rebuild]: directories of
+// the embedded index under the data directory, or Qdrant collections
+// behind the configured collection name, which is then an alias.
+type Stores struct {
+	cfg      *Config
+	opts     index.Options
+	embedder embed.Embedder
+	dirs     rebuild.Dirs
+	log      *slog.Logger
+	// admin is a Qdrant connection for the alias and collection
+	// operations; nil with the embedded index.
+	admin *qdrant.Backend
+}
+
+var _ rebuild.Stores = (*Stores)(nil)
+
+// NewStores returns the index's generations as c configures them. Close
+// releases the Qdrant connection it may hold.
+func NewStores(ctx context.Context, c *Config, opts index.Options, log *slog.Logger) (*Stores, error) {
+	e, err := embed.New(c.Embed)
+	if err != nil {
+		return nil, err
+	}
+	s := &Stores{cfg: c, opts: opts, embedder: e, dirs: rebuild.Dirs{Root: c.DataDir, Base: "index"}, log: log}
+	if c.QdrantURL != "" {
+		if s.admin, err = s.qdrant(ctx, c.QdrantCollection); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// Close releases the admin connection.
+func (s *Stores) Close() error {
+	if s.admin != nil {
+		return s.admin.Close()
+	}
+	return nil
+}
+
+func (s *Stores) qdrant(ctx context.Context, collection string) (*qdrant.Backend, error) {
+	c := s.cfg
+	return qdrant.New(ctx, qdrant.Config{Addr: c.QdrantURL, APIKey: c.QdrantAPIKey, UseTLS: c.QdrantTLS,
+		Collection: collection, BatchSize: c.QdrantBatch, Parallel: c.QdrantParallel, Timeout: 30 * time.Second})
+}
+
+// Live is the collection the alias names (the configured name itself when
+// it is a plain collection, and <name>_1 before anything exists), or the
+// embedded generation the pointer file names.
+func (s *Stores) Live(ctx context.Context) (string, error) {
+	if s.admin == nil {
+		return s.dirs.Live()
+	}
+	alias := s.cfg.QdrantCollection
+	target, err := s.admin.AliasTarget(ctx, alias)
+	if err != nil || target != "" {
+		return target, err
+	}
+	plain, err := s.admin.CollectionExists(ctx, alias)
+	if err != nil {
+		return "", err
+	}
+	if plain {
+		return alias, nil
+	}
+	return alias + "_1", nil
+}
+
+// Open opens (creating it if needed) the generation called name.
+func (s *Stores) Open(ctx context.Context, name string) (*rebuild.Generation, error) {
+	var backend index.Backend
+	var err error
+	if s.admin != nil {
+		backend, err = s.qdrant(ctx, name)
+	} else {
+		backend, err = embedded.Open(s.dirs.Path(name), embedded.Options{})
+	}
+	if err != nil {
+		return nil, err
+	}
+	x, err := index.New(ctx, backend, s.embedder, s.opts)
+	if err != nil {
+		_ = backend.Close()
+		return nil, err
+	}
+	if s.admin != nil && name != s.cfg.QdrantCollection {
+		// The first generation gets its alias as soon as it exists.
+		if target, err := s.admin.AliasTarget(ctx, s.cfg.QdrantCollection); err == nil && target == "" {
+			if plain, err := s.admin.CollectionExists(ctx, s.cfg.QdrantCollection); err == nil && !plain {
+				if err := s.admin.SwitchAlias(ctx, s.cfg.QdrantCollection, name); err != nil {
+					_ = backend.Close()
+					return nil, err
+				}
+			}
+		}
+	}
+	return &rebuild.Generation{
+		Name:  name,
+		Store: x,
+		Routes: map[string]http.Handler{
+			"GET /v1/search": index.SearchHandler(x),
+			"GET /v1/verify/": verify.Handler(verify.Index, func(ctx context.Context) ([]verify.Doc, error) {
+				return verify.ReadIndex(ctx, backend)
+			}),
+		},
+		Close: backend.Close,
+	}, nil
+}
+
+// Fresh names a new generation.
+func (s *Stores) Fresh() string {
+	if s.admin != nil {
+		return s.cfg.QdrantCollection + "_" + time.Now().UTC().Format("20060102t150405")
+	}
+	return s.dirs.Fresh()
+}
+
+// InPlace is false: the index is rebuilt blue/green.
+func (s *Stores) InPlace() bool { return false }
+
+// Wipe is not used: the index is rebuilt blue/green.
+func (s *Stores) Wipe(context.Context, *rebuild.Generation) error {
+	return fmt.Errorf("the index is rebuilt into a fresh generation, never wiped")
+}
+
+// Activate switches the alias (or the pointer file) to name. A plain
+// collection under the alias's name (a store created before aliases were
+// used) is dropped first, since an alias cannot share its name: searches
+// fail for that moment, once.
+func (s *Stores) Activate(ctx context.Context, name string) error {
+	if s.admin == nil {
+		return s.dirs.Activate(name)
+	}
+	alias := s.cfg.QdrantCollection
+	plain, err := s.admin.CollectionExists(ctx, alias)
+	if err != nil {
+		return err
+	}
+	if plain {
+		s.log.Warn("the index collection is not behind an alias; dropping it to create the alias (once)", "collection", alias, "new", name)
+		if err := s.admin.DropCollection(ctx, alias); err != nil {
+			return err
+		}
+	}
+	return s.admin.SwitchAlias(ctx, alias, name)
+}
+
+// Drop deletes the generation called name.
+func (s *Stores) Drop(ctx context.Context, name string) error {
+	if s.admin == nil {
+		return s.dirs.Drop(name)
+	}
+	return s.admin.DropCollection(ctx, name)
+}
+
+// Describe names a generation.
+func (s *Stores) Describe(name string) string {
+	if s.admin != nil {
+		return fmt.Sprintf("qdrant %s collection %s (alias %s)", s.cfg.QdrantURL, name, s.cfg.QdrantCollection)
+	}
+	return "embedded index in " + s.dirs.Path(name)
+}
+
+// Describe names the store, for logs and reports.
+func (c *Config) Describe() string {
+	if c.QdrantURL != "" {
+		return fmt.Sprintf("qdrant %s collection %s", c.QdrantURL, c.QdrantCollection)
+	}
+	return "embedded index under " + c.DataDir
+}

@@ -1,0 +1,308 @@
+package rebuild_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/converge-sync/converge/internal/index"
+	ibackends "github.com/converge-sync/converge/internal/index/backends"
+	"github.com/converge-sync/converge/internal/projector"
+	"github.com/converge-sync/converge/internal/rebuild"
+	"github.com/converge-sync/converge/internal/testenv"
+	"github.com/converge-sync/converge/internal/verify"
+	"github.com/converge-sync/converge/pkg/contract"
+)
+
+type env struct {
+	js      jetstream.JetStream
+	dataDir string
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	nc := testenv.StartNATS(t).Connect(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "CONVERGE_DOCS",
+		Subjects: []string{contract.DocsSubjectPrefix + ">"}, Storage: jetstream.FileStorage}); err != nil {
+		t.Fatal(err)
+	}
+	return &env{js: js, dataDir: t.TempDir()}
+}
+
+func (e *env) publish(t testing.TB, key string, version int64) {
+	t.Helper()
+	d, err := contract.Document{Key: key, Version: version, Title: "t",
+		Body: fmt.Sprintf("body of %s at version %d", key, version)}.Normalize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := contract.NewUpsertedEvent(d, []string{d.Body}).Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := nats.NewMsg(contract.Subject(key))
+	m.Data = data
+	if _, err := e.js.PublishMsg(context.Background(), m); err != nil {
+		t.Error(err)
+	}
+}
+
+// process is one index projector process: the live runtime over the
+// switch, and the rebuild manager.
+type process struct {
+	sw     *rebuild.Switch
+	m      *rebuild.Manager
+	stores *ibackends.Stores
+	cancel context.CancelFunc
+	done   sync.WaitGroup
+}
+
+func start(t *testing.T, e *env) *process {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	stores, err := ibackends.NewStores(ctx, &ibackends.Config{DataDir: e.dataDir}, index.Options{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	live, err := stores.Live(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := stores.Open(ctx, live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &process{sw: rebuild.NewSwitch(g), stores: stores, cancel: cancel}
+	cfg := projector.Config{Name: "index", BatchSize: 64}
+	if p.m, err = rebuild.NewManager(rebuild.Config{Runtime: cfg}, stores, p.sw, nil); err != nil {
+		t.Fatal(err)
+	}
+	rt, err := projector.New(e.js, p.sw, cfg, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.done.Add(2)
+	go func() { defer p.done.Done(); _ = rt.Run(ctx) }()
+	go func() { defer p.done.Done(); _ = p.m.Run(ctx, e.js) }()
+	return p
+}
+
+// stop ends the process as a crash would, as far as the stores can tell:
+// nothing is finished or cleaned up beyond closing files.
+func (p *process) stop() {
+	p.cancel()
+	p.done.Wait()
+	_ = p.sw.Close()
+	_ = p.stores.Close()
+}
+
+// versions is what the live generation holds: key -> version.
+func (p *process) versions(t *testing.T) map[string]int64 {
+	t.Helper()
+	x := p.sw.Live().Store.(*index.Index)
+	docs, err := verify.ReadIndex(context.Background(), x.Backend())
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make(map[string]int64, len(docs))
+	for _, d := range docs {
+		if len(d.Chunks) == 0 {
+			t.Errorf("%s at version %d has no chunks", d.Key, d.Version)
+		}
+		out[d.Key] = d.Version
+	}
+	return out
+}
+
+func eventually(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func holdsAll(p *process, t *testing.T, want map[string]int64) func() bool {
+	return func() bool {
+		got := p.versions(t)
+		if len(got) != len(want) {
+			return false
+		}
+		for k, v := range want {
+			if got[k] != v {
+				return false
+			}
+		}
+		return true
+	}
+}
+
+// A blue/green rebuild while events keep arriving: the rebuilt generation
+// replaces the live one (which was damaged behind the projector's back, so
+// only a rebuild from scratch restores it), the previous one is dropped,
+// and no event is lost on either side of the swap.
+func TestBlueGreenRebuildUnderLiveTraffic(t *testing.T) {
+	e := newEnv(t)
+	p := start(t, e)
+	defer p.stop()
+	want := map[string]int64{}
+	for i := range 300 {
+		key := fmt.Sprintf("doc-%03d", i)
+		e.publish(t, key, 1)
+		want[key] = 1
+	}
+	eventually(t, "the live index to hold 300 documents", 30*time.Second, holdsAll(p, t, want))
+
+	// Damage behind the projector's back: the points of doc-007 go, its
+	// marker stays, so the projector skips its events from now on.
+	first := p.sw.Live()
+	x := first.Store.(*index.Index)
+	if err := x.Backend().DeleteStale(context.Background(), []index.Keep{{Key: "doc-007", Version: 0}}); err != nil {
+		t.Fatal(err)
+	}
+
+	// Live traffic during the whole rebuild.
+	trafficDone := make(chan struct{})
+	var traffic sync.WaitGroup
+	traffic.Add(1)
+	go func() {
+		defer traffic.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-trafficDone:
+				return
+			default:
+			}
+			if i%300 != 7 { // doc-007 stays as damaged, for the rebuild alone to restore
+				e.publish(t, fmt.Sprintf("doc-%03d", i%300), int64(2+i/300))
+			}
+			e.publish(t, fmt.Sprintf("new-%04d", i), 1)
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+
+	st, started, err := p.m.Start(context.Background())
+	if err != nil || !started {
+		t.Fatalf("Start: started %v, %v", started, err)
+	}
+	if _, again, err := p.m.Start(context.Background()); err != nil || again {
+		t.Fatalf("a second Start while one runs: started %v, %v; want the running one", again, err)
+	}
+	if st.Previous != "index" || st.Target == "index" || st.InPlace {
+		t.Fatalf("rebuild status %+v: want blue/green from index", st)
+	}
+	eventually(t, "the rebuild to finish", 60*time.Second, func() bool {
+		return p.m.Status(context.Background()).Phase == rebuild.PhaseDone
+	})
+	close(trafficDone)
+	traffic.Wait()
+
+	// What was published: the last version of every key.
+	want = map[string]int64{}
+	info, err := e.js.Stream(context.Background(), "CONVERGE_DOCS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream := info.CachedInfo().State
+	for seq := stream.FirstSeq; seq <= stream.LastSeq; seq++ {
+		m, err := info.GetMsg(context.Background(), seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev, err := contract.DecodeEvent(m.Data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[ev.Key] = max(want[ev.Key], ev.Version)
+	}
+	eventually(t, "the rebuilt index to hold every key at its last version", 30*time.Second, holdsAll(p, t, want))
+
+	live := p.sw.Live()
+	if live.Name != st.Target || live == first {
+		t.Fatalf("live generation %q; want the rebuilt %q", live.Name, st.Target)
+	}
+	if name, err := os.ReadFile(filepath.Join(e.dataDir, "index.current")); err != nil || string(name) != st.Target+"\n" {
+		t.Fatalf("pointer file: %q, %v; want %q", name, err, st.Target)
+	}
+	if _, err := os.Stat(filepath.Join(e.dataDir, "index")); !os.IsNotExist(err) {
+		t.Errorf("the previous generation's directory remains: %v", err)
+	}
+	if _, err := e.js.Consumer(context.Background(), "CONVERGE_DOCS", rebuild.ConsumerName("index")); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		t.Errorf("the rebuild consumer remains: %v", err)
+	}
+	kv, err := e.js.KeyValue(context.Background(), rebuild.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Get(context.Background(), "index"); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Errorf("the rebuild state remains: %v", err)
+	}
+	if s := p.m.Status(context.Background()); s.Completed != 1 || s.DoneAt == nil {
+		t.Errorf("status after the rebuild: %+v", s)
+	}
+}
+
+// A process stopped in the middle of a rebuild resumes it when it starts
+// again: into the same fresh generation, from the rebuild consumer's
+// position, to the same end.
+func TestRebuildResumesAfterRestart(t *testing.T) {
+	e := newEnv(t)
+	const docs = 3000
+	want := map[string]int64{}
+	for i := range docs {
+		key := fmt.Sprintf("doc-%04d", i)
+		e.publish(t, key, 1)
+		want[key] = 1
+	}
+	p := start(t, e)
+	eventually(t, "the live index to hold every document", 60*time.Second, holdsAll(p, t, want))
+	st, _, err := p.m.Start(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var applied uint64
+	eventually(t, "the rebuild to be under way", 30*time.Second, func() bool {
+		s := p.m.Status(context.Background())
+		applied = s.AppliedSeq
+		return s.Phase == rebuild.PhaseDone || applied > 0
+	})
+	if p.m.Status(context.Background()).Phase == rebuild.PhaseDone {
+		t.Skip("the rebuild finished before it could be interrupted")
+	}
+	p.stop()
+	if _, err := os.Stat(filepath.Join(e.dataDir, st.Target)); err != nil {
+		t.Fatalf("the interrupted rebuild's generation: %v", err)
+	}
+
+	p = start(t, e)
+	defer p.stop()
+	if s := p.m.Status(context.Background()); s.ID != st.ID && s.Phase != rebuild.PhaseStarting {
+		t.Errorf("status of the restarted process: %+v; want rebuild %s reported", s, st.ID)
+	}
+	eventually(t, "the resumed rebuild to finish", 60*time.Second, func() bool {
+		return p.m.Status(context.Background()).Phase == rebuild.PhaseDone
+	})
+	if live := p.sw.Live().Name; live != st.Target {
+		t.Fatalf("live generation after the resumed rebuild: %q; want %q (the same target)", live, st.Target)
+	}
+	eventually(t, "the rebuilt index to hold every document", 30*time.Second, holdsAll(p, t, want))
+	if _, err := os.Stat(filepath.Join(e.dataDir, "index")); !os.IsNotExist(err) {
+		t.Errorf("the previous generation's directory remains: %v", err)
+	}
+	t.Logf("interrupted after the rebuild consumer had acknowledged up to %d of %d", applied, docs)
+}

@@ -1,0 +1,535 @@
+// Package rebuild rebuilds a projection from scratch inside its projector
+// process, while live traffic continues.
+//
+// A store that can hold two copies of the projection (the embedded index
+// and graph: directories; Qdrant: collections behind an alias) is rebuilt
+// blue/green:
+//
+//  1. a fresh generation is created and filled from the stream's first
+//     message by a second runtime on its own durable consumer,
+//     <projector>-rebuild, while the live runtime keeps the live generation
+//     current and serves reads from it;
+//  2. once the rebuild has caught up, the live runtime's writes are held
+//     back, the rebuild catches up once more (so the fresh generation holds
+//     every event the live one holds), and the fresh generation is made
+//     live in one step (a pointer file renamed into place, a Qdrant alias
+//     switch) and swapped in under the live runtime, which resumes from its
+//     own position on it;
+//  3. the previous generation is dropped and the rebuild consumer deleted.
+//
+// A store that holds a single copy (Neo4j Community has one database) is
+// rebuilt in place: the live runtime's writes are held back, the
+// projection is wiped, and the rebuild runtime fills it from the stream's
+// first message; reads see a partial graph until it has caught up.
+//
+// Each store has one writer at every moment: the rebuild runtime writes
+// only to the fresh generation until the swap, and to an in-place store
+// only while the live runtime is held back.
+//
+// The rebuild's state (its phase, the fresh and the previous generation) is
+// kept in the JetStream key-value bucket CONVERGE_REBUILDS, under the
+// projector's name, before any step that depends on it, so a projector
+// process that crashes during a rebuild resumes it when it starts again.
+package rebuild
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/converge-sync/converge/internal/projector"
+)
+
+// Bucket is the key-value bucket holding the state of rebuilds in progress.
+const Bucket = "CONVERGE_REBUILDS"
+
+// Stores opens and switches the generations of one projection's store.
+type Stores interface {
+	// Live names the live generation.
+	Live(ctx context.Context) (string, error)
+	// Open opens the generation called name, creating it if it is missing.
+	Open(ctx context.Context, name string) (*Generation, error)
+	// Fresh names a new generation, distinct from every existing one.
+	Fresh() string
+	// InPlace reports that the store holds a single generation: a rebuild
+	// wipes it (see Wipe) instead of filling a fresh one.
+	InPlace() bool
+	// Wipe deletes the whole projection from g (in-place stores only).
+	Wipe(ctx context.Context, g *Generation) error
+	// Activate makes the generation called name the live one, in one step
+	// that readers and a restarted projector both see; it is idempotent.
+	Activate(ctx context.Context, name string) error
+	// Drop deletes the generation called name, which is not live; one that
+	// does not exist is already dropped.
+	Drop(ctx context.Context, name string) error
+	// Describe names a generation for logs and reports.
+	Describe(name string) string
+}
+
+// Phases of a rebuild, as kept in its state and reported by Status.
+const (
+	PhaseStarting  = "starting"  // the process is connecting to NATS
+	PhaseIdle      = "idle"      // no rebuild in progress, none since the process started
+	PhaseWiping    = "wiping"    // in place: deleting the projection
+	PhaseFilling   = "filling"   // applying the stream from its start
+	PhaseSwitching = "switching" // live writes held back: last catch-up, then the swap
+	PhaseDone      = "done"
+	PhaseRetrying  = "retrying" // a step failed; it is tried again
+)
+
+// state is what survives a crash, in the bucket under the projector's name.
+type state struct {
+	ID        string    `json:"id"`
+	Phase     string    `json:"phase"`
+	InPlace   bool      `json:"in_place"`
+	Target    string    `json:"target"`   // the generation being filled
+	Previous  string    `json:"previous"` // the live generation when the rebuild began
+	StartedAt time.Time `json:"started_at"`
+}
+
+// Status reports the rebuild in progress, or the last one.
+type Status struct {
+	Projector string     `json:"projector"`
+	ID        string     `json:"id,omitempty"`
+	Phase     string     `json:"phase"`
+	InPlace   bool       `json:"in_place"`
+	Target    string     `json:"target,omitempty"`
+	Previous  string     `json:"previous,omitempty"`
+	StartedAt *time.Time `json:"started_at,omitempty"`
+	DoneAt    *time.Time `json:"done_at,omitempty"`
+	// StreamLastSeq is the stream's last sequence and AppliedSeq the
+	// rebuild consumer's acknowledgement floor, when Status was called;
+	// Pending is what the rebuild has still to apply.
+	StreamLastSeq uint64 `json:"stream_last_seq"`
+	AppliedSeq    uint64 `json:"applied_seq"`
+	Pending       uint64 `json:"pending"`
+	Error         string `json:"error,omitempty"`
+	// Completed counts the rebuilds finished since the process started.
+	Completed int `json:"completed"`
+}
+
+// Config of a [Manager].
+type Config struct {
+	// Runtime is the live runtime's configuration; the rebuild runtime
+	// takes it with the name <Name>-rebuild.
+	Runtime projector.Config
+	// RetryMax bounds the backoff between attempts of a failed step;
+	// default 30s.
+	RetryMax time.Duration
+}
+
+// Manager runs the rebuilds of one projector process.
+type Manager struct {
+	cfg    Config
+	name   string
+	stores Stores
+	sw     *Switch
+	log    *slog.Logger
+
+	js    jetstream.JetStream
+	kv    jetstream.KeyValue
+	ready chan struct{}
+	wake  chan struct{}
+
+	mu     sync.Mutex
+	status Status
+	active bool // a rebuild is in progress
+}
+
+// NewManager returns a manager of the rebuilds of the projection whose
+// live generation sw holds.
+func NewManager(cfg Config, stores Stores, sw *Switch, log *slog.Logger) (*Manager, error) {
+	if cfg.Runtime.Name == "" {
+		return nil, errors.New("rebuild: the projector's name is required")
+	}
+	if cfg.RetryMax <= 0 {
+		cfg.RetryMax = 30 * time.Second
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	name := cfg.Runtime.Name
+	return &Manager{cfg: cfg, name: name, stores: stores, sw: sw, log: log.With("rebuild", name),
+		ready: make(chan struct{}), wake: make(chan struct{}, 1),
+		status: Status{Projector: name, Phase: PhaseIdle, InPlace: stores.InPlace()}}, nil
+}
+
+// ConsumerName is the durable consumer of the rebuild of projector name.
+func ConsumerName(name string) string { return name + "-rebuild" }
+
+// Run opens the state bucket, resumes a rebuild that a previous process
+// left unfinished, and then runs the rebuilds [Manager.Start] asks for,
+// until ctx ends.
+func (m *Manager) Run(ctx context.Context, js jetstream.JetStream) error {
+	for attempt := 1; ; attempt++ {
+		kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket:      Bucket,
+			Description: "converge: rebuilds in progress, by projector",
+			History:     1,
+			Storage:     jetstream.FileStorage,
+		})
+		if err == nil {
+			m.js, m.kv = js, kv
+			break
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		delay := m.backoff(attempt)
+		m.log.Warn("rebuild state bucket unavailable; trying again", "bucket", Bucket, "in", delay, "err", err)
+		if !sleep(ctx, delay) {
+			return nil
+		}
+	}
+	close(m.ready)
+	for {
+		st, err := m.load(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err != nil:
+			m.log.Warn("reading the rebuild state failed", "err", err)
+		case st != nil:
+			m.run(ctx, st)
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-m.wake:
+		case <-time.After(m.cfg.RetryMax):
+		}
+	}
+}
+
+// backoff is 1s doubled per attempt, capped at RetryMax.
+func (m *Manager) backoff(attempt int) time.Duration {
+	return min(time.Duration(1<<min(attempt-1, 10))*time.Second, m.cfg.RetryMax)
+}
+
+// sleep waits d; false when ctx ended first.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// Start begins a rebuild, unless one is in progress. It reports the
+// rebuild's status and whether this call started it.
+func (m *Manager) Start(ctx context.Context) (Status, bool, error) {
+	select {
+	case <-m.ready:
+	case <-ctx.Done():
+		return Status{}, false, ctx.Err()
+	default:
+		return Status{}, false, errors.New("rebuild: not ready yet (connecting to NATS)")
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.active {
+		return m.status, false, nil
+	}
+	if st, err := m.load(ctx); err != nil {
+		return Status{}, false, err
+	} else if st != nil {
+		m.kick() // Run takes it up if it has not yet
+		return m.status, false, nil
+	}
+	// No earlier rebuild consumer may remain: the new one starts at the
+	// stream's first message. Deleted before the state is written, so that
+	// a resumed rebuild never continues an older one's consumer.
+	if err := m.deleteConsumer(ctx); err != nil {
+		return Status{}, false, err
+	}
+	now := time.Now().UTC()
+	st := &state{ID: now.Format("20060102T150405.000Z"), InPlace: m.stores.InPlace(), StartedAt: now, Phase: PhaseFilling}
+	live, err := m.stores.Live(ctx)
+	if err != nil {
+		return Status{}, false, err
+	}
+	st.Previous = live
+	if st.InPlace {
+		st.Phase, st.Target = PhaseWiping, live
+	} else {
+		st.Target = m.stores.Fresh()
+	}
+	if err := m.save(ctx, st, true); err != nil {
+		return Status{}, false, err
+	}
+	m.active = true
+	m.setStatusLocked(st)
+	m.log.Info("rebuild requested", "id", st.ID, "target", m.stores.Describe(st.Target), "in_place", st.InPlace)
+	m.kick()
+	return m.status, true, nil
+}
+
+// kick wakes Run up to look for a rebuild to run.
+func (m *Manager) kick() {
+	select {
+	case m.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Status reports the rebuild in progress (with the rebuild consumer's
+// progress), or the last one.
+func (m *Manager) Status(ctx context.Context) Status {
+	m.mu.Lock()
+	s := m.status
+	m.mu.Unlock()
+	select {
+	case <-m.ready:
+	default:
+		s.Phase = PhaseStarting // not connected yet
+		return s
+	}
+	if s.Phase == PhaseIdle || s.Phase == PhaseDone {
+		// One left by a previous process, about to be resumed.
+		if st, err := m.load(ctx); err == nil && st != nil && st.ID != s.ID {
+			started := st.StartedAt
+			s = Status{Projector: m.name, ID: st.ID, Phase: st.Phase, InPlace: st.InPlace, Target: st.Target,
+				Previous: st.Previous, StartedAt: &started, Completed: s.Completed}
+		}
+	}
+	if s.Phase != PhaseFilling && s.Phase != PhaseSwitching && s.Phase != PhaseRetrying {
+		return s
+	}
+	stream := m.stream()
+	if info, err := m.js.Stream(ctx, stream); err == nil {
+		s.StreamLastSeq = info.CachedInfo().State.LastSeq
+	}
+	if c, err := m.js.Consumer(ctx, stream, ConsumerName(m.name)); err == nil {
+		if info, err := c.Info(ctx); err == nil {
+			s.AppliedSeq = info.AckFloor.Stream
+			s.Pending = info.NumPending + uint64(info.NumAckPending)
+		}
+	}
+	return s
+}
+
+func (m *Manager) stream() string {
+	if m.cfg.Runtime.Stream != "" {
+		return m.cfg.Runtime.Stream
+	}
+	return "CONVERGE_DOCS"
+}
+
+// run carries the rebuild st through its remaining phases, retrying a
+// failed step until it succeeds or ctx ends.
+func (m *Manager) run(ctx context.Context, st *state) {
+	m.mu.Lock()
+	m.active = true
+	m.setStatusLocked(st)
+	m.mu.Unlock()
+	m.log.Info("rebuilding", "id", st.ID, "phase", st.Phase, "target", m.stores.Describe(st.Target), "in_place", st.InPlace)
+	for attempt := 1; ctx.Err() == nil; attempt++ {
+		err := m.step(ctx, st)
+		if err == nil {
+			return
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		delay := m.backoff(attempt)
+		m.log.Error("rebuild step failed; trying again", "phase", st.Phase, "attempt", attempt, "in", delay, "err", err)
+		m.mu.Lock()
+		m.status.Phase, m.status.Error = PhaseRetrying, err.Error()
+		m.mu.Unlock()
+		sleep(ctx, delay)
+	}
+	m.mu.Lock()
+	m.active = false
+	m.mu.Unlock()
+	m.log.Info("rebuild interrupted; the next start of the projector resumes it", "id", st.ID, "phase", st.Phase)
+}
+
+// step runs the phases from st.Phase to the end.
+func (m *Manager) step(ctx context.Context, st *state) error {
+	if st.InPlace {
+		return m.inPlace(ctx, st)
+	}
+	return m.blueGreen(ctx, st)
+}
+
+// blueGreen fills the fresh generation, then swaps it in.
+func (m *Manager) blueGreen(ctx context.Context, st *state) error {
+	live, err := m.stores.Live(ctx)
+	if err != nil {
+		return err
+	}
+	if live == st.Target {
+		// Crashed after the swap: only the clean-up is left.
+		return m.finish(ctx, st)
+	}
+	m.setPhase(st, PhaseFilling)
+	target, err := m.stores.Open(ctx, st.Target)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", m.stores.Describe(st.Target), err)
+	}
+	swapped := false
+	defer func() {
+		if !swapped {
+			_ = target.close()
+		}
+	}()
+	if err := m.catchUp(ctx, target); err != nil {
+		return err
+	}
+	// Hold the live writes back, catch up with what arrived meanwhile, and
+	// swap: the fresh generation then holds every event the live runtime
+	// acknowledged, and the live runtime goes on from its position.
+	m.setPhase(st, PhaseSwitching)
+	if err := m.save(ctx, st, false); err != nil {
+		return err
+	}
+	resume := m.sw.Pause()
+	defer resume()
+	if err := m.catchUp(ctx, target); err != nil {
+		return err
+	}
+	if err := m.stores.Activate(ctx, st.Target); err != nil {
+		return fmt.Errorf("activate %s: %w", m.stores.Describe(st.Target), err)
+	}
+	prev := m.sw.replace(target)
+	swapped = true
+	resume()
+	m.log.Info("rebuilt generation is live", "target", m.stores.Describe(st.Target))
+	if err := prev.close(); err != nil {
+		m.log.Warn("closing the previous generation failed", "previous", m.stores.Describe(prev.Name), "err", err)
+	}
+	return m.finish(ctx, st)
+}
+
+// inPlace wipes the live generation and fills it again, with the live
+// writes held back throughout.
+func (m *Manager) inPlace(ctx context.Context, st *state) error {
+	resume := m.sw.Pause()
+	defer resume()
+	live := m.sw.Live()
+	if st.Phase == PhaseWiping {
+		m.setPhase(st, PhaseWiping)
+		if err := m.stores.Wipe(ctx, live); err != nil {
+			return fmt.Errorf("wipe %s: %w", m.stores.Describe(live.Name), err)
+		}
+		// A consumer left from an interrupted wipe would skip the stream's
+		// start.
+		if err := m.deleteConsumer(ctx); err != nil {
+			return err
+		}
+		st.Phase = PhaseFilling
+		if err := m.save(ctx, st, false); err != nil {
+			return err
+		}
+	}
+	m.setPhase(st, PhaseFilling)
+	if err := m.catchUp(ctx, live); err != nil {
+		return err
+	}
+	resume()
+	return m.finish(ctx, st)
+}
+
+// catchUp applies the stream to g with the rebuild consumer until nothing
+// is pending.
+func (m *Manager) catchUp(ctx context.Context, g *Generation) error {
+	rc := m.cfg.Runtime
+	rc.Name = ConsumerName(m.name)
+	rc.StopWhenCaughtUp = true
+	rt, err := projector.New(m.js, g.Store, rc, nil, m.log)
+	if err != nil {
+		return err
+	}
+	if err := rt.Run(ctx); err != nil {
+		return err
+	}
+	return ctx.Err()
+}
+
+// finish drops the previous generation, deletes the rebuild consumer and
+// then the state.
+func (m *Manager) finish(ctx context.Context, st *state) error {
+	if !st.InPlace && st.Previous != st.Target {
+		if err := m.stores.Drop(ctx, st.Previous); err != nil {
+			return fmt.Errorf("drop %s: %w", m.stores.Describe(st.Previous), err)
+		}
+	}
+	if err := m.deleteConsumer(ctx); err != nil {
+		return err
+	}
+	if err := m.kv.Delete(ctx, m.name); err != nil {
+		return fmt.Errorf("rebuild: delete state: %w", err)
+	}
+	now := time.Now().UTC()
+	m.mu.Lock()
+	m.active = false
+	m.status.Phase, m.status.Error, m.status.DoneAt = PhaseDone, "", &now
+	m.status.Completed++
+	m.mu.Unlock()
+	m.log.Info("rebuild done", "id", st.ID, "target", m.stores.Describe(st.Target), "took", now.Sub(st.StartedAt).Round(time.Millisecond))
+	return nil
+}
+
+func (m *Manager) deleteConsumer(ctx context.Context) error {
+	err := m.js.DeleteConsumer(ctx, m.stream(), ConsumerName(m.name))
+	if err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return fmt.Errorf("rebuild: delete consumer %s: %w", ConsumerName(m.name), err)
+	}
+	return nil
+}
+
+func (m *Manager) setPhase(st *state, phase string) {
+	st.Phase = phase
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.setStatusLocked(st)
+}
+
+func (m *Manager) setStatusLocked(st *state) {
+	started := st.StartedAt
+	m.status = Status{Projector: m.name, ID: st.ID, Phase: st.Phase, InPlace: st.InPlace, Target: st.Target,
+		Previous: st.Previous, StartedAt: &started, Completed: m.status.Completed}
+}
+
+// load reads the state of an unfinished rebuild; nil when there is none.
+func (m *Manager) load(ctx context.Context) (*state, error) {
+	e, err := m.kv.Get(ctx, m.name)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("rebuild: read state: %w", err)
+	}
+	var st state
+	if err := json.Unmarshal(e.Value(), &st); err != nil {
+		return nil, fmt.Errorf("rebuild: state of %s in %s is not valid: %w", m.name, Bucket, err)
+	}
+	return &st, nil
+}
+
+// save writes the state; create refuses to replace an existing one.
+func (m *Manager) save(ctx context.Context, st *state, create bool) error {
+	b, err := json.Marshal(st)
+	if err != nil {
+		return err
+	}
+	if create {
+		_, err = m.kv.Create(ctx, m.name, b)
+	} else {
+		_, err = m.kv.Put(ctx, m.name, b)
+	}
+	if err != nil {
+		return fmt.Errorf("rebuild: write state: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,61 @@
+package rebuild
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/converge-sync/converge/internal/projector"
+)
+
+// RunService is a projector process whose projection can be rebuilt: it
+// opens the live generation of stores, runs the projector runtime over it
+// (see [projector.RunService]) with the generation's read routes and the
+// rebuild routes, and resumes or runs rebuilds, until ctx ends.
+func RunService(ctx context.Context, sc projector.ServiceConfig, stores Stores, log *slog.Logger) error {
+	live, err := stores.Live(ctx)
+	if err != nil {
+		return stopped(ctx, err)
+	}
+	g, err := stores.Open(ctx, live)
+	if err != nil {
+		return stopped(ctx, err)
+	}
+	sw := NewSwitch(g)
+	defer func() { _ = sw.Close() }()
+	log.Info("projection store", "store", stores.Describe(live))
+
+	m, err := NewManager(Config{Runtime: sc.Runtime}, stores, sw, log)
+	if err != nil {
+		return err
+	}
+	nc, err := nats.Connect(sc.NATSURL, nats.Name("converge-rebuild-"+sc.Runtime.Name), nats.MaxReconnects(-1))
+	if err != nil {
+		return fmt.Errorf("connect nats: %w", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	routes := sw.Routes()
+	maps.Copy(routes, m.Routes())
+	eg, ctx := errgroup.WithContext(ctx)
+	eg.Go(func() error { return m.Run(ctx, js) })
+	eg.Go(func() error { return projector.RunService(ctx, sc, sw, routes, log) })
+	return eg.Wait()
+}
+
+// stopped is nil when ctx ended while starting (a stop is not a failure).
+func stopped(ctx context.Context, err error) error {
+	if ctx.Err() != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return nil
+	}
+	return err
+}
