@@ -26,6 +26,7 @@ import (
 	graphembedded "github.com/converge-sync/converge/internal/graph/embedded"
 	"github.com/converge-sync/converge/internal/index"
 	"github.com/converge-sync/converge/internal/index/embedded"
+	"github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/testenv"
 )
 
@@ -139,7 +140,8 @@ func buildBinaries(t *testing.T) string {
 // TestBinariesSurviveKillsAndVerify runs the real binaries as separate
 // processes (writer, relay, both projectors; Postgres and NATS are the test's
 // own), SIGKILLs each service once while documents are written, replays
-// both projectors, and checks with `converge verify` (the binary) that every
+// the index projector, rebuilds the graph (SIGKILLing its projector during
+// the rebuild), and checks with `converge verify` (the binary) that every
 // store agrees; then it damages the index and the graph behind the
 // projectors' backs, checks that verify names exactly those documents, and
 // that `verify --repair` repairs them.
@@ -240,11 +242,63 @@ func TestBinariesSurviveKillsAndVerify(t *testing.T) {
 	}
 	waitFor(t, "converge verify to exit 0 after the kills", 90*time.Second, agrees)
 
-	// Replay both projectors from the start with the binary.
-	for _, name := range []string{"index", "graph"} {
-		if out, err := run("replay", name, "--from-seq", "1", "-nats-url", nats.URL); err != nil {
-			t.Fatalf("converge replay %s: %v\n%s", name, err, out)
+	// Replay the index projector from the start, and rebuild the graph
+	// from scratch, SIGKILLing its projector in the middle of the rebuild:
+	// the restarted projector resumes it, and converge rebuild (which
+	// keeps polling through the restart) reports it done and verified.
+	if out, err := run("replay", "index", "--from-seq", "1", "-nats-url", nats.URL); err != nil {
+		t.Fatalf("converge replay index: %v\n%s", err, out)
+	}
+	gx := services[3]
+	rebuildCmd := exec.Command(converge, "rebuild", "graph", "--json", "-postgres-url", dbURL, "-graph-addr", gAddr)
+	var rebuildOut bytes.Buffer
+	rebuildCmd.Stdout, rebuildCmd.Stderr = &rebuildOut, &rebuildOut
+	if err := rebuildCmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	rebuildDone := make(chan error, 1)
+	go func() { rebuildDone <- rebuildCmd.Wait() }()
+	phase := func() string {
+		resp, err := http.Get("http://" + gAddr + rebuild.AdminPath)
+		if err != nil {
+			return ""
 		}
+		defer resp.Body.Close()
+		var st rebuild.Status
+		_ = json.NewDecoder(resp.Body).Decode(&st)
+		return st.Phase
+	}
+	waitFor(t, "the graph rebuild to start", 30*time.Second, func() bool {
+		p := phase()
+		return p == rebuild.PhaseFilling || p == rebuild.PhaseSwitching || p == rebuild.PhaseDone
+	})
+	killedDuringRebuild := phase() != rebuild.PhaseDone
+	gx.kill()
+	gx.start()
+	waitFor(t, "projector-graph to be ready after the kill", 60*time.Second, gx.ready)
+	select {
+	case err := <-rebuildDone:
+		if err != nil {
+			t.Fatalf("converge rebuild graph: %v\n%s", err, rebuildOut.String())
+		}
+	case <-time.After(120 * time.Second):
+		t.Fatalf("converge rebuild graph did not finish:\n%s", rebuildOut.String())
+	}
+	var rebuilt struct {
+		Rebuild rebuild.Status `json:"rebuild"`
+		Verify  struct {
+			Agrees bool `json:"agrees"`
+		} `json:"verify"`
+	}
+	if err := json.Unmarshal(rebuildOut.Bytes()[bytes.IndexByte(rebuildOut.Bytes(), '{'):], &rebuilt); err != nil {
+		t.Fatalf("converge rebuild --json: %v\n%s", err, rebuildOut.String())
+	}
+	if rebuilt.Rebuild.Phase != rebuild.PhaseDone || !rebuilt.Verify.Agrees {
+		t.Fatalf("converge rebuild graph: %s", rebuildOut.String())
+	}
+	graphDirs := rebuild.Dirs{Root: data, Base: "graph"}
+	if live, err := graphDirs.Live(); err != nil || live == "graph" {
+		t.Fatalf("live graph generation after the rebuild: %q, %v; want a fresh one", live, err)
 	}
 	waitFor(t, "converge verify to exit 0 after the replays", 90*time.Second, agrees)
 	if out, err := run("status", "-postgres-url", dbURL, "-nats-url", nats.URL); err != nil || !strings.Contains(out, "CONSUMER") {
@@ -253,7 +307,7 @@ func TestBinariesSurviveKillsAndVerify(t *testing.T) {
 
 	// Damage both stores behind the projectors' backs (stopped, so that
 	// their stores can be opened).
-	ix, gx := services[2], services[3]
+	ix := services[2]
 	ix.stop()
 	gx.stop()
 	damagedIndex, damagedGraph := "doc/007", "doc/013"
@@ -265,7 +319,11 @@ func TestBinariesSurviveKillsAndVerify(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = is.Close()
-	gs, err := graphembedded.Open(filepath.Join(data, "graph"), graphembedded.Options{})
+	liveGraph, err := graphDirs.Live()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs, err := graphembedded.Open(graphDirs.Path(liveGraph), graphembedded.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -320,7 +378,8 @@ func TestBinariesSurviveKillsAndVerify(t *testing.T) {
 	if _, err := run(verifyArgs...); err != nil {
 		t.Fatal("converge verify fails after the repair")
 	}
-	t.Logf("4 services SIGKILLed and restarted during the load, both projectors replayed; verify agreed on 400 documents, then named exactly the 2 damaged ones (%v), and verify --repair repaired them", got)
+	t.Logf("graph projector SIGKILLed during its rebuild: %v", killedDuringRebuild)
+	t.Logf("4 services SIGKILLed and restarted during the load, the index replayed, the graph rebuilt; verify agreed on 400 documents, then named exactly the 2 damaged ones (%v), and verify --repair repaired them", got)
 }
 
 // corpus is n documents doc/000.., each linking to two others, with tags.
