@@ -37,6 +37,7 @@ import (
 	iembedded "github.com/converge-sync/converge/internal/index/embedded"
 	"github.com/converge-sync/converge/internal/natsserver"
 	"github.com/converge-sync/converge/internal/projector"
+	rebuildpkg "github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/relay"
 	"github.com/converge-sync/converge/internal/verify"
 	"github.com/converge-sync/converge/internal/verify/postgres"
@@ -897,6 +898,65 @@ func BenchmarkRebuildIndex(b *testing.B) {
 			}
 			return x, count, st.Close
 		})
+	})
+	// The whole rebuild as converge rebuild index runs it in the projector
+	// process: a fresh generation filled by the rebuild consumer, the switch,
+	// the previous generation dropped.
+	b.Run("index-blue-green", func(b *testing.B) {
+		once.Do(func() { b.Log(filled) })
+		var took time.Duration
+		for range b.N {
+			dataDir := b.TempDir()
+			stores, err := ibackends.NewStores(ctx, &ibackends.Config{DataDir: dataDir}, index.Options{}, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			live, err := stores.Open(ctx, "index")
+			if err != nil {
+				b.Fatal(err)
+			}
+			sw := rebuildpkg.NewSwitch(live)
+			m, err := rebuildpkg.NewManager(rebuildpkg.Config{Runtime: projector.Config{Name: "bench-index"}}, stores, sw, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			runCtx, stop := context.WithCancel(ctx)
+			done := make(chan struct{})
+			go func() { defer close(done); _ = m.Run(runCtx, js) }()
+			start := time.Now()
+			for {
+				_, _, err := m.Start(ctx)
+				if err == nil {
+					break
+				}
+				time.Sleep(10 * time.Millisecond) // the manager is still connecting
+			}
+			for m.Status(ctx).Phase != rebuildpkg.PhaseDone {
+				time.Sleep(20 * time.Millisecond)
+			}
+			took += time.Since(start)
+			x := sw.Live().Store.(*index.Index)
+			docs, err := verify.ReadIndex(ctx, x.Backend())
+			if err != nil || len(docs) != n || sw.Live().Name == "index" {
+				b.Fatalf("after the rebuild the live generation %s holds %d documents (%v), want %d in a fresh one", sw.Live().Name, len(docs), err, n)
+			}
+			stop()
+			<-done
+			_ = sw.Close()
+			_ = stores.Close()
+		}
+		per := took / time.Duration(b.N)
+		rate := float64(n) / per.Seconds()
+		projected := time.Duration(float64(rebuildTargetDocs) / rate * float64(time.Second))
+		verdict := "met"
+		if projected >= rebuildTarget {
+			verdict = "NOT MET"
+		}
+		b.ReportMetric(per.Seconds(), "rebuild_s")
+		b.ReportMetric(rate, "docs/s")
+		b.Logf("blue/green rebuild of the embedded index from %d events (fill, switch, drop): %v, %.0f docs/s; %d documents take %v at this rate; target < %v for %d: %s (%.2f of the target)",
+			n, per.Round(time.Millisecond), rate, rebuildTargetDocs, projected.Round(time.Millisecond), rebuildTarget, rebuildTargetDocs,
+			verdict, projected.Seconds()/rebuildTarget.Seconds())
 	})
 	b.Run("graph", func(b *testing.B) {
 		rebuild(b, "graph", func(b *testing.B) (projector.Store, func(context.Context) (int, error), func() error) {
