@@ -96,7 +96,10 @@ func rebuildCmd(ctx context.Context, args []string, out io.Writer) error {
 		}
 	} else {
 		how := "blue/green into " + st.Target + ", previous generation " + st.Previous + " dropped"
-		if st.InPlace {
+		switch {
+		case st.Target == "":
+			how = "finished while the projector restarted"
+		case st.InPlace:
 			how = "in place, after a wipe of " + st.Target
 		}
 		fmt.Fprintf(out, "%s rebuilt from the stream's start in %.1fs (%s)\n", which, rep.Seconds, how)
