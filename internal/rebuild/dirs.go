@@ -70,7 +70,7 @@ func (d Dirs) Activate(name string) error {
 		return nil
 	}
 	tmp := d.pointer() + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 	if err != nil {
 		return fmt.Errorf("rebuild: %w", err)
 	}

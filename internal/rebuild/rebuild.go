@@ -436,6 +436,9 @@ func (m *Manager) inPlace(ctx context.Context, st *state) error {
 	if err := m.catchUp(ctx, live); err != nil {
 		return err
 	}
+	if err := m.stores.Activate(ctx, st.Target); err != nil {
+		return fmt.Errorf("activate %s: %w", m.stores.Describe(st.Target), err)
+	}
 	resume()
 	return m.finish(ctx, st)
 }
