@@ -126,7 +126,7 @@ func distinctKeys(keys []string) []string {
 }
 
 const reemitDocumentsSQL = `
-SELECT key, version, deleted, title, links, tags, meta::text, content_hash, chunk_count
+SELECT key, version, deleted, title, links, tags, coalesce(meta_text, meta::text), content_hash, chunk_count
 FROM documents WHERE key = ANY ($1::text[])`
 
 const reemitChunksSQL = `
@@ -304,7 +304,9 @@ func (d *storedDocument) event() (contract.Event, error) {
 // stored one (events[i] for i in unmatched) by their original encoding,
 // when the outbox still holds it and it verifies against the stored hash.
 // Meta is stored as jsonb, which keeps numbers' values but not always
-// their spelling (1e2 reads back as 100), so such a document rebuilds
+// their spelling (1e2 reads back as 100), and since schema version 3 also
+// as the event's text (meta_text), from which the event is rebuilt. A row
+// written before then has only the jsonb, so such a document rebuilds
 // another content hash than the one its event carried. Without its
 // original, the document cannot be re-emitted: a [*NotReproducibleError].
 func useOriginals(ctx context.Context, tx pgx.Tx, docs map[string]*storedDocument, events []contract.Event, payloads [][]byte, unmatched []int) error {

@@ -128,8 +128,9 @@ func TestReemitRebuildsTheOriginalEvent(t *testing.T) {
 }
 
 // jsonb keeps a meta number's value, not its spelling: such a document is
-// re-emitted from its original outbox row while it is there, and refused,
-// naming it, once retention removed it. Stored chunks that are not those
+// re-emitted from its original outbox row while it is there, then from its
+// stored meta text; a row without meta text (written before schema version
+// 3) is refused, naming it, once retention removed its original. Stored chunks that are not those
 // of the version are refused too; a refused call writes nothing.
 func TestReemitRefusesWhatItCannotReproduce(t *testing.T) {
 	ctx := context.Background()
@@ -152,13 +153,27 @@ func TestReemitRefusesWhatItCannotReproduce(t *testing.T) {
 		t.Fatalf("odd was not re-emitted from its original: %+v", got)
 	}
 
+	// Without the original (retention), the event is rebuilt from the
+	// meta text stored beside the jsonb: the same bytes, the same hash.
 	if _, err := pool.Exec(ctx, `DELETE FROM outbox`); err != nil {
+		t.Fatal(err)
+	}
+	if got, err = s.Reemit(ctx, []string{"odd"}); err != nil || len(got.Reemitted) != 1 {
+		t.Fatalf("odd without its original: %+v %v; want it rebuilt from meta_text", got, err)
+	}
+	if payload := outboxRows(t, pool)[oddID].payload; payload != before[oddID].payload {
+		t.Fatalf("odd rebuilt from meta_text as\n%s\nwant the original\n%s", payload, before[oddID].payload)
+	}
+
+	// A row written before schema version 3 has no meta text: without its
+	// original it cannot be reproduced.
+	if _, err := pool.Exec(ctx, `DELETE FROM outbox; UPDATE documents SET meta_text = NULL WHERE key = 'odd'`); err != nil {
 		t.Fatal(err)
 	}
 	_, err = s.Reemit(ctx, []string{"fine", "odd"})
 	var nr *docstore.NotReproducibleError
 	if !errors.Is(err, docstore.ErrNotReproducible) || !errors.As(err, &nr) || nr.Key != "odd" || nr.Version != 1 {
-		t.Fatalf("odd without its original: %v, want a NotReproducibleError naming it", err)
+		t.Fatalf("odd without its original or meta text: %v, want a NotReproducibleError naming it", err)
 	}
 	if n := count(t, pool, `SELECT count(*) FROM outbox`); n != 0 {
 		t.Fatalf("a refused re-emission wrote %d outbox rows", n)

@@ -239,17 +239,17 @@ func (s *Store) Apply(ctx context.Context, writes []Write) ([]Outcome, error) {
 const applySQL = `
 WITH input AS (
     SELECT * FROM unnest($1::text[], $2::int8[], $3::bool[], $4::text[], $5::jsonb[], $6::jsonb[],
-                         $7::jsonb[], $8::text[], $9::int4[], $10::uuid[], $11::text[], $12::json[])
+                         $7::text[], $8::text[], $9::int4[], $10::uuid[], $11::text[], $12::json[])
         AS t(key, version, deleted, title, links, tags, meta, content_hash, chunk_count, event_id, kind, payload)
 ), doc AS (
-    INSERT INTO documents AS d (key, version, deleted, title, links, tags, meta, content_hash, chunk_count, updated_at)
+    INSERT INTO documents AS d (key, version, deleted, title, links, tags, meta, meta_text, content_hash, chunk_count, updated_at)
     SELECT i.key, i.version, i.deleted, i.title,
            ARRAY(SELECT jsonb_array_elements_text(i.links)), ARRAY(SELECT jsonb_array_elements_text(i.tags)),
-           i.meta, i.content_hash, i.chunk_count, now()
+           i.meta::jsonb, i.meta, i.content_hash, i.chunk_count, now()
     FROM input i ORDER BY i.key
     ON CONFLICT (key) DO UPDATE
         SET version = excluded.version, deleted = excluded.deleted, title = excluded.title,
-            links = excluded.links, tags = excluded.tags, meta = excluded.meta,
+            links = excluded.links, tags = excluded.tags, meta = excluded.meta, meta_text = excluded.meta_text,
             content_hash = excluded.content_hash, chunk_count = excluded.chunk_count,
             updated_at = excluded.updated_at
         WHERE excluded.version > d.version
@@ -304,7 +304,8 @@ func (r round) args() []any {
 	var (
 		keys, titles, hashes, kinds = make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 		links, tags                 = make([]string, n), make([]string, n)
-		metas, payloads             = make([][]byte, n), make([][]byte, n)
+		metas                       = make([]string, n)
+		payloads                    = make([][]byte, n)
 		versions                    = make([]int64, n)
 		deleted                     = make([]bool, n)
 		counts                      = make([]int32, n)
@@ -322,7 +323,7 @@ func (r round) args() []any {
 	)
 	for i, p := range r {
 		keys[i], versions[i], deleted[i], titles[i] = p.key, p.version, p.deleted, p.title
-		links[i], tags[i], metas[i], hashes[i] = p.links, p.tags, p.meta, p.hash
+		links[i], tags[i], metas[i], hashes[i] = p.links, p.tags, string(p.meta), p.hash
 		counts[i], eventIDs[i], kinds[i], payloads[i] = int32(len(p.event.Chunks)), p.event.ID, string(p.event.Kind), p.payload
 		for _, c := range p.event.Chunks {
 			cIDs = append(cIDs, c.ID)

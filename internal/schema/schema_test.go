@@ -31,17 +31,33 @@ func hasEmission(t *testing.T, url string) bool {
 	return n == 2
 }
 
-// The newest schema is version 2 (re-emission: outbox.emission and its
-// sequence); its down migration goes back to version 1, and up again.
+func hasMetaText(t *testing.T, url string) bool {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var n int
+	if err := conn.QueryRow(context.Background(),
+		`SELECT count(*) FROM information_schema.columns WHERE table_name = 'documents' AND column_name = 'meta_text'`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n == 1
+}
+
+// The newest schema is version 3 (documents.meta_text); down two steps
+// goes back to version 1 (without re-emission's outbox.emission and its
+// sequence), and up again.
 func TestMigrationsUpAndDown(t *testing.T) {
 	ctx := context.Background()
 	url := pg.NewDatabase(t)
 	latest, err := schema.LatestVersion()
-	if err != nil || latest != 2 {
-		t.Fatalf("latest embedded version %d (%v), want 2", latest, err)
+	if err != nil || latest != 3 {
+		t.Fatalf("latest embedded version %d (%v), want 3", latest, err)
 	}
 	st, err := schema.Up(ctx, url)
-	if err != nil || !st.Current() || st.Version != 2 {
+	if err != nil || !st.Current() || st.Version != 3 || !hasMetaText(t, url) {
 		t.Fatalf("up: %+v %v", st, err)
 	}
 	if !hasEmission(t, url) {
@@ -51,7 +67,7 @@ func TestMigrationsUpAndDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Steps(-1); err != nil {
+	if err := m.Steps(-2); err != nil {
 		t.Fatalf("down to version 1: %v", err)
 	}
 	if v, dirty, err := m.Version(); err != nil || v != 1 || dirty {
@@ -66,7 +82,10 @@ func TestMigrationsUpAndDown(t *testing.T) {
 	if st, err := schema.Inspect(ctx, url); err != nil || st.Current() || st.Version != 1 {
 		t.Fatalf("inspect at version 1: %+v %v", st, err)
 	}
-	if st, err := schema.Up(ctx, url); err != nil || st.Version != 2 || !hasEmission(t, url) {
+	if hasMetaText(t, url) {
+		t.Fatal("version 1 still has documents.meta_text")
+	}
+	if st, err := schema.Up(ctx, url); err != nil || st.Version != 3 || !hasEmission(t, url) || !hasMetaText(t, url) {
 		t.Fatalf("up again: %+v %v", st, err)
 	}
 }
