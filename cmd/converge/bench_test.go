@@ -865,18 +865,7 @@ func BenchmarkRebuildIndex(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-		per := took / time.Duration(b.N)
-		rate := float64(n) / per.Seconds()
-		projected := time.Duration(float64(rebuildTargetDocs) / rate * float64(time.Second))
-		verdict := "met"
-		if projected >= rebuildTarget {
-			verdict = "NOT MET"
-		}
-		b.ReportMetric(per.Seconds(), "rebuild_s")
-		b.ReportMetric(rate, "docs/s")
-		b.Logf("rebuild of the embedded %s from %d events: %v, %.0f docs/s; %d documents take %v at this rate; target < %v for %d: %s (%.2f of the target)",
-			what, n, per.Round(time.Millisecond), rate, rebuildTargetDocs, projected.Round(time.Millisecond), rebuildTarget, rebuildTargetDocs,
-			verdict, projected.Seconds()/rebuildTarget.Seconds())
+		reportRebuild(b, "rebuild of the embedded "+what, n, took)
 	}
 	b.Run("index", func(b *testing.B) {
 		rebuild(b, "index", func(b *testing.B) (projector.Store, func(context.Context) (int, error), func() error) {
@@ -945,18 +934,7 @@ func BenchmarkRebuildIndex(b *testing.B) {
 			_ = sw.Close()
 			_ = stores.Close()
 		}
-		per := took / time.Duration(b.N)
-		rate := float64(n) / per.Seconds()
-		projected := time.Duration(float64(rebuildTargetDocs) / rate * float64(time.Second))
-		verdict := "met"
-		if projected >= rebuildTarget {
-			verdict = "NOT MET"
-		}
-		b.ReportMetric(per.Seconds(), "rebuild_s")
-		b.ReportMetric(rate, "docs/s")
-		b.Logf("blue/green rebuild of the embedded index from %d events (fill, switch, drop): %v, %.0f docs/s; %d documents take %v at this rate; target < %v for %d: %s (%.2f of the target)",
-			n, per.Round(time.Millisecond), rate, rebuildTargetDocs, projected.Round(time.Millisecond), rebuildTarget, rebuildTargetDocs,
-			verdict, projected.Seconds()/rebuildTarget.Seconds())
+		reportRebuild(b, "blue/green rebuild (fill, switch, drop) of the embedded index", n, took)
 	})
 	b.Run("graph", func(b *testing.B) {
 		rebuild(b, "graph", func(b *testing.B) (projector.Store, func(context.Context) (int, error), func() error) {
@@ -975,6 +953,24 @@ func BenchmarkRebuildIndex(b *testing.B) {
 			return p, count, st.Close
 		})
 	})
+}
+
+// reportRebuild reports the rebuilds of n documents that took took over
+// b.N runs, against the target for rebuildTargetDocs.
+func reportRebuild(b *testing.B, what string, n int, took time.Duration) {
+	b.Helper()
+	per := took / time.Duration(b.N)
+	rate := float64(n) / per.Seconds()
+	projected := time.Duration(float64(rebuildTargetDocs) / rate * float64(time.Second))
+	verdict := "met"
+	if projected >= rebuildTarget {
+		verdict = "NOT MET"
+	}
+	b.ReportMetric(per.Seconds(), "rebuild_s")
+	b.ReportMetric(rate, "docs/s")
+	b.Logf("%s from %d events: %v, %.0f docs/s; %d documents take %v at this rate; target < %v for %d: %s (%.2f of the target)",
+		what, n, per.Round(time.Millisecond), rate, rebuildTargetDocs, projected.Round(time.Millisecond), rebuildTarget, rebuildTargetDocs,
+		verdict, projected.Seconds()/rebuildTarget.Seconds())
 }
 
 // fillStream publishes n upserted events of ~1 KB documents (one or two
