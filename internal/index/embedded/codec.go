@@ -160,6 +160,10 @@ func decodePoint(d *wal.Decoder) *index.Point {
 	return p
 }
 
+// MaxDimension is the largest vector dimension the embedded index takes
+// (Qdrant's limit too).
+const MaxDimension = 65536
+
 // decodeRecord decodes a payload. Strings and vectors are copied, so the
 // payload may be reused.
 func decodeRecord(payload []byte) (record, error) {
@@ -167,7 +171,11 @@ func decodeRecord(payload []byte) (record, error) {
 	r := record{op: d.Byte()}
 	switch r.op {
 	case opDimension:
-		r.dim = int(d.Uvarint())
+		dim := d.Uvarint()
+		if dim < 1 || dim > MaxDimension {
+			d.Fail(fmt.Errorf("dimension %d is outside 1..%d", dim, MaxDimension))
+		}
+		r.dim = int(dim) //nolint:gosec // bounded just above
 	case opUpsert:
 		r.points = make([]*index.Point, d.Count(16))
 		for i := range r.points {

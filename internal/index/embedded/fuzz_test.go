@@ -2,6 +2,7 @@ package embedded
 
 import (
 	"context"
+	"encoding/binary"
 	"os"
 	"path/filepath"
 	"testing"
@@ -94,4 +95,27 @@ func FuzzOpen(f *testing.F) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// A dimension record outside 1..MaxDimension is corrupt, whatever its
+// checksum says: the store must not open with it.
+func TestDecodeRecordRejectsBadDimensions(t *testing.T) {
+	for _, dim := range []uint64{0, MaxDimension + 1, 1 << 62} {
+		payload := binary.AppendUvarint([]byte{opDimension}, dim)
+		if _, err := decodeRecord(payload); err == nil {
+			t.Errorf("dimension %d decoded", dim)
+		}
+	}
+	rec, err := decodeRecord(binary.AppendUvarint([]byte{opDimension}, 384))
+	if err != nil || rec.dim != 384 {
+		t.Errorf("dimension 384: %+v %v", rec, err)
+	}
+	s, err := Open(t.TempDir(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Ensure(context.Background(), MaxDimension+1); err == nil {
+		t.Error("Ensure took a dimension above MaxDimension")
+	}
 }

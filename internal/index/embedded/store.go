@@ -190,8 +190,8 @@ func (s *Store) Ensure(ctx context.Context, dim int) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if dim <= 0 {
-		return fmt.Errorf("embedded index: dimension %d is not positive", dim)
+	if dim <= 0 || dim > MaxDimension {
+		return fmt.Errorf("embedded index: dimension %d is outside 1..%d", dim, MaxDimension)
 	}
 	return s.write(func() ([]byte, func(), error) {
 		switch s.dim {
