@@ -261,8 +261,8 @@ func (m *Manager) Start(ctx context.Context) (Status, bool, error) {
 	st.Previous = live
 	if st.InPlace {
 		st.Phase, st.Target = PhaseWiping, live
-	} else {
-		st.Target = m.stores.Fresh()
+	} else if st.Target = m.stores.Fresh(); st.Target == live {
+		return Status{}, false, fmt.Errorf("rebuild: the fresh generation's name %q is the live one's", live)
 	}
 	if err := m.save(ctx, st, true); err != nil {
 		return Status{}, false, err

@@ -38,6 +38,9 @@ func NewStores(ctx context.Context, c *Config, opts index.Options, log *slog.Log
 	if err != nil {
 		return nil, err
 	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	s := &Stores{cfg: c, opts: opts, embedder: e, dirs: rebuild.Dirs{Root: c.DataDir, Base: "index"}, log: log}
 	if c.QdrantURL != "" {
 		if s.admin, err = s.qdrant(ctx, c.QdrantCollection); err != nil {
@@ -124,12 +127,24 @@ func (s *Stores) Open(ctx context.Context, name string) (*rebuild.Generation, er
 	}, nil
 }
 
-// Fresh names a new generation.
+// Fresh names a new generation: <name>_<time>, or <name>_<time>_<n> when
+// a collection of that name exists (one created in the same second, such
+// as the live one right after a quick rebuild). Should Qdrant not answer,
+// the name is returned unchecked.
 func (s *Stores) Fresh() string {
-	if s.admin != nil {
-		return s.cfg.QdrantCollection + "_" + time.Now().UTC().Format("20060102t150405")
+	if s.admin == nil {
+		return s.dirs.Fresh()
 	}
-	return s.dirs.Fresh()
+	base := s.cfg.QdrantCollection + "_" + time.Now().UTC().Format("20060102t150405")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	name := base
+	for i := 2; ; i++ {
+		if exists, err := s.admin.CollectionExists(ctx, name); err != nil || !exists {
+			return name
+		}
+		name = fmt.Sprintf("%s_%d", base, i)
+	}
 }
 
 // InPlace is false: the index is rebuilt blue/green.

@@ -1,0 +1,687 @@
+package backends_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	qd "github.com/qdrant/go-client/qdrant"
+
+	"github.com/converge-sync/converge/internal/embed"
+	"github.com/converge-sync/converge/internal/index"
+	"github.com/converge-sync/converge/internal/index/backends"
+	"github.com/converge-sync/converge/internal/index/qdrant"
+	"github.com/converge-sync/converge/internal/index/qdranttest"
+	"github.com/converge-sync/converge/internal/projector"
+	"github.com/converge-sync/converge/internal/rebuild"
+	"github.com/converge-sync/converge/internal/testenv"
+	"github.com/converge-sync/converge/internal/verify"
+	"github.com/converge-sync/converge/pkg/contract"
+)
+
+// alias is the configured collection name, which Stores keep as an alias.
+const alias = "chunks"
+
+const updateAliases = "Collections/UpdateAliases"
+
+func qdrantConfig(srv *qdranttest.Server) *backends.Config {
+	return &backends.Config{QdrantURL: srv.Addr(), QdrantCollection: alias}
+}
+
+func newStores(t *testing.T, srv *qdranttest.Server) *backends.Stores {
+	t.Helper()
+	s, err := backends.NewStores(context.Background(), qdrantConfig(srv), index.Options{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// backendOn connects to the collection (or alias) name on srv, to look at
+// the server from outside the Stores.
+func backendOn(t *testing.T, srv *qdranttest.Server, name string) *qdrant.Backend {
+	t.Helper()
+	b, err := qdrant.New(context.Background(), qdrant.Config{Addr: srv.Addr(), Collection: name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	return b
+}
+
+// collections lists the collections on srv (aliases are not collections).
+func collections(t *testing.T, srv *qdranttest.Server) []string {
+	t.Helper()
+	c, err := qd.NewClient(&qd.Config{Host: srv.Host(), Port: srv.Port(), SkipCompatibilityCheck: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	names, err := c.ListCollections(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(names)
+	return names
+}
+
+func aliasTarget(t *testing.T, admin *qdrant.Backend) string {
+	t.Helper()
+	target, err := admin.AliasTarget(context.Background(), alias)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return target
+}
+
+func open(t *testing.T, s *backends.Stores, name string) *rebuild.Generation {
+	t.Helper()
+	g, err := s.Open(context.Background(), name)
+	if err != nil {
+		t.Fatalf("Open(%q): %v", name, err)
+	}
+	t.Cleanup(func() { _ = g.Close() })
+	return g
+}
+
+func live(t *testing.T, s *backends.Stores) string {
+	t.Helper()
+	name, err := s.Live(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return name
+}
+
+func upserted(t testing.TB, key string, version int64) *contract.Event {
+	t.Helper()
+	d, err := contract.Document{Key: key, Version: version, Title: "t",
+		Body: fmt.Sprintf("body of %s at version %d", key, version)}.Normalize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := contract.NewUpsertedEvent(d, []string{d.Body})
+	return &ev
+}
+
+// put applies one document to the generation g.
+func put(t *testing.T, g *rebuild.Generation, key string) {
+	t.Helper()
+	for _, r := range g.Store.Apply(context.Background(), []*contract.Event{upserted(t, key, 1)}) {
+		if r.Err != nil {
+			t.Fatalf("apply %s to %s: %v", key, g.Name, r.Err)
+		}
+	}
+}
+
+// keys lists the documents that b (a collection or an alias) holds.
+func keys(t *testing.T, b index.Backend) []string {
+	t.Helper()
+	docs, err := verify.ReadIndex(context.Background(), b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]string, 0, len(docs))
+	for _, d := range docs {
+		out = append(out, d.Key)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// On an empty server the first generation is <collection>_1, and opening
+// it creates the collection and the alias at once; a later process finds
+// it through the alias.
+func TestQdrantFirstGenerationCreatesTheAlias(t *testing.T) {
+	srv := qdranttest.Start(t)
+	admin := backendOn(t, srv, alias)
+	ctx := context.Background()
+	s := newStores(t, srv)
+
+	first := live(t, s)
+	if first != alias+"_1" {
+		t.Fatalf("Live on an empty server: %q; want %q", first, alias+"_1")
+	}
+	if got := collections(t, srv); len(got) != 0 {
+		t.Fatalf("Live created collections %v; want none before Open", got)
+	}
+	g := open(t, s, first)
+	if g.Name != first {
+		t.Errorf("generation name %q; want %q", g.Name, first)
+	}
+	if got := collections(t, srv); !slices.Equal(got, []string{first}) {
+		t.Fatalf("collections after Open: %v; want [%s]", got, first)
+	}
+	if target := aliasTarget(t, admin); target != first {
+		t.Fatalf("alias %s names %q after Open; want %q", alias, target, first)
+	}
+	if n := srv.Calls(updateAliases); n != 1 {
+		t.Errorf("%d UpdateAliases calls; want 1", n)
+	}
+
+	// What the generation holds is what the alias serves.
+	put(t, g, "doc-a")
+	if got := keys(t, admin); !slices.Equal(got, []string{"doc-a"}) {
+		t.Errorf("documents through the alias: %v; want [doc-a]", got)
+	}
+
+	// A second process: Live follows the alias, and opening the live
+	// generation again leaves the alias alone.
+	s2 := newStores(t, srv)
+	if got := live(t, s2); got != first {
+		t.Fatalf("Live of a second Stores: %q; want %q", got, first)
+	}
+	g2 := open(t, s2, first)
+	if got := keys(t, g2.Store.(*index.Index).Backend()); !slices.Equal(got, []string{"doc-a"}) {
+		t.Errorf("documents of the reopened generation: %v; want [doc-a]", got)
+	}
+	if n := srv.Calls(updateAliases); n != 1 {
+		t.Errorf("%d UpdateAliases calls after reopening; want still 1", n)
+	}
+	if got := collections(t, srv); !slices.Equal(got, []string{first}) {
+		t.Errorf("collections after reopening: %v; want [%s]", got, first)
+	}
+	if exists, err := admin.CollectionExists(ctx, alias); err != nil || exists {
+		t.Errorf("a collection named %s: %v, %v; want only the alias", alias, exists, err)
+	}
+}
+
+// A fresh generation is a collection of its own that the alias does not
+// name until Activate moves it, in one UpdateAliases call; then the old
+// collection can be dropped, the live one cannot.
+func TestQdrantActivateMovesTheAlias(t *testing.T) {
+	srv := qdranttest.Start(t)
+	admin := backendOn(t, srv, alias)
+	ctx := context.Background()
+	s := newStores(t, srv)
+
+	old := live(t, s)
+	gOld := open(t, s, old)
+	put(t, gOld, "doc-old")
+
+	fresh := s.Fresh()
+	if fresh == old || fresh == alias || !strings.HasPrefix(fresh, alias+"_") {
+		t.Fatalf("Fresh: %q; want a new %s_... name (live %q)", fresh, alias, old)
+	}
+	calls := srv.Calls(updateAliases)
+	gFresh := open(t, s, fresh)
+	put(t, gFresh, "doc-fresh")
+	if got := collections(t, srv); !slices.Equal(got, sorted(old, fresh)) {
+		t.Fatalf("collections after opening the fresh generation: %v; want [%s %s]", got, old, fresh)
+	}
+	if n := srv.Calls(updateAliases); n != calls {
+		t.Errorf("opening the fresh generation made %d UpdateAliases calls; want none", n-calls)
+	}
+	if target := aliasTarget(t, admin); target != old {
+		t.Fatalf("alias names %q after opening the fresh generation; want still %q", target, old)
+	}
+	if got := live(t, s); got != old {
+		t.Fatalf("Live before Activate: %q; want %q", got, old)
+	}
+	if got := keys(t, admin); !slices.Equal(got, []string{"doc-old"}) {
+		t.Errorf("documents through the alias before Activate: %v; want [doc-old]", got)
+	}
+	// Another fresh name now differs from the one just created, even
+	// within the same second.
+	if again := s.Fresh(); again == fresh || again == old {
+		t.Errorf("Fresh after creating %q: %q; want a name no collection has", fresh, again)
+	}
+
+	if err := s.Activate(ctx, fresh); err != nil {
+		t.Fatal(err)
+	}
+	if n := srv.Calls(updateAliases); n != calls+1 {
+		t.Errorf("Activate made %d UpdateAliases calls; want 1", n-calls)
+	}
+	if target := aliasTarget(t, admin); target != fresh {
+		t.Fatalf("alias names %q after Activate; want %q", target, fresh)
+	}
+	if got := live(t, s); got != fresh {
+		t.Fatalf("Live after Activate: %q; want %q", got, fresh)
+	}
+	if got := keys(t, admin); !slices.Equal(got, []string{"doc-fresh"}) {
+		t.Errorf("documents through the alias after Activate: %v; want [doc-fresh]", got)
+	}
+	if err := s.Activate(ctx, fresh); err != nil {
+		t.Fatalf("Activate again: %v", err)
+	}
+	if target := aliasTarget(t, admin); target != fresh {
+		t.Fatalf("alias names %q after a second Activate; want %q", target, fresh)
+	}
+
+	// The live generation is not dropped, and the alias survives.
+	if err := s.Drop(ctx, fresh); err == nil {
+		t.Fatalf("Drop of the live generation %q succeeded", fresh)
+	}
+	if target := aliasTarget(t, admin); target != fresh {
+		t.Fatalf("alias names %q after a refused Drop; want %q", target, fresh)
+	}
+	if err := s.Drop(ctx, old); err != nil {
+		t.Fatalf("Drop(%q): %v", old, err)
+	}
+	if got := collections(t, srv); !slices.Equal(got, []string{fresh}) {
+		t.Fatalf("collections after dropping %q: %v; want [%s]", old, got, fresh)
+	}
+	// Dropped already, never created, or the alias's own name: nothing to do.
+	for _, name := range []string{old, alias + "_missing", alias} {
+		if err := s.Drop(ctx, name); err != nil {
+			t.Errorf("Drop(%q): %v; want nil", name, err)
+		}
+	}
+	if got := collections(t, srv); !slices.Equal(got, []string{fresh}) {
+		t.Errorf("collections at the end: %v; want [%s]", got, fresh)
+	}
+	if target := aliasTarget(t, admin); target != fresh {
+		t.Errorf("alias names %q at the end; want %q", target, fresh)
+	}
+	if got := keys(t, admin); !slices.Equal(got, []string{"doc-fresh"}) {
+		t.Errorf("documents through the alias at the end: %v; want [doc-fresh]", got)
+	}
+}
+
+func sorted(names ...string) []string {
+	slices.Sort(names)
+	return names
+}
+
+// A plain collection under the configured name (a store from before
+// aliases) is the live generation until a fresh one is activated, which
+// replaces it with the alias.
+func TestQdrantLegacyCollectionGivesWayToTheAlias(t *testing.T) {
+	srv := qdranttest.Start(t)
+	ctx := context.Background()
+	plain := backendOn(t, srv, alias)
+	if err := plain.Ensure(ctx, embed.DefaultHashDimension); err != nil {
+		t.Fatal(err)
+	}
+	s := newStores(t, srv)
+
+	if got := live(t, s); got != alias {
+		t.Fatalf("Live with a plain collection %s: %q; want %q", alias, got, alias)
+	}
+	gOld := open(t, s, alias)
+	put(t, gOld, "doc-old")
+	fresh := s.Fresh()
+	if fresh == alias {
+		t.Fatalf("Fresh: %q, the plain collection's name", fresh)
+	}
+	gFresh := open(t, s, fresh)
+	put(t, gFresh, "doc-fresh")
+	if n := srv.Calls(updateAliases); n != 0 {
+		t.Fatalf("%d UpdateAliases calls before Activate; want none beside a plain collection", n)
+	}
+	if got := collections(t, srv); !slices.Equal(got, sorted(alias, fresh)) {
+		t.Fatalf("collections before Activate: %v; want [%s %s]", got, alias, fresh)
+	}
+	if got := live(t, s); got != alias {
+		t.Fatalf("Live before Activate: %q; want %q", got, alias)
+	}
+
+	if err := s.Activate(ctx, fresh); err != nil {
+		t.Fatal(err)
+	}
+	if got := collections(t, srv); !slices.Equal(got, []string{fresh}) {
+		t.Fatalf("collections after Activate: %v; want [%s] (the plain one dropped)", got, fresh)
+	}
+	if target := aliasTarget(t, plain); target != fresh {
+		t.Fatalf("alias names %q after Activate; want %q", target, fresh)
+	}
+	if n := srv.Calls(updateAliases); n != 1 {
+		t.Errorf("%d UpdateAliases calls; want 1", n)
+	}
+	if got := live(t, s); got != fresh {
+		t.Fatalf("Live after Activate: %q; want %q", got, fresh)
+	}
+	// The name now resolves to the fresh generation, for a backend opened
+	// before the switch too.
+	if got := keys(t, plain); !slices.Equal(got, []string{"doc-fresh"}) {
+		t.Errorf("documents under %s after Activate: %v; want [doc-fresh]", alias, got)
+	}
+
+	// What the rebuild does next: Activate again after a crash, and drop
+	// the previous generation, whose name is now the alias.
+	if err := s.Activate(ctx, fresh); err != nil {
+		t.Fatalf("Activate again: %v", err)
+	}
+	if err := s.Drop(ctx, alias); err != nil {
+		t.Fatalf("Drop(%q) after the switch: %v", alias, err)
+	}
+	if target := aliasTarget(t, plain); target != fresh {
+		t.Errorf("alias names %q after dropping the previous generation; want %q", target, fresh)
+	}
+	if got := collections(t, srv); !slices.Equal(got, []string{fresh}) {
+		t.Errorf("collections at the end: %v; want [%s]", got, fresh)
+	}
+}
+
+// natsEnv is an embedded NATS with the documents' stream.
+type natsEnv struct {
+	js jetstream.JetStream
+}
+
+func newNATSEnv(t *testing.T) *natsEnv {
+	t.Helper()
+	nc := testenv.StartNATS(t).Connect(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "CONVERGE_DOCS",
+		Subjects: []string{contract.DocsSubjectPrefix + ">"}, Storage: jetstream.FileStorage}); err != nil {
+		t.Fatal(err)
+	}
+	return &natsEnv{js: js}
+}
+
+func (e *natsEnv) publish(t testing.TB, key string, version int64) {
+	t.Helper()
+	data, err := upserted(t, key, version).Encode()
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	m := nats.NewMsg(contract.Subject(key))
+	m.Data = data
+	if _, err := e.js.PublishMsg(context.Background(), m); err != nil {
+		t.Error(err)
+	}
+}
+
+// lastVersions is the last version of every key in the stream.
+func (e *natsEnv) lastVersions(t *testing.T) map[string]int64 {
+	t.Helper()
+	ctx := context.Background()
+	stream, err := e.js.Stream(ctx, "CONVERGE_DOCS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := stream.CachedInfo().State
+	want := map[string]int64{}
+	for seq := st.FirstSeq; seq <= st.LastSeq; seq++ {
+		m, err := stream.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev, err := contract.DecodeEvent(m.Data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[ev.Key] = max(want[ev.Key], ev.Version)
+	}
+	return want
+}
+
+// indexProcess is an index projector process on Qdrant: the live runtime
+// over the switch, and the rebuild manager.
+type indexProcess struct {
+	sw     *rebuild.Switch
+	m      *rebuild.Manager
+	stores *backends.Stores
+	cancel context.CancelFunc
+	done   sync.WaitGroup
+}
+
+func startIndexProcess(t *testing.T, e *natsEnv, srv *qdranttest.Server) *indexProcess {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	stores, err := backends.NewStores(ctx, qdrantConfig(srv), index.Options{}, nil)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	p := &indexProcess{stores: stores, cancel: cancel}
+	name, err := stores.Live(ctx)
+	if err != nil {
+		p.stop()
+		t.Fatal(err)
+	}
+	g, err := stores.Open(ctx, name)
+	if err != nil {
+		p.stop()
+		t.Fatal(err)
+	}
+	p.sw = rebuild.NewSwitch(g)
+	cfg := projector.Config{Name: "index", BatchSize: 64}
+	if p.m, err = rebuild.NewManager(rebuild.Config{Runtime: cfg}, stores, p.sw, nil); err != nil {
+		p.stop()
+		t.Fatal(err)
+	}
+	rt, err := projector.New(e.js, p.sw, cfg, nil, nil)
+	if err != nil {
+		p.stop()
+		t.Fatal(err)
+	}
+	p.done.Add(2)
+	go func() { defer p.done.Done(); _ = rt.Run(ctx) }()
+	go func() { defer p.done.Done(); _ = p.m.Run(ctx, e.js) }()
+	return p
+}
+
+func (p *indexProcess) stop() {
+	p.cancel()
+	p.done.Wait()
+	if p.sw != nil {
+		_ = p.sw.Close()
+	}
+	_ = p.stores.Close()
+}
+
+// contents is what the live generation holds: key -> version, and the
+// keys whose marker has no chunks.
+func (p *indexProcess) contents(t *testing.T) (map[string]int64, []string) {
+	t.Helper()
+	return contentsOf(t, p.sw.Live().Store.(*index.Index).Backend())
+}
+
+func contentsOf(t *testing.T, b index.Backend) (map[string]int64, []string) {
+	t.Helper()
+	docs, err := verify.ReadIndex(context.Background(), b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make(map[string]int64, len(docs))
+	var empty []string
+	for _, d := range docs {
+		out[d.Key] = d.Version
+		if len(d.Chunks) == 0 {
+			empty = append(empty, d.Key)
+		}
+	}
+	return out, empty
+}
+
+func eventually(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// holds reports whether b holds exactly want, every document with chunks.
+func holds(t *testing.T, b func() index.Backend, want map[string]int64) func() bool {
+	return func() bool {
+		got, empty := contentsOf(t, b())
+		return len(empty) == 0 && mapsEqual(got, want)
+	}
+}
+
+func mapsEqual(a, b map[string]int64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range b {
+		if w, ok := a[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+// A blue/green rebuild of the index on Qdrant while events keep arriving:
+// the rebuilt collection holds every key at its last version (including
+// one damaged behind the projector's back, which only a rebuild from
+// scratch restores), the alias names it, and the previous collection is
+// gone. From a store created with the alias, and from a plain collection
+// created before aliases were used.
+func TestQdrantBlueGreenRebuild(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		legacy bool
+	}{{"alias", false}, {"legacy collection", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			testQdrantBlueGreenRebuild(t, tc.legacy)
+		})
+	}
+}
+
+func testQdrantBlueGreenRebuild(t *testing.T, legacy bool) {
+	ctx := context.Background()
+	srv := qdranttest.Start(t)
+	admin := backendOn(t, srv, alias)
+	wantPrevious := alias + "_1"
+	if legacy {
+		if err := admin.Ensure(ctx, embed.DefaultHashDimension); err != nil {
+			t.Fatal(err)
+		}
+		wantPrevious = alias
+	}
+	e := newNATSEnv(t)
+	p := startIndexProcess(t, e, srv)
+	defer func() { p.stop() }()
+
+	const docs = 200
+	want := map[string]int64{}
+	for i := range docs {
+		key := fmt.Sprintf("doc-%03d", i)
+		e.publish(t, key, 1)
+		want[key] = 1
+	}
+	liveBackend := func() index.Backend { return p.sw.Live().Store.(*index.Index).Backend() }
+	eventually(t, "the live index to hold every document", 30*time.Second, holds(t, liveBackend, want))
+	first := p.sw.Live()
+	if first.Name != wantPrevious {
+		t.Fatalf("live generation %q; want %q", first.Name, wantPrevious)
+	}
+	if legacy {
+		if n := srv.Calls(updateAliases); n != 0 {
+			t.Fatalf("%d UpdateAliases calls beside the plain collection before the rebuild; want none", n)
+		}
+	} else if target := aliasTarget(t, admin); target != first.Name {
+		t.Fatalf("alias names %q; want the live %q", target, first.Name)
+	}
+
+	// Damage behind the projector's back: the points of doc-007 go, its
+	// marker stays, so the projector skips its events from now on.
+	if err := first.Store.(*index.Index).Backend().DeleteStale(ctx, []index.Keep{{Key: "doc-007", Version: 0}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, empty := p.contents(t); !slices.Equal(empty, []string{"doc-007"}) {
+		t.Fatalf("documents without chunks after the damage: %v; want [doc-007]", empty)
+	}
+
+	// Live traffic while the rebuild fills its collection. It stops once
+	// the rebuild has applied events published after it began, since the
+	// rebuild leaves its filling phase only when it sees nothing pending.
+	stream, err := e.js.Stream(ctx, "CONVERGE_DOCS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seqAtStart := stream.CachedInfo().State.LastSeq
+	trafficDone := make(chan struct{})
+	var traffic sync.WaitGroup
+	traffic.Add(1)
+	go func() {
+		defer traffic.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-trafficDone:
+				return
+			default:
+			}
+			if i%docs != 7 { // doc-007 stays as damaged, for the rebuild alone to restore
+				e.publish(t, fmt.Sprintf("doc-%03d", i%docs), int64(2+i/docs))
+			}
+			e.publish(t, fmt.Sprintf("new-%04d", i), 1)
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+	stopTraffic := sync.OnceFunc(func() {
+		close(trafficDone)
+		traffic.Wait()
+	})
+	defer stopTraffic()
+
+	var st rebuild.Status
+	eventually(t, "the rebuild manager to be ready", 30*time.Second, func() bool {
+		var started bool
+		st, started, err = p.m.Start(ctx)
+		if err != nil && p.m.Status(ctx).Phase == rebuild.PhaseStarting {
+			return false
+		}
+		if err != nil || !started {
+			t.Fatalf("Start: started %v, %v", started, err)
+		}
+		return true
+	})
+	if st.Previous != wantPrevious || st.InPlace || st.Target == st.Previous || !strings.HasPrefix(st.Target, alias+"_") {
+		t.Fatalf("rebuild status %+v: want blue/green from %s into a fresh collection", st, wantPrevious)
+	}
+	eventually(t, "the rebuild to apply events published while it runs", 60*time.Second, func() bool {
+		s := p.m.Status(ctx)
+		return s.AppliedSeq > seqAtStart+50 || s.Phase == rebuild.PhaseDone
+	})
+	stopTraffic()
+	eventually(t, "the rebuild to finish", 60*time.Second, func() bool {
+		s := p.m.Status(ctx)
+		return s.Phase == rebuild.PhaseDone && s.ID == st.ID
+	})
+
+	want = e.lastVersions(t)
+	eventually(t, "the rebuilt index to hold every key at its last version", 30*time.Second, holds(t, liveBackend, want))
+
+	g := p.sw.Live()
+	if g.Name != st.Target || g == first {
+		t.Fatalf("live generation %q; want the rebuilt %q", g.Name, st.Target)
+	}
+	if target := aliasTarget(t, admin); target != st.Target {
+		t.Fatalf("alias names %q after the rebuild; want %q", target, st.Target)
+	}
+	if got := collections(t, srv); !slices.Equal(got, []string{st.Target}) {
+		t.Fatalf("collections after the rebuild: %v; want only [%s]", got, st.Target)
+	}
+	if got := live(t, p.stores); got != st.Target {
+		t.Errorf("Live after the rebuild: %q; want %q", got, st.Target)
+	}
+	// Readers of the alias see what the live generation holds.
+	if got, empty := contentsOf(t, admin); len(empty) > 0 || !mapsEqual(got, want) {
+		t.Errorf("through the alias: %d documents (%v without chunks); want the %d of the stream", len(got), empty, len(want))
+	}
+	if _, err := e.js.Consumer(ctx, "CONVERGE_DOCS", rebuild.ConsumerName("index")); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		t.Errorf("the rebuild consumer remains: %v", err)
+	}
+	if s := p.m.Status(ctx); s.Completed != 1 || s.DoneAt == nil || s.Error != "" {
+		t.Errorf("status after the rebuild: %+v", s)
+	}
+
+	// A restarted process finds the rebuilt generation through the alias.
+	p.stop()
+	p = startIndexProcess(t, e, srv)
+	if got := p.sw.Live().Name; got != st.Target {
+		t.Errorf("live generation of a restarted process: %q; want %q", got, st.Target)
+	}
+	if got := collections(t, srv); !slices.Equal(got, []string{st.Target}) {
+		t.Errorf("collections after a restart: %v; want only [%s]", got, st.Target)
+	}
+}

@@ -1,0 +1,116 @@
+package verify_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+
+	"github.com/converge-sync/converge/internal/httpjson"
+	"github.com/converge-sync/converge/internal/verify"
+)
+
+func docs(n int) []verify.Doc {
+	out := make([]verify.Doc, n)
+	for i := range out {
+		key := fmt.Sprintf("doc/%03d", i)
+		out[i] = verify.Doc{Key: key, Version: int64(1 + i%3), ContentHash: fmt.Sprintf("h%d", i),
+			Chunks: []verify.Chunk{{ID: uuid.NewSHA1(uuid.NameSpaceURL, []byte(key)), Hash: "c"}},
+			Links:  []string{"doc/000"}, Tags: []string{"t"}}
+	}
+	return out
+}
+
+func serve(t *testing.T, h http.Handler) string {
+	t.Helper()
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return strings.TrimPrefix(srv.URL, "http://")
+}
+
+// A projector's side served over HTTP compares like the same documents in
+// memory: agreement when equal, each difference named when not.
+func TestRemoteRoundTrip(t *testing.T) {
+	ctx := context.Background()
+	truth := &verify.Memory{Label: "postgres", Docs: docs(200)}
+	held := docs(200)
+	held[17].Version = 9
+	held = append(held[:40], held[41:]...)
+	for _, tc := range []struct {
+		name  string
+		store []verify.Doc
+		want  map[string]string
+	}{
+		{"equal", docs(200), map[string]string{}},
+		{"different", held, map[string]string{"doc/017": verify.VersionMismatch, "doc/040": verify.Missing}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			addr := serve(t, verify.Handler(verify.Graph, func(context.Context) ([]verify.Doc, error) { return tc.store, nil }))
+			rep, err := verify.Compare(ctx, truth, &verify.Remote{Label: "graph", Addr: addr}, verify.Graph, 64, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := map[string]string{}
+			for _, d := range rep.Differences {
+				got[d.Key] = d.Problem
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tc.want) || rep.Agrees != (len(tc.want) == 0) {
+				t.Fatalf("differences %v (agrees %v); want %v", got, rep.Agrees, tc.want)
+			}
+		})
+	}
+}
+
+// A projector that fails, answers something else, or does not answer is an
+// error naming it, never agreement.
+func TestRemoteErrors(t *testing.T) {
+	ctx := context.Background()
+	failing := serve(t, verify.Handler(verify.Index, func(context.Context) ([]verify.Doc, error) {
+		return nil, errors.New("store closed")
+	}))
+	wrongCount := serve(t, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		httpjson.Write(w, http.StatusOK, map[string]any{"kind": "index", "buckets": make([]verify.BucketDigest, 3)})
+	}))
+	wrongKind := serve(t, verify.Handler(verify.Graph, func(context.Context) ([]verify.Doc, error) { return nil, nil }))
+	garbage := serve(t, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("<html>")) }))
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := lis.Addr().String()
+	_ = lis.Close()
+	for _, tc := range []struct{ name, addr, want string }{
+		{"store error", failing, "503 Service Unavailable"},
+		{"store error body", failing, "store closed"},
+		{"wrong count", wrongCount, "answered 3 index digests, want 16 index"},
+		{"wrong kind", wrongKind, "graph digests, want 16 index"},
+		{"not JSON", garbage, "unreadable answer"},
+		{"not listening", closed, "does not answer"},
+	} {
+		_, err := (&verify.Remote{Label: "index", Addr: tc.addr}).Digests(ctx, verify.Index, 16)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v; want an error containing %q", tc.name, err, tc.want)
+		}
+	}
+	if _, err := (&verify.Remote{Label: "index", Addr: failing}).Buckets(ctx, verify.Index, 16, []int{1}); err == nil {
+		t.Error("Buckets from a failing projector: no error")
+	}
+	// Bad requests are refused with the reason.
+	addr := serve(t, verify.Handler(verify.Index, func(context.Context) ([]verify.Doc, error) { return nil, nil }))
+	for _, q := range []string{"/v1/verify/digests?buckets=0", "/v1/verify/digests?buckets=x", "/v1/verify/buckets?buckets=4&b=4", "/v1/verify/buckets?buckets=4&b=-1"} {
+		resp, err := http.Get("http://" + addr + q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("GET %s: %s; want 400", q, resp.Status)
+		}
+	}
+}
