@@ -383,19 +383,20 @@ func (m *Manager) blueGreen(ctx context.Context, st *state) error {
 			_ = target.close()
 		}
 	}()
-	if err := m.catchUp(ctx, target); err != nil {
+	if err := m.fill(ctx, target); err != nil {
 		return err
 	}
-	// Hold the live writes back, catch up with what arrived meanwhile, and
-	// swap: the fresh generation then holds every event the live runtime
-	// acknowledged, and the live runtime goes on from its position.
+	// Hold the live writes back, catch up with the stream as it is then,
+	// and swap: the fresh generation then holds every event the live
+	// runtime acknowledged (it acknowledges nothing while held back), and
+	// the live runtime goes on from its position.
 	m.setPhase(st, PhaseSwitching)
 	if err := m.save(ctx, st, false); err != nil {
 		return err
 	}
 	resume := m.sw.Pause()
 	defer resume()
-	if err := m.catchUp(ctx, target); err != nil {
+	if err := m.catchUpToLast(ctx, target); err != nil {
 		return err
 	}
 	if err := m.stores.Activate(ctx, st.Target); err != nil {
@@ -433,7 +434,10 @@ func (m *Manager) inPlace(ctx context.Context, st *state) error {
 		}
 	}
 	m.setPhase(st, PhaseFilling)
-	if err := m.catchUp(ctx, live); err != nil {
+	if err := m.fill(ctx, live); err != nil {
+		return err
+	}
+	if err := m.catchUpToLast(ctx, live); err != nil {
 		return err
 	}
 	if err := m.stores.Activate(ctx, st.Target); err != nil {
@@ -443,20 +447,96 @@ func (m *Manager) inPlace(ctx context.Context, st *state) error {
 	return m.finish(ctx, st)
 }
 
-// catchUp applies the stream to g with the rebuild consumer until nothing
-// is pending.
-func (m *Manager) catchUp(ctx context.Context, g *Generation) error {
+// fill applies the stream to g in rounds, each up to the stream's last
+// message when it begins, until a round ends close to the stream's end
+// (within closeEnough messages). Under steady traffic the stream is never
+// "caught up" at an instant, but each round is shorter than the one before
+// as long as the rebuild applies faster than events arrive.
+func (m *Manager) fill(ctx context.Context, g *Generation) error {
+	closeEnough := uint64(4 * max(m.cfg.Runtime.BatchSize, 256))
+	for {
+		last, err := m.lastSeq(ctx)
+		if err != nil {
+			return err
+		}
+		if err := m.catchUpTo(ctx, g, last); err != nil {
+			return err
+		}
+		now, err := m.lastSeq(ctx)
+		if err != nil {
+			return err
+		}
+		if now-last <= closeEnough {
+			return nil
+		}
+		m.log.Debug("rebuild round done; another one", "behind", now-last)
+	}
+}
+
+// catchUpToLast applies the stream to g up to its last message now.
+func (m *Manager) catchUpToLast(ctx context.Context, g *Generation) error {
+	last, err := m.lastSeq(ctx)
+	if err != nil {
+		return err
+	}
+	return m.catchUpTo(ctx, g, last)
+}
+
+func (m *Manager) lastSeq(ctx context.Context) (uint64, error) {
+	s, err := m.js.Stream(ctx, m.stream())
+	if err != nil {
+		return 0, fmt.Errorf("rebuild: stream %s: %w", m.stream(), err)
+	}
+	return s.CachedInfo().State.LastSeq, nil
+}
+
+// catchUpPoll is how often catchUpTo reads the rebuild consumer's position.
+var catchUpPoll = 20 * time.Millisecond
+
+// catchUpTo applies the stream to g with the rebuild consumer until the
+// consumer has acknowledged every message up to stream sequence target.
+func (m *Manager) catchUpTo(ctx context.Context, g *Generation, target uint64) error {
 	rc := m.cfg.Runtime
 	rc.Name = ConsumerName(m.name)
-	rc.StopWhenCaughtUp = true
+	rc.StopWhenCaughtUp = false
 	rt, err := projector.New(m.js, g.Store, rc, nil, m.log)
 	if err != nil {
 		return err
 	}
-	if err := rt.Run(ctx); err != nil {
-		return err
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	done := make(chan error, 1)
+	go func() { done <- rt.Run(runCtx) }()
+	t := time.NewTicker(catchUpPoll)
+	defer t.Stop()
+	for {
+		select {
+		case err := <-done:
+			if err == nil {
+				err = ctx.Err()
+			}
+			if err == nil {
+				err = errors.New("rebuild: the rebuild runtime stopped")
+			}
+			return err
+		case <-t.C:
+		}
+		c, err := m.js.Consumer(ctx, m.stream(), ConsumerName(m.name))
+		if err != nil {
+			continue // not created yet
+		}
+		info, err := c.Info(ctx)
+		if err != nil {
+			continue
+		}
+		if info.AckFloor.Stream >= target || (info.NumPending == 0 && info.NumAckPending == 0 && info.Delivered.Stream >= target) {
+			stop() // the batch in progress is finished and acknowledged first
+			if err := <-done; err != nil {
+				return err
+			}
+			return ctx.Err()
+		}
 	}
-	return ctx.Err()
 }
 
 // finish drops the previous generation, deletes the rebuild consumer and
