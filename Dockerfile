@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 #
 # One image with every converge binary: writer, relay, projector-index,
-# projector-graph and the operator CLI converge. docker-compose.yml runs each
+# projector-graph, notifier and the operator CLI converge. docker-compose.yml runs each
 # service from it by naming the binary as the command.
 
 FROM golang:1.26 AS build

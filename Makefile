@@ -86,12 +86,12 @@ lint: ## golangci-lint (.golangci.yml) when installed, else go vet
 	else echo "golangci-lint not installed (go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0); running go vet"; $(GO) vet $(PKGS); fi
 
 .PHONY: up
-up: ## with Docker: build the image and start the whole stack (docker-compose.yml), waiting until it is healthy
-	docker compose up -d --build --wait
+up: ## with Docker: build the image and start the whole stack (docker-compose.yml), waiting until it is healthy; NOTIFIER=1 adds the webhook notifier
+	docker compose $(if $(NOTIFIER),--profile notifier) up -d --build --wait
 
 .PHONY: down
 down: ## with Docker: stop the stack started by `make up` (its volumes stay)
-	docker compose down
+	docker compose --profile notifier down
 
 .PHONY: clean
 clean: ## remove build output

@@ -10,9 +10,10 @@
 //  2. decode each message; one that is not a valid event is dead-lettered
 //     to converge.dlq.<name> at once (it can never apply);
 //  3. keep only the newest version of each document (older versions of it
-//     in the batch share the newest one's fate);
+//     in the batch share the newest one's fate), unless Config.EveryEvent
+//     asks for every event;
 //  4. apply the events (documents in parallel, Parallel shards; versions of
-//     one document never, since a document appears once per batch and
+//     one document never, since a document is in one shard of a batch and
 //     batches run one after another); the store's freshness guard skips
 //     a version older than the one it holds;
 //  5. acknowledge each message only after its store write succeeded. A
@@ -20,7 +21,9 @@
 //     backoff, forever, keeping the messages' acknowledgement deadlines
 //     alive; an error the store marks [Permanent] naks the message with a
 //     delay, and after MaxDeliver deliveries dead-letters it, so the stream
-//     never stalls and nothing vanishes.
+//     never stalls and nothing vanishes. A store that keeps its own count of
+//     attempts decides instead: [Redeliver] naks the message with the
+//     store's delay, [DeadLetter] dead-letters it at once.
 //
 // A redelivered message (an acknowledgement lost, a crash before it) is
 // applied again: the store skips it by its version marker.
@@ -70,11 +73,34 @@ type Result struct {
 
 // Store is a projection's store as the runtime sees it.
 type Store interface {
-	// Apply converges the store to events, at most one per document key,
-	// and returns one result per event, in order. Errors are transient
-	// (retried) unless marked [Permanent]. With ctx marked by [WithRepair],
-	// a version equal to the stored one is written again.
+	// Apply converges the store to events, at most one per document key
+	// (with Config.EveryEvent: possibly several, in stream order), and
+	// returns one result per event, in order. Errors are transient
+	// (retried in place) unless marked [Permanent], [Redeliver] or
+	// [DeadLetter]. With ctx marked by [WithRepair], a version equal to the
+	// stored one is written again.
 	Apply(ctx context.Context, events []*contract.Event) []Result
+}
+
+// Delivery is an event with what its message tells besides the event.
+type Delivery struct {
+	Event *contract.Event
+	// CommitTime is the Postgres commit time of the event's transaction
+	// (the header contract.HeaderCommitTime); zero when the message has
+	// none.
+	CommitTime time.Time
+	// Stored is when the stream stored the message; zero if unknown.
+	Stored time.Time
+	// Delivered counts the deliveries of the message, this one included.
+	Delivered uint64
+}
+
+// DeliveryStore is a [Store] that needs to know more of each event than
+// the event itself (its age, its number of deliveries): the runtime calls
+// ApplyDeliveries instead of Apply, with the same contract.
+type DeliveryStore interface {
+	Store
+	ApplyDeliveries(ctx context.Context, deliveries []Delivery) []Result
 }
 
 type repairKey struct{}
@@ -119,6 +145,53 @@ func IsPermanent(err error) bool {
 	return errors.As(err, &c) && c.Permanent()
 }
 
+// Redeliver marks err as a failure that the store will retry itself, on a
+// later delivery: the runtime naks the message with the delay after
+// (whatever MaxDeliver says: the store counts its own attempts and gives
+// up with [DeadLetter]), and goes on with the stream meanwhile.
+func Redeliver(err error, after time.Duration) error {
+	if err == nil {
+		return nil
+	}
+	return &RedeliverError{Err: err, After: max(after, 0)}
+}
+
+// RedeliverError is the error [Redeliver] returns.
+type RedeliverError struct {
+	Err   error
+	After time.Duration
+}
+
+func (e *RedeliverError) Error() string { return e.Err.Error() }
+func (e *RedeliverError) Unwrap() error { return e.Err }
+
+// DeadLetter marks err as the reason to dead-letter the event's message at
+// once, under code (a stable word, such as "webhook_failed"): the store
+// has given up on it.
+func DeadLetter(code string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &DeadLetterError{Code: code, Err: err}
+}
+
+// DeadLetterError is the error [DeadLetter] returns.
+type DeadLetterError struct {
+	Code string
+	Err  error
+}
+
+func (e *DeadLetterError) Error() string { return e.Err.Error() }
+func (e *DeadLetterError) Unwrap() error { return e.Err }
+
+// retryInPlace reports whether err is transient: the runtime retries it in
+// place rather than naking or dead-lettering the message.
+func retryInPlace(err error) bool {
+	var rd *RedeliverError
+	var dl *DeadLetterError
+	return err != nil && !IsPermanent(err) && !errors.As(err, &rd) && !errors.As(err, &dl)
+}
+
 // Config of a [Runtime]. Zero fields take the defaults documented on them.
 type Config struct {
 	// Name of the projector: its durable consumer, and its dead-letter
@@ -148,6 +221,12 @@ type Config struct {
 	// LagInterval is how often the consumer's pending count is measured;
 	// default 5s.
 	LagInterval time.Duration
+	// EveryEvent hands the store every event of a batch, several versions
+	// of one document included (in stream order, in one shard, with the
+	// repairs in their own call after the originals), instead of only the
+	// newest version of each document: for a store whose effect is one per
+	// event (the notifier) rather than a document's state.
+	EveryEvent bool
 }
 
 func (c *Config) setDefaults() error {
@@ -394,6 +473,7 @@ type item struct {
 	repair     bool // the message re-emits its event (contract.HeaderReemission)
 	delivered  uint64
 	commitTime time.Time
+	stored     time.Time
 	superseded []jetstream.Msg
 }
 
@@ -420,13 +500,15 @@ func (r *Runtime) process(ctx context.Context, msgs []jetstream.Msg) {
 		}
 		it := &item{msg: m, ev: &ev, repair: m.Headers().Get(contract.HeaderReemission) != ""}
 		if meta, err := m.Metadata(); err == nil {
-			it.delivered = meta.NumDelivered
+			it.delivered, it.stored = meta.NumDelivered, meta.Timestamp
 		}
 		if ct, err := time.Parse(time.RFC3339Nano, m.Headers().Get(contract.HeaderCommitTime)); err == nil {
 			it.commitTime = ct
 		}
 		prev, ok := byKey[ev.Key]
 		switch {
+		case r.cfg.EveryEvent:
+			items = append(items, it)
 		case !ok:
 			byKey[ev.Key] = it
 			items = append(items, it)
@@ -448,7 +530,19 @@ func (r *Runtime) process(ctx context.Context, msgs []jetstream.Msg) {
 	results := r.applyWithRetry(ctx, items)
 	for i, it := range items {
 		res := results[i]
+		var redeliver *RedeliverError
+		var dead *DeadLetterError
 		switch {
+		case errors.As(res.Err, &dead):
+			if r.deadLetter(ctx, it.msg, dead.Code, res.Err) {
+				for _, m := range it.superseded {
+					_ = m.Ack()
+				}
+			}
+		case errors.As(res.Err, &redeliver):
+			r.log.Debug("the store asked for a redelivery", "key", it.ev.Key, "version", it.ev.Version,
+				"in", redeliver.After, "err", res.Err)
+			r.nak(it, redeliver.After)
 		case res.Err == nil:
 			r.ack(it)
 			r.metrics.Events.WithLabelValues(outcomeLabel(res.Outcome)).Inc()
@@ -494,7 +588,7 @@ func (r *Runtime) applyWithRetry(ctx context.Context, items []*item) []Result {
 		var firstErr error
 		for j, i := range todo {
 			results[i] = res[j]
-			if res[j].Err != nil && !IsPermanent(res[j].Err) {
+			if retryInPlace(res[j].Err) {
 				again = append(again, i)
 				if firstErr == nil {
 					firstErr = res[j].Err
@@ -556,22 +650,22 @@ func (r *Runtime) applySharded(ctx context.Context, items []*item) []Result {
 func (r *Runtime) applyShard(ctx context.Context, items []*item) []Result {
 	results := make([]Result, len(items))
 	for _, repair := range []bool{false, true} {
-		var events []*contract.Event
+		var call []*item
 		var idx []int
 		for i, it := range items {
 			if it.repair == repair {
-				events = append(events, it.ev)
+				call = append(call, it)
 				idx = append(idx, i)
 			}
 		}
-		if len(events) == 0 {
+		if len(call) == 0 {
 			continue
 		}
 		callCtx := ctx
 		if repair {
 			callCtx = WithRepair(ctx)
 		}
-		for j, res := range r.safeApply(callCtx, events) {
+		for j, res := range r.safeApply(callCtx, call) {
 			results[idx[j]] = res
 		}
 	}
@@ -579,11 +673,24 @@ func (r *Runtime) applyShard(ctx context.Context, items []*item) []Result {
 }
 
 // safeApply calls the store, turning a malformed answer into errors.
-func (r *Runtime) safeApply(ctx context.Context, events []*contract.Event) []Result {
-	res := r.store.Apply(ctx, events)
-	if len(res) != len(events) {
-		err := fmt.Errorf("projector %s: store returned %d results for %d events", r.cfg.Name, len(res), len(events))
-		res = make([]Result, len(events))
+func (r *Runtime) safeApply(ctx context.Context, items []*item) []Result {
+	var res []Result
+	if ds, ok := r.store.(DeliveryStore); ok {
+		deliveries := make([]Delivery, len(items))
+		for i, it := range items {
+			deliveries[i] = Delivery{Event: it.ev, CommitTime: it.commitTime, Stored: it.stored, Delivered: it.delivered}
+		}
+		res = ds.ApplyDeliveries(ctx, deliveries)
+	} else {
+		events := make([]*contract.Event, len(items))
+		for i, it := range items {
+			events[i] = it.ev
+		}
+		res = r.store.Apply(ctx, events)
+	}
+	if len(res) != len(items) {
+		err := fmt.Errorf("projector %s: store returned %d results for %d events", r.cfg.Name, len(res), len(items))
+		res = make([]Result, len(items))
 		for i := range res {
 			res[i].Err = err
 		}

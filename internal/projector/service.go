@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/converge-sync/converge/internal/config"
@@ -25,6 +26,9 @@ type ServiceConfig struct {
 	MetricsAddr string // /metrics, /healthz, /readyz and the projector's own routes; empty: off
 	LogLevel    string
 	Runtime     Config
+	// Registry serves /metrics; nil: a new one. A store with metrics of
+	// its own registers them here.
+	Registry *prometheus.Registry
 }
 
 // ServiceFlags binds a projector process's common flags; call the returned
@@ -60,7 +64,10 @@ func RunService(ctx context.Context, sc ServiceConfig, store Store, routes map[s
 	if err != nil {
 		return err
 	}
-	reg := telemetry.NewRegistry()
+	reg := sc.Registry
+	if reg == nil {
+		reg = telemetry.NewRegistry()
+	}
 	r, err := New(js, store, sc.Runtime, NewMetrics(reg, sc.Runtime.Name), log)
 	if err != nil {
 		return err

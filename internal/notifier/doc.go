@@ -1,0 +1,86 @@
+// Package notifier is the one non-idempotent effect of converge: it POSTs a
+// signed JSON notification to each configured webhook URL when a document
+// version is upserted or withdrawn. It runs over the projector runtime
+// (package projector) as a [projector.DeliveryStore], consuming every event
+// of CONVERGE_DOCS (Config.EveryEvent: each version is notified, not only
+// the newest of a batch).
+//
+// # Effects and their identity
+//
+// One notification to one URL is one effect. Its id is
+// contract.EffectID("webhook:"+url, eventID), a UUIDv5 sent as the
+// Idempotency-Key header: every attempt of an effect carries the same key,
+// and two effects never share one. Each URL is a separate effect, so a slow
+// or failing receiver never makes the notifier resend to the others.
+//
+// # The dedup store and the order of writes
+//
+// The notifier is the single writer of its dedup store, the JetStream
+// key-value bucket CONVERGE_EFFECTS, keyed by effect id, whose TTL is the
+// dedup window (Config.Window, default 7 days, plus Config.ClockSkew). Per
+// effect:
+//
+//  1. claim: create the record "claimed" if absent (create-if-absent), or
+//     take over a "failed" record whose backoff has passed, or a "claimed"
+//     one older than Config.ClaimTimeout (compare-and-set on its revision);
+//     a record "sent" means the effect is done: it is deduplicated;
+//  2. send the POST;
+//  3. mark: "sent" on a 2xx answer; otherwise "failed" with a backoff
+//     (exponential, with jitter), or "dead" after Config.MaxAttempts
+//     attempts, when the event is dead-lettered to converge.dlq.<name> with
+//     the HTTP status and an excerpt of the answer's body (the dead records
+//     of the event are then deleted, so that a redrive starts afresh, with
+//     the same keys; if the dead letter cannot be stored, the event is
+//     redelivered and its failing effects are tried MaxAttempts times
+//     more).
+//
+// The message of the event is acknowledged only once each of its effects is
+// sent (or deduplicated); otherwise it is redelivered after the delay the
+// effects ask for, or dead-lettered.
+//
+// A crash between 1 and 2 leaves a claim that nobody sends: it is taken
+// over once it is older than ClaimTimeout, and the resend carries the same
+// Idempotency-Key. A crash between 2 and 3 leaves a claim whose effect was
+// sent: it is sent again after ClaimTimeout, with the same key, and the
+// receiver deduplicates it. A crash after 3 leaves nothing to do: the
+// redelivered event finds "sent".
+//
+// # What is guaranteed
+//
+//   - From the notifier's side, at most one successful (2xx-answered)
+//     delivery per effect id within the window: an effect whose record says
+//     "sent" is never sent again while the record lives.
+//   - To the receiver, at least once: a crash or a lost answer makes the
+//     notifier send again, always with the same Idempotency-Key and the
+//     same body, so the receiver can deduplicate on the key.
+//   - Replays and rebuilds cause no new effects: an event committed within
+//     the window finds its record (records outlive the commit time by the
+//     window, since an effect is sent after its commit), and an event
+//     committed longer than the window ago is not notified at all
+//     (counted as skipped "beyond_window") unless Config.NotifyReplayed. A
+//     re-emitted event (contract.HeaderReemission: converge backfill,
+//     verify --repair) repairs projections and is not notified either
+//     ("reemission"), unless Config.NotifyReplayed.
+//
+// Beyond the window the record has expired: with NotifyReplayed, an event
+// replayed after that is notified again, with the same Idempotency-Key.
+// Without it, an event that reaches the notifier more than a window after
+// its commit (the notifier was down longer than the window) is not
+// notified: the window must exceed the longest outage of the notifier.
+//
+// # Order and concurrency
+//
+// Sends run concurrently, at most Config.Concurrency per URL. A batch waits
+// at most Config.SendWait for its answers: a send still in flight then
+// finishes in the background while its event is redelivered later, so a
+// slow receiver holds at most Concurrency requests and delays no other
+// document. Notifications of one document may therefore arrive out of
+// version order (as retries may make them anyway): receivers order them by
+// version.
+//
+// # Signature
+//
+// Each request carries Converge-Timestamp (Unix seconds of the attempt) and
+// Converge-Signature: "sha256=" + hex(HMAC-SHA256(secret, timestamp + "." +
+// body)). See [Sign] and [Verify].
+package notifier

@@ -1,0 +1,131 @@
+package notifier
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/converge-sync/converge/internal/config"
+	"github.com/converge-sync/converge/internal/projector"
+	"github.com/converge-sync/converge/internal/telemetry"
+)
+
+// Environment variables of the notifier's own settings.
+const (
+	EnvWebhookURLs   = "CONVERGE_WEBHOOK_URLS"
+	EnvWebhookSecret = "CONVERGE_WEBHOOK_SECRET" //nolint:gosec // the name of a variable, not a credential; also read as _FILE
+)
+
+// DefaultMetricsAddr is the notifier's default -metrics-addr.
+const DefaultMetricsAddr = "127.0.0.1:9105"
+
+// Flags binds the notifier's own flags (the runtime's are
+// projector.ServiceFlags); call the returned function after parsing. The
+// secret has no flag of its own, so that it never shows in a process list
+// or in -h: it is CONVERGE_WEBHOOK_SECRET, CONVERGE_WEBHOOK_SECRET_FILE, or
+// the file named by -webhook-secret-file.
+func Flags(f *config.Flags) func() (Config, error) {
+	urls := f.String("webhook-urls", EnvWebhookURLs, "", "webhook URLs to notify, comma-separated; each is a separate effect")
+	secretFile := f.String("webhook-secret-file", "", "", "file holding the HMAC secret that signs requests; without it the secret comes from the environment (env "+EnvWebhookSecret+"), or from the file its _FILE variable names")
+	window := f.Duration("window", "CONVERGE_NOTIFIER_WINDOW", DefaultWindow, "dedup window: how long a sent notification is remembered, and the age beyond which an event is not notified")
+	replayed := f.Bool("notify-replayed", "CONVERGE_NOTIFIER_NOTIFY_REPLAYED", false, "notify events older than the window, and re-emitted events, too (never twice within the window)")
+	claim := f.Duration("claim-timeout", "CONVERGE_NOTIFIER_CLAIM_TIMEOUT", DefaultClaimTimeout, "age after which a claim (a crashed sender's) is taken over; must exceed -http-timeout")
+	httpTimeout := f.Duration("http-timeout", "CONVERGE_NOTIFIER_HTTP_TIMEOUT", DefaultHTTPTimeout, "bound of one request, answer included")
+	sendWait := f.Duration("send-wait", "CONVERGE_NOTIFIER_SEND_WAIT", DefaultSendWait, "how long a batch waits for an answer before the request goes on in the background and its event is redelivered later")
+	concurrency := f.Int("concurrency", "CONVERGE_NOTIFIER_CONCURRENCY", DefaultConcurrency, "requests in flight per webhook URL at most")
+	attempts := f.Int("max-attempts", "CONVERGE_NOTIFIER_MAX_ATTEMPTS", DefaultMaxAttempts, "attempts of one notification (the first included) before its event is dead-lettered")
+	retryMin := f.Duration("retry-min", "CONVERGE_NOTIFIER_RETRY_MIN", DefaultRetryMin, "backoff after the first failed attempt (doubled per attempt, with jitter)")
+	retryMax := f.Duration("retry-max", "CONVERGE_NOTIFIER_RETRY_MAX", DefaultRetryMax, "backoff at most")
+	bucket := f.String("effects-bucket", "CONVERGE_NOTIFIER_BUCKET", DefaultBucket, "JetStream key-value bucket of the dedup store")
+	return func() (Config, error) {
+		secret, err := readSecret(*secretFile)
+		if err != nil {
+			return Config{}, err
+		}
+		var list []string
+		for u := range strings.SplitSeq(*urls, ",") {
+			if u = strings.TrimSpace(u); u != "" {
+				list = append(list, u)
+			}
+		}
+		if len(list) == 0 {
+			return Config{}, config.Require("", "webhook-urls", EnvWebhookURLs)
+		}
+		c := Config{URLs: list, Secret: secret, Window: *window, NotifyReplayed: *replayed, ClaimTimeout: *claim,
+			HTTPTimeout: *httpTimeout, SendWait: *sendWait, Concurrency: *concurrency, MaxAttempts: *attempts,
+			RetryMin: *retryMin, RetryMax: *retryMax, Bucket: *bucket}
+		return c, c.Validate()
+	}
+}
+
+func readSecret(file string) ([]byte, error) {
+	if file != "" {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return nil, fmt.Errorf("config: -webhook-secret-file: %w", err)
+		}
+		return []byte(strings.TrimRight(string(b), "\r\n")), nil
+	}
+	v, ok, err := config.Lookup(EnvWebhookSecret)
+	if err != nil {
+		return nil, err
+	}
+	if !ok || v == "" {
+		return nil, errors.New("config: a webhook secret is required: " + EnvWebhookSecret + ", " + EnvWebhookSecret + "_FILE or -webhook-secret-file")
+	}
+	return []byte(v), nil
+}
+
+// Run connects to NATS and notifies until ctx ends, serving /metrics,
+// /healthz and /readyz on sc.MetricsAddr.
+func Run(ctx context.Context, sc projector.ServiceConfig, cfg Config, log *slog.Logger) error {
+	nc, err := nats.Connect(sc.NATSURL, nats.Name("converge-notifier-effects"), nats.MaxReconnects(-1))
+	if err != nil {
+		return fmt.Errorf("connect nats: %w", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	if sc.Registry == nil {
+		sc.Registry = telemetry.NewRegistry()
+	}
+	n, err := New(ctx, js, cfg, NewMetrics(sc.Registry), log.With("projector", sc.Runtime.Name))
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while starting
+		}
+		return err
+	}
+	defer func() { _ = n.Close() }()
+	sc.Runtime.EveryEvent = true
+	targets := make([]string, len(n.targets))
+	for i, t := range n.targets {
+		targets[i] = t.name
+	}
+	log.Info("notifier", "targets", targets, "window", cfg.Window, "notify_replayed", cfg.NotifyReplayed,
+		"bucket", cfg.Bucket, "concurrency", cfg.Concurrency, "max_attempts", cfg.MaxAttempts)
+	return projector.RunService(ctx, sc, n, nil, log)
+}
+
+// Main is the notifier command: flags, then Run until SIGINT or SIGTERM.
+func Main(args []string) error {
+	return projector.Main(args, "notifier", "notifier", DefaultMetricsAddr,
+		func(f *config.Flags) func(context.Context, projector.ServiceConfig, *slog.Logger) error {
+			cfg := Flags(f)
+			return func(ctx context.Context, sc projector.ServiceConfig, log *slog.Logger) error {
+				c, err := cfg()
+				if err != nil {
+					return err
+				}
+				return Run(ctx, sc, c, log)
+			}
+		})
+}

@@ -1,0 +1,63 @@
+package notifier
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/converge-sync/converge/internal/projector"
+)
+
+// Run, as the notifier command runs it: it notifies, and /metrics serves
+// the notifier's metrics beside the runtime's.
+func TestRunServesMetrics(t *testing.T) {
+	e := newEnv(t)
+	rcv := newReceiver(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, projector.ServiceConfig{NATSURL: e.n.URL, MetricsAddr: addr, Runtime: projector.Config{Name: "notifier"}},
+			testConfig(rcv.url("/hook")), discardLogger())
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	e.publish(upsert("doc", 1), time.Now())
+	e.publish(upsert("doc", 2), time.Now())
+	waitFor(t, "both versions to be notified", 20*time.Second, func() bool { return len(rcv.requests()) == 2 })
+	var metrics string
+	waitFor(t, "/metrics to count them", 20*time.Second, func() bool {
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			return false
+		}
+		defer func() { _ = resp.Body.Close() }()
+		b, _ := io.ReadAll(resp.Body)
+		metrics = string(b)
+		return strings.Contains(metrics, `converge_notifier_sent_total{target="`+rcv.srv.URL+`/hook"} 2`) &&
+			strings.Contains(metrics, `converge_projector_events_total{projector="notifier",result="applied"} 2`)
+	})
+	for _, name := range []string{"converge_notifier_request_seconds_bucket", "converge_notifier_requests_in_flight"} {
+		if !strings.Contains(metrics, name) {
+			t.Errorf("/metrics lacks %s", name)
+		}
+	}
+	for key, n := range rcv.check() {
+		if n != 1 {
+			t.Errorf("effect %s: %d POSTs", key, n)
+		}
+	}
+}

@@ -1,0 +1,276 @@
+package notifier
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/converge-sync/converge/internal/config"
+	"github.com/converge-sync/converge/internal/projector"
+	"github.com/converge-sync/converge/pkg/contract"
+)
+
+// Known answer, computed with
+// printf '%s' '1700000000.{"a":1}' | openssl dgst -sha256 -hmac 'whsec_test'
+func TestSignKnownAnswer(t *testing.T) {
+	got := Sign([]byte("whsec_test"), "1700000000", []byte(`{"a":1}`))
+	if want := "sha256=38877139021993b830af32feea6e18a8da83eb2f6e49ee50bd9e4cf4ca4d3789"; got != want {
+		t.Fatalf("Sign = %s, want %s", got, want)
+	}
+}
+
+func TestVerify(t *testing.T) {
+	secret, body := []byte("s"), []byte(`{"x":1}`)
+	now := time.Unix(1_700_000_000, 0)
+	ts := "1700000000"
+	sig := Sign(secret, ts, body)
+	for _, tc := range []struct {
+		name      string
+		secret    []byte
+		ts, sig   string
+		body      []byte
+		tolerance time.Duration
+		now       time.Time
+		want      error
+	}{
+		{"valid", secret, ts, sig, body, 5 * time.Minute, now, nil},
+		{"valid without tolerance", secret, ts, sig, body, 0, now.Add(time.Hour), nil},
+		{"other secret", []byte("t"), ts, sig, body, 0, now, ErrBadSignature},
+		{"other body", secret, ts, sig, []byte(`{"x":2}`), 0, now, ErrBadSignature},
+		{"other timestamp", secret, "1700000001", sig, body, 0, now, ErrBadSignature},
+		{"too old", secret, ts, sig, body, 5 * time.Minute, now.Add(6 * time.Minute), ErrStale},
+		{"from the future", secret, ts, sig, body, 5 * time.Minute, now.Add(-6 * time.Minute), ErrStale},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := Verify(tc.secret, tc.ts, tc.sig, tc.body, tc.tolerance, tc.now); !errors.Is(err, tc.want) {
+				t.Fatalf("Verify = %v, want %v", err, tc.want)
+			}
+		})
+	}
+}
+
+// The body is a pure function of the effect and the event: every attempt,
+// by any process, sends the same bytes.
+func TestNotificationBody(t *testing.T) {
+	ev := upsert("doc", 3)
+	effect := EffectID("https://example.com/hook", ev.ID)
+	a, err := encodeNotification(effect, &ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := encodeNotification(effect, &ev)
+	if string(a) != string(b) {
+		t.Fatal("two encodings differ")
+	}
+	var fields map[string]any
+	if err := json.Unmarshal(a, &fields); err != nil {
+		t.Fatal(err)
+	}
+	for k, want := range map[string]any{"schema": NotificationSchema, "effect_id": effect.String(), "event_id": ev.ID.String(),
+		"kind": "document.upserted", "key": "doc", "version": 3.0, "withdrawn": false, "content_hash": ev.ContentHash, "chunks": 1.0} {
+		if fields[k] != want {
+			t.Errorf("%s = %v, want %v", k, fields[k], want)
+		}
+	}
+	w := contract.NewWithdrawnEvent("doc", 4)
+	c, _ := encodeNotification(EffectID("https://example.com/hook", w.ID), &w)
+	var n Notification
+	if err := json.Unmarshal(c, &n); err != nil || !n.Withdrawn || n.Kind != contract.KindWithdrawn || n.Title != "" {
+		t.Fatalf("withdrawal: %s %v", c, err)
+	}
+}
+
+// The effect id is the contract's: uuid5(EffectNS, "webhook:" + url + ":" +
+// event id), one per URL and event.
+func TestEffectID(t *testing.T) {
+	ev := uuid.MustParse("0a0e9c3a-67a5-5d8d-8d4c-6a1f3b0c2d11")
+	a := EffectID("https://a.example/hook", ev)
+	if a != uuid.NewSHA1(contract.EffectNS, []byte("webhook:https://a.example/hook:"+ev.String())) {
+		t.Fatal("EffectID is not the contract's derivation")
+	}
+	if a == EffectID("https://b.example/hook", ev) || a.Version() != 5 {
+		t.Fatal("two URLs share an effect id, or it is not a UUIDv5")
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	ok := Config{URLs: []string{"https://a.example/hook"}, Secret: []byte("s")}
+	if err := ok.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if ok.Window != DefaultWindow || ok.ClaimTimeout != DefaultClaimTimeout || ok.Concurrency != DefaultConcurrency || ok.Bucket != DefaultBucket || ok.Owner == "" {
+		t.Fatalf("defaults not set: %+v", ok)
+	}
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		want string
+	}{
+		{"no URL", Config{Secret: []byte("s")}, "at least one webhook URL"},
+		{"no secret", Config{URLs: []string{"https://a.example"}}, "secret is required"},
+		{"not http", Config{URLs: []string{"ftp://a.example"}, Secret: []byte("s")}, "want http:// or https://"},
+		{"no host", Config{URLs: []string{"https:///x"}, Secret: []byte("s")}, "want http:// or https://"},
+		{"twice", Config{URLs: []string{"https://a.example", "https://a.example"}, Secret: []byte("s")}, "given twice"},
+		{"claim timeout too short", Config{URLs: []string{"https://a.example"}, Secret: []byte("s"), ClaimTimeout: time.Second, HTTPTimeout: 2 * time.Second}, "must exceed the HTTP timeout"},
+		{"window too short", Config{URLs: []string{"https://a.example"}, Secret: []byte("s"), Window: time.Minute}, "the window (1m0s) must exceed"},
+		{"retry bounds", Config{URLs: []string{"https://a.example"}, Secret: []byte("s"), RetryMin: time.Minute, RetryMax: time.Second}, "retry max"},
+		{"credentials not echoed", Config{URLs: []string{"https://u:pw@a.example/x?token=t0ps3cret", "https://u:pw@a.example/x?token=t0ps3cret"}}, "https://a.example/x is given twice"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.cfg.Validate()
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Validate = %v, want %q", err, tc.want)
+			}
+			if strings.Contains(err.Error(), "t0ps3cret") || strings.Contains(err.Error(), "pw@") {
+				t.Fatalf("a credential leaked: %v", err)
+			}
+		})
+	}
+}
+
+func TestRedact(t *testing.T) {
+	for in, want := range map[string]string{
+		"https://a.example/hook":                   "https://a.example/hook",
+		"https://user:pw@a.example:8443/h?token=x": "https://a.example:8443/h",
+		"http://a.example/#frag":                   "http://a.example/",
+		"::":                                       "(unparseable URL)",
+	} {
+		if got := redact(in); got != want {
+			t.Errorf("redact(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// The backoff doubles per attempt up to RetryMax, and half of it is
+// random: never below half, never above the whole.
+func TestBackoff(t *testing.T) {
+	n := &Notifier{cfg: Config{RetryMin: 100 * time.Millisecond, RetryMax: time.Second}}
+	for attempt, full := range map[int]time.Duration{1: 100 * time.Millisecond, 2: 200 * time.Millisecond, 4: 800 * time.Millisecond, 5: time.Second, 30: time.Second} {
+		seen := map[time.Duration]bool{}
+		for range 200 {
+			d := n.backoff(attempt)
+			if d < full/2 || d > full {
+				t.Fatalf("attempt %d: %v outside [%v, %v]", attempt, d, full/2, full)
+			}
+			seen[d] = true
+		}
+		if len(seen) < 10 {
+			t.Fatalf("attempt %d: only %d distinct delays: no jitter", attempt, len(seen))
+		}
+	}
+}
+
+func TestSkipReason(t *testing.T) {
+	n := &Notifier{cfg: Config{Window: time.Hour}}
+	ev := upsert("doc", 1)
+	recent, old := time.Now().Add(-time.Minute), time.Now().Add(-2*time.Hour)
+	for _, tc := range []struct {
+		name   string
+		d      projector.Delivery
+		repair bool
+		want   string
+	}{
+		{"recent", projector.Delivery{Event: &ev, CommitTime: recent}, false, ""},
+		{"old", projector.Delivery{Event: &ev, CommitTime: old}, false, "beyond_window"},
+		{"old by the stream's time", projector.Delivery{Event: &ev, Stored: old}, false, "beyond_window"},
+		{"commit time wins", projector.Delivery{Event: &ev, CommitTime: recent, Stored: old}, false, ""},
+		{"age unknown", projector.Delivery{Event: &ev}, false, ""},
+		{"re-emission", projector.Delivery{Event: &ev, CommitTime: recent}, true, "reemission"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := n.skipReason(tc.d, tc.repair); got != tc.want {
+				t.Fatalf("skipReason = %q, want %q", got, tc.want)
+			}
+		})
+	}
+	n.cfg.NotifyReplayed = true
+	if got := n.skipReason(projector.Delivery{Event: &ev, CommitTime: old}, true); got != "" {
+		t.Fatalf("with NotifyReplayed: %q", got)
+	}
+}
+
+func TestMultiErrorIsOneLine(t *testing.T) {
+	a, b := errors.New("a"), errors.New("b\nc")
+	err := joinErrors([]error{a, b})
+	if !errors.Is(err, a) || !errors.Is(err, b) || err.Error() != "a; b\nc" {
+		t.Fatalf("%q", err)
+	}
+	se := &sendError{Target: "https://x/h", Status: 500, Excerpt: "line1\nline2"}
+	if strings.Contains(se.Error(), "\n") {
+		t.Fatalf("a send error spans lines: %q", se.Error())
+	}
+}
+
+func TestFlags(t *testing.T) {
+	dir := t.TempDir()
+	secretFile := filepath.Join(dir, "secret")
+	if err := os.WriteFile(secretFile, []byte("from-file\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(EnvWebhookURLs, "https://a.example/hook, https://b.example/hook,")
+	t.Setenv(EnvWebhookSecret+"_FILE", secretFile)
+	t.Setenv("CONVERGE_NOTIFIER_WINDOW", "48h")
+	f := config.NewFlags("notifier")
+	cfg := Flags(f)
+	if err := f.Parse([]string{"-notify-replayed", "-concurrency", "3"}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := cfg()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.URLs) != 2 || c.URLs[1] != "https://b.example/hook" || string(c.Secret) != "from-file" || c.Window != 48*time.Hour ||
+		!c.NotifyReplayed || c.Concurrency != 3 {
+		t.Fatalf("config: %+v", c)
+	}
+
+	t.Setenv(EnvWebhookSecret+"_FILE", "")
+	os.Unsetenv(EnvWebhookSecret + "_FILE") //nolint:errcheck
+	f = config.NewFlags("notifier")
+	cfg = Flags(f)
+	if err := f.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cfg(); err == nil || !strings.Contains(err.Error(), "secret is required") {
+		t.Fatalf("no secret: %v", err)
+	}
+	t.Setenv(EnvWebhookSecret, "from-env")
+	t.Setenv(EnvWebhookURLs, "")
+	f = config.NewFlags("notifier")
+	cfg = Flags(f)
+	if err := f.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cfg(); err == nil || !strings.Contains(err.Error(), EnvWebhookURLs) {
+		t.Fatalf("no URLs: %v", err)
+	}
+}
+
+// The plain Store entry point notifies events of unknown age.
+func TestApplyWithoutDeliveries(t *testing.T) {
+	e := newEnv(t)
+	rcv := newReceiver(t)
+	n, err := New(context.Background(), e.js, testConfig(rcv.url("/hook")), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = n.Close() }()
+	ev := upsert("doc", 1)
+	res := n.Apply(context.Background(), []*contract.Event{&ev, &ev})
+	if len(res) != 2 || res[0].Err != nil || res[1].Err != nil || res[0].Outcome != projector.Applied {
+		t.Fatalf("results: %+v", res)
+	}
+	if res := n.Apply(context.Background(), []*contract.Event{&ev}); res[0].Err != nil || res[0].Outcome != projector.Skipped {
+		t.Fatalf("again: %+v", res)
+	}
+	if perEffect := rcv.check(); len(perEffect) != 1 || perEffect[EffectID(rcv.url("/hook"), ev.ID).String()] != 1 {
+		t.Fatalf("requests: %v", perEffect)
+	}
+}
