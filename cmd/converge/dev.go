@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -26,6 +27,7 @@ import (
 	"github.com/converge-sync/converge/internal/index"
 	ibackends "github.com/converge-sync/converge/internal/index/backends"
 	"github.com/converge-sync/converge/internal/natsserver"
+	"github.com/converge-sync/converge/internal/notifier"
 	"github.com/converge-sync/converge/internal/pgcluster"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/relay"
@@ -48,8 +50,12 @@ type devConfig struct {
 	// graphChild runs the graph projector as a child process (this binary,
 	// `converge projector-graph`), so that it can be killed.
 	graphChild bool
-	log        *slog.Logger
-	logOut     io.Writer // the child's output
+	// notifier, when set (CONVERGE_WEBHOOK_URLS), runs the webhook
+	// notifier too, with its metrics on notifierAddr.
+	notifier     *notifier.Config
+	notifierAddr string
+	log          *slog.Logger
+	logOut       io.Writer // the child's output
 }
 
 // devStack is a running pipeline.
@@ -165,6 +171,13 @@ func startDev(ctx context.Context, cfg devConfig) (_ *devStack, err error) {
 		g.Go(func() error {
 			sc := projector.ServiceConfig{NATSURL: s.natsURL, MetricsAddr: cfg.graphAddr, Runtime: projector.Config{Name: "graph"}}
 			return gbackends.Run(runCtx, sc, s.cfg.graph, cfg.log.With("service", "projector-graph"))
+		})
+	}
+
+	if cfg.notifier != nil {
+		g.Go(func() error {
+			sc := projector.ServiceConfig{NATSURL: s.natsURL, MetricsAddr: cfg.notifierAddr, Runtime: projector.Config{Name: "notifier"}}
+			return notifier.Run(runCtx, sc, *cfg.notifier, cfg.log.With("service", "notifier"))
 		})
 	}
 
@@ -349,12 +362,21 @@ func devFlags(f *config.Flags, defaults devConfig) func() devConfig {
 			c.graph.Neo4jUser = u
 		}
 		c.graph.Neo4jPassword, _, _ = config.Lookup(gbackends.EnvNeo4jPassword)
+		if urls, ok, _ := config.Lookup(notifier.EnvWebhookURLs); ok && strings.TrimSpace(urls) != "" {
+			secret, _, _ := config.Lookup(notifier.EnvWebhookSecret)
+			c.notifier = &notifier.Config{Secret: []byte(secret)}
+			for u := range strings.SplitSeq(urls, ",") {
+				if u = strings.TrimSpace(u); u != "" {
+					c.notifier.URLs = append(c.notifier.URLs, u)
+				}
+			}
+		}
 		return c
 	}
 }
 
 var devDefaults = devConfig{httpAddr: "127.0.0.1:8080", writerAddr: "127.0.0.1:9101", relayAddr: "127.0.0.1:9102",
-	indexAddr: "127.0.0.1:9103", graphAddr: "127.0.0.1:9104"}
+	indexAddr: "127.0.0.1:9103", graphAddr: "127.0.0.1:9104", notifierAddr: notifier.DefaultMetricsAddr}
 
 // dev runs the whole pipeline in this process until interrupted.
 func dev(ctx context.Context, args []string, out io.Writer) error {
@@ -364,6 +386,13 @@ func dev(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	cfg := flags()
+	notifies := "off (set CONVERGE_WEBHOOK_URLS and CONVERGE_WEBHOOK_SECRET to run it)"
+	if cfg.notifier != nil {
+		if err := cfg.notifier.Validate(); err != nil {
+			return fmt.Errorf("notifier: %w", err)
+		}
+		notifies = fmt.Sprintf("posts to %d webhook URL(s); metrics on %s", len(cfg.notifier.URLs), cfg.notifierAddr)
+	}
 	fmt.Fprintln(out, "starting the pipeline (Postgres, NATS, writer, relay, index and graph projectors)...")
 	s, err := startDev(ctx, cfg)
 	if err != nil {
@@ -380,10 +409,12 @@ converge dev is running:
   nats           %s
   index          %s (search: converge search "text")
   graph          %s (converge graph KEY)
+  notifier       %s
   verify         converge verify -postgres-url '%s'
+  rebuild        converge rebuild index -postgres-url '%s'
   data           %s
 Ctrl-C stops everything.
-`, s.apiURL, pgWhere, s.natsURL, s.cfg.index.Describe(), s.cfg.graph.Describe(), s.postgresURL, s.cfg.dataDir)
+`, s.apiURL, pgWhere, s.natsURL, s.cfg.index.Describe(), s.cfg.graph.Describe(), notifies, s.postgresURL, s.postgresURL, s.cfg.dataDir)
 	select {
 	case <-ctx.Done():
 	case <-doneOf(s.group):

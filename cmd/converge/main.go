@@ -16,6 +16,7 @@ import (
 	"github.com/converge-sync/converge/internal/config"
 	gbackends "github.com/converge-sync/converge/internal/graph/backends"
 	ibackends "github.com/converge-sync/converge/internal/index/backends"
+	"github.com/converge-sync/converge/internal/notifier"
 	"github.com/converge-sync/converge/internal/schema"
 )
 
@@ -54,11 +55,12 @@ Usage:
                              asked of the graph projector (-graph-addr, env CONVERGE_PROJECTOR_GRAPH_ADDR,
                              default 127.0.0.1:9104)
   converge dev               the whole pipeline in this process on embedded defaults (a throwaway
-                             PostgreSQL, an embedded NATS, the embedded index and graph), until Ctrl-C
+                             PostgreSQL, an embedded NATS, the embedded index and graph; the
+                             notifier when CONVERGE_WEBHOOK_URLS is set), until Ctrl-C
   converge demo [-docs N]    dev, plus a sample corpus, a redelivery, a killed and restarted projector,
                              verify, a search and a graph query, ending in a convergence report
-  converge projector-index | projector-graph
-                             run a projector (the same as the projector-index and projector-graph binaries)
+  converge projector-index | projector-graph | notifier
+                             run a projector or the notifier (the same as the binaries of those names)
 
 Every command that reads Postgres takes -postgres-url (env CONVERGE_POSTGRES_URL);
 status, replay and dlq also -nats-url (env CONVERGE_NATS_URL). "converge COMMAND -h" lists a
@@ -104,6 +106,8 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return dev(ctx, args[1:], out)
 	case "demo":
 		return demo(ctx, args[1:], out)
+	case "notifier":
+		return notifier.Main(args[1:])
 	case "projector-index":
 		return ibackends.Main(args[1:])
 	case "projector-graph":

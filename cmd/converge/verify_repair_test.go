@@ -6,10 +6,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +23,7 @@ import (
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/graph"
 	graphembedded "github.com/converge-sync/converge/internal/graph/embedded"
+	"github.com/converge-sync/converge/internal/notifier"
 )
 
 // damageGraph stops the dev stack's graph projector (a child process),
@@ -95,13 +100,51 @@ func TestVerifyRepairThroughTheDevStack(t *testing.T) {
 			_ = c.Close(context.Background())
 		}
 	})
+	// The stack runs the notifier too, posting to this receiver.
+	const secret = "test-secret"
+	var hooksMu sync.Mutex
+	hooks := map[string]string{} // Idempotency-Key -> "key version"
+	var badHooks []string
+	posts := 0
+	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var n struct {
+			Key     string `json:"key"`
+			Version int64  `json:"version"`
+		}
+		hooksMu.Lock()
+		defer hooksMu.Unlock()
+		posts++
+		if err := notifier.Verify([]byte(secret), r.Header.Get("Converge-Timestamp"), r.Header.Get("Converge-Signature"), body, time.Minute, time.Now()); err != nil {
+			badHooks = append(badHooks, err.Error())
+		} else if err := json.Unmarshal(body, &n); err != nil {
+			badHooks = append(badHooks, err.Error())
+		} else {
+			hooks[r.Header.Get("Idempotency-Key")] = fmt.Sprintf("%s %d", n.Key, n.Version)
+		}
+	}))
+	defer receiver.Close()
+	t.Setenv(notifier.EnvWebhookURLs, receiver.URL)
+	t.Setenv(notifier.EnvWebhookSecret, secret)
+	notified := func() (int, []string) {
+		hooksMu.Lock()
+		defer hooksMu.Unlock()
+		if posts != len(hooks) {
+			return len(hooks), append(slices.Clone(badHooks), fmt.Sprintf("%d POSTs for %d effects", posts, len(hooks)))
+		}
+		return len(hooks), slices.Clone(badHooks)
+	}
+
 	f := config.NewFlags("test")
 	flags := devFlags(f, devConfig{dataDir: t.TempDir()})
 	if err := f.Parse([]string{"-postgres-url", dbURL, "-log-level", "error"}); err != nil {
 		t.Fatal(err)
 	}
 	cfg := flags()
-	for _, a := range []*string{&cfg.httpAddr, &cfg.writerAddr, &cfg.relayAddr, &cfg.indexAddr, &cfg.graphAddr} {
+	if cfg.notifier == nil {
+		t.Fatal("dev does not run the notifier with CONVERGE_WEBHOOK_URLS set")
+	}
+	for _, a := range []*string{&cfg.httpAddr, &cfg.writerAddr, &cfg.relayAddr, &cfg.indexAddr, &cfg.graphAddr, &cfg.notifierAddr} {
 		addr, err := freeAddr()
 		if err != nil {
 			t.Fatal(err)
@@ -140,6 +183,11 @@ func TestVerifyRepairThroughTheDevStack(t *testing.T) {
 		t.Fatalf("the stores did not agree with Postgres: %v", err)
 	}
 
+	if err := waitUntil(ctx, ctx, 60*time.Second, func() bool { n, _ := notified(); return n >= 20 }); err != nil {
+		n, bad := notified()
+		t.Fatalf("the notifier posted %d of 20 notifications (%v); bad: %v", n, err, bad)
+	}
+
 	// Damage: doc-03 keeps one chunk of its version, doc-07 links elsewhere.
 	g3, g7 := graphView(t, s, "doc-03"), graphView(t, s, "doc-07")
 	if len(g3.Chunks) < 2 || len(g7.Chunks) == 0 {
@@ -165,6 +213,24 @@ func TestVerifyRepairThroughTheDevStack(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("verify --repair output lacks %q:\n%s", want, out.String())
 		}
+	}
+
+	// The repair re-emitted two events: they repair projections and are not
+	// notified again.
+	reemissionsSkipped := func() bool {
+		resp, err := http.Get("http://" + cfg.notifierAddr + "/metrics")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return strings.Contains(string(b), `converge_notifier_skipped_total{reason="reemission"} 2`)
+	}
+	if err := waitUntil(ctx, ctx, 30*time.Second, reemissionsSkipped); err != nil {
+		t.Fatalf("the notifier did not skip the 2 re-emissions: %v", err)
+	}
+	if n, bad := notified(); n != 20 || len(bad) > 0 {
+		t.Errorf("after the repair the receiver has %d notifications (want 20, one per document version), bad: %v", n, bad)
 	}
 
 	// A document only the graph has cannot be repaired by re-emission.
