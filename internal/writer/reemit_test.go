@@ -131,7 +131,8 @@ func TestReemitEndpointRefusesBadRequests(t *testing.T) {
 }
 
 // A document whose stored rows cannot rebuild its original event is
-// refused, named, and nothing is re-emitted.
+// refused, named, and nothing is re-emitted. (Since schema version 3 the
+// meta text is stored too; a row written before lacks it.)
 func TestReemitEndpointNamesAnIrreproducibleDocument(t *testing.T) {
 	e := newEnv(t)
 	for key, body := range map[string]string{"odd": `{"version":1,"body":"x","meta":{"n":1E2}}`, "fine": `{"version":1,"body":"y"}`} {
@@ -139,8 +140,9 @@ func TestReemitEndpointNamesAnIrreproducibleDocument(t *testing.T) {
 			t.Fatalf("PUT %s: %d %s", key, code, raw)
 		}
 	}
-	// Retention removed the original rows.
-	if _, err := e.pool.Exec(context.Background(), `DELETE FROM outbox`); err != nil {
+	// Retention removed the original rows, and odd was written before
+	// schema version 3 (no meta text: its jsonb meta reads back as 100).
+	if _, err := e.pool.Exec(context.Background(), `DELETE FROM outbox; UPDATE documents SET meta_text = NULL WHERE key = 'odd'`); err != nil {
 		t.Fatal(err)
 	}
 	code, r, raw := do(t, "POST", reemitURL(e), "application/json", `{"all":true}`)
