@@ -58,9 +58,12 @@ type Backend interface {
 	Markers(ctx context.Context, keys []string) (map[string]Marker, error)
 	// SetMarkers stores markers. A stored marker with a version greater
 	// than or equal to the new one is left alone (a conditional write where
-	// the store supports it, so the guard also holds at the store).
+	// the store supports it, so the guard also holds at the store). When
+	// it returns, the writes of the Upsert and DeleteStale calls before it
+	// are durable too (the embedded index syncs them with the markers).
 	SetMarkers(ctx context.Context, markers []Marker) error
-	// Upsert writes points; a point whose ID exists is replaced.
+	// Upsert writes points; a point whose ID exists is replaced. It may be
+	// durable only once a later SetMarkers returns.
 	Upsert(ctx context.Context, points []Point) error
 	// DeleteStale removes, for each Keep, the document's points whose
 	// version is not Keep.Version (all of them when it is 0).

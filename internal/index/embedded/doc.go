@@ -23,8 +23,12 @@
 // A write call (Ensure, SetMarkers, Upsert, DeleteStale) holds the lock
 // while it appends its record to the log and then applies it in memory, so
 // the log's order is the order readers observe. With [Options.SyncEvery]
-// zero the call then syncs the log (concurrent callers share one sync)
-// before it returns; otherwise a background loop syncs at that interval.
+// zero, Ensure and SetMarkers then sync the log up to everything appended
+// so far (concurrent callers share one sync) before they return; Upsert
+// and DeleteStale do not, since the index writes markers last and
+// acknowledges an event only once SetMarkers returned: a crash before then
+// loses points of events that are redelivered. With SyncEvery set, a
+// background loop syncs at that interval.
 // Guarded writes log only what they change: a marker not newer than the
 // stored one, or a keep with nothing stale, writes nothing.
 //

@@ -29,6 +29,9 @@ type Store struct {
 	slot    map[uuid.UUID]int // a point's index in all
 	byKey   map[string]map[uuid.UUID]*index.Point
 	markers map[string]index.Marker
+	// appended is the log position after the last record appended by this
+	// Store (under mu): what a syncing write makes durable.
+	appended int64
 }
 
 // Open opens the embedded index in dir, creating the directory if needed,
@@ -161,25 +164,29 @@ func (s *Store) applyMarkers(markers []index.Marker) {
 
 // write makes one change: under mu, plan decides it and returns its record
 // and how to apply it in memory (a nil record: nothing to write); the
-// record is appended to the log and applied, and made durable as the
-// options ask after mu is released.
-func (s *Store) write(plan func() (rec []byte, apply func(), err error)) error {
+// record is appended to the log and applied. With sync, everything
+// appended so far (this record, and those of earlier calls that did not
+// sync) is then made durable as the options ask, after mu is released.
+func (s *Store) write(plan func() (rec []byte, apply func(), err error), sync bool) error {
 	s.mu.Lock()
 	if err := s.log.Writable(); err != nil {
 		s.mu.Unlock()
 		return err
 	}
 	rec, apply, err := plan()
-	if err != nil || rec == nil {
+	if err != nil {
 		s.mu.Unlock()
 		return err
 	}
-	end, err := s.log.Append(rec)
-	if err == nil {
-		apply()
+	end := s.appended
+	if rec != nil {
+		if end, err = s.log.Append(rec); err == nil {
+			apply()
+			s.appended = end
+		}
 	}
 	s.mu.Unlock()
-	if err != nil {
+	if err != nil || !sync || end == 0 {
 		return err
 	}
 	return s.log.Commit(end)
@@ -203,7 +210,7 @@ func (s *Store) Ensure(ctx context.Context, dim int) error {
 		}
 		rec, err := encodeDimension(dim)
 		return rec, func() { s.dim = dim }, err
-	})
+	}, true)
 }
 
 // Markers returns the stored markers of keys; see [index.Backend].
@@ -227,12 +234,12 @@ func (s *Store) Markers(ctx context.Context, keys []string) (map[string]index.Ma
 
 // SetMarkers stores markers whose version is greater than the stored one;
 // see [index.Backend]. Only the markers that change anything are logged.
+// It returns once the log is durable up to its record, or, when nothing
+// changes, up to the last record appended: the points the Upsert and
+// DeleteStale calls before it wrote.
 func (s *Store) SetMarkers(ctx context.Context, markers []index.Marker) error {
 	if err := ctx.Err(); err != nil {
 		return err
-	}
-	if len(markers) == 0 {
-		return nil
 	}
 	return s.write(func() ([]byte, func(), error) {
 		var effective []index.Marker
@@ -255,12 +262,15 @@ func (s *Store) SetMarkers(ctx context.Context, markers []index.Marker) error {
 		}
 		rec, err := encodeMarkers(effective)
 		return rec, func() { s.applyMarkers(effective) }, err
-	})
+	}, true)
 }
 
 // Upsert stores points, replacing those with the same ID; see
 // [index.Backend]. Vectors are stored normalised, as cosine similarity
-// needs only their direction, and are read back normalised.
+// needs only their direction, and are read back normalised. The record is
+// made durable by the next SetMarkers (the index writes markers last and
+// acknowledges an event only after them), or by Close: one sync per
+// applied batch instead of three.
 func (s *Store) Upsert(ctx context.Context, points []index.Point) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -290,7 +300,7 @@ func (s *Store) Upsert(ctx context.Context, points []index.Point) error {
 	}
 	return s.write(func() ([]byte, func(), error) {
 		return rec, func() { s.applyUpsert(stored) }, nil
-	})
+	}, false)
 }
 
 // prepare copies p with its vector normalised.
@@ -330,7 +340,8 @@ func normalize(v []float32) ([]float32, error) {
 }
 
 // DeleteStale removes each key's points of other versions; see
-// [index.Backend]. Only the keeps that remove anything are logged.
+// [index.Backend]. Only the keeps that remove anything are logged; like
+// Upsert's, the record is made durable by the next SetMarkers or Close.
 func (s *Store) DeleteStale(ctx context.Context, keep []index.Keep) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -350,7 +361,7 @@ func (s *Store) DeleteStale(ctx context.Context, keep []index.Keep) error {
 		}
 		rec, err := encodeDeleteStale(effective)
 		return rec, func() { s.applyDeleteStale(effective) }, err
-	})
+	}, false)
 }
 
 // Counts returns each key's number of points; see [index.Backend].

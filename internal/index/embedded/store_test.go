@@ -775,3 +775,32 @@ func writeAt(t *testing.T, path string, off int64, b []byte) {
 	_, err = f.WriteAt(b, off)
 	must(t, err)
 }
+
+// Points and deletions are synced with the markers written after them: one
+// sync per applied batch. SetMarkers syncs even when no marker changes (a
+// repair rewrites the points of the version the marker holds).
+func TestPointsAreSyncedWithTheMarkers(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, t.TempDir(), Options{})
+	must(t, s.Ensure(ctx, 2))
+	if n := s.log.Unsynced(); n != 0 {
+		t.Fatalf("%d bytes unsynced after Ensure", n)
+	}
+	must(t, s.Upsert(ctx, []index.Point{mkPoint("a", 1, 0, []float32{1, 0})}))
+	if s.log.Unsynced() == 0 {
+		t.Fatal("Upsert synced on its own")
+	}
+	must(t, s.SetMarkers(ctx, []index.Marker{{Key: "a", Version: 1}}))
+	if n := s.log.Unsynced(); n != 0 {
+		t.Fatalf("%d bytes unsynced after SetMarkers", n)
+	}
+	must(t, s.Upsert(ctx, []index.Point{mkPoint("a", 2, 0, []float32{0, 1})}))
+	must(t, s.DeleteStale(ctx, []index.Keep{{Key: "a", Version: 2}}))
+	if s.log.Unsynced() == 0 {
+		t.Fatal("DeleteStale synced on its own")
+	}
+	must(t, s.SetMarkers(ctx, []index.Marker{{Key: "a", Version: 1}})) // changes nothing
+	if n := s.log.Unsynced(); n != 0 {
+		t.Fatalf("%d bytes unsynced after a SetMarkers that changed nothing", n)
+	}
+}

@@ -344,6 +344,15 @@ func (l *Log) Commit(end int64) error {
 	return l.syncTo(end)
 }
 
+// Unsynced is how many bytes were appended since the last successful sync.
+func (l *Log) Unsynced() int64 {
+	l.syncMu.Lock()
+	defer l.syncMu.Unlock()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.written - l.synced
+}
+
 // syncTo syncs the log if it has not been synced up to position target.
 func (l *Log) syncTo(target int64) error {
 	l.syncMu.Lock()
