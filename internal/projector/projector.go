@@ -410,22 +410,33 @@ func release(it jetstream.MessagesContext) {
 	}
 }
 
-// linger is how long a batch waits for one more message once it has one:
-// a batch holds what arrives together, and never waits long to fill up.
-const linger = 2 * time.Millisecond
+// linger is how long a batch waits for one more message once it has one,
+// and maxLinger how long it waits for more in all: a batch holds what
+// arrives together, and never waits long to fill up, even while messages
+// keep trickling in.
+const (
+	linger    = 2 * time.Millisecond
+	maxLinger = 5 * time.Millisecond
+)
 
 // gather returns the next batch: up to BatchSize messages, waiting up to
 // MaxWait for the first one. A missed heartbeat or a reconnect is not an
 // error (the iterator renews its pull requests); a closed iterator is.
 func (r *Runtime) gather(ctx context.Context, it jetstream.MessagesContext) ([]jetstream.Msg, error) {
 	var msgs []jetstream.Msg
+	var closeBy time.Time // once the first message is in
 	wait := r.cfg.MaxWait
 	for len(msgs) < r.cfg.BatchSize && ctx.Err() == nil {
 		m, err := it.Next(jetstream.NextMaxWait(wait))
 		switch {
 		case err == nil:
 			msgs = append(msgs, m)
-			wait = linger
+			if len(msgs) == 1 {
+				closeBy = time.Now().Add(maxLinger)
+			}
+			if wait = min(linger, time.Until(closeBy)); wait <= 0 {
+				return msgs, nil
+			}
 			continue
 		case errors.Is(err, nats.ErrTimeout):
 		case errors.Is(err, jetstream.ErrMsgIteratorClosed), errors.Is(err, jetstream.ErrConsumerDeleted),
