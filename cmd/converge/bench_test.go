@@ -133,6 +133,11 @@ func BenchmarkEndToEnd(b *testing.B) {
 				b.Fatalf("%s=%q: want documents per second", envLatencyRate, v)
 			}
 			rate, load = r, "set by "+envLatencyRate+", not half load"
+			// Warm the pipeline up as the calibration does, or the first
+			// second's cold start decides the p99.
+			runs++
+			warm := s.singleCapacity(ctx, b, fmt.Sprintf("warm%d", runs), min(n, 1000))
+			b.Logf("warm-up: 1000 single-document PUTs, unpaced: %.0f docs/s end to end", warm)
 		} else {
 			runs++
 			c := min(n, calibrationDocs)
