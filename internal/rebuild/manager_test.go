@@ -17,6 +17,7 @@ import (
 	ibackends "github.com/converge-sync/converge/internal/index/backends"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/rebuild"
+	"github.com/converge-sync/converge/internal/rebuild/rebuildtest"
 	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/internal/verify"
 	"github.com/converge-sync/converge/pkg/contract"
@@ -59,59 +60,30 @@ func (e *env) publish(t testing.TB, key string, version int64) {
 	}
 }
 
-// process is one index projector process: the live runtime over the
-// switch, and the rebuild manager.
+// process is one index projector process on the embedded index.
 type process struct {
-	sw     *rebuild.Switch
-	m      *rebuild.Manager
+	*rebuildtest.Process
 	stores *ibackends.Stores
-	cancel context.CancelFunc
-	done   sync.WaitGroup
 }
 
 func start(t *testing.T, e *env) *process {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	stores, err := ibackends.NewStores(ctx, &ibackends.Config{DataDir: e.dataDir}, index.Options{}, nil)
+	stores, err := ibackends.NewStores(context.Background(), &ibackends.Config{DataDir: e.dataDir}, index.Options{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	live, err := stores.Live(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := stores.Open(ctx, live)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &process{sw: rebuild.NewSwitch(g), stores: stores, cancel: cancel}
-	cfg := projector.Config{Name: "index", BatchSize: 64}
-	if p.m, err = rebuild.NewManager(rebuild.Config{Runtime: cfg}, stores, p.sw, nil); err != nil {
-		t.Fatal(err)
-	}
-	rt, err := projector.New(e.js, p.sw, cfg, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.done.Add(2)
-	go func() { defer p.done.Done(); _ = rt.Run(ctx) }()
-	go func() { defer p.done.Done(); _ = p.m.Run(ctx, e.js) }()
-	return p
+	return &process{Process: rebuildtest.Start(t, e.js, stores, projector.Config{Name: "index", BatchSize: 64}), stores: stores}
 }
 
-// stop ends the process as a crash would, as far as the stores can tell:
-// nothing is finished or cleaned up beyond closing files.
 func (p *process) stop() {
-	p.cancel()
-	p.done.Wait()
-	_ = p.sw.Close()
+	p.Stop()
 	_ = p.stores.Close()
 }
 
 // versions is what the live generation holds: key -> version.
 func (p *process) versions(t *testing.T) map[string]int64 {
 	t.Helper()
-	x := p.sw.Live().Store.(*index.Index)
+	x := p.Switch.Live().Store.(*index.Index)
 	docs, err := verify.ReadIndex(context.Background(), x.Backend())
 	if err != nil {
 		t.Fatal(err)
@@ -124,17 +96,6 @@ func (p *process) versions(t *testing.T) map[string]int64 {
 		out[d.Key] = d.Version
 	}
 	return out
-}
-
-func eventually(t *testing.T, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 func holdsAll(p *process, t *testing.T, want map[string]int64) func() bool {
@@ -166,11 +127,11 @@ func TestBlueGreenRebuildUnderLiveTraffic(t *testing.T) {
 		e.publish(t, key, 1)
 		want[key] = 1
 	}
-	eventually(t, "the live index to hold 300 documents", 30*time.Second, holdsAll(p, t, want))
+	rebuildtest.Eventually(t, "the live index to hold 300 documents", 30*time.Second, holdsAll(p, t, want))
 
 	// Damage behind the projector's back: the points of doc-007 go, its
 	// marker stays, so the projector skips its events from now on.
-	first := p.sw.Live()
+	first := p.Switch.Live()
 	x := first.Store.(*index.Index)
 	if err := x.Backend().DeleteStale(context.Background(), []index.Keep{{Key: "doc-007", Version: 0}}); err != nil {
 		t.Fatal(err)
@@ -196,18 +157,18 @@ func TestBlueGreenRebuildUnderLiveTraffic(t *testing.T) {
 		}
 	}()
 
-	st, started, err := p.m.Start(context.Background())
+	st, started, err := p.Manager.Start(context.Background())
 	if err != nil || !started {
 		t.Fatalf("Start: started %v, %v", started, err)
 	}
-	if _, again, err := p.m.Start(context.Background()); err != nil || again {
+	if _, again, err := p.Manager.Start(context.Background()); err != nil || again {
 		t.Fatalf("a second Start while one runs: started %v, %v; want the running one", again, err)
 	}
 	if st.Previous != "index" || st.Target == "index" || st.InPlace {
 		t.Fatalf("rebuild status %+v: want blue/green from index", st)
 	}
-	eventually(t, "the rebuild to finish", 60*time.Second, func() bool {
-		return p.m.Status(context.Background()).Phase == rebuild.PhaseDone
+	rebuildtest.Eventually(t, "the rebuild to finish", 60*time.Second, func() bool {
+		return p.Manager.Status(context.Background()).Phase == rebuild.PhaseDone
 	})
 	close(trafficDone)
 	traffic.Wait()
@@ -230,9 +191,9 @@ func TestBlueGreenRebuildUnderLiveTraffic(t *testing.T) {
 		}
 		want[ev.Key] = max(want[ev.Key], ev.Version)
 	}
-	eventually(t, "the rebuilt index to hold every key at its last version", 30*time.Second, holdsAll(p, t, want))
+	rebuildtest.Eventually(t, "the rebuilt index to hold every key at its last version", 30*time.Second, holdsAll(p, t, want))
 
-	live := p.sw.Live()
+	live := p.Switch.Live()
 	if live.Name != st.Target || live == first {
 		t.Fatalf("live generation %q; want the rebuilt %q", live.Name, st.Target)
 	}
@@ -252,7 +213,7 @@ func TestBlueGreenRebuildUnderLiveTraffic(t *testing.T) {
 	if _, err := kv.Get(context.Background(), "index"); !errors.Is(err, jetstream.ErrKeyNotFound) {
 		t.Errorf("the rebuild state remains: %v", err)
 	}
-	if s := p.m.Status(context.Background()); s.Completed != 1 || s.DoneAt == nil {
+	if s := p.Manager.Status(context.Background()); s.Completed != 1 || s.DoneAt == nil {
 		t.Errorf("status after the rebuild: %+v", s)
 	}
 }
@@ -270,18 +231,18 @@ func TestRebuildResumesAfterRestart(t *testing.T) {
 		want[key] = 1
 	}
 	p := start(t, e)
-	eventually(t, "the live index to hold every document", 60*time.Second, holdsAll(p, t, want))
-	st, _, err := p.m.Start(context.Background())
+	rebuildtest.Eventually(t, "the live index to hold every document", 60*time.Second, holdsAll(p, t, want))
+	st, _, err := p.Manager.Start(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
 	var applied uint64
-	eventually(t, "the rebuild to be under way", 30*time.Second, func() bool {
-		s := p.m.Status(context.Background())
+	rebuildtest.Eventually(t, "the rebuild to be under way", 30*time.Second, func() bool {
+		s := p.Manager.Status(context.Background())
 		applied = s.AppliedSeq
 		return s.Phase == rebuild.PhaseDone || applied > 0
 	})
-	if p.m.Status(context.Background()).Phase == rebuild.PhaseDone {
+	if p.Manager.Status(context.Background()).Phase == rebuild.PhaseDone {
 		t.Skip("the rebuild finished before it could be interrupted")
 	}
 	p.stop()
@@ -291,16 +252,16 @@ func TestRebuildResumesAfterRestart(t *testing.T) {
 
 	p = start(t, e)
 	defer p.stop()
-	if s := p.m.Status(context.Background()); s.ID != st.ID && s.Phase != rebuild.PhaseStarting {
+	if s := p.Manager.Status(context.Background()); s.ID != st.ID && s.Phase != rebuild.PhaseStarting {
 		t.Errorf("status of the restarted process: %+v; want rebuild %s reported", s, st.ID)
 	}
-	eventually(t, "the resumed rebuild to finish", 60*time.Second, func() bool {
-		return p.m.Status(context.Background()).Phase == rebuild.PhaseDone
+	rebuildtest.Eventually(t, "the resumed rebuild to finish", 60*time.Second, func() bool {
+		return p.Manager.Status(context.Background()).Phase == rebuild.PhaseDone
 	})
-	if live := p.sw.Live().Name; live != st.Target {
+	if live := p.Switch.Live().Name; live != st.Target {
 		t.Fatalf("live generation after the resumed rebuild: %q; want %q (the same target)", live, st.Target)
 	}
-	eventually(t, "the rebuilt index to hold every document", 30*time.Second, holdsAll(p, t, want))
+	rebuildtest.Eventually(t, "the rebuilt index to hold every document", 30*time.Second, holdsAll(p, t, want))
 	if _, err := os.Stat(filepath.Join(e.dataDir, "index")); !os.IsNotExist(err) {
 		t.Errorf("the previous generation's directory remains: %v", err)
 	}

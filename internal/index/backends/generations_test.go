@@ -21,6 +21,7 @@ import (
 	"github.com/converge-sync/converge/internal/index/qdranttest"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/rebuild"
+	"github.com/converge-sync/converge/internal/rebuild/rebuildtest"
 	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/internal/verify"
 	"github.com/converge-sync/converge/pkg/contract"
@@ -419,58 +420,23 @@ func (e *natsEnv) lastVersions(t *testing.T) map[string]int64 {
 	return want
 }
 
-// indexProcess is an index projector process on Qdrant: the live runtime
-// over the switch, and the rebuild manager.
+// indexProcess is an index projector process on Qdrant.
 type indexProcess struct {
-	sw     *rebuild.Switch
-	m      *rebuild.Manager
+	*rebuildtest.Process
 	stores *backends.Stores
-	cancel context.CancelFunc
-	done   sync.WaitGroup
 }
 
 func startIndexProcess(t *testing.T, e *natsEnv, srv *qdranttest.Server) *indexProcess {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	stores, err := backends.NewStores(ctx, qdrantConfig(srv), index.Options{}, nil)
+	stores, err := backends.NewStores(context.Background(), qdrantConfig(srv), index.Options{}, nil)
 	if err != nil {
-		cancel()
 		t.Fatal(err)
 	}
-	p := &indexProcess{stores: stores, cancel: cancel}
-	name, err := stores.Live(ctx)
-	if err != nil {
-		p.stop()
-		t.Fatal(err)
-	}
-	g, err := stores.Open(ctx, name)
-	if err != nil {
-		p.stop()
-		t.Fatal(err)
-	}
-	p.sw = rebuild.NewSwitch(g)
-	cfg := projector.Config{Name: "index", BatchSize: 64}
-	if p.m, err = rebuild.NewManager(rebuild.Config{Runtime: cfg}, stores, p.sw, nil); err != nil {
-		p.stop()
-		t.Fatal(err)
-	}
-	rt, err := projector.New(e.js, p.sw, cfg, nil, nil)
-	if err != nil {
-		p.stop()
-		t.Fatal(err)
-	}
-	p.done.Add(2)
-	go func() { defer p.done.Done(); _ = rt.Run(ctx) }()
-	go func() { defer p.done.Done(); _ = p.m.Run(ctx, e.js) }()
-	return p
+	return &indexProcess{Process: rebuildtest.Start(t, e.js, stores, projector.Config{Name: "index", BatchSize: 64}), stores: stores}
 }
 
 func (p *indexProcess) stop() {
-	p.cancel()
-	p.done.Wait()
-	if p.sw != nil {
-		_ = p.sw.Close()
-	}
+	p.Stop()
 	_ = p.stores.Close()
 }
 
@@ -478,7 +444,7 @@ func (p *indexProcess) stop() {
 // keys whose marker has no chunks.
 func (p *indexProcess) contents(t *testing.T) (map[string]int64, []string) {
 	t.Helper()
-	return contentsOf(t, p.sw.Live().Store.(*index.Index).Backend())
+	return contentsOf(t, p.Switch.Live().Store.(*index.Index).Backend())
 }
 
 func contentsOf(t *testing.T, b index.Backend) (map[string]int64, []string) {
@@ -496,17 +462,6 @@ func contentsOf(t *testing.T, b index.Backend) (map[string]int64, []string) {
 		}
 	}
 	return out, empty
-}
-
-func eventually(t *testing.T, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // holds reports whether b holds exactly want, every document with chunks.
@@ -568,9 +523,9 @@ func testQdrantBlueGreenRebuild(t *testing.T, legacy bool) {
 		e.publish(t, key, 1)
 		want[key] = 1
 	}
-	liveBackend := func() index.Backend { return p.sw.Live().Store.(*index.Index).Backend() }
-	eventually(t, "the live index to hold every document", 30*time.Second, holds(t, liveBackend, want))
-	first := p.sw.Live()
+	liveBackend := func() index.Backend { return p.Switch.Live().Store.(*index.Index).Backend() }
+	rebuildtest.Eventually(t, "the live index to hold every document", 30*time.Second, holds(t, liveBackend, want))
+	first := p.Switch.Live()
 	if first.Name != wantPrevious {
 		t.Fatalf("live generation %q; want %q", first.Name, wantPrevious)
 	}
@@ -622,10 +577,10 @@ func testQdrantBlueGreenRebuild(t *testing.T, legacy bool) {
 	defer stopTraffic()
 
 	var st rebuild.Status
-	eventually(t, "the rebuild manager to be ready", 30*time.Second, func() bool {
+	rebuildtest.Eventually(t, "the rebuild manager to be ready", 30*time.Second, func() bool {
 		var started bool
-		st, started, err = p.m.Start(ctx)
-		if err != nil && p.m.Status(ctx).Phase == rebuild.PhaseStarting {
+		st, started, err = p.Manager.Start(ctx)
+		if err != nil && p.Manager.Status(ctx).Phase == rebuild.PhaseStarting {
 			return false
 		}
 		if err != nil || !started {
@@ -636,8 +591,8 @@ func testQdrantBlueGreenRebuild(t *testing.T, legacy bool) {
 	if st.Previous != wantPrevious || st.InPlace || st.Target == st.Previous || !strings.HasPrefix(st.Target, alias+"_") {
 		t.Fatalf("rebuild status %+v: want blue/green from %s into a fresh collection", st, wantPrevious)
 	}
-	eventually(t, "the rebuild to finish under live traffic", 60*time.Second, func() bool {
-		s := p.m.Status(ctx)
+	rebuildtest.Eventually(t, "the rebuild to finish under live traffic", 60*time.Second, func() bool {
+		s := p.Manager.Status(ctx)
 		return s.Phase == rebuild.PhaseDone && s.ID == st.ID
 	})
 	stopTraffic()
@@ -646,9 +601,9 @@ func testQdrantBlueGreenRebuild(t *testing.T, legacy bool) {
 	}
 
 	want = e.lastVersions(t)
-	eventually(t, "the rebuilt index to hold every key at its last version", 30*time.Second, holds(t, liveBackend, want))
+	rebuildtest.Eventually(t, "the rebuilt index to hold every key at its last version", 30*time.Second, holds(t, liveBackend, want))
 
-	g := p.sw.Live()
+	g := p.Switch.Live()
 	if g.Name != st.Target || g == first {
 		t.Fatalf("live generation %q; want the rebuilt %q", g.Name, st.Target)
 	}
@@ -668,14 +623,14 @@ func testQdrantBlueGreenRebuild(t *testing.T, legacy bool) {
 	if _, err := e.js.Consumer(ctx, "CONVERGE_DOCS", rebuild.ConsumerName("index")); !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		t.Errorf("the rebuild consumer remains: %v", err)
 	}
-	if s := p.m.Status(ctx); s.Completed != 1 || s.DoneAt == nil || s.Error != "" {
+	if s := p.Manager.Status(ctx); s.Completed != 1 || s.DoneAt == nil || s.Error != "" {
 		t.Errorf("status after the rebuild: %+v", s)
 	}
 
 	// A restarted process finds the rebuilt generation through the alias.
 	p.stop()
 	p = startIndexProcess(t, e, srv)
-	if got := p.sw.Live().Name; got != st.Target {
+	if got := p.Switch.Live().Name; got != st.Target {
 		t.Errorf("live generation of a restarted process: %q; want %q", got, st.Target)
 	}
 	if got := collections(t, srv); !slices.Equal(got, []string{st.Target}) {
