@@ -10,6 +10,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -135,6 +136,15 @@ func demo(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 
+	d.step("rebuilding the index from the stream's start while it serves searches: converge rebuild index")
+	began := time.Now()
+	st, err := runRebuild(ctx, &http.Client{Timeout: 30 * time.Second}, cfg.indexAddr, 50*time.Millisecond, io.Discard)
+	if err != nil {
+		return err
+	}
+	d.rebuilt = fmt.Sprintf("index: blue/green into %s in %v, %s dropped", filepath.Base(st.Target), time.Since(began).Round(time.Millisecond), filepath.Base(st.Previous))
+	d.note("%s", d.rebuilt)
+
 	d.step("converge verify: every document of Postgres against the index and the graph")
 	rep, err := runVerify(ctx, &postgres.Postgres{Pool: d.pool}, sides("index,graph", cfg.indexAddr, cfg.graphAddr), verify.DefaultBuckets, false)
 	if err != nil {
@@ -160,6 +170,7 @@ type demoRun struct {
 	redelivered float64
 	kills       int
 	phases      []string
+	rebuilt     string
 }
 
 func (d *demoRun) step(what string) {
@@ -311,6 +322,9 @@ func (d *demoRun) report(ctx context.Context, rep verifyReport) {
 	fmt.Fprintf(tw, "projector kills (SIGKILL)\t%d\n", d.kills)
 	for _, p := range d.phases {
 		fmt.Fprintf(tw, "convergence\t%s\n", p)
+	}
+	if d.rebuilt != "" {
+		fmt.Fprintf(tw, "rebuild\t%s\n", d.rebuilt)
 	}
 	for _, r := range rep.Stores {
 		verdict := "AGREES with Postgres"

@@ -26,6 +26,7 @@ func TestDemo(t *testing.T) {
 		"convergence report",
 		"index   AGREES with Postgres", "graph   AGREES with Postgres",
 		"projector kills (SIGKILL)               1",
+		"rebuild index: blue/green into index-",
 		"wiki/volcanoes/",
 		"document wiki/volcanoes/000: version",
 	} {

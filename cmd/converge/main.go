@@ -58,7 +58,8 @@ Usage:
                              PostgreSQL, an embedded NATS, the embedded index and graph; the
                              notifier when CONVERGE_WEBHOOK_URLS is set), until Ctrl-C
   converge demo [-docs N]    dev, plus a sample corpus, a redelivery, a killed and restarted projector,
-                             verify, a search and a graph query, ending in a convergence report
+                             a search and a graph query, a rebuild of the index, verify, ending in
+                             a convergence report
   converge projector-index | projector-graph | notifier
                              run a projector or the notifier (the same as the binaries of those names)
 
