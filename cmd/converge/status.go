@@ -15,6 +15,7 @@ import (
 
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/deadletter"
+	"github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/writer"
 	"github.com/converge-sync/converge/pkg/contract"
 )
@@ -64,6 +65,9 @@ type statusReport struct {
 	Outbox    outboxStatus     `json:"outbox"`
 	Streams   []streamStatus   `json:"streams,omitempty"`
 	Consumers []consumerStatus `json:"consumers,omitempty"`
+	// Rebuilds are those in progress, or interrupted and resumed when
+	// their projector starts.
+	Rebuilds []rebuild.State `json:"rebuilds,omitempty"`
 }
 
 func status(ctx context.Context, args []string, out io.Writer) error {
@@ -146,6 +150,10 @@ func collectStatus(ctx context.Context, pgURL, natsURL, slot string) (statusRepo
 	}
 	consumers, err := collectConsumers(ctx, js)
 	rep.Consumers = consumers
+	if err != nil {
+		return rep, err
+	}
+	rep.Rebuilds, err = rebuild.InProgress(ctx, js)
 	return rep, err
 }
 
@@ -242,6 +250,18 @@ func printStatus(out io.Writer, rep statusReport) {
 				last = fmt.Sprintf("%s (%s ago)", c.LastApplied.Format(time.RFC3339), time.Since(*c.LastApplied).Round(time.Second))
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\n", c.Name, c.Stream, c.Pending, c.AckPending, c.Redelivered, c.DeadLetters, last)
+		}
+	}
+	if len(rep.Rebuilds) > 0 {
+		fmt.Fprintln(tw)
+		fmt.Fprintln(tw, "REBUILD	PHASE	INTO	REPLACING	STARTED")
+		for _, r := range rep.Rebuilds {
+			into := r.Target
+			if r.InPlace {
+				into += " (in place)"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s (%s ago)\n", r.Projector, r.Phase, into, r.Previous,
+				r.StartedAt.Format(time.RFC3339), time.Since(r.StartedAt).Round(time.Second))
 		}
 	}
 	_ = tw.Flush()

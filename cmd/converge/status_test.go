@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/internal/deadletter"
+	"github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/relay"
 	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/pkg/contract"
@@ -66,6 +67,16 @@ func TestStatusReportsSlotOutboxAndStreams(t *testing.T) {
 		}
 	}
 
+	// A rebuild of the graph in progress, as its projector keeps it.
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: rebuild.Bucket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := time.Now().UTC().Add(-time.Minute).Truncate(time.Second)
+	if _, err := kv.Put(ctx, "graph", []byte(`{"id":"r1","phase":"filling","target":"graph-20261130T100000Z","previous":"graph","started_at":"`+started.Format(time.RFC3339)+`"}`)); err != nil {
+		t.Fatal(err)
+	}
+
 	var out bytes.Buffer
 	if err := run(ctx, []string{"status", "-postgres-url", url, "-nats-url", n.URL, "--json"}, &out); err != nil {
 		t.Fatal(err)
@@ -92,11 +103,16 @@ func TestStatusReportsSlotOutboxAndStreams(t *testing.T) {
 		c.DeadLetters != 2 || c.LastApplied == nil || !c.LastApplied.Equal(commit) {
 		t.Fatalf("consumer %+v (last applied %v), want index caught up at seq 1, 2 dead letters, last applied %v", c, c.LastApplied, commit)
 	}
+	if len(rep.Rebuilds) != 1 || rep.Rebuilds[0].Projector != "graph" || rep.Rebuilds[0].Phase != rebuild.PhaseFilling ||
+		rep.Rebuilds[0].Target != "graph-20261130T100000Z" || !rep.Rebuilds[0].StartedAt.Equal(started) {
+		t.Fatalf("rebuilds %+v, want the graph's in progress", rep.Rebuilds)
+	}
 	out.Reset()
 	if err := run(ctx, []string{"status", "-postgres-url", url, "-nats-url", n.URL}, &out); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"converge_relay", "standby/stopped", "CONVERGE_DOCS", "OUTBOX", "CONSUMER", "index"} {
+	for _, want := range []string{"converge_relay", "standby/stopped", "CONVERGE_DOCS", "OUTBOX", "CONSUMER", "index",
+		"REBUILD", "graph-20261130T100000Z"} {
 		if !strings.Contains(out.String(), want) {
 			t.Fatalf("table lacks %q:\n%s", want, out.String())
 		}

@@ -83,8 +83,10 @@ const (
 	PhaseRetrying  = "retrying" // a step failed; it is tried again
 )
 
-// state is what survives a crash, in the bucket under the projector's name.
-type state struct {
+// State is a rebuild in progress as its bucket keeps it, under the
+// projector's name: what survives a crash.
+type State struct {
+	Projector string `json:"projector,omitempty"`
 	ID        string    `json:"id"`
 	Phase     string    `json:"phase"`
 	InPlace   bool      `json:"in_place"`
@@ -253,7 +255,7 @@ func (m *Manager) Start(ctx context.Context) (Status, bool, error) {
 		return Status{}, false, err
 	}
 	now := time.Now().UTC()
-	st := &state{ID: now.Format("20060102T150405.000Z"), InPlace: m.stores.InPlace(), StartedAt: now, Phase: PhaseFilling}
+	st := &State{ID: now.Format("20060102T150405.000Z"), InPlace: m.stores.InPlace(), StartedAt: now, Phase: PhaseFilling}
 	live, err := m.stores.Live(ctx)
 	if err != nil {
 		return Status{}, false, err
@@ -327,7 +329,7 @@ func (m *Manager) stream() string {
 
 // run carries the rebuild st through its remaining phases, retrying a
 // failed step until it succeeds or ctx ends.
-func (m *Manager) run(ctx context.Context, st *state) {
+func (m *Manager) run(ctx context.Context, st *State) {
 	m.mu.Lock()
 	m.active = true
 	m.setStatusLocked(st)
@@ -355,7 +357,7 @@ func (m *Manager) run(ctx context.Context, st *state) {
 }
 
 // step runs the phases from st.Phase to the end.
-func (m *Manager) step(ctx context.Context, st *state) error {
+func (m *Manager) step(ctx context.Context, st *State) error {
 	if st.InPlace {
 		return m.inPlace(ctx, st)
 	}
@@ -363,7 +365,7 @@ func (m *Manager) step(ctx context.Context, st *state) error {
 }
 
 // blueGreen fills the fresh generation, then swaps it in.
-func (m *Manager) blueGreen(ctx context.Context, st *state) error {
+func (m *Manager) blueGreen(ctx context.Context, st *State) error {
 	live, err := m.stores.Live(ctx)
 	if err != nil {
 		return err
@@ -414,7 +416,7 @@ func (m *Manager) blueGreen(ctx context.Context, st *state) error {
 
 // inPlace wipes the live generation and fills it again, with the live
 // writes held back throughout.
-func (m *Manager) inPlace(ctx context.Context, st *state) error {
+func (m *Manager) inPlace(ctx context.Context, st *State) error {
 	resume := m.sw.Pause()
 	defer resume()
 	live := m.sw.Live()
@@ -541,7 +543,7 @@ func (m *Manager) catchUpTo(ctx context.Context, g *Generation, target uint64) e
 
 // finish drops the previous generation, deletes the rebuild consumer and
 // then the state.
-func (m *Manager) finish(ctx context.Context, st *state) error {
+func (m *Manager) finish(ctx context.Context, st *State) error {
 	if !st.InPlace && st.Previous != st.Target {
 		if err := m.stores.Drop(ctx, st.Previous); err != nil {
 			return fmt.Errorf("drop %s: %w", m.stores.Describe(st.Previous), err)
@@ -571,21 +573,54 @@ func (m *Manager) deleteConsumer(ctx context.Context) error {
 	return nil
 }
 
-func (m *Manager) setPhase(st *state, phase string) {
+func (m *Manager) setPhase(st *State, phase string) {
 	st.Phase = phase
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.setStatusLocked(st)
 }
 
-func (m *Manager) setStatusLocked(st *state) {
+func (m *Manager) setStatusLocked(st *State) {
 	started := st.StartedAt
 	m.status = Status{Projector: m.name, ID: st.ID, Phase: st.Phase, InPlace: st.InPlace, Target: st.Target,
 		Previous: st.Previous, StartedAt: &started, Completed: m.status.Completed}
 }
 
+// InProgress reads the rebuilds in progress (or interrupted) from the
+// bucket, by projector; none when the bucket does not exist.
+func InProgress(ctx context.Context, js jetstream.JetStream) ([]State, error) {
+	kv, err := js.KeyValue(ctx, Bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("rebuild: bucket %s: %w", Bucket, err)
+	}
+	keys, err := kv.ListKeys(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("rebuild: bucket %s: %w", Bucket, err)
+	}
+	var out []State
+	for key := range keys.Keys() {
+		e, err := kv.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue // finished meanwhile
+		}
+		if err != nil {
+			return out, fmt.Errorf("rebuild: state of %s: %w", key, err)
+		}
+		var st State
+		if err := json.Unmarshal(e.Value(), &st); err != nil {
+			return out, fmt.Errorf("rebuild: state of %s in %s is not valid: %w", key, Bucket, err)
+		}
+		st.Projector = key
+		out = append(out, st)
+	}
+	return out, nil
+}
+
 // load reads the state of an unfinished rebuild; nil when there is none.
-func (m *Manager) load(ctx context.Context) (*state, error) {
+func (m *Manager) load(ctx context.Context) (*State, error) {
 	e, err := m.kv.Get(ctx, m.name)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil, nil
@@ -593,7 +628,7 @@ func (m *Manager) load(ctx context.Context) (*state, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rebuild: read state: %w", err)
 	}
-	var st state
+	var st State
 	if err := json.Unmarshal(e.Value(), &st); err != nil {
 		return nil, fmt.Errorf("rebuild: state of %s in %s is not valid: %w", m.name, Bucket, err)
 	}
@@ -601,7 +636,7 @@ func (m *Manager) load(ctx context.Context) (*state, error) {
 }
 
 // save writes the state; create refuses to replace an existing one.
-func (m *Manager) save(ctx context.Context, st *state, create bool) error {
+func (m *Manager) save(ctx context.Context, st *State, create bool) error {
 	b, err := json.Marshal(st)
 	if err != nil {
 		return err
