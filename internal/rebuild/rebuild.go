@@ -86,7 +86,7 @@ const (
 // State is a rebuild in progress as its bucket keeps it, under the
 // projector's name: what survives a crash.
 type State struct {
-	Projector string `json:"projector,omitempty"`
+	Projector string    `json:"projector,omitempty"`
 	ID        string    `json:"id"`
 	Phase     string    `json:"phase"`
 	InPlace   bool      `json:"in_place"`
