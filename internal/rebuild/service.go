@@ -52,9 +52,10 @@ func RunService(ctx context.Context, sc projector.ServiceConfig, stores Stores, 
 	return eg.Wait()
 }
 
-// stopped is nil when ctx ended while starting (a stop is not a failure).
+// stopped is nil when ctx was canceled while starting (a stop is not a
+// failure).
 func stopped(ctx context.Context, err error) error {
-	if ctx.Err() != nil && !errors.Is(err, context.DeadlineExceeded) {
+	if errors.Is(ctx.Err(), context.Canceled) {
 		return nil
 	}
 	return err
