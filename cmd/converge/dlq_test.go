@@ -445,3 +445,37 @@ func TestDlqWithoutStream(t *testing.T) {
 		t.Fatalf("show: %v", err)
 	}
 }
+
+// A dead letter without its original subject, or whose original stream no
+// longer holds that subject, is not redriven: the command stops naming it,
+// and the dead letter stays.
+func TestDlqRedriveRefusals(t *testing.T) {
+	fx := newDLQFixture(t)
+	ctx := context.Background()
+	publish := func(h nats.Header) uint64 {
+		t.Helper()
+		m := nats.NewMsg(contract.DLQSubject("index"))
+		m.Header = h
+		m.Data = []byte(`{"not":"an event"}`)
+		ack, err := fx.js.PublishMsg(ctx, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ack.Sequence
+	}
+	noSubject := publish(nats.Header{deadletter.HeaderStream: {"CONVERGE_DOCS"}})
+	elsewhere := publish(nats.Header{deadletter.HeaderSubject: {contract.Subject("doc/1")}, deadletter.HeaderStream: {"SOME_OTHER_STREAM"}})
+	before := msgs(t, fx.dlq)
+
+	_, err := fx.run(t, "redrive", "index", "--seq", strconv.FormatUint(noSubject, 10))
+	if err == nil || !strings.Contains(err.Error(), deadletter.HeaderSubject) || !strings.Contains(err.Error(), fmt.Sprintf("#%d", noSubject)) {
+		t.Errorf("redrive without the subject header: %v; want an error naming the header and the dead letter", err)
+	}
+	_, err = fx.run(t, "redrive", "index", "--seq", strconv.FormatUint(elsewhere, 10))
+	if err == nil || !strings.Contains(err.Error(), "SOME_OTHER_STREAM") {
+		t.Errorf("redrive into a stream that no longer holds the subject: %v; want an error naming it", err)
+	}
+	if got := msgs(t, fx.dlq); got != before || dlqGone(t, fx, noSubject) || dlqGone(t, fx, elsewhere) {
+		t.Fatalf("refused redrives changed %s: %d dead letters, want %d", deadletter.Stream, got, before)
+	}
+}
