@@ -308,6 +308,9 @@ func checkRawMatchesStore(b *testing.B, store *docstore.Store, pool *pgxpool.Poo
 		b.Fatal(err)
 	}
 	raw := snapshot()
+	if _, err := pool.Exec(ctx, `DELETE FROM chunks WHERE key = ANY($1)`, keys); err != nil {
+		b.Fatal(err)
+	}
 	if _, err := pool.Exec(ctx, `DELETE FROM documents WHERE key = ANY($1)`, keys); err != nil {
 		b.Fatal(err)
 	}

@@ -31,6 +31,21 @@ func hasEmission(t *testing.T, url string) bool {
 	return n == 2
 }
 
+func hasChunksFK(t *testing.T, url string) bool {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var n int
+	if err := conn.QueryRow(context.Background(),
+		`SELECT count(*) FROM pg_constraint WHERE conname = 'chunks_key_fkey'`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n == 1
+}
+
 func hasMetaText(t *testing.T, url string) bool {
 	t.Helper()
 	conn, err := pgx.Connect(context.Background(), url)
@@ -46,18 +61,19 @@ func hasMetaText(t *testing.T, url string) bool {
 	return n == 1
 }
 
-// The newest schema is version 3 (documents.meta_text); down two steps
-// goes back to version 1 (without re-emission's outbox.emission and its
+// The newest schema is version 4 (chunks without the foreign key of
+// version 1; version 3 added documents.meta_text); down three steps goes
+// back to version 1 (without re-emission's outbox.emission and its
 // sequence), and up again.
 func TestMigrationsUpAndDown(t *testing.T) {
 	ctx := context.Background()
 	url := pg.NewDatabase(t)
 	latest, err := schema.LatestVersion()
-	if err != nil || latest != 3 {
-		t.Fatalf("latest embedded version %d (%v), want 3", latest, err)
+	if err != nil || latest != 4 {
+		t.Fatalf("latest embedded version %d (%v), want 4", latest, err)
 	}
 	st, err := schema.Up(ctx, url)
-	if err != nil || !st.Current() || st.Version != 3 || !hasMetaText(t, url) {
+	if err != nil || !st.Current() || st.Version != 4 || !hasMetaText(t, url) || hasChunksFK(t, url) {
 		t.Fatalf("up: %+v %v", st, err)
 	}
 	if !hasEmission(t, url) {
@@ -67,7 +83,7 @@ func TestMigrationsUpAndDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Steps(-2); err != nil {
+	if err := m.Steps(-3); err != nil {
 		t.Fatalf("down to version 1: %v", err)
 	}
 	if v, dirty, err := m.Version(); err != nil || v != 1 || dirty {
@@ -82,10 +98,10 @@ func TestMigrationsUpAndDown(t *testing.T) {
 	if st, err := schema.Inspect(ctx, url); err != nil || st.Current() || st.Version != 1 {
 		t.Fatalf("inspect at version 1: %+v %v", st, err)
 	}
-	if hasMetaText(t, url) {
-		t.Fatal("version 1 still has documents.meta_text")
+	if hasMetaText(t, url) || !hasChunksFK(t, url) {
+		t.Fatal("version 1 has documents.meta_text, or lacks the chunks' foreign key")
 	}
-	if st, err := schema.Up(ctx, url); err != nil || st.Version != 3 || !hasEmission(t, url) || !hasMetaText(t, url) {
+	if st, err := schema.Up(ctx, url); err != nil || st.Version != 4 || !hasEmission(t, url) || !hasMetaText(t, url) || hasChunksFK(t, url) {
 		t.Fatalf("up again: %+v %v", st, err)
 	}
 }

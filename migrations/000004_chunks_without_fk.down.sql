@@ -1,0 +1,1 @@
+ALTER TABLE chunks ADD CONSTRAINT chunks_key_fkey FOREIGN KEY (key) REFERENCES documents (key) ON DELETE CASCADE;
