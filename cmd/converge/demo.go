@@ -39,6 +39,7 @@ func demo(ctx context.Context, args []string, out io.Writer) error {
 		return errors.New("-docs must be from 10 to 100000")
 	}
 	cfg := flags()
+	cfg.graphAddrPicked = cfg.graphAddr == ""
 	for _, a := range []*string{&cfg.httpAddr, &cfg.writerAddr, &cfg.relayAddr, &cfg.indexAddr, &cfg.graphAddr} {
 		if *a == "" {
 			addr, err := freeAddr()
@@ -132,7 +133,7 @@ func demo(ctx context.Context, args []string, out io.Writer) error {
 	}
 	key := corpus[0]["key"].(string)
 	d.step("a graph query: converge graph " + key)
-	if err := graphDoc(ctx, []string{"-graph-addr", cfg.graphAddr, key}, out); err != nil {
+	if err := graphDoc(ctx, []string{"-graph-addr", s.cfg.graphAddr, key}, out); err != nil {
 		return err
 	}
 
@@ -146,7 +147,7 @@ func demo(ctx context.Context, args []string, out io.Writer) error {
 	d.note("%s", d.rebuilt)
 
 	d.step("converge verify: every document of Postgres against the index and the graph")
-	rep, err := runVerify(ctx, &postgres.Postgres{Pool: d.pool}, sides("index,graph", cfg.indexAddr, cfg.graphAddr), verify.DefaultBuckets, false)
+	rep, err := runVerify(ctx, &postgres.Postgres{Pool: d.pool}, sides("index,graph", cfg.indexAddr, s.cfg.graphAddr), verify.DefaultBuckets, false)
 	if err != nil {
 		return err
 	}

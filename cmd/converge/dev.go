@@ -48,8 +48,10 @@ type devConfig struct {
 	index                                       *ibackends.Config
 	graph                                       *gbackends.Config
 	// graphChild runs the graph projector as a child process (this binary,
-	// `converge projector-graph`), so that it can be killed.
-	graphChild bool
+	// `converge projector-graph`), so that it can be killed;
+	// graphAddrPicked: graphAddr was picked free here, and may be picked
+	// again should another process take it before the child binds it.
+	graphChild, graphAddrPicked bool
 	// notifier, when set (CONVERGE_WEBHOOK_URLS), runs the webhook
 	// notifier too, with its metrics on notifierAddr.
 	notifier     *notifier.Config
@@ -73,7 +75,7 @@ type devStack struct {
 	relay  *relay.Relay
 
 	childMu sync.Mutex
-	child   *exec.Cmd
+	child   *child
 }
 
 // startDev starts Postgres (unless given), NATS (unless given), the schema
@@ -198,7 +200,7 @@ func startDev(ctx context.Context, cfg devConfig) (_ *devStack, err error) {
 	}{
 		{"the relay to hold its slot", s.relay.Active},
 		{"the index projector", func() bool { return httpOK("http://" + cfg.indexAddr + "/readyz") }},
-		{"the graph projector", func() bool { return httpOK("http://" + cfg.graphAddr + "/readyz") }},
+		{"the graph projector", func() bool { return httpOK("http://" + s.cfg.graphAddr + "/readyz") }},
 	} {
 		if err := waitUntil(ctx, runCtx, 60*time.Second, c.ready); err != nil {
 			return nil, fmt.Errorf("waiting for %s: %w", c.what, err)
@@ -226,37 +228,74 @@ func createDatabase(ctx context.Context, c *pgcluster.Cluster, name string) (str
 	return c.URL(name), nil
 }
 
-// startGraphChild starts `converge projector-graph` as a child process.
+// startGraphChild starts `converge projector-graph` as a child process
+// and waits until it is ready. A child that exits before (its metrics
+// address taken by another process since it was picked, say) is started
+// again on a fresh address when the address was picked here.
 func (s *devStack) startGraphChild() error {
 	exe, err := os.Executable()
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(exe, "projector-graph", "-nats-url", s.natsURL, "-data-dir", s.cfg.dataDir,
-		"-metrics-addr", s.cfg.graphAddr, "-log-level", "warn")
-	cmd.Env = os.Environ()
-	cmd.Stdout, cmd.Stderr = s.cfg.logOut, s.cfg.logOut
-	cmd.SysProcAttr = childProcAttr()
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start the graph projector: %w", err)
+	for attempt := 1; ; attempt++ {
+		cmd := exec.Command(exe, "projector-graph", "-nats-url", s.natsURL, "-data-dir", s.cfg.dataDir,
+			"-metrics-addr", s.cfg.graphAddr, "-log-level", "warn")
+		cmd.Env = os.Environ()
+		cmd.Stdout, cmd.Stderr = s.cfg.logOut, s.cfg.logOut
+		cmd.SysProcAttr = childProcAttr()
+		if err := cmd.Start(); err != nil {
+			return fmt.Errorf("start the graph projector: %w", err)
+		}
+		c := &child{cmd: cmd, done: make(chan struct{})}
+		go func() { c.err = cmd.Wait(); close(c.done) }()
+		s.childMu.Lock()
+		s.child = c
+		s.childMu.Unlock()
+
+		deadline := time.After(60 * time.Second)
+		for !httpOK("http://" + s.cfg.graphAddr + "/readyz") {
+			select {
+			case <-c.done:
+				s.childMu.Lock()
+				s.child = nil
+				s.childMu.Unlock()
+				if !s.cfg.graphAddrPicked || attempt == 3 {
+					return fmt.Errorf("the graph projector exited while starting: %w", c.err)
+				}
+				if s.cfg.graphAddr, err = freeAddr(); err != nil {
+					return err
+				}
+			case <-deadline:
+				return errors.New("the graph projector did not become ready within 60s")
+			case <-time.After(20 * time.Millisecond):
+				continue
+			}
+			break
+		}
+		if httpOK("http://" + s.cfg.graphAddr + "/readyz") {
+			return nil
+		}
 	}
-	s.childMu.Lock()
-	s.child = cmd
-	s.childMu.Unlock()
-	return nil
+}
+
+// child is a child process and its end.
+type child struct {
+	cmd  *exec.Cmd
+	done chan struct{} // closed when it has exited
+	err  error         // its exit, once done
 }
 
 // killGraphChild SIGKILLs the graph projector child and reaps it.
 func (s *devStack) killGraphChild() error {
 	s.childMu.Lock()
-	cmd := s.child
+	c := s.child
 	s.child = nil
 	s.childMu.Unlock()
-	if cmd == nil {
+	if c == nil {
 		return errors.New("no graph projector child runs")
 	}
-	_ = cmd.Process.Kill()
-	_ = cmd.Wait()
+	_ = c.cmd.Process.Kill()
+	<-c.done
 	return nil
 }
 
@@ -265,15 +304,13 @@ func (s *devStack) killGraphChild() error {
 func (s *devStack) stop() error {
 	var errs []error
 	s.childMu.Lock()
-	if s.child != nil {
-		_ = s.child.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = s.child.Wait(); close(done) }()
+	if c := s.child; c != nil {
+		_ = c.cmd.Process.Signal(syscall.SIGTERM)
 		select {
-		case <-done:
+		case <-c.done:
 		case <-time.After(30 * time.Second):
-			_ = s.child.Process.Kill()
-			<-done
+			_ = c.cmd.Process.Kill()
+			<-c.done
 		}
 		s.child = nil
 	}
