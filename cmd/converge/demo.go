@@ -38,7 +38,10 @@ func demo(ctx context.Context, args []string, out io.Writer) error {
 	if *n < 10 || *n > 100000 {
 		return errors.New("-docs must be from 10 to 100000")
 	}
-	cfg := flags()
+	cfg, err := flags()
+	if err != nil {
+		return err
+	}
 	cfg.graphAddrPicked = cfg.graphAddr == ""
 	for _, a := range []*string{&cfg.httpAddr, &cfg.writerAddr, &cfg.relayAddr, &cfg.indexAddr, &cfg.graphAddr} {
 		if *a == "" {

@@ -59,7 +59,10 @@ func TestGraphChildTakesAnotherAddressWhenItsOwnIsTaken(t *testing.T) {
 	if err := f.Parse([]string{"-log-level", "error"}); err != nil {
 		t.Fatal(err)
 	}
-	cfg := flags()
+	cfg, err := flags()
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, a := range []*string{&cfg.httpAddr, &cfg.writerAddr, &cfg.relayAddr, &cfg.indexAddr} {
 		if *a, err = freeAddr(); err != nil {
 			t.Fatal(err)

@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -374,7 +373,7 @@ func waitUntil(ctx, run context.Context, timeout time.Duration, cond func() bool
 }
 
 // devFlags binds the flags dev and demo share.
-func devFlags(f *config.Flags, defaults devConfig) func() devConfig {
+func devFlags(f *config.Flags, defaults devConfig) func() (devConfig, error) {
 	dataDir := f.String("data-dir", "", defaults.dataDir, "keep all state (Postgres, NATS, index, graph) here; empty: a temporary directory removed at exit")
 	pg := f.String("postgres-url", config.EnvPostgresURL, "", "use this Postgres instead of a throwaway cluster")
 	natsURL := f.String("nats-url", config.EnvNATSURL, "", "use this NATS server instead of an embedded one")
@@ -384,7 +383,7 @@ func devFlags(f *config.Flags, defaults devConfig) func() devConfig {
 	indexAddr := f.String("index-addr", "CONVERGE_PROJECTOR_INDEX_ADDR", defaults.indexAddr, "the index projector's /metrics, search and verify")
 	graphAddr := f.String("graph-addr", "CONVERGE_PROJECTOR_GRAPH_ADDR", defaults.graphAddr, "the graph projector's /metrics, graph and verify")
 	level := f.String("log-level", config.EnvLogLevel, "warn", "debug, info, warn or error")
-	return func() devConfig {
+	return func() (devConfig, error) {
 		c := defaults
 		c.dataDir, c.postgresURL, c.natsURL, c.httpAddr = *dataDir, *pg, *natsURL, *httpAddr
 		c.writerAddr, c.relayAddr, c.indexAddr, c.graphAddr = *writerAddr, *relayAddr, *indexAddr, *graphAddr
@@ -399,16 +398,9 @@ func devFlags(f *config.Flags, defaults devConfig) func() devConfig {
 			c.graph.Neo4jUser = u
 		}
 		c.graph.Neo4jPassword, _, _ = config.Lookup(gbackends.EnvNeo4jPassword)
-		if urls, ok, _ := config.Lookup(notifier.EnvWebhookURLs); ok && strings.TrimSpace(urls) != "" {
-			secret, _, _ := config.Lookup(notifier.EnvWebhookSecret)
-			c.notifier = &notifier.Config{Secret: []byte(secret)}
-			for u := range strings.SplitSeq(urls, ",") {
-				if u = strings.TrimSpace(u); u != "" {
-					c.notifier.URLs = append(c.notifier.URLs, u)
-				}
-			}
-		}
-		return c
+		var err error
+		c.notifier, err = notifier.FromEnv()
+		return c, err
 	}
 }
 
@@ -422,12 +414,12 @@ func dev(ctx context.Context, args []string, out io.Writer) error {
 	if err := f.Parse(args); err != nil {
 		return err
 	}
-	cfg := flags()
+	cfg, err := flags()
+	if err != nil {
+		return err
+	}
 	notifies := "off (set CONVERGE_WEBHOOK_URLS and CONVERGE_WEBHOOK_SECRET to run it)"
 	if cfg.notifier != nil {
-		if err := cfg.notifier.Validate(); err != nil {
-			return fmt.Errorf("notifier: %w", err)
-		}
 		notifies = fmt.Sprintf("posts to %d webhook URL(s); metrics on %s", len(cfg.notifier.URLs), cfg.notifierAddr)
 	}
 	fmt.Fprintln(out, "starting the pipeline (Postgres, NATS, writer, relay, index and graph projectors)...")

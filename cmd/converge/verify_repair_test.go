@@ -140,7 +140,10 @@ func TestVerifyRepairThroughTheDevStack(t *testing.T) {
 	if err := f.Parse([]string{"-postgres-url", dbURL, "-log-level", "error"}); err != nil {
 		t.Fatal(err)
 	}
-	cfg := flags()
+	cfg, err := flags()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if cfg.notifier == nil {
 		t.Fatal("dev does not run the notifier with CONVERGE_WEBHOOK_URLS set")
 	}

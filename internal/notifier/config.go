@@ -71,42 +71,29 @@ const (
 )
 
 func (c *Config) setDefaults() {
-	if c.Window <= 0 {
-		c.Window = DefaultWindow
-	}
-	if c.ClockSkew <= 0 {
-		c.ClockSkew = DefaultClockSkew
-	}
-	if c.ClaimTimeout <= 0 {
-		c.ClaimTimeout = DefaultClaimTimeout
-	}
-	if c.HTTPTimeout <= 0 {
-		c.HTTPTimeout = DefaultHTTPTimeout
-	}
-	if c.SendWait <= 0 {
-		c.SendWait = DefaultSendWait
-	}
-	if c.Concurrency <= 0 {
-		c.Concurrency = DefaultConcurrency
-	}
-	if c.MaxAttempts <= 0 {
-		c.MaxAttempts = DefaultMaxAttempts
-	}
-	if c.RetryMin <= 0 {
-		c.RetryMin = DefaultRetryMin
-	}
-	if c.RetryMax <= 0 {
-		c.RetryMax = max(DefaultRetryMax, c.RetryMin)
-	}
+	orDefault(&c.Window, DefaultWindow)
+	orDefault(&c.ClockSkew, DefaultClockSkew)
+	orDefault(&c.ClaimTimeout, DefaultClaimTimeout)
+	orDefault(&c.HTTPTimeout, DefaultHTTPTimeout)
+	orDefault(&c.SendWait, DefaultSendWait)
+	orDefault(&c.Concurrency, DefaultConcurrency)
+	orDefault(&c.MaxAttempts, DefaultMaxAttempts)
+	orDefault(&c.RetryMin, DefaultRetryMin)
+	orDefault(&c.RetryMax, max(DefaultRetryMax, c.RetryMin))
+	orDefault(&c.Replicas, 1)
 	if c.Bucket == "" {
 		c.Bucket = DefaultBucket
-	}
-	if c.Replicas <= 0 {
-		c.Replicas = 1
 	}
 	if c.Owner == "" {
 		host, _ := os.Hostname()
 		c.Owner = host + "/" + strconv.Itoa(os.Getpid())
+	}
+}
+
+// orDefault sets *v to def when it is zero or negative.
+func orDefault[T int | time.Duration](v *T, def T) {
+	if *v <= 0 {
+		*v = def
 	}
 }
 

@@ -48,7 +48,7 @@ type Notifier struct {
 type target struct {
 	url    string
 	name   string        // redacted, for logs, metrics and dead letters
-	effect string        // the effect name: "webhook:" + url
+	effect string        // effectName(url)
 	slots  chan struct{} // requests in flight, at most Concurrency
 }
 
@@ -112,7 +112,7 @@ func New(ctx context.Context, js jetstream.JetStream, cfg Config, metrics *Metri
 		if names[name]++; names[name] > 1 {
 			name = fmt.Sprintf("%s#%d", name, names[name]) // URLs that differ only in what is redacted
 		}
-		n.targets = append(n.targets, &target{url: u, name: name, effect: "webhook:" + u, slots: make(chan struct{}, cfg.Concurrency)})
+		n.targets = append(n.targets, &target{url: u, name: name, effect: effectName(u), slots: make(chan struct{}, cfg.Concurrency)})
 	}
 	return n, nil
 }
@@ -128,8 +128,12 @@ func (n *Notifier) Close() error {
 // EffectID is the id of the effect of notifying url of the event eventID,
 // the Idempotency-Key of its requests.
 func EffectID(url string, eventID uuid.UUID) uuid.UUID {
-	return contract.EffectID("webhook:"+url, eventID)
+	return contract.EffectID(effectName(url), eventID)
 }
+
+// effectName is the effect of notifying url, as [contract.EffectID] names
+// it.
+func effectName(url string) string { return "webhook:" + url }
 
 // Apply notifies events of unknown age (see ApplyDeliveries).
 func (n *Notifier) Apply(ctx context.Context, events []*contract.Event) []projector.Result {

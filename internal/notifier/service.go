@@ -48,12 +48,7 @@ func Flags(f *config.Flags) func() (Config, error) {
 		if err != nil {
 			return Config{}, err
 		}
-		var list []string
-		for u := range strings.SplitSeq(*urls, ",") {
-			if u = strings.TrimSpace(u); u != "" {
-				list = append(list, u)
-			}
-		}
+		list := ParseURLs(*urls)
 		if len(list) == 0 {
 			return Config{}, config.Require("", "webhook-urls", EnvWebhookURLs)
 		}
@@ -62,6 +57,38 @@ func Flags(f *config.Flags) func() (Config, error) {
 			RetryMin: *retryMin, RetryMax: *retryMax, Bucket: *bucket}
 		return c, c.Validate()
 	}
+}
+
+// ParseURLs splits a comma-separated list of webhook URLs, dropping
+// blanks.
+func ParseURLs(list string) []string {
+	var out []string
+	for u := range strings.SplitSeq(list, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			out = append(out, u)
+		}
+	}
+	return out
+}
+
+// FromEnv is the notifier's configuration from CONVERGE_WEBHOOK_URLS and
+// the secret's variables (the defaults otherwise), validated; nil when no
+// URL is set. converge dev runs the notifier with it.
+func FromEnv() (*Config, error) {
+	raw, _, err := config.Lookup(EnvWebhookURLs)
+	urls := ParseURLs(raw)
+	if err != nil || len(urls) == 0 {
+		return nil, err
+	}
+	secret, err := readSecret("")
+	if err != nil {
+		return nil, err
+	}
+	c := &Config{URLs: urls, Secret: secret}
+	if err := c.Validate(); err != nil {
+		return nil, err // already "notifier: ..."
+	}
+	return c, nil
 }
 
 func readSecret(file string) ([]byte, error) {
