@@ -1,7 +1,6 @@
 package graph
 
 import (
-	"encoding/json"
 	"net/http"
 
 	"github.com/converge-sync/converge/internal/httpjson"
@@ -61,8 +60,7 @@ func DocumentHandler(b Backend) http.Handler {
 		case !ok:
 			httpjson.Error(w, http.StatusNotFound, "not_found", "the graph has no document "+key)
 		default:
-			w.Header().Set("Content-Type", "application/json")
-			_ = json.NewEncoder(w).Encode(ToJSON(v))
+			httpjson.Write(w, http.StatusOK, ToJSON(v))
 		}
 	})
 }

@@ -1,7 +1,6 @@
 package index
 
 import (
-	"encoding/json"
 	"net/http"
 	"strconv"
 
@@ -55,7 +54,6 @@ func SearchHandler(x *Index) http.Handler {
 			out.Results[i] = SearchResult{Key: p.Key, Version: p.Version, Ordinal: p.Ordinal, ChunkID: p.ID.String(),
 				Title: p.Title, Tags: p.Tags, Score: h.Score, Text: p.Text}
 		}
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(out)
+		httpjson.Write(w, http.StatusOK, out)
 	})
 }

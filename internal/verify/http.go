@@ -42,7 +42,7 @@ func Handler(kind Kind, read func(context.Context) ([]Doc, error)) http.Handler 
 			httpError(w, http.StatusServiceUnavailable, err.Error())
 			return
 		}
-		writeJSON(w, digestsJSON{Kind: kind, Buckets: Digests(kind, n, docs)})
+		httpjson.Write(w, http.StatusOK, digestsJSON{Kind: kind, Buckets: Digests(kind, n, docs)})
 	})
 	mux.HandleFunc("GET /v1/verify/buckets", func(w http.ResponseWriter, r *http.Request) {
 		n, ok := bucketsParam(w, r)
@@ -64,7 +64,7 @@ func Handler(kind Kind, read func(context.Context) ([]Doc, error)) http.Handler 
 			return
 		}
 		out, _ := (&Memory{Docs: docs}).Buckets(r.Context(), kind, n, want)
-		writeJSON(w, out)
+		httpjson.Write(w, http.StatusOK, out)
 	})
 	return mux
 }
@@ -76,11 +76,6 @@ func bucketsParam(w http.ResponseWriter, r *http.Request) (int, bool) {
 		return 0, false
 	}
 	return n, true
-}
-
-func writeJSON(w http.ResponseWriter, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(v)
 }
 
 func httpError(w http.ResponseWriter, status int, msg string) {
