@@ -42,7 +42,8 @@ func (d Dirs) Live() (string, error) {
 }
 
 func (d Dirs) valid(name string) error {
-	if name != d.Base && !strings.HasPrefix(name, d.Base+"-") || strings.ContainsAny(name, `/\`) || name == "." || name == ".." {
+	ours := name == d.Base || strings.HasPrefix(name, d.Base+"-")
+	if !ours || strings.ContainsAny(name, `/\`) {
 		return fmt.Errorf("%q is not a generation of %s", name, d.Base)
 	}
 	return nil

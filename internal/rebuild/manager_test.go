@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/internal/index"
@@ -18,9 +17,7 @@ import (
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/rebuild/rebuildtest"
-	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/internal/verify"
-	"github.com/converge-sync/converge/pkg/contract"
 )
 
 type env struct {
@@ -30,34 +27,12 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	nc := testenv.StartNATS(t).Connect(t)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "CONVERGE_DOCS",
-		Subjects: []string{contract.DocsSubjectPrefix + ">"}, Storage: jetstream.FileStorage}); err != nil {
-		t.Fatal(err)
-	}
-	return &env{js: js, dataDir: t.TempDir()}
+	return &env{js: rebuildtest.Stream(t), dataDir: t.TempDir()}
 }
 
 func (e *env) publish(t testing.TB, key string, version int64) {
 	t.Helper()
-	d, err := contract.Document{Key: key, Version: version, Title: "t",
-		Body: fmt.Sprintf("body of %s at version %d", key, version)}.Normalize()
-	if err != nil {
-		t.Fatal(err)
-	}
-	data, err := contract.NewUpsertedEvent(d, []string{d.Body}).Encode()
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := nats.NewMsg(contract.Subject(key))
-	m.Data = data
-	if _, err := e.js.PublishMsg(context.Background(), m); err != nil {
-		t.Error(err)
-	}
+	rebuildtest.Publish(t, e.js, key, version)
 }
 
 // process is one index projector process on the embedded index.
@@ -174,23 +149,7 @@ func TestBlueGreenRebuildUnderLiveTraffic(t *testing.T) {
 	traffic.Wait()
 
 	// What was published: the last version of every key.
-	want = map[string]int64{}
-	info, err := e.js.Stream(context.Background(), "CONVERGE_DOCS")
-	if err != nil {
-		t.Fatal(err)
-	}
-	stream := info.CachedInfo().State
-	for seq := stream.FirstSeq; seq <= stream.LastSeq; seq++ {
-		m, err := info.GetMsg(context.Background(), seq)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ev, err := contract.DecodeEvent(m.Data)
-		if err != nil {
-			t.Fatal(err)
-		}
-		want[ev.Key] = max(want[ev.Key], ev.Version)
-	}
+	want = rebuildtest.LastVersions(t, e.js)
 	rebuildtest.Eventually(t, "the rebuilt index to hold every key at its last version", 30*time.Second, holdsAll(p, t, want))
 
 	live := p.Switch.Live()

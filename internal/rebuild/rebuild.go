@@ -299,9 +299,7 @@ func (m *Manager) Status(ctx context.Context) Status {
 	if s.Phase == PhaseIdle || s.Phase == PhaseDone {
 		// One left by a previous process, about to be resumed.
 		if st, err := m.load(ctx); err == nil && st != nil && st.ID != s.ID {
-			started := st.StartedAt
-			s = Status{Projector: m.name, ID: st.ID, Phase: st.Phase, InPlace: st.InPlace, Target: st.Target,
-				Previous: st.Previous, StartedAt: &started, Completed: s.Completed}
+			s = m.statusOf(st, s.Completed)
 		}
 	}
 	if s.Phase != PhaseFilling && s.Phase != PhaseSwitching && s.Phase != PhaseRetrying {
@@ -580,10 +578,13 @@ func (m *Manager) setPhase(st *State, phase string) {
 	m.setStatusLocked(st)
 }
 
-func (m *Manager) setStatusLocked(st *State) {
+func (m *Manager) setStatusLocked(st *State) { m.status = m.statusOf(st, m.status.Completed) }
+
+// statusOf is the status of the rebuild st.
+func (m *Manager) statusOf(st *State, completed int) Status {
 	started := st.StartedAt
-	m.status = Status{Projector: m.name, ID: st.ID, Phase: st.Phase, InPlace: st.InPlace, Target: st.Target,
-		Previous: st.Previous, StartedAt: &started, Completed: m.status.Completed}
+	return Status{Projector: m.name, ID: st.ID, Phase: st.Phase, InPlace: st.InPlace, Target: st.Target,
+		Previous: st.Previous, StartedAt: &started, Completed: completed}
 }
 
 // InProgress reads the rebuilds in progress (or interrupted) from the

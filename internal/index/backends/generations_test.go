@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	qd "github.com/qdrant/go-client/qdrant"
 
@@ -22,7 +21,6 @@ import (
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/rebuild/rebuildtest"
-	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/internal/verify"
 	"github.com/converge-sync/converge/pkg/contract"
 )
@@ -104,12 +102,7 @@ func live(t *testing.T, s *backends.Stores) string {
 
 func upserted(t testing.TB, key string, version int64) *contract.Event {
 	t.Helper()
-	d, err := contract.Document{Key: key, Version: version, Title: "t",
-		Body: fmt.Sprintf("body of %s at version %d", key, version)}.Normalize()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ev := contract.NewUpsertedEvent(d, []string{d.Body})
+	ev := rebuildtest.Event(t, key, version)
 	return &ev
 }
 
@@ -368,56 +361,11 @@ type natsEnv struct {
 	js jetstream.JetStream
 }
 
-func newNATSEnv(t *testing.T) *natsEnv {
-	t.Helper()
-	nc := testenv.StartNATS(t).Connect(t)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "CONVERGE_DOCS",
-		Subjects: []string{contract.DocsSubjectPrefix + ">"}, Storage: jetstream.FileStorage}); err != nil {
-		t.Fatal(err)
-	}
-	return &natsEnv{js: js}
-}
+func newNATSEnv(t *testing.T) *natsEnv { return &natsEnv{js: rebuildtest.Stream(t)} }
 
 func (e *natsEnv) publish(t testing.TB, key string, version int64) {
 	t.Helper()
-	data, err := upserted(t, key, version).Encode()
-	if err != nil {
-		t.Error(err)
-		return
-	}
-	m := nats.NewMsg(contract.Subject(key))
-	m.Data = data
-	if _, err := e.js.PublishMsg(context.Background(), m); err != nil {
-		t.Error(err)
-	}
-}
-
-// lastVersions is the last version of every key in the stream.
-func (e *natsEnv) lastVersions(t *testing.T) map[string]int64 {
-	t.Helper()
-	ctx := context.Background()
-	stream, err := e.js.Stream(ctx, "CONVERGE_DOCS")
-	if err != nil {
-		t.Fatal(err)
-	}
-	st := stream.CachedInfo().State
-	want := map[string]int64{}
-	for seq := st.FirstSeq; seq <= st.LastSeq; seq++ {
-		m, err := stream.GetMsg(ctx, seq)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ev, err := contract.DecodeEvent(m.Data)
-		if err != nil {
-			t.Fatal(err)
-		}
-		want[ev.Key] = max(want[ev.Key], ev.Version)
-	}
-	return want
+	rebuildtest.Publish(t, e.js, key, version)
 }
 
 // indexProcess is an index projector process on Qdrant.
@@ -600,7 +548,7 @@ func testQdrantBlueGreenRebuild(t *testing.T, legacy bool) {
 		t.Fatalf("the stream grew from %d to %v (%v) during the rebuild; want live traffic throughout", seqAtStart, info, err)
 	}
 
-	want = e.lastVersions(t)
+	want = rebuildtest.LastVersions(t, e.js)
 	rebuildtest.Eventually(t, "the rebuilt index to hold every key at its last version", 30*time.Second, holds(t, liveBackend, want))
 
 	g := p.Switch.Live()

@@ -6,14 +6,18 @@ package rebuildtest
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/rebuild"
+	"github.com/converge-sync/converge/internal/testenv"
+	"github.com/converge-sync/converge/pkg/contract"
 )
 
 // Process is a running projector process.
@@ -85,4 +89,70 @@ func Eventually(t testing.TB, what string, timeout time.Duration, cond func() bo
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// Stream starts an embedded NATS server with the documents' stream
+// (CONVERGE_DOCS, file storage) for the test, and returns its JetStream.
+func Stream(t testing.TB) jetstream.JetStream {
+	t.Helper()
+	js, err := jetstream.New(testenv.StartNATS(t).Connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "CONVERGE_DOCS",
+		Subjects: []string{contract.DocsSubjectPrefix + ">"}, Storage: jetstream.FileStorage}); err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+// Event is the upsert of key at version, a one-chunk body naming both.
+func Event(t testing.TB, key string, version int64) contract.Event {
+	t.Helper()
+	d, err := contract.Document{Key: key, Version: version, Title: "t",
+		Body: fmt.Sprintf("body of %s at version %d", key, version)}.Normalize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return contract.NewUpsertedEvent(d, []string{d.Body})
+}
+
+// Publish publishes Event(key, version) on its subject. A failure is
+// reported with t.Error, so that traffic goroutines may call it.
+func Publish(t testing.TB, js jetstream.JetStream, key string, version int64) {
+	t.Helper()
+	data, err := Event(t, key, version).Encode()
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	m := nats.NewMsg(contract.Subject(key))
+	m.Data = data
+	if _, err := js.PublishMsg(context.Background(), m); err != nil {
+		t.Error(err)
+	}
+}
+
+// LastVersions is the last version of every key in the documents' stream.
+func LastVersions(t testing.TB, js jetstream.JetStream) map[string]int64 {
+	t.Helper()
+	ctx := context.Background()
+	stream, err := js.Stream(ctx, "CONVERGE_DOCS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := stream.CachedInfo().State
+	out := map[string]int64{}
+	for seq := st.FirstSeq; seq <= st.LastSeq; seq++ {
+		m, err := stream.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev, err := contract.DecodeEvent(m.Data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[ev.Key] = max(out[ev.Key], ev.Version)
+	}
+	return out
 }
