@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -175,7 +174,7 @@ func describeRebuild(st rebuild.Status) string {
 
 func rebuildRequest(ctx context.Context, client *http.Client, method, url string) (rebuild.Status, error) {
 	var st rebuild.Status
-	req, err := http.NewRequestWithContext(ctx, method, url, bytes.NewReader(nil))
+	req, err := http.NewRequestWithContext(ctx, method, url, http.NoBody)
 	if err != nil {
 		return st, err
 	}

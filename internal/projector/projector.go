@@ -225,7 +225,9 @@ type Config struct {
 	// of one document included (in stream order, in one shard, with the
 	// repairs in their own call after the originals), instead of only the
 	// newest version of each document: for a store whose effect is one per
-	// event (the notifier) rather than a document's state.
+	// event (the notifier) rather than a document's state. An event the
+	// store asks to have redelivered ([Redeliver]) comes back after the
+	// later versions of its document that succeeded meanwhile.
 	EveryEvent bool
 }
 
