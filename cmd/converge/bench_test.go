@@ -49,20 +49,23 @@ import (
 // the relay, the embedded index and graph projectors), and a rebuild of
 // each projection from a stream filled directly.
 const (
-	envBenchDocs   = "CONVERGE_BENCH_DOCS"         // documents of the throughput run
-	envRebuildDocs = "CONVERGE_BENCH_REBUILD_DOCS" // documents of the rebuild
-	envLatencyRate = "CONVERGE_BENCH_LATENCY_RATE" // documents/s of the latency run; default half the end-to-end rate
+	envBenchDocs    = "CONVERGE_BENCH_DOCS"          // documents of the throughput run
+	envRebuildDocs  = "CONVERGE_BENCH_REBUILD_DOCS"  // documents of the rebuild
+	envLatencyRate  = "CONVERGE_BENCH_LATENCY_RATE"  // documents/s of the latency runs; default half the end-to-end rate
+	envLatencyBatch = "CONVERGE_BENCH_LATENCY_BATCH" // documents per request of the latency run
 
-	defaultBenchDocs   = 20000
-	defaultRebuildDocs = 100000
-	calibrationDocs    = 5000 // the latency run's calibration, when the throughput run did not run first
+	defaultBenchDocs      = 20000
+	defaultRebuildDocs    = 100000
+	calibrationDocs       = 10000 // the latency run's calibration, when the throughput run did not run first
+	singleCalibrationDocs = 5000  // the single-document latency run's calibration
 
 	batchLines    = 100 // documents per POST /v1/documents:batch
 	writerClients = 4   // concurrent batch clients
 
-	latencyRun     = 20 * time.Second
-	latencyWorkers = 32 // concurrent PUT clients, so that the pacing is open loop
-	latencyTarget  = 50 * time.Millisecond
+	latencyRun          = 20 * time.Second
+	latencyWorkers      = 32         // concurrent clients, so that the pacing is open loop
+	defaultLatencyBatch = batchLines // documents per POST /v1/documents:batch of the latency run: as in the throughput run
+	latencyTarget       = 50 * time.Millisecond
 
 	rebuildTargetDocs = 100000
 	rebuildTarget     = 60 * time.Second
@@ -84,8 +87,10 @@ func envCount(b *testing.B, name string, def int) int {
 }
 
 // BenchmarkEndToEnd measures the pipeline from the writer's API to both
-// projections: the throughput of bulk writes, then the commit -> applied
-// latency of single-document writes at half of their end-to-end capacity.
+// projections: the throughput of batched writes (the max rate), the
+// commit -> applied latency of the same batched writes paced at half that
+// rate, and the latency of single-document writes at half of their own,
+// much lower, end-to-end capacity.
 func BenchmarkEndToEnd(b *testing.B) {
 	n := envCount(b, envBenchDocs, defaultBenchDocs)
 	ctx := context.Background()
@@ -97,6 +102,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 	note := func(b *testing.B) { once.Do(func() { b.Log(ready) }) }
 
 	runs := 0
+	var maxRate float64 // the batch API's end-to-end documents/s, once measured
 	b.Run("throughput", func(b *testing.B) {
 		note(b)
 		var write, conv, ver time.Duration
@@ -112,6 +118,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 		}
 		docs := float64(n) * float64(b.N)
 		writeRate, rate := docs/write.Seconds(), docs/conv.Seconds()
+		maxRate = rate
 		b.ReportMetric(writeRate, "writer_docs/s")
 		b.ReportMetric(rate, "e2e_docs/s")
 		b.ReportMetric(ver.Seconds()/float64(b.N), "verify_s")
@@ -120,38 +127,72 @@ func BenchmarkEndToEnd(b *testing.B) {
 			n, chunks, batchLines, writerClients, writeRate, (write / time.Duration(b.N)).Round(time.Millisecond),
 			rate, (conv / time.Duration(b.N)).Round(time.Millisecond), rate/writeRate, (ver / time.Duration(b.N)).Round(time.Millisecond), pressure)
 	})
+	// The latency runs write at half a capacity measured here: the
+	// batch API's end-to-end rate above (or a calibration run of it), and
+	// for single-document writes their own, much lower, capacity.
 	b.Run("latency", func(b *testing.B) {
 		note(b)
-		// The latency run writes one document per request: its half load is
-		// half the end-to-end rate of single-document writes (measured
-		// here, unpaced), not of the batched writes above.
-		var rate float64
-		var load string
-		if v := os.Getenv(envLatencyRate); v != "" {
-			r, err := strconv.ParseFloat(v, 64)
-			if err != nil || r <= 0 {
-				b.Fatalf("%s=%q: want documents per second", envLatencyRate, v)
+		per := envCount(b, envLatencyBatch, defaultLatencyBatch)
+		rate, load := latencyRate(b)
+		if rate == 0 {
+			if maxRate == 0 {
+				runs++
+				c := min(n, calibrationDocs)
+				r := s.throughput(ctx, b, fmt.Sprintf("cal%d", runs), c)
+				maxRate = float64(c) / r.converge.Seconds()
+				b.Logf("calibration: %d documents in batches of %d, unpaced: %.0f docs/s end to end (both projections applied)", c, batchLines, maxRate)
 			}
-			rate, load = r, "set by "+envLatencyRate+", not half load"
-			// Warm the pipeline up as the calibration does, or the first
-			// second's cold start decides the p99.
-			runs++
-			warm := s.singleCapacity(ctx, b, fmt.Sprintf("warm%d", runs), min(n, 1000))
-			b.Logf("warm-up: 1000 single-document PUTs, unpaced: %.0f docs/s end to end", warm)
+			b.ReportMetric(maxRate, "max_e2e_docs/s")
+			rate = maxRate / 2
+			load = fmt.Sprintf("half the batch API's end-to-end rate %.0f docs/s, measured in this run", maxRate)
 		} else {
+			s.warmUp(ctx, b, &runs)
+		}
+		for range b.N {
 			runs++
-			c := min(n, calibrationDocs)
+			s.latency(ctx, b, fmt.Sprintf("lat%d", runs), rate, per, load)
+		}
+	})
+	b.Run("latency-single", func(b *testing.B) {
+		note(b)
+		rate, load := latencyRate(b)
+		if rate == 0 {
+			runs++
+			c := min(n, singleCalibrationDocs)
 			capacity := s.singleCapacity(ctx, b, fmt.Sprintf("cap%d", runs), c)
 			b.ReportMetric(capacity, "single_put_e2e_docs/s")
 			b.Logf("capacity: %d single-document PUTs from %d clients, unpaced: %.0f docs/s end to end (both projections applied)", c, latencyWorkers, capacity)
 			rate = capacity / 2
-			load = fmt.Sprintf("half of the single-PUT end-to-end capacity %.0f docs/s", capacity)
+			load = fmt.Sprintf("half the single-PUT end-to-end rate %.0f docs/s, measured in this run", capacity)
+		} else {
+			s.warmUp(ctx, b, &runs)
 		}
 		for range b.N {
 			runs++
-			s.latency(ctx, b, fmt.Sprintf("lat%d", runs), rate, load)
+			s.latency(ctx, b, fmt.Sprintf("one%d", runs), rate, 1, load)
 		}
 	})
+}
+
+// latencyRate is the rate CONVERGE_BENCH_LATENCY_RATE sets, or 0.
+func latencyRate(b *testing.B) (float64, string) {
+	v := os.Getenv(envLatencyRate)
+	if v == "" {
+		return 0, ""
+	}
+	r, err := strconv.ParseFloat(v, 64)
+	if err != nil || r <= 0 {
+		b.Fatalf("%s=%q: want documents per second", envLatencyRate, v)
+	}
+	return r, "set by " + envLatencyRate + ", not half load"
+}
+
+// warmUp writes as a calibration would before a latency run at a set
+// rate, or the first second's cold start decides the p99.
+func (s *benchStack) warmUp(ctx context.Context, b *testing.B, runs *int) {
+	*runs++
+	warm := s.singleCapacity(ctx, b, fmt.Sprintf("warm%d", *runs), 1000)
+	b.Logf("warm-up: 1000 single-document PUTs, unpaced: %.0f docs/s end to end", warm)
 }
 
 // benchStack is the dev pipeline plus the clients the benchmarks use.
@@ -397,10 +438,6 @@ func (s *benchStack) mustAgree(ctx context.Context, b *testing.B) {
 	}
 }
 
-// latency writes single documents (PUT /v1/documents/{key}) at rate for
-// latencyRun, open loop (each request is due at start + i/rate, whatever
-// the earlier ones took), and reports each projector's commit -> applied
-// latency from its histogram.
 // singleCapacity writes n documents with one PUT each from latencyWorkers
 // clients as fast as they go, and returns documents/s until both
 // projections have applied them.
@@ -436,20 +473,43 @@ func (s *benchStack) singleCapacity(ctx context.Context, b *testing.B, run strin
 	return float64(n) / time.Since(start).Seconds()
 }
 
-func (s *benchStack) latency(ctx context.Context, b *testing.B, run string, rate float64, load string) {
+// latency writes documents at rate for latencyRun, per documents a request
+// (1: PUT /v1/documents/{key}, more: POST /v1/documents:batch), open loop:
+// each request is due at start + i*per/rate, whatever the earlier ones
+// took. It reports each projector's commit -> applied latency from its
+// histogram.
+func (s *benchStack) latency(ctx context.Context, b *testing.B, run string, rate float64, per int, load string) {
 	b.Helper()
-	n := int(rate * latencyRun.Seconds())
+	requests := int(rate * latencyRun.Seconds() / float64(per))
+	n := requests * per
 	if n < 1 {
-		b.Fatalf("rate %.2f docs/s gives no document in %v", rate, latencyRun)
+		b.Fatalf("rate %.2f docs/s in requests of %d gives no request in %v", rate, per, latencyRun)
 	}
-	paths := make([]string, n)
-	bodies := make([][]byte, n)
-	for i := range n {
-		d := benchDocument(run, i, n)
-		paths[i] = s.dev.apiURL + "/v1/documents/" + url.PathEscape(d.Key)
-		var err error
-		if bodies[i], err = json.Marshal(d); err != nil {
-			b.Fatal(err)
+	send := make([]func(context.Context) error, requests)
+	for j := range requests {
+		if per == 1 {
+			d := benchDocument(run, j, n)
+			body, err := json.Marshal(d)
+			if err != nil {
+				b.Fatal(err)
+			}
+			u := s.dev.apiURL + "/v1/documents/" + url.PathEscape(d.Key)
+			send[j] = func(ctx context.Context) error { return s.put(ctx, u, body) }
+			continue
+		}
+		var body bytes.Buffer
+		enc := json.NewEncoder(&body)
+		for i := j * per; i < (j+1)*per; i++ {
+			if err := enc.Encode(benchDocument(run, i, n)); err != nil {
+				b.Fatal(err)
+			}
+		}
+		send[j] = func(ctx context.Context) error {
+			applied, err := s.postBatch(ctx, body.Bytes())
+			if err == nil && applied != per {
+				err = fmt.Errorf("writer: %d of %d documents applied", applied, per)
+			}
+			return err
 		}
 	}
 	addrs := map[string]string{"index": s.dev.cfg.indexAddr, "graph": s.dev.cfg.graphAddr}
@@ -460,14 +520,14 @@ func (s *benchStack) latency(ctx context.Context, b *testing.B, run string, rate
 	relayBefore := s.scrapeRelay(ctx, b)
 	from := s.lastSeq(ctx, b)
 
-	jobs := make(chan int, n)
-	roundTrips := make([]time.Duration, n)
+	jobs := make(chan int, requests)
+	roundTrips := make([]time.Duration, requests)
 	g, gctx := errgroup.WithContext(ctx)
 	for range latencyWorkers {
 		g.Go(func() error {
 			for i := range jobs {
 				t := time.Now()
-				if err := s.put(gctx, paths[i], bodies[i]); err != nil {
+				if err := send[i](gctx); err != nil {
 					return err
 				}
 				roundTrips[i] = time.Since(t)
@@ -478,8 +538,8 @@ func (s *benchStack) latency(ctx context.Context, b *testing.B, run string, rate
 	stallFrom, _ := cpuStalled()
 	start := time.Now()
 	var maxLate time.Duration
-	for i := range n {
-		due := start.Add(time.Duration(float64(i) / rate * float64(time.Second)))
+	for i := range requests {
+		due := start.Add(time.Duration(float64(i*per) / rate * float64(time.Second)))
 		if d := time.Until(due); d > 0 {
 			time.Sleep(d)
 		} else {
@@ -517,10 +577,14 @@ func (s *benchStack) latency(ctx context.Context, b *testing.B, run string, rate
 	}
 	slices.Sort(roundTrips)
 	achieved := float64(n) / sent.Seconds()
-	b.Logf("latency: %d single-document PUTs paced at %.0f docs/s (%s) for %v: achieved %.0f docs/s, "+
-		"pacer at most %v late; PUT round trip p50 %v p99 %v (client side, exact); %s",
-		n, rate, load, sent.Round(time.Millisecond), achieved, maxLate.Round(time.Microsecond),
-		roundTrips[n/2].Round(time.Microsecond), roundTrips[min(n-1, n*99/100)].Round(time.Microsecond), pressure)
+	how := "single-document PUTs"
+	if per > 1 {
+		how = fmt.Sprintf("documents in batch POSTs of %d", per)
+	}
+	b.Logf("latency: %d %s paced at %.0f docs/s (%s) for %v: achieved %.0f docs/s, "+
+		"pacer at most %v late; request round trip p50 %v p99 %v (client side, exact); %s",
+		n, how, rate, load, sent.Round(time.Millisecond), achieved, maxLate.Round(time.Microsecond),
+		roundTrips[requests/2].Round(time.Microsecond), roundTrips[min(requests-1, requests*99/100)].Round(time.Microsecond), pressure)
 	b.Logf("relay, commit -> acknowledgement as the relay records it (on its next read from Postgres, so at low rates it trails the stream's): p50 %.1f ms, p99 %.1f ms, mean %.1f ms (exact) over %d events",
 		1000*relayStage.quantile(0.5), 1000*relayStage.quantile(0.99), 1000*relayStage.sum/relayStage.count, int(relayStage.count))
 	b.ReportMetric(achieved, "paced_docs/s")
@@ -537,11 +601,11 @@ func (s *benchStack) latency(ctx context.Context, b *testing.B, run string, rate
 		if h.count != float64(n) {
 			b.Errorf("%s: %v commit -> applied observations, want one per document (%d)", name, h.count, n)
 		}
-		// Precision: the histogram's buckets (0.5 ms doubling: ..., 16, 32,
-		// 64, 128 ms, ...) are all a projector records, so a quantile is
-		// interpolated linearly within its bucket, as Prometheus's
-		// histogram_quantile does; the true value can be anywhere in that
-		// bucket. The mean (sum/count) is exact.
+		// Precision: the histogram's buckets (projector.LatencyBuckets:
+		// ..., 40, 45, 50, 60 ms, ...) are all a projector records, so a
+		// quantile is interpolated linearly within its bucket, as
+		// Prometheus's histogram_quantile does; the true value can be
+		// anywhere in that bucket. The mean (sum/count) is exact.
 		p50, p99 := h.quantile(0.50), h.quantile(0.99)
 		lo, hi, inBucket := h.bucketOf(0.99)
 		// Whether the buckets alone decide the target: the fractions of
