@@ -585,7 +585,7 @@ func (s *benchStack) latency(ctx context.Context, b *testing.B, run string, rate
 		"pacer at most %v late; request round trip p50 %v p99 %v (client side, exact); %s",
 		n, how, rate, load, sent.Round(time.Millisecond), achieved, maxLate.Round(time.Microsecond),
 		roundTrips[requests/2].Round(time.Microsecond), roundTrips[min(requests-1, requests*99/100)].Round(time.Microsecond), pressure)
-	b.Logf("relay, commit -> acknowledgement as the relay records it (on its next read from Postgres, so at low rates it trails the stream's): p50 %.1f ms, p99 %.1f ms, mean %.1f ms (exact) over %d events",
+	b.Logf("relay, commit -> JetStream acknowledgement: p50 %.1f ms, p99 %.1f ms, mean %.1f ms (exact) over %d events",
 		1000*relayStage.quantile(0.5), 1000*relayStage.quantile(0.99), 1000*relayStage.sum/relayStage.count, int(relayStage.count))
 	b.ReportMetric(achieved, "paced_docs/s")
 	for _, name := range []string{"index", "graph"} {

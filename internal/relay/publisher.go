@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -51,6 +52,7 @@ type publisher struct {
 type ackSlot struct {
 	state atomic.Uint32
 	err   error // written before state is set to ackFailed
+	at    int64 // when the acknowledgement arrived (Unix nanoseconds), written before state
 }
 
 const (
@@ -128,6 +130,12 @@ func (p *publisher) outcome(seq uint64) (uint32, error) {
 	return st, nil
 }
 
+// ackedAt is when the acknowledgement of publish seq arrived; valid once
+// outcome reported it no longer waiting.
+func (p *publisher) ackedAt(seq uint64) time.Time {
+	return time.Unix(0, p.slots[seq%uint64(len(p.slots))].at)
+}
+
 // reconnected reports whether the connection was re-established since the
 // session began.
 func (p *publisher) reconnected() bool { return p.nc.Stats().Reconnects != p.reconnects }
@@ -139,6 +147,7 @@ func (p *publisher) onAck(m *nats.Msg) {
 		return // not a reply of ours
 	}
 	s := &p.slots[i]
+	s.at = time.Now().UnixNano()
 	state, ackErr := p.parseAck(m)
 	if ackErr != nil {
 		s.err = ackErr

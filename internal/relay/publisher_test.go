@@ -56,6 +56,7 @@ func TestPublisherOutcomes(t *testing.T) {
 	// The payload is the caller's buffer: reusing it right after publish
 	// must not change what is stored.
 	buf := []byte("first payload")
+	sent := time.Now()
 	seq, err := p.publish("docs.a", "id-1", hdr, nil, buf)
 	if err != nil {
 		t.Fatal(err)
@@ -63,6 +64,16 @@ func TestPublisherOutcomes(t *testing.T) {
 	copy(buf, "XXXXX")
 	if st, err := awaitOutcome(t, p, seq); st != ackStored || err != nil {
 		t.Fatalf("first publish: state %d, err %v; want stored", st, err)
+	}
+	// The relay's latency metrics are timed by the acknowledgement's
+	// arrival, which must not move when the outcome is read later.
+	acked := p.ackedAt(seq)
+	if answered := time.Now(); acked.Before(sent) || acked.After(answered) {
+		t.Fatalf("acknowledged at %v, outside [%v, %v] of the publish and its outcome", acked, sent, answered)
+	}
+	time.Sleep(20 * time.Millisecond)
+	if again := p.ackedAt(seq); !again.Equal(acked) {
+		t.Fatalf("the acknowledgement time moved from %v to %v when read again", acked, again)
 	}
 	stream, err := js.Stream(ctx, "DOCS")
 	if err != nil {

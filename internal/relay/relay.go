@@ -520,7 +520,9 @@ func (s *session) drain(ctx context.Context, block bool) error {
 		case ackFailed:
 			return &publishError{err: err}
 		}
-		now := time.Now()
+		// Timed by the acknowledgement's arrival, not by when it is
+		// consumed here (after the next read from Postgres, at low rates).
+		acked := s.pub.ackedAt(p.seq)
 		s.relay.metrics.Published.Inc()
 		if state == ackDuplicate {
 			s.relay.metrics.Duplicates.Inc()
@@ -528,8 +530,8 @@ func (s *session) drain(ctx context.Context, block bool) error {
 		if p.reemission {
 			s.relay.metrics.Reemissions.Inc()
 		}
-		s.relay.metrics.PublishTime.Observe(now.Sub(p.sent).Seconds())
-		s.relay.metrics.CommitToAck.Observe(now.Sub(p.commitTime).Seconds())
+		s.relay.metrics.PublishTime.Observe(acked.Sub(p.sent).Seconds())
+		s.relay.metrics.CommitToAck.Observe(acked.Sub(p.commitTime).Seconds())
 		s.inflight--
 		s.inflightBytes -= p.size
 		s.pop()
