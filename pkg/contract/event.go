@@ -132,6 +132,22 @@ func DecodeEvent(data []byte) (Event, error) {
 	if !utf8.Valid(data) {
 		return Event{}, invalid(CodeInvalidUTF8, "", "event is not valid UTF-8")
 	}
+	e, ok := decodeCanonical(data)
+	if !ok {
+		var err error
+		if e, err = decodeStandard(data); err != nil {
+			return Event{}, err
+		}
+	}
+	if err := e.Verify(); err != nil {
+		return Event{}, err
+	}
+	return e, nil
+}
+
+// decodeStandard decodes data with encoding/json: any layout, unknown
+// fields refused.
+func decodeStandard(data []byte) (Event, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	var e Event
@@ -140,9 +156,6 @@ func DecodeEvent(data []byte) (Event, error) {
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return Event{}, invalid(CodeInvalidJSON, "", "event has data after the JSON object")
-	}
-	if err := e.Verify(); err != nil {
-		return Event{}, err
 	}
 	return e, nil
 }
