@@ -85,8 +85,11 @@ func nodeSize(n *node) int {
 }
 
 // encodeNodes seals a record of op holding nodes.
-func encodeNodes(op byte, nodes []*node) ([]byte, error) {
-	return wal.SealList(op, nodes, nodeSize, appendNode)
+func encodeNodes(op byte, nodes []*node) ([]byte, error) { return encodeNodesInto(nil, op, nodes) }
+
+// encodeNodesInto is encodeNodes reusing buf (see wal.SealListInto).
+func encodeNodesInto(buf []byte, op byte, nodes []*node) ([]byte, error) {
+	return wal.SealListInto(buf, op, nodes, nodeSize, appendNode)
 }
 
 func decodeStrings(d *wal.Decoder) []string {

@@ -40,14 +40,16 @@ func (d *durable) Capture() (wal.Snapshot, error) {
 	}
 	count := binary.AppendUvarint(nil, uint64(len(nodes)))
 	return wal.Snapshot{Header: count, End: count, Write: func(w *wal.SnapshotWriter) error {
+		var buf []byte // one for every record, as the index's snapshot does
 		for batch := range slices.Chunk(nodes, snapshotBatch) {
-			rec, err := encodeNodes(opNodes, batch)
+			rec, err := encodeNodesInto(buf, opNodes, batch)
 			if err != nil {
 				return err
 			}
 			if err := w.Write(rec); err != nil {
 				return err
 			}
+			buf = rec
 		}
 		return nil
 	}}, nil

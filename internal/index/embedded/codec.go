@@ -74,8 +74,11 @@ func encodeDimension(dim int) ([]byte, error) {
 	return wal.Seal(binary.AppendUvarint(b, uint64(dim)))
 }
 
-func encodeUpsert(points []*index.Point) ([]byte, error) {
-	return wal.SealList(opUpsert, points, pointSize, appendPoint)
+func encodeUpsert(points []*index.Point) ([]byte, error) { return encodeUpsertInto(nil, points) }
+
+// encodeUpsertInto is encodeUpsert reusing buf (see wal.SealListInto).
+func encodeUpsertInto(buf []byte, points []*index.Point) ([]byte, error) {
+	return wal.SealListInto(buf, opUpsert, points, pointSize, appendPoint)
 }
 
 func encodeDeleteStale(keeps []index.Keep) ([]byte, error) {

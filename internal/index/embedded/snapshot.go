@@ -58,10 +58,17 @@ func (r *durable) Capture() (wal.Snapshot, error) {
 					return err
 				}
 			}
+			// One buffer for every record of points: the snapshot's size
+			// is the index's, and allocating it anew would drive the
+			// garbage collector (and so every goroutine's assists) for as
+			// long as the compaction runs.
+			var buf []byte
 			for batch := range slices.Chunk(points, snapshotPointBatch) {
-				if err := put(encodeUpsert(batch)); err != nil {
+				rec, err := encodeUpsertInto(buf, batch)
+				if err := put(rec, err); err != nil {
 					return err
 				}
+				buf = rec
 			}
 			return nil
 		},

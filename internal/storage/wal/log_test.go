@@ -1,10 +1,12 @@
 package wal
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -450,5 +452,38 @@ func TestConcurrentAppendsAndCompactions(t *testing.T) {
 	}
 	if len(j.entries) != writers*each {
 		t.Fatalf("%d entries, want %d", len(j.entries), writers*each)
+	}
+}
+
+// A snapshot larger than writeBackEvery is written back as it goes, and
+// arrives whole.
+func TestPacedFileWritesEverything(t *testing.T) {
+	f, err := os.Create(filepath.Join(t.TempDir(), "snapshot.tmp"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	p := &pacedFile{f: f}
+	r := rand.New(rand.NewPCG(3, 4))
+	var want []byte
+	for len(want) < 2*writeBackEvery+12345 {
+		chunk := make([]byte, 1+r.IntN(1<<20))
+		for i := range chunk {
+			chunk[i] = byte(r.Uint32())
+		}
+		if n, err := p.Write(chunk); err != nil || n != len(chunk) {
+			t.Fatalf("write: %d of %d, %v", n, len(chunk), err)
+		}
+		want = append(want, chunk...)
+	}
+	if p.done < 2*writeBackEvery || p.done > p.written || p.written != int64(len(want)) {
+		t.Fatalf("written %d (want %d), written back %d: want at least %d written back", p.written, len(want), p.done, 2*writeBackEvery)
+	}
+	got, err := os.ReadFile(f.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("the file holds %d bytes, not the %d written", len(got), len(want))
 	}
 }

@@ -20,11 +20,24 @@ func AppendString(b []byte, s string) []byte {
 // appendItem after their count; size bounds the bytes an item takes, so
 // that the record is allocated once.
 func SealList[T any](op byte, items []T, size func(T) int, appendItem func([]byte, T) []byte) ([]byte, error) {
+	return SealListInto(nil, op, items, size, appendItem)
+}
+
+// SealListInto is SealList building the record in buf when it has the
+// room, so that a writer of many records (a snapshot) reuses one buffer
+// instead of allocating each record.
+func SealListInto[T any](buf []byte, op byte, items []T, size func(T) int, appendItem func([]byte, T) []byte) ([]byte, error) {
 	n := 1 + binary.MaxVarintLen64
 	for _, it := range items {
 		n += size(it)
 	}
-	b := append(NewRecord(n), op)
+	var b []byte
+	if cap(buf) >= HeaderSize+n {
+		b = buf[:HeaderSize]
+	} else {
+		b = NewRecord(n)
+	}
+	b = append(b, op)
 	b = binary.AppendUvarint(b, uint64(len(items)))
 	for _, it := range items {
 		b = appendItem(b, it)

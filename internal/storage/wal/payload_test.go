@@ -54,3 +54,33 @@ func TestDecoderFailures(t *testing.T) {
 		})
 	}
 }
+
+// SealListInto builds the same record as SealList, in the buffer it is
+// given when that has the room, and in a new one when it does not.
+func TestSealListInto(t *testing.T) {
+	items := []string{"a", "bc", strings.Repeat("d", 300)}
+	size := func(s string) int { return binary.MaxVarintLen64 + len(s) }
+	want, err := SealList(7, items, size, AppendString)
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := make([]byte, 0, 4096)
+	got, err := SealListInto(big, 7, items, size, AppendString)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != string(want) {
+		t.Fatalf("record in a reused buffer differs:\n%q\n%q", got, want)
+	}
+	if &got[:1][0] != &big[:1][0] {
+		t.Fatal("a buffer with room was not reused")
+	}
+	small := make([]byte, 0, 8)
+	got, err = SealListInto(small, 7, items, size, AppendString)
+	if err != nil || string(got) != string(want) {
+		t.Fatalf("record from a small buffer: %q, %v", got, err)
+	}
+	if &got[:1][0] == &small[:1][0] {
+		t.Fatal("a buffer without room was written past its capacity")
+	}
+}

@@ -41,6 +41,30 @@ func (w *SnapshotWriter) Write(rec []byte) error {
 	return err
 }
 
+// writeBackEvery is how many bytes of a snapshot are written before they
+// are written back to the device (see writeBack).
+const writeBackEvery = 8 << 20
+
+// pacedFile writes a snapshot to f, writing each writeBackEvery bytes back
+// to the device as it goes: the snapshot's writer waits for its own
+// writes, instead of leaving hundreds of megabytes for the final fsync and
+// for every fsync of the live log made meanwhile.
+type pacedFile struct {
+	f             *os.File
+	written, done int64 // bytes written; bytes written back
+}
+
+func (p *pacedFile) Write(b []byte) (int, error) {
+	n, err := p.f.Write(b)
+	p.written += int64(n)
+	if err == nil && p.written-p.done >= writeBackEvery {
+		if err = writeBack(p.f, p.done, p.written-p.done); err == nil {
+			p.done = p.written
+		}
+	}
+	return n, err
+}
+
 // Compact writes the store's state to a new snapshot and removes the logs
 // it covers. It runs in the background on its own when the log has grown
 // (see [Options.CompactBytes]); writes go on while it runs, except while
@@ -151,7 +175,7 @@ func (l *Log) writeSnapshot(next uint64, snap Snapshot, stop func() error) (size
 			err = fmt.Errorf("wal: write snapshot: %w", err)
 		}
 	}()
-	w := &SnapshotWriter{w: bufio.NewWriterSize(f, 1<<20), stop: stop}
+	w := &SnapshotWriter{w: bufio.NewWriterSize(&pacedFile{f: f}, 1<<20), stop: stop}
 	head := l.format.appendHeader(NewRecord(32+len(l.format.Magic)+len(snap.Header)), KindSnapshotHeader, next)
 	rec, err := Seal(append(head, snap.Header...))
 	if err != nil {
