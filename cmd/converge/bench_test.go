@@ -12,12 +12,15 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -91,10 +94,18 @@ func envCount(b *testing.B, name string, def int) int {
 // commit -> applied latency of the same batched writes paced at half that
 // rate, and the latency of single-document writes at half of their own,
 // much lower, end-to-end capacity.
-func BenchmarkEndToEnd(b *testing.B) {
+func BenchmarkEndToEnd(b *testing.B) { benchEndToEnd(b, false) }
+
+// BenchmarkEndToEndProcesses is BenchmarkEndToEnd in the deployed layout:
+// the writer, the relay and each projector a process of its own (the real
+// binaries, built here), so that no service's memory and garbage
+// collection slow another's.
+func BenchmarkEndToEndProcesses(b *testing.B) { benchEndToEnd(b, true) }
+
+func benchEndToEnd(b *testing.B, processes bool) {
 	n := envCount(b, envBenchDocs, defaultBenchDocs)
 	ctx := context.Background()
-	s, ready := startBenchStack(b)
+	s, ready := startBenchStack(b, processes)
 	defer s.close(b)
 	// A benchmark with sub-benchmarks prints no log of its own: the first
 	// sub-benchmark to run says how the pipeline started.
@@ -203,19 +214,26 @@ type benchStack struct {
 	js     jetstream.JetStream
 	stream jetstream.Stream
 	client *http.Client
+	// services are the writer, relay and projector processes of the
+	// deployed layout; none when the pipeline runs in this process.
+	services []*child
 }
 
-func startBenchStack(b *testing.B) (*benchStack, string) {
+func startBenchStack(b *testing.B, processes bool) (*benchStack, string) {
 	b.Helper()
 	ctx := context.Background()
 	cfg := devConfig{log: config.NewLogger(os.Stderr, "warn"), logOut: os.Stderr,
-		index: &ibackends.Config{}, graph: &gbackends.Config{}}
+		index: &ibackends.Config{}, graph: &gbackends.Config{}, infraOnly: processes}
 	for _, a := range []*string{&cfg.httpAddr, &cfg.writerAddr, &cfg.relayAddr, &cfg.indexAddr, &cfg.graphAddr} {
 		addr, err := freeAddr()
 		if err != nil {
 			b.Fatal(err)
 		}
 		*a = addr
+	}
+	var bin string
+	if processes {
+		bin = buildBinaries(b)
 	}
 	began := time.Now()
 	dev, err := startDev(ctx, cfg)
@@ -224,6 +242,14 @@ func startBenchStack(b *testing.B) (*benchStack, string) {
 	}
 	s := &benchStack{dev: dev, client: &http.Client{Timeout: time.Minute,
 		Transport: &http.Transport{MaxIdleConns: 2 * latencyWorkers, MaxIdleConnsPerHost: 2 * latencyWorkers}}}
+	layout := "one process"
+	if processes {
+		layout = "a process each"
+		if err := s.startServices(ctx, bin); err != nil {
+			s.close(b)
+			b.Fatalf("start the services: %v", err)
+		}
+	}
 	if s.pool, err = pgxpool.New(ctx, dev.postgresURL); err != nil {
 		s.close(b)
 		b.Fatal(err)
@@ -241,11 +267,96 @@ func startBenchStack(b *testing.B) (*benchStack, string) {
 		s.close(b)
 		b.Fatalf("stream CONVERGE_DOCS: %v", err)
 	}
-	return s, fmt.Sprintf("pipeline ready in %v: PostgreSQL 15 (throwaway, fsync off), embedded NATS, writer, relay, embedded index and graph projectors; one process and Postgres on %d CPUs",
-		time.Since(began).Round(time.Millisecond), runtime.NumCPU())
+	return s, fmt.Sprintf("pipeline ready in %v: PostgreSQL 15 (throwaway, fsync off), embedded NATS (in the benchmark's process), writer, relay, embedded index and graph projectors, %s; on %d CPUs",
+		time.Since(began).Round(time.Millisecond), layout, runtime.NumCPU())
+}
+
+// buildBinaries builds every command into a temporary directory.
+func buildBinaries(b *testing.B) string {
+	b.Helper()
+	dir := b.TempDir()
+	out, err := exec.Command("go", "build", "-o", dir+string(filepath.Separator), "github.com/converge-sync/converge/cmd/...").CombinedOutput()
+	if err != nil {
+		b.Fatalf("go build: %v\n%s", err, out)
+	}
+	return dir
+}
+
+// startServices runs the writer, the relay and both projectors from the
+// binaries in bin, on the addresses of s.dev.cfg, and waits until each is
+// ready and the relay holds its slot.
+func (s *benchStack) startServices(ctx context.Context, bin string) error {
+	cfg := s.dev.cfg
+	pg, natsURL, data := s.dev.postgresURL, s.dev.natsURL, cfg.dataDir
+	for _, svc := range []struct {
+		name string
+		args []string
+	}{
+		{"writer", []string{"-postgres-url", pg, "-http-addr", cfg.httpAddr, "-metrics-addr", cfg.writerAddr}},
+		{"relay", []string{"-postgres-url", pg, "-nats-url", natsURL, "-metrics-addr", cfg.relayAddr}},
+		{"projector-index", []string{"-nats-url", natsURL, "-data-dir", data, "-metrics-addr", cfg.indexAddr}},
+		{"projector-graph", []string{"-nats-url", natsURL, "-data-dir", data, "-metrics-addr", cfg.graphAddr}},
+	} {
+		cmd := exec.Command(filepath.Join(bin, svc.name), append(svc.args, "-log-level", "warn")...)
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		cmd.SysProcAttr = childProcAttr()
+		if err := cmd.Start(); err != nil {
+			return fmt.Errorf("start %s: %w", svc.name, err)
+		}
+		c := &child{cmd: cmd, done: make(chan struct{})}
+		go func() { c.err = cmd.Wait(); close(c.done) }()
+		s.services = append(s.services, c)
+	}
+	relayActive := func() bool {
+		text, err := getText("http://" + cfg.relayAddr + "/metrics")
+		return err == nil && strings.Contains(text, "\nconverge_relay_active 1\n")
+	}
+	for _, w := range []struct {
+		what  string
+		ready func() bool
+	}{
+		{"the writer", func() bool { return httpOK("http://" + cfg.writerAddr + "/readyz") }},
+		{"the relay to hold its slot", relayActive},
+		{"the index projector", func() bool { return httpOK("http://" + cfg.indexAddr + "/readyz") }},
+		{"the graph projector", func() bool { return httpOK("http://" + cfg.graphAddr + "/readyz") }},
+	} {
+		if err := waitUntil(ctx, ctx, 60*time.Second, w.ready); err != nil {
+			return fmt.Errorf("waiting for %s: %w", w.what, err)
+		}
+	}
+	for _, c := range s.services {
+		select {
+		case <-c.done:
+			return fmt.Errorf("%s exited: %v", c.cmd.Path, c.err)
+		default:
+		}
+	}
+	s.dev.apiURL = "http://" + cfg.httpAddr
+	return nil
+}
+
+// getText GETs u and returns the body.
+func getText(u string) (string, error) {
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get(u)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	var text bytes.Buffer
+	_, err = text.ReadFrom(resp.Body)
+	return text.String(), err
 }
 
 func (s *benchStack) close(b *testing.B) {
+	for _, c := range s.services {
+		_ = c.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-c.done:
+		case <-time.After(30 * time.Second):
+			_ = c.cmd.Process.Kill()
+			<-c.done
+		}
+	}
 	if s.nc != nil {
 		s.nc.Close()
 	}

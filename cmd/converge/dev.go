@@ -55,8 +55,12 @@ type devConfig struct {
 	// notifier too, with its metrics on notifierAddr.
 	notifier     *notifier.Config
 	notifierAddr string
-	log          *slog.Logger
-	logOut       io.Writer // the child's output
+	// infraOnly starts Postgres (with the schema and the slot) and NATS,
+	// and none of the services: the caller runs them (the benchmark of
+	// the deployed layout, one process per service).
+	infraOnly bool
+	log       *slog.Logger
+	logOut    io.Writer // the child's output
 }
 
 // devStack is a running pipeline.
@@ -122,6 +126,9 @@ func startDev(ctx context.Context, cfg devConfig) (_ *devStack, err error) {
 			return nil, fmt.Errorf("start NATS: %w", err)
 		}
 		s.natsURL = s.nats.URL
+	}
+	if cfg.infraOnly {
+		return s, nil
 	}
 
 	runCtx, cancel := context.WithCancel(context.Background())
