@@ -20,7 +20,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -349,13 +348,7 @@ func getText(u string) (string, error) {
 
 func (s *benchStack) close(b *testing.B) {
 	for _, c := range s.services {
-		_ = c.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-c.done:
-		case <-time.After(30 * time.Second):
-			_ = c.cmd.Process.Kill()
-			<-c.done
-		}
+		c.stop()
 	}
 	if s.nc != nil {
 		s.nc.Close()

@@ -291,6 +291,18 @@ type child struct {
 	err  error         // its exit, once done
 }
 
+// stop asks the child to stop (SIGTERM), SIGKILLs it if it has not
+// within 30 s, and reaps it.
+func (c *child) stop() {
+	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-c.done:
+	case <-time.After(30 * time.Second):
+		_ = c.cmd.Process.Kill()
+		<-c.done
+	}
+}
+
 // killGraphChild SIGKILLs the graph projector child and reaps it.
 func (s *devStack) killGraphChild() error {
 	s.childMu.Lock()
@@ -311,13 +323,7 @@ func (s *devStack) stop() error {
 	var errs []error
 	s.childMu.Lock()
 	if c := s.child; c != nil {
-		_ = c.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-c.done:
-		case <-time.After(30 * time.Second):
-			_ = c.cmd.Process.Kill()
-			<-c.done
-		}
+		c.stop()
 		s.child = nil
 	}
 	s.childMu.Unlock()
