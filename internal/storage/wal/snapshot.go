@@ -52,15 +52,20 @@ const writeBackEvery = 8 << 20
 type pacedFile struct {
 	f             *os.File
 	written, done int64 // bytes written; bytes written back
+	off           bool  // a write-back failed: the file system does not take it
 }
 
+// Write writes b. The write-back is an optimisation only (the final fsync
+// makes the snapshot durable), so a file system that refuses it just
+// stops being asked.
 func (p *pacedFile) Write(b []byte) (int, error) {
 	n, err := p.f.Write(b)
 	p.written += int64(n)
-	if err == nil && p.written-p.done >= writeBackEvery {
-		if err = writeBack(p.f, p.done, p.written-p.done); err == nil {
-			p.done = p.written
+	if err == nil && !p.off && p.written-p.done >= writeBackEvery {
+		if writeBack(p.f, p.done, p.written-p.done) != nil {
+			p.off = true
 		}
+		p.done = p.written
 	}
 	return n, err
 }
