@@ -226,3 +226,58 @@ func TestRebuildResumesAfterRestart(t *testing.T) {
 	}
 	t.Logf("interrupted after the rebuild consumer had acknowledged up to %d of %d", applied, docs)
 }
+
+// A rebuild resumed on a process whose live generation is not the one
+// recorded when the rebuild began (here the pointer file was moved while
+// no process ran; with Qdrant, a restart between dropping a legacy
+// collection and creating its alias opens a fresh first collection)
+// drops that generation too, not only the recorded one.
+func TestResumedRebuildDropsTheGenerationLiveAtTheSwitch(t *testing.T) {
+	e := newEnv(t)
+	const docs = 3000
+	want := map[string]int64{}
+	for i := range docs {
+		key := fmt.Sprintf("doc-%04d", i)
+		e.publish(t, key, 1)
+		want[key] = 1
+	}
+	p := start(t, e)
+	rebuildtest.Eventually(t, "the live index to hold every document", 60*time.Second, holdsAll(p, t, want))
+	st, _, err := p.Manager.Start(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.stop()
+	if st.Previous != "index" {
+		t.Fatalf("recorded previous generation %q, want index", st.Previous)
+	}
+	if p.Manager.Status(context.Background()).Phase == rebuild.PhaseDone {
+		t.Skip("the rebuild finished before it could be interrupted")
+	}
+	dirs := rebuild.Dirs{Root: e.dataDir, Base: "index"}
+	const since = "index-opened-since"
+	if err := os.Mkdir(dirs.Path(since), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := dirs.Activate(since); err != nil {
+		t.Fatal(err)
+	}
+
+	p = start(t, e)
+	defer p.stop()
+	if live := p.Switch.Live().Name; live != since && live != st.Target {
+		t.Fatalf("the restarted process runs on %q; want %q (or the target, had the switch happened)", live, since)
+	}
+	rebuildtest.Eventually(t, "the resumed rebuild to finish", 60*time.Second, func() bool {
+		return p.Manager.Status(context.Background()).Phase == rebuild.PhaseDone
+	})
+	if live := p.Switch.Live().Name; live != st.Target {
+		t.Fatalf("live generation after the resumed rebuild: %q; want %q", live, st.Target)
+	}
+	rebuildtest.Eventually(t, "the rebuilt index to hold every document", 30*time.Second, holdsAll(p, t, want))
+	for _, gone := range []string{"index", since} {
+		if _, err := os.Stat(dirs.Path(gone)); !os.IsNotExist(err) {
+			t.Errorf("generation %s remains after the rebuild: %v", gone, err)
+		}
+	}
+}

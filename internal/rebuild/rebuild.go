@@ -38,6 +38,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -86,13 +87,18 @@ const (
 // State is a rebuild in progress as its bucket keeps it, under the
 // projector's name: what survives a crash.
 type State struct {
-	Projector string    `json:"projector,omitempty"`
-	ID        string    `json:"id"`
-	Phase     string    `json:"phase"`
-	InPlace   bool      `json:"in_place"`
-	Target    string    `json:"target"`   // the generation being filled
-	Previous  string    `json:"previous"` // the live generation when the rebuild began
-	StartedAt time.Time `json:"started_at"`
+	Projector string `json:"projector,omitempty"`
+	ID        string `json:"id"`
+	Phase     string `json:"phase"`
+	InPlace   bool   `json:"in_place"`
+	Target    string `json:"target"`   // the generation being filled
+	Previous  string `json:"previous"` // the live generation when the rebuild began
+	// Superseded are other generations the live runtime was found on at
+	// the switch, dropped with Previous: one opened by a restart while no
+	// generation was live (a crash between dropping a legacy Qdrant
+	// collection and creating its alias).
+	Superseded []string  `json:"superseded,omitempty"`
+	StartedAt  time.Time `json:"started_at"`
 }
 
 // Status reports the rebuild in progress, or the last one.
@@ -399,6 +405,16 @@ func (m *Manager) blueGreen(ctx context.Context, st *State) error {
 	if err := m.catchUpToLast(ctx, target); err != nil {
 		return err
 	}
+	if live := m.sw.Live(); live != nil && live.Name != st.Previous && live.Name != st.Target && !slices.Contains(st.Superseded, live.Name) {
+		// Recorded before the switch, so that a crash right after it
+		// still drops this generation.
+		m.log.Warn("the live generation is not the one recorded when the rebuild began; it is dropped as well",
+			"live", m.stores.Describe(live.Name), "recorded", m.stores.Describe(st.Previous))
+		st.Superseded = append(st.Superseded, live.Name)
+		if err := m.save(ctx, st, false); err != nil {
+			return err
+		}
+	}
 	if err := m.stores.Activate(ctx, st.Target); err != nil {
 		return fmt.Errorf("activate %s: %w", m.stores.Describe(st.Target), err)
 	}
@@ -542,9 +558,14 @@ func (m *Manager) catchUpTo(ctx context.Context, g *Generation, target uint64) e
 // finish drops the previous generation, deletes the rebuild consumer and
 // then the state.
 func (m *Manager) finish(ctx context.Context, st *State) error {
-	if !st.InPlace && st.Previous != st.Target {
-		if err := m.stores.Drop(ctx, st.Previous); err != nil {
-			return fmt.Errorf("drop %s: %w", m.stores.Describe(st.Previous), err)
+	if !st.InPlace {
+		for _, name := range append([]string{st.Previous}, st.Superseded...) {
+			if name == st.Target {
+				continue
+			}
+			if err := m.stores.Drop(ctx, name); err != nil {
+				return fmt.Errorf("drop %s: %w", m.stores.Describe(name), err)
+			}
 		}
 	}
 	if err := m.deleteConsumer(ctx); err != nil {
