@@ -180,9 +180,10 @@ func TestBlueGreenRebuildUnderLiveTraffic(t *testing.T) {
 // A process stopped in the middle of a rebuild resumes it when it starts
 // again: into the same fresh generation, from the rebuild consumer's
 // position, to the same end.
-func TestRebuildResumesAfterRestart(t *testing.T) {
-	e := newEnv(t)
-	const docs = 3000
+// startRebuild publishes docs documents, starts a process, waits until its
+// live index holds them all, and starts a rebuild.
+func startRebuild(t *testing.T, e *env, docs int) (*process, rebuild.Status, map[string]int64) {
+	t.Helper()
 	want := map[string]int64{}
 	for i := range docs {
 		key := fmt.Sprintf("doc-%04d", i)
@@ -193,8 +194,16 @@ func TestRebuildResumesAfterRestart(t *testing.T) {
 	rebuildtest.Eventually(t, "the live index to hold every document", 60*time.Second, holdsAll(p, t, want))
 	st, _, err := p.Manager.Start(context.Background())
 	if err != nil {
+		p.stop()
 		t.Fatal(err)
 	}
+	return p, st, want
+}
+
+func TestRebuildResumesAfterRestart(t *testing.T) {
+	e := newEnv(t)
+	const docs = 3000
+	p, st, want := startRebuild(t, e, docs)
 	var applied uint64
 	rebuildtest.Eventually(t, "the rebuild to be under way", 30*time.Second, func() bool {
 		s := p.Manager.Status(context.Background())
@@ -234,19 +243,7 @@ func TestRebuildResumesAfterRestart(t *testing.T) {
 // drops that generation too, not only the recorded one.
 func TestResumedRebuildDropsTheGenerationLiveAtTheSwitch(t *testing.T) {
 	e := newEnv(t)
-	const docs = 3000
-	want := map[string]int64{}
-	for i := range docs {
-		key := fmt.Sprintf("doc-%04d", i)
-		e.publish(t, key, 1)
-		want[key] = 1
-	}
-	p := start(t, e)
-	rebuildtest.Eventually(t, "the live index to hold every document", 60*time.Second, holdsAll(p, t, want))
-	st, _, err := p.Manager.Start(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, st, want := startRebuild(t, e, 3000)
 	p.stop()
 	if st.Previous != "index" {
 		t.Fatalf("recorded previous generation %q, want index", st.Previous)
