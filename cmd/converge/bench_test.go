@@ -326,7 +326,7 @@ func (s *benchStack) startServices(ctx context.Context, bin string) error {
 	for _, c := range s.services {
 		select {
 		case <-c.done:
-			return fmt.Errorf("%s exited: %v", c.cmd.Path, c.err)
+			return fmt.Errorf("%s exited: %w", c.cmd.Path, c.err)
 		default:
 		}
 	}
