@@ -464,7 +464,7 @@ func TestPacedFileWritesEverything(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	p := &pacedFile{f: f}
+	p := &pacedFile{f: f, writeBack: writeBack}
 	r := rand.New(rand.NewPCG(3, 4))
 	var want []byte
 	for len(want) < 2*writeBackEvery+12345 {
@@ -498,7 +498,7 @@ func TestPacedFileWithoutWriteBack(t *testing.T) {
 		t.Skip(err)
 	}
 	defer f.Close()
-	p := &pacedFile{f: f}
+	p := &pacedFile{f: f, writeBack: writeBack}
 	chunk := make([]byte, 1<<20)
 	for range 3 * writeBackEvery / len(chunk) {
 		if n, err := p.Write(chunk); err != nil || n != len(chunk) {
@@ -507,5 +507,26 @@ func TestPacedFileWithoutWriteBack(t *testing.T) {
 	}
 	if runtime.GOOS == "linux" && !p.off {
 		t.Fatal("sync_file_range on a character device did not fail: this test checks nothing here")
+	}
+}
+
+// A write error the write-back reports (EIO, ENOSPC) fails the snapshot:
+// the final fsync would not report it again.
+func TestPacedFileWriteBackErrorFailsTheWrite(t *testing.T) {
+	f, err := os.Create(filepath.Join(t.TempDir(), "snapshot.tmp"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	eio := errors.New("input/output error")
+	p := &pacedFile{f: f, writeBack: func(*os.File, int64, int64) error { return eio }}
+	chunk := make([]byte, 1<<20)
+	for range writeBackEvery/len(chunk) - 1 {
+		if _, err := p.Write(chunk); err != nil {
+			t.Fatalf("a write before the first write-back failed: %v", err)
+		}
+	}
+	if _, err := p.Write(chunk); !errors.Is(err, eio) {
+		t.Fatalf("the write that triggers a failing write-back: err %v, want %v", err, eio)
 	}
 }

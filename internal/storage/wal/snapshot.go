@@ -52,18 +52,28 @@ const writeBackEvery = 8 << 20
 type pacedFile struct {
 	f             *os.File
 	written, done int64 // bytes written; bytes written back
-	off           bool  // a write-back failed: the file system does not take it
+	off           bool  // the file system does not take the write-back
+	// writeBack is the write-back: writeBack, or a test's.
+	writeBack func(f *os.File, off, n int64) error
 }
 
-// Write writes b. The write-back is an optimisation only (the final fsync
-// makes the snapshot durable), so a file system that refuses it just
-// stops being asked.
+// errWriteBackUnsupported is a file (system) that does not take the
+// write-back.
+var errWriteBackUnsupported = errors.New("wal: write-back not supported here")
+
+// Write writes b. The write-back is an optimisation (the final fsync makes
+// the snapshot durable), so a file system that does not support it just
+// stops being asked; but a write error it reports fails the snapshot,
+// since the final fsync would not report it again.
 func (p *pacedFile) Write(b []byte) (int, error) {
 	n, err := p.f.Write(b)
 	p.written += int64(n)
 	if err == nil && !p.off && p.written-p.done >= writeBackEvery {
-		if writeBack(p.f, p.done, p.written-p.done) != nil {
+		switch werr := p.writeBack(p.f, p.done, p.written-p.done); {
+		case errors.Is(werr, errWriteBackUnsupported):
 			p.off = true
+		case werr != nil:
+			return n, werr
 		}
 		p.done = p.written
 	}
@@ -180,7 +190,7 @@ func (l *Log) writeSnapshot(next uint64, snap Snapshot, stop func() error) (size
 			err = fmt.Errorf("wal: write snapshot: %w", err)
 		}
 	}()
-	w := &SnapshotWriter{w: bufio.NewWriterSize(&pacedFile{f: f}, 1<<20), stop: stop}
+	w := &SnapshotWriter{w: bufio.NewWriterSize(&pacedFile{f: f, writeBack: writeBack}, 1<<20), stop: stop}
 	head := l.format.appendHeader(NewRecord(32+len(l.format.Magic)+len(snap.Header)), KindSnapshotHeader, next)
 	rec, err := Seal(append(head, snap.Header...))
 	if err != nil {

@@ -4,6 +4,6 @@ package wal
 
 import "os"
 
-// writeBack is a no-op where sync_file_range(2) does not exist: the
+// writeBack is unsupported where sync_file_range(2) does not exist: the
 // snapshot's final fsync alone makes it durable.
-func writeBack(*os.File, int64, int64) error { return nil }
+func writeBack(*os.File, int64, int64) error { return errWriteBackUnsupported }
