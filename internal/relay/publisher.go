@@ -51,8 +51,8 @@ type publisher struct {
 // goroutine, read by the session after state is no longer ackWaiting.
 type ackSlot struct {
 	state atomic.Uint32
-	err   error // written before state is set to ackFailed
-	at    int64 // when the acknowledgement arrived (Unix nanoseconds), written before state
+	err   error     // written before state is set to ackFailed
+	at    time.Time // when the acknowledgement arrived (with its monotonic reading), written before state
 }
 
 const (
@@ -132,9 +132,7 @@ func (p *publisher) outcome(seq uint64) (uint32, error) {
 
 // ackedAt is when the acknowledgement of publish seq arrived; valid once
 // outcome reported it no longer waiting.
-func (p *publisher) ackedAt(seq uint64) time.Time {
-	return time.Unix(0, p.slots[seq%uint64(len(p.slots))].at)
-}
+func (p *publisher) ackedAt(seq uint64) time.Time { return p.slots[seq%uint64(len(p.slots))].at }
 
 // reconnected reports whether the connection was re-established since the
 // session began.
@@ -147,7 +145,7 @@ func (p *publisher) onAck(m *nats.Msg) {
 		return // not a reply of ours
 	}
 	s := &p.slots[i]
-	s.at = time.Now().UnixNano()
+	s.at = time.Now()
 	state, ackErr := p.parseAck(m)
 	if ackErr != nil {
 		s.err = ackErr

@@ -480,13 +480,15 @@ func (s *session) publish(ctx context.Context, v *insertView) error {
 		}
 	}
 	msgID, reemission := v.messageID()
+	// Taken before the publish: its acknowledgement may be handled before
+	// publish returns.
+	now := time.Now()
 	// The payload points into the receive buffer, which the next read
 	// reuses: publish copies it into the connection's buffer.
 	seq, err := s.pub.publish(subjectOf(v.key), msgID, s.commitTimeHdr, reemission, v.payload)
 	if err != nil {
 		return &publishError{err: err}
 	}
-	now := time.Now()
 	s.queue = append(s.queue, pending{pub: true, seq: seq, sent: now, commitTime: s.commitTime, size: len(v.payload), reemission: reemission != nil})
 	s.inflight++
 	s.inflightBytes += len(v.payload)
