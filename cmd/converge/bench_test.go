@@ -319,18 +319,28 @@ func (s *benchStack) startServices(ctx context.Context, bin string) error {
 		{"the index projector", func() bool { return httpOK("http://" + cfg.indexAddr + "/readyz") }},
 		{"the graph projector", func() bool { return httpOK("http://" + cfg.graphAddr + "/readyz") }},
 	} {
-		if err := waitUntil(ctx, ctx, 60*time.Second, w.ready); err != nil {
+		// A service that exits while starting ends the wait at once.
+		err := waitUntil(ctx, ctx, 60*time.Second, func() bool { return s.exited() != nil || w.ready() })
+		if c := s.exited(); c != nil {
+			return fmt.Errorf("%s exited while starting: %w", c.cmd.Path, c.err)
+		}
+		if err != nil {
 			return fmt.Errorf("waiting for %s: %w", w.what, err)
 		}
 	}
+	s.dev.apiURL = "http://" + cfg.httpAddr
+	return nil
+}
+
+// exited returns a service process that has exited, or nil.
+func (s *benchStack) exited() *child {
 	for _, c := range s.services {
 		select {
 		case <-c.done:
-			return fmt.Errorf("%s exited: %w", c.cmd.Path, c.err)
+			return c
 		default:
 		}
 	}
-	s.dev.apiURL = "http://" + cfg.httpAddr
 	return nil
 }
 
