@@ -225,10 +225,17 @@ func TestOutboxRetentionLoop(t *testing.T) {
 		defer close(done)
 		writer.RunOutboxRetention(ctx, e.store, writer.RetentionConfig{Retention: 24 * time.Hour, Interval: 20 * time.Millisecond, Batch: 4}, metrics, discardLogger())
 	}()
-	waitFor(t, "aged rows deleted", func() bool { return countRows(t, e, `SELECT count(*) FROM outbox`) == 1 })
+	// The counter moves after the delete commits: waiting for the rows
+	// alone and then cancelling could cancel the last delete's answer.
+	waitFor(t, "aged rows deleted and counted", func() bool {
+		return countRows(t, e, `SELECT count(*) FROM outbox`) == 1 && testutil.ToFloat64(metrics.OutboxPruned) >= 24
+	})
 	cancel()
 	<-done
 	if got := testutil.ToFloat64(metrics.OutboxPruned); got != 24 {
 		t.Fatalf("pruned counter %v, want 24", got)
+	}
+	if n := countRows(t, e, `SELECT count(*) FROM outbox`); n != 1 {
+		t.Fatalf("%d outbox rows left, want the 1 within the retention", n)
 	}
 }
