@@ -192,7 +192,7 @@ func TestBinariesSurviveKillsAndVerify(t *testing.T) {
 		s.start()
 	}
 	for _, s := range services {
-		waitFor(t, s.name+" to be ready", 60*time.Second, s.ready)
+		testenv.Eventually(t, s.name+" to be ready", 60*time.Second, s.ready)
 	}
 	relayActive := func() bool {
 		resp, err := http.Get("http://" + rAddr + "/metrics")
@@ -208,7 +208,7 @@ func TestBinariesSurviveKillsAndVerify(t *testing.T) {
 		}
 		return false
 	}
-	waitFor(t, "the relay to hold its slot", 30*time.Second, relayActive)
+	testenv.Eventually(t, "the relay to hold its slot", 30*time.Second, relayActive)
 
 	// Write 400 documents in batches while each service is SIGKILLed once
 	// at a random point and restarted.
@@ -229,7 +229,7 @@ func TestBinariesSurviveKillsAndVerify(t *testing.T) {
 		time.Sleep(time.Duration(100+rand.IntN(300)) * time.Millisecond)
 		s.kill()
 		s.start()
-		waitFor(t, s.name+" to be ready again", 60*time.Second, s.ready)
+		testenv.Eventually(t, s.name+" to be ready again", 60*time.Second, s.ready)
 	}
 	if err := <-written; err != nil {
 		t.Fatal(err)
@@ -240,7 +240,7 @@ func TestBinariesSurviveKillsAndVerify(t *testing.T) {
 		_, err := run(verifyArgs...)
 		return err == nil
 	}
-	waitFor(t, "converge verify to exit 0 after the kills", 90*time.Second, agrees)
+	testenv.Eventually(t, "converge verify to exit 0 after the kills", 90*time.Second, agrees)
 
 	// Replay the index projector from the start, and rebuild the graph
 	// from scratch, SIGKILLing its projector in the middle of the rebuild:
@@ -268,14 +268,14 @@ func TestBinariesSurviveKillsAndVerify(t *testing.T) {
 		_ = json.NewDecoder(resp.Body).Decode(&st)
 		return st.Phase
 	}
-	waitFor(t, "the graph rebuild to start", 30*time.Second, func() bool {
+	testenv.Eventually(t, "the graph rebuild to start", 30*time.Second, func() bool {
 		p := phase()
 		return p == rebuild.PhaseFilling || p == rebuild.PhaseSwitching || p == rebuild.PhaseDone
 	})
 	killedDuringRebuild := phase() != rebuild.PhaseDone
 	gx.kill()
 	gx.start()
-	waitFor(t, "projector-graph to be ready after the kill", 60*time.Second, gx.ready)
+	testenv.Eventually(t, "projector-graph to be ready after the kill", 60*time.Second, gx.ready)
 	select {
 	case err := <-rebuildDone:
 		if err != nil {
@@ -300,7 +300,7 @@ func TestBinariesSurviveKillsAndVerify(t *testing.T) {
 	if live, err := graphDirs.Live(); err != nil || live == "graph" {
 		t.Fatalf("live graph generation after the rebuild: %q, %v; want a fresh one", live, err)
 	}
-	waitFor(t, "converge verify to exit 0 after the replays", 90*time.Second, agrees)
+	testenv.Eventually(t, "converge verify to exit 0 after the replays", 90*time.Second, agrees)
 	if out, err := run("status", "-postgres-url", dbURL, "-nats-url", nats.URL); err != nil || !strings.Contains(out, "CONSUMER") {
 		t.Fatalf("converge status: %v\n%s", err, out)
 	}
@@ -340,7 +340,7 @@ func TestBinariesSurviveKillsAndVerify(t *testing.T) {
 	_ = gs.Close()
 	ix.start()
 	gx.start()
-	waitFor(t, "the projectors to be ready again", 60*time.Second, func() bool { return ix.ready() && gx.ready() })
+	testenv.Eventually(t, "the projectors to be ready again", 60*time.Second, func() bool { return ix.ready() && gx.ready() })
 
 	out, err := run(verifyArgs...)
 	if err == nil {

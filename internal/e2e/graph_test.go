@@ -16,6 +16,7 @@ import (
 	"github.com/converge-sync/converge/internal/graph"
 	graphembedded "github.com/converge-sync/converge/internal/graph/embedded"
 	"github.com/converge-sync/converge/internal/projector"
+	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
@@ -192,7 +193,7 @@ func TestGraphConvergesUnderRedeliveryReorderAndPoison(t *testing.T) {
 	for pass := 2; pass <= 3; pass++ {
 		name := fmt.Sprintf("graph-pass-%d", pass)
 		stop := runProjector(t, p.js, g, name)
-		waitFor(t, "the replay to catch up", 60*time.Second, func() bool { return caughtUp(t, p.js, name) })
+		testenv.Eventually(t, "the replay to catch up", 60*time.Second, func() bool { return caughtUp(t, p.js, name) })
 		stop()
 		if d, err := graphDiff(context.Background(), p.pool, store); err != nil || d != "" {
 			t.Fatalf("after delivery %d of every message: %s %v", pass, d, err)
@@ -216,7 +217,7 @@ func TestGraphConvergesUnderRedeliveryReorderAndPoison(t *testing.T) {
 	stop = runProjector(t, p.js, g, "graph")
 	p.write(t, 100, 80)
 	convergeGraph(t, p.pool, store, 60*time.Second)
-	waitFor(t, "the poison message's dead letter", 10*time.Second, func() bool {
+	testenv.Eventually(t, "the poison message's dead letter", 10*time.Second, func() bool {
 		s, err := p.js.Stream(context.Background(), deadletter.Stream)
 		if err != nil {
 			return false

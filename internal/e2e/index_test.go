@@ -174,7 +174,7 @@ func newPipeline(t *testing.T) *pipeline {
 		}
 	})
 	p := &pipeline{pool: pool, store: store, nats: n, js: js, rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))}
-	waitFor(t, "the relay's slot", 20*time.Second, func() bool {
+	testenv.Eventually(t, "the relay's slot", 20*time.Second, func() bool {
 		var ok bool
 		_ = pool.QueryRow(context.Background(), `SELECT count(*) = 1 FROM pg_replication_slots WHERE active AND confirmed_flush_lsn IS NOT NULL AND database = current_database()`).Scan(&ok)
 		return ok
@@ -403,7 +403,7 @@ func TestIndexConvergesUnderRedeliveryReorderAndPoison(t *testing.T) {
 	for pass := 2; pass <= 3; pass++ {
 		name := fmt.Sprintf("index-pass-%d", pass)
 		stop := runProjector(t, p.js, x, name)
-		waitFor(t, "the replay to catch up", 60*time.Second, func() bool { return caughtUp(t, p.js, name) })
+		testenv.Eventually(t, "the replay to catch up", 60*time.Second, func() bool { return caughtUp(t, p.js, name) })
 		stop()
 		if d, err := diff(context.Background(), p.pool, store); err != nil || d != "" {
 			t.Fatalf("after delivery %d of every message: %s %v", pass, d, err)
@@ -428,7 +428,7 @@ func TestIndexConvergesUnderRedeliveryReorderAndPoison(t *testing.T) {
 	stop = runProjector(t, p.js, x, "index")
 	p.write(t, 100, 80)
 	converge(t, p.pool, store, 60*time.Second)
-	waitFor(t, "the poison message's dead letter", 10*time.Second, func() bool {
+	testenv.Eventually(t, "the poison message's dead letter", 10*time.Second, func() bool {
 		s, err := p.js.Stream(context.Background(), deadletter.Stream)
 		if err != nil {
 			return false
@@ -578,7 +578,7 @@ func crashProjector(t *testing.T, p *pipeline, kind, dir string) int {
 	if err != nil || strings.TrimSpace(line) != childReady {
 		t.Fatalf("the projector child did not report ready: %q %v", line, err)
 	}
-	waitFor(t, "the projector to catch up", 90*time.Second, func() bool { return caughtUp(t, p.js, kind) })
+	testenv.Eventually(t, "the projector to catch up", 90*time.Second, func() bool { return caughtUp(t, p.js, kind) })
 	_ = cmd.Process.Signal(syscall.SIGTERM)
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("projector after SIGTERM: %v", err)
@@ -595,15 +595,4 @@ func lastBytes(s string, n int) string {
 		return s
 	}
 	return "..." + s[len(s)-n:]
-}
-
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }

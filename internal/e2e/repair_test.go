@@ -12,6 +12,7 @@ import (
 
 	"github.com/converge-sync/converge/internal/graph"
 	"github.com/converge-sync/converge/internal/index"
+	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/internal/verify"
 	vpostgres "github.com/converge-sync/converge/internal/verify/postgres"
 	"github.com/converge-sync/converge/pkg/contract"
@@ -128,7 +129,7 @@ func TestDamagedProjectionsAreRepairedByReemission(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "the redeliveries to be consumed", 30*time.Second, func() bool {
+	testenv.Eventually(t, "the redeliveries to be consumed", 30*time.Second, func() bool {
 		return caughtUp(t, p.js, "index") && caughtUp(t, p.js, "graph")
 	})
 	if d := verifyStores(t, p, ix, gs); !slices.Equal(d, want) {

@@ -147,15 +147,7 @@ type env struct {
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	n := testenv.StartNATS(t)
-	nc := n.Connect(t)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "CONVERGE_DOCS",
-		Subjects: []string{contract.DocsSubjectPrefix + ">"}, Storage: jetstream.FileStorage}); err != nil {
-		t.Fatal(err)
-	}
+	nc, js := n.DocsStream(t)
 	return &env{t: t, n: n, nc: nc, js: js}
 }
 
@@ -260,18 +252,6 @@ func (e *env) deadLetters(name string) []*jetstream.RawStreamMsg {
 		}
 	}
 	return out
-}
-
-// waitFor polls cond until it holds, or fails the test after timeout.
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }

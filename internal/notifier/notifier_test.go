@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/converge-sync/converge/internal/deadletter"
+	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
@@ -321,7 +322,7 @@ func TestSlowReceiverDoesNotBlockOthers(t *testing.T) {
 	cfg.ClaimTimeout = time.Minute
 	done := make(chan *Metrics)
 	go func() { done <- e.run("notifier", cfg) }()
-	waitFor(t, "every notification to reach the fast receiver, and the slow one to hold the concurrency", 20*time.Second, func() bool {
+	testenv.Eventually(t, "every notification to reach the fast receiver, and the slow one to hold the concurrency", 20*time.Second, func() bool {
 		rcv.mu.Lock()
 		slow := rcv.inFlight["/slow"]
 		rcv.mu.Unlock()

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/converge-sync/converge/internal/projector"
+	"github.com/converge-sync/converge/internal/testenv"
 )
 
 // Run, as the notifier command runs it: it notifies, and /metrics serves
@@ -37,9 +38,9 @@ func TestRunServesMetrics(t *testing.T) {
 	}()
 	e.publish(upsert("doc", 1), time.Now())
 	e.publish(upsert("doc", 2), time.Now())
-	waitFor(t, "both versions to be notified", 20*time.Second, func() bool { return len(rcv.requests()) == 2 })
+	testenv.Eventually(t, "both versions to be notified", 20*time.Second, func() bool { return len(rcv.requests()) == 2 })
 	var metrics string
-	waitFor(t, "/metrics to count them", 20*time.Second, func() bool {
+	testenv.Eventually(t, "/metrics to count them", 20*time.Second, func() bool {
 		resp, err := http.Get("http://" + addr + "/metrics")
 		if err != nil {
 			return false

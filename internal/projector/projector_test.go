@@ -80,16 +80,7 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	n := testenv.StartNATS(t)
-	nc := n.Connect(t)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "CONVERGE_DOCS",
-		Subjects: []string{contract.DocsSubjectPrefix + ">"}, Storage: jetstream.MemoryStorage}); err != nil {
-		t.Fatal(err)
-	}
+	nc, js := testenv.StartNATS(t).DocsStream(t)
 	return &env{js: js, nc: nc}
 }
 

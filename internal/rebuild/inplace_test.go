@@ -127,10 +127,10 @@ func TestInPlaceRebuild(t *testing.T) {
 		defer store.mu.Unlock()
 		return len(store.versions)
 	}
-	waitUntil(t, "the live runtime to apply 2000 documents", func() bool { return count() == 2000 })
+	testenv.Eventually(t, "the live runtime to apply 2000 documents", 60*time.Second, func() bool { return count() == 2000 })
 
 	var st Status
-	waitUntil(t, "the manager to take a rebuild", func() bool {
+	testenv.Eventually(t, "the manager to take a rebuild", 60*time.Second, func() bool {
 		var err error
 		st, _, err = m.Start(ctx)
 		return err == nil
@@ -141,11 +141,11 @@ func TestInPlaceRebuild(t *testing.T) {
 	for i := range 200 { // live traffic during the rebuild
 		publish(fmt.Sprintf("k%04d", i), 2)
 	}
-	waitUntil(t, "the rebuild to finish", func() bool { return m.Status(ctx).Phase == PhaseDone })
+	testenv.Eventually(t, "the rebuild to finish", 60*time.Second, func() bool { return m.Status(ctx).Phase == PhaseDone })
 	for i := range 200 {
 		publish(fmt.Sprintf("new%04d", i), 1)
 	}
-	waitUntil(t, "every document at its last version", func() bool {
+	testenv.Eventually(t, "every document at its last version", 60*time.Second, func() bool {
 		store.mu.Lock()
 		defer store.mu.Unlock()
 		if len(store.versions) != 2200 {
@@ -165,16 +165,5 @@ func TestInPlaceRebuild(t *testing.T) {
 	}
 	if store.liveWrites != 0 {
 		t.Errorf("the live runtime wrote %d times between the wipe and the end of the rebuild; want 0 (one writer)", store.liveWrites)
-	}
-}
-
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/rebuild/rebuildtest"
+	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/internal/verify"
 )
 
@@ -102,7 +103,7 @@ func TestBlueGreenRebuildUnderLiveTraffic(t *testing.T) {
 		e.publish(t, key, 1)
 		want[key] = 1
 	}
-	rebuildtest.Eventually(t, "the live index to hold 300 documents", 30*time.Second, holdsAll(p, t, want))
+	testenv.Eventually(t, "the live index to hold 300 documents", 30*time.Second, holdsAll(p, t, want))
 
 	// Damage behind the projector's back: the points of doc-007 go, its
 	// marker stays, so the projector skips its events from now on.
@@ -142,7 +143,7 @@ func TestBlueGreenRebuildUnderLiveTraffic(t *testing.T) {
 	if st.Previous != "index" || st.Target == "index" || st.InPlace {
 		t.Fatalf("rebuild status %+v: want blue/green from index", st)
 	}
-	rebuildtest.Eventually(t, "the rebuild to finish", 60*time.Second, func() bool {
+	testenv.Eventually(t, "the rebuild to finish", 60*time.Second, func() bool {
 		return p.Manager.Status(context.Background()).Phase == rebuild.PhaseDone
 	})
 	close(trafficDone)
@@ -150,7 +151,7 @@ func TestBlueGreenRebuildUnderLiveTraffic(t *testing.T) {
 
 	// What was published: the last version of every key.
 	want = rebuildtest.LastVersions(t, e.js)
-	rebuildtest.Eventually(t, "the rebuilt index to hold every key at its last version", 30*time.Second, holdsAll(p, t, want))
+	testenv.Eventually(t, "the rebuilt index to hold every key at its last version", 30*time.Second, holdsAll(p, t, want))
 
 	live := p.Switch.Live()
 	if live.Name != st.Target || live == first {
@@ -191,7 +192,7 @@ func startRebuild(t *testing.T, e *env, docs int) (*process, rebuild.Status, map
 		want[key] = 1
 	}
 	p := start(t, e)
-	rebuildtest.Eventually(t, "the live index to hold every document", 60*time.Second, holdsAll(p, t, want))
+	testenv.Eventually(t, "the live index to hold every document", 60*time.Second, holdsAll(p, t, want))
 	st, _, err := p.Manager.Start(context.Background())
 	if err != nil {
 		p.stop()
@@ -205,7 +206,7 @@ func TestRebuildResumesAfterRestart(t *testing.T) {
 	const docs = 3000
 	p, st, want := startRebuild(t, e, docs)
 	var applied uint64
-	rebuildtest.Eventually(t, "the rebuild to be under way", 30*time.Second, func() bool {
+	testenv.Eventually(t, "the rebuild to be under way", 30*time.Second, func() bool {
 		s := p.Manager.Status(context.Background())
 		applied = s.AppliedSeq
 		return s.Phase == rebuild.PhaseDone || applied > 0
@@ -223,13 +224,13 @@ func TestRebuildResumesAfterRestart(t *testing.T) {
 	if s := p.Manager.Status(context.Background()); s.ID != st.ID && s.Phase != rebuild.PhaseStarting {
 		t.Errorf("status of the restarted process: %+v; want rebuild %s reported", s, st.ID)
 	}
-	rebuildtest.Eventually(t, "the resumed rebuild to finish", 60*time.Second, func() bool {
+	testenv.Eventually(t, "the resumed rebuild to finish", 60*time.Second, func() bool {
 		return p.Manager.Status(context.Background()).Phase == rebuild.PhaseDone
 	})
 	if live := p.Switch.Live().Name; live != st.Target {
 		t.Fatalf("live generation after the resumed rebuild: %q; want %q (the same target)", live, st.Target)
 	}
-	rebuildtest.Eventually(t, "the rebuilt index to hold every document", 30*time.Second, holdsAll(p, t, want))
+	testenv.Eventually(t, "the rebuilt index to hold every document", 30*time.Second, holdsAll(p, t, want))
 	if _, err := os.Stat(filepath.Join(e.dataDir, "index")); !os.IsNotExist(err) {
 		t.Errorf("the previous generation's directory remains: %v", err)
 	}
@@ -265,13 +266,13 @@ func TestResumedRebuildDropsTheGenerationLiveAtTheSwitch(t *testing.T) {
 	if live := p.Switch.Live().Name; live != since && live != st.Target {
 		t.Fatalf("the restarted process runs on %q; want %q (or the target, had the switch happened)", live, since)
 	}
-	rebuildtest.Eventually(t, "the resumed rebuild to finish", 60*time.Second, func() bool {
+	testenv.Eventually(t, "the resumed rebuild to finish", 60*time.Second, func() bool {
 		return p.Manager.Status(context.Background()).Phase == rebuild.PhaseDone
 	})
 	if live := p.Switch.Live().Name; live != st.Target {
 		t.Fatalf("live generation after the resumed rebuild: %q; want %q", live, st.Target)
 	}
-	rebuildtest.Eventually(t, "the rebuilt index to hold every document", 30*time.Second, holdsAll(p, t, want))
+	testenv.Eventually(t, "the rebuilt index to hold every document", 30*time.Second, holdsAll(p, t, want))
 	for _, gone := range []string{"index", since} {
 		if _, err := os.Stat(dirs.Path(gone)); !os.IsNotExist(err) {
 			t.Errorf("generation %s remains after the rebuild: %v", gone, err)

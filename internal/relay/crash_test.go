@@ -23,6 +23,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/internal/docstore"
+	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
@@ -492,7 +493,7 @@ func (c *relayChild) stopGracefully(t *testing.T) {
 
 func waitActive(t *testing.T, f *fixture, c *relayChild, timeout time.Duration) {
 	t.Helper()
-	waitFor(t, c.name+" to hold the slot", timeout, func() bool {
+	testenv.Eventually(t, c.name+" to hold the slot", timeout, func() bool {
 		if c.exited() {
 			t.Fatalf("%s exited: %v\n%s", c.name, c.err, lastBytes(c.out.String(), 3000))
 		}
@@ -622,7 +623,7 @@ func TestStandbyTakesOver(t *testing.T) {
 	w := startWriter(t, f.store, rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 3)), 100)
 
 	b := cs.start(t, f, "relay-b", f.nats.URL, 0)
-	waitFor(t, "relay-b to wait as a standby", 30*time.Second, func() bool {
+	testenv.Eventually(t, "relay-b to wait as a standby", 30*time.Second, func() bool {
 		return strings.Contains(b.out.String(), "waiting as a standby") || b.exited()
 	})
 	// While A lives, B keeps retrying without taking the slot or failing,
@@ -648,7 +649,7 @@ func TestStandbyTakesOver(t *testing.T) {
 
 	killed := time.Now()
 	a.sigkill(t)
-	waitFor(t, "relay-b to take over the slot", 10*time.Second, func() bool {
+	testenv.Eventually(t, "relay-b to take over the slot", 10*time.Second, func() bool {
 		_, active, pid := slotState(t, f)
 		return active && pid != 0 && pid != pidA && b.sessions() > 0
 	})

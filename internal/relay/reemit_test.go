@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/internal/relay"
+	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/migrations"
 	"github.com/converge-sync/converge/pkg/contract"
 )
@@ -16,7 +17,7 @@ import (
 // waitSlot waits until the relay holds its slot.
 func (f *fixture) waitSlot(t *testing.T) {
 	t.Helper()
-	waitFor(t, "slot", 10*time.Second, func() bool {
+	testenv.Eventually(t, "slot", 10*time.Second, func() bool {
 		var n int
 		_ = f.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'converge_relay' AND active AND confirmed_flush_lsn IS NOT NULL AND database = current_database()`).Scan(&n)
 		return n == 1
@@ -77,7 +78,7 @@ func TestReemissionIsPublishedUnderItsOwnID(t *testing.T) {
 	f.startRelay(t, relay.Config{})
 	f.waitSlot(t)
 	f.write(t, 0, 3, 1)
-	waitFor(t, "3 events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 3 })
+	testenv.Eventually(t, "3 events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 3 })
 	originals := map[string][]byte{}
 	for _, key := range []string{"doc-0", "doc-1", "doc-2"} {
 		originals[key] = checkOriginal(t, f.js, key, 1)
@@ -87,7 +88,7 @@ func TestReemissionIsPublishedUnderItsOwnID(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the 2 re-emissions", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 5 })
+	testenv.Eventually(t, "the 2 re-emissions", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 5 })
 	for _, r := range got.Reemitted {
 		checkReemission(t, f.js, r.Key, 1, r.Emission, originals[r.Key])
 	}
@@ -96,11 +97,11 @@ func TestReemissionIsPublishedUnderItsOwnID(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the second re-emission", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 6 })
+	testenv.Eventually(t, "the second re-emission", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 6 })
 	checkReemission(t, f.js, "doc-0", 1, again.Reemitted[0].Emission, originals["doc-0"])
 	// A later original emission carries no re-emission header.
 	f.write(t, 0, 1, 2)
-	waitFor(t, "a new version", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 7 })
+	testenv.Eventually(t, "a new version", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 7 })
 	checkOriginal(t, f.js, "doc-0", 2)
 }
 
@@ -117,18 +118,18 @@ func TestRelayWorksOnSchemaVersion1AndAcrossTheMigration(t *testing.T) {
 	f.startRelay(t, relay.Config{})
 	f.waitSlot(t)
 	f.write(t, 0, 20, 1)
-	waitFor(t, "20 events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 20 })
+	testenv.Eventually(t, "20 events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 20 })
 	original := checkOriginal(t, f.js, "doc-19", 1)
 
 	applyMigration(t, f, "000002_reemission.up.sql")
 	f.write(t, 20, 25, 1)
-	waitFor(t, "5 more events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 25 })
+	testenv.Eventually(t, "5 more events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 25 })
 	checkOriginal(t, f.js, "doc-24", 1)
 	got, err := f.store.Reemit(ctx, []string{"doc-19"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the re-emission", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 26 })
+	testenv.Eventually(t, "the re-emission", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 26 })
 	checkReemission(t, f.js, "doc-19", 1, got.Reemitted[0].Emission, original)
 }
 

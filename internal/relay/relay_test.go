@@ -206,28 +206,17 @@ func streamMsgs(t *testing.T, js jetstream.JetStream) uint64 {
 	return info.State.Msgs
 }
 
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func TestRelayPublishesEveryEventOnceAndConfirms(t *testing.T) {
 	f := newFixture(t)
 	f.write(t, 0, 500, 1) // before the slot exists: not relayed (the slot starts now)
 	stop := f.startRelay(t, relay.Config{})
-	waitFor(t, "slot", 10*time.Second, func() bool {
+	testenv.Eventually(t, "slot", 10*time.Second, func() bool {
 		var n int
 		_ = f.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'converge_relay' AND active AND confirmed_flush_lsn IS NOT NULL AND database = current_database()`).Scan(&n)
 		return n == 1
 	})
 	f.write(t, 0, 1000, 2)
-	waitFor(t, "1000 events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 1000 })
+	testenv.Eventually(t, "1000 events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 1000 })
 
 	s, _ := f.js.Stream(context.Background(), "CONVERGE_DOCS")
 	for seq := uint64(1); seq <= 1000; seq += 97 {
@@ -249,7 +238,7 @@ func TestRelayPublishesEveryEventOnceAndConfirms(t *testing.T) {
 	// Everything acknowledged is confirmed: the slot reaches the last commit.
 	var current string
 	_ = f.pool.QueryRow(context.Background(), `SELECT pg_current_wal_lsn()::text`).Scan(&current)
-	waitFor(t, "confirmed_flush_lsn to pass the last commit", 10*time.Second, func() bool {
+	testenv.Eventually(t, "confirmed_flush_lsn to pass the last commit", 10*time.Second, func() bool {
 		var ok bool
 		_ = f.pool.QueryRow(context.Background(), `SELECT confirmed_flush_lsn >= $1::pg_lsn FROM pg_replication_slots WHERE slot_name = 'converge_relay'`, current).Scan(&ok)
 		return ok
@@ -259,7 +248,7 @@ func TestRelayPublishesEveryEventOnceAndConfirms(t *testing.T) {
 	// A restart resumes after the confirmed position: nothing republished.
 	f.startRelay(t, relay.Config{})
 	f.write(t, 0, 10, 3)
-	waitFor(t, "10 more events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 1010 })
+	testenv.Eventually(t, "10 more events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 1010 })
 	time.Sleep(300 * time.Millisecond)
 	if n := streamMsgs(t, f.js); n != 1010 {
 		t.Fatalf("stream holds %d messages, want 1010", n)
@@ -274,7 +263,7 @@ func TestGracefulShutdownConfirmsEverythingAcknowledged(t *testing.T) {
 	f := newFixture(t)
 	cfg := relay.Config{StatusInterval: time.Hour, HeartbeatInterval: -1} // no periodic confirmation
 	stop := f.startRelay(t, cfg)
-	waitFor(t, "slot", 10*time.Second, func() bool {
+	testenv.Eventually(t, "slot", 10*time.Second, func() bool {
 		var n int
 		_ = f.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE active AND confirmed_flush_lsn IS NOT NULL AND database = current_database()`).Scan(&n)
 		return n == 1
@@ -291,7 +280,7 @@ func TestGracefulShutdownConfirmsEverythingAcknowledged(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
-	waitFor(t, "all 3000 events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 3000 })
+	testenv.Eventually(t, "all 3000 events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 3000 })
 	time.Sleep(500 * time.Millisecond)
 	cancel()
 	if err := <-done; err != nil {
@@ -311,15 +300,15 @@ func TestGracefulShutdownConfirmsEverythingAcknowledged(t *testing.T) {
 func TestConfirmedLSNReportedFromSlotAtStart(t *testing.T) {
 	f := newFixture(t)
 	f.startRelay(t, relay.Config{}) // creates the slot
-	waitFor(t, "slot", 10*time.Second, func() bool {
+	testenv.Eventually(t, "slot", 10*time.Second, func() bool {
 		var n int
 		_ = f.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'converge_relay' AND active AND confirmed_flush_lsn IS NOT NULL AND database = current_database()`).Scan(&n)
 		return n == 1
 	})
 	f.write(t, 0, 10, 1)
-	waitFor(t, "10 events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 10 })
+	testenv.Eventually(t, "10 events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 10 })
 	var slotLSN string
-	waitFor(t, "confirmation", 10*time.Second, func() bool {
+	testenv.Eventually(t, "confirmation", 10*time.Second, func() bool {
 		_ = f.pool.QueryRow(context.Background(), `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'converge_relay'`).Scan(&slotLSN)
 		return slotLSN != "" && slotLSN != "0/0"
 	})
@@ -334,7 +323,7 @@ func TestConfirmedLSNReportedFromSlotAtStart(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
-	waitFor(t, "the relay to be active", 10*time.Second, r.Active)
+	testenv.Eventually(t, "the relay to be active", 10*time.Second, r.Active)
 	// A keepalive may already have moved it on (nothing is in flight), but
 	// never from anything below the slot's position.
 	want, err := pglogrepl.ParseLSN(slotLSN)
@@ -391,7 +380,7 @@ func TestCreatingTheSlotOverAFilledOutboxWarns(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
-	waitFor(t, "the relay to be active", 10*time.Second, r.Active)
+	testenv.Eventually(t, "the relay to be active", 10*time.Second, r.Active)
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -406,13 +395,13 @@ func TestCreatingTheSlotOverAFilledOutboxWarns(t *testing.T) {
 func TestByteWindowSmallerThanAnEventStillRelays(t *testing.T) {
 	f := newFixture(t)
 	f.startRelay(t, relay.Config{WindowBytes: 1})
-	waitFor(t, "slot", 10*time.Second, func() bool {
+	testenv.Eventually(t, "slot", 10*time.Second, func() bool {
 		var n int
 		_ = f.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE active AND confirmed_flush_lsn IS NOT NULL AND database = current_database()`).Scan(&n)
 		return n == 1
 	})
 	f.write(t, 0, 300, 1)
-	waitFor(t, "300 events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 300 })
+	testenv.Eventually(t, "300 events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 300 })
 }
 
 // Publishes whose acknowledgements never come (here: the stream is deleted
@@ -436,12 +425,12 @@ func TestLostAcknowledgementsRepublish(t *testing.T) {
 			t.Error(err)
 		}
 	}()
-	waitFor(t, "slot", 10*time.Second, func() bool {
+	testenv.Eventually(t, "slot", 10*time.Second, func() bool {
 		var n int
 		_ = f.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE active AND confirmed_flush_lsn IS NOT NULL AND database = current_database()`).Scan(&n)
 		return n == 1
 	})
-	waitFor(t, "stream", 10*time.Second, func() bool { _, err := f.js.Stream(context.Background(), "CONVERGE_DOCS"); return err == nil })
+	testenv.Eventually(t, "stream", 10*time.Second, func() bool { _, err := f.js.Stream(context.Background(), "CONVERGE_DOCS"); return err == nil })
 	var confirmedBefore string
 	_ = f.pool.QueryRow(context.Background(), `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE database = current_database()`).Scan(&confirmedBefore)
 
@@ -455,8 +444,8 @@ func TestLostAcknowledgementsRepublish(t *testing.T) {
 	}
 	f.write(t, 0, 100, 1)
 	errs := metrics.SessionErrors.WithLabelValues("publish")
-	waitFor(t, "the session to end on the missing acknowledgements", 15*time.Second, func() bool { return testutil.ToFloat64(errs) >= 1 })
-	waitFor(t, "every event republished into the recreated stream", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 100 })
+	testenv.Eventually(t, "the session to end on the missing acknowledgements", 15*time.Second, func() bool { return testutil.ToFloat64(errs) >= 1 })
+	testenv.Eventually(t, "every event republished into the recreated stream", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 100 })
 	time.Sleep(300 * time.Millisecond)
 	if n := streamMsgs(t, f.js); n != 100 {
 		t.Fatalf("stream holds %d messages, want 100", n)

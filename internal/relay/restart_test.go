@@ -80,7 +80,7 @@ func runRelay(t *testing.T, nc *nats.Conn, dbURL string, cfg relay.Config, metri
 
 func waitSlotActive(t *testing.T, pool *pgxpool.Pool, slot string) {
 	t.Helper()
-	waitFor(t, "slot "+slot+" to be active", 20*time.Second, func() bool {
+	testenv.Eventually(t, "slot "+slot+" to be active", 20*time.Second, func() bool {
 		var active bool
 		err := pool.QueryRow(context.Background(),
 			// Held while being created too: wait for its start point as well.
@@ -107,7 +107,7 @@ func slotPosition(t *testing.T, pool *pgxpool.Pool, slot string) (confirmed, cur
 func waitConfirmedPastNow(t *testing.T, pool *pgxpool.Pool, slot string, timeout time.Duration) {
 	t.Helper()
 	_, now := slotPosition(t, pool, slot)
-	waitFor(t, "the slot to confirm everything committed", timeout, func() bool {
+	testenv.Eventually(t, "the slot to confirm everything committed", timeout, func() bool {
 		c, _ := slotPosition(t, pool, slot)
 		return c >= now
 	})
@@ -312,7 +312,7 @@ func TestPostgresRestartMidStream(t *testing.T) {
 	waitSlotActive(t, f.pool, slot)
 
 	w := startChurn(t, f.store, 20)
-	waitFor(t, "the relay to be mid-stream", 30*time.Second, func() bool { return streamMsgs(t, f.js) >= 1000 })
+	testenv.Eventually(t, "the relay to be mid-stream", 30*time.Second, func() bool { return streamMsgs(t, f.js) >= 1000 })
 
 	// Whatever happens below, the shared cluster must be running again for
 	// the tests that follow.
@@ -342,8 +342,8 @@ func TestPostgresRestartMidStream(t *testing.T) {
 
 	// Keep writing well past the restart, then let the relay catch up.
 	batchesAtRestart := w.batches.Load()
-	waitFor(t, "writes after the restart", 30*time.Second, func() bool { return w.batches.Load() >= batchesAtRestart+30 })
-	waitFor(t, "events after the restart", 30*time.Second, func() bool { return streamMsgs(t, f.js) >= beforeCrash+1000 })
+	testenv.Eventually(t, "writes after the restart", 30*time.Second, func() bool { return w.batches.Load() >= batchesAtRestart+30 })
+	testenv.Eventually(t, "events after the restart", 30*time.Second, func() bool { return streamMsgs(t, f.js) >= beforeCrash+1000 })
 	w.halt()
 	waitConfirmedPastNow(t, f.pool, slot, 30*time.Second)
 
@@ -393,7 +393,7 @@ func TestNATSRestartMidStream(t *testing.T) {
 	waitSlotActive(t, f.pool, slot)
 
 	w := startChurn(t, f.store, 20)
-	waitFor(t, "the relay to be mid-stream", 30*time.Second, func() bool { return streamMsgs(t, js) >= 1000 })
+	testenv.Eventually(t, "the relay to be mid-stream", 30*time.Second, func() bool { return streamMsgs(t, js) >= 1000 })
 
 	beforeOutage := streamMsgs(t, js)
 	n.Shutdown()
@@ -409,7 +409,7 @@ func TestNATSRestartMidStream(t *testing.T) {
 		t.Fatal("no batch was written during the outage")
 	}
 
-	waitFor(t, "events after the restart", 30*time.Second, func() bool { return streamMsgs(t, js) >= beforeOutage+1000 })
+	testenv.Eventually(t, "events after the restart", 30*time.Second, func() bool { return streamMsgs(t, js) >= beforeOutage+1000 })
 	w.halt()
 	waitConfirmedPastNow(t, f.pool, slot, 30*time.Second)
 
@@ -462,7 +462,7 @@ func TestIdleHeartbeatAdvancesSlot(t *testing.T) {
 	}
 	_, noiseEnd := slotPosition(t, f.pool, slot)
 	noiseWAL := noiseEnd - startWAL
-	waitFor(t, "the slot to confirm past the noise", 10*time.Second, func() bool {
+	testenv.Eventually(t, "the slot to confirm past the noise", 10*time.Second, func() bool {
 		c, _ := slotPosition(t, f.pool, slot)
 		return c >= noiseEnd
 	})
@@ -546,7 +546,7 @@ func TestLargeTransactionBoundedMemory(t *testing.T) {
 		t.Fatalf("copied %d rows, want %d", n, events)
 	}
 	committed := time.Since(start)
-	waitFor(t, "all events in the stream", 2*time.Minute, func() bool {
+	testenv.Eventually(t, "all events in the stream", 2*time.Minute, func() bool {
 		if !child.running() {
 			t.Fatal("the relay process exited")
 		}

@@ -1,12 +1,15 @@
 package testenv
 
 import (
+	"context"
 	"fmt"
 	"testing"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/internal/natsserver"
+	"github.com/converge-sync/converge/pkg/contract"
 )
 
 // NATS is an embedded nats-server with JetStream and a file store.
@@ -46,4 +49,20 @@ func (n *NATS) Connect(t testing.TB) *nats.Conn {
 	}
 	t.Cleanup(nc.Close)
 	return nc
+}
+
+// DocsStream connects to n and creates the documents' stream (CONVERGE_DOCS
+// on converge.docs.>, file storage) as the relay would.
+func (n *NATS) DocsStream(t testing.TB) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc := n.Connect(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "CONVERGE_DOCS",
+		Subjects: []string{contract.DocsSubjectPrefix + ">"}, Storage: jetstream.FileStorage}); err != nil {
+		t.Fatalf("testenv: create the stream CONVERGE_DOCS: %v", err)
+	}
+	return nc, js
 }

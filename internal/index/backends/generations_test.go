@@ -21,6 +21,7 @@ import (
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/rebuild/rebuildtest"
+	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/internal/verify"
 	"github.com/converge-sync/converge/pkg/contract"
 )
@@ -472,7 +473,7 @@ func testQdrantBlueGreenRebuild(t *testing.T, legacy bool) {
 		want[key] = 1
 	}
 	liveBackend := func() index.Backend { return p.Switch.Live().Store.(*index.Index).Backend() }
-	rebuildtest.Eventually(t, "the live index to hold every document", 30*time.Second, holds(t, liveBackend, want))
+	testenv.Eventually(t, "the live index to hold every document", 30*time.Second, holds(t, liveBackend, want))
 	first := p.Switch.Live()
 	if first.Name != wantPrevious {
 		t.Fatalf("live generation %q; want %q", first.Name, wantPrevious)
@@ -525,7 +526,7 @@ func testQdrantBlueGreenRebuild(t *testing.T, legacy bool) {
 	defer stopTraffic()
 
 	var st rebuild.Status
-	rebuildtest.Eventually(t, "the rebuild manager to be ready", 30*time.Second, func() bool {
+	testenv.Eventually(t, "the rebuild manager to be ready", 30*time.Second, func() bool {
 		var started bool
 		st, started, err = p.Manager.Start(ctx)
 		if err != nil && p.Manager.Status(ctx).Phase == rebuild.PhaseStarting {
@@ -539,7 +540,7 @@ func testQdrantBlueGreenRebuild(t *testing.T, legacy bool) {
 	if st.Previous != wantPrevious || st.InPlace || st.Target == st.Previous || !strings.HasPrefix(st.Target, alias+"_") {
 		t.Fatalf("rebuild status %+v: want blue/green from %s into a fresh collection", st, wantPrevious)
 	}
-	rebuildtest.Eventually(t, "the rebuild to finish under live traffic", 60*time.Second, func() bool {
+	testenv.Eventually(t, "the rebuild to finish under live traffic", 60*time.Second, func() bool {
 		s := p.Manager.Status(ctx)
 		return s.Phase == rebuild.PhaseDone && s.ID == st.ID
 	})
@@ -549,7 +550,7 @@ func testQdrantBlueGreenRebuild(t *testing.T, legacy bool) {
 	}
 
 	want = rebuildtest.LastVersions(t, e.js)
-	rebuildtest.Eventually(t, "the rebuilt index to hold every key at its last version", 30*time.Second, holds(t, liveBackend, want))
+	testenv.Eventually(t, "the rebuilt index to hold every key at its last version", 30*time.Second, holds(t, liveBackend, want))
 
 	g := p.Switch.Live()
 	if g.Name != st.Target || g == first {

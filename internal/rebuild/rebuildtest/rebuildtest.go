@@ -73,36 +73,17 @@ func (p *Process) Stop() {
 // WaitDone waits until the manager reports rebuild id done.
 func (p *Process) WaitDone(t testing.TB, id string, timeout time.Duration) {
 	t.Helper()
-	Eventually(t, "rebuild "+id+" to finish", timeout, func() bool {
+	testenv.Eventually(t, "rebuild "+id+" to finish", timeout, func() bool {
 		s := p.Manager.Status(context.Background())
 		return s.Phase == rebuild.PhaseDone && s.ID == id
 	})
-}
-
-// Eventually polls cond until it holds, failing the test after timeout.
-func Eventually(t testing.TB, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // Stream starts an embedded NATS server with the documents' stream
 // (CONVERGE_DOCS, file storage) for the test, and returns its JetStream.
 func Stream(t testing.TB) jetstream.JetStream {
 	t.Helper()
-	js, err := jetstream.New(testenv.StartNATS(t).Connect(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "CONVERGE_DOCS",
-		Subjects: []string{contract.DocsSubjectPrefix + ">"}, Storage: jetstream.FileStorage}); err != nil {
-		t.Fatal(err)
-	}
+	_, js := testenv.StartNATS(t).DocsStream(t)
 	return js
 }
 
