@@ -8,9 +8,6 @@ import (
 	"os"
 	"strings"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/telemetry"
@@ -112,15 +109,11 @@ func readSecret(file string) ([]byte, error) {
 // Run connects to NATS and notifies until ctx ends, serving /metrics,
 // /healthz and /readyz on sc.MetricsAddr.
 func Run(ctx context.Context, sc projector.ServiceConfig, cfg Config, log *slog.Logger) error {
-	nc, err := nats.Connect(sc.NATSURL, nats.Name("converge-notifier-effects"), nats.MaxReconnects(-1))
-	if err != nil {
-		return fmt.Errorf("connect nats: %w", err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
+	nc, js, err := projector.Connect(sc.NATSURL, "converge-notifier-effects")
 	if err != nil {
 		return err
 	}
+	defer nc.Close()
 	if sc.Registry == nil {
 		sc.Registry = telemetry.NewRegistry()
 	}

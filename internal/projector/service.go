@@ -51,19 +51,31 @@ func ServiceFlags(f *config.Flags, name, metricsAddr string) func() (ServiceConf
 	}
 }
 
+// Connect opens a service's connection to NATS, which reconnects for as
+// long as the service runs and carries name (the server's monitoring shows
+// it), and its JetStream context.
+func Connect(url, name string) (*nats.Conn, jetstream.JetStream, error) {
+	nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1))
+	if err != nil {
+		return nil, nil, fmt.Errorf("connect nats: %w", err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, js, nil
+}
+
 // RunService connects to NATS and runs a projector over store until ctx
 // ends, serving /metrics, /healthz, /readyz and routes (pattern -> handler)
 // on the metrics address.
 func RunService(ctx context.Context, sc ServiceConfig, store Store, routes map[string]http.Handler, log *slog.Logger) error {
-	nc, err := nats.Connect(sc.NATSURL, nats.Name("converge-projector-"+sc.Runtime.Name), nats.MaxReconnects(-1))
-	if err != nil {
-		return fmt.Errorf("connect nats: %w", err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
+	nc, js, err := Connect(sc.NATSURL, "converge-projector-"+sc.Runtime.Name)
 	if err != nil {
 		return err
 	}
+	defer nc.Close()
 	reg := sc.Registry
 	if reg == nil {
 		reg = telemetry.NewRegistry()

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -113,25 +112,9 @@ func TestBlueGreenRebuildUnderLiveTraffic(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Live traffic during the whole rebuild.
-	trafficDone := make(chan struct{})
-	var traffic sync.WaitGroup
-	traffic.Add(1)
-	go func() {
-		defer traffic.Done()
-		for i := 0; ; i++ {
-			select {
-			case <-trafficDone:
-				return
-			default:
-			}
-			if i%300 != 7 { // doc-007 stays as damaged, for the rebuild alone to restore
-				e.publish(t, fmt.Sprintf("doc-%03d", i%300), int64(2+i/300))
-			}
-			e.publish(t, fmt.Sprintf("new-%04d", i), 1)
-			time.Sleep(2 * time.Millisecond)
-		}
-	}()
+	// Live traffic during the whole rebuild; doc-007 stays damaged.
+	stopTraffic := rebuildtest.Traffic(t, e.js, 300, 7)
+	defer stopTraffic()
 
 	st, started, err := p.Manager.Start(context.Background())
 	if err != nil || !started {
@@ -146,8 +129,7 @@ func TestBlueGreenRebuildUnderLiveTraffic(t *testing.T) {
 	testenv.Eventually(t, "the rebuild to finish", 60*time.Second, func() bool {
 		return p.Manager.Status(context.Background()).Phase == rebuild.PhaseDone
 	})
-	close(trafficDone)
-	traffic.Wait()
+	stopTraffic()
 
 	// What was published: the last version of every key.
 	want = rebuildtest.LastVersions(t, e.js)

@@ -3,12 +3,9 @@ package rebuild
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"maps"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/converge-sync/converge/internal/projector"
@@ -35,15 +32,11 @@ func RunService(ctx context.Context, sc projector.ServiceConfig, stores Stores, 
 	if err != nil {
 		return err
 	}
-	nc, err := nats.Connect(sc.NATSURL, nats.Name("converge-rebuild-"+sc.Runtime.Name), nats.MaxReconnects(-1))
-	if err != nil {
-		return fmt.Errorf("connect nats: %w", err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
+	nc, js, err := projector.Connect(sc.NATSURL, "converge-rebuild-"+sc.Runtime.Name)
 	if err != nil {
 		return err
 	}
+	defer nc.Close()
 	routes := sw.Routes()
 	maps.Copy(routes, m.Routes())
 	eg, ctx := errgroup.WithContext(ctx)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -501,28 +500,8 @@ func testQdrantBlueGreenRebuild(t *testing.T, legacy bool) {
 		t.Fatal(err)
 	}
 	seqAtStart := stream.CachedInfo().State.LastSeq
-	trafficDone := make(chan struct{})
-	var traffic sync.WaitGroup
-	traffic.Add(1)
-	go func() {
-		defer traffic.Done()
-		for i := 0; ; i++ {
-			select {
-			case <-trafficDone:
-				return
-			default:
-			}
-			if i%docs != 7 { // doc-007 stays as damaged, for the rebuild alone to restore
-				e.publish(t, fmt.Sprintf("doc-%03d", i%docs), int64(2+i/docs))
-			}
-			e.publish(t, fmt.Sprintf("new-%04d", i), 1)
-			time.Sleep(2 * time.Millisecond)
-		}
-	}()
-	stopTraffic := sync.OnceFunc(func() {
-		close(trafficDone)
-		traffic.Wait()
-	})
+	// doc-007 stays damaged, for the rebuild alone to restore.
+	stopTraffic := rebuildtest.Traffic(t, e.js, docs, 7)
 	defer stopTraffic()
 
 	var st rebuild.Status

@@ -137,3 +137,32 @@ func LastVersions(t testing.TB, js jetstream.JetStream) map[string]int64 {
 	}
 	return out
 }
+
+// Traffic publishes live traffic until the returned stop is called (more
+// than once is fine): new versions of doc-000 .. doc-<docs-1>, except
+// doc-<damaged> (left as it is, for a rebuild alone to restore), and new
+// documents new-0000, new-0001, ..., about one of each every 2 ms.
+func Traffic(t testing.TB, js jetstream.JetStream, docs, damaged int) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			if i%docs != damaged {
+				Publish(t, js, fmt.Sprintf("doc-%03d", i%docs), int64(2+i/docs))
+			}
+			Publish(t, js, fmt.Sprintf("new-%04d", i), 1)
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+	return sync.OnceFunc(func() {
+		close(done)
+		wg.Wait()
+	})
+}
