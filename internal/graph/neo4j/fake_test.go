@@ -221,33 +221,21 @@ func (g *modelGraph) run(cypher string, params map[string]any) ([]record, error)
 		limit := params["limit"].(int64)
 		var n int64
 		// DETACH: the relationships of a deleted node go with it.
-		for _, key := range slices.Sorted(maps.Keys(g.docs)) {
-			if n < limit {
-				delete(g.docs, key)
-				for _, d := range g.docs {
-					delete(d.links, key)
-				}
-				n++
+		wipe(g.docs, &n, limit, func(key string) {
+			for _, d := range g.docs {
+				delete(d.links, key)
 			}
-		}
-		for _, id := range slices.Sorted(maps.Keys(g.chunks)) {
-			if n < limit {
-				delete(g.chunks, id)
-				for _, d := range g.docs {
-					delete(d.chunks, id)
-				}
-				n++
+		})
+		wipe(g.chunks, &n, limit, func(id string) {
+			for _, d := range g.docs {
+				delete(d.chunks, id)
 			}
-		}
-		for _, name := range slices.Sorted(maps.Keys(g.tags)) {
-			if n < limit {
-				delete(g.tags, name)
-				for _, d := range g.docs {
-					delete(d.tagged, name)
-				}
-				n++
+		})
+		wipe(g.tags, &n, limit, func(name string) {
+			for _, d := range g.docs {
+				delete(d.tagged, name)
 			}
-		}
+		})
 		return []record{{"deleted": n}}, nil
 	}
 	return nil, fmt.Errorf("model: not a statement of the package: %q", cypher)
@@ -396,4 +384,17 @@ func newTestBackend(r *fakeRunner, batchSize int) *Backend {
 	cfg := Config{URL: "bolt://model", BatchSize: batchSize}
 	cfg.setDefaults()
 	return &Backend{cfg: cfg, run: r}
+}
+
+// wipe deletes m's entries in key order while *n < limit, counting them in
+// *n, and detaches each from what links to it.
+func wipe[V any](m map[string]V, n *int64, limit int64, detach func(key string)) {
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		if *n >= limit {
+			return
+		}
+		delete(m, k)
+		detach(k)
+		*n++
+	}
 }
