@@ -804,3 +804,30 @@ func TestPointsAreSyncedWithTheMarkers(t *testing.T) {
 		t.Fatalf("%d bytes unsynced after a SetMarkers that changed nothing", n)
 	}
 }
+
+// A snapshot of many records (more than two records' worth of points of
+// documents of different sizes, the last record the shortest) reads back
+// as the index it was written from: its records share one buffer while
+// written.
+func TestSnapshotOfManyRecords(t *testing.T) {
+	ctx := context.Background()
+	const dim, docs = 8, 150
+	dir := t.TempDir()
+	r := rand.New(rand.NewPCG(5, 6))
+	s := open(t, dir, Options{CompactBytes: -1})
+	must(t, s.Ensure(ctx, dim))
+	points := 0
+	for d := range docs {
+		ps := docPoints(r, fmt.Sprint("doc-", d), 1, 1+d%7, dim)
+		points += len(ps)
+		must(t, s.Upsert(ctx, ps))
+		must(t, s.SetMarkers(ctx, []index.Marker{{Key: fmt.Sprint("doc-", d), Version: 1}}))
+	}
+	if points <= 2*snapshotPointBatch || points%snapshotPointBatch == 0 {
+		t.Fatalf("%d points: want more than two records' worth and a shorter last record", points)
+	}
+	must(t, s.Compact(ctx))
+	want := dump(t, s)
+	must(t, s.Close())
+	sameState(t, dump(t, open(t, dir, Options{})), want)
+}
