@@ -140,9 +140,7 @@ func backfill(ctx context.Context, args []string, out io.Writer) error {
 		rep.Reemitted, rep.NotFound = append(rep.Reemitted, res.Reemitted...), append(rep.NotFound, res.NotFound...)
 	}
 	if *asJSON {
-		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
-		if jerr := enc.Encode(rep); jerr != nil && err == nil {
+		if jerr := writeJSON(out, rep); jerr != nil && err == nil {
 			err = jerr
 		}
 	} else {

@@ -519,6 +519,7 @@ func orDash(s string) string {
 	return s
 }
 
+// writeJSON writes v as the indented JSON of a command's --json output.
 func writeJSON(out io.Writer, v any) error {
 	enc := json.NewEncoder(out)
 	enc.SetIndent("", "  ")

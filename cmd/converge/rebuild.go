@@ -88,9 +88,7 @@ func rebuildCmd(ctx context.Context, args []string, out io.Writer) error {
 		rep.Verify = &r
 	}
 	if *asJSON {
-		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(rep); err != nil {
+		if err := writeJSON(out, rep); err != nil {
 			return err
 		}
 	} else {

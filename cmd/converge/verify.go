@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -80,9 +79,7 @@ func verifyCmd(ctx context.Context, args []string, out io.Writer) error {
 		}
 	}
 	if *asJSON {
-		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(rep); err != nil {
+		if err := writeJSON(out, rep); err != nil {
 			return err
 		}
 	} else {
