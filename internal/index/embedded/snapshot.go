@@ -98,7 +98,9 @@ func (r *durable) SnapshotRecord(payload []byte) error {
 		if err := r.s.checkDims(rec.points); err != nil {
 			return err
 		}
-		r.s.applyUpsert(rec.points)
+		if err := r.s.applyReadBack(rec.points); err != nil {
+			return err
+		}
 		r.points += uint64(len(rec.points))
 	default:
 		return fmt.Errorf("unexpected op %d in a snapshot", rec.op)

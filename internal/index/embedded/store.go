@@ -25,9 +25,9 @@ type Store struct {
 	dim int
 	// Points are never modified once stored (an upsert stores a new one),
 	// so a compaction can write a copied slice of them without holding mu.
-	all     []*index.Point    // every point once, vectors normalised
-	slot    map[uuid.UUID]int // a point's index in all
-	byKey   map[string]map[uuid.UUID]*index.Point
+	all     []*index.Point            // every point once, vectors normalised
+	slot    map[uuid.UUID]int         // a point's index in all
+	byKey   map[string][]*index.Point // each key's points, in no order
 	markers map[string]index.Marker
 	// appended is the log position after the last record appended by this
 	// Store (under mu): what a syncing write makes durable.
@@ -41,7 +41,7 @@ type Store struct {
 func Open(dir string, opts Options) (*Store, error) {
 	s := &Store{
 		slot:    make(map[uuid.UUID]int),
-		byKey:   make(map[string]map[uuid.UUID]*index.Point),
+		byKey:   make(map[string][]*index.Point),
 		markers: make(map[string]index.Marker),
 	}
 	log, err := wal.Open(dir, indexFormat, &durable{s: s}, opts)
@@ -64,7 +64,7 @@ func (s *Store) replay(rec record) error {
 		if err := s.checkDims(rec.points); err != nil {
 			return err
 		}
-		s.applyUpsert(rec.points)
+		return s.applyReadBack(rec.points)
 	case opDeleteStale:
 		s.applyDeleteStale(rec.keeps)
 	case opMarkers:
@@ -72,6 +72,17 @@ func (s *Store) replay(rec record) error {
 	default:
 		return fmt.Errorf("unexpected op %d in a log", rec.op)
 	}
+	return nil
+}
+
+// applyReadBack applies points read back from a log or a snapshot, whose
+// dimensions were checked, in the store's layout.
+func (s *Store) applyReadBack(points []*index.Point) error {
+	packed, err := pack(points, copyVector)
+	if err != nil {
+		return err
+	}
+	s.applyUpsert(packed)
 	return nil
 }
 
@@ -98,21 +109,24 @@ func (s *Store) applyUpsert(points []*index.Point) {
 			s.slot[p.ID] = len(s.all)
 			s.all = append(s.all, p)
 		}
-		m := s.byKey[p.Key]
-		if m == nil {
-			m = make(map[uuid.UUID]*index.Point)
-			s.byKey[p.Key] = m
-		}
-		m[p.ID] = p
+		s.byKey[p.Key] = append(s.byKey[p.Key], p)
 	}
 }
 
 func (s *Store) removeFromKey(p *index.Point) {
-	m := s.byKey[p.Key]
-	delete(m, p.ID)
-	if len(m) == 0 {
-		delete(s.byKey, p.Key)
+	ps := s.byKey[p.Key]
+	i := slices.IndexFunc(ps, func(q *index.Point) bool { return q.ID == p.ID })
+	if i < 0 {
+		return
 	}
+	last := len(ps) - 1
+	ps[i] = ps[last]
+	ps[last] = nil
+	if last == 0 {
+		delete(s.byKey, p.Key)
+		return
+	}
+	s.byKey[p.Key] = ps[:last]
 }
 
 func (s *Store) removePoint(p *index.Point) {
@@ -158,7 +172,7 @@ func (s *Store) applyMarkers(markers []index.Marker) {
 		if old, ok := s.markers[m.Key]; ok && old.Version >= m.Version {
 			continue
 		}
-		s.markers[m.Key] = m
+		s.markers[m.Key] = packMarker(m)
 	}
 }
 
@@ -286,13 +300,16 @@ func (s *Store) Upsert(ctx context.Context, points []index.Point) error {
 	if dim == 0 {
 		return ErrNoDimension
 	}
-	stored := make([]*index.Point, len(points))
+	ptrs := make([]*index.Point, len(points))
 	for i := range points {
-		p, err := prepare(&points[i], dim)
-		if err != nil {
-			return err
+		if p := &points[i]; len(p.Vector) != dim {
+			return fmt.Errorf("%w: point %s has %d dimensions, the store holds %d", ErrDimensionMismatch, p.ID, len(p.Vector), dim)
 		}
-		stored[i] = p
+		ptrs[i] = &points[i]
+	}
+	stored, err := pack(ptrs, normalizeInto)
+	if err != nil {
+		return err
 	}
 	rec, err := encodeUpsert(stored)
 	if err != nil {
@@ -303,40 +320,35 @@ func (s *Store) Upsert(ctx context.Context, points []index.Point) error {
 	}, false)
 }
 
-// prepare copies p with its vector normalised.
-func prepare(p *index.Point, dim int) (*index.Point, error) {
-	if len(p.Vector) != dim {
-		return nil, fmt.Errorf("%w: point %s has %d dimensions, the store holds %d", ErrDimensionMismatch, p.ID, len(p.Vector), dim)
-	}
-	cp := *p
-	cp.Tags = slices.Clone(p.Tags)
-	v, err := normalize(p.Vector)
-	if err != nil {
-		return nil, fmt.Errorf("embedded index: point %s: %w", p.ID, err)
-	}
-	cp.Vector = v
-	return &cp, nil
-}
-
 // normalize returns a unit-length copy of v, or a copy of v if it is zero
 // (which then scores 0 against every query).
 func normalize(v []float32) ([]float32, error) {
+	out := make([]float32, len(v))
+	if err := normalizeInto(out, v); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// normalizeInto writes v at unit length into dst (len(v) long), or zeros
+// if v is zero.
+func normalizeInto(dst, v []float32) error {
 	var sum float64
 	for _, f := range v {
 		if math.IsNaN(float64(f)) || math.IsInf(float64(f), 0) {
-			return nil, errors.New("vector has a NaN or infinite component")
+			return errors.New("vector has a NaN or infinite component")
 		}
 		sum += float64(f) * float64(f)
 	}
-	out := make([]float32, len(v))
 	if sum == 0 {
-		return out, nil
+		clear(dst)
+		return nil
 	}
 	inv := 1 / math.Sqrt(sum)
 	for i, f := range v {
-		out[i] = float32(float64(f) * inv)
+		dst[i] = float32(float64(f) * inv)
 	}
-	return out, nil
+	return nil
 }
 
 // DeleteStale removes each key's points of other versions; see
