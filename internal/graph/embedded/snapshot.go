@@ -110,7 +110,7 @@ func (d *durable) load(payload []byte, op byte, accept func(*node) error) (int, 
 		if err := accept(n); err != nil {
 			return i, err
 		}
-		d.s.put(n)
+		d.s.put(packNode(n))
 	}
 	return len(nodes), nil
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/google/uuid"
@@ -139,8 +140,8 @@ func newNode(d *graph.Doc) (*node, error) {
 	if d.Deleted && len(d.Chunks)+len(d.Links)+len(d.Tags) != 0 {
 		return nil, invalid("a withdrawal with chunks, links or tags")
 	}
-	n := &node{key: d.Key, deleted: d.Deleted, version: d.Version, title: d.Title, contentHash: d.ContentHash,
-		chunks: distinctChunks(d.Chunks), links: sortedSet(d.Links), tags: sortedSet(d.Tags)}
+	n := packNode(&node{key: d.Key, deleted: d.Deleted, version: d.Version, title: d.Title, contentHash: d.ContentHash,
+		chunks: distinctChunks(d.Chunks), links: sortedSet(d.Links), tags: sortedSet(d.Tags)})
 	if len(n.links) > 0 && n.links[0] == "" {
 		return nil, invalid("a link to an empty key")
 	}
@@ -202,38 +203,50 @@ func distinctChunks(in []graph.Chunk) []graph.Chunk {
 // of the keys it stops or starts linking to, and creates a stub for every
 // link target not seen yet; mu is held (or Open is replaying). A stub whose
 // last incoming link goes away stays, as the stub node would in Neo4j.
+//
+// The strings the maps hold are those of the nodes now stored (see
+// packNode): a key in linkedBy, and each key in its lists, is the string of
+// that key's node, so a replaced node's memory is not kept alive by them.
 func (s *Store) put(n *node) {
-	if old := s.nodes[n.key]; old != nil {
+	// Assigning to a map entry with a string key stores the key given, so
+	// both entries now hold n's string.
+	old := s.nodes[n.key]
+	s.nodes[n.key] = n
+	if in, ok := s.linkedBy[n.key]; ok {
+		s.linkedBy[n.key] = in
+	}
+	if old != nil {
 		for _, target := range old.links {
 			if _, still := slices.BinarySearch(n.links, target); !still {
 				s.unlink(target, n.key)
 			}
 		}
-		s.nodes[n.key] = n
-		for _, target := range n.links {
-			if _, had := slices.BinarySearch(old.links, target); !had {
-				s.link(target, n.key)
-			}
-		}
-	} else {
-		s.nodes[n.key] = n
-		for _, target := range n.links {
-			s.link(target, n.key)
-		}
+	}
+	for _, target := range n.links {
+		s.link(target, n.key)
 	}
 }
 
+// link records that from links to target (from's string replacing an
+// equal one already recorded), creating target's stub if it has no node.
 func (s *Store) link(target, from string) {
-	in := s.linkedBy[target]
-	if i, found := slices.BinarySearch(in, from); !found {
-		s.linkedBy[target] = slices.Insert(in, i, from)
+	t, ok := s.nodes[target]
+	if !ok {
+		t = &node{key: strings.Clone(target), stub: true}
+		s.nodes[t.key] = t
 	}
-	if _, ok := s.nodes[target]; !ok {
-		s.nodes[target] = &node{key: target, stub: true}
+	in := s.linkedBy[t.key]
+	if i, found := slices.BinarySearch(in, from); found {
+		in[i] = from
+	} else {
+		s.linkedBy[t.key] = slices.Insert(in, i, from)
 	}
 }
 
 func (s *Store) unlink(target, from string) {
+	if t := s.nodes[target]; t != nil {
+		target = t.key // the string the entry is to keep
+	}
 	in := s.linkedBy[target]
 	i, found := slices.BinarySearch(in, from)
 	if !found {

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/converge-sync/converge/internal/graph"
 	"github.com/converge-sync/converge/internal/graph/graphtest"
@@ -113,6 +114,19 @@ func checkInvariants(t testing.TB, s *Store) {
 	}
 	if !maps.EqualFunc(want, s.linkedBy, slices.Equal[[]string]) {
 		t.Fatalf("reverse index %v, recomputed %v", s.linkedBy, want)
+	}
+	// The reverse index holds the strings of the nodes stored, not of
+	// nodes they replaced (whose memory it would keep alive).
+	same := func(a, b string) bool { return unsafe.StringData(a) == unsafe.StringData(b) }
+	for target, from := range s.linkedBy {
+		if !same(target, s.nodes[target].key) {
+			t.Fatalf("the reverse index's entry %q does not hold its node's key string", target)
+		}
+		for _, f := range from {
+			if !same(f, s.nodes[f].key) {
+				t.Fatalf("the reverse index's entry %q lists %q with a string other than its node's key", target, f)
+			}
+		}
 	}
 }
 
