@@ -7,23 +7,25 @@ import (
 	"github.com/jackc/pglogrepl"
 )
 
-// relation maps the outbox's columns to their positions, learned from the
-// relation message pgoutput sends before the first row (and again after a
-// schema change), so column order is never assumed. emission is optional
+// relation maps the outbox columns the relay reads to their positions,
+// learned from the relation message pgoutput sends before the first row
+// (and again after a schema change), so column order is never assumed.
+// Other columns (kind, created_at) are not read: the payload carries the
+// event whole. emission is optional
 // (-1 when absent): the outbox of schema version 1 has no such column, and
 // all its rows are original emissions.
 type relation struct {
-	id                                   uint32
-	eventID, key, version, kind, payload int
-	emission                             int
-	namespace, name                      string
+	id                             uint32
+	eventID, key, version, payload int
+	emission                       int
+	namespace, name                string
 }
 
 var errNotOutbox = errors.New("relay: change is not for the outbox")
 
 func newRelation(m *pglogrepl.RelationMessage) (relation, error) {
 	r := relation{id: m.RelationID, namespace: m.Namespace, name: m.RelationName,
-		eventID: -1, key: -1, version: -1, kind: -1, payload: -1, emission: -1}
+		eventID: -1, key: -1, version: -1, payload: -1, emission: -1}
 	for i, c := range m.Columns {
 		switch c.Name {
 		case "event_id":
@@ -32,16 +34,14 @@ func newRelation(m *pglogrepl.RelationMessage) (relation, error) {
 			r.key = i
 		case "version":
 			r.version = i
-		case "kind":
-			r.kind = i
 		case "payload":
 			r.payload = i
 		case "emission":
 			r.emission = i
 		}
 	}
-	if r.eventID < 0 || r.key < 0 || r.version < 0 || r.kind < 0 || r.payload < 0 {
-		return r, fmt.Errorf("relay: relation %s.%s lacks an outbox column (event_id, key, version, kind, payload)", m.Namespace, m.RelationName)
+	if r.eventID < 0 || r.key < 0 || r.version < 0 || r.payload < 0 {
+		return r, fmt.Errorf("relay: relation %s.%s lacks an outbox column (event_id, key, version, payload)", m.Namespace, m.RelationName)
 	}
 	return r, nil
 }

@@ -16,7 +16,6 @@ type insertView struct {
 	eventID    []byte
 	key        []byte
 	version    []byte
-	kind       []byte
 	payload    []byte
 	// emission is the row's emission number, digits: "0" (or nil, on an
 	// outbox without the column) for the original emission of an event.
@@ -90,8 +89,6 @@ func (r relation) decodeInsertFast(data []byte, v *insertView) error {
 			dst = &v.key
 		case r.version:
 			dst = &v.version
-		case r.kind:
-			dst = &v.kind
 		case r.payload:
 			dst = &v.payload
 		case r.emission:
@@ -109,8 +106,8 @@ func (r relation) decodeInsertFast(data []byte, v *insertView) error {
 		*dst = val
 		found++
 	}
-	if found != 5 {
-		return fmt.Errorf("relay: outbox insert lacks columns (%d of 5 found)", found)
+	if found != 4 {
+		return fmt.Errorf("relay: outbox insert lacks columns (%d of 4 found)", found)
 	}
 	if r.emission >= 0 && v.emission == nil {
 		return fmt.Errorf("relay: outbox insert lacks its emission column")

@@ -41,7 +41,6 @@ type outboxRow struct {
 	eventID  string
 	key      string
 	version  string
-	kind     string
 	payload  []byte
 	emission string // "" when the relation has no emission column
 }
@@ -66,7 +65,7 @@ func (r relation) decodeInsert(m *pglogrepl.InsertMessage) (outboxRow, error) {
 		i    int
 		name string
 		dst  *string
-	}{{r.eventID, "event_id", &row.eventID}, {r.key, "key", &row.key}, {r.version, "version", &row.version}, {r.kind, "kind", &row.kind}} {
+	}{{r.eventID, "event_id", &row.eventID}, {r.key, "key", &row.key}, {r.version, "version", &row.version}} {
 		b, err := text(f.i, f.name)
 		if err != nil {
 			return outboxRow{}, err
@@ -105,16 +104,16 @@ func bigintText(s string) bool {
 // row hold the same fields.
 func agree(v *insertView, row outboxRow) bool {
 	return string(v.eventID) == row.eventID && string(v.key) == row.key && string(v.version) == row.version &&
-		string(v.kind) == row.kind && string(v.payload) == string(row.payload) && string(v.emission) == row.emission
+		string(v.payload) == string(row.payload) && string(v.emission) == row.emission
 }
 
 // The relations of the outbox: schema version 1 (no emission column),
 // version 2 (emission added last, as ALTER TABLE ADD COLUMN does), and one
 // with the columns in another order.
 var (
-	relationV1       = relation{id: 42, eventID: 0, key: 1, version: 2, kind: 3, payload: 4, emission: -1}
-	relationV2       = relation{id: 42, eventID: 0, key: 1, version: 2, kind: 3, payload: 4, emission: 6}
-	relationShuffled = relation{id: 42, eventID: 5, key: 3, version: 0, kind: 6, payload: 1, emission: 2}
+	relationV1       = relation{id: 42, eventID: 0, key: 1, version: 2, payload: 4, emission: -1}
+	relationV2       = relation{id: 42, eventID: 0, key: 1, version: 2, payload: 4, emission: 6}
+	relationShuffled = relation{id: 42, eventID: 5, key: 3, version: 0, payload: 1, emission: 2}
 )
 
 // The fast decoder must agree with pglogrepl's on every field, on the
