@@ -90,37 +90,25 @@ func (s *Store) Apply(ctx context.Context, docs []graph.Doc) ([]bool, error) {
 		incoming[i], repair[i] = n, d.Repair
 	}
 	applied := make([]bool, len(docs))
-	var fresh []*node
-	s.mu.Lock()
-	if err := s.log.Writable(); err != nil {
-		s.mu.Unlock()
-		return nil, err
-	}
-	for i, n := range incoming {
-		if cur := s.nodes[n.key]; cur == nil || cur.stub || cur.version < n.version || (repair[i] && cur.version == n.version) {
-			applied[i] = true
-			fresh = append(fresh, n)
+	err := s.log.Write(&s.mu, func() ([]byte, func(), error) {
+		var fresh []*node
+		for i, n := range incoming {
+			if cur := s.nodes[n.key]; cur == nil || cur.stub || cur.version < n.version || (repair[i] && cur.version == n.version) {
+				applied[i] = true
+				fresh = append(fresh, n)
+			}
 		}
-	}
-	if len(fresh) == 0 {
-		s.mu.Unlock()
-		return applied, nil
-	}
-	rec, err := encodeNodes(opApply, fresh)
+		if len(fresh) == 0 {
+			return nil, nil, nil
+		}
+		rec, err := encodeNodes(opApply, fresh)
+		return rec, func() {
+			for _, n := range fresh {
+				s.put(n)
+			}
+		}, err
+	}, true)
 	if err != nil {
-		s.mu.Unlock()
-		return nil, err
-	}
-	end, err := s.log.Append(rec)
-	if err != nil {
-		s.mu.Unlock()
-		return nil, err
-	}
-	for _, n := range fresh {
-		s.put(n)
-	}
-	s.mu.Unlock()
-	if err := s.log.Commit(end); err != nil {
 		return nil, err
 	}
 	return applied, nil

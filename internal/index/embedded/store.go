@@ -29,9 +29,6 @@ type Store struct {
 	slot    map[uuid.UUID]int         // a point's index in all
 	byKey   map[string][]*index.Point // each key's points, in no order
 	markers map[string]index.Marker
-	// appended is the log position after the last record appended by this
-	// Store (under mu): what a syncing write makes durable.
-	appended int64
 }
 
 // Open opens the embedded index in dir, creating the directory if needed,
@@ -176,36 +173,6 @@ func (s *Store) applyMarkers(markers []index.Marker) {
 	}
 }
 
-// write makes one change: under mu, plan decides it and returns its record
-// and how to apply it in memory (a nil record: nothing to write); the
-// record is appended to the log and applied. With sync, everything
-// appended so far (this record, and those of earlier calls that did not
-// sync) is then made durable as the options ask, after mu is released.
-func (s *Store) write(plan func() (rec []byte, apply func(), err error), sync bool) error {
-	s.mu.Lock()
-	if err := s.log.Writable(); err != nil {
-		s.mu.Unlock()
-		return err
-	}
-	rec, apply, err := plan()
-	if err != nil {
-		s.mu.Unlock()
-		return err
-	}
-	end := s.appended
-	if rec != nil {
-		if end, err = s.log.Append(rec); err == nil {
-			apply()
-			s.appended = end
-		}
-	}
-	s.mu.Unlock()
-	if err != nil || !sync || end == 0 {
-		return err
-	}
-	return s.log.Commit(end)
-}
-
 // Ensure records the dimension on first use; see [index.Backend].
 func (s *Store) Ensure(ctx context.Context, dim int) error {
 	if err := ctx.Err(); err != nil {
@@ -214,7 +181,7 @@ func (s *Store) Ensure(ctx context.Context, dim int) error {
 	if dim <= 0 || dim > MaxDimension {
 		return fmt.Errorf("embedded index: dimension %d is outside 1..%d", dim, MaxDimension)
 	}
-	return s.write(func() ([]byte, func(), error) {
+	return s.log.Write(&s.mu, func() ([]byte, func(), error) {
 		switch s.dim {
 		case dim:
 			return nil, nil, nil
@@ -255,7 +222,7 @@ func (s *Store) SetMarkers(ctx context.Context, markers []index.Marker) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.write(func() ([]byte, func(), error) {
+	return s.log.Write(&s.mu, func() ([]byte, func(), error) {
 		var effective []index.Marker
 		pending := make(map[string]int64, len(markers))
 		for _, m := range markers {
@@ -315,7 +282,7 @@ func (s *Store) Upsert(ctx context.Context, points []index.Point) error {
 	if err != nil {
 		return err
 	}
-	return s.write(func() ([]byte, func(), error) {
+	return s.log.Write(&s.mu, func() ([]byte, func(), error) {
 		return rec, func() { s.applyUpsert(stored) }, nil
 	}, false)
 }
@@ -358,7 +325,7 @@ func (s *Store) DeleteStale(ctx context.Context, keep []index.Keep) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.write(func() ([]byte, func(), error) {
+	return s.log.Write(&s.mu, func() ([]byte, func(), error) {
 		// Removing points never makes a keep that removes nothing remove
 		// something, so judging each against the state before the call is
 		// exact.

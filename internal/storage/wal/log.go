@@ -333,6 +333,39 @@ func (l *Log) Append(rec []byte) (int64, error) {
 	return l.written, nil
 }
 
+// Write makes one change to the state the log records. With mu (the
+// state's lock) held, plan decides the change and returns its record and
+// how to apply it in memory (a nil record: nothing to write); the record is
+// appended and, once appended, applied. With commit, everything appended so
+// far (this record, and those of earlier calls that did not sync) is then
+// committed ([Log.Commit]) after mu is released, so that writers waiting
+// for a sync do not hold the state's lock.
+func (l *Log) Write(mu sync.Locker, plan func() (rec []byte, apply func(), err error), commit bool) error {
+	mu.Lock()
+	if err := l.Writable(); err != nil {
+		mu.Unlock()
+		return err
+	}
+	rec, apply, err := plan()
+	if err != nil {
+		mu.Unlock()
+		return err
+	}
+	if rec != nil {
+		if _, err = l.Append(rec); err == nil {
+			apply()
+		}
+	}
+	l.mu.Lock()
+	end := l.written
+	l.mu.Unlock()
+	mu.Unlock()
+	if err != nil || !commit || end == 0 {
+		return err
+	}
+	return l.Commit(end)
+}
+
 // Commit makes the records appended up to position end durable when every
 // write call is synced ([Options.SyncEvery] zero); otherwise the
 // background loop syncs them. The caller must not hold the state's lock:

@@ -122,17 +122,18 @@ func mustOpen(t testing.TB, dir string, opts Options) *journal {
 
 // add appends one record of entries, applies it and commits it.
 func (j *journal) add(entries ...string) error {
-	rec := encodeEntries(entries)
-	j.Lock()
-	end, err := j.log.Append(rec)
-	if err == nil {
-		j.entries = append(j.entries, entries...)
-	}
-	j.Unlock()
-	if err != nil {
-		return err
-	}
-	return j.log.Commit(end)
+	return j.write(entries, true)
+}
+
+// write appends one record of entries (none: no record) and applies it,
+// and with commit commits everything appended so far.
+func (j *journal) write(entries []string, commit bool) error {
+	return j.log.Write(j, func() ([]byte, func(), error) {
+		if len(entries) == 0 {
+			return nil, nil, nil
+		}
+		return encodeEntries(entries), func() { j.entries = append(j.entries, entries...) }, nil
+	}, commit)
 }
 
 func (j *journal) mustAdd(t testing.TB, entries ...string) {
@@ -392,6 +393,40 @@ func TestLockDir(t *testing.T) {
 	}
 	noErr(t, j.log.Close())
 	mustOpen(t, dir, Options{})
+}
+
+// TestWrite: a change is applied only once its record is appended, a plan
+// that fails writes nothing, and a committing write without a record makes
+// what earlier writes appended durable.
+func TestWrite(t *testing.T) {
+	dir := t.TempDir()
+	j := mustOpen(t, dir, Options{})
+	noErr(t, j.write([]string{"a", "b"}, false))
+	if j.log.Unsynced() == 0 {
+		t.Fatal("a write without commit was synced")
+	}
+	noErr(t, j.write(nil, true))
+	if n := j.log.Unsynced(); n != 0 {
+		t.Fatalf("%d bytes unsynced after a committing write", n)
+	}
+	refused := errors.New("refused")
+	err := j.log.Write(j, func() ([]byte, func(), error) {
+		return encodeEntries([]string{"never"}), func() { t.Error("a refused change was applied") }, refused
+	}, true)
+	if !errors.Is(err, refused) || j.log.Unsynced() != 0 {
+		t.Fatalf("Write with a failing plan: %v, %d bytes unsynced; want the plan's error and nothing written", err, j.log.Unsynced())
+	}
+	j.expect(t, "a", "b")
+	noErr(t, j.log.Close())
+	err = j.log.Write(j, func() ([]byte, func(), error) {
+		t.Error("a closed log ran the plan")
+		return nil, nil, nil
+	}, true)
+	if !errors.Is(err, ErrClosed) {
+		t.Fatalf("Write on a closed log: %v, want ErrClosed", err)
+	}
+	j = mustOpen(t, dir, Options{})
+	j.expect(t, "a", "b")
 }
 
 func TestClosedLog(t *testing.T) {
