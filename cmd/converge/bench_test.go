@@ -91,7 +91,7 @@ func envCount(b *testing.B, name string, def int) int {
 // BenchmarkEndToEnd measures the pipeline from the writer's API to both
 // projections: the throughput of batched writes (the max rate), the
 // commit -> applied latency of the same batched writes paced at half that
-// rate, and the latency of single-document writes at half of their own,
+// rate (and at a quarter of it), and the latency of single-document writes at half of their own,
 // much lower, end-to-end capacity.
 func BenchmarkEndToEnd(b *testing.B) { benchEndToEnd(b, false) }
 
@@ -161,6 +161,20 @@ func benchEndToEnd(b *testing.B, processes bool) {
 		for range b.N {
 			runs++
 			s.latency(ctx, b, fmt.Sprintf("lat%d", runs), rate, per, load)
+		}
+	})
+	// The same batched writes at a quarter of the max rate: how the
+	// latency falls with the load, below the target's half.
+	b.Run("latency-quarter", func(b *testing.B) {
+		note(b)
+		if _, set := latencyRate(b); set != "" || maxRate == 0 {
+			b.Skip("no max rate measured in this run (the throughput or latency run did not run, or " + envLatencyRate + " is set)")
+		}
+		per := envCount(b, envLatencyBatch, defaultLatencyBatch)
+		for range b.N {
+			runs++
+			s.latency(ctx, b, fmt.Sprintf("q%d", runs), maxRate/4, per,
+				fmt.Sprintf("a quarter of the batch API's end-to-end rate %.0f docs/s, measured in this run; the target is for half", maxRate))
 		}
 	})
 	b.Run("latency-single", func(b *testing.B) {
@@ -726,9 +740,9 @@ func (s *benchStack) latency(ctx context.Context, b *testing.B, run string, rate
 		// events within the bounds on either side of it.
 		below, above := h.around(latencyTarget.Seconds())
 		fBelow, fAbove := h.fractionWithin(below), h.fractionWithin(above)
-		verdict := "NOT MET"
+		verdict := "NO"
 		if p99 < latencyTarget.Seconds() {
-			verdict = "met"
+			verdict = "yes"
 		}
 		how := "decided by the buckets alone"
 		if fBelow < 0.99 && fAbove >= 0.99 {
@@ -738,7 +752,7 @@ func (s *benchStack) latency(ctx context.Context, b *testing.B, run string, rate
 		b.ReportMetric(p50*1000, name+"_p50_ms")
 		b.ReportMetric(p99*1000, name+"_p99_ms")
 		b.Logf("%s projector, commit -> applied over %d events: p50 %.1f ms, p99 %.1f ms, mean %.1f ms (exact); "+
-			"p99 interpolated within the bucket (%s, %s] of %.0f events; target p99 < %v at half load: %s (%s); p99/target %.2f; "+
+			"p99 interpolated within the bucket (%s, %s] of %.0f events; p99 under %v (the target at half load) at this run's load: %s (%s); p99/target %.2f; "+
 			"%.0f batches of %.1f events on average, %.1f ms each to apply and acknowledge",
 			name, int(h.count), p50*1000, p99*1000, 1000*h.sum/h.count, fmtSeconds(lo), fmtSeconds(hi), inBucket,
 			latencyTarget, verdict, how, p99/latencyTarget.Seconds(), batches.count, events/batches.count, 1000*batches.sum/batches.count)
