@@ -27,6 +27,9 @@ var _ rebuild.Stores = (*Stores)(nil)
 
 // NewStores returns the graph's generations as c configures them.
 func NewStores(c *Config, log *slog.Logger) *Stores {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	return &Stores{cfg: c, dirs: rebuild.Dirs{Root: c.DataDir, Base: "graph"}, log: log}
 }
 
@@ -50,7 +53,7 @@ func (s *Stores) Open(ctx context.Context, name string) (*rebuild.Generation, er
 		backend, err = neo4j.New(ctx, neo4j.Config{URL: c.Neo4jURL, User: c.Neo4jUser, Password: c.Neo4jPassword,
 			Database: name, BatchSize: c.Neo4jBatch})
 	} else {
-		backend, err = embedded.Open(s.dirs.Path(name), embedded.Options{})
+		backend, err = embedded.Open(s.dirs.Path(name), embedded.Options{Logger: s.log.With("generation", name)})
 	}
 	if err != nil {
 		return nil, err

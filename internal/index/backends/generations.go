@@ -93,7 +93,7 @@ func (s *Stores) Open(ctx context.Context, name string) (*rebuild.Generation, er
 	if s.admin != nil {
 		backend, err = s.qdrant(ctx, name)
 	} else {
-		backend, err = embedded.Open(s.dirs.Path(name), embedded.Options{})
+		backend, err = embedded.Open(s.dirs.Path(name), embedded.Options{Logger: s.log.With("generation", name)})
 	}
 	if err != nil {
 		return nil, err

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -286,7 +287,8 @@ func TestDamageIsCorruption(t *testing.T) {
 func TestCompaction(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	j := mustOpen(t, dir, Options{CompactBytes: 1024})
+	var logged syncBuffer
+	j := mustOpen(t, dir, Options{CompactBytes: 1024, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
 	var want []string
 	for i := range 200 {
 		e := fmt.Sprint("entry-", i)
@@ -297,6 +299,9 @@ func TestCompaction(t *testing.T) {
 		t.Fatal("no automatic compaction ran")
 	}
 	noErr(t, j.log.Compact(ctx))
+	if !strings.Contains(logged.String(), `msg="wal: compacted" dir=`) || !strings.Contains(logged.String(), "snapshot_bytes=") {
+		t.Errorf("a compaction logged %q, want its size and duration", logged.String())
+	}
 	j.mustAdd(t, "after")
 	want = append(want, "after")
 	noErr(t, j.log.Close())
@@ -310,6 +315,25 @@ func TestCompaction(t *testing.T) {
 	if j.snapHeader != 200 || j.snapEnd != 200 || j.snapLoaded != 200 {
 		t.Fatalf("snapshot header %d end %d loaded %d, want 200", j.snapHeader, j.snapEnd, j.snapLoaded)
 	}
+}
+
+// syncBuffer is a log's destination, written by compactions in the
+// background.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // TestCompactionLeftovers puts back what a crash during a compaction can

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"time"
 )
 
 // Snapshot is a store's state captured by [State.Capture] for a
@@ -125,6 +126,7 @@ func (l *Log) maybeCompactLocked() {
 func (l *Log) compact(ctx context.Context) error {
 	l.compactMu.Lock()
 	defer l.compactMu.Unlock()
+	began := time.Now()
 	snap, next, covered, err := l.rotateAndCapture()
 	if err != nil {
 		return err
@@ -154,6 +156,7 @@ func (l *Log) compact(ctx context.Context) error {
 	l.logBytes -= covered
 	l.nextCompact = max(l.opts.CompactBytes, size)
 	l.mu.Unlock()
+	l.logger.Info("wal: compacted", "snapshot_bytes", size, "log_bytes_covered", covered, "took", time.Since(began).Round(time.Millisecond))
 	return errors.Join(errs...)
 }
 
