@@ -1,58 +1,40 @@
 package waltest
 
 import (
-	"math"
 	"runtime"
 	"runtime/metrics"
-	"time"
 )
 
-// GCCost is what a store's content costs the garbage collector.
+// GCCost is what a store's content costs the garbage collector, per item
+// held: the objects it marks, and the bytes it scans for pointers, in
+// every collection while the items live.
 type GCCost struct {
-	// ObjectsPerItem is the number of live heap objects per item held.
-	ObjectsPerItem float64
-	// MarkCPU is the CPU time one full collection spent marking.
-	MarkCPU time.Duration
+	ObjectsPerItem   float64
+	ScanBytesPerItem float64
 }
 
-var markClasses = []string{
-	"/cpu/classes/gc/mark/assist:cpu-seconds",
-	"/cpu/classes/gc/mark/dedicated:cpu-seconds",
-	"/cpu/classes/gc/mark/idle:cpu-seconds",
+// Heap is the live heap as the last collection left it.
+type Heap struct {
+	Objects   uint64 // live objects
+	ScanBytes uint64 // bytes of them that may hold pointers
 }
 
-// HeapObjects collects garbage and returns the number of live heap
-// objects.
-func HeapObjects() uint64 {
+// LiveHeap collects garbage and returns the live heap.
+func LiveHeap() Heap {
 	runtime.GC()
-	s := []metrics.Sample{{Name: "/gc/heap/objects:objects"}}
+	s := []metrics.Sample{{Name: "/gc/heap/objects:objects"}, {Name: "/gc/scan/heap:bytes"}}
 	metrics.Read(s)
-	return s[0].Value.Uint64()
+	return Heap{Objects: s[0].Value.Uint64(), ScanBytes: s[1].Value.Uint64()}
 }
 
-// MeasureGC returns the live objects beyond before (a HeapObjects taken
-// before the items were loaded) per item, and the least mark CPU of five
-// full collections: a collection's mark work is that of the live heap, and
-// the least of several leaves out what other work of the process added to
-// one.
-func MeasureGC(before uint64, items int) GCCost {
-	objects := HeapObjects() - before
-	s := make([]metrics.Sample, len(markClasses))
-	for i, name := range markClasses {
-		s[i].Name = name
+// MeasureGC returns what the heap live now holds beyond before (a
+// LiveHeap taken before the items were loaded), per item. Both figures
+// are exact, unlike a collection's duration, which varies from run to
+// run with everything else the machine does.
+func MeasureGC(before Heap, items int) GCCost {
+	now := LiveHeap()
+	return GCCost{
+		ObjectsPerItem:   float64(int64(now.Objects)-int64(before.Objects)) / float64(items),
+		ScanBytesPerItem: float64(int64(now.ScanBytes)-int64(before.ScanBytes)) / float64(items),
 	}
-	read := func() (total float64) {
-		metrics.Read(s)
-		for _, v := range s {
-			total += v.Value.Float64()
-		}
-		return total
-	}
-	least := math.Inf(1)
-	for range 5 {
-		from := read()
-		runtime.GC()
-		least = min(least, read()-from)
-	}
-	return GCCost{ObjectsPerItem: float64(objects) / float64(items), MarkCPU: time.Duration(least * float64(time.Second))}
 }
