@@ -371,10 +371,7 @@ func (s *Store) Points(ctx context.Context, key string, withVectors bool) ([]ind
 		s.mu.RUnlock()
 		return nil, ErrClosed
 	}
-	ps := make([]*index.Point, 0, len(s.byKey[key]))
-	for _, p := range s.byKey[key] {
-		ps = append(ps, p)
-	}
+	ps := slices.Clone(s.byKey[key])
 	s.mu.RUnlock()
 	slices.SortFunc(ps, func(a, b *index.Point) int {
 		return cmp.Or(cmp.Compare(a.Version, b.Version), cmp.Compare(a.Ordinal, b.Ordinal), compareIDs(a.ID, b.ID))
