@@ -1,9 +1,8 @@
 package embedded
 
 import (
-	"strings"
-
 	"github.com/converge-sync/converge/internal/graph"
+	"github.com/converge-sync/converge/internal/storage/textpack"
 )
 
 // The store keeps every node in memory for as long as it lives, so the
@@ -26,27 +25,20 @@ func packNode(n *node) *node {
 	for _, s := range n.tags {
 		size += len(s)
 	}
-	var text strings.Builder
+	var text textpack.Builder
 	text.Grow(size)
-	type span struct{ from, to int }
-	put := func(s string) span {
-		from := text.Len()
-		text.WriteString(s)
-		return span{from, text.Len()}
-	}
-	key, title, hash := put(n.key), put(n.title), put(n.contentHash)
-	spans := make([]span, 0, len(n.chunks)+len(n.links)+len(n.tags))
+	key, title, hash := text.Put(n.key), text.Put(n.title), text.Put(n.contentHash)
+	spans := make([]textpack.Span, 0, len(n.chunks)+len(n.links)+len(n.tags))
 	for _, c := range n.chunks {
-		spans = append(spans, put(c.ContentHash))
+		spans = append(spans, text.Put(c.ContentHash))
 	}
 	for _, s := range n.links {
-		spans = append(spans, put(s))
+		spans = append(spans, text.Put(s))
 	}
 	for _, s := range n.tags {
-		spans = append(spans, put(s))
+		spans = append(spans, text.Put(s))
 	}
-	all := text.String()
-	str := func(s span) string { return all[s.from:s.to] }
+	str := text.Text()
 
 	cp := &node{key: str(key), stub: n.stub, deleted: n.deleted, version: n.version, title: str(title), contentHash: str(hash)}
 	if n.chunks != nil {

@@ -3,7 +3,6 @@ package embedded
 import (
 	"fmt"
 	"reflect"
-	"runtime"
 	"slices"
 	"testing"
 
@@ -61,51 +60,31 @@ func TestPackNodeAllocations(t *testing.T) {
 // BenchmarkHeldNodes measures what the garbage collector spends on nodes
 // kept in memory: 30,000 documents of 3 chunks, 3 links and 2 tags, held
 // as decoded (each string its own allocation) and as the store holds them,
-// in the same run. It reports heap objects per document and the mark work
-// (CPU) of one full collection, and the store's ratio to the decoded.
+// in the same run; see waltest.BenchmarkHeld.
 func BenchmarkHeldNodes(b *testing.B) {
 	const docs = 30_000
-	ctx := b.Context()
-	results := map[string]waltest.GCCost{}
-	for _, layout := range []string{"decoded", "store"} {
-		b.Run(layout, func(b *testing.B) {
-			var cost waltest.GCCost
-			for b.Loop() {
-				var held []graph.Doc
-				var s *Store
-				before := waltest.LiveHeap()
-				if layout == "store" {
-					// Not openStore(): its cleanup would keep every
-					// iteration's store alive until the benchmark ends.
-					var err error
-					s, err = Open(b.TempDir(), Options{SyncEvery: 1 << 40, CompactBytes: -1})
-					ok(b, err)
-				}
-				for d := range docs {
-					links := []string{fmt.Sprint("doc-", (d+1)%docs), fmt.Sprint("doc-", (d*7)%docs), fmt.Sprint("ext-", d%100)}
-					doc := upsert(fmt.Sprint("doc-", d), 1, 3, links, []string{fmt.Sprint("t", d%10), fmt.Sprint("tag-", d)})
-					if s != nil {
-						if _, err := s.Apply(ctx, []graph.Doc{doc}); err != nil {
-							b.Fatal(err)
-						}
-					} else {
-						held = append(held, doc)
-					}
-				}
-				cost = waltest.MeasureGC(before, docs)
-				if s != nil {
-					ok(b, s.Close())
-				}
-				runtime.KeepAlive(held)
+	waltest.BenchmarkHeld(b, "doc", docs, func(b *testing.B, store bool) (any, func()) {
+		var held []graph.Doc
+		var s *Store
+		if store {
+			// Not openStore(): its cleanup would keep every iteration's
+			// store alive until the benchmark ends.
+			var err error
+			s, err = Open(b.TempDir(), Options{SyncEvery: 1 << 40, CompactBytes: -1})
+			ok(b, err)
+		}
+		for d := range docs {
+			links := []string{fmt.Sprint("doc-", (d+1)%docs), fmt.Sprint("doc-", (d*7)%docs), fmt.Sprint("ext-", d%100)}
+			doc := upsert(fmt.Sprint("doc-", d), 1, 3, links, []string{fmt.Sprint("t", d%10), fmt.Sprint("tag-", d)})
+			if s == nil {
+				held = append(held, doc)
+			} else if _, err := s.Apply(b.Context(), []graph.Doc{doc}); err != nil {
+				b.Fatal(err)
 			}
-			results[layout] = cost
-			if d, found := results["decoded"]; found && layout == "store" {
-				b.Logf("%d docs held: as decoded %.1f objects and %.0f scanned bytes a doc; in the store %.1f and %.0f (store/decoded: objects %.2f, scanned bytes %.2f)",
-					docs, d.ObjectsPerItem, d.ScanBytesPerItem, cost.ObjectsPerItem, cost.ScanBytesPerItem,
-					cost.ObjectsPerItem/d.ObjectsPerItem, cost.ScanBytesPerItem/d.ScanBytesPerItem)
-			}
-			b.ReportMetric(cost.ObjectsPerItem, "objects/doc")
-			b.ReportMetric(cost.ScanBytesPerItem, "scan_bytes/doc")
-		})
-	}
+		}
+		if s == nil {
+			return held, func() {}
+		}
+		return s, func() { ok(b, s.Close()) }
+	})
 }

@@ -3,9 +3,9 @@ package embedded
 import (
 	"fmt"
 	"slices"
-	"strings"
 
 	"github.com/converge-sync/converge/internal/index"
+	"github.com/converge-sync/converge/internal/storage/textpack"
 )
 
 // The store keeps every point in memory for as long as it lives, so the
@@ -70,25 +70,20 @@ func packDocument(points []*index.Point, vector func(dst, src []float32) error) 
 		}
 	}
 
-	var text strings.Builder
+	var text textpack.Builder
 	text.Grow(size)
-	type span struct{ from, to int }
-	put := func(s string) span {
-		from := text.Len()
-		text.WriteString(s)
-		return span{from, text.Len()}
-	}
+	put := text.Put
 	// Offsets first, strings after: the text is one string only once
 	// complete.
-	spans := make([]span, 0, 3+len(first.Tags)+2*len(points))
+	spans := make([]textpack.Span, 0, 3+len(first.Tags)+2*len(points))
 	key, title, hash := put(first.Key), put(first.Title), put(first.ContentHash)
 	for _, t := range first.Tags {
 		spans = append(spans, put(t))
 	}
 	firstTags := len(spans)
 	type pointSpans struct {
-		chunkHash, text, title, hash span
-		tags                         []span
+		chunkHash, text, title, hash textpack.Span
+		tags                         []textpack.Span
 		ownTags                      bool
 	}
 	ps := make([]pointSpans, len(points))
@@ -108,8 +103,7 @@ func packDocument(points []*index.Point, vector func(dst, src []float32) error) 
 			}
 		}
 	}
-	all := text.String()
-	str := func(s span) string { return all[s.from:s.to] }
+	str := text.Text()
 
 	tagSlab := make([]string, 0, tags)
 	for _, s := range spans[:firstTags] {

@@ -5,7 +5,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"reflect"
-	"runtime"
 	"slices"
 	"testing"
 
@@ -100,52 +99,34 @@ func TestPackAllocatesPerDocument(t *testing.T) {
 // BenchmarkHeldPoints measures what the garbage collector spends on
 // points kept in memory: 30,000 documents of 3 chunks of dimension 256,
 // held as decoded (each field its own allocation) and as the store holds
-// them, in the same run. It reports heap objects per point and the mark
-// work (CPU) of one full collection, and the store's ratio to the decoded.
+// them, in the same run; see waltest.BenchmarkHeld.
 func BenchmarkHeldPoints(b *testing.B) {
 	const docs, chunks, dim = 30_000, 3, 256
-	ctx := b.Context()
-	results := map[string]waltest.GCCost{}
-	for _, layout := range []string{"decoded", "store"} {
-		b.Run(layout, func(b *testing.B) {
-			r := rand.New(rand.NewPCG(9, 10))
-			var cost waltest.GCCost
-			for b.Loop() {
-				var held []index.Point
-				var s *Store
-				before := waltest.LiveHeap()
-				if layout == "store" {
-					// Not open(): its cleanup would keep every iteration's
-					// store alive until the benchmark ends.
-					var err error
-					s, err = Open(b.TempDir(), Options{SyncEvery: 1 << 40, CompactBytes: -1})
-					must(b, err)
-					must(b, s.Ensure(ctx, dim))
-				}
-				for d := range docs {
-					points := docPoints(r, fmt.Sprint("doc-", d), 1, chunks, dim)
-					if s != nil {
-						must(b, s.Upsert(ctx, points))
-					} else {
-						held = append(held, points...)
-					}
-				}
-				cost = waltest.MeasureGC(before, docs*chunks)
-				if s != nil {
-					must(b, s.Close())
-				}
-				runtime.KeepAlive(held)
+	r := rand.New(rand.NewPCG(9, 10))
+	waltest.BenchmarkHeld(b, "point", docs*chunks, func(b *testing.B, store bool) (any, func()) {
+		var held []index.Point
+		var s *Store
+		if store {
+			// Not open(): its cleanup would keep every iteration's store
+			// alive until the benchmark ends.
+			var err error
+			s, err = Open(b.TempDir(), Options{SyncEvery: 1 << 40, CompactBytes: -1})
+			must(b, err)
+			must(b, s.Ensure(b.Context(), dim))
+		}
+		for d := range docs {
+			points := docPoints(r, fmt.Sprint("doc-", d), 1, chunks, dim)
+			if s == nil {
+				held = append(held, points...)
+			} else {
+				must(b, s.Upsert(b.Context(), points))
 			}
-			results[layout] = cost
-			if d, found := results["decoded"]; found && layout == "store" {
-				b.Logf("%d points held: as decoded %.1f objects and %.0f scanned bytes a point; in the store %.1f and %.0f (store/decoded: objects %.2f, scanned bytes %.2f)",
-					docs*chunks, d.ObjectsPerItem, d.ScanBytesPerItem, cost.ObjectsPerItem, cost.ScanBytesPerItem,
-					cost.ObjectsPerItem/d.ObjectsPerItem, cost.ScanBytesPerItem/d.ScanBytesPerItem)
-			}
-			b.ReportMetric(cost.ObjectsPerItem, "objects/point")
-			b.ReportMetric(cost.ScanBytesPerItem, "scan_bytes/point")
-		})
-	}
+		}
+		if s == nil {
+			return held, func() {}
+		}
+		return s, func() { must(b, s.Close()) }
+	})
 }
 
 func negZero() float64 { return math.Copysign(0, -1) }

@@ -3,6 +3,7 @@ package waltest
 import (
 	"runtime"
 	"runtime/metrics"
+	"testing"
 )
 
 // GCCost is what a store's content costs the garbage collector, per item
@@ -36,5 +37,35 @@ func MeasureGC(before Heap, items int) GCCost {
 	return GCCost{
 		ObjectsPerItem:   float64(int64(now.Objects)-int64(before.Objects)) / float64(items),
 		ScanBytesPerItem: float64(int64(now.ScanBytes)-int64(before.ScanBytes)) / float64(items),
+	}
+}
+
+// BenchmarkHeld compares what items cost the garbage collector held as
+// decoded and held in a store, in the sub-benchmarks "decoded" and
+// "store" of one run. load loads the items (into a store it opens when
+// store is true), and returns what holds them and a function releasing
+// them after the measurement (closing the store). unit names an item in
+// the metrics: objects/<unit>, scan_bytes/<unit>.
+func BenchmarkHeld(b *testing.B, unit string, items int, load func(b *testing.B, store bool) (held any, release func())) {
+	results := map[string]GCCost{}
+	for _, layout := range []string{"decoded", "store"} {
+		b.Run(layout, func(b *testing.B) {
+			var cost GCCost
+			for b.Loop() {
+				before := LiveHeap()
+				held, release := load(b, layout == "store")
+				cost = MeasureGC(before, items)
+				runtime.KeepAlive(held)
+				release()
+			}
+			results[layout] = cost
+			if d, found := results["decoded"]; found && layout == "store" {
+				b.Logf("%d %ss held: as decoded %.1f objects and %.0f scanned bytes a %s; in the store %.1f and %.0f (store/decoded: objects %.2f, scanned bytes %.2f)",
+					items, unit, d.ObjectsPerItem, d.ScanBytesPerItem, unit, cost.ObjectsPerItem, cost.ScanBytesPerItem,
+					cost.ObjectsPerItem/d.ObjectsPerItem, cost.ScanBytesPerItem/d.ScanBytesPerItem)
+			}
+			b.ReportMetric(cost.ObjectsPerItem, "objects/"+unit)
+			b.ReportMetric(cost.ScanBytesPerItem, "scan_bytes/"+unit)
+		})
 	}
 }
