@@ -93,12 +93,11 @@ func validCollectionName(name string) error {
 func (cs *collectionsService) Get(_ context.Context, req *qdrant.GetCollectionInfoRequest) (*qdrant.GetCollectionInfoResponse, error) {
 	start := time.Now()
 	s := cs.s
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	c, err := s.resolve(req.GetCollectionName())
+	c, unlock, err := s.locked(req.GetCollectionName(), false)
 	if err != nil {
 		return nil, err
 	}
+	defer unlock()
 	schema := make(map[string]*qdrant.PayloadSchemaInfo, len(c.indexes))
 	for field, typ := range c.indexes {
 		n := uint64(0)

@@ -29,12 +29,11 @@ func (ps *pointsService) Upsert(_ context.Context, req *qdrant.UpsertPoints) (*q
 		return nil, err
 	}
 	s := ps.s
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	c, err := s.resolve(req.GetCollectionName())
+	c, unlock, err := s.locked(req.GetCollectionName(), true)
 	if err != nil {
 		return nil, err
 	}
+	defer unlock()
 	incoming := make([]*point, len(req.GetPoints()))
 	for i, in := range req.GetPoints() {
 		id, err := parsePointID(in.GetId())
@@ -97,12 +96,11 @@ func (ps *pointsService) Delete(_ context.Context, req *qdrant.DeletePoints) (*q
 		return nil, badInput("Validation error in body: [points: a points selector is required]")
 	}
 	s := ps.s
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	c, err := s.resolve(req.GetCollectionName())
+	c, unlock, err := s.locked(req.GetCollectionName(), true)
 	if err != nil {
 		return nil, err
 	}
+	defer unlock()
 	op := s.nextOperation()
 	if filter == nil {
 		for _, id := range ids {
@@ -141,12 +139,11 @@ func (ps *pointsService) Get(_ context.Context, req *qdrant.GetPoints) (*qdrant.
 		ids = append(ids, id)
 	}
 	s := ps.s
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	c, err := s.resolve(req.GetCollectionName())
+	c, unlock, err := s.locked(req.GetCollectionName(), false)
 	if err != nil {
 		return nil, err
 	}
+	defer unlock()
 	seen := make(map[pointID]bool, len(ids))
 	var out []*qdrant.RetrievedPoint
 	for _, id := range ids {
@@ -170,12 +167,11 @@ func (ps *pointsService) Count(_ context.Context, req *qdrant.CountPoints) (*qdr
 		return nil, err
 	}
 	s := ps.s
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	c, err := s.resolve(req.GetCollectionName())
+	c, unlock, err := s.locked(req.GetCollectionName(), false)
 	if err != nil {
 		return nil, err
 	}
+	defer unlock()
 	n := uint64(0)
 	c.candidates(req.Filter, func(p *point) {
 		if matches(req.Filter, p) {
@@ -218,12 +214,11 @@ func (ps *pointsService) Scroll(_ context.Context, req *qdrant.ScrollPoints) (*q
 		from = &id
 	}
 	s := ps.s
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	c, err := s.resolve(req.GetCollectionName())
+	c, unlock, err := s.locked(req.GetCollectionName(), false)
 	if err != nil {
 		return nil, err
 	}
+	defer unlock()
 	var hits []*point
 	c.candidates(req.Filter, func(p *point) {
 		if (from == nil || comparePointIDs(p.id, *from) >= 0) && matches(req.Filter, p) {
@@ -273,12 +268,11 @@ func (ps *pointsService) Query(_ context.Context, req *qdrant.QueryPoints) (*qdr
 		limit = req.GetLimit()
 	}
 	s := ps.s
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	c, err := s.resolve(req.GetCollectionName())
+	c, unlock, err := s.locked(req.GetCollectionName(), false)
 	if err != nil {
 		return nil, err
 	}
+	defer unlock()
 	var vec []float32
 	switch in := nearest.Nearest.GetVariant().(type) {
 	case *qdrant.VectorInput_Dense:
@@ -324,12 +318,11 @@ func (ps *pointsService) Search(_ context.Context, req *qdrant.SearchPoints) (*q
 		return nil, err
 	}
 	s := ps.s
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	c, err := s.resolve(req.GetCollectionName())
+	c, unlock, err := s.locked(req.GetCollectionName(), false)
 	if err != nil {
 		return nil, err
 	}
+	defer unlock()
 	hits, err := search(c, req.GetVector(), req.Filter, req.GetLimit(), req.GetOffset(), req.ScoreThreshold, req.WithPayload, withVectors)
 	if err != nil {
 		return nil, err
@@ -401,12 +394,11 @@ func (ps *pointsService) CreateFieldIndex(_ context.Context, req *qdrant.CreateF
 		return nil, badInput("unknown field type %v", req.GetFieldType())
 	}
 	s := ps.s
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	c, err := s.resolve(req.GetCollectionName())
+	c, unlock, err := s.locked(req.GetCollectionName(), true)
 	if err != nil {
 		return nil, err
 	}
+	defer unlock()
 	c.indexes[req.GetFieldName()] = typ
 	return applied(s.nextOperation(), req.GetWait(), start), nil
 }
@@ -414,12 +406,11 @@ func (ps *pointsService) CreateFieldIndex(_ context.Context, req *qdrant.CreateF
 func (ps *pointsService) DeleteFieldIndex(_ context.Context, req *qdrant.DeleteFieldIndexCollection) (*qdrant.PointsOperationResponse, error) {
 	start := time.Now()
 	s := ps.s
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	c, err := s.resolve(req.GetCollectionName())
+	c, unlock, err := s.locked(req.GetCollectionName(), true)
 	if err != nil {
 		return nil, err
 	}
+	defer unlock()
 	delete(c.indexes, req.GetFieldName())
 	return applied(s.nextOperation(), req.GetWait(), start), nil
 }

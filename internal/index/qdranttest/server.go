@@ -191,6 +191,21 @@ func (s *Server) resolve(name string) (*collection, error) {
 	return nil, notFound("Collection `%s` doesn't exist!", name)
 }
 
+// locked takes s.mu (for writing with write) and resolves the collection
+// name; the caller calls unlock once done with it.
+func (s *Server) locked(name string, write bool) (c *collection, unlock func(), err error) {
+	lock, unlock := s.mu.RLock, s.mu.RUnlock
+	if write {
+		lock, unlock = s.mu.Lock, s.mu.Unlock
+	}
+	lock()
+	if c, err = s.resolve(name); err != nil {
+		unlock()
+		return nil, nil, err
+	}
+	return c, unlock, nil
+}
+
 // nextOperation numbers an update; s.mu must be held for writing.
 func (s *Server) nextOperation() *uint64 {
 	s.operationID++
