@@ -165,6 +165,8 @@ func TestDecodeInsertFastAgreesWithPglogrepl(t *testing.T) {
 		"null key":           {relationV1, insertMessage(42, []byte("id"), nil, []byte("1"), []byte("k"), []byte("{}"))},
 		"version not digit":  {relationV1, insertMessage(42, []byte("id"), []byte("k"), []byte("1a"), []byte("k"), []byte("{}"))},
 		"missing columns":    {relationV1, insertMessage(42, []byte("id"), []byte("k"))},
+		"payload missing":    {relationV1, insertMessage(42, []byte("id"), []byte("k"), []byte("1"), []byte("k"))},
+		"event id null":      {relationV1, insertMessage(42, nil, []byte("k"), []byte("1"), []byte("k"), []byte("{}"))},
 		"not an insert":      {relationV1, append([]byte{'U'}, msg[1:]...)},
 		"emission missing":   {relationV2, insertMessage(42, []byte("id"), []byte("k"), []byte("1"), []byte("k"), []byte("{}"), created)},
 		"emission null":      {relationV2, insertMessage(42, []byte("id"), []byte("k"), []byte("1"), []byte("k"), []byte("{}"), created, nil)},

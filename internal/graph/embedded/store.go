@@ -67,7 +67,9 @@ func (s *Store) Ensure(ctx context.Context) error {
 
 // Apply writes docs with the freshness guard; see [graph.Backend]. The
 // documents that pass the guard are one log record, so after a crash
-// either all of them are in the graph or none is.
+// either all of them are in the graph or none is. A call none of whose
+// documents passes still returns only once what earlier calls appended is
+// durable, since its answer may rest on their records.
 func (s *Store) Apply(ctx context.Context, docs []graph.Doc) ([]bool, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err

@@ -118,6 +118,11 @@ func checkInvariants(t testing.TB, s *Store) {
 	// The reverse index holds the strings of the nodes stored, not of
 	// nodes they replaced (whose memory it would keep alive).
 	same := func(a, b string) bool { return unsafe.StringData(a) == unsafe.StringData(b) }
+	for k, n := range s.nodes {
+		if !same(k, n.key) {
+			t.Fatalf("the node of %q is keyed by a string other than its own", k)
+		}
+	}
 	for target, from := range s.linkedBy {
 		if !same(target, s.nodes[target].key) {
 			t.Fatalf("the reverse index's entry %q does not hold its node's key string", target)

@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"slices"
 	"testing"
+	"unsafe"
 
 	"github.com/converge-sync/converge/internal/index"
 	"github.com/converge-sync/converge/internal/storage/wal/waltest"
@@ -131,3 +132,50 @@ func BenchmarkHeldPoints(b *testing.B) {
 
 func negZero() float64 { return math.Copysign(0, -1) }
 func nan() float64     { return math.NaN() }
+
+// TestMapsHoldTheStoredStrings: the store's maps hold, as keys, strings
+// of the points and markers stored now, never of replaced ones (whose
+// packed text they would keep alive) nor the caller's, after writes,
+// after a reopen and after a compaction.
+func TestMapsHoldTheStoredStrings(t *testing.T) {
+	ctx := t.Context()
+	dir := t.TempDir()
+	s := open(t, dir, Options{})
+	must(t, s.Ensure(ctx, 4))
+	r := rand.New(rand.NewPCG(11, 12))
+	for v := int64(1); v <= 3; v++ {
+		for _, key := range []string{"a", "b"} {
+			must(t, s.Upsert(ctx, docPoints(r, key, v, 3, 4)))
+			must(t, s.DeleteStale(ctx, []index.Keep{{Key: key, Version: v}}))
+			must(t, s.SetMarkers(ctx, []index.Marker{{Key: key, Version: v, ContentHash: fmt.Sprint("hash-", key, v)}}))
+		}
+	}
+	checkHeldStrings(t, s, "after writes")
+	must(t, s.Close())
+	s = open(t, dir, Options{})
+	checkHeldStrings(t, s, "after a reopen")
+	must(t, s.Compact(ctx))
+	must(t, s.Close())
+	s = open(t, dir, Options{})
+	checkHeldStrings(t, s, "after a compaction and a reopen")
+}
+
+func checkHeldStrings(t *testing.T, s *Store, when string) {
+	t.Helper()
+	same := func(a, b string) bool { return unsafe.StringData(a) == unsafe.StringData(b) }
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if len(s.byKey) == 0 || len(s.markers) == 0 {
+		t.Fatalf("%s: nothing stored", when)
+	}
+	for k, ps := range s.byKey {
+		if !slices.ContainsFunc(ps, func(p *index.Point) bool { return same(k, p.Key) }) {
+			t.Errorf("%s: the points of %q are keyed by a string none of them holds", when, k)
+		}
+	}
+	for k, m := range s.markers {
+		if !same(k, m.Key) {
+			t.Errorf("%s: the marker of %q is keyed by a string other than its own", when, k)
+		}
+	}
+}

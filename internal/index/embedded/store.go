@@ -123,7 +123,9 @@ func (s *Store) removeFromKey(p *index.Point) {
 		delete(s.byKey, p.Key)
 		return
 	}
-	s.byKey[p.Key] = ps[:last]
+	// Assigning stores the key string given: a remaining point's, not the
+	// removed one's, whose packed text would otherwise stay alive.
+	s.byKey[ps[0].Key] = ps[:last]
 }
 
 func (s *Store) removePoint(p *index.Point) {
@@ -169,7 +171,8 @@ func (s *Store) applyMarkers(markers []index.Marker) {
 		if old, ok := s.markers[m.Key]; ok && old.Version >= m.Version {
 			continue
 		}
-		s.markers[m.Key] = packMarker(m)
+		pm := packMarker(m) // the map's key too, so the caller's strings are not kept
+		s.markers[pm.Key] = pm
 	}
 }
 
