@@ -97,38 +97,52 @@ func (s *Store) checkDims(points []*index.Point) error {
 // (or during Open), after the record is in the log.
 
 func (s *Store) applyUpsert(points []*index.Point) {
+	var replaced map[*index.Point]bool // points replaced by ID, to leave their keys' lists
 	for _, p := range points {
 		if i, ok := s.slot[p.ID]; ok {
-			old := s.all[i]
+			if replaced == nil {
+				replaced = make(map[*index.Point]bool)
+			}
+			replaced[s.all[i]] = true
 			s.all[i] = p
-			s.removeFromKey(old)
 		} else {
 			s.slot[p.ID] = len(s.all)
 			s.all = append(s.all, p)
 		}
 		s.byKey[p.Key] = append(s.byKey[p.Key], p)
 	}
+	done := make(map[string]bool, len(replaced))
+	for old := range replaced {
+		if !done[old.Key] {
+			done[old.Key] = true
+			s.filterKey(old.Key, func(p *index.Point) bool { return !replaced[p] })
+		}
+	}
 }
 
-func (s *Store) removeFromKey(p *index.Point) {
-	ps := s.byKey[p.Key]
-	i := slices.IndexFunc(ps, func(q *index.Point) bool { return q.ID == p.ID })
-	if i < 0 {
+// filterKey keeps the points of key that keep reports true for, in one
+// pass whatever the number removed.
+func (s *Store) filterKey(key string, keep func(*index.Point) bool) {
+	ps := s.byKey[key]
+	kept := ps[:0]
+	for _, p := range ps {
+		if keep(p) {
+			kept = append(kept, p)
+		}
+	}
+	clear(ps[len(kept):])
+	if len(kept) == 0 {
+		delete(s.byKey, key)
 		return
 	}
-	last := len(ps) - 1
-	ps[i] = ps[last]
-	ps[last] = nil
-	if last == 0 {
-		delete(s.byKey, p.Key)
-		return
-	}
-	// Assigning stores the key string given: a remaining point's, not the
+	// Assigning stores the key string given: a remaining point's, not a
 	// removed one's, whose packed text would otherwise stay alive.
-	s.byKey[ps[0].Key] = ps[:last]
+	s.byKey[kept[0].Key] = kept
 }
 
-func (s *Store) removePoint(p *index.Point) {
+// removeFromAll removes p from all and slot; its key's list is the
+// caller's.
+func (s *Store) removeFromAll(p *index.Point) {
 	i := s.slot[p.ID]
 	last := len(s.all) - 1
 	if i != last {
@@ -139,7 +153,6 @@ func (s *Store) removePoint(p *index.Point) {
 	s.all[last] = nil
 	s.all = s.all[:last]
 	delete(s.slot, p.ID)
-	s.removeFromKey(p)
 }
 
 // hasStale reports whether k would remove any point.
@@ -154,15 +167,13 @@ func (s *Store) hasStale(k index.Keep) bool {
 
 func (s *Store) applyDeleteStale(keeps []index.Keep) {
 	for _, k := range keeps {
-		var stale []*index.Point
-		for _, p := range s.byKey[k.Key] {
+		s.filterKey(k.Key, func(p *index.Point) bool {
 			if k.Version == 0 || p.Version != k.Version {
-				stale = append(stale, p)
+				s.removeFromAll(p)
+				return false
 			}
-		}
-		for _, p := range stale {
-			s.removePoint(p)
-		}
+			return true
+		})
 	}
 }
 
