@@ -17,7 +17,7 @@ func TestPackKeepsEveryField(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
 	a0, a1, a2 := mkPoint("a", 1, 0, randVec(r, 4)), mkPoint("a", 1, 1, randVec(r, 4)), mkPoint("a", 1, 2, randVec(r, 4))
 	a1.Title, a1.ContentHash, a1.Tags = "another title", "another hash", nil // a point unlike its document's first
-	a2.Tags = []string{}
+	a2.Tags = []string{"own"} // after the first point's tags in the same slice
 	b0 := mkPoint("b", 3, 0, randVec(r, 4))
 	b0.Tags = nil
 	c0, c1 := mkPoint("c", 2, 0, randVec(r, 4)), mkPoint("c", 2, 1, nil)
@@ -135,17 +135,22 @@ func nan() float64     { return math.NaN() }
 
 // TestMapsHoldTheStoredStrings: the store's maps hold, as keys, strings
 // of the points and markers stored now, never of replaced ones (whose
-// packed text they would keep alive) nor the caller's, after writes,
-// after a reopen and after a compaction.
+// packed text they would keep alive) nor the caller's; and a document's
+// points stay packed together: after writes, after a reopen and after a
+// compaction.
 func TestMapsHoldTheStoredStrings(t *testing.T) {
 	ctx := t.Context()
 	dir := t.TempDir()
 	s := open(t, dir, Options{})
 	must(t, s.Ensure(ctx, 4))
 	r := rand.New(rand.NewPCG(11, 12))
+	// New versions of documents of different sizes: removing the old
+	// points moves others into their places, so a document's points end
+	// up scattered over the store's list of all points.
 	for v := int64(1); v <= 3; v++ {
-		for _, key := range []string{"a", "b"} {
-			must(t, s.Upsert(ctx, docPoints(r, key, v, 3, 4)))
+		for i := range 20 {
+			key := fmt.Sprint("doc-", i)
+			must(t, s.Upsert(ctx, docPoints(r, key, v, 1+(i+int(v))%4, 4)))
 			must(t, s.DeleteStale(ctx, []index.Keep{{Key: key, Version: v}}))
 			must(t, s.SetMarkers(ctx, []index.Marker{{Key: key, Version: v, ContentHash: fmt.Sprint("hash-", key, v)}}))
 		}
@@ -172,6 +177,11 @@ func checkHeldStrings(t *testing.T, s *Store, when string) {
 		if !slices.ContainsFunc(ps, func(p *index.Point) bool { return same(k, p.Key) }) {
 			t.Errorf("%s: the points of %q are keyed by a string none of them holds", when, k)
 		}
+		// A document's points are packed together: one key string.
+		if !slices.ContainsFunc(ps, func(p *index.Point) bool { return !same(ps[0].Key, p.Key) }) {
+			continue
+		}
+		t.Errorf("%s: the points of %q are packed in more than one group", when, k)
 	}
 	for k, m := range s.markers {
 		if !same(k, m.Key) {

@@ -34,10 +34,16 @@ func (r *durable) Unlock() { r.s.mu.Unlock() }
 
 // Capture is the snapshot of the state, taken with mu held by the log's
 // compaction: the markers copied, the points a copied slice of pointers
-// (points are never modified once stored), written without the lock.
+// (points are never modified once stored), written without the lock. The
+// points go key by key, so that a document's points are read back next to
+// each other and packed together again (see pack); the order of all is not
+// the documents', once removals have moved points into freed places.
 func (r *durable) Capture() (wal.Snapshot, error) {
 	s := r.s
-	points := slices.Clone(s.all)
+	points := make([]*index.Point, 0, len(s.all))
+	for _, ps := range s.byKey {
+		points = append(points, ps...)
+	}
 	markers := make([]index.Marker, 0, len(s.markers))
 	for _, m := range s.markers {
 		markers = append(markers, m)
