@@ -17,7 +17,7 @@ func TestPackKeepsEveryField(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
 	a0, a1, a2 := mkPoint("a", 1, 0, randVec(r, 4)), mkPoint("a", 1, 1, randVec(r, 4)), mkPoint("a", 1, 2, randVec(r, 4))
 	a1.Title, a1.ContentHash, a1.Tags = "another title", "another hash", nil // a point unlike its document's first
-	a2.Tags = []string{"own"} // after the first point's tags in the same slice
+	a2.Tags = []string{"own"}                                                // after the first point's tags in the same slice
 	b0 := mkPoint("b", 3, 0, randVec(r, 4))
 	b0.Tags = nil
 	c0, c1 := mkPoint("c", 2, 0, randVec(r, 4)), mkPoint("c", 2, 1, nil)
