@@ -22,29 +22,30 @@ import (
 
 // pack copies points into the store's layout, a group of allocations for
 // each run of consecutive points of one key, and returns pointers to the
-// copies, in order. vector fills a copy's vector (dst, of src's length)
-// from src: normalising it on a write, copying it on a replay.
-func pack(points []*index.Point, vector func(dst, src []float32) error) ([]*index.Point, error) {
+// copies, in order. With normalise, vectors are stored at unit length (a
+// write), which fails on a NaN or infinite component; without, they are
+// copied as they are (a replay of vectors normalised when written), and
+// pack cannot fail.
+func pack(points []*index.Point, normalise bool) ([]*index.Point, error) {
 	out := make([]*index.Point, 0, len(points))
 	for len(points) > 0 {
 		n := 1
 		for n < len(points) && points[n].Key == points[0].Key {
 			n++
 		}
-		group, err := packDocument(points[:n], vector)
-		if err != nil {
+		var err error
+		if out, err = packDocument(out, points[:n], normalise); err != nil {
 			return nil, err
 		}
-		out = append(out, group...)
 		points = points[n:]
 	}
 	return out, nil
 }
 
-// packDocument packs points of one key. The key is stored once, and a
-// title, content hash or tag list equal to the first point's is shared
-// with it.
-func packDocument(points []*index.Point, vector func(dst, src []float32) error) ([]*index.Point, error) {
+// packDocument packs points of one key and appends pointers to the
+// copies to out. The key is stored once, and a title, content hash or tag
+// list equal to the first point's is shared with it.
+func packDocument(out, points []*index.Point, normalise bool) ([]*index.Point, error) {
 	first := points[0]
 	size, floats, tags := len(first.Key)+len(first.Title)+len(first.ContentHash), 0, len(first.Tags)
 	for _, t := range first.Tags {
@@ -115,7 +116,6 @@ func packDocument(points []*index.Point, vector func(dst, src []float32) error) 
 	}
 	vectors := make([]float32, floats)
 	slab := make([]index.Point, len(points))
-	out := make([]*index.Point, len(points))
 	for i, p := range points {
 		cp := &slab[i]
 		cp.ID, cp.Version, cp.Ordinal = p.ID, p.Version, p.Ordinal
@@ -135,11 +135,13 @@ func packDocument(points []*index.Point, vector func(dst, src []float32) error) 
 		if len(p.Vector) > 0 {
 			cp.Vector = vectors[:len(p.Vector):len(p.Vector)]
 			vectors = vectors[len(p.Vector):]
-			if err := vector(cp.Vector, p.Vector); err != nil {
+			if !normalise {
+				copy(cp.Vector, p.Vector)
+			} else if err := normalizeInto(cp.Vector, p.Vector); err != nil {
 				return nil, fmt.Errorf("embedded index: point %s: %w", p.ID, err)
 			}
 		}
-		out[i] = cp
+		out = append(out, cp)
 	}
 	return out, nil
 }
@@ -147,13 +149,6 @@ func packDocument(points []*index.Point, vector func(dst, src []float32) error) 
 // sameTags reports whether two tag lists are equal, nil and empty apart.
 func sameTags(a, b []string) bool {
 	return (a == nil) == (b == nil) && slices.Equal(a, b)
-}
-
-// copyVector is pack's vector function for points read back: their
-// vectors were normalised when written.
-func copyVector(dst, src []float32) error {
-	copy(dst, src)
-	return nil
 }
 
 // packMarker stores m's key and content hash in one string.

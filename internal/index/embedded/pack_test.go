@@ -17,7 +17,8 @@ func TestPackKeepsEveryField(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
 	a0, a1, a2 := mkPoint("a", 1, 0, randVec(r, 4)), mkPoint("a", 1, 1, randVec(r, 4)), mkPoint("a", 1, 2, randVec(r, 4))
 	a1.Title, a1.ContentHash, a1.Tags = "another title", "another hash", nil // a point unlike its document's first
-	a2.Tags = []string{"own"}                                                // after the first point's tags in the same slice
+	// Its own tags follow the first point's in the same slice.
+	a2.Tags = []string{"own"}
 	b0 := mkPoint("b", 3, 0, randVec(r, 4))
 	b0.Tags = nil
 	c0, c1 := mkPoint("c", 2, 0, randVec(r, 4)), mkPoint("c", 2, 1, nil)
@@ -33,7 +34,7 @@ func TestPackKeepsEveryField(t *testing.T) {
 		want[i].Vector = slices.Clone(in[i].Vector)
 		ptrs[i] = &in[i]
 	}
-	got, err := pack(ptrs, copyVector)
+	got, err := pack(ptrs, false)
 	must(t, err)
 	// The copies own their memory: changing the input changes nothing.
 	for i := range in {
@@ -63,13 +64,13 @@ func TestPackKeepsEveryField(t *testing.T) {
 func TestPackNormalisesOnWrite(t *testing.T) {
 	p := mkPoint("k", 1, 0, []float32{3, 4})
 	z := mkPoint("k", 1, 1, []float32{0, float32(negZero())})
-	got, err := pack([]*index.Point{&p, &z}, normalizeInto)
+	got, err := pack([]*index.Point{&p, &z}, true)
 	must(t, err)
 	if !slices.Equal(got[0].Vector, []float32{0.6, 0.8}) || !slices.Equal(got[1].Vector, []float32{0, 0}) || math.Signbit(float64(got[1].Vector[1])) {
 		t.Errorf("vectors %v %v, want [0.6 0.8] and zeros", got[0].Vector, got[1].Vector)
 	}
 	bad := mkPoint("k", 1, 2, []float32{1, float32(nan())})
-	if _, err := pack([]*index.Point{&p, &bad}, normalizeInto); err == nil {
+	if _, err := pack([]*index.Point{&p, &bad}, true); err == nil {
 		t.Error("a NaN component was packed")
 	}
 }
@@ -86,7 +87,7 @@ func TestPackAllocatesPerDocument(t *testing.T) {
 			ptrs[i] = &points[i]
 		}
 		return testing.AllocsPerRun(20, func() {
-			if _, err := pack(ptrs, copyVector); err != nil {
+			if _, err := pack(ptrs, false); err != nil {
 				t.Fatal(err)
 			}
 		})
@@ -104,29 +105,20 @@ func TestPackAllocatesPerDocument(t *testing.T) {
 func BenchmarkHeldPoints(b *testing.B) {
 	const docs, chunks, dim = 30_000, 3, 256
 	r := rand.New(rand.NewPCG(9, 10))
-	waltest.BenchmarkHeld(b, "point", docs*chunks, func(b *testing.B, store bool) (any, func()) {
+	waltest.BenchmarkHeld(b, "point", docs*chunks, Open, func(b *testing.B, s *Store, inStore bool) any {
 		var held []index.Point
-		var s *Store
-		if store {
-			// Not open(): its cleanup would keep every iteration's store
-			// alive until the benchmark ends.
-			var err error
-			s, err = Open(b.TempDir(), Options{SyncEvery: 1 << 40, CompactBytes: -1})
-			must(b, err)
+		if inStore {
 			must(b, s.Ensure(b.Context(), dim))
 		}
 		for d := range docs {
 			points := docPoints(r, fmt.Sprint("doc-", d), 1, chunks, dim)
-			if s == nil {
-				held = append(held, points...)
-			} else {
+			if inStore {
 				must(b, s.Upsert(b.Context(), points))
+			} else {
+				held = append(held, points...)
 			}
 		}
-		if s == nil {
-			return held, func() {}
-		}
-		return s, func() { must(b, s.Close()) }
+		return held
 	})
 }
 

@@ -61,7 +61,7 @@ func (s *Store) replay(rec record) error {
 		if err := s.checkDims(rec.points); err != nil {
 			return err
 		}
-		return s.applyReadBack(rec.points)
+		s.applyReadBack(rec.points)
 	case opDeleteStale:
 		s.applyDeleteStale(rec.keeps)
 	case opMarkers:
@@ -74,13 +74,9 @@ func (s *Store) replay(rec record) error {
 
 // applyReadBack applies points read back from a log or a snapshot, whose
 // dimensions were checked, in the store's layout.
-func (s *Store) applyReadBack(points []*index.Point) error {
-	packed, err := pack(points, copyVector)
-	if err != nil {
-		return err
-	}
+func (s *Store) applyReadBack(points []*index.Point) {
+	packed, _ := pack(points, false) // copying vectors cannot fail
 	s.applyUpsert(packed)
-	return nil
 }
 
 // checkDims checks the dimension of points read back at Open.
@@ -288,7 +284,7 @@ func (s *Store) Upsert(ctx context.Context, points []index.Point) error {
 		}
 		ptrs[i] = &points[i]
 	}
-	stored, err := pack(ptrs, normalizeInto)
+	stored, err := pack(ptrs, true)
 	if err != nil {
 		return err
 	}

@@ -351,16 +351,18 @@ func (l *Log) Write(mu sync.Locker, plan func() (rec []byte, apply func(), err e
 		mu.Unlock()
 		return err
 	}
+	var end int64
 	if rec != nil {
-		if _, err = l.Append(rec); err == nil {
+		if end, err = l.Append(rec); err == nil {
 			apply()
 		}
+	} else {
+		l.mu.Lock()
+		end = l.written
+		l.mu.Unlock()
 	}
-	l.mu.Lock()
-	end := l.written
-	l.mu.Unlock()
 	mu.Unlock()
-	if err != nil || !commit || end == 0 {
+	if err != nil || !commit {
 		return err
 	}
 	return l.Commit(end)

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"math/rand/v2"
 	"os"
@@ -32,6 +33,9 @@ type journal struct {
 
 	snapHeader, snapEnd uint64 // the counts its snapshot's records carried at Open
 	snapLoaded          int
+	// failSnapshot, when set, fails the writing of every snapshot after
+	// its first record (under the lock).
+	failSnapshot error
 }
 
 func encodeEntries(entries []string) []byte {
@@ -89,11 +93,15 @@ func (j *journal) LogRecord(payload []byte) error {
 
 func (j *journal) Capture() (Snapshot, error) {
 	entries := slices.Clone(j.entries)
+	fail := j.failSnapshot
 	n := binary.AppendUvarint(nil, uint64(len(entries)))
 	return Snapshot{Header: n, End: n, Write: func(w *SnapshotWriter) error {
 		for batch := range slices.Chunk(entries, 3) {
 			if err := w.Write(encodeEntries(batch)); err != nil {
 				return err
+			}
+			if fail != nil {
+				return fail
 			}
 		}
 		return nil
@@ -325,6 +333,70 @@ func TestCompactionLogged(t *testing.T) {
 	}
 }
 
+// TestFailedCompaction: a snapshot that cannot be written leaves the old
+// state as it was (the logs it would have covered, no temporary file), is
+// reported by Compact and logged when it ran in the background, and the
+// store goes on taking writes.
+func TestFailedCompaction(t *testing.T) {
+	dir := t.TempDir()
+	var logged syncBuffer
+	j := mustOpen(t, dir, Options{CompactBytes: 256, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+	j.Lock()
+	j.failSnapshot = errors.New("disk on fire")
+	j.Unlock()
+	var want []string
+	for i := range 40 {
+		e := fmt.Sprint("entry-", i)
+		j.mustAdd(t, e)
+		want = append(want, e)
+	}
+	if err := j.log.Compact(context.Background()); err == nil || !strings.Contains(err.Error(), "disk on fire") {
+		t.Fatalf("Compact: %v, want the snapshot's failure", err)
+	}
+	waitFor(t, func() bool { return strings.Contains(logged.String(), "wal: compaction failed") })
+	if !strings.Contains(logged.String(), "disk on fire") {
+		t.Errorf("log %q does not give the reason", logged.String())
+	}
+	noErr(t, j.log.Close())
+	if _, err := os.Stat(filepath.Join(dir, TempSnapshotName)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the unfinished snapshot remains: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, SnapshotName)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a snapshot was put in place: %v", err)
+	}
+	j = mustOpen(t, dir, Options{})
+	j.expect(t, want...)
+}
+
+// syncBuffer is a log's destination, written by compactions in the
+// background.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// waitFor waits up to 10 s for cond.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
+		}
+	}
+}
+
 // TestCompactionLeftovers puts back what a crash during a compaction can
 // leave: a log the snapshot covers and an unfinished temporary snapshot.
 func TestCompactionLeftovers(t *testing.T) {
@@ -512,7 +584,16 @@ func TestPacedFileWritesEverything(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	p := &pacedFile{f: f, writeBack: writeBack}
+	// The write-back's ranges are recorded and passed on to the real one
+	// where it exists: together they cover what was written, in order.
+	var ranges [][2]int64
+	p := &pacedFile{f: f, writeBack: func(f *os.File, off, n int64) error {
+		ranges = append(ranges, [2]int64{off, n})
+		if err := writeBack(f, off, n); err != nil && !errors.Is(err, errWriteBackUnsupported) {
+			return err
+		}
+		return nil
+	}}
 	r := rand.New(rand.NewPCG(3, 4))
 	var want []byte
 	for len(want) < 2*writeBackEvery+12345 {
@@ -525,8 +606,15 @@ func TestPacedFileWritesEverything(t *testing.T) {
 		}
 		want = append(want, chunk...)
 	}
-	if p.done < 2*writeBackEvery || p.done > p.written || p.written != int64(len(want)) {
-		t.Fatalf("written %d (want %d), written back %d: want at least %d written back", p.written, len(want), p.done, 2*writeBackEvery)
+	var next int64
+	for _, r := range ranges {
+		if r[0] != next || r[1] < writeBackEvery {
+			t.Fatalf("write-back ranges %v: want contiguous ranges of at least %d bytes from 0", ranges, writeBackEvery)
+		}
+		next += r[1]
+	}
+	if next < 2*writeBackEvery || p.written != int64(len(want)) {
+		t.Fatalf("written %d (want %d), written back %d: want at least %d written back", p.written, len(want), next, 2*writeBackEvery)
 	}
 	got, err := os.ReadFile(f.Name())
 	if err != nil {

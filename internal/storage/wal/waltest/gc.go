@@ -1,9 +1,13 @@
 package waltest
 
 import (
+	"io"
 	"runtime"
 	"runtime/metrics"
 	"testing"
+	"time"
+
+	"github.com/converge-sync/converge/internal/storage/wal"
 )
 
 // GCCost is what a store's content costs the garbage collector, per item
@@ -42,21 +46,36 @@ func MeasureGC(before Heap, items int) GCCost {
 
 // BenchmarkHeld compares what items cost the garbage collector held as
 // decoded and held in a store, in the sub-benchmarks "decoded" and
-// "store" of one run. load loads the items (into a store it opens when
-// store is true), and returns what holds them and a function releasing
-// them after the measurement (closing the store). unit names an item in
-// the metrics: objects/<unit>, scan_bytes/<unit>.
-func BenchmarkHeld(b *testing.B, unit string, items int, load func(b *testing.B, store bool) (held any, release func())) {
+// "store" of one run. For "store" it opens a store with open in a fresh
+// directory (no background sync or compaction) and closes it after the
+// measurement; load adds the items to s with inStore, and otherwise
+// returns them as decoded. unit names an item in the metrics:
+// objects/<unit>, scan_bytes/<unit>.
+func BenchmarkHeld[S io.Closer](b *testing.B, unit string, items int, open func(string, wal.Options) (S, error),
+	load func(b *testing.B, s S, inStore bool) (held any)) {
 	results := map[string]GCCost{}
 	for _, layout := range []string{"decoded", "store"} {
 		b.Run(layout, func(b *testing.B) {
 			var cost GCCost
 			for b.Loop() {
 				before := LiveHeap()
-				held, release := load(b, layout == "store")
+				var s S
+				if layout == "store" {
+					// Not Open: its cleanup would keep every iteration's
+					// store alive until the benchmark ends.
+					var err error
+					if s, err = open(b.TempDir(), wal.Options{SyncEvery: time.Hour, CompactBytes: -1}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				held := load(b, s, layout == "store")
 				cost = MeasureGC(before, items)
 				runtime.KeepAlive(held)
-				release()
+				if layout == "store" {
+					if err := s.Close(); err != nil {
+						b.Fatal(err)
+					}
+				}
 			}
 			results[layout] = cost
 			if d, found := results["decoded"]; found && layout == "store" {
