@@ -45,24 +45,8 @@ func decodeCanonical(data []byte) (Event, bool) {
 	e.Tags = d.strs()
 	d.lit(`,"meta":`)
 	e.Meta = d.object()
-	d.lit(`,"chunks":[`)
-	e.Chunks = []EventChunk{}
-	for d.ok && !d.peek(']') {
-		if len(e.Chunks) > 0 {
-			d.lit(",")
-		}
-		var c EventChunk
-		d.lit(`{"id":`)
-		c.ID = d.uuid()
-		d.lit(`,"ordinal":`)
-		c.Ordinal = int(d.int())
-		d.lit(`,"text":`)
-		c.Text = d.str()
-		d.lit(`,"hash":`)
-		c.Hash = d.str()
-		d.lit("}")
-		e.Chunks = append(e.Chunks, c)
-	}
+	d.lit(`,"chunks":`)
+	e.Chunks = list(&d, d.chunk)
 	d.lit(`,"content_hash":`)
 	e.ContentHash = d.str()
 	d.lit("}")
@@ -72,16 +56,22 @@ func decodeCanonical(data []byte) (Event, bool) {
 	bp := encodeBuffers.Get().(*[]byte)
 	enc, err := e.appendJSON((*bp)[:0])
 	same := err == nil && bytes.Equal(enc, data)
-	*bp = enc
-	encodeBuffers.Put(bp)
+	if cap(enc) <= maxPooledEncoding {
+		*bp = enc
+		encodeBuffers.Put(bp)
+	}
 	if !same {
 		return Event{}, false
 	}
 	return e, true
 }
 
-// encodeBuffers hold the re-encodings of decodeCanonical.
+// encodeBuffers hold the re-encodings of decodeCanonical; one grown past
+// maxPooledEncoding by a large event is left to the collector rather than
+// kept.
 var encodeBuffers = sync.Pool{New: func() any { return new([]byte) }}
+
+const maxPooledEncoding = 64 << 10
 
 // canonDecoder reads data from i on; once ok is false every read returns a
 // zero value and the decode is abandoned.
@@ -232,25 +222,44 @@ func (d *canonDecoder) int() int64 {
 	return v
 }
 
-// strs reads a list of strings; null, which encoding/json would decode to
-// a nil list, is left to it.
-func (d *canonDecoder) strs() []string {
+// strs reads a list of strings.
+func (d *canonDecoder) strs() []string { return list(d, d.str) }
+
+// chunk reads one chunk of the list of chunks.
+func (d *canonDecoder) chunk() EventChunk {
+	var c EventChunk
+	d.lit(`{"id":`)
+	c.ID = d.uuid()
+	d.lit(`,"ordinal":`)
+	c.Ordinal = int(d.int())
+	d.lit(`,"text":`)
+	c.Text = d.str()
+	d.lit(`,"hash":`)
+	c.Hash = d.str()
+	d.lit("}")
+	return c
+}
+
+// list reads a list whose elements elem reads: never nil (null, which
+// encoding/json would decode to a nil list, is left to it).
+func list[T any](d *canonDecoder, elem func() T) []T {
 	if !d.ok || !d.peek('[') {
 		d.fail()
 		return nil
 	}
-	ss := []string{}
+	out := []T{}
 	for d.ok && !d.peek(']') {
-		if len(ss) > 0 {
+		if len(out) > 0 {
 			d.lit(",")
 		}
-		ss = append(ss, d.str())
+		out = append(out, elem())
 	}
-	return ss
+	return out
 }
 
 // object reads a JSON object as raw bytes (a copy): up to its closing
-// brace, outside strings; json.Valid then checks it whole.
+// brace, outside strings. Whether it is valid JSON is left to the
+// re-encoding, which compacts the meta and fails on anything invalid.
 func (d *canonDecoder) object() json.RawMessage {
 	if !d.ok || d.i >= len(d.data) || d.data[d.i] != '{' {
 		d.fail()
@@ -272,12 +281,7 @@ func (d *canonDecoder) object() json.RawMessage {
 		}
 		d.i++
 		if depth == 0 {
-			m := d.data[start:d.i]
-			if !json.Valid(m) {
-				d.fail()
-				return nil
-			}
-			return bytes.Clone(m)
+			return bytes.Clone(d.data[start:d.i])
 		}
 	}
 	d.fail()

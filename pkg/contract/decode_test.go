@@ -1,6 +1,7 @@
 package contract
 
 import (
+	"bytes"
 	"encoding/json"
 	"reflect"
 	"strings"
@@ -9,13 +10,13 @@ import (
 )
 
 // decodeSamples are events as writers produce them: escapes of every kind
-// the encoder writes, multi-byte and astral runes, U+2028, empty lists, a
-// nested meta, a withdrawal.
+// the encoder writes, multi-byte and astral runes, U+2028, lists of several
+// strings and empty ones, a nested meta, a withdrawal.
 func decodeSamples(t testing.TB) [][]byte {
 	t.Helper()
 	docs := []Document{
 		{Key: "docs/intro.md", Version: 3, Title: "Intro", Body: "# Intro\n\nHello <world> & friends\n",
-			Links: []string{"docs/next.md"}, Tags: []string{"guide"}, Meta: json.RawMessage(`{"lang":"en"}`)},
+			Links: []string{"docs/next.md", "docs/a.md", "z"}, Tags: []string{"guide", "intro"}, Meta: json.RawMessage(`{"lang":"en"}`)},
 		{Key: "k/ü/😀", Version: 9007199254740993, Title: "tab\there \"quoted\" back\\slash \u2028 \u2029 \x01\x1f",
 			Body: "line\r\nfeed\f\b é 😀 日本語\n", Meta: json.RawMessage(`{"b":{"d":1,"c":[true,false,null]},"a":"\u2028\n{}[]","n":-1.5e3}`)},
 		{Key: "empty", Version: 1, Body: "x"},
@@ -78,6 +79,27 @@ func TestDecodeCanonicalTakesWritersEvents(t *testing.T) {
 	}
 }
 
+// The decoded event shares no memory with its input, which the caller may
+// reuse (a NATS message's buffer).
+func TestDecodeCanonicalCopiesItsInput(t *testing.T) {
+	for _, data := range decodeSamples(t) {
+		e, ok := decodeCanonical(data)
+		if !ok {
+			t.Fatalf("fast path not taken for %s", data)
+		}
+		want, err := e.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range data {
+			data[i] = 'x'
+		}
+		if got, err := e.Encode(); err != nil || !bytes.Equal(got, want) {
+			t.Errorf("the event changed with its input:\n got %s\nwant %s", got, want)
+		}
+	}
+}
+
 // Every other spelling of an event falls back to encoding/json, which
 // decides as it always did.
 func TestDecodeCanonicalFallsBack(t *testing.T) {
@@ -91,12 +113,13 @@ func TestDecodeCanonicalFallsBack(t *testing.T) {
 		{"escaped slash", strings.Replace(data, `docs/intro.md`, `docs\/intro.md`, 1), true},
 		{"unicode escape", strings.Replace(data, `Intro"`, `Intr\u006f"`, 1), true},
 		{"upper-case uuid", strings.Replace(data, data[strings.Index(data, `"id":"`)+6:][:8], strings.ToUpper(data[strings.Index(data, `"id":"`)+6:][:8]), 1), true},
-		{"null links", strings.Replace(data, `"links":["docs/next.md"]`, `"links":null`, 1), false},
+		{"null links", strings.Replace(data, `"links":["docs/a.md","docs/next.md","z"]`, `"links":null`, 1), false},
 		{"unknown field", strings.Replace(data, `,"content_hash"`, `,"extra":1,"content_hash"`, 1), false},
 		{"trailing data", data + " {}", false},
 		{"leading zero", strings.Replace(data, `"version":3`, `"version":03`, 1), false},
 		{"negative zero ordinal", strings.Replace(data, `"ordinal":0`, `"ordinal":-0`, 1), true},
 		{"raw control character", strings.Replace(data, `Intro"`, "Intro\x01\"", 1), false},
+		{"invalid meta", strings.Replace(data, `{"lang":"en"}`, `{"lang":"en",}`, 1), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.data == data {
