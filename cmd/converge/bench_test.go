@@ -284,11 +284,19 @@ func startBenchStack(b *testing.B, processes bool) (*benchStack, string) {
 		time.Since(began).Round(time.Millisecond), layout, runtime.NumCPU())
 }
 
-// buildBinaries builds every command into a temporary directory.
+// deployedServices are the commands the deployed layout runs.
+var deployedServices = []string{"writer", "relay", "projector-index", "projector-graph"}
+
+// buildBinaries builds the deployed services' commands into a temporary
+// directory.
 func buildBinaries(b *testing.B) string {
 	b.Helper()
 	dir := b.TempDir()
-	out, err := exec.Command("go", "build", "-o", dir+string(filepath.Separator), "github.com/converge-sync/converge/cmd/...").CombinedOutput()
+	args := []string{"build", "-o", dir + string(filepath.Separator)}
+	for _, name := range deployedServices {
+		args = append(args, "github.com/converge-sync/converge/cmd/"+name)
+	}
+	out, err := exec.Command("go", args...).CombinedOutput()
 	if err != nil {
 		b.Fatalf("go build: %v\n%s", err, out)
 	}
@@ -310,14 +318,10 @@ func (s *benchStack) startServices(ctx context.Context, bin string) error {
 		{"projector-index", []string{"-nats-url", natsURL, "-data-dir", data, "-metrics-addr", cfg.indexAddr}},
 		{"projector-graph", []string{"-nats-url", natsURL, "-data-dir", data, "-metrics-addr", cfg.graphAddr}},
 	} {
-		cmd := exec.Command(filepath.Join(bin, svc.name), append(svc.args, "-log-level", "warn")...)
-		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-		cmd.SysProcAttr = childProcAttr()
-		if err := cmd.Start(); err != nil {
+		c, err := startChild(filepath.Join(bin, svc.name), append(svc.args, "-log-level", "warn"), os.Stderr)
+		if err != nil {
 			return fmt.Errorf("start %s: %w", svc.name, err)
 		}
-		c := &child{cmd: cmd, done: make(chan struct{})}
-		go func() { c.err = cmd.Wait(); close(c.done) }()
 		s.services = append(s.services, c)
 	}
 	relayActive := func() bool {
@@ -643,9 +647,9 @@ func (s *benchStack) latency(ctx context.Context, b *testing.B, run string, rate
 	addrs := map[string]string{"index": s.dev.cfg.indexAddr, "graph": s.dev.cfg.graphAddr}
 	before := map[string]projectorMetrics{}
 	for name, addr := range addrs {
-		before[name] = scrapeProjector(ctx, b, addr)
+		before[name] = scrapeProjector(b, addr)
 	}
-	relayBefore := s.scrapeRelay(ctx, b)
+	relayBefore := s.scrapeRelay(b)
 	from := s.lastSeq(ctx, b)
 
 	jobs := make(chan int, requests)
@@ -691,7 +695,7 @@ func (s *benchStack) latency(ctx context.Context, b *testing.B, run string, rate
 	for name, addr := range addrs {
 		deadline := time.Now().Add(10 * time.Second)
 		for {
-			after[name] = scrapeProjector(ctx, b, addr)
+			after[name] = scrapeProjector(b, addr)
 			if after[name].latency.count-before[name].latency.count >= float64(n) || time.Now().After(deadline) {
 				break
 			}
@@ -699,7 +703,7 @@ func (s *benchStack) latency(ctx context.Context, b *testing.B, run string, rate
 		}
 	}
 
-	relayStage, err := s.scrapeRelay(ctx, b).minus(relayBefore)
+	relayStage, err := s.scrapeRelay(b).minus(relayBefore)
 	if err != nil {
 		b.Fatalf("relay: %v", err)
 	}
@@ -729,7 +733,7 @@ func (s *benchStack) latency(ctx context.Context, b *testing.B, run string, rate
 		if h.count != float64(n) {
 			b.Errorf("%s: %v commit -> applied observations, want one per document (%d)", name, h.count, n)
 		}
-		// Precision: the histogram's buckets (projector.LatencyBuckets:
+		// Precision: the histogram's buckets (the projector's latency buckets:
 		// ..., 40, 45, 50, 60 ms, ...) are all a projector records, so a
 		// quantile is interpolated linearly within its bucket, as
 		// Prometheus's histogram_quantile does; the true value can be
@@ -795,9 +799,9 @@ type projectorMetrics struct {
 	events  float64   // converge_projector_events_total, every result
 }
 
-func scrapeProjector(ctx context.Context, b *testing.B, addr string) projectorMetrics {
+func scrapeProjector(b *testing.B, addr string) projectorMetrics {
 	b.Helper()
-	text := scrapeMetrics(ctx, b, addr)
+	text := scrapeMetrics(b, addr)
 	var m projectorMetrics
 	var err error
 	if m.latency, err = parseHistogram(text, commitToApplied); err != nil {
@@ -819,31 +823,22 @@ func scrapeProjector(ctx context.Context, b *testing.B, addr string) projectorMe
 }
 
 // scrapeRelay reads the relay's commit -> acknowledged histogram.
-func (s *benchStack) scrapeRelay(ctx context.Context, b *testing.B) histogram {
+func (s *benchStack) scrapeRelay(b *testing.B) histogram {
 	b.Helper()
-	h, err := parseHistogram(scrapeMetrics(ctx, b, s.dev.cfg.relayAddr), "converge_relay_commit_to_ack_seconds")
+	h, err := parseHistogram(scrapeMetrics(b, s.dev.cfg.relayAddr), "converge_relay_commit_to_ack_seconds")
 	if err != nil {
 		b.Fatalf("metrics of the relay: %v", err)
 	}
 	return h
 }
 
-func scrapeMetrics(ctx context.Context, b *testing.B, addr string) string {
+func scrapeMetrics(b *testing.B, addr string) string {
 	b.Helper()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	text, err := getText("http://" + addr + "/metrics")
 	if err != nil {
 		b.Fatal(err)
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var text bytes.Buffer
-	if _, err := text.ReadFrom(resp.Body); err != nil {
-		b.Fatal(err)
-	}
-	return text.String()
+	return text
 }
 
 // parseHistogram reads the histogram name from a text exposition. A

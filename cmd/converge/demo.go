@@ -122,7 +122,7 @@ func demo(ctx context.Context, args []string, out io.Writer) error {
 	if err := <-posted; err != nil {
 		return err
 	}
-	if err := s.startGraphChild(); err != nil {
+	if err := s.startGraphChild(ctx); err != nil {
 		return err
 	}
 	d.note("graph projector restarted")
@@ -150,7 +150,7 @@ func demo(ctx context.Context, args []string, out io.Writer) error {
 	d.note("%s", d.rebuilt)
 
 	d.step("converge verify: every document of Postgres against the index and the graph")
-	rep, err := runVerify(ctx, &postgres.Postgres{Pool: d.pool}, sides("index,graph", cfg.indexAddr, s.cfg.graphAddr), verify.DefaultBuckets, false)
+	rep, err := runVerify(ctx, &postgres.Postgres{Pool: d.pool}, sides("index,graph", s.cfg.indexAddr, s.cfg.graphAddr), verify.DefaultBuckets, false)
 	if err != nil {
 		return err
 	}

@@ -172,7 +172,7 @@ func startDev(ctx context.Context, cfg devConfig) (_ *devStack, err error) {
 		return ibackends.Run(runCtx, sc, s.cfg.index, index.Options{}, cfg.log.With("service", "projector-index"))
 	})
 	if cfg.graphChild {
-		if err := s.startGraphChild(); err != nil {
+		if err := s.startGraphChild(ctx); err != nil {
 			return nil, err
 		}
 	} else {
@@ -235,51 +235,38 @@ func createDatabase(ctx context.Context, c *pgcluster.Cluster, name string) (str
 }
 
 // startGraphChild starts `converge projector-graph` as a child process
-// and waits until it is ready. A child that exits before (its metrics
-// address taken by another process since it was picked, say) is started
-// again on a fresh address when the address was picked here.
-func (s *devStack) startGraphChild() error {
+// and waits until it is ready (or ctx ends). A child that exits before
+// (its metrics address taken by another process since it was picked, say)
+// is started again on a fresh address when the address was picked here.
+func (s *devStack) startGraphChild(ctx context.Context) error {
 	exe, err := os.Executable()
 	if err != nil {
 		return err
 	}
 	for attempt := 1; ; attempt++ {
-		cmd := exec.Command(exe, "projector-graph", "-nats-url", s.natsURL, "-data-dir", s.cfg.dataDir,
-			"-metrics-addr", s.cfg.graphAddr, "-log-level", "warn")
-		cmd.Env = os.Environ()
-		cmd.Stdout, cmd.Stderr = s.cfg.logOut, s.cfg.logOut
-		cmd.SysProcAttr = childProcAttr()
-		if err := cmd.Start(); err != nil {
+		addr := s.cfg.graphAddr
+		c, err := startChild(exe, []string{"projector-graph", "-nats-url", s.natsURL, "-data-dir", s.cfg.dataDir,
+			"-metrics-addr", addr, "-log-level", "warn"}, s.cfg.logOut)
+		if err != nil {
 			return fmt.Errorf("start the graph projector: %w", err)
 		}
-		c := &child{cmd: cmd, done: make(chan struct{})}
-		go func() { c.err = cmd.Wait(); close(c.done) }()
 		s.childMu.Lock()
-		s.child = c
+		s.child = c // stopped by stop, whatever happens next
 		s.childMu.Unlock()
-
-		deadline := time.After(60 * time.Second)
-		for !httpOK("http://" + s.cfg.graphAddr + "/readyz") {
-			select {
-			case <-c.done:
-				s.childMu.Lock()
-				s.child = nil
-				s.childMu.Unlock()
-				if !s.cfg.graphAddrPicked || attempt == 3 {
-					return fmt.Errorf("the graph projector exited while starting: %w", c.err)
-				}
-				if s.cfg.graphAddr, err = freeAddr(); err != nil {
-					return err
-				}
-			case <-deadline:
-				return errors.New("the graph projector did not become ready within 60s")
-			case <-time.After(20 * time.Millisecond):
-				continue
-			}
-			break
+		if err := waitUntil(ctx, ctx, 60*time.Second, func() bool { return c.exited() || httpOK("http://"+addr+"/readyz") }); err != nil {
+			return fmt.Errorf("waiting for the graph projector: %w", err)
 		}
-		if httpOK("http://" + s.cfg.graphAddr + "/readyz") {
+		if !c.exited() {
 			return nil
+		}
+		s.childMu.Lock()
+		s.child = nil
+		s.childMu.Unlock()
+		if !s.cfg.graphAddrPicked || attempt == 3 {
+			return fmt.Errorf("the graph projector exited while starting: %w", c.err)
+		}
+		if s.cfg.graphAddr, err = freeAddr(); err != nil {
+			return err
 		}
 	}
 }
@@ -289,6 +276,31 @@ type child struct {
 	cmd  *exec.Cmd
 	done chan struct{} // closed when it has exited
 	err  error         // its exit, once done
+}
+
+// startChild starts path with args, its output to out, as a child that
+// dies with this process (on Linux), and reaps it when it exits.
+func startChild(path string, args []string, out io.Writer) (*child, error) {
+	cmd := exec.Command(path, args...)
+	cmd.Env = os.Environ()
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = childProcAttr()
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	c := &child{cmd: cmd, done: make(chan struct{})}
+	go func() { c.err = cmd.Wait(); close(c.done) }()
+	return c, nil
+}
+
+// exited reports whether the child has exited.
+func (c *child) exited() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
 }
 
 // stop asks the child to stop (SIGTERM), SIGKILLs it if it has not

@@ -41,6 +41,17 @@ func TestFromEnv(t *testing.T) {
 		c.Window != DefaultWindow {
 		t.Fatalf("FromEnv = %+v, %v", c, err)
 	}
+	// The notifier's own variables count, as for the notifier process.
+	t.Setenv("CONVERGE_NOTIFIER_WINDOW", "2h")
+	t.Setenv("CONVERGE_NOTIFIER_MAX_ATTEMPTS", "7")
+	if c, err = FromEnv(); err != nil || c.Window != 2*time.Hour || c.MaxAttempts != 7 {
+		t.Fatalf("FromEnv with CONVERGE_NOTIFIER_* set = %+v, %v", c, err)
+	}
+	t.Setenv("CONVERGE_NOTIFIER_WINDOW", "soon")
+	if _, err := FromEnv(); err == nil || !strings.Contains(err.Error(), "CONVERGE_NOTIFIER_WINDOW") {
+		t.Fatalf("a bad CONVERGE_NOTIFIER_WINDOW: %v", err)
+	}
+	t.Setenv("CONVERGE_NOTIFIER_WINDOW", "2h")
 	t.Setenv(EnvWebhookURLs, "ftp://a.example")
 	if _, err := FromEnv(); err == nil || strings.Count(err.Error(), "notifier:") != 1 {
 		t.Fatalf("invalid URL: %v; want one notifier: prefix", err)

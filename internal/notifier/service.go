@@ -45,7 +45,7 @@ func Flags(f *config.Flags) func() (Config, error) {
 		if err != nil {
 			return Config{}, err
 		}
-		list := ParseURLs(*urls)
+		list := parseURLs(*urls)
 		if len(list) == 0 {
 			return Config{}, config.Require("", "webhook-urls", EnvWebhookURLs)
 		}
@@ -56,9 +56,9 @@ func Flags(f *config.Flags) func() (Config, error) {
 	}
 }
 
-// ParseURLs splits a comma-separated list of webhook URLs, dropping
+// parseURLs splits a comma-separated list of webhook URLs, dropping
 // blanks.
-func ParseURLs(list string) []string {
+func parseURLs(list string) []string {
 	var out []string
 	for u := range strings.SplitSeq(list, ",") {
 		if u = strings.TrimSpace(u); u != "" {
@@ -68,24 +68,26 @@ func ParseURLs(list string) []string {
 	return out
 }
 
-// FromEnv is the notifier's configuration from CONVERGE_WEBHOOK_URLS and
-// the secret's variables (the defaults otherwise), validated; nil when no
-// URL is set. converge dev runs the notifier with it.
+// FromEnv is the notifier's configuration from the environment alone:
+// CONVERGE_WEBHOOK_URLS, the secret's variables and every
+// CONVERGE_NOTIFIER_* variable, as the notifier's flags read them,
+// validated; nil when no URL is set. converge dev runs the notifier with
+// it.
 func FromEnv() (*Config, error) {
 	raw, _, err := config.Lookup(EnvWebhookURLs)
-	urls := ParseURLs(raw)
-	if err != nil || len(urls) == 0 {
+	if err != nil || len(parseURLs(raw)) == 0 {
 		return nil, err
 	}
-	secret, err := readSecret("")
+	f := config.NewFlags("notifier")
+	get := Flags(f)
+	if err := f.Parse(nil); err != nil {
+		return nil, err
+	}
+	c, err := get()
 	if err != nil {
 		return nil, err
 	}
-	c := &Config{URLs: urls, Secret: secret}
-	if err := c.Validate(); err != nil {
-		return nil, err // already "notifier: ..."
-	}
-	return c, nil
+	return &c, nil
 }
 
 func readSecret(file string) ([]byte, error) {

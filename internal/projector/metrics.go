@@ -13,12 +13,12 @@ type Metrics struct {
 	Pending         prometheus.Gauge
 }
 
-// LatencyBuckets are the bounds (seconds) of the commit -> applied
+// latencyBuckets are the bounds (seconds) of the commit -> applied
 // histogram: a few milliseconds apart around the tens of milliseconds where
 // a latency objective sits (50 ms is a bound, so the share of events
 // within it is counted, not interpolated), then coarser up to the minutes
 // a replay or a rebuild of old events takes.
-var LatencyBuckets = []float64{
+var latencyBuckets = []float64{
 	0.0005, 0.001, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.0175, 0.02, 0.025, 0.03, 0.035, 0.04,
 	0.045, 0.05, 0.06, 0.07, 0.08, 0.1, 0.125, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1, 2, 5, 10, 30, 60, 120, 300,
 }
@@ -41,7 +41,7 @@ func NewMetrics(reg prometheus.Registerer, name ...string) *Metrics {
 		BatchSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "converge_projector_batch_seconds", ConstLabels: labels,
 			Help: "Time to apply and acknowledge one batch.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18)}),
 		CommitToApplied: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "converge_projector_commit_to_applied_seconds", ConstLabels: labels,
-			Help: "From the event's Postgres commit to its store write.", Buckets: LatencyBuckets}),
+			Help: "From the event's Postgres commit to its store write.", Buckets: latencyBuckets}),
 		Pending: prometheus.NewGauge(prometheus.GaugeOpts{Name: "converge_projector_consumer_pending", ConstLabels: labels,
 			Help: "Messages of the stream not yet acknowledged by this projector (consumer lag)."}),
 	}

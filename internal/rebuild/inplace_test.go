@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/testenv"
@@ -75,17 +74,9 @@ func (f *inPlaceStores) Describe(name string) string { return "test store " + na
 // with the live runtime held back throughout, then lets it go on; events
 // published during the rebuild all arrive.
 func TestInPlaceRebuild(t *testing.T) {
-	nc := testenv.StartNATS(t).Connect(t)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := testenv.StartNATS(t).DocsStream(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "CONVERGE_DOCS",
-		Subjects: []string{contract.DocsSubjectPrefix + ">"}, Storage: jetstream.MemoryStorage}); err != nil {
-		t.Fatal(err)
-	}
 	publish := func(key string, version int64) {
 		d, err := contract.Document{Key: key, Version: version, Title: "t", Body: "b"}.Normalize()
 		if err != nil {

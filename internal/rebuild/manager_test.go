@@ -160,9 +160,6 @@ func TestBlueGreenRebuildUnderLiveTraffic(t *testing.T) {
 	}
 }
 
-// A process stopped in the middle of a rebuild resumes it when it starts
-// again: into the same fresh generation, from the rebuild consumer's
-// position, to the same end.
 // startRebuild publishes docs documents, starts a process, waits until its
 // live index holds them all, and starts a rebuild.
 func startRebuild(t *testing.T, e *env, docs int) (*process, rebuild.Status, map[string]int64) {
@@ -183,6 +180,9 @@ func startRebuild(t *testing.T, e *env, docs int) (*process, rebuild.Status, map
 	return p, st, want
 }
 
+// A process stopped in the middle of a rebuild resumes it when it starts
+// again: into the same fresh generation, from the rebuild consumer's
+// position, to the same end.
 func TestRebuildResumesAfterRestart(t *testing.T) {
 	e := newEnv(t)
 	const docs = 3000

@@ -396,6 +396,14 @@ func (m *Manager) blueGreen(ctx context.Context, st *State) error {
 	// and swap: the fresh generation then holds every event the live
 	// runtime acknowledged (it acknowledges nothing while held back), and
 	// the live runtime goes on from its position.
+	if live := m.sw.Live(); live != nil && live.Name != st.Previous && live.Name != st.Target && !slices.Contains(st.Superseded, live.Name) {
+		// Recorded with the switching phase, before the switch, so that a
+		// crash right after it still drops this generation (only this
+		// manager changes what is live).
+		m.log.Warn("the live generation is not the one recorded when the rebuild began; it is dropped as well",
+			"live", m.stores.Describe(live.Name), "recorded", m.stores.Describe(st.Previous))
+		st.Superseded = append(st.Superseded, live.Name)
+	}
 	m.setPhase(st, PhaseSwitching)
 	if err := m.save(ctx, st, false); err != nil {
 		return err
@@ -404,16 +412,6 @@ func (m *Manager) blueGreen(ctx context.Context, st *State) error {
 	defer resume()
 	if err := m.catchUpToLast(ctx, target); err != nil {
 		return err
-	}
-	if live := m.sw.Live(); live != nil && live.Name != st.Previous && live.Name != st.Target && !slices.Contains(st.Superseded, live.Name) {
-		// Recorded before the switch, so that a crash right after it
-		// still drops this generation.
-		m.log.Warn("the live generation is not the one recorded when the rebuild began; it is dropped as well",
-			"live", m.stores.Describe(live.Name), "recorded", m.stores.Describe(st.Previous))
-		st.Superseded = append(st.Superseded, live.Name)
-		if err := m.save(ctx, st, false); err != nil {
-			return err
-		}
 	}
 	if err := m.stores.Activate(ctx, st.Target); err != nil {
 		return fmt.Errorf("activate %s: %w", m.stores.Describe(st.Target), err)

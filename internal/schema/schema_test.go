@@ -16,6 +16,19 @@ var pg *testenv.Postgres
 
 func TestMain(m *testing.M) { os.Exit(testenv.RunMain(m, &pg)) }
 
+// exec runs sql on the database at url.
+func exec(t *testing.T, url, sql string) {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(context.Background(), sql); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // features names what the migrations after version 1 change, as the
 // database at url has it: "emission" (outbox.emission and its sequence,
 // version 2), "meta_text" (version 3), "fk" (chunks.key references
@@ -64,6 +77,10 @@ func TestMigrationsUpAndDown(t *testing.T) {
 	if got := features(t, url); got != want[4] {
 		t.Fatalf("version 4 has %q, want %q", got, want[4])
 	}
+	// Version 4 allows a chunk without its document; going down removes
+	// it, or the constraint could not come back.
+	exec(t, url, `INSERT INTO chunks (id, key, version, ordinal, text, content_hash)
+		VALUES ('00000000-0000-0000-0000-000000000001', 'no-such-document', 1, 0, 'orphan', 'h')`)
 	m, err := schema.NewMigrate(url)
 	if err != nil {
 		t.Fatal(err)

@@ -63,16 +63,8 @@ func publish(t *testing.T, js jetstream.JetStream, subject, data string) {
 	}
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
+// waitTimeout bounds the tests' waits for the asynchronous paths.
+const waitTimeout = 30 * time.Second
 
 func countRows(t *testing.T, e *env, sql string) int {
 	t.Helper()
@@ -113,14 +105,14 @@ func TestIngestAppliesAndDeadLetters(t *testing.T) {
 	publish(t, js, contract.IngestSubject("someone-else"), `{"key":"queue/doc 1","version":9,"title":"x"}`)
 	publish(t, js, contract.IngestSubject("queue/doc 5"), `{"key":"queue/doc 5","version":2,"title":"different"}`)
 
-	waitFor(t, "all documents", func() bool {
+	testenv.Eventually(t, "all documents", waitTimeout, func() bool {
 		return countRows(t, e, `SELECT count(*) FROM documents WHERE version >= 2`) == docs
 	})
 	dlq, err := js.Stream(context.Background(), writer.DLQStream)
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "three dead letters", func() bool {
+	testenv.Eventually(t, "three dead letters", waitTimeout, func() bool {
 		info, err := dlq.Info(context.Background())
 		return err == nil && info.State.Msgs == 3
 	})
@@ -147,7 +139,7 @@ func TestIngestAppliesAndDeadLetters(t *testing.T) {
 	// Work-queue retention: a message leaves the stream when acknowledged,
 	// which happens only after its commit; once drained, all is written.
 	ingest, _ := js.Stream(context.Background(), writer.IngestStream)
-	waitFor(t, "ingest stream drained", func() bool {
+	testenv.Eventually(t, "ingest stream drained", waitTimeout, func() bool {
 		info, err := ingest.Info(context.Background())
 		return err == nil && info.State.Msgs == 0
 	})
@@ -191,7 +183,7 @@ func TestIngestDoesNotAckWithoutCommit(t *testing.T) {
 		key := fmt.Sprintf("k%d", i)
 		publish(t, js, contract.IngestSubject(key), fmt.Sprintf(`{"key":%q,"version":1}`, key))
 	}
-	waitFor(t, "failed attempts", func() bool { return store.calls.Load() >= 2 })
+	testenv.Eventually(t, "failed attempts", waitTimeout, func() bool { return store.calls.Load() >= 2 })
 	stop()
 	ingest, _ := js.Stream(context.Background(), writer.IngestStream)
 	info, err := ingest.Info(context.Background())
@@ -201,7 +193,7 @@ func TestIngestDoesNotAckWithoutCommit(t *testing.T) {
 	// The writer comes back with a healthy store and applies them all.
 	store.failures.Store(0)
 	_, _ = startIngest(t, js, store)
-	waitFor(t, "documents after recovery", func() bool {
+	testenv.Eventually(t, "documents after recovery", waitTimeout, func() bool {
 		return countRows(t, e, `SELECT count(*) FROM documents`) == 10
 	})
 }
@@ -227,7 +219,7 @@ func TestOutboxRetentionLoop(t *testing.T) {
 	}()
 	// The counter moves after the delete commits: waiting for the rows
 	// alone and then cancelling could cancel the last delete's answer.
-	waitFor(t, "aged rows deleted and counted", func() bool {
+	testenv.Eventually(t, "aged rows deleted and counted", waitTimeout, func() bool {
 		return countRows(t, e, `SELECT count(*) FROM outbox`) == 1 && testutil.ToFloat64(metrics.OutboxPruned) >= 24
 	})
 	cancel()

@@ -89,12 +89,12 @@ func TestIngestDeadLettersADocumentTheDatabaseRejects(t *testing.T) {
 		}
 		publish(t, js, contract.IngestSubject(key), fmt.Sprintf(`{"key":%q,"version":1}`, key))
 	}
-	waitFor(t, "the 29 others", func() bool { return countRows(t, e, `SELECT count(*) FROM documents`) == 29 })
+	testenv.Eventually(t, "the 29 others", waitTimeout, func() bool { return countRows(t, e, `SELECT count(*) FROM documents`) == 29 })
 	dlq, err := js.Stream(context.Background(), writer.DLQStream)
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "one dead letter", func() bool {
+	testenv.Eventually(t, "one dead letter", waitTimeout, func() bool {
 		info, err := dlq.Info(context.Background())
 		return err == nil && info.State.Msgs == 1
 	})
@@ -106,7 +106,7 @@ func TestIngestDeadLettersADocumentTheDatabaseRejects(t *testing.T) {
 		t.Fatalf("dead letter %s: %v", m.Data, m.Header)
 	}
 	ingest, _ := js.Stream(context.Background(), writer.IngestStream)
-	waitFor(t, "ingest stream drained", func() bool {
+	testenv.Eventually(t, "ingest stream drained", waitTimeout, func() bool {
 		info, err := ingest.Info(context.Background())
 		return err == nil && info.State.Msgs == 0
 	})

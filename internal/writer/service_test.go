@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/internal/writer"
 )
 
@@ -64,7 +65,7 @@ func TestServiceReadinessAndGracefulShutdown(t *testing.T) {
 	}
 
 	_, cancel, done := run(false)
-	waitFor(t, "readyz to answer", func() bool { c, _ := get(t, "http://"+metricsAddr+"/readyz"); return c != 0 })
+	testenv.Eventually(t, "readyz to answer", waitTimeout, func() bool { c, _ := get(t, "http://"+metricsAddr+"/readyz"); return c != 0 })
 	if code, body := get(t, "http://"+metricsAddr+"/readyz"); code != 503 || !strings.Contains(body, "converge migrate up") {
 		t.Fatalf("readyz on an unmigrated database: %d %s", code, body)
 	}
@@ -77,7 +78,7 @@ func TestServiceReadinessAndGracefulShutdown(t *testing.T) {
 	}
 
 	base, cancel, done := run(true)
-	waitFor(t, "ready", func() bool { c, _ := get(t, "http://"+metricsAddr+"/readyz"); return c == 200 })
+	testenv.Eventually(t, "ready", waitTimeout, func() bool { c, _ := get(t, "http://"+metricsAddr+"/readyz"); return c == 200 })
 
 	// Start requests whose bodies are only half sent, shut down while they
 	// are in flight, then finish sending: every one must complete.

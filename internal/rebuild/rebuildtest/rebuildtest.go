@@ -90,19 +90,32 @@ func Stream(t testing.TB) jetstream.JetStream {
 // Event is the upsert of key at version, a one-chunk body naming both.
 func Event(t testing.TB, key string, version int64) contract.Event {
 	t.Helper()
-	d, err := contract.Document{Key: key, Version: version, Title: "t",
-		Body: fmt.Sprintf("body of %s at version %d", key, version)}.Normalize()
+	e, err := event(key, version)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return contract.NewUpsertedEvent(d, []string{d.Body})
+	return e
+}
+
+func event(key string, version int64) (contract.Event, error) {
+	d, err := contract.Document{Key: key, Version: version, Title: "t",
+		Body: fmt.Sprintf("body of %s at version %d", key, version)}.Normalize()
+	if err != nil {
+		return contract.Event{}, err
+	}
+	return contract.NewUpsertedEvent(d, []string{d.Body}), nil
 }
 
 // Publish publishes Event(key, version) on its subject. A failure is
 // reported with t.Error, so that traffic goroutines may call it.
 func Publish(t testing.TB, js jetstream.JetStream, key string, version int64) {
 	t.Helper()
-	data, err := Event(t, key, version).Encode()
+	e, err := event(key, version)
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	data, err := e.Encode()
 	if err != nil {
 		t.Error(err)
 		return
