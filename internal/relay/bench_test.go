@@ -399,7 +399,7 @@ func (it *backlogRun) relay(b *testing.B) sideResult {
 		b.Fatal(err)
 	}
 
-	var stderr lockedBuffer
+	var stderr testenv.LockedBuffer
 	cmd := exec.Command(os.Args[0])
 	// CONVERGE_RELAY_WINDOW, when set, passes through to the child.
 	cmd.Env = append(os.Environ(), childEnv+"=1", "CONVERGE_POSTGRES_URL="+it.dbURL, "CONVERGE_NATS_URL="+it.nats.URL)

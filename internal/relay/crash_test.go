@@ -47,7 +47,7 @@ const childSlot = "converge_relay"
 type relayChild struct {
 	name string
 	cmd  *exec.Cmd
-	out  *lockedBuffer
+	out  *testenv.LockedBuffer
 	done chan struct{} // closed once the process is reaped
 	err  error         // cmd.Wait's result; read only after done
 }
@@ -89,7 +89,7 @@ func (cs *relayChildren) start(t *testing.T, f *fixture, name, natsURL string, w
 		"CONVERGE_POSTGRES_URL="+f.dbURL,
 		"CONVERGE_NATS_URL="+natsURL,
 		"CONVERGE_RELAY_WINDOW="+strconv.Itoa(window))
-	out := &lockedBuffer{}
+	out := &testenv.LockedBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	// Should the test binary die without running its cleanups, the kernel
 	// kills the child: a stray relay would hold the slot of the next run.

@@ -7,27 +7,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 )
-
-// lockedBuffer collects a child process's output, written by exec's copying
-// goroutine while the test reads it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
 
 // procStatusBytes reads a size field such as VmRSS or VmHWM from
 // /proc/<pid>/status, in bytes (Linux only).

@@ -371,7 +371,7 @@ func TestSlotOfAnotherDatabaseIsAConfigurationError(t *testing.T) {
 func TestCreatingTheSlotOverAFilledOutboxWarns(t *testing.T) {
 	f := newFixture(t)
 	f.write(t, 0, 5, 1) // no slot yet
-	var logs lockedBuffer
+	var logs testenv.LockedBuffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	r, err := relay.New(f.nats.Connect(t), relay.Config{PostgresURL: f.dbURL}, nil, log)
 	if err != nil {

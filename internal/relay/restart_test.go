@@ -56,7 +56,7 @@ func runRelay(t *testing.T, nc *nats.Conn, dbURL string, cfg relay.Config, metri
 	// Every version stays in the stream, so it can be compared with the
 	// outbox event by event.
 	cfg.Stream.MaxMsgsPerSubject = -1
-	logs := &lockedBuffer{}
+	logs := &testenv.LockedBuffer{}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("relay log:\n%s", logs)
@@ -647,7 +647,7 @@ func mib(b int64) float64 { return float64(b) / (1 << 20) }
 type relayProcess struct {
 	pid    int
 	exited chan struct{} // closed when the process has exited
-	out    *lockedBuffer
+	out    *testenv.LockedBuffer
 }
 
 func (p *relayProcess) running() bool {
@@ -670,7 +670,7 @@ func startChildRelay(t *testing.T, dbURL, natsURL string, window int) *relayProc
 		// collector lets grow; the default GOGC keeps this measurement about
 		// what the relay buffers.
 		"CONVERGE_RELAY_GOGC=100")
-	p := &relayProcess{exited: make(chan struct{}), out: &lockedBuffer{}}
+	p := &relayProcess{exited: make(chan struct{}), out: &testenv.LockedBuffer{}}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	// Dies with the test binary, even if that is killed before its cleanup.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

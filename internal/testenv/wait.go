@@ -1,6 +1,8 @@
 package testenv
 
 import (
+	"bytes"
+	"sync"
 	"testing"
 	"time"
 )
@@ -16,4 +18,23 @@ func Eventually(t testing.TB, what string, timeout time.Duration, cond func() bo
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// LockedBuffer collects output written by one goroutine (a child
+// process's copier, a background logger) while the test reads it.
+type LockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *LockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *LockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
 }

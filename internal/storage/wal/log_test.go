@@ -18,6 +18,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/converge-sync/converge/internal/testenv"
 )
 
 var journalFormat = Format{Magic: "converge-test-journal", Version: 3}
@@ -339,7 +341,7 @@ func TestCompactionLogged(t *testing.T) {
 // store goes on taking writes.
 func TestFailedCompaction(t *testing.T) {
 	dir := t.TempDir()
-	var logged syncBuffer
+	var logged testenv.LockedBuffer
 	j := mustOpen(t, dir, Options{CompactBytes: 256, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
 	j.Lock()
 	j.failSnapshot = errors.New("disk on fire")
@@ -353,7 +355,7 @@ func TestFailedCompaction(t *testing.T) {
 	if err := j.log.Compact(context.Background()); err == nil || !strings.Contains(err.Error(), "disk on fire") {
 		t.Fatalf("Compact: %v, want the snapshot's failure", err)
 	}
-	waitFor(t, func() bool { return strings.Contains(logged.String(), "wal: compaction failed") })
+	testenv.Eventually(t, "the failure logged", 10*time.Second, func() bool { return strings.Contains(logged.String(), "wal: compaction failed") })
 	if !strings.Contains(logged.String(), "disk on fire") {
 		t.Errorf("log %q does not give the reason", logged.String())
 	}
@@ -366,35 +368,6 @@ func TestFailedCompaction(t *testing.T) {
 	}
 	j = mustOpen(t, dir, Options{})
 	j.expect(t, want...)
-}
-
-// syncBuffer is a log's destination, written by compactions in the
-// background.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// waitFor waits up to 10 s for cond.
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 10s")
-		}
-	}
 }
 
 // TestCompactionLeftovers puts back what a crash during a compaction can
