@@ -32,7 +32,8 @@ func exec(t *testing.T, url, sql string) {
 // features names what the migrations after version 1 change, as the
 // database at url has it: "emission" (outbox.emission and its sequence,
 // version 2), "meta_text" (version 3), "fk" (chunks.key references
-// documents, version 1 to 3).
+// documents, version 1 to 3), "tuple_target" (outbox payloads stored
+// uncompressed up to 8160 bytes, version 5).
 func features(t *testing.T, url string) string {
 	t.Helper()
 	conn, err := pgx.Connect(context.Background(), url)
@@ -40,19 +41,20 @@ func features(t *testing.T, url string) string {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	var emission, metaText, fk bool
+	var emission, metaText, fk, target bool
 	if err := conn.QueryRow(context.Background(), `SELECT
 		EXISTS (SELECT FROM information_schema.columns WHERE table_name = 'outbox' AND column_name = 'emission')
 		AND EXISTS (SELECT FROM pg_class WHERE relname = 'outbox_emission_seq' AND relkind = 'S'),
 		EXISTS (SELECT FROM information_schema.columns WHERE table_name = 'documents' AND column_name = 'meta_text'),
-		EXISTS (SELECT FROM pg_constraint WHERE conname = 'chunks_key_fkey')`).Scan(&emission, &metaText, &fk); err != nil {
+		EXISTS (SELECT FROM pg_constraint WHERE conname = 'chunks_key_fkey'),
+		EXISTS (SELECT FROM pg_class WHERE relname = 'outbox' AND 'toast_tuple_target=8160' = ANY (reloptions))`).Scan(&emission, &metaText, &fk, &target); err != nil {
 		t.Fatal(err)
 	}
 	var out []string
 	for _, f := range []struct {
 		has  bool
 		name string
-	}{{emission, "emission"}, {metaText, "meta_text"}, {fk, "fk"}} {
+	}{{emission, "emission"}, {metaText, "meta_text"}, {fk, "fk"}, {target, "tuple_target"}} {
 		if f.has {
 			out = append(out, f.name)
 		}
@@ -60,22 +62,22 @@ func features(t *testing.T, url string) string {
 	return strings.Join(out, " ")
 }
 
-// The newest schema is version 4. Each down migration undoes exactly its
+// The newest schema is version 5. Each down migration undoes exactly its
 // up migration, one step at a time down to version 1, and up again.
 func TestMigrationsUpAndDown(t *testing.T) {
 	ctx := context.Background()
 	url := pg.NewDatabase(t)
 	latest, err := schema.LatestVersion()
-	if err != nil || latest != 4 {
-		t.Fatalf("latest embedded version %d (%v), want 4", latest, err)
+	if err != nil || latest != 5 {
+		t.Fatalf("latest embedded version %d (%v), want 5", latest, err)
 	}
 	st, err := schema.Up(ctx, url)
-	if err != nil || !st.Current() || st.Version != 4 {
+	if err != nil || !st.Current() || st.Version != 5 {
 		t.Fatalf("up: %+v %v", st, err)
 	}
-	want := map[uint]string{4: "emission meta_text", 3: "emission meta_text fk", 2: "emission fk", 1: "fk"}
-	if got := features(t, url); got != want[4] {
-		t.Fatalf("version 4 has %q, want %q", got, want[4])
+	want := map[uint]string{5: "emission meta_text tuple_target", 4: "emission meta_text", 3: "emission meta_text fk", 2: "emission fk", 1: "fk"}
+	if got := features(t, url); got != want[5] {
+		t.Fatalf("version 5 has %q, want %q", got, want[5])
 	}
 	// Version 4 allows a chunk without its document; going down removes
 	// it, or the constraint could not come back.
@@ -85,7 +87,7 @@ func TestMigrationsUpAndDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for v := uint(3); v >= 1; v-- {
+	for v := uint(4); v >= 1; v-- {
 		if err := m.Steps(-1); err != nil {
 			t.Fatalf("down to version %d: %v", v, err)
 		}
@@ -102,7 +104,7 @@ func TestMigrationsUpAndDown(t *testing.T) {
 	if st, err := schema.Inspect(ctx, url); err != nil || st.Current() || st.Version != 1 {
 		t.Fatalf("inspect at version 1: %+v %v", st, err)
 	}
-	if st, err := schema.Up(ctx, url); err != nil || st.Version != 4 || features(t, url) != want[4] {
+	if st, err := schema.Up(ctx, url); err != nil || st.Version != 5 || features(t, url) != want[5] {
 		t.Fatalf("up again: %+v %v, features %q", st, err, features(t, url))
 	}
 }

@@ -1,0 +1,1 @@
+ALTER TABLE outbox RESET (toast_tuple_target);
