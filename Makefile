@@ -76,7 +76,7 @@ bench: deps ## benchmarks; each comparison runs both sides in one run and prints
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -count 1 ./internal/docstore ./internal/chunking ./pkg/contract
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count $${RELAY_RUNS:-3} ./internal/relay
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count 3 ./internal/index ./internal/graph
-	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -count 1 ./internal/index/embedded ./internal/graph/embedded ./internal/index/qdrant ./internal/embed
+	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -count 1 ./internal/index/embedded ./internal/graph/embedded ./internal/index/qdrant ./internal/embed ./internal/storage/wal
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 15m ./cmd/converge
 
 .PHONY: lint
