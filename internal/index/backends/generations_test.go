@@ -565,3 +565,99 @@ func testQdrantBlueGreenRebuild(t *testing.T, legacy bool) {
 		t.Errorf("collections after a restart: %v; want only [%s]", got, st.Target)
 	}
 }
+
+// A crash in the one moment a rebuild leaves no collection under the
+// configured name: after Activate dropped a plain collection from before
+// aliases, and before it created the alias. The restarted process finds
+// neither, opens a fresh first collection and points the alias at it (so
+// it serves only what arrives from then on, until the rebuild is done);
+// the resumed rebuild then switches the alias to its target and drops that
+// collection too, leaving only the target, with every document.
+func TestQdrantCrashBetweenLegacyDropAndAlias(t *testing.T) {
+	ctx := context.Background()
+	srv := qdranttest.Start(t)
+	admin := backendOn(t, srv, alias)
+	if err := admin.Ensure(ctx, embed.DefaultHashDimension); err != nil {
+		t.Fatal(err)
+	}
+	e := newNATSEnv(t)
+	p := startIndexProcess(t, e, srv)
+	defer func() { p.stop() }()
+	const docs = 100
+	want := map[string]int64{}
+	for i := range docs {
+		key := fmt.Sprintf("doc-%03d", i)
+		e.publish(t, key, 1)
+		want[key] = 1
+	}
+	liveBackend := func() index.Backend { return p.Switch.Live().Store.(*index.Index).Backend() }
+	testenv.Eventually(t, "the legacy collection to hold every document", 30*time.Second, holds(t, liveBackend, want))
+
+	// Every alias change fails from now on: Activate drops the plain
+	// collection, then fails to create the alias.
+	srv.Fail(updateAliases, true)
+	var st rebuild.Status
+	testenv.Eventually(t, "the rebuild manager to be ready", 30*time.Second, func() bool {
+		var started bool
+		var err error
+		st, started, err = p.Manager.Start(ctx)
+		if err != nil && p.Manager.Status(ctx).Phase == rebuild.PhaseStarting {
+			return false
+		}
+		if err != nil || !started {
+			t.Fatalf("Start: started %v, %v", started, err)
+		}
+		return true
+	})
+	if st.Previous != alias {
+		t.Fatalf("rebuild from %q; want the plain collection %q", st.Previous, alias)
+	}
+	testenv.Eventually(t, "Activate to drop the plain collection and fail on the alias", 60*time.Second, func() bool {
+		return srv.Calls(updateAliases) > 0 && !slices.Contains(collections(t, srv), alias)
+	})
+	if s := p.Manager.Status(ctx); s.Phase != rebuild.PhaseRetrying || !strings.Contains(s.Error, "activate") {
+		t.Fatalf("status with the alias failing: %+v; want retrying the activation", s)
+	}
+	if got := collections(t, srv); !slices.Equal(got, []string{st.Target}) {
+		t.Fatalf("collections at the crash: %v; want only the target [%s]", got, st.Target)
+	}
+	if target := aliasTarget(t, admin); target != "" {
+		t.Fatalf("alias names %q at the crash; want no alias yet", target)
+	}
+
+	// The crash, and a restart once Qdrant takes alias changes again.
+	p.stop()
+	srv.Fail(updateAliases, false)
+	const create = "Collections/Create"
+	created := srv.Calls(create)
+	p = startIndexProcess(t, e, srv)
+	first := alias + "_1"
+	if got := p.Switch.Live().Name; got != first && got != st.Target {
+		t.Fatalf("the restarted process runs on %q; want a fresh %q (or the target, had the rebuild finished)", got, first)
+	}
+	// Events keep arriving while the rebuild resumes.
+	for i := range 10 {
+		e.publish(t, fmt.Sprintf("doc-%03d", i), 2)
+	}
+	testenv.Eventually(t, "the resumed rebuild to finish", 60*time.Second, func() bool {
+		s := p.Manager.Status(ctx)
+		return s.Phase == rebuild.PhaseDone && s.ID == st.ID
+	})
+	want = rebuildtest.LastVersions(t, e.js)
+	testenv.Eventually(t, "the rebuilt collection to hold every key at its last version", 30*time.Second, holds(t, liveBackend, want))
+	if got := p.Switch.Live().Name; got != st.Target {
+		t.Fatalf("live generation after the resumed rebuild: %q; want %q", got, st.Target)
+	}
+	if target := aliasTarget(t, admin); target != st.Target {
+		t.Fatalf("alias names %q after the resumed rebuild; want %q", target, st.Target)
+	}
+	if got := collections(t, srv); !slices.Equal(got, []string{st.Target}) {
+		t.Fatalf("collections after the resumed rebuild: %v; want only [%s] (%s dropped)", got, st.Target, first)
+	}
+	if n := srv.Calls(create) - created; n != 1 {
+		t.Errorf("%d collections created after the restart; want 1 (%s)", n, first)
+	}
+	if got, empty := contentsOf(t, admin); len(empty) > 0 || !mapsEqual(got, want) {
+		t.Errorf("through the alias: %d documents (%v without chunks); want the %d of the stream", len(got), empty, len(want))
+	}
+}

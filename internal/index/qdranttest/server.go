@@ -47,6 +47,7 @@ type Server struct {
 
 	statsMu sync.Mutex
 	stats   map[string]*callStats // by "Service/Method", e.g. "Points/Upsert"
+	failing map[string]bool       // methods that fail (Fail)
 
 	mu          sync.RWMutex
 	collections map[string]*collection
@@ -60,6 +61,7 @@ func Start(t testing.TB, opts ...Option) *Server {
 	s := &Server{
 		version:     Version,
 		stats:       make(map[string]*callStats),
+		failing:     make(map[string]bool),
 		collections: make(map[string]*collection),
 		aliases:     make(map[string]string),
 	}
@@ -144,6 +146,11 @@ func (s *Server) count(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 		s.stats[name] = st
 	}
 	st.calls++
+	failing := s.failing[name]
+	if failing {
+		s.statsMu.Unlock()
+		return nil, status.Errorf(codes.Unavailable, "qdranttest: %s fails (Server.Fail)", name)
+	}
 	st.inFlight++
 	st.maxInFlight = max(st.maxInFlight, st.inFlight)
 	s.statsMu.Unlock()
@@ -165,6 +172,16 @@ func (s *Server) Calls(method string) int {
 		return st.calls
 	}
 	return 0
+}
+
+// Fail makes every call of method (named as for [Server.Calls]) fail with
+// Unavailable, without effect, until Fail(method, false): an outage of one
+// operation, such as the moment between two steps of a client. A failed
+// call is counted.
+func (s *Server) Fail(method string, fail bool) {
+	s.statsMu.Lock()
+	defer s.statsMu.Unlock()
+	s.failing[method] = fail
 }
 
 // MaxInFlight is the largest number of calls of a method that were being
