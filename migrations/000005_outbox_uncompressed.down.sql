@@ -1,1 +1,0 @@
-ALTER TABLE outbox RESET (toast_tuple_target);
