@@ -630,7 +630,7 @@ func TestPacedFileWriteBackErrorFailsTheWrite(t *testing.T) {
 	defer f.Close()
 	eio := errors.New("input/output error")
 	p := &pacedFile{f: f, writeBack: func(*os.File, int64, int64) error { return eio }}
-	chunk := make([]byte, 1<<20)
+	chunk := make([]byte, writeBackEvery/4)
 	for range writeBackEvery/len(chunk) - 1 {
 		if _, err := p.Write(chunk); err != nil {
 			t.Fatalf("a write before the first write-back failed: %v", err)

@@ -46,7 +46,7 @@ func (w *SnapshotWriter) Write(rec []byte) error {
 // are written back to the device (see writeBack). The smaller the window,
 // the less a sync of the live log made meanwhile waits behind it
 // (BenchmarkLogSyncDuringSnapshot compares 1 MB with the former 8 MB), for
-// a snapshot that takes about as long.
+// a snapshot written some 10-15% slower.
 const writeBackEvery = 1 << 20
 
 // pacedFile writes a snapshot to f, writing each writeBackEvery bytes back
