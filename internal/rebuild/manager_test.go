@@ -126,9 +126,7 @@ func TestBlueGreenRebuildUnderLiveTraffic(t *testing.T) {
 	if st.Previous != "index" || st.Target == "index" || st.InPlace {
 		t.Fatalf("rebuild status %+v: want blue/green from index", st)
 	}
-	testenv.Eventually(t, "the rebuild to finish", 60*time.Second, func() bool {
-		return p.Manager.Status(context.Background()).Phase == rebuild.PhaseDone
-	})
+	p.WaitDone(t, st.ID, 60*time.Second)
 	stopTraffic()
 
 	// What was published: the last version of every key.
@@ -172,12 +170,7 @@ func startRebuild(t *testing.T, e *env, docs int) (*process, rebuild.Status, map
 	}
 	p := start(t, e)
 	testenv.Eventually(t, "the live index to hold every document", 60*time.Second, holdsAll(p, t, want))
-	st, _, err := p.Manager.Start(context.Background())
-	if err != nil {
-		p.stop()
-		t.Fatal(err)
-	}
-	return p, st, want
+	return p, p.StartRebuild(t), want
 }
 
 // A process stopped in the middle of a rebuild resumes it when it starts
@@ -206,9 +199,7 @@ func TestRebuildResumesAfterRestart(t *testing.T) {
 	if s := p.Manager.Status(context.Background()); s.ID != st.ID && s.Phase != rebuild.PhaseStarting {
 		t.Errorf("status of the restarted process: %+v; want rebuild %s reported", s, st.ID)
 	}
-	testenv.Eventually(t, "the resumed rebuild to finish", 60*time.Second, func() bool {
-		return p.Manager.Status(context.Background()).Phase == rebuild.PhaseDone
-	})
+	p.WaitDone(t, st.ID, 60*time.Second)
 	if live := p.Switch.Live().Name; live != st.Target {
 		t.Fatalf("live generation after the resumed rebuild: %q; want %q (the same target)", live, st.Target)
 	}
@@ -248,9 +239,7 @@ func TestResumedRebuildDropsTheGenerationLiveAtTheSwitch(t *testing.T) {
 	if live := p.Switch.Live().Name; live != since && live != st.Target {
 		t.Fatalf("the restarted process runs on %q; want %q (or the target, had the switch happened)", live, since)
 	}
-	testenv.Eventually(t, "the resumed rebuild to finish", 60*time.Second, func() bool {
-		return p.Manager.Status(context.Background()).Phase == rebuild.PhaseDone
-	})
+	p.WaitDone(t, st.ID, 60*time.Second)
 	if live := p.Switch.Live().Name; live != st.Target {
 		t.Fatalf("live generation after the resumed rebuild: %q; want %q", live, st.Target)
 	}

@@ -62,22 +62,6 @@ func features(t *testing.T, url string) string {
 	return strings.Join(out, " ")
 }
 
-// hasLZ4 reports whether the server at url was built with lz4.
-func hasLZ4(t *testing.T, url string) bool {
-	t.Helper()
-	conn, err := pgx.Connect(context.Background(), url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
-	var lz4 bool
-	if err := conn.QueryRow(context.Background(),
-		`SELECT 'lz4' = ANY (enumvals) FROM pg_settings WHERE name = 'default_toast_compression'`).Scan(&lz4); err != nil {
-		t.Fatal(err)
-	}
-	return lz4
-}
-
 // The newest schema is version 5. Each down migration undoes exactly its
 // up migration, one step at a time down to version 1, and up again.
 func TestMigrationsUpAndDown(t *testing.T) {
@@ -92,7 +76,7 @@ func TestMigrationsUpAndDown(t *testing.T) {
 		t.Fatalf("up: %+v %v", st, err)
 	}
 	want := map[uint]string{5: "emission meta_text lz4", 4: "emission meta_text", 3: "emission meta_text fk", 2: "emission fk", 1: "fk"}
-	if !hasLZ4(t, url) {
+	if !pg.HasLZ4(t) {
 		want[5] = want[4] // version 5 changes nothing on such a server
 	}
 	if got := features(t, url); got != want[5] {

@@ -65,6 +65,19 @@ func StartPostgres(settings map[string]string) (*Postgres, error) {
 	return nil, fmt.Errorf("testenv: connect to test cluster: %w", err)
 }
 
+// HasLZ4 reports whether the cluster's server was built with lz4, which
+// migration 5 compresses the outbox's payloads with when it is.
+func (p *Postgres) HasLZ4(t testing.TB) bool {
+	t.Helper()
+	var lz4 bool
+	err := p.admin.QueryRow(context.Background(),
+		`SELECT 'lz4' = ANY (enumvals) FROM pg_settings WHERE name = 'default_toast_compression'`).Scan(&lz4)
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	return lz4
+}
+
 // Close stops the cluster and removes its files.
 func (p *Postgres) Close() {
 	if p == nil {

@@ -388,6 +388,24 @@ func (p *indexProcess) stop() {
 	_ = p.stores.Close()
 }
 
+// liveBackend is the backend of the generation live now.
+func (p *indexProcess) liveBackend() index.Backend {
+	return p.Switch.Live().Store.(*index.Index).Backend()
+}
+
+// load publishes doc-000 .. doc-<n-1> at version 1 and waits until the
+// live generation holds them.
+func (p *indexProcess) load(t *testing.T, e *natsEnv, n int) {
+	t.Helper()
+	want := make(map[string]int64, n)
+	for i := range n {
+		key := fmt.Sprintf("doc-%03d", i)
+		e.publish(t, key, 1)
+		want[key] = 1
+	}
+	testenv.Eventually(t, "the live generation to hold every document", 30*time.Second, holds(t, p.liveBackend, want))
+}
+
 // contents is what the live generation holds: key -> version, and the
 // keys whose marker has no chunks.
 func (p *indexProcess) contents(t *testing.T) (map[string]int64, []string) {
@@ -465,14 +483,7 @@ func testQdrantBlueGreenRebuild(t *testing.T, legacy bool) {
 	defer func() { p.stop() }()
 
 	const docs = 200
-	want := map[string]int64{}
-	for i := range docs {
-		key := fmt.Sprintf("doc-%03d", i)
-		e.publish(t, key, 1)
-		want[key] = 1
-	}
-	liveBackend := func() index.Backend { return p.Switch.Live().Store.(*index.Index).Backend() }
-	testenv.Eventually(t, "the live index to hold every document", 30*time.Second, holds(t, liveBackend, want))
+	p.load(t, e, docs)
 	first := p.Switch.Live()
 	if first.Name != wantPrevious {
 		t.Fatalf("live generation %q; want %q", first.Name, wantPrevious)
@@ -504,32 +515,18 @@ func testQdrantBlueGreenRebuild(t *testing.T, legacy bool) {
 	stopTraffic := rebuildtest.Traffic(t, e.js, docs, 7)
 	defer stopTraffic()
 
-	var st rebuild.Status
-	testenv.Eventually(t, "the rebuild manager to be ready", 30*time.Second, func() bool {
-		var started bool
-		st, started, err = p.Manager.Start(ctx)
-		if err != nil && p.Manager.Status(ctx).Phase == rebuild.PhaseStarting {
-			return false
-		}
-		if err != nil || !started {
-			t.Fatalf("Start: started %v, %v", started, err)
-		}
-		return true
-	})
+	st := p.StartRebuild(t)
 	if st.Previous != wantPrevious || st.InPlace || st.Target == st.Previous || !strings.HasPrefix(st.Target, alias+"_") {
 		t.Fatalf("rebuild status %+v: want blue/green from %s into a fresh collection", st, wantPrevious)
 	}
-	testenv.Eventually(t, "the rebuild to finish under live traffic", 60*time.Second, func() bool {
-		s := p.Manager.Status(ctx)
-		return s.Phase == rebuild.PhaseDone && s.ID == st.ID
-	})
+	p.WaitDone(t, st.ID, 60*time.Second)
 	stopTraffic()
 	if info, err := e.js.Stream(ctx, "CONVERGE_DOCS"); err != nil || info.CachedInfo().State.LastSeq < seqAtStart+50 {
 		t.Fatalf("the stream grew from %d to %v (%v) during the rebuild; want live traffic throughout", seqAtStart, info, err)
 	}
 
-	want = rebuildtest.LastVersions(t, e.js)
-	testenv.Eventually(t, "the rebuilt index to hold every key at its last version", 30*time.Second, holds(t, liveBackend, want))
+	want := rebuildtest.LastVersions(t, e.js)
+	testenv.Eventually(t, "the rebuilt index to hold every key at its last version", 30*time.Second, holds(t, p.liveBackend, want))
 
 	g := p.Switch.Live()
 	if g.Name != st.Target || g == first {
@@ -583,32 +580,12 @@ func TestQdrantCrashBetweenLegacyDropAndAlias(t *testing.T) {
 	e := newNATSEnv(t)
 	p := startIndexProcess(t, e, srv)
 	defer func() { p.stop() }()
-	const docs = 100
-	want := map[string]int64{}
-	for i := range docs {
-		key := fmt.Sprintf("doc-%03d", i)
-		e.publish(t, key, 1)
-		want[key] = 1
-	}
-	liveBackend := func() index.Backend { return p.Switch.Live().Store.(*index.Index).Backend() }
-	testenv.Eventually(t, "the legacy collection to hold every document", 30*time.Second, holds(t, liveBackend, want))
+	p.load(t, e, 100)
 
 	// Every alias change fails from now on: Activate drops the plain
 	// collection, then fails to create the alias.
 	srv.Fail(updateAliases, true)
-	var st rebuild.Status
-	testenv.Eventually(t, "the rebuild manager to be ready", 30*time.Second, func() bool {
-		var started bool
-		var err error
-		st, started, err = p.Manager.Start(ctx)
-		if err != nil && p.Manager.Status(ctx).Phase == rebuild.PhaseStarting {
-			return false
-		}
-		if err != nil || !started {
-			t.Fatalf("Start: started %v, %v", started, err)
-		}
-		return true
-	})
+	st := p.StartRebuild(t)
 	if st.Previous != alias {
 		t.Fatalf("rebuild from %q; want the plain collection %q", st.Previous, alias)
 	}
@@ -642,12 +619,9 @@ func TestQdrantCrashBetweenLegacyDropAndAlias(t *testing.T) {
 	for i := range 10 {
 		e.publish(t, fmt.Sprintf("doc-%03d", i), 2)
 	}
-	testenv.Eventually(t, "the resumed rebuild to finish", 60*time.Second, func() bool {
-		s := p.Manager.Status(ctx)
-		return s.Phase == rebuild.PhaseDone && s.ID == st.ID
-	})
-	want = rebuildtest.LastVersions(t, e.js)
-	testenv.Eventually(t, "the rebuilt collection to hold every key at its last version", 30*time.Second, holds(t, liveBackend, want))
+	p.WaitDone(t, st.ID, 60*time.Second)
+	want := rebuildtest.LastVersions(t, e.js)
+	testenv.Eventually(t, "the rebuilt collection to hold every key at its last version", 30*time.Second, holds(t, p.liveBackend, want))
 	if got := p.Switch.Live().Name; got != st.Target {
 		t.Fatalf("live generation after the resumed rebuild: %q; want %q", got, st.Target)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/subtle"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -177,8 +178,14 @@ func (s *Server) Calls(method string) int {
 // Fail makes every call of method (named as for [Server.Calls]) fail with
 // Unavailable, without effect, until Fail(method, false): an outage of one
 // operation, such as the moment between two steps of a client. A failed
-// call is counted.
+// call is counted. A method the server does not serve panics, so that a
+// misspelled name cannot leave a test's outage silently undone.
 func (s *Server) Fail(method string, fail bool) {
+	service, name, _ := strings.Cut(method, "/")
+	info, ok := s.grpc.GetServiceInfo()["qdrant."+service]
+	if !ok || !slices.ContainsFunc(info.Methods, func(m grpc.MethodInfo) bool { return m.Name == name }) {
+		panic("qdranttest: Fail: no method " + method)
+	}
 	s.statsMu.Lock()
 	defer s.statsMu.Unlock()
 	s.failing[method] = fail

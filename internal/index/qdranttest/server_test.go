@@ -348,3 +348,29 @@ func TestDeleteByFilterAndIDs(t *testing.T) {
 		t.Fatalf("left %v; want [2]", ids(got))
 	}
 }
+
+// A failing method answers Unavailable without effect and counts the
+// call, until it is cleared; a method the server does not serve panics.
+func TestFail(t *testing.T) {
+	s := qdranttest.Start(t)
+	c := connect(t, s, "")
+	create(t, c, "v1", 2, qdrant.Distance_Cosine)
+	const method = "Collections/UpdateAliases"
+	s.Fail(method, true)
+	wantCode(t, c.CreateAlias(ctx(), "live", "v1"), codes.Unavailable)
+	if aliases, err := c.ListAliases(ctx()); err != nil || len(aliases) != 0 {
+		t.Fatalf("aliases after a failed CreateAlias: %v %v; want none", aliases, err)
+	}
+	if n := s.Calls(method); n != 1 {
+		t.Errorf("%d calls counted; want the failed one", n)
+	}
+	s.Fail(method, false)
+	mustOK(t, c.CreateAlias(ctx(), "live", "v1"))
+
+	defer func() {
+		if recover() == nil {
+			t.Error("Fail of a method the server does not serve did not panic")
+		}
+	}()
+	s.Fail("Collections/UpdateAlias", true)
+}

@@ -70,6 +70,28 @@ func (p *Process) Stop() {
 	}
 }
 
+// StartRebuild starts a rebuild as soon as the manager takes one (not
+// while it is still connecting) and returns its status; the test fails if
+// it does not start.
+func (p *Process) StartRebuild(t testing.TB) rebuild.Status {
+	t.Helper()
+	ctx := context.Background()
+	var st rebuild.Status
+	testenv.Eventually(t, "the rebuild manager to be ready", 30*time.Second, func() bool {
+		var started bool
+		var err error
+		st, started, err = p.Manager.Start(ctx)
+		if err != nil && p.Manager.Status(ctx).Phase == rebuild.PhaseStarting {
+			return false
+		}
+		if err != nil || !started {
+			t.Fatalf("start a rebuild: started %v, %v", started, err)
+		}
+		return true
+	})
+	return st
+}
+
 // WaitDone waits until the manager reports rebuild id done.
 func (p *Process) WaitDone(t testing.TB, id string, timeout time.Duration) {
 	t.Helper()
