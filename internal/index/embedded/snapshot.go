@@ -3,6 +3,7 @@ package embedded
 import (
 	"context"
 	"fmt"
+	"iter"
 	"slices"
 
 	"github.com/converge-sync/converge/internal/index"
@@ -69,7 +70,7 @@ func (r *durable) Capture() (wal.Snapshot, error) {
 			// garbage collector (and so every goroutine's assists) for as
 			// long as the compaction runs.
 			var buf []byte
-			for batch := range slices.Chunk(points, snapshotPointBatch) {
+			for batch := range byDocument(points, snapshotPointBatch) {
 				rec, err := encodeUpsertInto(buf, batch)
 				if err := put(rec, err); err != nil {
 					return err
@@ -133,4 +134,23 @@ func (r *durable) LogRecord(payload []byte) error {
 		return err
 	}
 	return r.s.replay(rec)
+}
+
+// byDocument cuts points, in which each document's points are next to each
+// other, into runs of n points or a few more, never splitting a document:
+// a record is read back and packed a document at a time, so a document cut
+// in two would come back as two groups.
+func byDocument(points []*index.Point, n int) iter.Seq[[]*index.Point] {
+	return func(yield func([]*index.Point) bool) {
+		for len(points) > 0 {
+			end := min(n, len(points))
+			for end < len(points) && points[end].Key == points[end-1].Key {
+				end++
+			}
+			if !yield(points[:end]) {
+				return
+			}
+			points = points[end:]
+		}
+	}
 }
