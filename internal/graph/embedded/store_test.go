@@ -131,6 +131,11 @@ func checkInvariants(t testing.TB, s *Store) {
 			if !same(f, s.nodes[f].key) {
 				t.Fatalf("the reverse index's entry %q lists %q with a string other than its node's key", target, f)
 			}
+			// A stub's key is its own, not a link string of a node that
+			// links to it, whose whole packed text it would keep alive.
+			if s.nodes[target].stub && slices.ContainsFunc(s.nodes[f].links, func(l string) bool { return same(l, target) }) {
+				t.Fatalf("the stub %q holds the key string of a link of %q", target, f)
+			}
 		}
 	}
 }
