@@ -353,10 +353,8 @@ func (s *benchStack) startServices(ctx context.Context, bin string) error {
 // exited returns a service process that has exited, or nil.
 func (s *benchStack) exited() *child {
 	for _, c := range s.services {
-		select {
-		case <-c.done:
+		if c.exited() {
 			return c
-		default:
 		}
 	}
 	return nil

@@ -480,13 +480,8 @@ func TestDeadLetterPublishFailureRedelivers(t *testing.T) {
 	}
 	e.publishRaw(t, contract.Subject("poison"), []byte("not an event"))
 	e.publish(t, upsert("good", 1))
-	deadline := time.Now().Add(10 * time.Second)
-	for store.version("good") != 1 {
-		if time.Now().After(deadline) {
-			t.Fatal("the event after the poison was not applied while its dead letter could not be stored")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.Eventually(t, "the event after the poison to be applied while its dead letter cannot be stored", 10*time.Second,
+		func() bool { return store.version("good") == 1 })
 	time.Sleep(200 * time.Millisecond) // several redeliveries of the poison
 	if n := testutil.ToFloat64(metrics.DeadLetters.WithLabelValues("undecodable")); n != 0 {
 		t.Fatalf("%v dead letters counted while the dead-letter stream was missing", n)
@@ -494,12 +489,8 @@ func TestDeadLetterPublishFailureRedelivers(t *testing.T) {
 	if err := deadletter.EnsureStream(context.Background(), e.js, 1); err != nil {
 		t.Fatal(err)
 	}
-	for len(deadLetters(t, e, "idx")) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the poison was not dead-lettered once the stream was back")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.Eventually(t, "the poison to be dead-lettered once the stream is back", 10*time.Second,
+		func() bool { return len(deadLetters(t, e, "idx")) > 0 })
 	time.Sleep(200 * time.Millisecond)
 	if n := len(deadLetters(t, e, "idx")); n != 1 {
 		t.Fatalf("%d dead letters, want 1", n)

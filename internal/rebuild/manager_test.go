@@ -116,10 +116,7 @@ func TestBlueGreenRebuildUnderLiveTraffic(t *testing.T) {
 	stopTraffic := rebuildtest.Traffic(t, e.js, 300, 7)
 	defer stopTraffic()
 
-	st, started, err := p.Manager.Start(context.Background())
-	if err != nil || !started {
-		t.Fatalf("Start: started %v, %v", started, err)
-	}
+	st := p.StartRebuild(t)
 	if _, again, err := p.Manager.Start(context.Background()); err != nil || again {
 		t.Fatalf("a second Start while one runs: started %v, %v; want the running one", again, err)
 	}

@@ -3,7 +3,9 @@ package relay
 import (
 	"encoding/binary"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pglogrepl"
@@ -262,4 +264,38 @@ func TestOriginalEmissionAllocatesNothingMore(t *testing.T) {
 		}
 	}
 	_ = sink
+}
+
+// A relation message maps the columns the relay reads wherever they are,
+// without kind or emission, and one lacking a column it reads is refused
+// with the relation named.
+func TestNewRelation(t *testing.T) {
+	rel := func(cols ...string) *pglogrepl.RelationMessage {
+		m := &pglogrepl.RelationMessage{RelationID: 42, Namespace: "public", RelationName: "outbox"}
+		for _, c := range cols {
+			m.Columns = append(m.Columns, &pglogrepl.RelationMessageColumn{Name: c})
+		}
+		return m
+	}
+	for _, tc := range []struct {
+		cols []string
+		want relation
+	}{
+		{[]string{"event_id", "key", "version", "kind", "payload", "created_at"}, relationV1},
+		{[]string{"event_id", "key", "version", "kind", "payload", "created_at", "emission"}, relationV2},
+		{[]string{"version", "payload", "emission", "key", "created_at", "event_id", "kind"}, relationShuffled},
+		{[]string{"payload", "key", "event_id", "version"}, relation{id: 42, eventID: 2, key: 1, version: 3, payload: 0, emission: -1}},
+	} {
+		got, err := newRelation(rel(tc.cols...))
+		tc.want.namespace, tc.want.name = "public", "outbox"
+		if err != nil || got != tc.want {
+			t.Errorf("columns %v: %+v, %v; want %+v", tc.cols, got, err, tc.want)
+		}
+	}
+	for _, missing := range []string{"event_id", "key", "version", "payload"} {
+		cols := slices.DeleteFunc([]string{"event_id", "key", "version", "kind", "payload", "emission"}, func(c string) bool { return c == missing })
+		if _, err := newRelation(rel(cols...)); err == nil || !strings.Contains(err.Error(), "public.outbox") {
+			t.Errorf("without %s: err %v; want the relation refused and named", missing, err)
+		}
+	}
 }

@@ -17,11 +17,7 @@ import (
 // waitSlot waits until the relay holds its slot.
 func (f *fixture) waitSlot(t *testing.T) {
 	t.Helper()
-	testenv.Eventually(t, "slot", 10*time.Second, func() bool {
-		var n int
-		_ = f.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'converge_relay' AND active AND confirmed_flush_lsn IS NOT NULL AND database = current_database()`).Scan(&n)
-		return n == 1
-	})
+	waitSlotActive(t, f.pool, "converge_relay")
 }
 
 // lastMsg is the last message on key's subject.

@@ -210,11 +210,7 @@ func TestRelayPublishesEveryEventOnceAndConfirms(t *testing.T) {
 	f := newFixture(t)
 	f.write(t, 0, 500, 1) // before the slot exists: not relayed (the slot starts now)
 	stop := f.startRelay(t, relay.Config{})
-	testenv.Eventually(t, "slot", 10*time.Second, func() bool {
-		var n int
-		_ = f.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'converge_relay' AND active AND confirmed_flush_lsn IS NOT NULL AND database = current_database()`).Scan(&n)
-		return n == 1
-	})
+	f.waitSlot(t)
 	f.write(t, 0, 1000, 2)
 	testenv.Eventually(t, "1000 events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 1000 })
 
@@ -263,11 +259,7 @@ func TestGracefulShutdownConfirmsEverythingAcknowledged(t *testing.T) {
 	f := newFixture(t)
 	cfg := relay.Config{StatusInterval: time.Hour, HeartbeatInterval: -1} // no periodic confirmation
 	stop := f.startRelay(t, cfg)
-	testenv.Eventually(t, "slot", 10*time.Second, func() bool {
-		var n int
-		_ = f.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE active AND confirmed_flush_lsn IS NOT NULL AND database = current_database()`).Scan(&n)
-		return n == 1
-	})
+	f.waitSlot(t)
 	f.write(t, 0, 3000, 1)
 	stop() // may be mid-stream: whatever was acknowledged must be confirmed
 	published := streamMsgs(t, f.js)
@@ -300,11 +292,7 @@ func TestGracefulShutdownConfirmsEverythingAcknowledged(t *testing.T) {
 func TestConfirmedLSNReportedFromSlotAtStart(t *testing.T) {
 	f := newFixture(t)
 	f.startRelay(t, relay.Config{}) // creates the slot
-	testenv.Eventually(t, "slot", 10*time.Second, func() bool {
-		var n int
-		_ = f.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'converge_relay' AND active AND confirmed_flush_lsn IS NOT NULL AND database = current_database()`).Scan(&n)
-		return n == 1
-	})
+	f.waitSlot(t)
 	f.write(t, 0, 10, 1)
 	testenv.Eventually(t, "10 events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 10 })
 	var slotLSN string
@@ -395,11 +383,7 @@ func TestCreatingTheSlotOverAFilledOutboxWarns(t *testing.T) {
 func TestByteWindowSmallerThanAnEventStillRelays(t *testing.T) {
 	f := newFixture(t)
 	f.startRelay(t, relay.Config{WindowBytes: 1})
-	testenv.Eventually(t, "slot", 10*time.Second, func() bool {
-		var n int
-		_ = f.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE active AND confirmed_flush_lsn IS NOT NULL AND database = current_database()`).Scan(&n)
-		return n == 1
-	})
+	f.waitSlot(t)
 	f.write(t, 0, 300, 1)
 	testenv.Eventually(t, "300 events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 300 })
 }
@@ -425,11 +409,7 @@ func TestLostAcknowledgementsRepublish(t *testing.T) {
 			t.Error(err)
 		}
 	}()
-	testenv.Eventually(t, "slot", 10*time.Second, func() bool {
-		var n int
-		_ = f.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE active AND confirmed_flush_lsn IS NOT NULL AND database = current_database()`).Scan(&n)
-		return n == 1
-	})
+	f.waitSlot(t)
 	testenv.Eventually(t, "stream", 10*time.Second, func() bool { _, err := f.js.Stream(context.Background(), "CONVERGE_DOCS"); return err == nil })
 	var confirmedBefore string
 	_ = f.pool.QueryRow(context.Background(), `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE database = current_database()`).Scan(&confirmedBefore)
