@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -41,13 +42,34 @@ type process struct {
 	stores *ibackends.Stores
 }
 
-func start(t *testing.T, e *env) *process {
+func start(t *testing.T, e *env) *process { return startWith(t, e, nil) }
+
+// startWith starts a process whose rebuild manager sees the stores through
+// wrap (nil: as they are).
+func startWith(t *testing.T, e *env, wrap func(*ibackends.Stores) rebuild.Stores) *process {
 	t.Helper()
 	stores, err := ibackends.NewStores(context.Background(), &ibackends.Config{DataDir: e.dataDir}, index.Options{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &process{Process: rebuildtest.Start(t, e.js, stores, projector.Config{Name: "index", BatchSize: 64}), stores: stores}
+	var seen rebuild.Stores = stores
+	if wrap != nil {
+		seen = wrap(stores)
+	}
+	return &process{Process: rebuildtest.Start(t, e.js, seen, projector.Config{Name: "index", BatchSize: 64}), stores: stores}
+}
+
+// failingDrop are stores on which dropping one generation fails.
+type failingDrop struct {
+	*ibackends.Stores
+	name string
+}
+
+func (f failingDrop) Drop(ctx context.Context, name string) error {
+	if name == f.name {
+		return fmt.Errorf("dropping %s fails in this test", name)
+	}
+	return f.Stores.Drop(ctx, name)
 }
 
 func (p *process) stop() {
@@ -211,7 +233,9 @@ func TestRebuildResumesAfterRestart(t *testing.T) {
 // recorded when the rebuild began (here the pointer file was moved while
 // no process ran; with Qdrant, a restart between dropping a legacy
 // collection and creating its alias opens a fresh first collection)
-// drops that generation too, not only the recorded one.
+// drops that generation too, not only the recorded one; and so does a
+// process started after a crash that came between the switch and that
+// drop, from what the rebuild recorded before switching.
 func TestResumedRebuildDropsTheGenerationLiveAtTheSwitch(t *testing.T) {
 	e := newEnv(t)
 	p, st, want := startRebuild(t, e, 3000)
@@ -231,11 +255,23 @@ func TestResumedRebuildDropsTheGenerationLiveAtTheSwitch(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	p = start(t, e)
-	defer p.stop()
-	if live := p.Switch.Live().Name; live != since && live != st.Target {
-		t.Fatalf("the restarted process runs on %q; want %q (or the target, had the switch happened)", live, since)
+	// The restarted process switches, then fails to drop the generation it
+	// was found on, and stops there.
+	p = startWith(t, e, func(s *ibackends.Stores) rebuild.Stores { return failingDrop{Stores: s, name: since} })
+	if live := p.Switch.Live().Name; live != since {
+		t.Fatalf("the restarted process runs on %q; want %q", live, since)
 	}
+	testenv.Eventually(t, "the resumed rebuild to switch and fail to drop "+since, 60*time.Second, func() bool {
+		s := p.Manager.Status(context.Background())
+		return s.Phase == rebuild.PhaseRetrying && strings.Contains(s.Error, "fails in this test")
+	})
+	if live := p.Switch.Live().Name; live != st.Target {
+		t.Fatalf("live generation when the drop failed: %q; want the target %q", live, st.Target)
+	}
+	p.stop()
+
+	p = start(t, e)
+	defer func() { p.stop() }()
 	p.WaitDone(t, st.ID, 60*time.Second)
 	if live := p.Switch.Live().Name; live != st.Target {
 		t.Fatalf("live generation after the resumed rebuild: %q; want %q", live, st.Target)
