@@ -93,13 +93,12 @@ func (s *Store) checkDims(points []*index.Point) error {
 // (or during Open), after the record is in the log.
 
 func (s *Store) applyUpsert(points []*index.Point) {
-	var replaced map[*index.Point]bool // points replaced by ID, to leave their keys' lists
+	var stale []string // keys whose lists hold a point replaced by ID
 	for _, p := range points {
 		if i, ok := s.slot[p.ID]; ok {
-			if replaced == nil {
-				replaced = make(map[*index.Point]bool)
+			if k := s.all[i].Key; len(stale) == 0 || stale[len(stale)-1] != k {
+				stale = append(stale, k)
 			}
-			replaced[s.all[i]] = true
 			s.all[i] = p
 		} else {
 			s.slot[p.ID] = len(s.all)
@@ -107,12 +106,13 @@ func (s *Store) applyUpsert(points []*index.Point) {
 		}
 		s.byKey[p.Key] = append(s.byKey[p.Key], p)
 	}
-	done := make(map[string]bool, len(replaced))
-	for old := range replaced {
-		if !done[old.Key] {
-			done[old.Key] = true
-			s.filterKey(old.Key, func(p *index.Point) bool { return !replaced[p] })
-		}
+	// A point stays in its key's list if its ID still names it. (A key
+	// listed twice costs a pass that removes nothing.)
+	for _, k := range stale {
+		s.filterKey(k, func(p *index.Point) bool {
+			i, ok := s.slot[p.ID]
+			return ok && s.all[i] == p
+		})
 	}
 }
 
