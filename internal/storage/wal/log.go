@@ -356,9 +356,9 @@ func (l *Log) Write(mu sync.Locker, plan func() (rec []byte, apply func(), err e
 		if end, err = l.Append(rec); err == nil {
 			apply()
 		}
-	} else {
+	} else if commit {
 		l.mu.Lock()
-		end = l.written
+		end = l.written // what earlier calls appended
 		l.mu.Unlock()
 	}
 	mu.Unlock()
