@@ -1,7 +1,8 @@
 package embedded
 
 import (
-	"github.com/converge-sync/converge/internal/graph"
+	"slices"
+
 	"github.com/converge-sync/converge/internal/storage/textpack"
 )
 
@@ -15,52 +16,28 @@ import (
 // packNode returns a copy of n whose strings share one allocation and
 // whose links and tags share one slice (each capped at its own length).
 func packNode(n *node) *node {
-	size := len(n.key) + len(n.title) + len(n.contentHash)
-	for _, c := range n.chunks {
-		size += len(c.ContentHash)
-	}
-	for _, s := range n.links {
-		size += len(s)
-	}
-	for _, s := range n.tags {
-		size += len(s)
-	}
-	var text textpack.Builder
-	text.Grow(size)
-	key, title, hash := text.Put(n.key), text.Put(n.title), text.Put(n.contentHash)
-	spans := make([]textpack.Span, 0, len(n.chunks)+len(n.links)+len(n.tags))
-	for _, c := range n.chunks {
-		spans = append(spans, text.Put(c.ContentHash))
-	}
-	for _, s := range n.links {
-		spans = append(spans, text.Put(s))
-	}
-	for _, s := range n.tags {
-		spans = append(spans, text.Put(s))
-	}
-	str := text.Text()
-
-	cp := &node{key: str(key), stub: n.stub, deleted: n.deleted, version: n.version, title: str(title), contentHash: str(hash)}
+	cp := &node{key: n.key, stub: n.stub, deleted: n.deleted, version: n.version, title: n.title, contentHash: n.contentHash}
+	strs := make([]*string, 0, 3+len(n.chunks)+len(n.links)+len(n.tags))
+	strs = append(strs, &cp.key, &cp.title, &cp.contentHash)
 	if n.chunks != nil {
-		cp.chunks = make([]graph.Chunk, len(n.chunks))
-		for i, c := range n.chunks {
-			cp.chunks[i] = graph.Chunk{ID: c.ID, Ordinal: c.Ordinal, ContentHash: str(spans[i])}
+		cp.chunks = slices.Clone(n.chunks)
+		for i := range cp.chunks {
+			strs = append(strs, &cp.chunks[i].ContentHash)
 		}
 	}
-	spans = spans[len(n.chunks):]
-	if n.links == nil && n.tags == nil {
-		return cp
+	if n.links != nil || n.tags != nil {
+		both := append(append(make([]string, 0, len(n.links)+len(n.tags)), n.links...), n.tags...)
+		for i := range both {
+			strs = append(strs, &both[i])
+		}
+		links := len(n.links)
+		if n.links != nil {
+			cp.links = both[:links:links]
+		}
+		if n.tags != nil {
+			cp.tags = both[links:len(both):len(both)]
+		}
 	}
-	strs := make([]string, len(spans))
-	for i, s := range spans {
-		strs[i] = str(s)
-	}
-	links, tags := len(n.links), len(n.tags)
-	if n.links != nil {
-		cp.links = strs[:links:links]
-	}
-	if n.tags != nil {
-		cp.tags = strs[links : links+tags : links+tags]
-	}
+	textpack.Pack(strs)
 	return cp
 }

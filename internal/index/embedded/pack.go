@@ -47,90 +47,49 @@ func pack(points []*index.Point, normalise bool) ([]*index.Point, error) {
 // list equal to the first point's is shared with it.
 func packDocument(out, points []*index.Point, normalise bool) ([]*index.Point, error) {
 	first := points[0]
-	size, floats, tags := len(first.Key)+len(first.Title)+len(first.ContentHash), 0, len(first.Tags)
-	for _, t := range first.Tags {
-		size += len(t)
-	}
+	floats, tags := 0, len(first.Tags)
 	for i, p := range points {
-		size += len(p.ChunkHash) + len(p.Text)
 		floats += len(p.Vector)
-		if i == 0 {
-			continue
-		}
-		if p.Title != first.Title {
-			size += len(p.Title)
-		}
-		if p.ContentHash != first.ContentHash {
-			size += len(p.ContentHash)
-		}
-		if !sameTags(p.Tags, first.Tags) {
-			tags += len(p.Tags)
-			for _, t := range p.Tags {
-				size += len(t)
-			}
-		}
-	}
-
-	var text textpack.Builder
-	text.Grow(size)
-	put := text.Put
-	// Offsets first, strings after: the text is one string only once
-	// complete.
-	spans := make([]textpack.Span, 0, 3+len(first.Tags)+2*len(points))
-	key, title, hash := put(first.Key), put(first.Title), put(first.ContentHash)
-	for _, t := range first.Tags {
-		spans = append(spans, put(t))
-	}
-	firstTags := len(spans)
-	type pointSpans struct {
-		chunkHash, text, title, hash textpack.Span
-		tags                         []textpack.Span
-		ownTags                      bool
-	}
-	ps := make([]pointSpans, len(points))
-	for i, p := range points {
-		ps[i].chunkHash, ps[i].text = put(p.ChunkHash), put(p.Text)
-		ps[i].title, ps[i].hash = title, hash
-		if p.Title != first.Title {
-			ps[i].title = put(p.Title)
-		}
-		if p.ContentHash != first.ContentHash {
-			ps[i].hash = put(p.ContentHash)
-		}
 		if i > 0 && !sameTags(p.Tags, first.Tags) {
-			ps[i].ownTags = true
-			for _, t := range p.Tags {
-				ps[i].tags = append(ps[i].tags, put(t))
-			}
+			tags += len(p.Tags)
 		}
 	}
-	str := text.Text()
-
-	tagSlab := make([]string, 0, tags)
-	for _, s := range spans[:firstTags] {
-		tagSlab = append(tagSlab, str(s))
-	}
-	sharedTags := tagSlab[:len(first.Tags):len(first.Tags)]
-	if first.Tags == nil {
-		sharedTags = nil
-	}
-	vectors := make([]float32, floats)
 	slab := make([]index.Point, len(points))
+	tagSlab := make([]string, 0, tags) // never grows: the pointers into it stay valid
+	vectors := make([]float32, floats)
+	// The strings to pack: each once, the shared ones from the first point.
+	strs := make([]*string, 0, 3+4*len(points)+tags)
+	addTags := func(ts []string) []string {
+		if ts == nil {
+			return nil
+		}
+		from := len(tagSlab)
+		tagSlab = append(tagSlab, ts...)
+		for i := from; i < len(tagSlab); i++ {
+			strs = append(strs, &tagSlab[i])
+		}
+		return tagSlab[from:len(tagSlab):len(tagSlab)]
+	}
 	for i, p := range points {
 		cp := &slab[i]
-		cp.ID, cp.Version, cp.Ordinal = p.ID, p.Version, p.Ordinal
-		cp.Key, cp.Title, cp.ContentHash = str(key), str(ps[i].title), str(ps[i].hash)
-		cp.ChunkHash, cp.Text = str(ps[i].chunkHash), str(ps[i].text)
-		cp.Tags = sharedTags
-		if ps[i].ownTags {
-			from := len(tagSlab)
-			for _, s := range ps[i].tags {
-				tagSlab = append(tagSlab, str(s))
-			}
-			cp.Tags = tagSlab[from:len(tagSlab):len(tagSlab)]
-			if p.Tags == nil {
-				cp.Tags = nil
-			}
+		*cp = index.Point{ID: p.ID, Version: p.Version, Ordinal: p.Ordinal, Key: p.Key, Title: p.Title,
+			ContentHash: p.ContentHash, ChunkHash: p.ChunkHash, Text: p.Text}
+		strs = append(strs, &cp.ChunkHash, &cp.Text)
+		// Tags are shared as a slice, whose strings Pack rewrites in place.
+		switch {
+		case i == 0:
+			strs = append(strs, &cp.Key, &cp.Title, &cp.ContentHash)
+			cp.Tags = addTags(p.Tags)
+		case sameTags(p.Tags, first.Tags):
+			cp.Tags = slab[0].Tags
+		default:
+			cp.Tags = addTags(p.Tags)
+		}
+		if i > 0 && p.Title != first.Title {
+			strs = append(strs, &cp.Title)
+		}
+		if i > 0 && p.ContentHash != first.ContentHash {
+			strs = append(strs, &cp.ContentHash)
 		}
 		if len(p.Vector) > 0 {
 			cp.Vector = vectors[:len(p.Vector):len(p.Vector)]
@@ -139,6 +98,20 @@ func packDocument(out, points []*index.Point, normalise bool) ([]*index.Point, e
 				copy(cp.Vector, p.Vector)
 			} else if err := normalizeInto(cp.Vector, p.Vector); err != nil {
 				return nil, fmt.Errorf("embedded index: point %s: %w", p.ID, err)
+			}
+		}
+	}
+	textpack.Pack(strs)
+	// The strings the other points share with the first, once packed.
+	for i := range slab {
+		cp := &slab[i]
+		if i > 0 {
+			cp.Key = slab[0].Key
+			if cp.Title == first.Title {
+				cp.Title = slab[0].Title
+			}
+			if cp.ContentHash == first.ContentHash {
+				cp.ContentHash = slab[0].ContentHash
 			}
 		}
 		out = append(out, cp)
