@@ -41,12 +41,16 @@ vet: ## go vet
 	$(GO) vet $(PKGS)
 
 .PHONY: test
-test: deps fmt-check vet ## everything CI runs: gofmt, go vet, go test -race (starts its own Postgres and NATS)
-	$(GO) test -race -count=1 -timeout 12m $(PKGS)
+test: deps fmt-check vet ## everything CI runs: gofmt, go vet, go test -race (starts its own Postgres, NATS and Neo4j)
+	NEO4J_INSTANCES=$${NEO4J_INSTANCES:-3} bash scripts/neo4j-server.sh run -- $(GO) test -race -count=1 -timeout 12m $(PKGS)
 
 .PHONY: test-short
 test-short: deps ## the tests without the race detector
-	$(GO) test -count=1 $(PKGS)
+	NEO4J_INSTANCES=$${NEO4J_INSTANCES:-3} bash scripts/neo4j-server.sh run -- $(GO) test -count=1 $(PKGS)
+
+.PHONY: neo4j
+neo4j: ## build the test Neo4j server (test/neo4j, from Maven Central) without starting it
+	@bash scripts/neo4j-server.sh build
 
 .PHONY: test-servers
 test-servers: ## with Docker: start real Qdrant and Neo4j (docker-compose.test.yml) and run the adapters' conformance suites against them

@@ -45,7 +45,7 @@ func statementName(cypher string) string {
 // is and by its parameters, never by parsing Cypher. It stands in for a
 // server so that the Go side (plans, batches, retries, answers, decoding)
 // can be tested; whether the Cypher does what the model does needs a real
-// Neo4j (TestConformance with CONVERGE_TEST_NEO4J_URL).
+// Neo4j (TestConformance, on the test server).
 type modelGraph struct {
 	docs   map[string]*modelDoc
 	chunks map[string]modelChunk // by id
