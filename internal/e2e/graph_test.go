@@ -15,16 +15,26 @@ import (
 	"github.com/converge-sync/converge/internal/deadletter"
 	"github.com/converge-sync/converge/internal/graph"
 	graphembedded "github.com/converge-sync/converge/internal/graph/embedded"
+	"github.com/converge-sync/converge/internal/graph/neo4j"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
-// runGraphChild projects CONVERGE_NATS_URL's stream into the embedded graph
-// in CONVERGE_DATA_DIR until SIGTERM (or SIGKILL).
+// runGraphChild projects CONVERGE_NATS_URL's stream into Neo4j at
+// CONVERGE_NEO4J_URL (with CONVERGE_NEO4J_USER and _PASSWORD) or, when
+// that is unset, the embedded graph in CONVERGE_DATA_DIR, until SIGTERM (or
+// SIGKILL).
 func runGraphChild() int {
 	return runChild("graph", func(ctx context.Context) (projector.Store, func() error, error) {
-		store, err := graphembedded.Open(os.Getenv("CONVERGE_DATA_DIR"), graphembedded.Options{})
+		var store graph.Backend
+		var err error
+		if url := os.Getenv("CONVERGE_NEO4J_URL"); url != "" {
+			store, err = neo4j.New(ctx, neo4j.Config{URL: url, User: os.Getenv("CONVERGE_NEO4J_USER"),
+				Password: os.Getenv("CONVERGE_NEO4J_PASSWORD")})
+		} else {
+			store, err = graphembedded.Open(os.Getenv("CONVERGE_DATA_DIR"), graphembedded.Options{})
+		}
 		if err != nil {
 			return nil, nil, err
 		}
@@ -173,14 +183,51 @@ func openGraph(t *testing.T, dir string) *graphembedded.Store {
 	return s
 }
 
+// graphStore is a graph backend the end-to-end tests run on: the embedded
+// graph in a directory, or an emptied instance of the test Neo4j server.
+type graphStore struct {
+	// open opens the store (again: the same graph each time); it is
+	// closed when the test ends.
+	open func(t *testing.T) graph.Backend
+	// env names the store to a child process (runGraphChild).
+	env []string
+}
+
+// forEachGraphStore runs fn as a subtest on each graph backend.
+func forEachGraphStore(t *testing.T, fn func(t *testing.T, gs graphStore)) {
+	t.Run("embedded", func(t *testing.T) {
+		dir := t.TempDir()
+		fn(t, graphStore{env: []string{"CONVERGE_DATA_DIR=" + dir}, open: func(t *testing.T) graph.Backend {
+			s := openGraph(t, dir)
+			t.Cleanup(func() { _ = s.Close() })
+			return s
+		}})
+	})
+	t.Run("neo4j", func(t *testing.T) {
+		n := testenv.LeaseNeo4j(t)
+		env := []string{"CONVERGE_NEO4J_URL=" + n.URL, "CONVERGE_NEO4J_USER=" + n.User, "CONVERGE_NEO4J_PASSWORD=" + n.Password}
+		fn(t, graphStore{env: env, open: func(t *testing.T) graph.Backend {
+			b, err := neo4j.New(context.Background(), neo4j.Config{URL: n.URL, User: n.User, Password: n.Password})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = b.Close() })
+			return b
+		}})
+	})
+}
+
 // The graph converges to Postgres; every message is then delivered twice
 // more (two replays of the whole stream), an older version is published
 // after its successor, and a poison message arrives: the graph still
 // equals Postgres, and the poison is dead-lettered with its reason.
 func TestGraphConvergesUnderRedeliveryReorderAndPoison(t *testing.T) {
+	forEachGraphStore(t, testGraphConvergesUnderRedeliveryReorderAndPoison)
+}
+
+func testGraphConvergesUnderRedeliveryReorderAndPoison(t *testing.T, gs graphStore) {
 	p := newPipeline(t)
-	store := openGraph(t, t.TempDir())
-	t.Cleanup(func() { _ = store.Close() })
+	store := gs.open(t)
 	g, err := graph.New(context.Background(), store)
 	if err != nil {
 		t.Fatal(err)
@@ -234,12 +281,18 @@ func TestGraphConvergesUnderRedeliveryReorderAndPoison(t *testing.T) {
 	}
 }
 
+// A graph projector in a child process is SIGKILLed at random points
+// while the writer keeps writing, and restarted each time; at the end the
+// graph, read by a fresh connection (the embedded graph from its files),
+// equals Postgres node by node and edge by edge.
 func TestGraphProjectorSurvivesSIGKILL(t *testing.T) {
+	forEachGraphStore(t, testGraphProjectorSurvivesSIGKILL)
+}
+
+func testGraphProjectorSurvivesSIGKILL(t *testing.T, gs graphStore) {
 	p := newPipeline(t)
-	dir := t.TempDir()
-	kills := crashProjector(t, p, "graph", dir)
-	store := openGraph(t, dir)
-	defer store.Close()
+	kills := crashProjector(t, p, "graph", gs.env...)
+	store := gs.open(t)
 	if d, err := graphDiff(context.Background(), p.pool, store); err != nil || d != "" {
 		t.Fatalf("after %d SIGKILLs: %s %v", kills, d, err)
 	}

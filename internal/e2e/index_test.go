@@ -494,7 +494,7 @@ func caughtUp(t *testing.T, js jetstream.JetStream, consumer string) bool {
 func TestIndexProjectorSurvivesSIGKILL(t *testing.T) {
 	p := newPipeline(t)
 	dir := t.TempDir()
-	kills := crashProjector(t, p, "index", dir)
+	kills := crashProjector(t, p, "index", "CONVERGE_DATA_DIR="+dir)
 	store := openStore(t, dir)
 	defer store.Close()
 	if d, err := diff(context.Background(), p.pool, store); err != nil || d != "" {
@@ -506,17 +506,18 @@ func TestIndexProjectorSurvivesSIGKILL(t *testing.T) {
 }
 
 // crashProjector runs a projector of kind ("index" or "graph") in a child
-// process on dir, SIGKILLs it at random points while the writer writes
+// process on the store storeEnv names (CONVERGE_DATA_DIR, or
+// CONVERGE_NEO4J_URL and its credentials), SIGKILLs it at random points while the writer writes
 // 1,000 documents and a few times after, restarts it each time, and
 // finally lets one catch up and stop with SIGTERM. It returns the number
 // of kills.
-func crashProjector(t *testing.T, p *pipeline, kind, dir string) int {
+func crashProjector(t *testing.T, p *pipeline, kind string, storeEnv ...string) int {
 	t.Helper()
 	var logs bytes.Buffer
 	var logsMu sync.Mutex
 	start := func() *exec.Cmd {
 		cmd := exec.Command(os.Args[0])
-		cmd.Env = append(os.Environ(), childEnv+"="+kind, "CONVERGE_NATS_URL="+p.nats.URL, "CONVERGE_DATA_DIR="+dir)
+		cmd.Env = append(append(os.Environ(), childEnv+"="+kind, "CONVERGE_NATS_URL="+p.nats.URL), storeEnv...)
 		cmd.Stderr = writerFunc(func(b []byte) (int, error) { logsMu.Lock(); defer logsMu.Unlock(); return logs.Write(b) })
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		if err := cmd.Start(); err != nil {
@@ -563,7 +564,7 @@ func crashProjector(t *testing.T, p *pipeline, kind, dir string) int {
 		kill(100, 300)
 	}
 	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), childEnv+"="+kind, "CONVERGE_NATS_URL="+p.nats.URL, "CONVERGE_DATA_DIR="+dir)
+	cmd.Env = append(append(os.Environ(), childEnv+"="+kind, "CONVERGE_NATS_URL="+p.nats.URL), storeEnv...)
 	cmd.Stderr = writerFunc(func(b []byte) (int, error) { logsMu.Lock(); defer logsMu.Unlock(); return logs.Write(b) })
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stdout, err := cmd.StdoutPipe()
