@@ -65,39 +65,64 @@ func withdrawal(key string, version int64) graph.Doc {
 	return graph.Doc{Key: key, Version: version, Deleted: true, ContentHash: fmt.Sprintf("withdrawn-%s", key)}
 }
 
-// renderPlan writes out the statements of Apply(docs), as the transactions
-// would run them when the guard answers applied for the keys not in stale.
-func renderPlan(t *testing.T, docs []graph.Doc, batchSize int, stale ...string) string {
+// plannedTx is one transaction of an Apply as planned when the graph
+// holds a newer version of the keys in stale and nothing of the others.
+type plannedTx struct {
+	statements []statement // in the order they run
+	applied    []string    // keys the guard answers applied
+	skipped    []string    // keys the guard answers not applied
+	rows       []docRow    // the applied documents, whose counts the fence expects
+}
+
+// planTransactions returns the transactions of Apply(docs) with
+// batchSize, their statements carrying the parameters the backend sends.
+func planTransactions(t *testing.T, docs []graph.Doc, batchSize int, stale ...string) []plannedTx {
 	t.Helper()
 	batches, err := planBatches(docs, batchSize)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var b strings.Builder
-	for i, batch := range batches {
-		fmt.Fprintf(&b, "######## transaction %d of %d\n", i+1, len(batches))
-		writeStatement(t, &b, guardStatement(batch))
+	var out []plannedTx
+	for _, batch := range batches {
+		p := plannedTx{statements: []statement{guardStatement(batch)}}
 		flags := make([]bool, len(batch))
-		var applied, skipped []string
 		for j, r := range batch {
 			flags[j] = !contains(stale, r.doc.Key)
 			if flags[j] {
-				applied = append(applied, r.doc.Key)
+				p.applied = append(p.applied, r.doc.Key)
 			} else {
-				skipped = append(skipped, r.doc.Key)
+				p.skipped = append(p.skipped, r.doc.Key)
 			}
 		}
-		fmt.Fprintf(&b, "# guard answers: applied %v, not applied %v\n", applied, skipped)
-		rows := appliedRows(batch, flags)
-		if len(rows) == 0 {
+		p.rows = appliedRows(batch, flags)
+		if len(p.rows) > 0 {
+			p.statements = append(p.statements, writeStatements(p.rows)...)
+			p.statements = append(p.statements, fenceStatement(p.rows))
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// renderPlan writes out the statements of Apply(docs), as the transactions
+// would run them when the guard answers applied for the keys not in stale.
+func renderPlan(t *testing.T, docs []graph.Doc, batchSize int, stale ...string) string {
+	t.Helper()
+	txs := planTransactions(t, docs, batchSize, stale...)
+	var b strings.Builder
+	for i, p := range txs {
+		fmt.Fprintf(&b, "######## transaction %d of %d\n", i+1, len(txs))
+		for _, st := range p.statements {
+			writeStatement(t, &b, st)
+			if st.name == "mergeDocuments" {
+				fmt.Fprintf(&b, "# guard answers: applied %v, not applied %v\n", p.applied, p.skipped)
+			}
+		}
+		if len(p.rows) == 0 {
 			continue
 		}
-		for _, st := range writeStatements(rows) {
-			writeStatement(t, &b, st)
-		}
-		writeStatement(t, &b, fenceStatement(rows))
 		fmt.Fprint(&b, "# fence expects:")
-		for _, r := range rows {
+		for _, r := range p.rows {
 			c := r.counts()
 			fmt.Fprintf(&b, " %s=%d/%d/%d", r.doc.Key, c.Chunks, c.Links, c.Tags)
 		}
@@ -127,56 +152,61 @@ func writeStatement(t *testing.T, b *strings.Builder, st statement) {
 	fmt.Fprintf(b, "== %s\n%s\n", st.name, params)
 }
 
+// planScenarios are representative Apply calls: each has a golden file
+// of its plan (TestPlanGolden), and each statement of its plan is run
+// with EXPLAIN on the test server (TestStatementsExplain).
+var planScenarios = []struct {
+	name  string
+	docs  []graph.Doc
+	batch int
+	stale []string // keys the graph holds a newer version of
+}{
+	// A new document: its node, 2 chunks, links and tags given
+	// unsorted (the plan sorts them).
+	{"new_document", []graph.Doc{doc("a", 1, 2, []string{"c", "b"}, []string{"y", "x"})}, 100, nil},
+	// Version 2 with fewer chunks, one link left, no tags: the old
+	// chunks and edges are deleted, only the new ones merged.
+	{"update_fewer_chunks", []graph.Doc{doc("a", 2, 1, []string{"b"}, nil)}, 100, nil},
+	// A withdrawal: node fields set, chunks and outgoing edges
+	// deleted, nothing merged; the fence expects zero of each.
+	{"withdrawal", []graph.Doc{withdrawal("a", 3)}, 100, nil},
+	// Links to keys not yet seen (y, z) and to documents of the same
+	// batch (a, b): one MERGE per distinct target.
+	{"links_to_unseen", []graph.Doc{
+		doc("b", 1, 0, []string{"a", "y"}, nil),
+		doc("a", 1, 0, []string{"b", "z"}, nil),
+	}, 100, nil},
+	// Shared tags: one Tag MERGE per distinct name.
+	{"tags", []graph.Doc{
+		doc("a", 1, 1, nil, []string{"graph", "go"}),
+		doc("b", 1, 1, nil, []string{"neo4j", "graph"}),
+	}, 100, nil},
+	// Five documents, BatchSize 2: three transactions in key order.
+	{"batch_split", []graph.Doc{
+		doc("e", 1, 1, []string{"a"}, nil),
+		doc("c", 1, 1, nil, []string{"t"}),
+		doc("a", 1, 1, []string{"e"}, nil),
+		withdrawal("d", 4),
+		doc("b", 1, 1, nil, nil),
+	}, 2, nil},
+	// The guard answers b not applied (the graph holds a newer b):
+	// nothing of b is written, not even the stub of its link.
+	{"stale_skipped", []graph.Doc{
+		doc("a", 2, 1, []string{"x"}, nil),
+		doc("b", 1, 1, []string{"y"}, []string{"t"}),
+	}, 100, []string{"b"}},
+	// Nothing applied: the transaction is the guard alone.
+	{"all_stale", []graph.Doc{doc("a", 1, 1, []string{"x"}, nil)}, 100, []string{"a"}},
+	// A repair (a re-emitted event) beside a plain write: the guard
+	// rows say which is which; an applied repair replaces the
+	// document's chunks and edges like any applied version.
+	{"repair", []graph.Doc{repaired(doc("a", 2, 2, []string{"b"}, []string{"t"})), doc("c", 1, 1, nil, nil)}, 100, nil},
+}
+
 // TestPlanGolden pins the statements and parameters of representative
 // batches; review testdata/*.golden by eye after -update.
 func TestPlanGolden(t *testing.T) {
-	for _, c := range []struct {
-		name  string
-		docs  []graph.Doc
-		batch int
-		stale []string
-	}{
-		// A new document: its node, 2 chunks, links and tags given
-		// unsorted (the plan sorts them).
-		{"new_document", []graph.Doc{doc("a", 1, 2, []string{"c", "b"}, []string{"y", "x"})}, 100, nil},
-		// Version 2 with fewer chunks, one link left, no tags: the old
-		// chunks and edges are deleted, only the new ones merged.
-		{"update_fewer_chunks", []graph.Doc{doc("a", 2, 1, []string{"b"}, nil)}, 100, nil},
-		// A withdrawal: node fields set, chunks and outgoing edges
-		// deleted, nothing merged; the fence expects zero of each.
-		{"withdrawal", []graph.Doc{withdrawal("a", 3)}, 100, nil},
-		// Links to keys not yet seen (y, z) and to documents of the same
-		// batch (a, b): one MERGE per distinct target.
-		{"links_to_unseen", []graph.Doc{
-			doc("b", 1, 0, []string{"a", "y"}, nil),
-			doc("a", 1, 0, []string{"b", "z"}, nil),
-		}, 100, nil},
-		// Shared tags: one Tag MERGE per distinct name.
-		{"tags", []graph.Doc{
-			doc("a", 1, 1, nil, []string{"graph", "go"}),
-			doc("b", 1, 1, nil, []string{"neo4j", "graph"}),
-		}, 100, nil},
-		// Five documents, BatchSize 2: three transactions in key order.
-		{"batch_split", []graph.Doc{
-			doc("e", 1, 1, []string{"a"}, nil),
-			doc("c", 1, 1, nil, []string{"t"}),
-			doc("a", 1, 1, []string{"e"}, nil),
-			withdrawal("d", 4),
-			doc("b", 1, 1, nil, nil),
-		}, 2, nil},
-		// The guard answers b not applied (the graph holds a newer b):
-		// nothing of b is written, not even the stub of its link.
-		{"stale_skipped", []graph.Doc{
-			doc("a", 2, 1, []string{"x"}, nil),
-			doc("b", 1, 1, []string{"y"}, []string{"t"}),
-		}, 100, []string{"b"}},
-		// Nothing applied: the transaction is the guard alone.
-		{"all_stale", []graph.Doc{doc("a", 1, 1, []string{"x"}, nil)}, 100, []string{"a"}},
-		// A repair (a re-emitted event) beside a plain write: the guard
-		// rows say which is which; an applied repair replaces the
-		// document's chunks and edges like any applied version.
-		{"repair", []graph.Doc{repaired(doc("a", 2, 2, []string{"b"}, []string{"t"})), doc("c", 1, 1, nil, nil)}, 100, nil},
-	} {
+	for _, c := range planScenarios {
 		t.Run(c.name, func(t *testing.T) {
 			golden(t, c.name, renderPlan(t, c.docs, c.batch, c.stale...))
 		})
