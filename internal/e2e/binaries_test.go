@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -24,6 +25,7 @@ import (
 
 	"github.com/converge-sync/converge/internal/graph"
 	graphembedded "github.com/converge-sync/converge/internal/graph/embedded"
+	"github.com/converge-sync/converge/internal/graph/neo4j"
 	"github.com/converge-sync/converge/internal/index"
 	"github.com/converge-sync/converge/internal/index/embedded"
 	"github.com/converge-sync/converge/internal/rebuild"
@@ -36,7 +38,8 @@ type service struct {
 	name string
 	bin  string
 	args []string
-	addr string // its metrics address: /readyz
+	env  []string // added to the test's environment
+	addr string   // its metrics address: /readyz
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -48,6 +51,9 @@ func (s *service) start() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cmd := exec.Command(s.bin, s.args...)
+	if s.env != nil {
+		cmd.Env = append(os.Environ(), s.env...)
+	}
 	cmd.Stdout = &lockedWriter{mu: &s.mu, w: &s.logs}
 	cmd.Stderr = cmd.Stdout
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -140,16 +146,28 @@ func buildBinaries(t *testing.T) string {
 // TestBinariesSurviveKillsAndVerify runs the real binaries as separate
 // processes (writer, relay, both projectors; Postgres and NATS are the test's
 // own), SIGKILLs each service once while documents are written, replays
-// the index projector, rebuilds the graph (SIGKILLing its projector during
-// the rebuild), and checks with `converge verify` (the binary) that every
-// store agrees; then it damages the index and the graph behind the
-// projectors' backs, checks that verify names exactly those documents, and
-// that `verify --repair` repairs them.
+// the index projector, rebuilds the graph while documents change
+// (SIGKILLing its projector during the rebuild), and checks with `converge
+// verify` (the binary) that every store agrees; then it damages the index
+// and the graph behind the projectors' backs, checks that verify names
+// exactly those documents, and that `verify --repair` repairs them. It runs
+// twice: with the graph projector on the embedded graph (rebuilt
+// blue/green), and on the real Neo4j server (rebuilt in place).
 func TestBinariesSurviveKillsAndVerify(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs every binary")
 	}
 	bin := buildBinaries(t)
+	t.Run("embedded-graph", func(t *testing.T) { testBinaries(t, bin, nil) })
+	t.Run("neo4j-graph", func(t *testing.T) {
+		n := testenv.LeaseNeo4j(t)
+		testBinaries(t, bin, &n)
+	})
+}
+
+// testBinaries is TestBinariesSurviveKillsAndVerify with the graph in n, or
+// in the embedded graph when n is nil.
+func testBinaries(t *testing.T, bin string, n *testenv.Neo4j) {
 	dbURL := pg.MigratedDatabase(t)
 	nats := testenv.StartNATS(t)
 	data := t.TempDir()
@@ -177,6 +195,12 @@ func TestBinariesSurviveKillsAndVerify(t *testing.T) {
 		svc("relay", rAddr, "-postgres-url", dbURL, "-nats-url", nats.URL, "-metrics-addr", rAddr, "-standby-retry", "200ms"),
 		svc("projector-index", iAddr, "-nats-url", nats.URL, "-data-dir", data, "-metrics-addr", iAddr),
 		svc("projector-graph", gAddr, "-nats-url", nats.URL, "-data-dir", data, "-metrics-addr", gAddr),
+	}
+	if n != nil {
+		// The password through the environment: never on a command line.
+		g := services[3]
+		g.args = append(g.args, "-neo4j-url", n.URL, "-neo4j-user", n.User)
+		g.env = []string{"CONVERGE_NEO4J_PASSWORD=" + n.Password}
 	}
 	t.Cleanup(func() {
 		for _, s := range services {
@@ -258,6 +282,25 @@ func TestBinariesSurviveKillsAndVerify(t *testing.T) {
 	}
 	rebuildDone := make(chan error, 1)
 	go func() { rebuildDone <- rebuildCmd.Wait() }()
+	// Live traffic during the rebuild: a second version of 100 documents
+	// (new titles, links and tags).
+	changed := make(chan error, 1)
+	go func() {
+		v2 := corpus(400)[:100]
+		for i, d := range v2 {
+			d["version"], d["title"] = 2, fmt.Sprintf("Document %d, second version", i)
+			d["links"] = []string{fmt.Sprintf("doc/%03d", (i+3)%400)}
+			d["tags"] = []string{"t-second", fmt.Sprint("t", i%7)}
+		}
+		for lo := 0; lo < len(v2); lo += 10 {
+			if err := postRetrying(api, v2[lo:lo+10], 30*time.Second); err != nil {
+				changed <- err
+				return
+			}
+			time.Sleep(30 * time.Millisecond)
+		}
+		changed <- nil
+	}()
 	phase := func() string {
 		resp, err := http.Get("http://" + gAddr + rebuild.AdminPath)
 		if err != nil {
@@ -293,11 +336,14 @@ func TestBinariesSurviveKillsAndVerify(t *testing.T) {
 	if err := json.Unmarshal(rebuildOut.Bytes()[bytes.IndexByte(rebuildOut.Bytes(), '{'):], &rebuilt); err != nil {
 		t.Fatalf("converge rebuild --json: %v\n%s", err, rebuildOut.String())
 	}
-	if rebuilt.Rebuild.Phase != rebuild.PhaseDone || !rebuilt.Verify.Agrees {
-		t.Fatalf("converge rebuild graph: %s", rebuildOut.String())
+	if err := <-changed; err != nil {
+		t.Fatal(err)
+	}
+	if rebuilt.Rebuild.Phase != rebuild.PhaseDone || !rebuilt.Verify.Agrees || rebuilt.Rebuild.InPlace != (n != nil) {
+		t.Fatalf("converge rebuild graph (want in place: %v): %s", n != nil, rebuildOut.String())
 	}
 	graphDirs := rebuild.Dirs{Root: data, Base: "graph"}
-	if live, err := graphDirs.Live(); err != nil || live == "graph" {
+	if live, err := graphDirs.Live(); n == nil && (err != nil || live == "graph") {
 		t.Fatalf("live graph generation after the rebuild: %q, %v; want a fresh one", live, err)
 	}
 	testenv.Eventually(t, "converge verify to exit 0 after the replays", 90*time.Second, agrees)
@@ -319,11 +365,15 @@ func TestBinariesSurviveKillsAndVerify(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = is.Close()
-	liveGraph, err := graphDirs.Live()
-	if err != nil {
-		t.Fatal(err)
+	var gs graph.Backend
+	if n != nil {
+		gs, err = neo4j.New(context.Background(), neo4j.Config{URL: n.URL, User: n.User, Password: n.Password})
+	} else {
+		var liveGraph string
+		if liveGraph, err = graphDirs.Live(); err == nil {
+			gs, err = graphembedded.Open(graphDirs.Path(liveGraph), graphembedded.Options{})
+		}
 	}
-	gs, err := graphembedded.Open(graphDirs.Path(liveGraph), graphembedded.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -379,7 +429,7 @@ func TestBinariesSurviveKillsAndVerify(t *testing.T) {
 		t.Fatal("converge verify fails after the repair")
 	}
 	t.Logf("graph projector SIGKILLed during its rebuild: %v", killedDuringRebuild)
-	t.Logf("4 services SIGKILLed and restarted during the load, the index replayed, the graph rebuilt; verify agreed on 400 documents, then named exactly the 2 damaged ones (%v), and verify --repair repaired them", got)
+	t.Logf("4 services SIGKILLed and restarted during the load, the index replayed, the graph rebuilt (in place: %v) while 100 documents changed; verify agreed on 400 documents, then named exactly the 2 damaged ones (%v), and verify --repair repaired them", n != nil, got)
 }
 
 // corpus is n documents doc/000.., each linking to two others, with tags.
