@@ -238,23 +238,28 @@ func (b *Backend) vectorSize(ctx context.Context) (int, error) {
 // simply created.
 //
 // Qdrant does not roll back the delete when the create fails, so the
-// target collection is checked first: switching to a missing collection
-// fails with [ErrCollectionNotFound] and leaves the alias alone.
+// target is checked first: switching to a missing collection fails with
+// [ErrCollectionNotFound], and switching to an alias (which Qdrant refuses
+// as a target) fails too, both leaving the alias alone.
 func (b *Backend) SwitchAlias(ctx context.Context, alias, collection string) error {
 	if err := validName(alias); err != nil {
 		return fmt.Errorf("qdrant: alias: %w", err)
 	}
-	var exists bool
-	err := b.call(ctx, func(ctx context.Context) error {
-		resp, err := b.client.GetCollectionsClient().CollectionExists(ctx, &qd.CollectionExistsRequest{CollectionName: collection})
-		exists = resp.GetResult().GetExists()
-		return err
-	})
-	if err == nil && !exists {
-		err = status.Errorf(codes.NotFound, "collection %q does not exist", collection)
-	}
+	target, err := b.AliasTarget(ctx, collection)
 	if err != nil {
-		return &Error{Op: "switch alias " + alias, Collection: collection, Err: err}
+		return err
+	}
+	if target != "" {
+		return fmt.Errorf("qdrant: switch alias %s: %q is an alias (of %q), not a collection", alias, collection, target)
+	}
+	// Not an alias, so Qdrant's answer is about a collection.
+	exists, err := b.nameExists(ctx, collection)
+	if err != nil {
+		return err
+	}
+	if !exists {
+		return &Error{Op: "switch alias " + alias, Collection: collection,
+			Err: status.Errorf(codes.NotFound, "collection %q does not exist", collection)}
 	}
 	err = b.call(ctx, func(ctx context.Context) error {
 		_, err := b.client.GetCollectionsClient().UpdateAliases(ctx, &qd.ChangeAliases{
@@ -277,11 +282,21 @@ func (b *Backend) SwitchAlias(ctx context.Context, alias, collection string) err
 
 // DropCollection deletes a collection, such as the one a rebuild has
 // switched an alias away from. It refuses to drop a collection that an
-// alias still names, since Qdrant would drop the alias with it; a
-// collection that does not exist is already dropped.
+// alias still names, since Qdrant would drop the alias with it. A
+// collection that does not exist is already dropped, and so is one whose
+// name is now an alias (a legacy collection replaced by the alias to its
+// successor): Qdrant drops collections by name only, never through an
+// alias, so nothing is sent.
 func (b *Backend) DropCollection(ctx context.Context, collection string) error {
+	target, err := b.AliasTarget(ctx, collection)
+	if err != nil {
+		return err
+	}
+	if target != "" {
+		return nil
+	}
 	var aliases []*qd.AliasDescription
-	err := b.call(ctx, func(ctx context.Context) error {
+	err = b.call(ctx, func(ctx context.Context) error {
 		resp, err := b.client.GetCollectionsClient().ListCollectionAliases(ctx, &qd.ListCollectionAliasesRequest{CollectionName: collection})
 		aliases = resp.GetAliases()
 		return err

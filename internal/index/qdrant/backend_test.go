@@ -545,3 +545,34 @@ func TestRejectionsArePermanentOutagesAreNot(t *testing.T) {
 		t.Fatalf("upsert to a stopped server: %v; want a transient error", err)
 	}
 }
+
+// Qdrant's CollectionExists is true for an alias; the backend's is not, and
+// a switch to an alias does not go ahead (it would delete the alias and
+// fail to recreate it).
+func TestAliasIsNotACollection(t *testing.T) {
+	srv := qdranttest.Start(t)
+	v1 := open(t, srv, func(c *qdrant.Config) { c.Collection = "chunks_v1" })
+	must(t, v1.Ensure(ctx(), dim))
+	must(t, v1.SwitchAlias(ctx(), "live", "chunks_v1"))
+	for name, want := range map[string]bool{"chunks_v1": true, "live": false, "missing": false} {
+		got, err := v1.CollectionExists(ctx(), name)
+		must(t, err)
+		if got != want {
+			t.Errorf("CollectionExists(%q) = %v; want %v", name, got, want)
+		}
+	}
+	// Qdrant would apply the delete of "old" and then refuse the create.
+	must(t, v1.SwitchAlias(ctx(), "old", "chunks_v1"))
+	if err := v1.SwitchAlias(ctx(), "old", "live"); err == nil || !strings.Contains(err.Error(), "is an alias") {
+		t.Errorf("switching an alias to an alias: %v; want a refusal naming the alias", err)
+	}
+	if target, err := v1.AliasTarget(ctx(), "old"); err != nil || target != "chunks_v1" {
+		t.Errorf("after the refused switch, alias old -> %q, %v; want chunks_v1", target, err)
+	}
+	// No collection of that name is left: dropping it drops nothing,
+	// neither the alias nor its collection.
+	must(t, v1.DropCollection(ctx(), "live"))
+	if target, err := v1.AliasTarget(ctx(), "live"); err != nil || target != "chunks_v1" {
+		t.Errorf("alias live -> %q, %v; want chunks_v1", target, err)
+	}
+}

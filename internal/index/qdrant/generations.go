@@ -27,8 +27,23 @@ func (b *Backend) AliasTarget(ctx context.Context, alias string) (string, error)
 }
 
 // CollectionExists reports whether a collection (not an alias) of that
-// name exists.
+// name exists. Qdrant's own CollectionExists is true for an alias too (it
+// resolves the name as every collection-scoped call does), so an alias
+// name is told apart by the list of aliases first.
 func (b *Backend) CollectionExists(ctx context.Context, collection string) (bool, error) {
+	target, err := b.AliasTarget(ctx, collection)
+	if err != nil {
+		return false, err
+	}
+	if target != "" {
+		return false, nil
+	}
+	return b.nameExists(ctx, collection)
+}
+
+// nameExists asks Qdrant whether a collection or an alias of that name
+// exists.
+func (b *Backend) nameExists(ctx context.Context, collection string) (bool, error) {
 	var exists bool
 	err := b.call(ctx, func(ctx context.Context) error {
 		resp, err := b.client.GetCollectionsClient().CollectionExists(ctx, &qd.CollectionExistsRequest{CollectionName: collection})

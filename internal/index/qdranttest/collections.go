@@ -64,8 +64,13 @@ func (cs *collectionsService) Create(_ context.Context, req *qdrant.CreateCollec
 	s := cs.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// Qdrant answers AlreadyExists here (with its "Wrong input" message):
+	// lib/storage/src/content_manager/collections_ops.rs
+	// (validate_collection_not_exists) and the StorageError to tonic code
+	// mapping in lib/storage/src/content_manager/conversions.rs. A clash
+	// with an alias is BadInput (lib/storage/src/content_manager/toc/create_collection.rs).
 	if _, ok := s.collections[name]; ok {
-		return nil, badInput("Collection `%s` already exists!", name)
+		return nil, alreadyExists("Collection `%s` already exists!", name)
 	}
 	if _, ok := s.aliases[name]; ok {
 		return nil, badInput("Can't create collection with name %s. Alias with the same name already exists", name)
@@ -152,13 +157,17 @@ func (cs *collectionsService) List(context.Context, *qdrant.ListCollectionsReque
 	return &qdrant.ListCollectionsResponse{Collections: out, Time: since(start)}, nil
 }
 
-// CollectionExists answers for collection names only, as Qdrant does.
+// CollectionExists is true for a collection and for an alias of one: Qdrant
+// looks the name up as every collection-scoped call does, resolving aliases
+// (do_collection_exists in src/common/collections.rs, through
+// TableOfContent::resolve_name in lib/storage/src/content_manager/toc/mod.rs).
 func (cs *collectionsService) CollectionExists(_ context.Context, req *qdrant.CollectionExistsRequest) (*qdrant.CollectionExistsResponse, error) {
 	start := time.Now()
 	s := cs.s
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	_, ok := s.collections[req.GetCollectionName()]
+	_, err := s.resolve(req.GetCollectionName())
+	ok := err == nil
 	return &qdrant.CollectionExistsResponse{Result: &qdrant.CollectionExists{Exists: ok}, Time: since(start)}, nil
 }
 
@@ -198,8 +207,10 @@ func (cs *collectionsService) UpdateAliases(_ context.Context, req *qdrant.Chang
 			if _, ok := s.collections[target]; !ok {
 				return nil, notFound("Collection `%s` doesn't exist!", target)
 			}
+			// validate_collection_not_exists, as for Create: AlreadyExists
+			// (update_aliases in lib/storage/src/content_manager/toc/collection_meta_ops.rs).
 			if _, ok := s.collections[alias]; ok {
-				return nil, badInput("Collection `%s` already exists!", alias)
+				return nil, alreadyExists("Collection `%s` already exists!", alias)
 			}
 			s.aliases[alias] = target
 		case *qdrant.AliasOperations_DeleteAlias:
@@ -230,16 +241,16 @@ func (cs *collectionsService) ListAliases(context.Context, *qdrant.ListAliasesRe
 	return &qdrant.ListAliasesResponse{Aliases: s.aliasesOf(""), Time: since(start)}, nil
 }
 
+// ListCollectionAliases lists the aliases whose target is exactly name. As
+// in Qdrant it neither resolves name nor checks that the collection exists:
+// a missing collection, or an alias name, has no aliases
+// (do_list_collection_aliases in src/common/collections.rs).
 func (cs *collectionsService) ListCollectionAliases(_ context.Context, req *qdrant.ListCollectionAliasesRequest) (*qdrant.ListAliasesResponse, error) {
 	start := time.Now()
 	s := cs.s
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	name := req.GetCollectionName()
-	if _, ok := s.collections[name]; !ok {
-		return nil, notFound("Collection `%s` doesn't exist!", name)
-	}
-	return &qdrant.ListAliasesResponse{Aliases: s.aliasesOf(name), Time: since(start)}, nil
+	return &qdrant.ListAliasesResponse{Aliases: s.aliasesOf(req.GetCollectionName()), Time: since(start)}, nil
 }
 
 // aliasesOf lists the aliases of collection (all of them for ""), sorted.

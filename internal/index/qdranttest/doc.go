@@ -28,9 +28,10 @@
 //
 // It is strict where Qdrant is: a missing collection is codes.NotFound, a
 // wrong vector size, a malformed id or a malformed request is
-// codes.InvalidArgument. Creating a collection that exists is
-// codes.InvalidArgument too ("Collection `x` already exists!"), which is
-// what Qdrant answers. Anything it does not model (named or sparse vectors,
+// codes.InvalidArgument. Creating a collection (or an alias) under the name
+// of an existing collection is codes.AlreadyExists ("Wrong input: Collection
+// `x` already exists!"), which is what Qdrant 1.8 and later answer.
+// CollectionExists is true for an alias name too, as in Qdrant. Anything it does not model (named or sparse vectors,
 // geo, text or datetime conditions, prefetch, order_by, shard keys, ...)
 // is rejected with codes.InvalidArgument or codes.Unimplemented rather than
 // answered approximately, so a test can never pass against a behaviour

@@ -258,6 +258,13 @@ func notFound(format string, args ...any) error {
 	return status.Errorf(codes.NotFound, "Not found: "+format, args...)
 }
 
+// alreadyExists is StorageError::AlreadyExists, whose message Qdrant
+// prints with the same "Wrong input" prefix as BadInput
+// (lib/storage/src/content_manager/errors.rs).
+func alreadyExists(format string, args ...any) error {
+	return status.Errorf(codes.AlreadyExists, "Wrong input: "+format, args...)
+}
+
 func badInput(format string, args ...any) error {
 	return status.Errorf(codes.InvalidArgument, "Wrong input: "+format, args...)
 }

@@ -97,7 +97,7 @@ func TestCollectionErrors(t *testing.T) {
 		CollectionName: "docs",
 		VectorsConfig:  qdrant.NewVectorsConfig(&qdrant.VectorParams{Size: 3, Distance: qdrant.Distance_Cosine}),
 	})
-	wantCode(t, err, codes.InvalidArgument) // Qdrant: "Collection `docs` already exists!"
+	wantCode(t, err, codes.AlreadyExists) // Qdrant: "Wrong input: Collection `docs` already exists!"
 	err = c.CreateCollection(ctx(), &qdrant.CreateCollection{
 		CollectionName: "zero",
 		VectorsConfig:  qdrant.NewVectorsConfig(&qdrant.VectorParams{Size: 0, Distance: qdrant.Distance_Cosine}),
@@ -312,12 +312,29 @@ func TestAliases(t *testing.T) {
 	mustOK(t, c.DeleteAlias(ctx(), "never"))
 	wantCode(t, c.CreateAlias(ctx(), "x", "missing"), codes.NotFound)
 	wantCode(t, c.RenameAlias(ctx(), "missing", "y"), codes.NotFound)
-	wantCode(t, c.CreateAlias(ctx(), "v1", "v2"), codes.InvalidArgument)
+	wantCode(t, c.CreateAlias(ctx(), "v1", "v2"), codes.AlreadyExists)
 	err := c.CreateCollection(ctx(), &qdrant.CreateCollection{
 		CollectionName: "live",
 		VectorsConfig:  qdrant.NewVectorsConfig(&qdrant.VectorParams{Size: 2, Distance: qdrant.Distance_Cosine}),
 	})
 	wantCode(t, err, codes.InvalidArgument)
+
+	// CollectionExists resolves aliases, as Qdrant does; listing a
+	// collection's aliases does not, and needs no collection.
+	for name, want := range map[string]bool{"live": true, "v1": true, "missing": false} {
+		exists, err := c.CollectionExists(ctx(), name)
+		mustOK(t, err)
+		if exists != want {
+			t.Fatalf("CollectionExists(%q) = %v; want %v", name, exists, want)
+		}
+	}
+	for name, want := range map[string]int{"v2": 1, "live": 0, "missing": 0} {
+		aliases, err := c.ListCollectionAliases(ctx(), name)
+		mustOK(t, err)
+		if len(aliases) != want {
+			t.Fatalf("ListCollectionAliases(%q) = %v; want %d", name, aliases, want)
+		}
+	}
 
 	mustOK(t, c.RenameAlias(ctx(), "live", "current"))
 	aliases, err := c.ListAliases(ctx())
