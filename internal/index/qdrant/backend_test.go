@@ -576,3 +576,26 @@ func TestAliasIsNotACollection(t *testing.T) {
 		t.Errorf("alias live -> %q, %v; want chunks_v1", target, err)
 	}
 }
+
+// Qdrant applies a batch in chunks and refuses a wrong-size vector only as
+// it reaches it, so the points before it would be written: the backend
+// checks every vector first and writes nothing of such a call.
+func TestUpsertWithAWrongSizeVectorWritesNothing(t *testing.T) {
+	b, srv := ensured(t, func(c *qdrant.Config) { c.BatchSize = 100 })
+	var points []index.Point
+	for o := range 60 {
+		points = append(points, chunk("a", 1, o, axis(o)))
+	}
+	points[45].Vector = make([]float32, dim+1)
+	err := b.Upsert(ctx(), points)
+	var de *qdrant.PointDimensionError
+	if !errors.As(err, &de) || !errors.Is(err, qdrant.ErrDimensionMismatch) || !projector.IsPermanent(err) ||
+		de.Point != points[45].ID || de.Have != dim+1 || de.Want != dim {
+		t.Fatalf("upsert with one wrong-size vector: %v; want a permanent *PointDimensionError naming the point", err)
+	}
+	counts, err := b.Counts(ctx(), []string{"a"})
+	must(t, err)
+	if counts["a"] != 0 || srv.Calls("Points/Upsert") != 0 {
+		t.Fatalf("%d points written in %d requests; want none", counts["a"], srv.Calls("Points/Upsert"))
+	}
+}

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/google/uuid"
+
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -71,6 +73,28 @@ func (e *DimensionError) Error() string {
 
 // Is makes errors.Is(err, ErrDimensionMismatch) true.
 func (e *DimensionError) Is(target error) bool { return target == ErrDimensionMismatch }
+
+// PointDimensionError is [Backend.Upsert] refusing a point whose vector
+// has another dimension than the collection's. Qdrant checks the size only
+// as it applies each point, so it would write part of the batch before
+// refusing it; the backend checks every point first and sends nothing.
+type PointDimensionError struct {
+	Collection string
+	Point      uuid.UUID
+	Have       int // the point's vector size
+	Want       int // the collection's
+}
+
+func (e *PointDimensionError) Error() string {
+	return fmt.Sprintf("qdrant: point %s has a vector of dimension %d; collection %q holds dimension %d (nothing of the batch was written)",
+		e.Point, e.Have, e.Collection, e.Want)
+}
+
+// Is makes errors.Is(err, ErrDimensionMismatch) true.
+func (e *PointDimensionError) Is(target error) bool { return target == ErrDimensionMismatch }
+
+// Permanent is true: the same point can never be written.
+func (e *PointDimensionError) Permanent() bool { return true }
 
 // Permanent reports whether Qdrant rejected the request itself (a wrong
 // vector size, a malformed payload): sending it again cannot succeed. The

@@ -15,7 +15,25 @@ import (
 // Upsert writes points in batches of BatchSize, Parallel batches at a time.
 // A failed batch fails the call; batches already written stay written,
 // which a repeated call makes whole again (same ids, same payloads).
+//
+// Every vector's size is checked before anything is sent: Qdrant refuses a
+// wrong-size vector only as it applies that point, after writing the
+// points it applied before it (lib/shard/src/update/points/upsert.rs), and
+// a repeated call cannot make such a batch whole. A wrong size is a
+// [*PointDimensionError] and writes nothing.
 func (b *Backend) Upsert(ctx context.Context, points []index.Point) error {
+	if len(points) == 0 {
+		return nil
+	}
+	dim, err := b.vectorSize(ctx)
+	if err != nil {
+		return err
+	}
+	for _, p := range points {
+		if len(p.Vector) != dim {
+			return &PointDimensionError{Collection: b.cfg.Collection, Point: p.ID, Have: len(p.Vector), Want: dim}
+		}
+	}
 	return b.inBatches(ctx, len(points), b.cfg.BatchSize, func(ctx context.Context, lo, hi int) error {
 		batch := make([]*qd.PointStruct, 0, hi-lo)
 		for _, p := range points[lo:hi] {

@@ -31,7 +31,11 @@
 // codes.InvalidArgument. Creating a collection (or an alias) under the name
 // of an existing collection is codes.AlreadyExists ("Wrong input: Collection
 // `x` already exists!"), which is what Qdrant 1.8 and later answer.
-// CollectionExists is true for an alias name too, as in Qdrant. Anything it does not model (named or sparse vectors,
+// CollectionExists is true for an alias name too, as in Qdrant. A batch
+// upsert with a wrong-size vector is refused only as that point is applied,
+// after the points before it are written (see Upsert), as in Qdrant.
+//
+// Anything it does not model (named or sparse vectors,
 // geo, text or datetime conditions, prefetch, order_by, shard keys, ...)
 // is rejected with codes.InvalidArgument or codes.Unimplemented rather than
 // answered approximately, so a test can never pass against a behaviour

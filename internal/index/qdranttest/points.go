@@ -16,7 +16,20 @@ type pointsService struct {
 	s *Server
 }
 
-// Upsert validates every point before it writes any, then writes in order.
+// updateChunkSize is the number of points Qdrant applies under one lock
+// (UPDATE_OP_CHUNK_SIZE in lib/shard/src/update/points/upsert.rs).
+const updateChunkSize = 32
+
+// Upsert checks the request (ids, the presence of vectors, the filter)
+// before it writes anything, as Qdrant converts the request first; but a
+// vector's size is checked only as its point is applied, as in Qdrant,
+// where the segment refuses it (upsert_points_impl in
+// lib/shard/src/update/points/upsert.rs). So a batch with one wrong-size
+// vector fails with InvalidArgument after applying part of itself: the
+// chunks of 32 before the point's, and within its chunk the points applied
+// before it (the chunk's existing points first, then its new ones). Qdrant
+// walks the points in hash order; this server walks them in request order.
+//
 // With update_filter an existing point is replaced only if it matches the
 // filter; absent points are inserted regardless (Qdrant 1.16+). update_mode
 // restricts the write to inserts or to updates.
@@ -44,14 +57,21 @@ func (ps *pointsService) Upsert(_ context.Context, req *qdrant.UpsertPoints) (*q
 		if err != nil {
 			return nil, err
 		}
-		if err := checkDim(c, vec); err != nil {
-			return nil, err
-		}
-		incoming[i] = &point{id: id, payload: clonePayload(in.GetPayload()), vector: prepare(c, vec)}
+		incoming[i] = &point{id: id, payload: clonePayload(in.GetPayload()), vector: vec}
+	}
+	// Of points sharing an id the last one is written, as Qdrant keys the
+	// batch by id.
+	last := make(map[pointID]int, len(incoming))
+	for i, p := range incoming {
+		last[p.id] = i
 	}
 	mode := req.GetUpdateMode()
 	op := s.nextOperation()
-	for _, p := range incoming {
+	var kept []*point
+	for i, p := range incoming {
+		if last[p.id] != i {
+			continue
+		}
 		old, exists := c.points[p.id]
 		switch {
 		case !exists && mode == qdrant.UpdateMode_UpdateOnly:
@@ -61,8 +81,23 @@ func (ps *pointsService) Upsert(_ context.Context, req *qdrant.UpsertPoints) (*q
 		case exists && req.UpdateFilter != nil && !matches(req.UpdateFilter, old):
 			continue
 		}
-		p.version = *op
-		c.put(p)
+		kept = append(kept, p)
+	}
+	for lo := 0; lo < len(kept); lo += updateChunkSize {
+		chunk := kept[lo:min(lo+updateChunkSize, len(kept))]
+		for _, existing := range []bool{true, false} {
+			for _, p := range chunk {
+				if _, ok := c.points[p.id]; ok != existing {
+					continue
+				}
+				if err := checkDim(c, p.vector); err != nil {
+					return nil, err
+				}
+				p.vector = prepare(c, p.vector)
+				p.version = *op
+				c.put(p)
+			}
+		}
 	}
 	return applied(op, req.GetWait(), start), nil
 }

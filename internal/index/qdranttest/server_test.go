@@ -115,15 +115,31 @@ func TestCollectionErrors(t *testing.T) {
 	}})
 	wantCode(t, err, codes.InvalidArgument)
 
-	// A rejected batch writes nothing.
-	_, err = c.Upsert(ctx(), &qdrant.UpsertPoints{CollectionName: "docs", Points: []*qdrant.PointStruct{
-		pt(1, []float32{1, 0, 0}, nil), pt(2, []float32{1, 0}, nil),
-	}})
+	// As in Qdrant, a batch with a wrong-size vector is refused after
+	// applying the points before it: whole chunks of 32 and the head of
+	// its own chunk.
+	batch := make([]*qdrant.PointStruct, 0, 40)
+	for i := range uint64(40) {
+		vec := []float32{1, 0, 0}
+		if i == 35 {
+			vec = []float32{1, 0}
+		}
+		batch = append(batch, pt(100+i, vec, nil))
+	}
+	_, err = c.Upsert(ctx(), &qdrant.UpsertPoints{CollectionName: "docs", Points: batch})
 	wantCode(t, err, codes.InvalidArgument)
 	n, err := c.Count(ctx(), &qdrant.CountPoints{CollectionName: "docs"})
 	mustOK(t, err)
-	if n != 0 {
-		t.Fatalf("count after a rejected batch = %d; want 0", n)
+	if n != 35 {
+		t.Fatalf("count after a batch refused at its 36th point = %d; want 35", n)
+	}
+	// A malformed id is refused before anything is written.
+	_, err = c.Upsert(ctx(), &qdrant.UpsertPoints{CollectionName: "docs", Points: []*qdrant.PointStruct{
+		pt(1, []float32{1, 0, 0}, nil), {Id: qdrant.NewIDUUID("bad"), Vectors: qdrant.NewVectorsDense([]float32{1, 0, 0})},
+	}})
+	wantCode(t, err, codes.InvalidArgument)
+	if n, _ := c.Count(ctx(), &qdrant.CountPoints{CollectionName: "docs"}); n != 35 {
+		t.Fatalf("count after a batch with a malformed id = %d; want 35", n)
 	}
 }
 
