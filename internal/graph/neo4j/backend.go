@@ -166,9 +166,20 @@ func (b *Backend) applyBatch(ctx context.Context, batch []docRow) ([]bool, error
 			}
 			return recs, err
 		}
-		guard := guardStatement(batch)
-		recs, err := run(guard)
+		recs, err := run(readStatement(batch))
 		if err != nil {
+			return err
+		}
+		held, err := readResult(recs)
+		if err != nil {
+			return err
+		}
+		for _, st := range lockStatements(batch, held) {
+			if _, err := run(st); err != nil {
+				return err
+			}
+		}
+		if recs, err = run(guardStatement(batch)); err != nil {
 			return err
 		}
 		answer, err := guardResult(batch, recs)

@@ -37,9 +37,14 @@ func names(calls []call) string {
 	return strings.Join(out, " ")
 }
 
-func guardKeys(c call) []string {
+// guardKeys are the keys of the guard among a transaction's calls.
+func guardKeys(calls []call) []string {
 	var keys []string
-	for _, row := range c.params["rows"].([]map[string]any) {
+	i := slices.IndexFunc(calls, func(c call) bool { return c.name == "mergeDocuments" })
+	if i < 0 {
+		return nil
+	}
+	for _, row := range calls[i].params["rows"].([]map[string]any) {
 		keys = append(keys, row["key"].(string))
 	}
 	return keys
@@ -67,7 +72,7 @@ func TestApplyRetriesTransientError(t *testing.T) {
 	if !errors.Is(r.attempts[0].err, deadlock) {
 		t.Fatalf("first attempt failed with %v", r.attempts[0].err)
 	}
-	if got, want := names(r.attempts[1].calls), "mergeDocuments deleteChunks mergeChunks mergeLinkTargets mergeTags deleteEdges mergeHasChunk mergeLinks mergeTagged countEdges"; got != want {
+	if got, want := names(r.attempts[1].calls), "readBatch lockDocuments lockTags mergeDocuments deleteChunks mergeChunks mergeLinkTargets mergeTags deleteEdges mergeHasChunk mergeLinks mergeTagged countEdges"; got != want {
 		t.Fatalf("second attempt ran %s, want %s", got, want)
 	}
 	for _, d := range docs {
@@ -156,12 +161,13 @@ func TestApplyBatchBoundariesAndInputOrder(t *testing.T) {
 		t.Fatalf("%d transactions, want 3", len(txs))
 	}
 	for i, want := range []string{"[a b]", "[c d]", "[e]"} {
-		if got := fmt.Sprint(guardKeys(txs[i][0])); got != want {
+		if got := fmt.Sprint(guardKeys(txs[i])); got != want {
 			t.Errorf("transaction %d guards %s, want %s", i+1, got, want)
 		}
 	}
 	// The second transaction writes c only: d is stale.
-	for _, c := range txs[1][1:] {
+	guard := slices.IndexFunc(txs[1], func(c call) bool { return c.name == "mergeDocuments" })
+	for _, c := range txs[1][guard+1:] {
 		if keys, ok := c.params["keys"].([]string); ok && c.name != "mergeLinkTargets" && !slices.Equal(keys, []string{"c"}) {
 			t.Errorf("%s of transaction 2 on %v, want [c]", c.name, keys)
 		}
@@ -185,7 +191,7 @@ func TestApplyLaterBatchFails(t *testing.T) {
 	if _, err := b.Apply(ctx(), []graph.Doc{doc("a", 1, 0, nil, nil), doc("b", 1, 0, nil, nil), doc("c", 1, 0, nil, nil)}); err == nil {
 		t.Fatal("Apply succeeded")
 	}
-	if got := r.committed(); len(got) != 1 || fmt.Sprint(guardKeys(got[0][0])) != "[a b]" {
+	if got := r.committed(); len(got) != 1 || fmt.Sprint(guardKeys(got[0])) != "[a b]" {
 		t.Fatalf("committed %v, want the first batch only", got)
 	}
 	if _, ok, _ := b.Document(ctx(), "c"); ok {
@@ -246,7 +252,7 @@ func TestApplyStaleRunsOnlyTheGuard(t *testing.T) {
 		t.Fatalf("%d transactions, want 2", len(r.attempts))
 	}
 	for _, a := range r.attempts {
-		if names(a.calls) != "mergeDocuments" {
+		if names(a.calls) != "readBatch lockDocuments mergeDocuments" {
 			t.Fatalf("a stale apply ran %s", names(a.calls))
 		}
 	}

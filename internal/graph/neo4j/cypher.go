@@ -15,6 +15,37 @@ FOR (n:Chunk) REQUIRE n.id IS UNIQUE`
 FOR (n:Tag) REQUIRE n.name IS UNIQUE`
 )
 
+// cypherReadBatch reads, before any lock is taken, what the graph holds
+// of a batch's documents: their versions (null for a stub) and the
+// targets of their outgoing links and tags, which the transaction's
+// writes will lock. $keys: the batch's documents, sorted. A key missing
+// from the answer has no node.
+const cypherReadBatch = `UNWIND $keys AS key
+MATCH (d:Document {key: key})
+RETURN key, d.version AS version,
+       [(d)-[:LINKS_TO]->(t:Document) | t.key] AS links,
+       [(d)-[:TAGGED]->(t:Tag) | t.name] AS tags`
+
+// cypherLockDocuments takes the write lock of every document node the
+// transaction will touch, in key order, creating those not yet seen as
+// stubs: a relationship written or deleted locks both of its end nodes,
+// so without this, two transactions linking each other's documents (the
+// projector's parallel shards do) lock them in opposite orders and
+// deadlock. $keys: sorted, distinct.
+const cypherLockDocuments = `UNWIND $keys AS key
+MERGE (d:Document {key: key})
+ON CREATE SET d.stub = true
+SET d._LOCK_ = true
+REMOVE d._LOCK_`
+
+// cypherLockTags takes the write lock of every tag node the transaction
+// will touch, in name order, after the documents, creating those not yet
+// seen. $names: sorted, distinct.
+const cypherLockTags = `UNWIND $names AS name
+MERGE (t:Tag {name: name})
+SET t._LOCK_ = true
+REMOVE t._LOCK_`
+
 // cypherMergeDocuments is the freshness guard. $rows: [{key, version,
 // deleted, title, content_hash, repair}], sorted by key. Setting _LOCK_
 // takes the node's write lock before its version is read (the lost-update

@@ -24,14 +24,23 @@
 // [Config.BatchSize], one managed write transaction (driver retries on
 // transient errors and deadlocks included) per batch. Every statement is a
 // constant that takes its values from parameters (UNWIND $rows). Within a
-// transaction the statements run in this order, nodes before
-// relationships, each over rows sorted by key, so that concurrent
-// transactions take their locks in the same order as far as possible:
+// transaction the statements run in this order:
 //
+//  0. read, without locks, the stored versions of the batch's documents
+//     and their outgoing links and tags; then lock (by setting and
+//     removing a _LOCK_ property) every node the transaction will touch,
+//     the (:Document) nodes by key, then the (:Tag) nodes by name: the
+//     batch's documents, and of those the guard will apply, their old
+//     and new link targets (a target not yet seen becomes a stub) and
+//     tags. Writing or deleting a relationship locks both of its end
+//     nodes; taking every lock up front in one order shared by all
+//     transactions makes concurrent batches (the projector's parallel
+//     shards, whose documents link each other's and share tags) wait for
+//     each other instead of deadlocking;
 //  1. the freshness guard: MERGE each (:Document) by key, take its write
-//     lock (by setting and removing a _LOCK_ property) before reading its
-//     version, and set its fields only if the incoming version is greater
-//     than the stored one (or the node is new or a stub); it returns, per
+//     lock before reading its version, and set its fields only if the
+//     incoming version is greater than the stored one (or the node is new
+//     or a stub); it returns, per
 //     key, whether the version applied. Everything below concerns only
 //     the applied documents, so a stale version creates nothing, not even
 //     the stubs of its links;

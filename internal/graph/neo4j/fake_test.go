@@ -16,6 +16,9 @@ var statementNames = []struct{ name, cypher string }{
 	{"ensureDocumentKey", cypherConstraintDocumentKey},
 	{"ensureChunkID", cypherConstraintChunkID},
 	{"ensureTagName", cypherConstraintTagName},
+	{"readBatch", cypherReadBatch},
+	{"lockDocuments", cypherLockDocuments},
+	{"lockTags", cypherLockTags},
 	{"mergeDocuments", cypherMergeDocuments},
 	{"deleteChunks", cypherDeleteChunks},
 	{"mergeChunks", cypherMergeChunks},
@@ -108,6 +111,40 @@ func stringsParam(params map[string]any, name string) []string {
 func (g *modelGraph) run(cypher string, params map[string]any) ([]record, error) {
 	switch cypher {
 	case cypherConstraintDocumentKey, cypherConstraintChunkID, cypherConstraintTagName:
+		return nil, nil
+	case cypherReadBatch:
+		var out []record
+		for _, key := range stringsParam(params, "keys") {
+			d := g.docs[key]
+			if d == nil {
+				continue
+			}
+			rec := record{"key": key, "version": nil}
+			if d.hasVersion {
+				rec["version"] = d.version
+			}
+			links, tags := []any{}, []any{}
+			for t := range d.links {
+				links = append(links, t)
+			}
+			for t := range d.tagged {
+				tags = append(tags, t)
+			}
+			rec["links"], rec["tags"] = links, tags
+			out = append(out, rec)
+		}
+		return out, nil
+	case cypherLockDocuments:
+		for _, key := range stringsParam(params, "keys") {
+			if g.docs[key] == nil {
+				g.docs[key] = newModelDoc()
+			}
+		}
+		return nil, nil
+	case cypherLockTags:
+		for _, name := range stringsParam(params, "names") {
+			g.tags[name] = true
+		}
 		return nil, nil
 	case cypherMergeDocuments:
 		var out []record

@@ -89,7 +89,83 @@ func sortedDistinct(s []string) []string {
 	return slices.Compact(out)
 }
 
-// guardStatement is the first statement of a batch's transaction.
+// readStatement is the first statement of a batch's transaction: what the
+// graph holds of its documents, before any lock.
+func readStatement(batch []docRow) statement {
+	keys := make([]string, len(batch))
+	for i, r := range batch {
+		keys[i] = r.doc.Key
+	}
+	return statement{"readBatch", cypherReadBatch, map[string]any{"keys": keys}}
+}
+
+// heldDoc is what readBatch found of a document.
+type heldDoc struct {
+	versioned   bool // false: a stub
+	version     int64
+	links, tags []string
+}
+
+// readResult reads readBatch's answer, by key.
+func readResult(recs []record) (map[string]heldDoc, error) {
+	held := make(map[string]heldDoc, len(recs))
+	for _, rec := range recs {
+		var h heldDoc
+		key, ok := rec["key"].(string)
+		if !ok {
+			return nil, fmt.Errorf("readBatch answered %v, want a key", rec)
+		}
+		if rec["version"] != nil {
+			if h.version, ok = rec["version"].(int64); !ok {
+				return nil, fmt.Errorf("readBatch answered version %T for %q, want an integer", rec["version"], key)
+			}
+			h.versioned = true
+		}
+		if err := decodeValue(rec["links"], &h.links); err != nil {
+			return nil, fmt.Errorf("readBatch: links of %q: %w", key, err)
+		}
+		if err := decodeValue(rec["tags"], &h.tags); err != nil {
+			return nil, fmt.Errorf("readBatch: tags of %q: %w", key, err)
+		}
+		held[key] = h
+	}
+	return held, nil
+}
+
+// lockStatements lock every node the batch's transaction will write or
+// whose relationships it will write, documents by key and then tags by
+// name: every transaction takes its locks in this one order, and all of
+// them before any other write, so that concurrent transactions wait for
+// each other instead of deadlocking. The nodes are those of the batch's
+// documents, and, of each document that readBatch (held) shows the guard
+// will apply, its old and new link targets and tags: a document the
+// guard skips creates nothing, not even the stubs of its links. The
+// guard's own answer, under the lock, still decides what is written; the
+// prediction can only be wrong for a document written concurrently by
+// something else than this backend (calls for one document are never
+// concurrent), and then costs no more than a deadlock retried.
+func lockStatements(batch []docRow, held map[string]heldDoc) []statement {
+	var keys, tags []string
+	for _, r := range batch {
+		keys = append(keys, r.doc.Key)
+		h, ok := held[r.doc.Key]
+		if ok && h.versioned && (h.version > r.doc.Version || h.version == r.doc.Version && !r.doc.Repair) {
+			continue
+		}
+		keys = append(keys, r.doc.Links...)
+		keys = append(keys, h.links...)
+		tags = append(tags, r.doc.Tags...)
+		tags = append(tags, h.tags...)
+	}
+	out := []statement{{"lockDocuments", cypherLockDocuments, map[string]any{"keys": sortedDistinct(keys)}}}
+	if tags = sortedDistinct(tags); len(tags) > 0 {
+		out = append(out, statement{"lockTags", cypherLockTags, map[string]any{"names": tags}})
+	}
+	return out
+}
+
+// guardStatement is the statement after the locks of a batch's
+// transaction.
 func guardStatement(batch []docRow) statement {
 	rows := make([]map[string]any, len(batch))
 	for i, r := range batch {

@@ -84,7 +84,17 @@ func planTransactions(t *testing.T, docs []graph.Doc, batchSize int, stale ...st
 	}
 	var out []plannedTx
 	for _, batch := range batches {
-		p := plannedTx{statements: []statement{guardStatement(batch)}}
+		// readBatch finds the stale keys at a newer version, the
+		// others not at all.
+		held := map[string]heldDoc{}
+		for _, r := range batch {
+			if contains(stale, r.doc.Key) {
+				held[r.doc.Key] = heldDoc{versioned: true, version: r.doc.Version + 1}
+			}
+		}
+		p := plannedTx{statements: []statement{readStatement(batch)}}
+		p.statements = append(p.statements, lockStatements(batch, held)...)
+		p.statements = append(p.statements, guardStatement(batch))
 		flags := make([]bool, len(batch))
 		for j, r := range batch {
 			flags[j] = !contains(stale, r.doc.Key)
@@ -310,6 +320,57 @@ func TestGuardResult(t *testing.T) {
 	} {
 		if _, err := guardResult(batches[0], recs); err == nil {
 			t.Errorf("guardResult accepted %v", recs)
+		}
+	}
+}
+
+// The locks cover the old and new link targets and tags of every
+// document the guard will apply, documents before tags, each sorted; a
+// document the graph holds at its version (unless a repair) or a newer
+// one adds only its own node.
+func TestLockStatements(t *testing.T) {
+	batches, err := planBatches([]graph.Doc{
+		doc("b", 2, 0, []string{"z", "c"}, []string{"t2"}),
+		doc("a", 1, 0, []string{"x"}, []string{"t9"}),
+		repaired(doc("r", 3, 0, []string{"q"}, []string{"t4"})),
+		doc("n", 1, 0, []string{"m"}, []string{"t1"}),
+	}, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := map[string]heldDoc{
+		"b": {versioned: true, version: 1, links: []string{"old"}, tags: []string{"t0"}},
+		"a": {versioned: true, version: 1, links: []string{"y"}, tags: []string{"t8"}}, // stale: held at its version
+		"r": {versioned: true, version: 3},
+		// n is new: not held at all.
+	}
+	var got []string
+	for _, st := range lockStatements(batches[0], held) {
+		got = append(got, fmt.Sprintln(st.name, st.params))
+	}
+	want := []string{"lockDocuments map[keys:[a b c m n old q r z]]\n", "lockTags map[names:[t0 t1 t2 t4]]\n"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("locks %v\nwant  %v", got, want)
+	}
+}
+
+func TestReadResult(t *testing.T) {
+	held, err := readResult([]record{
+		{"key": "a", "version": int64(3), "links": []any{"b"}, "tags": []any{"t"}},
+		{"key": "s", "version": nil, "links": []any{}, "tags": []any{}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := held["a"]; !a.versioned || a.version != 3 || fmt.Sprint(a.links, a.tags) != "[b] [t]" {
+		t.Errorf("a = %+v", a)
+	}
+	if s := held["s"]; s.versioned {
+		t.Errorf("the stub s = %+v, want no version", s)
+	}
+	for _, bad := range []record{{"key": 1}, {"key": "a", "version": "3"}, {"key": "a", "links": []any{1}}} {
+		if _, err := readResult([]record{bad}); err == nil {
+			t.Errorf("readResult accepted %v", bad)
 		}
 	}
 }
