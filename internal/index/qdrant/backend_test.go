@@ -599,3 +599,26 @@ func TestUpsertWithAWrongSizeVectorWritesNothing(t *testing.T) {
 		t.Fatalf("%d points written in %d requests; want none", counts["a"], srv.Calls("Points/Upsert"))
 	}
 }
+
+// Each gRPC code as Qdrant means it (its StorageError to tonic mapping):
+// a refusal of the request or of the key is permanent, a state of the
+// server is transient and safe to retry.
+func TestErrorClassification(t *testing.T) {
+	for _, tc := range []struct {
+		code             codes.Code
+		permanent, retry bool
+	}{
+		{codes.InvalidArgument, true, false},
+		{codes.PermissionDenied, true, false},
+		{codes.Internal, false, true},
+		{codes.FailedPrecondition, false, true},
+		{codes.Unavailable, false, true},
+		{codes.ResourceExhausted, false, true},
+		{codes.NotFound, false, false},
+	} {
+		err := &qdrant.Error{Op: "upsert", Collection: "c", Err: status.Error(tc.code, "x")}
+		if err.Permanent() != tc.permanent || projector.IsPermanent(err) != tc.permanent || err.SafeToRetry() != tc.retry {
+			t.Errorf("%v: Permanent %v, SafeToRetry %v; want %v, %v", tc.code, err.Permanent(), err.SafeToRetry(), tc.permanent, tc.retry)
+		}
+	}
+}

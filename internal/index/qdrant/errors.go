@@ -50,9 +50,15 @@ func (e *Error) Code() codes.Code {
 
 // SafeToRetry reports whether the request may simply be sent again: every
 // write of the backend is idempotent, so a transient failure is retryable.
+// Besides the transport's transient codes, that is Qdrant's Internal (a
+// ServiceError: I/O, out of disk or memory, a cancelled operation) and
+// FailedPrecondition (writes locked, or a shard not in a state to serve
+// yet): states of the server, not of the request, that clear
+// (lib/storage/src/content_manager/errors.rs and conversions.rs).
 func (e *Error) SafeToRetry() bool {
 	switch e.Code() {
-	case codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted, codes.Aborted:
+	case codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted, codes.Aborted,
+		codes.Internal, codes.FailedPrecondition:
 		return true
 	}
 	return false
@@ -97,13 +103,17 @@ func (e *PointDimensionError) Is(target error) bool { return target == ErrDimens
 func (e *PointDimensionError) Permanent() bool { return true }
 
 // Permanent reports whether Qdrant rejected the request itself (a wrong
-// vector size, a malformed payload): sending it again cannot succeed. The
-// projector runtime dead-letters such an event after its redeliveries,
-// while every other failure (Qdrant down, a timeout, a missing collection
-// that a restart recreates) is retried until it clears.
+// vector size, a malformed payload, a strict-mode limit), or refused it
+// to this API key (PermissionDenied: Qdrant's Forbidden, such as a write
+// with a read-only key): sending it again cannot succeed. The projector
+// runtime dead-letters such an event after its redeliveries, while every
+// other failure (Qdrant down, a timeout, an Internal or FailedPrecondition
+// state of the server, a missing collection that a restart recreates) is
+// retried until it clears. The codes are Qdrant's StorageError mapping in
+// lib/storage/src/content_manager/conversions.rs.
 func (e *Error) Permanent() bool {
 	switch e.Code() {
-	case codes.InvalidArgument, codes.OutOfRange:
+	case codes.InvalidArgument, codes.OutOfRange, codes.PermissionDenied:
 		return true
 	}
 	return false
