@@ -174,6 +174,14 @@ func (b *Backend) Ensure(ctx context.Context, dim int) error {
 			return b.fail("create payload index on "+ix.field, err)
 		}
 	}
+	// Read back what the server made of the collection: a server may
+	// apply its own defaults (strict mode) to one created here.
+	if info, err = b.info(ctx); err != nil {
+		return b.fail("get collection", err)
+	}
+	if err := b.checkSettings(info); err != nil {
+		return err
+	}
 	b.dim.Store(int64(dim))
 	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
+	qd "github.com/qdrant/go-client/qdrant"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -620,5 +621,66 @@ func TestErrorClassification(t *testing.T) {
 		if err.Permanent() != tc.permanent || projector.IsPermanent(err) != tc.permanent || err.SafeToRetry() != tc.retry {
 			t.Errorf("%v: Permanent %v, SafeToRetry %v; want %v, %v", tc.code, err.Permanent(), err.SafeToRetry(), tc.permanent, tc.retry)
 		}
+	}
+}
+
+// createWith makes the collection as an operator (or a server's defaults)
+// would, before the backend's Ensure finds it.
+func createWith(t *testing.T, srv *qdranttest.Server, req *qd.CreateCollection) {
+	t.Helper()
+	c, err := qd.NewClient(&qd.Config{Host: srv.Host(), Port: srv.Port(), SkipCompatibilityCheck: true})
+	must(t, err)
+	defer c.Close()
+	req.CollectionName = "converge_chunks"
+	req.VectorsConfig = qd.NewVectorsConfig(&qd.VectorParams{Size: dim, Distance: qd.Distance_Cosine})
+	must(t, c.CreateCollection(ctx(), req))
+}
+
+// Strict mode refuses requests over its limits as InvalidArgument, which
+// would dead-letter every event: Ensure refuses the settings the backend
+// cannot work under, naming each, and works under the rest.
+func TestEnsureChecksStrictModeAndPreventUnoptimized(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		strict *qd.StrictModeConfig
+		opt    *qd.OptimizersConfigDiff
+		want   string // "" when Ensure succeeds
+	}{
+		{"exact counts", &qd.StrictModeConfig{Enabled: qd.PtrOf(true), SearchAllowExact: qd.PtrOf(false)}, nil, "search_allow_exact"},
+		{"query limit", &qd.StrictModeConfig{Enabled: qd.PtrOf(true), MaxQueryLimit: qd.PtrOf(uint32(100))}, nil, "max_query_limit"},
+		{"upsert batch", &qd.StrictModeConfig{Enabled: qd.PtrOf(true), UpsertMaxBatchsize: qd.PtrOf(uint64(64))}, nil, "upsert_max_batchsize"},
+		{"filter conditions", &qd.StrictModeConfig{Enabled: qd.PtrOf(true), FilterMaxConditions: qd.PtrOf(uint64(100))}, nil, "filter_max_conditions"},
+		{"prevent unoptimized", nil, &qd.OptimizersConfigDiff{PreventUnoptimized: qd.PtrOf(true)}, "prevent_unoptimized"},
+		{"disabled", &qd.StrictModeConfig{Enabled: qd.PtrOf(false), SearchAllowExact: qd.PtrOf(false)}, nil, ""},
+		{"workable", &qd.StrictModeConfig{Enabled: qd.PtrOf(true), UnindexedFilteringRetrieve: qd.PtrOf(false),
+			UnindexedFilteringUpdate: qd.PtrOf(false), MaxQueryLimit: qd.PtrOf(uint32(1000)), UpsertMaxBatchsize: qd.PtrOf(uint64(500))}, nil, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := qdranttest.Start(t)
+			createWith(t, srv, &qd.CreateCollection{StrictModeConfig: tc.strict, OptimizersConfig: tc.opt})
+			b := open(t, srv, nil)
+			err := b.Ensure(ctx(), dim)
+			if tc.want != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.want) {
+					t.Fatalf("Ensure: %v; want an error naming %s", err, tc.want)
+				}
+				return
+			}
+			must(t, err)
+			// Under a workable strict mode every operation goes through.
+			must(t, b.Upsert(ctx(), []index.Point{chunk("a", 1, 0, axis(0)), chunk("a", 2, 0, axis(1))}))
+			must(t, b.SetMarkers(ctx(), []index.Marker{{Key: "a", Version: 2}}))
+			must(t, b.DeleteStale(ctx(), []index.Keep{{Key: "a", Version: 2}}))
+			n, err := b.Counts(ctx(), []string{"a"})
+			must(t, err)
+			if n["a"] != 1 {
+				t.Fatalf("count %v; want a:1", n)
+			}
+			_, err = b.Points(ctx(), "a", false)
+			must(t, err)
+			must(t, b.ScanMarkers(ctx(), func(index.Marker) error { return nil }))
+			_, err = b.Search(ctx(), axis(0), 5)
+			must(t, err)
+		})
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/qdrant/go-client/qdrant"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 )
 
 // collection is one collection's configuration and points.
@@ -18,6 +19,10 @@ type collection struct {
 	indexes  map[string]qdrant.PayloadSchemaType
 	points   map[pointID]*point
 	byKey    map[string]map[pointID]*point // see keyindex.go
+	strict   *qdrant.StrictModeConfig      // see strict.go
+	// preventUnoptimized is optimizers_config.prevent_unoptimized, which
+	// the server reports only.
+	preventUnoptimized *bool
 }
 
 // maxVectorSize is Qdrant's limit on a dense vector's dimension.
@@ -80,6 +85,10 @@ func (cs *collectionsService) Create(_ context.Context, req *qdrant.CreateCollec
 		distance: p.GetDistance(),
 		indexes:  make(map[string]qdrant.PayloadSchemaType),
 		points:   make(map[pointID]*point),
+		strict:   proto.CloneOf(req.GetStrictModeConfig()),
+	}
+	if oc := req.GetOptimizersConfig(); oc != nil && oc.PreventUnoptimized != nil {
+		s.collections[name].preventUnoptimized = proto.Bool(oc.GetPreventUnoptimized())
 	}
 	return &qdrant.CollectionOperationResponse{Result: true, Time: since(start)}, nil
 }
@@ -128,9 +137,10 @@ func (cs *collectionsService) Get(_ context.Context, req *qdrant.GetCollectionIn
 						Distance: c.distance,
 					}),
 				},
-				HnswConfig:      &qdrant.HnswConfigDiff{},
-				OptimizerConfig: &qdrant.OptimizersConfigDiff{},
-				WalConfig:       &qdrant.WalConfigDiff{},
+				HnswConfig:       &qdrant.HnswConfigDiff{},
+				OptimizerConfig:  &qdrant.OptimizersConfigDiff{PreventUnoptimized: c.preventUnoptimized},
+				WalConfig:        &qdrant.WalConfigDiff{},
+				StrictModeConfig: proto.CloneOf(c.strict),
 			},
 			PayloadSchema:       schema,
 			PointsCount:         &count,

@@ -35,6 +35,10 @@
 // upsert with a wrong-size vector is refused only as that point is applied,
 // after the points before it are written (see Upsert), as in Qdrant.
 //
+// Strict mode is enforced as Qdrant enforces it (see strict.go), and
+// optimizers_config.prevent_unoptimized is stored and reported, though
+// the deferral of points it causes in Qdrant is not modelled.
+//
 // Anything it does not model (named or sparse vectors,
 // geo, text or datetime conditions, prefetch, order_by, shard keys, ...)
 // is rejected with codes.InvalidArgument or codes.Unimplemented rather than

@@ -47,6 +47,9 @@ func (ps *pointsService) Upsert(_ context.Context, req *qdrant.UpsertPoints) (*q
 		return nil, err
 	}
 	defer unlock()
+	if err := c.checkStrictUpsert(len(req.GetPoints())); err != nil {
+		return nil, err
+	}
 	incoming := make([]*point, len(req.GetPoints()))
 	for i, in := range req.GetPoints() {
 		id, err := parsePointID(in.GetId())
@@ -136,6 +139,9 @@ func (ps *pointsService) Delete(_ context.Context, req *qdrant.DeletePoints) (*q
 		return nil, err
 	}
 	defer unlock()
+	if err := c.checkStrictUpdate(filter); err != nil {
+		return nil, err
+	}
 	op := s.nextOperation()
 	if filter == nil {
 		for _, id := range ids {
@@ -207,6 +213,9 @@ func (ps *pointsService) Count(_ context.Context, req *qdrant.CountPoints) (*qdr
 		return nil, err
 	}
 	defer unlock()
+	if err := c.checkStrictRead(0, req.Filter, req.GetExact()); err != nil {
+		return nil, err
+	}
 	n := uint64(0)
 	c.candidates(req.Filter, func(p *point) {
 		if matches(req.Filter, p) {
@@ -254,6 +263,9 @@ func (ps *pointsService) Scroll(_ context.Context, req *qdrant.ScrollPoints) (*q
 		return nil, err
 	}
 	defer unlock()
+	if err := c.checkStrictRead(uint64(limit), req.Filter, false); err != nil {
+		return nil, err
+	}
 	var hits []*point
 	c.candidates(req.Filter, func(p *point) {
 		if (from == nil || comparePointIDs(p.id, *from) >= 0) && matches(req.Filter, p) {
@@ -308,6 +320,9 @@ func (ps *pointsService) Query(_ context.Context, req *qdrant.QueryPoints) (*qdr
 		return nil, err
 	}
 	defer unlock()
+	if err := c.checkStrictRead(limit, req.Filter, false); err != nil {
+		return nil, err
+	}
 	var vec []float32
 	switch in := nearest.Nearest.GetVariant().(type) {
 	case *qdrant.VectorInput_Dense:
@@ -358,6 +373,9 @@ func (ps *pointsService) Search(_ context.Context, req *qdrant.SearchPoints) (*q
 		return nil, err
 	}
 	defer unlock()
+	if err := c.checkStrictRead(req.GetLimit(), req.Filter, false); err != nil {
+		return nil, err
+	}
 	hits, err := search(c, req.GetVector(), req.Filter, req.GetLimit(), req.GetOffset(), req.ScoreThreshold, req.WithPayload, withVectors)
 	if err != nil {
 		return nil, err

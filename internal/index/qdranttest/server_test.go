@@ -407,3 +407,44 @@ func TestFail(t *testing.T) {
 	}()
 	s.Fail("Collections/UpdateAlias", true)
 }
+
+// Strict mode refuses, as InvalidArgument, exact counts when exact search
+// is off, filters on unindexed keys, limits and batches over its maxima.
+func TestStrictMode(t *testing.T) {
+	s := qdranttest.Start(t)
+	c := connect(t, s, "")
+	mustOK(t, c.CreateCollection(ctx(), &qdrant.CreateCollection{
+		CollectionName: "docs",
+		VectorsConfig:  qdrant.NewVectorsConfig(&qdrant.VectorParams{Size: 2, Distance: qdrant.Distance_Cosine}),
+		StrictModeConfig: &qdrant.StrictModeConfig{Enabled: qdrant.PtrOf(true), SearchAllowExact: qdrant.PtrOf(false),
+			UnindexedFilteringRetrieve: qdrant.PtrOf(false), UnindexedFilteringUpdate: qdrant.PtrOf(false),
+			MaxQueryLimit: qdrant.PtrOf(uint32(5)), UpsertMaxBatchsize: qdrant.PtrOf(uint64(2)), FilterMaxConditions: qdrant.PtrOf(uint64(2))},
+	}))
+	info, err := c.GetCollectionInfo(ctx(), "docs")
+	mustOK(t, err)
+	if !info.GetConfig().GetStrictModeConfig().GetEnabled() {
+		t.Fatalf("strict mode not reported: %v", info.GetConfig())
+	}
+	byKey := &qdrant.Filter{Must: []*qdrant.Condition{qdrant.NewMatchKeyword("k", "a")}}
+	_, err = c.Count(ctx(), &qdrant.CountPoints{CollectionName: "docs", Exact: qdrant.PtrOf(true)})
+	wantCode(t, err, codes.InvalidArgument)
+	_, err = c.Count(ctx(), &qdrant.CountPoints{CollectionName: "docs", Filter: byKey})
+	wantCode(t, err, codes.InvalidArgument)
+	_, err = c.Delete(ctx(), &qdrant.DeletePoints{CollectionName: "docs", Points: qdrant.NewPointsSelectorFilter(byKey)})
+	wantCode(t, err, codes.InvalidArgument)
+	_, err = c.Scroll(ctx(), &qdrant.ScrollPoints{CollectionName: "docs", Limit: qdrant.PtrOf(uint32(6))})
+	wantCode(t, err, codes.InvalidArgument)
+	_, err = c.Upsert(ctx(), &qdrant.UpsertPoints{CollectionName: "docs", Points: []*qdrant.PointStruct{
+		pt(1, []float32{1, 0}, nil), pt(2, []float32{1, 0}, nil), pt(3, []float32{1, 0}, nil)}})
+	wantCode(t, err, codes.InvalidArgument)
+
+	_, err = c.CreateFieldIndex(ctx(), &qdrant.CreateFieldIndexCollection{CollectionName: "docs", FieldName: "k", FieldType: qdrant.PtrOf(qdrant.FieldType_FieldTypeKeyword)})
+	mustOK(t, err)
+	_, err = c.Count(ctx(), &qdrant.CountPoints{CollectionName: "docs", Filter: byKey})
+	mustOK(t, err)
+	three := &qdrant.Filter{Must: []*qdrant.Condition{qdrant.NewMatchKeyword("k", "a"), qdrant.NewMatchKeyword("k", "b"), qdrant.NewMatchKeyword("k", "c")}}
+	_, err = c.Count(ctx(), &qdrant.CountPoints{CollectionName: "docs", Filter: three})
+	wantCode(t, err, codes.InvalidArgument)
+	_, err = c.Scroll(ctx(), &qdrant.ScrollPoints{CollectionName: "docs", Limit: qdrant.PtrOf(uint32(5))})
+	mustOK(t, err)
+}

@@ -1,0 +1,52 @@
+package qdrant
+
+import (
+	"fmt"
+
+	qd "github.com/qdrant/go-client/qdrant"
+)
+
+// checkSettings refuses, at start, a collection whose settings the backend
+// cannot work under, naming the setting, instead of failing each event.
+//
+// Strict mode (on by default for new collections on Qdrant Cloud) refuses
+// requests over its limits with InvalidArgument, which the projector would
+// take for a bad event and dead-letter (StrictModeVerification in
+// lib/collection/src/operations/verification/mod.rs). Unindexed filters
+// are no concern: Ensure indexes every field the backend filters on.
+//
+// prevent_unoptimized holds points back from count, scroll and retrieve
+// until their segment is optimized (tests/openapi/test_deferred_points.py
+// in Qdrant), so a count fence or a marker read right after a write would
+// be wrong.
+func (b *Backend) checkSettings(info *qd.CollectionInfo) error {
+	cfg := info.GetConfig()
+	if cfg.GetOptimizerConfig().GetPreventUnoptimized() {
+		return fmt.Errorf("qdrant: collection %q sets optimizers_config.prevent_unoptimized: counts and reads then skip points not yet optimized, so converge's count fences and version markers would be wrong; turn it off for this collection", b.cfg.Collection)
+	}
+	sm := cfg.GetStrictModeConfig()
+	if !sm.GetEnabled() {
+		return nil
+	}
+	refuse := func(setting, why string) error {
+		return fmt.Errorf("qdrant: collection %q in strict mode: strict_mode_config.%s %s", b.cfg.Collection, setting, why)
+	}
+	if sm.SearchAllowExact != nil && !sm.GetSearchAllowExact() {
+		return refuse("search_allow_exact", "is false: converge's count fences need exact counts; allow exact search")
+	}
+	if sm.MaxQueryLimit != nil && sm.GetMaxQueryLimit() < pageSize {
+		return refuse("max_query_limit", fmt.Sprintf("is %d: converge reads pages of %d points; raise it to at least %d", sm.GetMaxQueryLimit(), pageSize, pageSize))
+	}
+	if sm.UpsertMaxBatchsize != nil && sm.GetUpsertMaxBatchsize() < uint64(b.cfg.BatchSize) {
+		return refuse("upsert_max_batchsize", fmt.Sprintf("is %d, below the batch size %d: lower the batch size (CONVERGE_QDRANT_BATCH) to it", sm.GetUpsertMaxBatchsize(), b.cfg.BatchSize))
+	}
+	if sm.FilterMaxConditions != nil && sm.GetFilterMaxConditions() < deleteConditions(b.cfg.BatchSize) {
+		return refuse("filter_max_conditions", fmt.Sprintf("is %d: a delete of stale chunks for %d documents has up to %d conditions; raise it or lower the batch size", sm.GetFilterMaxConditions(), b.cfg.BatchSize, deleteConditions(b.cfg.BatchSize)))
+	}
+	return nil
+}
+
+// deleteConditions bounds the conditions of one DeleteStale request of n
+// keeps, counting a nested filter as a condition plus its own: per keep
+// one should clause holding key, type and the kept version.
+func deleteConditions(n int) uint64 { return uint64(n) * 4 }
