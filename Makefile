@@ -21,6 +21,12 @@ demo: deps ## the whole pipeline on embedded defaults: load a corpus, redeliver,
 	$(GO) build -o $(BIN)/ ./cmd/converge
 	$(BIN)/converge demo
 
+.PHONY: demo-neo4j
+demo-neo4j: deps ## the demo with the graph in a real Neo4j 5 server started for it (Java 17 and Maven; installed when missing and root)
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/ ./cmd/converge
+	bash scripts/neo4j-server.sh run --services -- $(BIN)/converge demo
+
 .PHONY: dev
 dev: deps ## the whole pipeline in one process on embedded defaults, until Ctrl-C
 	@mkdir -p $(BIN)

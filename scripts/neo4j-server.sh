@@ -8,6 +8,10 @@
 #   scripts/neo4j-server.sh run -- CMD  start in a temporary DIR, run CMD with
 #                                       CONVERGE_TEST_NEO4J_{URL,URLS,USER,PASSWORD,DIR}
 #                                       exported, stop, exit with CMD's status
+#   scripts/neo4j-server.sh run --services -- CMD
+#                                       the same, with CONVERGE_NEO4J_URL, _USER and
+#                                       _PASSWORD exported instead: CMD's services
+#                                       put the graph in this Neo4j (make demo-neo4j)
 #   scripts/neo4j-server.sh build       build the launcher only
 #
 # Settings (environment):
@@ -135,6 +139,8 @@ stop)
 	;;
 run)
 	shift
+	services=
+	[[ ${1:-} == --services ]] && { services=1; shift; }
 	[[ ${1:-} == -- ]] && shift
 	[[ $# -gt 0 ]] || die "usage: $0 run -- COMMAND [ARGS...]"
 	dir=$(mktemp -d "${TMPDIR:-/tmp}/converge-neo4j.XXXXXX")
@@ -142,6 +148,14 @@ run)
 	trap 'exit 130' INT TERM
 	NEO4J_PARENT_PID=$$ start "$dir" >/dev/null
 	get() { sed -n "s/^$1=//p" "$dir/server.env"; }
+	if [[ -n $services ]]; then
+		CONVERGE_NEO4J_URL=$(get CONVERGE_NEO4J_URL) CONVERGE_NEO4J_USER=$(get CONVERGE_NEO4J_USER) \
+			CONVERGE_NEO4J_PASSWORD=$(get CONVERGE_NEO4J_PASSWORD)
+		export CONVERGE_NEO4J_URL CONVERGE_NEO4J_USER CONVERGE_NEO4J_PASSWORD
+		status=0
+		"$@" || status=$?
+		exit "$status"
+	fi
 	# The tests' names only: CONVERGE_NEO4J_* would switch the services that
 	# CMD starts to Neo4j, changing what their tests mean.
 	CONVERGE_TEST_NEO4J_URLS=$(get CONVERGE_NEO4J_URLS) CONVERGE_TEST_NEO4J_URL=$(get CONVERGE_NEO4J_URL) \
@@ -152,5 +166,5 @@ run)
 	"$@" || status=$?
 	exit "$status"
 	;;
-*) die "usage: $0 start DIR | stop DIR | run -- COMMAND | build" ;;
+*) die "usage: $0 start DIR | stop DIR | run [--services] -- COMMAND | build" ;;
 esac

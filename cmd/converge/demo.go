@@ -10,6 +10,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -55,7 +56,14 @@ func demo(ctx context.Context, args []string, out io.Writer) error {
 	cfg.graphChild = true
 	d := &demoRun{out: out, began: time.Now()}
 
-	d.step("starting the pipeline: a throwaway PostgreSQL 15, an embedded NATS JetStream server, the writer, the relay, the index projector, and the graph projector as a child process")
+	indexIn, graphIn := "the embedded index", "the embedded graph"
+	if cfg.index.QdrantURL != "" {
+		indexIn = "Qdrant at " + cfg.index.QdrantURL
+	}
+	if cfg.graph.Neo4jURL != "" {
+		graphIn = "Neo4j at " + redactURL(cfg.graph.Neo4jURL)
+	}
+	d.step(fmt.Sprintf("starting the pipeline: a throwaway PostgreSQL 15, an embedded NATS JetStream server, the writer, the relay, the index projector (into %s), and the graph projector as a child process (into %s)", indexIn, graphIn))
 	s, err := startDev(ctx, cfg)
 	if err != nil {
 		return err
@@ -395,3 +403,12 @@ func sampleCorpus(n int, revision int64) []map[string]any {
 }
 
 func corpusKey(topic string, i int) string { return fmt.Sprintf("wiki/%s/%03d", topic, i) }
+
+// redactURL is raw without any password it carries.
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "the configured URL"
+	}
+	return u.Redacted()
+}

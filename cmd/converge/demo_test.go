@@ -10,6 +10,9 @@ import (
 	"time"
 
 	"github.com/converge-sync/converge/internal/config"
+	"github.com/converge-sync/converge/internal/graph"
+	"github.com/converge-sync/converge/internal/graph/neo4j"
+	"github.com/converge-sync/converge/internal/testenv"
 )
 
 // The demo runs end to end on embedded defaults (a small corpus): load,
@@ -40,6 +43,55 @@ func TestDemo(t *testing.T) {
 	}
 	if strings.Contains(out.String(), "events redelivered, skipped as applied  0") {
 		t.Error("the redelivery step redelivered nothing")
+	}
+}
+
+// With CONVERGE_NEO4J_URL set (as `make demo-neo4j` sets it), the demo
+// runs with the graph in Neo4j, the real test server here, and ends with
+// verify agreeing.
+func TestDemoOnNeo4j(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the demo takes a while")
+	}
+	n := testenv.LeaseNeo4j(t)
+	t.Setenv("CONVERGE_NEO4J_URL", n.URL)
+	t.Setenv("CONVERGE_NEO4J_USER", n.User)
+	t.Setenv("CONVERGE_NEO4J_PASSWORD", n.Password)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	err := demo(ctx, []string{"-docs", "60"}, &out)
+	t.Logf("demo output:\n%s", out.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	flat := strings.Join(strings.Fields(out.String()), " ")
+	for _, want := range []string{"the graph projector as a child process (into Neo4j at " + n.URL + ")",
+		"graph AGREES with Postgres", "index AGREES with Postgres"} {
+		if !strings.Contains(flat, want) {
+			t.Errorf("the demo's output lacks %q", want)
+		}
+	}
+	if strings.Contains(out.String(), n.Password) {
+		t.Error("the demo's output shows the Neo4j password")
+	}
+	// The graph the demo verified is in Neo4j, not in an embedded store.
+	b, err := neo4j.New(ctx, neo4j.Config{URL: n.URL, User: n.User, Password: n.Password})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	docs := 0
+	if err := b.ScanDocuments(ctx, func(v graph.View) error {
+		if !v.Stub {
+			docs++
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if docs < 60 {
+		t.Errorf("Neo4j holds %d written documents after the demo; want at least its 60", docs)
 	}
 }
 
