@@ -82,7 +82,11 @@ fuzz: ## run every fuzz target for FUZZTIME each (default 30s)
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeNodes$$' -fuzztime $${FUZZTIME:-30s} ./internal/graph/embedded
 
 .PHONY: bench
-bench: deps ## benchmarks; each comparison runs both sides in one run and prints the ratio
+bench: deps ## benchmarks; each comparison runs both sides in one run and prints the ratio (starts a Neo4j server for the graph's)
+	NEO4J_HEAP=$${NEO4J_HEAP:-2g} bash scripts/neo4j-server.sh run -- $(MAKE) --no-print-directory bench-run
+
+.PHONY: bench-run
+bench-run: ## the benchmarks of make bench, on the Neo4j server of CONVERGE_TEST_NEO4J_URL (or one each package starts)
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -count 1 ./internal/docstore ./internal/chunking ./pkg/contract
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count $${RELAY_RUNS:-3} ./internal/relay
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count 3 ./internal/index ./internal/graph

@@ -34,6 +34,7 @@ import (
 	"github.com/converge-sync/converge/internal/graph"
 	gbackends "github.com/converge-sync/converge/internal/graph/backends"
 	gembedded "github.com/converge-sync/converge/internal/graph/embedded"
+	"github.com/converge-sync/converge/internal/graph/neo4j"
 	"github.com/converge-sync/converge/internal/index"
 	ibackends "github.com/converge-sync/converge/internal/index/backends"
 	iembedded "github.com/converge-sync/converge/internal/index/embedded"
@@ -41,6 +42,7 @@ import (
 	"github.com/converge-sync/converge/internal/projector"
 	rebuildpkg "github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/relay"
+	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/internal/verify"
 	"github.com/converge-sync/converge/internal/verify/postgres"
 	"github.com/converge-sync/converge/pkg/contract"
@@ -1142,6 +1144,90 @@ func BenchmarkRebuildIndex(b *testing.B) {
 			}
 			return p, count, st.Close
 		})
+	})
+	// The graph in Neo4j (the project's test server): first the projector
+	// runtime filling an emptied database from the stream's start, then the
+	// rebuild as converge rebuild graph runs it there, in place: the wipe of
+	// the full graph, the fill, the activation.
+	b.Run("graph-neo4j", func(b *testing.B) {
+		once.Do(func() { b.Log(filled) })
+		n4 := testenv.LeaseNeo4j(b)
+		cfg := gbackends.Config{Neo4jURL: n4.URL, Neo4jUser: n4.User, Neo4jPassword: n4.Password, Neo4jDatabase: "neo4j",
+			Neo4jBatch: 100}
+		var fill, rebuilt time.Duration
+		for range b.N {
+			runs++
+			backend, err := neo4j.New(ctx, neo4j.Config{URL: n4.URL, User: n4.User, Password: n4.Password})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := backend.Wipe(ctx); err != nil {
+				b.Fatal(err)
+			}
+			p, err := graph.New(ctx, backend)
+			if err != nil {
+				b.Fatal(err)
+			}
+			name := fmt.Sprintf("rebuild-graph-neo4j-%d", runs)
+			r, err := projector.New(js, p, projector.Config{Name: name, StopWhenCaughtUp: true}, nil, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			start := time.Now()
+			if err := r.Run(ctx); err != nil {
+				b.Fatal(err)
+			}
+			fill += time.Since(start)
+			if docs, err := verify.ReadGraph(ctx, backend); err != nil || len(docs) != n {
+				b.Fatalf("after the fill Neo4j holds %d documents (%v), want %d", len(docs), err, n)
+			}
+			_ = backend.Close()
+			if err := js.DeleteConsumer(ctx, "CONVERGE_DOCS", name); err != nil {
+				b.Fatal(err)
+			}
+
+			c := cfg
+			c.DataDir = b.TempDir()
+			stores := gbackends.NewStores(&c, nil)
+			live, err := stores.Open(ctx, "neo4j")
+			if err != nil {
+				b.Fatal(err)
+			}
+			sw := rebuildpkg.NewSwitch(live)
+			m, err := rebuildpkg.NewManager(rebuildpkg.Config{Runtime: projector.Config{Name: "bench-graph"}}, stores, sw, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			runCtx, stop := context.WithCancel(ctx)
+			done := make(chan struct{})
+			go func() { defer close(done); _ = m.Run(runCtx, js) }()
+			start = time.Now()
+			for {
+				if _, _, err := m.Start(ctx); err == nil {
+					break
+				}
+				time.Sleep(10 * time.Millisecond) // the manager is still connecting
+			}
+			for st := m.Status(ctx); st.Phase != rebuildpkg.PhaseDone; st = m.Status(ctx) {
+				if st.Error != "" {
+					b.Logf("rebuild: %s", st.Error)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			rebuilt += time.Since(start)
+			g := sw.Live().Store.(*graph.Projection)
+			if docs, err := verify.ReadGraph(ctx, g.Backend()); err != nil || len(docs) != n {
+				b.Fatalf("after the rebuild in place Neo4j holds %d documents (%v), want %d", len(docs), err, n)
+			}
+			stop()
+			<-done
+			_ = sw.Close()
+		}
+		per := fill / time.Duration(b.N)
+		b.ReportMetric(float64(n)/per.Seconds(), "fill_docs/s")
+		b.Logf("the projector runtime filling an empty Neo4j from %d events: %v, %.0f docs/s (absolute, this machine)",
+			n, per.Round(time.Millisecond), float64(n)/per.Seconds())
+		reportRebuild(b, "rebuild in place (wipe of the full graph, fill) of the graph in Neo4j", n, rebuilt)
 	})
 }
 
