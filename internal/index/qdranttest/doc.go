@@ -24,7 +24,10 @@
 //     integers, range, has_id, is_empty and is_null;
 //   - the api-key (or "authorization: Bearer") metadata when the server has
 //     a key; HealthCheck is exempt, as in Qdrant, and reports version
-//     [Version].
+//     [Version]. A read-only key ([WithReadOnlyAPIKey]) may make every
+//     read, and every write made with it is codes.PermissionDenied, as
+//     Qdrant refuses its read-only key; [Server.SetAPIKeys] changes the
+//     keys under running clients.
 //
 // It is strict where Qdrant is: a missing collection is codes.NotFound, a
 // wrong vector size, a malformed id or a malformed request is

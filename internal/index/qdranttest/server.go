@@ -28,9 +28,20 @@ const maxMessageBytes = 32 << 20
 type Option func(*Server)
 
 // WithAPIKey makes the server require key in the "api-key" metadata (or as
-// "authorization: Bearer <key>") on every call but HealthCheck.
+// "authorization: Bearer <key>") on every call but HealthCheck: Qdrant's
+// service.api_key, which may read and write.
 func WithAPIKey(key string) Option {
-	return func(s *Server) { s.apiKey = key }
+	return func(s *Server) { s.keys.readWrite = key }
+}
+
+// WithReadOnlyAPIKey makes the server accept key too, for reads only:
+// Qdrant's service.read_only_api_key. Every write made with it (upsert,
+// delete, payload and vector updates, payload indexes, creating, updating
+// or deleting a collection, alias changes) is refused with
+// codes.PermissionDenied, "Forbidden: Global manage access is required",
+// and has no effect. Alone, without [WithAPIKey], no key may write.
+func WithReadOnlyAPIKey(key string) Option {
+	return func(s *Server) { s.keys.readOnly = key }
 }
 
 // WithVersion makes HealthCheck report version v instead of [Version].
@@ -41,10 +52,12 @@ func WithVersion(v string) Option {
 // Server is an in-process Qdrant gRPC server. Its methods are safe for
 // concurrent use.
 type Server struct {
-	apiKey  string
 	version string
 	lis     net.Listener
 	grpc    *grpc.Server
+
+	keysMu sync.RWMutex
+	keys   apiKeys
 
 	statsMu sync.Mutex
 	stats   map[string]*callStats // by "Service/Method", e.g. "Points/Upsert"
@@ -101,10 +114,41 @@ func (s *Server) Host() string { return s.lis.Addr().(*net.TCPAddr).IP.String() 
 // Port is the server's TCP port, for qdrant.Config.
 func (s *Server) Port() int { return s.lis.Addr().(*net.TCPAddr).Port }
 
-// authenticate enforces the API key the way Qdrant does: health checks are
-// open, every other call needs the key.
+// apiKeys are the keys the server accepts; an empty key is unset, as in
+// Qdrant (AuthKeys::try_create in src/common/auth/mod.rs).
+type apiKeys struct {
+	readWrite, readOnly string
+}
+
+// SetAPIKeys replaces the server's keys, as restarting Qdrant with another
+// service.api_key and service.read_only_api_key does: a client that keeps
+// its key may lose (or regain) the right to write. Empty strings unset
+// them, leaving the server open.
+func (s *Server) SetAPIKeys(readWrite, readOnly string) {
+	s.keysMu.Lock()
+	defer s.keysMu.Unlock()
+	s.keys = apiKeys{readWrite: readWrite, readOnly: readOnly}
+}
+
+// authenticate enforces the API keys the way Qdrant does: health checks are
+// open, every other call needs a key. The read-write key may do anything;
+// the read-only key is Qdrant's global read access (Access::full_ro in
+// AuthKeys::validate_request, src/common/auth/mod.rs), which the gRPC
+// middleware lets through (src/tonic/auth.rs) and every write then fails
+// its access check: GlobalAccessMode::meets_requirements refuses a write
+// or manage requirement with StorageError::Forbidden "Global manage access
+// is required" (lib/storage/src/rbac/mod.rs), which Qdrant prints with the
+// prefix "Forbidden: " (lib/storage/src/content_manager/errors.rs) and
+// sends as codes.PermissionDenied (lib/storage/src/content_manager/
+// conversions.rs). Qdrant checks access before it looks up the collection
+// (TableOfContent::update in lib/storage/src/content_manager/toc/
+// point_ops.rs), so a write with the read-only key is refused here, before
+// any handler, whether or not its collection exists.
 func (s *Server) authenticate(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if s.apiKey == "" || info.FullMethod == "/qdrant.Qdrant/HealthCheck" {
+	s.keysMu.RLock()
+	keys := s.keys
+	s.keysMu.RUnlock()
+	if keys == (apiKeys{}) || info.FullMethod == "/qdrant.Qdrant/HealthCheck" {
 		return handler(ctx, req)
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
@@ -114,13 +158,53 @@ func (s *Server) authenticate(ctx context.Context, req any, info *grpc.UnaryServ
 	} else if v := md.Get("authorization"); len(v) > 0 {
 		given, _ = strings.CutPrefix(v[0], "Bearer ")
 	}
-	if given == "" {
+	switch {
+	case given == "":
 		return nil, status.Error(codes.Unauthenticated, "Must provide an API key or an Authorization bearer token")
+	case keyIs(given, keys.readWrite):
+		return handler(ctx, req)
+	case keyIs(given, keys.readOnly):
+		if writeMethods[strings.TrimPrefix(info.FullMethod, "/qdrant.")] {
+			return nil, status.Error(codes.PermissionDenied, "Forbidden: Global manage access is required")
+		}
+		return handler(ctx, req)
 	}
-	if subtle.ConstantTimeCompare([]byte(given), []byte(s.apiKey)) != 1 {
-		return nil, status.Error(codes.Unauthenticated, "Invalid API key or JWT")
-	}
-	return handler(ctx, req)
+	return nil, status.Error(codes.Unauthenticated, "Invalid API key or JWT")
+}
+
+func keyIs(given, key string) bool {
+	return key != "" && subtle.ConstantTimeCompare([]byte(given), []byte(key)) == 1
+}
+
+// writeMethods are the calls that need more than read access, named as for
+// [Server.Calls]: point, vector and payload updates need write access,
+// payload indexes write and manage access, and collection and alias
+// changes manage access (the access_requirements of
+// CollectionUpdateOperations and check_collection_meta_operation in
+// lib/storage/src/rbac/ops_checks.rs). Every other call of the services
+// the server registers only reads. Some of these the server does not
+// serve (it answers Unimplemented to the read-write key); the read-only
+// key is refused them all the same, as Qdrant refuses it before applying
+// anything.
+var writeMethods = map[string]bool{
+	"Collections/Create":                       true,
+	"Collections/Update":                       true,
+	"Collections/Delete":                       true,
+	"Collections/UpdateAliases":                true,
+	"Collections/UpdateCollectionClusterSetup": true,
+	"Collections/CreateShardKey":               true,
+	"Collections/DeleteShardKey":               true,
+	"Points/Upsert":                            true,
+	"Points/Delete":                            true,
+	"Points/UpdateVectors":                     true,
+	"Points/DeleteVectors":                     true,
+	"Points/SetPayload":                        true,
+	"Points/OverwritePayload":                  true,
+	"Points/DeletePayload":                     true,
+	"Points/ClearPayload":                      true,
+	"Points/CreateFieldIndex":                  true,
+	"Points/DeleteFieldIndex":                  true,
+	"Points/UpdateBatch":                       true,
 }
 
 type healthService struct {

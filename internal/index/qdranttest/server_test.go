@@ -2,6 +2,7 @@ package qdranttest_test
 
 import (
 	"context"
+	"errors"
 	"math"
 	"slices"
 	"testing"
@@ -446,5 +447,129 @@ func TestStrictMode(t *testing.T) {
 	_, err = c.Count(ctx(), &qdrant.CountPoints{CollectionName: "docs", Filter: three})
 	wantCode(t, err, codes.InvalidArgument)
 	_, err = c.Scroll(ctx(), &qdrant.ScrollPoints{CollectionName: "docs", Limit: qdrant.PtrOf(uint32(5))})
+	mustOK(t, err)
+}
+
+// The read-only key reads everything and writes nothing: each write is
+// PermissionDenied with Qdrant's message, whether or not its collection
+// exists, and leaves the collection, its points, indexes and aliases as
+// they were. The read-write key still writes, and any other key is
+// Unauthenticated.
+func TestReadOnlyAPIKey(t *testing.T) {
+	s := qdranttest.Start(t, qdranttest.WithAPIKey("rw"), qdranttest.WithReadOnlyAPIKey("ro"))
+	rw, ro := connect(t, s, "rw"), connect(t, s, "ro")
+	create(t, rw, "docs", 2, qdrant.Distance_Cosine)
+	upsert(t, rw, "docs", pt(1, []float32{1, 0}, map[string]any{"k": "a"}))
+	mustOK(t, rw.CreateAlias(ctx(), "live", "docs"))
+
+	_, err := ro.GetCollectionInfo(ctx(), "live")
+	mustOK(t, err)
+	_, err = ro.ListCollections(ctx())
+	mustOK(t, err)
+	_, err = ro.CollectionExists(ctx(), "docs")
+	mustOK(t, err)
+	_, err = ro.ListAliases(ctx())
+	mustOK(t, err)
+	_, err = ro.Count(ctx(), &qdrant.CountPoints{CollectionName: "docs"})
+	mustOK(t, err)
+	_, err = ro.Scroll(ctx(), &qdrant.ScrollPoints{CollectionName: "docs"})
+	mustOK(t, err)
+	_, err = ro.Get(ctx(), &qdrant.GetPoints{CollectionName: "docs", Ids: []*qdrant.PointId{qdrant.NewIDNum(1)}})
+	mustOK(t, err)
+	_, err = ro.Query(ctx(), &qdrant.QueryPoints{CollectionName: "docs", Query: qdrant.NewQuery(1, 0)})
+	mustOK(t, err)
+
+	vectors := qdrant.NewVectorsConfig(&qdrant.VectorParams{Size: 2, Distance: qdrant.Distance_Cosine})
+	byID := qdrant.NewPointsSelector(qdrant.NewIDNum(1))
+	writes := map[string]func(collection string) error{
+		"Upsert": func(c string) error {
+			_, err := ro.Upsert(ctx(), &qdrant.UpsertPoints{CollectionName: c, Wait: qdrant.PtrOf(true),
+				Points: []*qdrant.PointStruct{pt(2, []float32{0, 1}, nil)}})
+			return err
+		},
+		"Delete by id": func(c string) error {
+			_, err := ro.Delete(ctx(), &qdrant.DeletePoints{CollectionName: c, Wait: qdrant.PtrOf(true), Points: byID})
+			return err
+		},
+		"Delete by filter": func(c string) error {
+			_, err := ro.Delete(ctx(), &qdrant.DeletePoints{CollectionName: c, Wait: qdrant.PtrOf(true),
+				Points: qdrant.NewPointsSelectorFilter(&qdrant.Filter{})})
+			return err
+		},
+		"SetPayload": func(c string) error {
+			_, err := ro.SetPayload(ctx(), &qdrant.SetPayloadPoints{CollectionName: c, Wait: qdrant.PtrOf(true),
+				Payload: qdrant.NewValueMap(map[string]any{"k": "b"}), PointsSelector: byID})
+			return err
+		},
+		"CreateFieldIndex": func(c string) error {
+			_, err := ro.CreateFieldIndex(ctx(), &qdrant.CreateFieldIndexCollection{CollectionName: c, Wait: qdrant.PtrOf(true),
+				FieldName: "k", FieldType: qdrant.PtrOf(qdrant.FieldType_FieldTypeKeyword)})
+			return err
+		},
+		"DeleteFieldIndex": func(c string) error {
+			_, err := ro.DeleteFieldIndex(ctx(), &qdrant.DeleteFieldIndexCollection{CollectionName: c, Wait: qdrant.PtrOf(true), FieldName: "k"})
+			return err
+		},
+		"CreateCollection": func(c string) error {
+			return ro.CreateCollection(ctx(), &qdrant.CreateCollection{CollectionName: c + "_new", VectorsConfig: vectors})
+		},
+		"DeleteCollection": func(c string) error { return ro.DeleteCollection(ctx(), c) },
+		"CreateAlias":      func(c string) error { return ro.CreateAlias(ctx(), "other", c) },
+		"DeleteAlias":      func(string) error { return ro.DeleteAlias(ctx(), "live") },
+	}
+	for name, write := range writes {
+		for _, collection := range []string{"docs", "live", "missing"} {
+			err := write(collection)
+			var st interface{ GRPCStatus() *status.Status }
+			if !errors.As(err, &st) || st.GRPCStatus().Code() != codes.PermissionDenied ||
+				st.GRPCStatus().Message() != "Forbidden: Global manage access is required" {
+				t.Errorf("%s on %s with the read-only key: %v; want PermissionDenied, Forbidden: Global manage access is required", name, collection, err)
+			}
+		}
+	}
+
+	info, err := rw.GetCollectionInfo(ctx(), "docs")
+	mustOK(t, err)
+	if n, err := rw.Count(ctx(), &qdrant.CountPoints{CollectionName: "docs"}); err != nil || n != 1 {
+		t.Errorf("count after the refused writes: %d %v; want 1", n, err)
+	}
+	got, err := rw.Get(ctx(), &qdrant.GetPoints{CollectionName: "docs", Ids: []*qdrant.PointId{qdrant.NewIDNum(1)}, WithPayload: qdrant.NewWithPayload(true)})
+	mustOK(t, err)
+	if len(got) != 1 || got[0].GetPayload()["k"].GetStringValue() != "a" {
+		t.Errorf("point 1 after the refused writes: %v; want payload k=a", got)
+	}
+	if len(info.GetPayloadSchema()) != 0 {
+		t.Errorf("payload indexes after the refused writes: %v; want none", info.GetPayloadSchema())
+	}
+	names, err := rw.ListCollections(ctx())
+	mustOK(t, err)
+	aliases, err := rw.ListAliases(ctx())
+	mustOK(t, err)
+	if !slices.Equal(names, []string{"docs"}) || len(aliases) != 1 || aliases[0].GetAliasName() != "live" {
+		t.Errorf("collections %v and aliases %v after the refused writes; want [docs] and live", names, aliases)
+	}
+
+	upsert(t, rw, "docs", pt(2, []float32{0, 1}, nil))
+	_, err = connect(t, s, "wrong").Count(ctx(), &qdrant.CountPoints{CollectionName: "docs"})
+	wantCode(t, err, codes.Unauthenticated)
+}
+
+// Keys changed under a running client take effect on its next call: a
+// read-write key made read-only may no longer write, and may again once
+// restored.
+func TestSetAPIKeys(t *testing.T) {
+	s := qdranttest.Start(t, qdranttest.WithAPIKey("key"))
+	c := connect(t, s, "key")
+	create(t, c, "docs", 2, qdrant.Distance_Cosine)
+	s.SetAPIKeys("other", "key")
+	_, err := c.Upsert(ctx(), &qdrant.UpsertPoints{CollectionName: "docs", Points: []*qdrant.PointStruct{pt(1, []float32{1, 0}, nil)}})
+	wantCode(t, err, codes.PermissionDenied)
+	if n, err := c.Count(ctx(), &qdrant.CountPoints{CollectionName: "docs"}); err != nil || n != 0 {
+		t.Fatalf("count after a refused upsert: %d %v; want 0", n, err)
+	}
+	s.SetAPIKeys("key", "")
+	upsert(t, c, "docs", pt(1, []float32{1, 0}, nil))
+	s.SetAPIKeys("", "")
+	_, err = connect(t, s, "").Count(ctx(), &qdrant.CountPoints{CollectionName: "docs"})
 	mustOK(t, err)
 }
