@@ -602,15 +602,18 @@ func TestUpsertWithAWrongSizeVectorWritesNothing(t *testing.T) {
 }
 
 // Each gRPC code as Qdrant means it (its StorageError to tonic mapping):
-// a refusal of the request or of the key is permanent, a state of the
-// server is transient and safe to retry.
+// a refusal of the request is permanent, a state of the server is
+// transient and safe to retry, and a refusal of the key (Unauthenticated,
+// PermissionDenied) is neither: it holds for every event alike until the
+// operator fixes the key, so it is retried rather than dead-lettered.
 func TestErrorClassification(t *testing.T) {
 	for _, tc := range []struct {
 		code             codes.Code
 		permanent, retry bool
 	}{
 		{codes.InvalidArgument, true, false},
-		{codes.PermissionDenied, true, false},
+		{codes.PermissionDenied, false, false},
+		{codes.Unauthenticated, false, false},
 		{codes.Internal, false, true},
 		{codes.FailedPrecondition, false, true},
 		{codes.Unavailable, false, true},
@@ -683,4 +686,27 @@ func TestEnsureChecksStrictModeAndPreventUnoptimized(t *testing.T) {
 			must(t, err)
 		})
 	}
+}
+
+// A key that loses the right to write after Ensure (the operator swapped
+// it for a read-only one) fails every write alike, whatever the event:
+// PermissionDenied is not permanent, so the runtime retries the event
+// instead of dead-lettering it, and the write succeeds once the key may
+// write again.
+func TestPermissionDeniedDuringUpsertIsNotPermanent(t *testing.T) {
+	srv := qdranttest.Start(t, qdranttest.WithAPIKey("key"))
+	b := open(t, srv, func(c *qdrant.Config) { c.APIKey = "key" })
+	must(t, b.Ensure(ctx(), dim))
+	srv.SetAPIKeys("another", "key")
+	points := []index.Point{chunk("a", 1, 0, axis(0))}
+	err := b.Upsert(ctx(), points)
+	var qe *qdrant.Error
+	if !errors.As(err, &qe) || qe.Code() != codes.PermissionDenied {
+		t.Fatalf("Upsert with a key made read-only: %v; want a PermissionDenied *qdrant.Error", err)
+	}
+	if projector.IsPermanent(err) || qe.Permanent() {
+		t.Fatalf("Upsert with a key made read-only: %v is permanent; want it retried", err)
+	}
+	srv.SetAPIKeys("key", "")
+	must(t, b.Upsert(ctx(), points))
 }

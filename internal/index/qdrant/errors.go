@@ -54,7 +54,12 @@ func (e *Error) Code() codes.Code {
 // ServiceError: I/O, out of disk or memory, a cancelled operation) and
 // FailedPrecondition (writes locked, or a shard not in a state to serve
 // yet): states of the server, not of the request, that clear
-// (lib/storage/src/content_manager/errors.rs and conversions.rs).
+// (lib/storage/src/content_manager/errors.rs and conversions.rs). A key
+// the server refuses (Unauthenticated: a wrong key; PermissionDenied: a
+// key without the right, such as Qdrant's read-only key) is not: sending
+// the request again at once changes nothing until the operator fixes the
+// key. Neither is [Error.Permanent], so the projector runtime still
+// retries them, with its backoff.
 func (e *Error) SafeToRetry() bool {
 	switch e.Code() {
 	case codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted, codes.Aborted,
@@ -103,17 +108,24 @@ func (e *PointDimensionError) Is(target error) bool { return target == ErrDimens
 func (e *PointDimensionError) Permanent() bool { return true }
 
 // Permanent reports whether Qdrant rejected the request itself (a wrong
-// vector size, a malformed payload, a strict-mode limit), or refused it
-// to this API key (PermissionDenied: Qdrant's Forbidden, such as a write
-// with a read-only key): sending it again cannot succeed. The projector
-// runtime dead-letters such an event after its redeliveries, while every
-// other failure (Qdrant down, a timeout, an Internal or FailedPrecondition
-// state of the server, a missing collection that a restart recreates) is
-// retried until it clears. The codes are Qdrant's StorageError mapping in
+// vector size, a malformed payload, a strict-mode limit): sending it again
+// cannot succeed. The projector runtime dead-letters such an event after
+// its redeliveries, while every other failure (Qdrant down, a timeout, an
+// Internal or FailedPrecondition state of the server, a missing collection
+// that a restart recreates) is retried until it clears. The codes are
+// Qdrant's StorageError mapping in
 // lib/storage/src/content_manager/conversions.rs.
+//
+// A refusal of the key is retried too, though it clears only when the
+// operator fixes the key: Unauthenticated, and PermissionDenied (Qdrant's
+// Forbidden, lib/storage/src/rbac/mod.rs), which a read-only key or a JWT
+// without write access to the collection gets for every write alike.
+// They are properties of the credentials, not of the event: were they
+// permanent, every event would be dead-lettered. [Backend.Ensure] refuses
+// such a key at start.
 func (e *Error) Permanent() bool {
 	switch e.Code() {
-	case codes.InvalidArgument, codes.OutOfRange, codes.PermissionDenied:
+	case codes.InvalidArgument, codes.OutOfRange:
 		return true
 	}
 	return false
