@@ -133,9 +133,17 @@ func (b *Backend) Close() error { return b.client.Close() }
 // (keyword), version, version_high and version_low (integer). An existing
 // collection of another dimension or distance is an error; a collection
 // created concurrently by another process is fine.
+//
+// It first checks that the API key may write, and fails with a
+// [*WriteDeniedError] if not: on a collection already set up, Ensure
+// itself only reads, and a read-only key would pass it and then fail every
+// write the projector makes.
 func (b *Backend) Ensure(ctx context.Context, dim int) error {
 	if dim < 1 || dim > maxVectorSize {
 		return fmt.Errorf("qdrant: vector dimension %d is outside 1..%d", dim, maxVectorSize)
+	}
+	if err := b.checkWrite(ctx); err != nil {
+		return err
 	}
 	info, err := b.info(ctx)
 	switch {
@@ -184,6 +192,38 @@ func (b *Backend) Ensure(ctx context.Context, dim int) error {
 	}
 	b.dim.Store(int64(dim))
 	return nil
+}
+
+// writeCheckID is the point the write check deletes: the nil UUID, which
+// no point of converge has (chunk and marker ids are name-based SHA-1
+// UUIDs, whose version bits are never zero).
+const writeCheckID = "00000000-0000-0000-0000-000000000000"
+
+// checkWrite deletes writeCheckID, which changes nothing: Qdrant
+// authorises a delete of points by id exactly as it does an upsert (both
+// are point operations needing write access, lib/storage/src/rbac/
+// ops_checks.rs), and checks that access before anything else
+// (TableOfContent::update, lib/storage/src/content_manager/toc/
+// point_ops.rs). So PermissionDenied means the key may not write, whether
+// the collection exists or not, while NotFound (no collection yet, which
+// Ensure creates next) and FailedPrecondition (writes locked) come after
+// the access check and mean it may.
+func (b *Backend) checkWrite(ctx context.Context) error {
+	err := b.call(ctx, func(ctx context.Context) error {
+		_, err := b.client.GetPointsClient().Delete(ctx, &qd.DeletePoints{
+			CollectionName: b.cfg.Collection,
+			Wait:           qd.PtrOf(true),
+			Points:         qd.NewPointsSelector(qd.NewID(writeCheckID)),
+		})
+		return err
+	})
+	switch status.Code(err) {
+	case codes.OK, codes.NotFound, codes.FailedPrecondition:
+		return nil
+	case codes.PermissionDenied:
+		return &WriteDeniedError{Collection: b.cfg.Collection, Err: err}
+	}
+	return b.fail("check write access", err)
 }
 
 func (b *Backend) info(ctx context.Context) (*qd.CollectionInfo, error) {

@@ -688,6 +688,30 @@ func TestEnsureChecksStrictModeAndPreventUnoptimized(t *testing.T) {
 	}
 }
 
+// A key that may read but not write (Qdrant's read-only key) passes every
+// read Ensure makes on a collection that is already set up; Ensure must
+// still refuse it, naming the problem, so that the projector does not
+// start and dead-letter or stall on every event. It does so whether or not
+// the collection exists, and a key that may write is let through.
+func TestEnsureRefusesAKeyThatMayNotWrite(t *testing.T) {
+	srv := qdranttest.Start(t, qdranttest.WithAPIKey("rw"), qdranttest.WithReadOnlyAPIKey("ro"))
+	rw := open(t, srv, func(c *qdrant.Config) { c.APIKey = "rw" })
+	must(t, rw.Ensure(ctx(), dim))
+	must(t, rw.Upsert(ctx(), []index.Point{chunk("a", 1, 0, axis(0))}))
+	for _, collection := range []string{"converge_chunks", "not_yet_created"} {
+		ro := open(t, srv, func(c *qdrant.Config) { c.APIKey = "ro"; c.Collection = collection })
+		err := ro.Ensure(ctx(), dim)
+		want := fmt.Sprintf("the API key may not write to collection %q: a read-only key?", collection)
+		if !errors.Is(err, qdrant.ErrWriteDenied) || !strings.Contains(err.Error(), want) || status.Code(err) != codes.PermissionDenied {
+			t.Errorf("Ensure of %s with a read-only key: %v; want an error saying %q, with the PermissionDenied cause", collection, err, want)
+		}
+	}
+	must(t, rw.Ensure(ctx(), dim))
+	if counts, err := rw.Counts(ctx(), []string{"a"}); err != nil || counts["a"] != 1 {
+		t.Fatalf("counts after Ensure checked the key: %v %v; want a: 1", counts, err)
+	}
+}
+
 // A key that loses the right to write after Ensure (the operator swapped
 // it for a read-only one) fails every write alike, whatever the event:
 // PermissionDenied is not permanent, so the runtime retries the event

@@ -34,5 +34,9 @@
 // cosine collection when it stores them.
 //
 // A failed request returns an [*Error], which names the operation and the
-// collection and keeps the gRPC status as its cause.
+// collection and keeps the gRPC status as its cause. [Backend.Ensure]
+// checks with a write that changes nothing that the API key may write, and
+// returns a [*WriteDeniedError] for a key that may only read; a write
+// refused later (the key changed under a running projector) is retried,
+// not dead-lettered.
 package qdrant

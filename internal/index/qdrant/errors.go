@@ -15,6 +15,9 @@ import (
 // [Backend.Ensure] created it.
 var ErrCollectionNotFound = errors.New("qdrant: collection not found")
 
+// ErrWriteDenied is matched by every [*WriteDeniedError].
+var ErrWriteDenied = errors.New("qdrant: the API key may not write")
+
 // ErrDimensionMismatch is matched by every [*DimensionError].
 var ErrDimensionMismatch = errors.New("qdrant: vector dimension mismatch")
 
@@ -68,6 +71,24 @@ func (e *Error) SafeToRetry() bool {
 	}
 	return false
 }
+
+// WriteDeniedError is [Backend.Ensure] finding that its API key may not
+// write to the collection: Qdrant refused a write with PermissionDenied,
+// as it refuses every write made with its read-only key or with a JWT
+// that grants only read access. Err is the refusal.
+type WriteDeniedError struct {
+	Collection string
+	Err        error
+}
+
+func (e *WriteDeniedError) Error() string {
+	return fmt.Sprintf("qdrant: the API key may not write to collection %q: a read-only key? (%v)", e.Collection, e.Err)
+}
+
+func (e *WriteDeniedError) Unwrap() error { return e.Err }
+
+// Is makes errors.Is(err, ErrWriteDenied) true.
+func (e *WriteDeniedError) Is(target error) bool { return target == ErrWriteDenied }
 
 // DimensionError is [Backend.Ensure] finding a collection whose vectors
 // have another dimension than the embedder's.
