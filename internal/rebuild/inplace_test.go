@@ -17,7 +17,9 @@ import (
 type liveKey struct{}
 
 // recStore is a projection with the store's freshness guard, recording
-// who writes when: a stand-in for Neo4j, which does not run here.
+// who writes when, so that the test can tell which runtime wrote during
+// the rebuild (the rebuild in place of a real Neo4j is tested in
+// internal/graph/backends).
 type recStore struct {
 	mu         sync.Mutex
 	versions   map[string]int64
