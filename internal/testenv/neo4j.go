@@ -114,12 +114,47 @@ func findNeo4j() (*neo4jPool, error) {
 		}
 		return p, nil
 	}
-	return startOwnNeo4j()
+	return startOwnNeo4j(neo4jOwnInstances)
 }
 
-// startOwnNeo4j starts the project's server for this process alone. It
-// watches this process and stops (removing its folder) when it ends.
-func startOwnNeo4j() (*neo4jPool, error) {
+// Neo4jOptions are the settings of a server that [StartNeo4j] starts.
+type Neo4jOptions struct {
+	// TxMemory bounds the memory of each transaction, in bytes
+	// (db.memory.transaction.max; Neo4j's minimum is 1 MiB); 0 leaves it
+	// unbounded, as on the shared test server.
+	TxMemory int64
+}
+
+// StartNeo4j starts a test Neo4j server of its own for t, with opts, and
+// stops it when t ends: for a test that needs settings the shared server
+// of LeaseNeo4j does not have. It costs a server start (about 10 s). Where
+// no server can be had, t is skipped (or fails with CI=true) as by
+// LeaseNeo4j.
+func StartNeo4j(t testing.TB, opts Neo4jOptions) Neo4j {
+	t.Helper()
+	var env []string
+	if opts.TxMemory > 0 {
+		env = append(env, "NEO4J_TX_MEMORY="+strconv.FormatInt(opts.TxMemory, 10))
+	}
+	p, err := startOwnNeo4j(1, env...)
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("testenv: no Neo4j server, and CI=true requires one: %v", err)
+		}
+		t.Skipf("testenv: SKIPPING, no Neo4j server: %v (scripts/neo4j-server.sh needs Java 17 and Maven)", err)
+	}
+	t.Cleanup(func() {
+		if script, err := repoFile("scripts/neo4j-server.sh"); err == nil {
+			_ = exec.Command("bash", script, "stop", p.lockDir).Run()
+		}
+	})
+	return Neo4j{URL: p.urls[0], User: p.user, Password: p.password}
+}
+
+// startOwnNeo4j starts the project's server, with instances and the extra
+// settings env (NAME=VALUE), for this process alone. It watches this
+// process and stops (removing its folder) when it ends.
+func startOwnNeo4j(instances int, env ...string) (*neo4jPool, error) {
 	script, err := repoFile("scripts/neo4j-server.sh")
 	if err != nil {
 		return nil, err
@@ -131,8 +166,9 @@ func startOwnNeo4j() (*neo4jPool, error) {
 	cmd := exec.Command("bash", script, "start", dir)
 	cmd.Env = append(os.Environ(),
 		"NEO4J_PARENT_PID="+strconv.Itoa(os.Getpid()),
-		"NEO4J_INSTANCES="+strconv.Itoa(neo4jOwnInstances),
+		"NEO4J_INSTANCES="+strconv.Itoa(instances),
 		"NEO4J_REMOVE_DIR=1")
+	cmd.Env = append(cmd.Env, env...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -140,18 +176,18 @@ func startOwnNeo4j() (*neo4jPool, error) {
 		_ = os.RemoveAll(dir)
 		return nil, fmt.Errorf("%s start: %w: %s", script, err, strings.TrimSpace(lastLines(stderr.String(), 10)))
 	}
-	env := map[string]string{}
+	vars := map[string]string{}
 	sc := bufio.NewScanner(strings.NewReader(string(out)))
 	for sc.Scan() {
 		if k, v, ok := strings.Cut(sc.Text(), "="); ok {
-			env[k] = v
+			vars[k] = v
 		}
 	}
-	if env["CONVERGE_NEO4J_URLS"] == "" {
+	if vars["CONVERGE_NEO4J_URLS"] == "" {
 		return nil, fmt.Errorf("%s start printed no CONVERGE_NEO4J_URLS line: %q", script, out)
 	}
-	return &neo4jPool{urls: strings.Split(env["CONVERGE_NEO4J_URLS"], ","), user: env["CONVERGE_NEO4J_USER"],
-		password: env["CONVERGE_NEO4J_PASSWORD"], lockDir: dir}, nil
+	return &neo4jPool{urls: strings.Split(vars["CONVERGE_NEO4J_URLS"], ","), user: vars["CONVERGE_NEO4J_USER"],
+		password: vars["CONVERGE_NEO4J_PASSWORD"], lockDir: dir}, nil
 }
 
 // lease takes the first free instance, waiting for one; release frees it.
