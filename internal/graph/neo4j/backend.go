@@ -138,7 +138,7 @@ func (b *Backend) Apply(ctx context.Context, docs []graph.Doc) (applied []bool, 
 	}
 	applied = make([]bool, len(docs))
 	for _, batch := range batches {
-		flags, err := b.applyBatch(ctx, batch)
+		flags, err := b.applySplitting(ctx, batch)
 		if err != nil {
 			return nil, b.fail("apply", err)
 		}
@@ -149,20 +149,52 @@ func (b *Backend) Apply(ctx context.Context, docs []graph.Doc) (applied []bool, 
 	return applied, nil
 }
 
+// applySplitting applies batch in one transaction or, when that is too
+// large for the server ([ErrTooLarge]), in two halves, each split again
+// as needed: a batch as large as the server allows passes, and only a
+// single document too large fails.
+func (b *Backend) applySplitting(ctx context.Context, batch []docRow) ([]bool, error) {
+	flags, err := b.applyBatch(ctx, batch)
+	if err == nil || len(batch) == 1 || !errors.Is(err, ErrTooLarge) {
+		return flags, err
+	}
+	half := len(batch) / 2
+	first, err := b.applySplitting(ctx, batch[:half])
+	if err != nil {
+		return nil, err
+	}
+	second, err := b.applySplitting(ctx, batch[half:])
+	if err != nil {
+		return nil, err
+	}
+	return append(first, second...), nil
+}
+
+// errStopRetry ends a managed transaction's retries: the driver retries
+// every error wrapping a transient *neo4j.Neo4jError, and would retry one
+// too large for the server until Config.MaxRetryTime.
+var errStopRetry = errors.New("not retried")
+
 // applyBatch runs one batch's transaction and returns its applied flags.
 func (b *Backend) applyBatch(ctx context.Context, batch []docRow) ([]bool, error) {
 	var (
 		flags  []bool
 		failed string // the statement that failed last, to name in the error
+		large  error  // the error of a transaction too large for the server
 	)
 	err := b.run.ExecuteWrite(ctx, func(t tx) error {
-		flags, failed = nil, ""
+		flags, failed, large = nil, "", nil
 		// Errors of Run go back to the retry logic as they are: it
-		// recognises transient ones by their type.
+		// recognises transient ones by their type. A transaction too
+		// large would fail the same way again: it is not retried.
 		run := func(st statement) ([]record, error) {
 			recs, err := t.Run(ctx, st.cypher, st.params)
 			if err != nil {
 				failed = st.name
+				if tooLarge(err) {
+					large = err
+					return nil, errStopRetry
+				}
 			}
 			return recs, err
 		}
@@ -206,6 +238,12 @@ func (b *Backend) applyBatch(ctx context.Context, batch []docRow) ([]bool, error
 		flags = answer
 		return nil
 	})
+	if large == nil && tooLarge(err) { // at commit, after the driver's retries
+		large = err
+	}
+	if large != nil {
+		return nil, fmt.Errorf("%s: %d documents: %w: %w", failed, len(batch), ErrTooLarge, large)
+	}
 	if err != nil {
 		if failed != "" {
 			err = fmt.Errorf("%s: %w", failed, err)
@@ -287,36 +325,75 @@ func (b *Backend) ScanDocuments(ctx context.Context, fn func(graph.View) error) 
 }
 
 // Wipe deletes the whole projection (Document, Chunk and Tag nodes and
-// their relationships) in transactions of Config.BatchSize*10 nodes, for a
-// rebuild in place: Neo4j Community has one database, so a graph is
-// rebuilt by wiping it and replaying the stream. The constraints stay.
+// their relationships) for a rebuild in place: Neo4j Community has one
+// database, so a graph is rebuilt by wiping it and replaying the stream.
+// The constraints stay. It deletes the relationships first, then the
+// nodes, each in transactions of Config.BatchSize*10: deleting a node
+// deletes its relationships with it, so a tag or document with a large
+// fan-in would otherwise make one transaction of unbounded size, past
+// the server's transaction memory. A transaction still too large for the
+// server ([ErrTooLarge]: nodes with large properties) is tried again
+// with half as many. deleted counts the nodes.
 func (b *Backend) Wipe(ctx context.Context) (deleted int64, err error) {
 	limit := int64(b.cfg.BatchSize) * 10
-	for {
-		var n int64
-		err := b.run.ExecuteWrite(ctx, func(t tx) error {
-			recs, err := t.Run(ctx, cypherWipe, map[string]any{"limit": limit})
+	for _, st := range []struct{ name, cypher string }{
+		{"wipeRelationships", cypherWipeRelationships},
+		{"wipe", cypherWipe},
+	} {
+		for {
+			n, err := b.wipeBatch(ctx, st.name, st.cypher, limit)
+			if errors.Is(err, ErrTooLarge) && limit > 1 {
+				limit /= 2 // nodes with large properties take memory to delete
+				continue
+			}
 			if err != nil {
-				return err
+				return deleted, b.fail("wipe", err)
 			}
-			if len(recs) != 1 {
-				return fmt.Errorf("wipe returned %d records; want 1", len(recs))
+			if st.name == "wipe" {
+				deleted += n
 			}
-			v, ok := recs[0]["deleted"].(int64)
-			if !ok {
-				return fmt.Errorf("wipe returned deleted=%T; want an integer", recs[0]["deleted"])
+			if n < limit {
+				break
 			}
-			n = v
-			return nil
-		})
-		if err != nil {
-			return deleted, b.fail("wipe", err)
-		}
-		deleted += n
-		if n < limit {
-			return deleted, nil
 		}
 	}
+	return deleted, nil
+}
+
+// wipeBatch runs one transaction of Wipe: cypher deletes up to limit
+// relationships or nodes and answers how many.
+func (b *Backend) wipeBatch(ctx context.Context, name, cypher string, limit int64) (int64, error) {
+	var (
+		n     int64
+		large error
+	)
+	err := b.run.ExecuteWrite(ctx, func(t tx) error {
+		large = nil
+		recs, err := t.Run(ctx, cypher, map[string]any{"limit": limit})
+		if tooLarge(err) {
+			large = err
+			return errStopRetry
+		}
+		if err != nil {
+			return err
+		}
+		if len(recs) != 1 {
+			return fmt.Errorf("%s returned %d records; want 1", name, len(recs))
+		}
+		v, ok := recs[0]["deleted"].(int64)
+		if !ok {
+			return fmt.Errorf("%s returned deleted=%T; want an integer", name, recs[0]["deleted"])
+		}
+		n = v
+		return nil
+	})
+	if large == nil && tooLarge(err) {
+		large = err
+	}
+	if large != nil {
+		return 0, fmt.Errorf("%s of %d: %w: %w", name, limit, ErrTooLarge, large)
+	}
+	return n, err
 }
 
 // Close closes the driver and its connections.

@@ -402,8 +402,17 @@ func TestWipe(t *testing.T) {
 	if n := len(r.graph.docs) + len(r.graph.chunks) + len(r.graph.tags); n != 0 {
 		t.Errorf("%d nodes left after the wipe", n)
 	}
-	if txs := len(r.committed()) - before; txs != 3 { // 10 + 10 + 7
-		t.Errorf("the wipe took %d transactions; want 3", txs)
+	// 48 relationships (16 HAS_CHUNK, 16 LINKS_TO, 16 TAGGED) first:
+	// 10 + 10 + 10 + 10 + 8; then the 27 nodes: 10 + 10 + 7.
+	if txs := len(r.committed()) - before; txs != 8 {
+		t.Errorf("the wipe took %d transactions; want 8", txs)
+	}
+	var order []string
+	for _, calls := range r.committed()[before:] {
+		order = append(order, calls[0].name)
+	}
+	if want := "[wipeRelationships wipeRelationships wipeRelationships wipeRelationships wipeRelationships wipe wipe wipe]"; fmt.Sprint(order) != want {
+		t.Errorf("the wipe ran %v; want the relationships before the nodes", order)
 	}
 	if applied := mustApply(t, b, docs[0]); !applied[0] {
 		t.Error("a version the wiped graph held was not applied again")
@@ -416,12 +425,66 @@ func TestWipeError(t *testing.T) {
 	b := newTestBackend(r, 1)
 	mustApply(t, b, doc("a", 1, 1, nil, nil))
 	r.answer = func(name string, recs []record) []record {
-		if name == "wipe" {
+		if name == "wipeRelationships" {
 			return []record{{"deleted": "many"}}
 		}
 		return recs
 	}
-	if _, err := b.Wipe(ctx()); err == nil || !strings.Contains(err.Error(), "deleted=string") {
+	if _, err := b.Wipe(ctx()); err == nil || !strings.Contains(err.Error(), "wipeRelationships returned deleted=string") {
 		t.Fatalf("Wipe with a malformed answer: %v; want an error naming it", err)
+	}
+}
+
+var memoryError = &neo4j.Neo4jError{Code: "Neo.TransientError.General.MemoryPoolOutOfMemoryError", Msg: "db.memory.transaction.max threshold reached"}
+
+// A batch too large for the server's transaction memory is split in
+// halves, each split again as needed, without the driver retrying the
+// failed attempts; a single document too large fails permanently.
+func TestApplySplitsBatchTooLarge(t *testing.T) {
+	r := newFakeRunner()
+	b := newTestBackend(r, 100)
+	var guarded int // the size of the batch the running transaction writes
+	r.fail = func(_, _ int, name string) error {
+		if name == "mergeDocuments" && guarded > 2 {
+			return memoryError
+		}
+		return nil
+	}
+	var docs []graph.Doc
+	for _, k := range []string{"a", "b", "c", "d", "e"} {
+		docs = append(docs, doc(k, 1, 1, nil, nil))
+	}
+	r.onRun = func(c call) {
+		if c.name == "readBatch" {
+			guarded = len(c.params["keys"].([]string))
+		}
+	}
+	applied := mustApply(t, b, docs...)
+	if !slices.Equal(applied, []bool{true, true, true, true, true}) {
+		t.Fatalf("applied = %v", applied)
+	}
+	var got []string
+	for _, a := range r.attempts {
+		got = append(got, fmt.Sprint(guardKeys(a.calls), a.committed))
+	}
+	// [a b c d e] fails, then [a b] commits, [c d e] fails, [c] and [d e] commit.
+	if want := "[[a b c d e] false [a b] true [c d e] false [c] true [d e] true]"; fmt.Sprint(got) != want {
+		t.Fatalf("attempts %v\nwant %s", got, want)
+	}
+
+	r.fail = func(_, _ int, name string) error {
+		if name == "mergeDocuments" {
+			return memoryError
+		}
+		return nil
+	}
+	r.attempts = nil
+	_, err := b.Apply(ctx(), []graph.Doc{doc("z", 1, 1, nil, nil)})
+	var e *Error
+	if !errors.As(err, &e) || !e.Permanent() || !errors.Is(err, ErrTooLarge) || !errors.Is(err, memoryError) {
+		t.Fatalf("err = %v, want a permanent ErrTooLarge keeping the server's error", err)
+	}
+	if len(r.attempts) != 1 {
+		t.Fatalf("%d attempts of one document too large, want 1", len(r.attempts))
 	}
 }

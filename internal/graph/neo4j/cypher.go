@@ -140,9 +140,18 @@ const cypherScanDocuments = `MATCH (d:Document)
 WHERE d.key > $after
 WITH d ORDER BY d.key LIMIT $limit` + cypherView
 
+// cypherWipeRelationships deletes up to $limit of the projection's
+// relationships, for a rebuild in place; run until it deletes fewer,
+// before cypherWipe.
+const cypherWipeRelationships = `MATCH ()-[r:HAS_CHUNK|LINKS_TO|TAGGED]->()
+WITH r LIMIT $limit
+DELETE r
+RETURN count(*) AS deleted`
+
 // cypherWipe deletes up to $limit of the projection's nodes (documents,
-// chunks, tags) with their relationships, for a rebuild in place; run
-// until it deletes none. Nodes of other labels are left alone.
+// chunks, tags) with their remaining relationships, for a rebuild in
+// place; run until it deletes fewer. Nodes of other labels are left
+// alone.
 const cypherWipe = `MATCH (n)
 WHERE n:Document OR n:Chunk OR n:Tag
 WITH n LIMIT $limit

@@ -61,15 +61,30 @@
 // A batch commits whole or not at all. If Apply fails on a later batch, the
 // earlier batches stay committed; applying the same documents again is
 // harmless (the committed ones report not applied, their version being
-// stored already).
+// stored already). A batch that exceeds the server's bound on one
+// transaction's memory (db.memory.transaction.max) or time
+// (db.transaction.timeout) is not retried as it is (the same transaction
+// would fail the same way) but split in halves, each written in its own
+// transaction and split again as needed; a single document too large
+// fails with [ErrTooLarge].
+//
+// # Wipe
+//
+// [Backend.Wipe] empties the projection for a rebuild in place: the
+// relationships first, then the nodes, each in transactions of a bounded
+// number, so that a tag or document linked from very many documents is
+// never deleted with all of its relationships in one transaction.
 //
 // # Errors
 //
 // A failure returns an [*Error] naming the operation and the database and
 // keeping the driver's error as its cause. Its Permanent method, which the
 // projector runtime consults before dead-lettering, is true only when
-// Neo4j rejected the statement itself (Neo.ClientError.Statement.*, or
-// Neo.ClientError.Schema.ConstraintValidationFailed) or Apply was given
+// Neo4j rejected the statement itself (Neo.ClientError.Statement.*, but
+// for EntityNotFound, which a concurrent delete causes, or
+// Neo.ClientError.Schema.ConstraintValidationFailed), a single document
+// is too large for one transaction ([ErrTooLarge]), or Apply was given
 // documents it cannot write ([ErrInvalidDocs]); a count fence mismatch,
-// like an unreachable server, is retried.
+// like an unreachable server or a transaction that kept deadlocking past
+// Config.MaxRetryTime, is retried.
 package neo4j

@@ -16,11 +16,50 @@ var ErrInvalidDocs = errors.New("invalid documents")
 // ErrFenceMismatch is matched by every [*FenceError].
 var ErrFenceMismatch = errors.New("count fence mismatch")
 
+// ErrTooLarge is matched by the error of a transaction that exceeded the
+// server's memory or time bound for one transaction. Apply splits such a
+// batch in halves and tries again; a single document too large fails with
+// it, permanently.
+var ErrTooLarge = errors.New("too large for one transaction")
+
 // Codes of the Neo4j errors that retrying cannot fix.
 const (
 	codeStatementPrefix            = "Neo.ClientError.Statement."
 	codeConstraintValidationFailed = "Neo.ClientError.Schema.ConstraintValidationFailed"
+	// A statement that met an entity a concurrent transaction deleted:
+	// the next attempt does not meet it.
+	codeEntityNotFound = "Neo.ClientError.Statement.EntityNotFound"
 )
+
+// Codes of a transaction that went past the memory (db.memory.transaction.max,
+// or the pool of all transactions) or time (db.transaction.timeout) bound of
+// the server. The server calls the first transient, but the same
+// transaction fails the same way again: only a smaller one can pass.
+var codesTooLarge = map[string]bool{
+	"Neo.TransientError.General.MemoryPoolOutOfMemoryError":              true,
+	"Neo.ClientError.General.TransactionOutOfMemoryError":                true,
+	"Neo.ClientError.Transaction.TransactionTimedOut":                    true,
+	"Neo.ClientError.Transaction.TransactionTimedOutClientConfiguration": true,
+}
+
+// tooLarge reports whether err is a transaction past the server's bounds.
+func tooLarge(err error) bool { return codesTooLarge[neo4jCode(err)] }
+
+// neo4jCode is the status code of err's *neo4j.Neo4jError, looking into
+// the last attempt of a retried transaction that gave up
+// (*neo4j.TransactionExecutionLimit keeps its attempts' errors without
+// unwrapping to them), or "".
+func neo4jCode(err error) string {
+	var ne *neo4j.Neo4jError
+	if errors.As(err, &ne) {
+		return ne.Code
+	}
+	var limit *neo4j.TransactionExecutionLimit
+	if errors.As(err, &limit) && len(limit.Errors) > 0 {
+		return neo4jCode(limit.Errors[len(limit.Errors)-1])
+	}
+	return ""
+}
 
 // Error is a failed operation of the [Backend]. It keeps the driver's error
 // (a *neo4j.Neo4jError, a connectivity error, ...) or a [*FenceError] as
@@ -38,29 +77,29 @@ func (e *Error) Error() string {
 func (e *Error) Unwrap() error { return e.Err }
 
 // Code is the Neo4j status code of the failure, such as
-// "Neo.TransientError.Transaction.DeadlockDetected", or "" when the server
-// did not answer with one.
-func (e *Error) Code() string {
-	var ne *neo4j.Neo4jError
-	if errors.As(e.Err, &ne) {
-		return ne.Code
-	}
-	return ""
-}
+// "Neo.TransientError.Transaction.DeadlockDetected" (of the last attempt
+// when the driver stopped retrying), or "" when the server did not
+// answer with one.
+func (e *Error) Code() string { return neo4jCode(e.Err) }
 
 // Permanent reports whether the failure cannot clear by itself: Neo4j
-// rejected a statement (Neo.ClientError.Statement.*) or found data
+// rejected a statement (Neo.ClientError.Statement.*, but for
+// EntityNotFound, which a concurrent delete causes) or found data
 // violating a constraint (Neo.ClientError.Schema.ConstraintValidationFailed),
-// or Apply was given invalid documents ([ErrInvalidDocs]). The projector
+// a single document is too large for one transaction ([ErrTooLarge]), or
+// Apply was given invalid documents ([ErrInvalidDocs]). The projector
 // runtime dead-letters such an event after its redeliveries. Everything
 // else (the server down, a transaction that kept deadlocking past the
 // retry time, a count fence mismatch, a wrong password being fixed) is
 // retried until it clears.
 func (e *Error) Permanent() bool {
-	if errors.Is(e.Err, ErrInvalidDocs) {
+	if errors.Is(e.Err, ErrInvalidDocs) || errors.Is(e.Err, ErrTooLarge) {
 		return true
 	}
 	code := e.Code()
+	if code == codeEntityNotFound {
+		return false
+	}
 	return strings.HasPrefix(code, codeStatementPrefix) || code == codeConstraintValidationFailed
 }
 

@@ -22,6 +22,10 @@ func TestPermanent(t *testing.T) {
 		{fmt.Errorf("mergeLinks: %w", &neo4j.Neo4jError{Code: "Neo.ClientError.Statement.SemanticError"}), true},
 		{fmt.Errorf("%w: key %q appears twice", ErrInvalidDocs, "a"), true},
 		{&neo4j.Neo4jError{Code: "Neo.TransientError.Transaction.DeadlockDetected"}, false},
+		// A concurrent delete: the next attempt does not meet the entity.
+		{&neo4j.Neo4jError{Code: "Neo.ClientError.Statement.EntityNotFound"}, false},
+		{fmt.Errorf("mergeDocuments: 1 documents: %w: %w", ErrTooLarge,
+			&neo4j.Neo4jError{Code: "Neo.TransientError.General.MemoryPoolOutOfMemoryError"}), true},
 		{&neo4j.Neo4jError{Code: "Neo.ClientError.Security.Unauthorized"}, false},
 		{&neo4j.Neo4jError{Code: "Neo.ClientError.Database.DatabaseNotFound"}, false},
 		{&neo4j.Neo4jError{Code: "Neo.DatabaseError.General.UnknownError"}, false},
@@ -46,6 +50,13 @@ func TestErrorMessages(t *testing.T) {
 	missing := &FenceError{Key: "k", Missing: true}
 	if missing.Error() != `count fence: document "k" not found after its write` {
 		t.Errorf("got %s", missing)
+	}
+	limit := &neo4j.TransactionExecutionLimit{Cause: "timeout", Errors: []error{
+		&neo4j.Neo4jError{Code: "Neo.TransientError.General.MemoryPoolOutOfMemoryError"},
+		&neo4j.Neo4jError{Code: "Neo.TransientError.Transaction.DeadlockDetected"},
+	}}
+	if got := (&Error{Err: fmt.Errorf("wipe: %w", limit)}).Code(); got != "Neo.TransientError.Transaction.DeadlockDetected" {
+		t.Errorf("Code of a retried transaction = %q, want its last attempt's", got)
 	}
 	if (&Error{Err: errors.New("x")}).Code() != "" {
 		t.Error("Code of a non-Neo4j error is not empty")

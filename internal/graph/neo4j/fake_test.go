@@ -31,6 +31,7 @@ var statementNames = []struct{ name, cypher string }{
 	{"countEdges", cypherCountEdges},
 	{"document", cypherDocument},
 	{"scanDocuments", cypherScanDocuments},
+	{"wipeRelationships", cypherWipeRelationships},
 	{"wipe", cypherWipe},
 }
 
@@ -253,6 +254,27 @@ func (g *modelGraph) run(cypher string, params map[string]any) ([]record, error)
 		// The server returns the page in no guaranteed order.
 		slices.Reverse(out)
 		return out, nil
+	case cypherWipeRelationships:
+		// HAS_CHUNK, then LINKS_TO, then TAGGED, by key, up to the limit.
+		limit := params["limit"].(int64)
+		var n int64
+		for _, edges := range []func(*modelDoc) map[string]bool{
+			func(d *modelDoc) map[string]bool { return d.chunks },
+			func(d *modelDoc) map[string]bool { return d.links },
+			func(d *modelDoc) map[string]bool { return d.tagged },
+		} {
+			for _, key := range slices.Sorted(maps.Keys(g.docs)) {
+				m := edges(g.docs[key])
+				for _, to := range slices.Sorted(maps.Keys(m)) {
+					if n >= limit {
+						return []record{{"deleted": n}}, nil
+					}
+					delete(m, to)
+					n++
+				}
+			}
+		}
+		return []record{{"deleted": n}}, nil
 	case cypherWipe:
 		// Documents first, then chunks, then tags, up to the limit.
 		limit := params["limit"].(int64)
@@ -337,7 +359,9 @@ type fakeRunner struct {
 	// transactions (1-based), try the attempts within it.
 	fail func(n, try int, name string) error
 	// answer, when set, may change a statement's records.
-	answer   func(name string, recs []record) []record
+	answer func(name string, recs []record) []record
+	// onRun, when set, sees every call before it runs.
+	onRun    func(c call)
 	attempts []attempt
 	txs      int
 }
@@ -404,6 +428,9 @@ func (t *fakeTx) Run(ctx context.Context, cypher string, params map[string]any) 
 	}
 	name := statementName(cypher)
 	t.calls = append(t.calls, call{name: name, params: params})
+	if t.runner.onRun != nil {
+		t.runner.onRun(t.calls[len(t.calls)-1])
+	}
 	if t.runner.fail != nil {
 		if err := t.runner.fail(t.n, t.try, name); err != nil {
 			return nil, err
