@@ -3,6 +3,7 @@ package neo4j
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/converge-sync/converge/internal/graph"
 )
@@ -28,4 +29,98 @@ func BenchmarkPlanBatch(b *testing.B) {
 		_ = writeStatements(batches[0])
 		_ = fenceStatement(batches[0])
 	}
+}
+
+// cypherPlainMerge writes the same graph as Apply in one plain UNWIND ...
+// MERGE statement, without the freshness guard, the replacement of older
+// chunks and edges, the lock ordering or the count fence: the yardstick of
+// BenchmarkApplyNeo4j.
+const cypherPlainMerge = `UNWIND $rows AS row
+MERGE (d:Document {key: row.key})
+SET d.version = row.version, d.title = row.title, d.content_hash = row.content_hash, d.deleted = false
+WITH d, row
+CALL { WITH d, row
+  UNWIND row.chunks AS ch
+  MERGE (c:Chunk {id: ch.id})
+  SET c.key = row.key, c.version = row.version, c.ordinal = ch.ordinal, c.content_hash = ch.content_hash
+  MERGE (d)-[:HAS_CHUNK]->(c) }
+CALL { WITH d, row
+  UNWIND row.links AS link
+  MERGE (t:Document {key: link})
+  MERGE (d)-[:LINKS_TO]->(t) }
+CALL { WITH d, row
+  UNWIND row.tags AS tag
+  MERGE (t:Tag {name: tag})
+  MERGE (d)-[:TAGGED]->(t) }`
+
+// plainRows are docs as the parameter of cypherPlainMerge.
+func plainRows(docs []graph.Doc) []map[string]any {
+	rows := make([]map[string]any, len(docs))
+	for i, d := range docs {
+		chunks := make([]map[string]any, len(d.Chunks))
+		for j, c := range d.Chunks {
+			chunks[j] = map[string]any{"id": c.ID.String(), "ordinal": int64(c.Ordinal), "content_hash": c.ContentHash}
+		}
+		rows[i] = map[string]any{"key": d.Key, "version": d.Version, "title": d.Title, "content_hash": d.ContentHash,
+			"chunks": chunks, "links": d.Links, "tags": d.Tags}
+	}
+	return rows
+}
+
+// benchDocs is batch i of new documents under prefix: 100 documents of 4
+// chunks, 3 links (within the batch and to the one before) and 2 tags.
+func benchDocs(prefix string, i int) []graph.Doc {
+	docs := make([]graph.Doc, 100)
+	for j := range docs {
+		key := func(batch, n int) string { return fmt.Sprintf("%s-%06d-%03d", prefix, batch, n) }
+		links := []string{key(i, (j+1)%100), key(i, (j+37)%100), key(max(i-1, 0), j)}
+		docs[j] = doc(key(i, j), 1, 4, links, []string{"common", fmt.Sprint("t", j%10)})
+	}
+	return docs
+}
+
+// BenchmarkApplyNeo4j measures documents/s that Apply writes into the
+// test's real Neo4j server (one batch of 100 new documents per
+// iteration), and beside it, in the same run and on the same server,
+// the same documents written by one plain UNWIND ... MERGE statement per
+// batch. plain/apply is how many times faster the plain statement is:
+// the cost of the guard, the replacement of older versions' chunks and
+// edges, the lock ordering and the count fence. The absolute figures
+// are of this machine and its load.
+func BenchmarkApplyNeo4j(b *testing.B) {
+	be := newServerBackend(b, Config{})
+	if err := be.Ensure(ctx()); err != nil {
+		b.Fatal(err)
+	}
+	var applyTime, plainTime time.Duration
+	docs := 0
+	i := 0
+	for b.Loop() {
+		apply, plain := benchDocs("apply", i), benchDocs("plain", i)
+		// Alternate which goes first, so that neither always meets the
+		// other's checkpoint or cache state.
+		for k := range 2 {
+			start := time.Now()
+			if (k == 0) == (i%2 == 0) {
+				if _, err := be.Apply(ctx(), apply); err != nil {
+					b.Fatal(err)
+				}
+				applyTime += time.Since(start)
+			} else {
+				err := be.run.ExecuteWrite(ctx(), func(t tx) error {
+					_, err := t.Run(ctx(), cypherPlainMerge, map[string]any{"rows": plainRows(plain)})
+					return err
+				})
+				if err != nil {
+					b.Fatal(err)
+				}
+				plainTime += time.Since(start)
+			}
+		}
+		docs += len(apply)
+		i++
+	}
+	b.ReportMetric(float64(docs)/applyTime.Seconds(), "apply-docs/s")
+	b.ReportMetric(float64(docs)/plainTime.Seconds(), "plain-docs/s")
+	b.ReportMetric(applyTime.Seconds()/plainTime.Seconds(), "plain/apply")
 }
