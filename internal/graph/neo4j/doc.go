@@ -46,7 +46,9 @@
 //     the stubs of its links;
 //  2. DETACH DELETE their (:Chunk) nodes, then MERGE the new ones;
 //  3. MERGE the link targets (a target not yet seen becomes a stub) and
-//     the (:Tag) nodes;
+//     the (:Tag) nodes: step 0 has created them when its reading was
+//     right, and this keeps the write whole when it was not (a document
+//     written behind the backend's back between the read and the guard);
 //  4. delete their outgoing LINKS_TO and TAGGED relationships, then MERGE
 //     the new HAS_CHUNK, LINKS_TO and TAGGED relationships;
 //  5. the count fence: count each document's HAS_CHUNK, LINKS_TO and
