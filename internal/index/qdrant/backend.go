@@ -149,6 +149,9 @@ func (b *Backend) Ensure(ctx context.Context, dim int) error {
 	switch {
 	case status.Code(err) == codes.NotFound:
 		if err := b.create(ctx, dim); err != nil {
+			if status.Code(err) == codes.PermissionDenied {
+				return &WriteDeniedError{Collection: b.cfg.Collection, Err: err}
+			}
 			// Another process may have created it in between: check what
 			// it created.
 			var ierr error
@@ -179,6 +182,9 @@ func (b *Backend) Ensure(ctx context.Context, dim int) error {
 			})
 			return err
 		}); err != nil {
+			if status.Code(err) == codes.PermissionDenied {
+				return &WriteDeniedError{Collection: b.cfg.Collection, Err: err}
+			}
 			return b.fail("create payload index on "+ix.field, err)
 		}
 	}
@@ -202,12 +208,14 @@ const writeCheckID = "00000000-0000-0000-0000-000000000000"
 // checkWrite deletes writeCheckID, which changes nothing: Qdrant
 // authorises a delete of points by id exactly as it does an upsert (both
 // are point operations needing write access, lib/storage/src/rbac/
-// ops_checks.rs), and checks that access before anything else
-// (TableOfContent::update, lib/storage/src/content_manager/toc/
-// point_ops.rs). So PermissionDenied means the key may not write, whether
-// the collection exists or not, while NotFound (no collection yet, which
-// Ensure creates next) and FailedPrecondition (writes locked) come after
-// the access check and mean it may.
+// ops_checks.rs). It looks the collection up first (the strict-mode check
+// of do_delete_points, src/common/update.rs, needs only read access) and
+// checks write access next (TableOfContent::update, lib/storage/src/
+// content_manager/toc/point_ops.rs). So on an existing collection
+// PermissionDenied means the key may not write, while FailedPrecondition
+// (writes locked) comes after the access check and means it may. NotFound
+// says nothing about the key: the collection is gone (Ensure creates it
+// next, and a key that may not is refused there).
 func (b *Backend) checkWrite(ctx context.Context) error {
 	err := b.call(ctx, func(ctx context.Context) error {
 		_, err := b.client.GetPointsClient().Delete(ctx, &qd.DeletePoints{

@@ -692,7 +692,9 @@ func TestEnsureChecksStrictModeAndPreventUnoptimized(t *testing.T) {
 // read Ensure makes on a collection that is already set up; Ensure must
 // still refuse it, naming the problem, so that the projector does not
 // start and dead-letter or stall on every event. It does so whether or not
-// the collection exists, and a key that may write is let through.
+// the collection exists (Qdrant answers a point write on a missing
+// collection with NotFound even to a read-only key, so there the refusal
+// of the create is the answer), and a key that may write is let through.
 func TestEnsureRefusesAKeyThatMayNotWrite(t *testing.T) {
 	srv := qdranttest.Start(t, qdranttest.WithAPIKey("rw"), qdranttest.WithReadOnlyAPIKey("ro"))
 	rw := open(t, srv, func(c *qdrant.Config) { c.APIKey = "rw" })

@@ -26,8 +26,10 @@
 //     a key; HealthCheck is exempt, as in Qdrant, and reports version
 //     [Version]. A read-only key ([WithReadOnlyAPIKey]) may make every
 //     read, and every write made with it is codes.PermissionDenied, as
-//     Qdrant refuses its read-only key; [Server.SetAPIKeys] changes the
-//     keys under running clients.
+//     Qdrant refuses its read-only key (but a point write or a payload
+//     index on a missing collection is codes.NotFound, as Qdrant looks
+//     the collection up before it checks write access for those);
+//     [Server.SetAPIKeys] changes the keys under running clients.
 //
 // It is strict where Qdrant is: a missing collection is codes.NotFound, a
 // wrong vector size, a malformed id or a malformed request is

@@ -39,7 +39,9 @@ func WithAPIKey(key string) Option {
 // delete, payload and vector updates, payload indexes, creating, updating
 // or deleting a collection, alias changes) is refused with
 // codes.PermissionDenied, "Forbidden: Global manage access is required",
-// and has no effect. Alone, without [WithAPIKey], no key may write.
+// and has no effect; a point write or payload index creation on a missing
+// collection is codes.NotFound instead, as in Qdrant. Alone, without
+// [WithAPIKey], no key may write.
 func WithReadOnlyAPIKey(key string) Option {
 	return func(s *Server) { s.keys.readOnly = key }
 }
@@ -140,10 +142,21 @@ func (s *Server) SetAPIKeys(readWrite, readOnly string) {
 // is required" (lib/storage/src/rbac/mod.rs), which Qdrant prints with the
 // prefix "Forbidden: " (lib/storage/src/content_manager/errors.rs) and
 // sends as codes.PermissionDenied (lib/storage/src/content_manager/
-// conversions.rs). Qdrant checks access before it looks up the collection
-// (TableOfContent::update in lib/storage/src/content_manager/toc/
-// point_ops.rs), so a write with the read-only key is refused here, before
-// any handler, whether or not its collection exists.
+// conversions.rs).
+//
+// Where that check comes depends on the call. Point writes and payload
+// index creation ([resolvedFirst]) check strict mode first (the do_*
+// functions of src/common/update.rs), and check_strict_mode_toc_batch
+// (lib/storage/src/content_manager/collection_verification.rs) asks only
+// for read access before it looks the collection up: a missing collection
+// is NotFound, even to the read-only key, and only then does
+// TableOfContent::update (lib/storage/src/content_manager/toc/
+// point_ops.rs) refuse the write. Collection and alias changes, and
+// deleting a payload index, check access first, so the read-only key is
+// refused them whether or not the collection exists. The server does not
+// order strict-mode refusals before the access check: the read-only key
+// gets PermissionDenied for a write that Qdrant would refuse for strict
+// mode first.
 func (s *Server) authenticate(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	s.keysMu.RLock()
 	keys := s.keys
@@ -164,10 +177,19 @@ func (s *Server) authenticate(ctx context.Context, req any, info *grpc.UnaryServ
 	case keyIs(given, keys.readWrite):
 		return handler(ctx, req)
 	case keyIs(given, keys.readOnly):
-		if writeMethods[strings.TrimPrefix(info.FullMethod, "/qdrant.")] {
-			return nil, status.Error(codes.PermissionDenied, "Forbidden: Global manage access is required")
+		method := strings.TrimPrefix(info.FullMethod, "/qdrant.")
+		if !writeMethods[method] {
+			return handler(ctx, req)
 		}
-		return handler(ctx, req)
+		if named, ok := req.(interface{ GetCollectionName() string }); ok && resolvedFirst[method] {
+			s.mu.RLock()
+			_, err := s.resolve(named.GetCollectionName())
+			s.mu.RUnlock()
+			if err != nil {
+				return nil, err
+			}
+		}
+		return nil, status.Error(codes.PermissionDenied, "Forbidden: Global manage access is required")
 	}
 	return nil, status.Error(codes.Unauthenticated, "Invalid API key or JWT")
 }
@@ -205,6 +227,22 @@ var writeMethods = map[string]bool{
 	"Points/CreateFieldIndex":                  true,
 	"Points/DeleteFieldIndex":                  true,
 	"Points/UpdateBatch":                       true,
+}
+
+// resolvedFirst are the writes for which Qdrant looks the collection up
+// before it checks write access (see authenticate): those that pass its
+// strict-mode check first.
+var resolvedFirst = map[string]bool{
+	"Points/Upsert":           true,
+	"Points/Delete":           true,
+	"Points/UpdateVectors":    true,
+	"Points/DeleteVectors":    true,
+	"Points/SetPayload":       true,
+	"Points/OverwritePayload": true,
+	"Points/DeletePayload":    true,
+	"Points/ClearPayload":     true,
+	"Points/UpdateBatch":      true,
+	"Points/CreateFieldIndex": true,
 }
 
 type healthService struct {

@@ -451,10 +451,12 @@ func TestStrictMode(t *testing.T) {
 }
 
 // The read-only key reads everything and writes nothing: each write is
-// PermissionDenied with Qdrant's message, whether or not its collection
-// exists, and leaves the collection, its points, indexes and aliases as
-// they were. The read-write key still writes, and any other key is
-// Unauthenticated.
+// PermissionDenied with Qdrant's message and leaves the collection, its
+// points, indexes and aliases as they were. Point writes and payload index
+// creation look the collection up first, as in Qdrant, so on a missing
+// collection they are NotFound; collection, alias and index deletions are
+// refused whether or not the collection exists. The read-write key still
+// writes, and any other key is Unauthenticated.
 func TestReadOnlyAPIKey(t *testing.T) {
 	s := qdranttest.Start(t, qdranttest.WithAPIKey("rw"), qdranttest.WithReadOnlyAPIKey("ro"))
 	rw, ro := connect(t, s, "rw"), connect(t, s, "ro")
@@ -517,9 +519,18 @@ func TestReadOnlyAPIKey(t *testing.T) {
 		"CreateAlias":      func(c string) error { return ro.CreateAlias(ctx(), "other", c) },
 		"DeleteAlias":      func(string) error { return ro.DeleteAlias(ctx(), "live") },
 	}
+	resolvedFirst := map[string]bool{"Upsert": true, "Delete by id": true, "Delete by filter": true, "SetPayload": true, "CreateFieldIndex": true}
 	for name, write := range writes {
 		for _, collection := range []string{"docs", "live", "missing"} {
 			err := write(collection)
+			if collection == "missing" && resolvedFirst[name] {
+				var st interface{ GRPCStatus() *status.Status }
+				if !errors.As(err, &st) || st.GRPCStatus().Code() != codes.NotFound ||
+					st.GRPCStatus().Message() != "Not found: Collection `missing` doesn't exist!" {
+					t.Errorf("%s on %s with the read-only key: %v; want NotFound, Collection `missing` doesn't exist!", name, collection, err)
+				}
+				continue
+			}
 			var st interface{ GRPCStatus() *status.Status }
 			if !errors.As(err, &st) || st.GRPCStatus().Code() != codes.PermissionDenied ||
 				st.GRPCStatus().Message() != "Forbidden: Global manage access is required" {
