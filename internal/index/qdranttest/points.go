@@ -198,7 +198,11 @@ func (ps *pointsService) Get(_ context.Context, req *qdrant.GetPoints) (*qdrant.
 	return &qdrant.GetResponse{Result: out, Time: since(start)}, nil
 }
 
-// Count is always exact, whatever the request's exact flag says.
+// Count is always exact, whatever the request's exact flag says. The flag
+// matters to strict mode only: unset, it means exact, as Qdrant's gRPC
+// count defaults it to true (count in src/tonic/api/query_common.rs,
+// CountRequestInternal::default_exact; default_exact_count in older
+// releases).
 func (ps *pointsService) Count(_ context.Context, req *qdrant.CountPoints) (*qdrant.CountResponse, error) {
 	start := time.Now()
 	if req.ShardKeySelector != nil {
@@ -213,7 +217,7 @@ func (ps *pointsService) Count(_ context.Context, req *qdrant.CountPoints) (*qdr
 		return nil, err
 	}
 	defer unlock()
-	if err := c.checkStrictRead(0, req.Filter, req.GetExact()); err != nil {
+	if err := c.checkStrictRead(0, req.Filter, req.Exact == nil || req.GetExact()); err != nil {
 		return nil, err
 	}
 	n := uint64(0)

@@ -427,9 +427,15 @@ func TestStrictMode(t *testing.T) {
 		t.Fatalf("strict mode not reported: %v", info.GetConfig())
 	}
 	byKey := &qdrant.Filter{Must: []*qdrant.Condition{qdrant.NewMatchKeyword("k", "a")}}
-	_, err = c.Count(ctx(), &qdrant.CountPoints{CollectionName: "docs", Exact: qdrant.PtrOf(true)})
-	wantCode(t, err, codes.InvalidArgument)
-	_, err = c.Count(ctx(), &qdrant.CountPoints{CollectionName: "docs", Filter: byKey})
+	// A count without the exact flag is exact, as in Qdrant.
+	for _, exact := range []*bool{qdrant.PtrOf(true), nil} {
+		_, err = c.Count(ctx(), &qdrant.CountPoints{CollectionName: "docs", Exact: exact})
+		wantCode(t, err, codes.InvalidArgument)
+	}
+	inexact := qdrant.PtrOf(false)
+	_, err = c.Count(ctx(), &qdrant.CountPoints{CollectionName: "docs", Exact: inexact})
+	mustOK(t, err)
+	_, err = c.Count(ctx(), &qdrant.CountPoints{CollectionName: "docs", Filter: byKey, Exact: inexact})
 	wantCode(t, err, codes.InvalidArgument)
 	_, err = c.Delete(ctx(), &qdrant.DeletePoints{CollectionName: "docs", Points: qdrant.NewPointsSelectorFilter(byKey)})
 	wantCode(t, err, codes.InvalidArgument)
@@ -441,10 +447,10 @@ func TestStrictMode(t *testing.T) {
 
 	_, err = c.CreateFieldIndex(ctx(), &qdrant.CreateFieldIndexCollection{CollectionName: "docs", FieldName: "k", FieldType: qdrant.PtrOf(qdrant.FieldType_FieldTypeKeyword)})
 	mustOK(t, err)
-	_, err = c.Count(ctx(), &qdrant.CountPoints{CollectionName: "docs", Filter: byKey})
+	_, err = c.Count(ctx(), &qdrant.CountPoints{CollectionName: "docs", Filter: byKey, Exact: inexact})
 	mustOK(t, err)
 	three := &qdrant.Filter{Must: []*qdrant.Condition{qdrant.NewMatchKeyword("k", "a"), qdrant.NewMatchKeyword("k", "b"), qdrant.NewMatchKeyword("k", "c")}}
-	_, err = c.Count(ctx(), &qdrant.CountPoints{CollectionName: "docs", Filter: three})
+	_, err = c.Count(ctx(), &qdrant.CountPoints{CollectionName: "docs", Filter: three, Exact: inexact})
 	wantCode(t, err, codes.InvalidArgument)
 	_, err = c.Scroll(ctx(), &qdrant.ScrollPoints{CollectionName: "docs", Limit: qdrant.PtrOf(uint32(5))})
 	mustOK(t, err)
