@@ -570,9 +570,12 @@ func TestAliasIsNotACollection(t *testing.T) {
 	if target, err := v1.AliasTarget(ctx(), "old"); err != nil || target != "chunks_v1" {
 		t.Errorf("after the refused switch, alias old -> %q, %v; want chunks_v1", target, err)
 	}
-	// No collection of that name is left: dropping it drops nothing,
-	// neither the alias nor its collection.
+	// No collection of that name is left: dropping it sends nothing, and
+	// leaves the alias and its collection.
 	must(t, v1.DropCollection(ctx(), "live"))
+	if n := srv.Calls("Collections/Delete"); n != 0 {
+		t.Errorf("DropCollection of an alias name sent %d collection deletes; want none", n)
+	}
 	if target, err := v1.AliasTarget(ctx(), "live"); err != nil || target != "chunks_v1" {
 		t.Errorf("alias live -> %q, %v; want chunks_v1", target, err)
 	}

@@ -61,8 +61,10 @@ func (e *Error) Code() codes.Code {
 // the server refuses (Unauthenticated: a wrong key; PermissionDenied: a
 // key without the right, such as Qdrant's read-only key) is not: sending
 // the request again at once changes nothing until the operator fixes the
-// key. Neither is [Error.Permanent], so the projector runtime still
-// retries them, with its backoff.
+// key.
+//
+// It is advice for a caller that resends requests itself; the projector
+// runtime does not call it, and decides by [Error.Permanent] alone.
 func (e *Error) SafeToRetry() bool {
 	switch e.Code() {
 	case codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted, codes.Aborted,
