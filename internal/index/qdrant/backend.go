@@ -134,38 +134,47 @@ func (b *Backend) Close() error { return b.client.Close() }
 // collection of another dimension or distance is an error; a collection
 // created concurrently by another process is fine.
 //
-// It first checks that the API key may write, and fails with a
+// Of an existing collection it checks the vectors and the settings first
+// (see checkSettings), and then that the API key may write, failing with a
 // [*WriteDeniedError] if not: on a collection already set up, Ensure
 // itself only reads, and a read-only key would pass it and then fail every
-// write the projector makes.
+// write the projector makes. The settings come first because the write
+// check is a write that waits, which a collection that defers unoptimized
+// points may not answer for a long time. A key that may not create a
+// missing collection, or its payload indexes, is a [*WriteDeniedError] too.
 func (b *Backend) Ensure(ctx context.Context, dim int) error {
 	if dim < 1 || dim > maxVectorSize {
 		return fmt.Errorf("qdrant: vector dimension %d is outside 1..%d", dim, maxVectorSize)
 	}
-	if err := b.checkWrite(ctx); err != nil {
-		return err
-	}
 	info, err := b.info(ctx)
-	switch {
-	case status.Code(err) == codes.NotFound:
-		if err := b.create(ctx, dim); err != nil {
-			if status.Code(err) == codes.PermissionDenied {
-				return &WriteDeniedError{Collection: b.cfg.Collection, Err: err}
-			}
+	created := false
+	if status.Code(err) == codes.NotFound {
+		switch err = b.create(ctx, dim); {
+		case err == nil:
+			created = true
+		case status.Code(err) == codes.PermissionDenied:
+			return &WriteDeniedError{Collection: b.cfg.Collection, Err: err}
+		default:
 			// Another process may have created it in between: check what
 			// it created.
 			var ierr error
 			if info, ierr = b.info(ctx); ierr != nil {
 				return b.fail("create collection", err)
 			}
-			if err := b.checkVectors(info, dim); err != nil {
-				return err
-			}
+			err = nil
 		}
-	case err != nil:
+	}
+	if err != nil {
 		return b.fail("get collection", err)
-	default:
+	}
+	if !created {
 		if err := b.checkVectors(info, dim); err != nil {
+			return err
+		}
+		if err := b.checkSettings(info); err != nil {
+			return err
+		}
+		if err := b.checkWrite(ctx); err != nil {
 			return err
 		}
 	}
@@ -214,8 +223,8 @@ const writeCheckID = "00000000-0000-0000-0000-000000000000"
 // content_manager/toc/point_ops.rs). So on an existing collection
 // PermissionDenied means the key may not write, while FailedPrecondition
 // (writes locked) comes after the access check and means it may. NotFound
-// says nothing about the key: the collection is gone (Ensure creates it
-// next, and a key that may not is refused there).
+// says nothing about the key: the collection was dropped since Ensure read
+// it, which the requests that follow report.
 func (b *Backend) checkWrite(ctx context.Context) error {
 	err := b.call(ctx, func(ctx context.Context) error {
 		_, err := b.client.GetPointsClient().Delete(ctx, &qd.DeletePoints{

@@ -656,7 +656,8 @@ func TestEnsureChecksStrictModeAndPreventUnoptimized(t *testing.T) {
 		{"query limit", &qd.StrictModeConfig{Enabled: qd.PtrOf(true), MaxQueryLimit: qd.PtrOf(uint32(100))}, nil, "max_query_limit"},
 		{"upsert batch", &qd.StrictModeConfig{Enabled: qd.PtrOf(true), UpsertMaxBatchsize: qd.PtrOf(uint64(64))}, nil, "upsert_max_batchsize"},
 		{"filter conditions", &qd.StrictModeConfig{Enabled: qd.PtrOf(true), FilterMaxConditions: qd.PtrOf(uint64(100))}, nil, "filter_max_conditions"},
-		{"prevent unoptimized", nil, &qd.OptimizersConfigDiff{PreventUnoptimized: qd.PtrOf(true)}, "prevent_unoptimized"},
+		{"prevent unoptimized", nil, &qd.OptimizersConfigDiff{PreventUnoptimized: qd.PtrOf(true)},
+			"prevent_unoptimized: writes are then not answered until their points are optimized, and counts and scrolls skip points not yet optimized"},
 		{"disabled", &qd.StrictModeConfig{Enabled: qd.PtrOf(false), SearchAllowExact: qd.PtrOf(false)}, nil, ""},
 		{"workable", &qd.StrictModeConfig{Enabled: qd.PtrOf(true), UnindexedFilteringRetrieve: qd.PtrOf(false),
 			UnindexedFilteringUpdate: qd.PtrOf(false), MaxQueryLimit: qd.PtrOf(uint32(1000)), UpsertMaxBatchsize: qd.PtrOf(uint64(500))}, nil, ""},
@@ -669,6 +670,11 @@ func TestEnsureChecksStrictModeAndPreventUnoptimized(t *testing.T) {
 			if tc.want != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.want) {
 					t.Fatalf("Ensure: %v; want an error naming %s", err, tc.want)
+				}
+				// The settings are read before the write check, which a
+				// collection deferring unoptimized points might not answer.
+				if n := srv.Calls("Points/Delete"); n != 0 {
+					t.Fatalf("Ensure sent %d write checks before refusing the settings; want none", n)
 				}
 				return
 			}
@@ -706,7 +712,7 @@ func TestEnsureRefusesAKeyThatMayNotWrite(t *testing.T) {
 	for _, collection := range []string{"converge_chunks", "not_yet_created"} {
 		ro := open(t, srv, func(c *qdrant.Config) { c.APIKey = "ro"; c.Collection = collection })
 		err := ro.Ensure(ctx(), dim)
-		want := fmt.Sprintf("the API key may not write to collection %q: a read-only key?", collection)
+		want := fmt.Sprintf("the API key may not write to collection %q: a read-only key, or one without access to this collection?", collection)
 		if !errors.Is(err, qdrant.ErrWriteDenied) || !strings.Contains(err.Error(), want) || status.Code(err) != codes.PermissionDenied {
 			t.Errorf("Ensure of %s with a read-only key: %v; want an error saying %q, with the PermissionDenied cause", collection, err, want)
 		}

@@ -84,7 +84,7 @@ type WriteDeniedError struct {
 }
 
 func (e *WriteDeniedError) Error() string {
-	return fmt.Sprintf("qdrant: the API key may not write to collection %q: a read-only key? (%v)", e.Collection, e.Err)
+	return fmt.Sprintf("qdrant: the API key may not write to collection %q: a read-only key, or one without access to this collection? (%v)", e.Collection, e.Err)
 }
 
 func (e *WriteDeniedError) Unwrap() error { return e.Err }

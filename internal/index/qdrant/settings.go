@@ -15,14 +15,16 @@ import (
 // lib/collection/src/operations/verification/mod.rs). Unindexed filters
 // are no concern: Ensure indexes every field the backend filters on.
 //
-// prevent_unoptimized holds points back from count, scroll and retrieve
-// until their segment is optimized (tests/openapi/test_deferred_points.py
-// in Qdrant), so a count fence or a marker read right after a write would
-// be wrong.
+// prevent_unoptimized defers points until their segment is optimized: a
+// write that waits, as all of the backend's do, is not answered until then
+// (UpdateWorkers::update_worker_fn in lib/collection/src/update_workers/
+// update_worker.rs), and count, scroll and retrieve skip the points not
+// yet optimized (tests/openapi/test_deferred_points.py in Qdrant), so a
+// count fence or a marker read right after a write would be wrong.
 func (b *Backend) checkSettings(info *qd.CollectionInfo) error {
 	cfg := info.GetConfig()
 	if cfg.GetOptimizerConfig().GetPreventUnoptimized() {
-		return fmt.Errorf("qdrant: collection %q sets optimizers_config.prevent_unoptimized: counts and reads then skip points not yet optimized, so converge's count fences and version markers would be wrong; turn it off for this collection", b.cfg.Collection)
+		return fmt.Errorf("qdrant: collection %q sets optimizers_config.prevent_unoptimized: writes are then not answered until their points are optimized, and counts and scrolls skip points not yet optimized, so converge's writes stall and its count fences and version markers would be wrong; turn it off for this collection", b.cfg.Collection)
 	}
 	sm := cfg.GetStrictModeConfig()
 	if !sm.GetEnabled() {
