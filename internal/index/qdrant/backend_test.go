@@ -630,6 +630,45 @@ func TestErrorClassification(t *testing.T) {
 	}
 }
 
+// A collection at a strict-mode capacity limit refuses every upsert alike
+// with InvalidArgument: that is a state of the collection, so the error is
+// not permanent (the event is retried, not dead-lettered) and names the
+// setting, while a limit on the request itself stays permanent.
+func TestCapacityLimitIsNotPermanent(t *testing.T) {
+	for _, tc := range []struct {
+		message   string
+		permanent bool
+		setting   string
+	}{
+		{"Bad request: Max points count limit of 5 reached!", false, "max_points_count"},
+		{"Bad request: Max vector storage size limit of 1.5MB reached!", false, "max_collection_vector_size_bytes"},
+		{"Bad request: Max payload storage size limit of 2MB reached!", false, "max_collection_payload_size_bytes"},
+		{"Bad request: Filter condition limit reached (3 > 2) Help: Reduce the amount of conditions of your filter.", true, ""},
+		{"Bad request: Limit exceeded 300 > 256 for \"upsert limit\"", true, ""},
+	} {
+		err := &qdrant.Error{Op: "upsert", Collection: "c", Err: status.Error(codes.InvalidArgument, tc.message)}
+		if projector.IsPermanent(err) != tc.permanent || errors.Is(err, qdrant.ErrCollectionFull) == tc.permanent ||
+			!strings.Contains(err.Error(), tc.setting) {
+			t.Errorf("%q: permanent %v, full %v, %q; want permanent %v, naming %q",
+				tc.message, projector.IsPermanent(err), errors.Is(err, qdrant.ErrCollectionFull), err, tc.permanent, tc.setting)
+		}
+	}
+
+	srv := qdranttest.Start(t)
+	createWith(t, srv, &qd.CreateCollection{StrictModeConfig: &qd.StrictModeConfig{Enabled: qd.PtrOf(true), MaxPointsCount: qd.PtrOf(uint64(2))}})
+	b := open(t, srv, nil)
+	must(t, b.Ensure(ctx(), dim))
+	must(t, b.Upsert(ctx(), []index.Point{chunk("a", 1, 0, axis(0)), chunk("a", 1, 1, axis(1))}))
+	err := b.Upsert(ctx(), []index.Point{chunk("b", 1, 0, axis(2))})
+	if err == nil || projector.IsPermanent(err) || !errors.Is(err, qdrant.ErrCollectionFull) || !strings.Contains(err.Error(), "max_points_count") {
+		t.Fatalf("upsert into a full collection: %v; want a retried ErrCollectionFull naming max_points_count", err)
+	}
+	// Started again on the full collection, Ensure says so.
+	if err := open(t, srv, nil).Ensure(ctx(), dim); err == nil || !strings.Contains(err.Error(), "max_points_count is 2 and the collection holds 2 points") {
+		t.Fatalf("Ensure on a full collection: %v; want an error naming max_points_count", err)
+	}
+}
+
 // createWith makes the collection as an operator (or a server's defaults)
 // would, before the backend's Ensure finds it.
 func createWith(t *testing.T, srv *qdranttest.Server, req *qd.CreateCollection) {

@@ -3,6 +3,7 @@ package qdrant
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/google/uuid"
 
@@ -14,6 +15,13 @@ import (
 // collection (or alias) of the configured name, such as any call before
 // [Backend.Ensure] created it.
 var ErrCollectionNotFound = errors.New("qdrant: collection not found")
+
+// ErrCollectionFull is matched by an [*Error] whose write Qdrant refused
+// because the collection reached one of its strict-mode capacity limits
+// (max_points_count, max_collection_vector_size_bytes or
+// max_collection_payload_size_bytes). Such an error is not
+// [Error.Permanent]: it is a state of the collection, not of the event.
+var ErrCollectionFull = errors.New("qdrant: collection at its strict-mode capacity limit")
 
 // ErrWriteDenied is matched by every [*WriteDeniedError].
 var ErrWriteDenied = errors.New("qdrant: the API key may not write")
@@ -30,6 +38,10 @@ type Error struct {
 }
 
 func (e *Error) Error() string {
+	if setting := e.capacityLimit(); setting != "" {
+		return fmt.Sprintf("qdrant: %s on collection %q: %v (the collection reached strict_mode_config.%s: writes are retried until it is raised or points are deleted)",
+			e.Op, e.Collection, e.Err, setting)
+	}
 	return fmt.Sprintf("qdrant: %s on collection %q: %v", e.Op, e.Collection, e.Err)
 }
 
@@ -37,8 +49,42 @@ func (e *Error) Unwrap() error { return e.Err }
 
 // Is makes errors.Is(err, ErrCollectionNotFound) true for a NotFound status:
 // the only thing the backend's requests can fail to find is the collection.
+// errors.Is(err, ErrCollectionFull) is true for a capacity limit reached.
 func (e *Error) Is(target error) bool {
-	return target == ErrCollectionNotFound && status.Code(e.Err) == codes.NotFound
+	switch target {
+	case ErrCollectionNotFound:
+		return status.Code(e.Err) == codes.NotFound
+	case ErrCollectionFull:
+		return e.capacityLimit() != ""
+	}
+	return false
+}
+
+// capacityLimits are the messages of Qdrant's refusals for a collection
+// that reached a strict-mode size limit, by the setting: the bad requests
+// of check_collection_size_limit (lib/collection/src/operations/
+// verification/update.rs), "Max points count limit of N reached!" and the
+// like, sent as InvalidArgument. A refusal of the request itself, such as
+// "Filter condition limit reached (n > m)", is none of these.
+var capacityLimits = []struct{ message, setting string }{
+	{"Max points count limit of ", "max_points_count"},
+	{"Max vector storage size limit of ", "max_collection_vector_size_bytes"},
+	{"Max payload storage size limit of ", "max_collection_payload_size_bytes"},
+}
+
+// capacityLimit is the strict-mode setting the collection reached, if the
+// failure is such a refusal, or "".
+func (e *Error) capacityLimit() string {
+	st, ok := status.FromError(e.Err)
+	if !ok || st.Code() != codes.InvalidArgument || !strings.HasSuffix(st.Message(), " reached!") {
+		return ""
+	}
+	for _, l := range capacityLimits {
+		if strings.Contains(st.Message(), l.message) {
+			return l.setting
+		}
+	}
+	return ""
 }
 
 // Code is the gRPC status code of the failure (codes.Unknown when the
@@ -131,8 +177,8 @@ func (e *PointDimensionError) Is(target error) bool { return target == ErrDimens
 func (e *PointDimensionError) Permanent() bool { return true }
 
 // Permanent reports whether Qdrant rejected the request itself (a wrong
-// vector size, a malformed payload, a strict-mode limit): sending it again
-// cannot succeed. The projector runtime dead-letters such an event after
+// vector size, a malformed payload, a strict-mode limit on the request):
+// sending it again cannot succeed. The projector runtime dead-letters such an event after
 // its redeliveries, while every other failure (Qdrant down, a timeout, an
 // Internal or FailedPrecondition state of the server, a missing collection
 // that a restart recreates) is retried until it clears. The codes are
@@ -146,9 +192,16 @@ func (e *PointDimensionError) Permanent() bool { return true }
 // They are properties of the credentials, not of the event: were they
 // permanent, every event would be dead-lettered. [Backend.Ensure] refuses
 // such a key at start.
+//
+// So is a collection that reached a strict-mode capacity limit
+// ([ErrCollectionFull]): Qdrant refuses it as InvalidArgument, but it
+// refuses every upsert alike until the limit is raised or points are
+// deleted. The runtime's retries keep it in its logs and retry metric.
 func (e *Error) Permanent() bool {
 	switch e.Code() {
-	case codes.InvalidArgument, codes.OutOfRange:
+	case codes.InvalidArgument:
+		return e.capacityLimit() == ""
+	case codes.OutOfRange:
 		return true
 	}
 	return false

@@ -12,7 +12,10 @@ import (
 // Strict mode (on by default for new collections on Qdrant Cloud) refuses
 // requests over its limits with InvalidArgument, which the projector would
 // take for a bad event and dead-letter (StrictModeVerification in
-// lib/collection/src/operations/verification/mod.rs). Unindexed filters
+// lib/collection/src/operations/verification/mod.rs). Its capacity limits
+// (max_points_count, max_collection_vector_size_bytes,
+// max_collection_payload_size_bytes) are accepted: once one is reached,
+// every upsert is refused and retried, with an error naming the setting. Unindexed filters
 // are no concern: Ensure indexes every field the backend filters on.
 //
 // prevent_unoptimized defers points until their segment is optimized: a
@@ -41,6 +44,13 @@ func (b *Backend) checkSettings(info *qd.CollectionInfo) error {
 	}
 	if sm.UpsertMaxBatchsize != nil && sm.GetUpsertMaxBatchsize() < uint64(b.cfg.BatchSize) {
 		return refuse("upsert_max_batchsize", fmt.Sprintf("is %d, below the batch size %d: lower the batch size (CONVERGE_QDRANT_BATCH) to it", sm.GetUpsertMaxBatchsize(), b.cfg.BatchSize))
+	}
+	// The capacity limits are a state of the collection: writes refused
+	// once one is reached are retried, not dead-lettered (see
+	// [Error.Permanent]). Only the point count is reported, so only a
+	// collection already at max_points_count is refused here.
+	if sm.MaxPointsCount != nil && info.GetPointsCount() >= sm.GetMaxPointsCount() {
+		return refuse("max_points_count", fmt.Sprintf("is %d and the collection holds %d points: every upsert would be refused; raise it", sm.GetMaxPointsCount(), info.GetPointsCount()))
 	}
 	if sm.FilterMaxConditions != nil && sm.GetFilterMaxConditions() < deleteConditions(b.cfg.BatchSize) {
 		return refuse("filter_max_conditions", fmt.Sprintf("is %d: a delete of stale chunks for %d documents has up to %d conditions; raise it or lower the batch size", sm.GetFilterMaxConditions(), b.cfg.BatchSize, deleteConditions(b.cfg.BatchSize)))

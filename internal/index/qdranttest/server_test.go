@@ -456,6 +456,35 @@ func TestStrictMode(t *testing.T) {
 	mustOK(t, err)
 }
 
+// max_points_count refuses every upsert once the collection holds that
+// many points (the batch that reaches it is written whole), replacing
+// ones too, and lets deletes through, after which upserts go again.
+func TestStrictModeMaxPointsCount(t *testing.T) {
+	s := qdranttest.Start(t)
+	c := connect(t, s, "")
+	mustOK(t, c.CreateCollection(ctx(), &qdrant.CreateCollection{
+		CollectionName:   "docs",
+		VectorsConfig:    qdrant.NewVectorsConfig(&qdrant.VectorParams{Size: 2, Distance: qdrant.Distance_Cosine}),
+		StrictModeConfig: &qdrant.StrictModeConfig{Enabled: qdrant.PtrOf(true), MaxPointsCount: qdrant.PtrOf(uint64(2))},
+	}))
+	upsert(t, c, "docs", pt(1, []float32{1, 0}, nil), pt(2, []float32{1, 0}, nil), pt(3, []float32{1, 0}, nil))
+	for _, id := range []uint64{4, 1} {
+		_, err := c.Upsert(ctx(), &qdrant.UpsertPoints{CollectionName: "docs", Points: []*qdrant.PointStruct{pt(id, []float32{0, 1}, nil)}})
+		wantCode(t, err, codes.InvalidArgument)
+		var st interface{ GRPCStatus() *status.Status }
+		if !errors.As(err, &st) || st.GRPCStatus().Message() != "Bad request: Max points count limit of 2 reached!" {
+			t.Errorf("upsert of %d into a full collection: %v; want Qdrant's message", id, err)
+		}
+	}
+	_, err := c.Delete(ctx(), &qdrant.DeletePoints{CollectionName: "docs", Wait: qdrant.PtrOf(true),
+		Points: qdrant.NewPointsSelector(qdrant.NewIDNum(1), qdrant.NewIDNum(2))})
+	mustOK(t, err)
+	upsert(t, c, "docs", pt(4, []float32{0, 1}, nil))
+	if n, err := c.Count(ctx(), &qdrant.CountPoints{CollectionName: "docs"}); err != nil || n != 2 {
+		t.Fatalf("count: %d %v; want 2", n, err)
+	}
+}
+
 // The read-only key reads everything and writes nothing: each write is
 // PermissionDenied with Qdrant's message and leaves the collection, its
 // points, indexes and aliases as they were. Point writes and payload index

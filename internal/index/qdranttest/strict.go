@@ -16,8 +16,8 @@ import (
 // which reaches the client as InvalidArgument ("Bad request: ..."). Of its
 // settings the server enforces max_query_limit, unindexed_filtering_retrieve
 // and unindexed_filtering_update, search_allow_exact (on counts),
-// upsert_max_batchsize and filter_max_conditions; the others are stored and
-// reported only.
+// upsert_max_batchsize, filter_max_conditions and max_points_count; the
+// others are stored and reported only.
 
 // strictMode is the collection's config when strict mode is enabled, nil
 // otherwise.
@@ -78,10 +78,23 @@ func (c *collection) checkStrictUpdate(filter *qdrant.Filter) error {
 	return nil
 }
 
-// checkStrictUpsert checks the size of an upsert batch.
+// checkStrictUpsert checks the size of an upsert batch, then the size of
+// the collection: once it holds max_points_count points every upsert is
+// refused, even one that only replaces points, until points are deleted or
+// the limit is raised. Qdrant refuses it as a plain bad request, without
+// help text (check_collection_size_limit in lib/collection/src/operations/
+// verification/update.rs, which counts from cached estimates; the server
+// counts exactly).
 func (c *collection) checkStrictUpsert(n int) error {
-	if sm := c.strictMode(); sm != nil {
-		return checkLimit(uint64(n), sm.UpsertMaxBatchsize, "upsert limit")
+	sm := c.strictMode()
+	if sm == nil {
+		return nil
+	}
+	if err := checkLimit(uint64(n), sm.UpsertMaxBatchsize, "upsert limit"); err != nil {
+		return err
+	}
+	if max := sm.MaxPointsCount; max != nil && uint64(len(c.points)) >= *max {
+		return status.Errorf(codes.InvalidArgument, "Bad request: Max points count limit of %d reached!", *max)
 	}
 	return nil
 }
