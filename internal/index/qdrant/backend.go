@@ -3,6 +3,7 @@ package qdrant
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync/atomic"
 
 	qd "github.com/qdrant/go-client/qdrant"
@@ -66,7 +67,13 @@ type Backend struct {
 	cfg    Config
 	client *qd.Client
 	dim    atomic.Int64 // the collection's vector size once known
+	// queryLimit is the collection's strict-mode max_query_limit once
+	// known (noQueryLimit without one), 0 before.
+	queryLimit atomic.Uint64
 }
+
+// noQueryLimit is queryLimit for a collection without max_query_limit.
+const noQueryLimit = math.MaxUint64
 
 var _ index.Backend = (*Backend)(nil)
 
@@ -206,6 +213,7 @@ func (b *Backend) Ensure(ctx context.Context, dim int) error {
 		return err
 	}
 	b.dim.Store(int64(dim))
+	b.queryLimit.Store(queryLimitOf(info))
 	return nil
 }
 
@@ -339,8 +347,10 @@ func (b *Backend) SwitchAlias(ctx context.Context, alias, collection string) err
 		return &Error{Op: "switch alias " + alias, Collection: collection, Err: err}
 	}
 	if alias == b.cfg.Collection {
-		// The alias may now name a collection of another dimension.
+		// The alias may now name a collection of another dimension
+		// and other settings.
 		b.dim.Store(0)
+		b.queryLimit.Store(0)
 	}
 	return nil
 }
@@ -383,6 +393,7 @@ func (b *Backend) DropCollection(ctx context.Context, collection string) error {
 	}
 	if collection == b.cfg.Collection {
 		b.dim.Store(0)
+		b.queryLimit.Store(0)
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package qdrant_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -666,6 +667,40 @@ func TestCapacityLimitIsNotPermanent(t *testing.T) {
 	// Started again on the full collection, Ensure says so.
 	if err := open(t, srv, nil).Ensure(ctx(), dim); err == nil || !strings.Contains(err.Error(), "max_points_count is 2 and the collection holds 2 points") {
 		t.Fatalf("Ensure on a full collection: %v; want an error naming max_points_count", err)
+	}
+}
+
+// Under strict mode's max_query_limit Search never asks for more: a k at
+// or above the limit gets the limit's worth of hits, and a run of equal
+// scores longer than the limit stops the widening at the limit, still
+// ordered by id, instead of failing the search.
+func TestSearchStaysWithinMaxQueryLimit(t *testing.T) {
+	srv := qdranttest.Start(t)
+	createWith(t, srv, &qd.CreateCollection{StrictModeConfig: &qd.StrictModeConfig{Enabled: qd.PtrOf(true), MaxQueryLimit: qd.PtrOf(uint32(300))}})
+	b := open(t, srv, nil)
+	must(t, b.Ensure(ctx(), dim))
+	var points []index.Point
+	for o := range 400 {
+		// Every point in the same direction: all scores tie.
+		v := axis(0)
+		v[1] = 1
+		points = append(points, chunk("a", 1, o, v))
+	}
+	must(t, b.Upsert(ctx(), points))
+	for _, k := range []int{10, 299, 300, 500} {
+		hits, err := b.Search(ctx(), axis(0), k)
+		if err != nil {
+			t.Fatalf("Search k=%d under max_query_limit 300: %v", k, err)
+		}
+		if want := min(k, 300); len(hits) != want {
+			t.Fatalf("Search k=%d: %d hits; want %d", k, len(hits), want)
+		}
+		for i := 1; i < len(hits); i++ {
+			if hits[i].Score != hits[0].Score || bytes.Compare(hits[i-1].Point.ID[:], hits[i].Point.ID[:]) >= 0 {
+				t.Fatalf("Search k=%d: hit %d (%v, %s) after (%v, %s); want equal scores in ascending id order",
+					k, i, hits[i].Score, hits[i].Point.ID, hits[i-1].Score, hits[i-1].Point.ID)
+			}
+		}
 	}
 }
 

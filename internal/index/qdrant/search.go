@@ -17,24 +17,38 @@ import (
 // Qdrant does not order equal scores, and may cut a run of them anywhere
 // at the limit. So Search asks for k+1 hits: when the last two differ, the
 // first k are the answer; when they tie, it asks again for every hit
-// scoring at least the tied score, and picks the first k by (score, id).
+// scoring at least the tied score, doubling the limit until it has them
+// all, and picks the first k by (score, id).
+//
+// No request asks for more than the collection's strict-mode
+// max_query_limit, which Qdrant would refuse. Under a limit of k or less,
+// Search returns at most that many hits; and a run of equal scores that
+// reaches past the limit is resolved as well as the limit allows: the hits
+// are still ordered by (score, id), but of the tied ones only those the
+// server returned within the limit are among them, not necessarily the
+// lowest ids.
 func (b *Backend) Search(ctx context.Context, vector []float32, k int) ([]index.Hit, error) {
 	if k <= 0 {
 		return nil, nil
 	}
-	hits, err := b.query(ctx, vector, uint64(k)+1, nil)
+	maxLimit, err := b.maxQueryLimit(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if len(hits) > k && hits[k].GetScore() == hits[k-1].GetScore() {
+	first := min(uint64(k)+1, maxLimit)
+	hits, err := b.query(ctx, vector, first, nil)
+	if err != nil {
+		return nil, err
+	}
+	if len(hits) > k && hits[k].GetScore() == hits[k-1].GetScore() && first < maxLimit {
 		// Just below the tied score, so that every tied hit is included
 		// whether the server's threshold is inclusive or not.
 		threshold := math.Nextafter32(hits[k-1].GetScore(), float32(math.Inf(-1)))
-		for limit := 2 * (uint64(k) + 1); ; limit *= 2 {
+		for limit := min(2*first, maxLimit); ; limit = min(2*limit, maxLimit) {
 			if hits, err = b.query(ctx, vector, limit, &threshold); err != nil {
 				return nil, err
 			}
-			if uint64(len(hits)) < limit {
+			if uint64(len(hits)) < limit || limit == maxLimit {
 				break
 			}
 		}
@@ -78,4 +92,30 @@ func (b *Backend) query(ctx context.Context, vector []float32, limit uint64, thr
 		return nil, b.fail("search", err)
 	}
 	return hits, nil
+}
+
+// maxQueryLimit is the collection's max_query_limit (noQueryLimit without
+// one), from Ensure or asked once.
+func (b *Backend) maxQueryLimit(ctx context.Context) (uint64, error) {
+	if l := b.queryLimit.Load(); l > 0 {
+		return l, nil
+	}
+	info, err := b.info(ctx)
+	if err != nil {
+		return 0, b.fail("get collection", err)
+	}
+	l := queryLimitOf(info)
+	b.queryLimit.Store(l)
+	return l, nil
+}
+
+// queryLimitOf is the max_query_limit strict mode sets on the collection,
+// or noQueryLimit. A limit of 0 (which Qdrant would enforce as refusing
+// every query) is taken as 1, so that the result is never unknown.
+func queryLimitOf(info *qd.CollectionInfo) uint64 {
+	sm := info.GetConfig().GetStrictModeConfig()
+	if !sm.GetEnabled() || sm.MaxQueryLimit == nil {
+		return noQueryLimit
+	}
+	return max(uint64(sm.GetMaxQueryLimit()), 1)
 }

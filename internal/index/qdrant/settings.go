@@ -39,6 +39,8 @@ func (b *Backend) checkSettings(info *qd.CollectionInfo) error {
 	if sm.SearchAllowExact != nil && !sm.GetSearchAllowExact() {
 		return refuse("search_allow_exact", "is false: converge's count fences need exact counts; allow exact search")
 	}
+	// Scroll pages need pageSize; Search keeps its requests within the
+	// limit, whatever k (see Search).
 	if sm.MaxQueryLimit != nil && sm.GetMaxQueryLimit() < pageSize {
 		return refuse("max_query_limit", fmt.Sprintf("is %d: converge reads pages of %d points; raise it to at least %d", sm.GetMaxQueryLimit(), pageSize, pageSize))
 	}
