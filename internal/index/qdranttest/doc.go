@@ -35,7 +35,8 @@
 // wrong vector size, a malformed id or a malformed request is
 // codes.InvalidArgument. Creating a collection (or an alias) under the name
 // of an existing collection is codes.AlreadyExists ("Wrong input: Collection
-// `x` already exists!"), which is what Qdrant 1.8 and later answer.
+// `x` already exists!"), which is what Qdrant answers since 1.8.0 (before,
+// InvalidArgument; the change is qdrant/qdrant pull request 3423).
 // CollectionExists is true for an alias name too, as in Qdrant. A batch
 // upsert with a wrong-size vector is refused only as that point is applied,
 // after the points before it are written (see Upsert), as in Qdrant.
