@@ -60,7 +60,14 @@ build() {
 	fi
 	echo "neo4j-server: building the launcher (first run downloads Neo4j from Maven Central)..." >&2
 	local start=$SECONDS
-	mvn -q -B -Dstyle.color=never -f "$project/pom.xml" package >&2 || die "maven build of $project failed"
+	local log
+	log=$(mktemp)
+	if ! mvn -q -B -Dstyle.color=never -f "$project/pom.xml" package >"$log" 2>&1; then
+		cat "$log" >&2
+		rm -f "$log"
+		die "maven build of $project failed"
+	fi
+	rm -f "$log"
 	touch "$stamp"
 	echo "neo4j-server: built in $((SECONDS - start)) s" >&2
 }
