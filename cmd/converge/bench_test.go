@@ -1092,37 +1092,14 @@ func BenchmarkRebuildIndex(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			live, err := stores.Open(ctx, "index")
-			if err != nil {
-				b.Fatal(err)
-			}
-			sw := rebuildpkg.NewSwitch(live)
-			m, err := rebuildpkg.NewManager(rebuildpkg.Config{Runtime: projector.Config{Name: "bench-index"}}, stores, sw, nil)
-			if err != nil {
-				b.Fatal(err)
-			}
-			runCtx, stop := context.WithCancel(ctx)
-			done := make(chan struct{})
-			go func() { defer close(done); _ = m.Run(runCtx, js) }()
-			start := time.Now()
-			for {
-				_, _, err := m.Start(ctx)
-				if err == nil {
-					break
-				}
-				time.Sleep(10 * time.Millisecond) // the manager is still connecting
-			}
-			for m.Status(ctx).Phase != rebuildpkg.PhaseDone {
-				time.Sleep(20 * time.Millisecond)
-			}
-			took += time.Since(start)
+			sw, rebuilt, stop := rebuildWithManager(ctx, b, js, stores, "index", "bench-index")
+			took += rebuilt
 			x := sw.Live().Store.(*index.Index)
 			docs, err := verify.ReadIndex(ctx, x.Backend())
 			if err != nil || len(docs) != n || sw.Live().Name == "index" {
 				b.Fatalf("after the rebuild the live generation %s holds %d documents (%v), want %d in a fresh one", sw.Live().Name, len(docs), err, n)
 			}
 			stop()
-			<-done
 			_ = sw.Close()
 			_ = stores.Close()
 		}
@@ -1189,38 +1166,13 @@ func BenchmarkRebuildIndex(b *testing.B) {
 			c := cfg
 			c.DataDir = b.TempDir()
 			stores := gbackends.NewStores(&c, nil)
-			live, err := stores.Open(ctx, "neo4j")
-			if err != nil {
-				b.Fatal(err)
-			}
-			sw := rebuildpkg.NewSwitch(live)
-			m, err := rebuildpkg.NewManager(rebuildpkg.Config{Runtime: projector.Config{Name: "bench-graph"}}, stores, sw, nil)
-			if err != nil {
-				b.Fatal(err)
-			}
-			runCtx, stop := context.WithCancel(ctx)
-			done := make(chan struct{})
-			go func() { defer close(done); _ = m.Run(runCtx, js) }()
-			start = time.Now()
-			for {
-				if _, _, err := m.Start(ctx); err == nil {
-					break
-				}
-				time.Sleep(10 * time.Millisecond) // the manager is still connecting
-			}
-			for st := m.Status(ctx); st.Phase != rebuildpkg.PhaseDone; st = m.Status(ctx) {
-				if st.Error != "" {
-					b.Logf("rebuild: %s", st.Error)
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
-			rebuilt += time.Since(start)
+			sw, took, stop := rebuildWithManager(ctx, b, js, stores, "neo4j", "bench-graph")
+			rebuilt += took
 			g := sw.Live().Store.(*graph.Projection)
 			if docs, err := verify.ReadGraph(ctx, g.Backend()); err != nil || len(docs) != n {
 				b.Fatalf("after the rebuild in place Neo4j holds %d documents (%v), want %d", len(docs), err, n)
 			}
 			stop()
-			<-done
 			_ = sw.Close()
 		}
 		per := fill / time.Duration(b.N)
@@ -1229,6 +1181,44 @@ func BenchmarkRebuildIndex(b *testing.B) {
 			n, per.Round(time.Millisecond), float64(n)/per.Seconds())
 		reportRebuild(b, "rebuild in place (wipe of the full graph, fill) of the graph in Neo4j", n, rebuilt)
 	})
+}
+
+// rebuildWithManager runs one whole rebuild as a projector process does:
+// a rebuild.Manager over stores, whose live generation is live, started
+// as soon as it takes a rebuild and waited for until done. It returns the
+// switch (with the rebuilt generation live), how long the rebuild took,
+// and stop, which ends the manager.
+func rebuildWithManager(ctx context.Context, b *testing.B, js jetstream.JetStream, stores rebuildpkg.Stores, live, name string) (*rebuildpkg.Switch, time.Duration, func()) {
+	b.Helper()
+	g, err := stores.Open(ctx, live)
+	if err != nil {
+		b.Fatal(err)
+	}
+	sw := rebuildpkg.NewSwitch(g)
+	m, err := rebuildpkg.NewManager(rebuildpkg.Config{Runtime: projector.Config{Name: name}}, stores, sw, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = m.Run(runCtx, js) }()
+	start := time.Now()
+	for {
+		if _, _, err := m.Start(ctx); err == nil {
+			break
+		}
+		time.Sleep(10 * time.Millisecond) // the manager is still connecting
+	}
+	lastErr := ""
+	for st := m.Status(ctx); st.Phase != rebuildpkg.PhaseDone; st = m.Status(ctx) {
+		if st.Error != "" && st.Error != lastErr {
+			b.Logf("rebuild: %s", st.Error)
+			lastErr = st.Error
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	took := time.Since(start)
+	return sw, took, func() { cancel(); <-done }
 }
 
 // reportRebuild reports the rebuilds of n documents that took took over

@@ -15,20 +15,28 @@ import (
 	"github.com/converge-sync/converge/internal/testenv"
 )
 
+// runDemo runs converge demo with args and returns its output; the test
+// fails if the demo does.
+func runDemo(t *testing.T, args ...string) *bytes.Buffer {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	err := demo(ctx, args, &out)
+	t.Logf("demo output:\n%s", out.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &out
+}
+
 // The demo runs end to end on embedded defaults (a small corpus): load,
 // redelivery, a SIGKILLed graph projector, search, graph query, verify.
 func TestDemo(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the demo takes a while")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	var out bytes.Buffer
-	err := demo(ctx, []string{"-docs", "60"}, &out)
-	t.Logf("demo output:\n%s", out.String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	out := runDemo(t, "-docs", "60")
 	for _, want := range []string{
 		"convergence report",
 		"index   AGREES with Postgres", "graph   AGREES with Postgres",
@@ -57,14 +65,7 @@ func TestDemoOnNeo4j(t *testing.T) {
 	t.Setenv("CONVERGE_NEO4J_URL", n.URL)
 	t.Setenv("CONVERGE_NEO4J_USER", n.User)
 	t.Setenv("CONVERGE_NEO4J_PASSWORD", n.Password)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	var out bytes.Buffer
-	err := demo(ctx, []string{"-docs", "60"}, &out)
-	t.Logf("demo output:\n%s", out.String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	out := runDemo(t, "-docs", "60")
 	flat := strings.Join(strings.Fields(out.String()), " ")
 	for _, want := range []string{"the graph projector as a child process (into Neo4j at " + n.URL + ")",
 		"graph AGREES with Postgres", "index AGREES with Postgres"} {
@@ -76,6 +77,7 @@ func TestDemoOnNeo4j(t *testing.T) {
 		t.Error("the demo's output shows the Neo4j password")
 	}
 	// The graph the demo verified is in Neo4j, not in an embedded store.
+	ctx := context.Background()
 	b, err := neo4j.New(ctx, neo4j.Config{URL: n.URL, User: n.User, Password: n.Password})
 	if err != nil {
 		t.Fatal(err)
