@@ -211,28 +211,11 @@ func (b *Backend) applyBatch(ctx context.Context, batch []docRow) ([]bool, error
 				return err
 			}
 		}
-		if recs, err = run(guardStatement(batch)); err != nil {
+		if recs, err = run(writeStatement(batch)); err != nil {
 			return err
 		}
-		answer, err := guardResult(batch, recs)
+		answer, err := writeResult(batch, recs)
 		if err != nil {
-			return err
-		}
-		rows := appliedRows(batch, answer)
-		if len(rows) == 0 {
-			flags = answer
-			return nil
-		}
-		for _, st := range writeStatements(rows) {
-			if _, err := run(st); err != nil {
-				return err
-			}
-		}
-		fence := fenceStatement(rows)
-		if recs, err = run(fence); err != nil {
-			return err
-		}
-		if err := checkFence(rows, recs); err != nil {
 			return err
 		}
 		flags = answer

@@ -40,7 +40,7 @@ func names(calls []call) string {
 // guardKeys are the keys of the guard among a transaction's calls.
 func guardKeys(calls []call) []string {
 	var keys []string
-	i := slices.IndexFunc(calls, func(c call) bool { return c.name == "mergeDocuments" })
+	i := slices.IndexFunc(calls, func(c call) bool { return c.name == "writeDocuments" })
 	if i < 0 {
 		return nil
 	}
@@ -56,7 +56,7 @@ func guardKeys(calls []call) []string {
 func TestApplyRetriesTransientError(t *testing.T) {
 	r := newFakeRunner()
 	r.fail = func(_, try int, name string) error {
-		if try == 1 && name == "mergeLinks" {
+		if try == 1 && name == "writeDocuments" {
 			return deadlock
 		}
 		return nil
@@ -72,7 +72,7 @@ func TestApplyRetriesTransientError(t *testing.T) {
 	if !errors.Is(r.attempts[0].err, deadlock) {
 		t.Fatalf("first attempt failed with %v", r.attempts[0].err)
 	}
-	if got, want := names(r.attempts[1].calls), "readBatch lockDocuments lockTags mergeDocuments deleteChunks mergeChunks mergeLinkTargets mergeTags deleteEdges mergeHasChunk mergeLinks mergeTagged countEdges"; got != want {
+	if got, want := names(r.attempts[1].calls), "readBatch lockDocuments lockTags writeDocuments"; got != want {
 		t.Fatalf("second attempt ran %s, want %s", got, want)
 	}
 	for _, d := range docs {
@@ -88,7 +88,7 @@ func TestApplyRetriesTransientError(t *testing.T) {
 func TestApplyTransientErrorsExhausted(t *testing.T) {
 	r := newFakeRunner()
 	r.fail = func(_, _ int, name string) error {
-		if name == "mergeDocuments" {
+		if name == "writeDocuments" {
 			return deadlock
 		}
 		return nil
@@ -107,7 +107,7 @@ func TestApplyTransientErrorsExhausted(t *testing.T) {
 func TestApplyErrorMidBatchRollsBack(t *testing.T) {
 	r := newFakeRunner()
 	r.fail = func(_, _ int, name string) error {
-		if name == "mergeTagged" {
+		if name == "writeDocuments" {
 			return syntaxError
 		}
 		return nil
@@ -121,7 +121,7 @@ func TestApplyErrorMidBatchRollsBack(t *testing.T) {
 	if !errors.As(err, &e) || !errors.Is(err, syntaxError) {
 		t.Fatalf("err = %v, want an *Error caused by the syntax error", err)
 	}
-	if !e.Permanent() || !strings.Contains(err.Error(), "mergeTagged") || !strings.Contains(err.Error(), `database "neo4j"`) {
+	if !e.Permanent() || !strings.Contains(err.Error(), "writeDocuments") || !strings.Contains(err.Error(), `database "neo4j"`) {
 		t.Fatalf("err = %v (permanent %v): want permanent, naming the statement and the database", err, e.Permanent())
 	}
 	if got := r.committed(); len(got) != 0 {
@@ -165,15 +165,11 @@ func TestApplyBatchBoundariesAndInputOrder(t *testing.T) {
 			t.Errorf("transaction %d guards %s, want %s", i+1, got, want)
 		}
 	}
-	// The second transaction writes c only: d is stale.
-	guard := slices.IndexFunc(txs[1], func(c call) bool { return c.name == "mergeDocuments" })
-	for _, c := range txs[1][guard+1:] {
-		if keys, ok := c.params["keys"].([]string); ok && c.name != "mergeLinkTargets" && !slices.Equal(keys, []string{"c"}) {
-			t.Errorf("%s of transaction 2 on %v, want [c]", c.name, keys)
-		}
-	}
-	if v, _, _ := b.Document(ctx(), "d"); v.Version != 5 {
-		t.Fatalf("d at version %d after a stale v3, want 5", v.Version)
+	// The second transaction writes c only: d is stale, and keeps
+	// version 5's chunk.
+	v, _, _ := b.Document(ctx(), "d")
+	if want := doc("d", 5, 1, nil, nil).Chunks; v.Version != 5 || fmt.Sprint(v.Chunks) != fmt.Sprint(want) {
+		t.Fatalf("d = %+v after a stale v3, want version 5 with chunks %v", v, want)
 	}
 }
 
@@ -182,7 +178,7 @@ func TestApplyBatchBoundariesAndInputOrder(t *testing.T) {
 func TestApplyLaterBatchFails(t *testing.T) {
 	r := newFakeRunner()
 	r.fail = func(n, _ int, name string) error {
-		if n == 2 && name == "deleteEdges" {
+		if n == 2 && name == "writeDocuments" {
 			return syntaxError
 		}
 		return nil
@@ -204,7 +200,7 @@ func TestApplyLaterBatchFails(t *testing.T) {
 func TestApplyFenceMismatch(t *testing.T) {
 	r := newFakeRunner()
 	r.answer = func(name string, recs []record) []record {
-		if name != "countEdges" {
+		if name != "writeDocuments" {
 			return recs
 		}
 		for _, rec := range recs {
@@ -237,10 +233,13 @@ func TestApplyFenceMismatch(t *testing.T) {
 	}
 }
 
-func TestApplyStaleRunsOnlyTheGuard(t *testing.T) {
+// A stale version locks only its own node and writes nothing: not its
+// fields, chunks or edges, not even the stubs of its links.
+func TestApplyStaleWritesNothing(t *testing.T) {
 	r := newFakeRunner()
 	b := newTestBackend(r, 100)
 	mustApply(t, b, doc("a", 2, 1, nil, nil))
+	before := r.graph.clone()
 	r.attempts = nil
 	if got := mustApply(t, b, doc("a", 2, 3, []string{"x"}, nil)); got[0] {
 		t.Fatal("version 2 again applied")
@@ -252,9 +251,15 @@ func TestApplyStaleRunsOnlyTheGuard(t *testing.T) {
 		t.Fatalf("%d transactions, want 2", len(r.attempts))
 	}
 	for _, a := range r.attempts {
-		if names(a.calls) != "readBatch lockDocuments mergeDocuments" {
+		if names(a.calls) != "readBatch lockDocuments writeDocuments" {
 			t.Fatalf("a stale apply ran %s", names(a.calls))
 		}
+		if keys := a.calls[1].params["keys"]; fmt.Sprint(keys) != "[a]" {
+			t.Fatalf("a stale apply locked %v, want [a]", keys)
+		}
+	}
+	if fmt.Sprint(r.graph.view("a")) != fmt.Sprint(before.view("a")) || len(r.graph.docs) != 1 {
+		t.Fatalf("a stale apply changed the graph: %v, %d documents", r.graph.view("a"), len(r.graph.docs))
 	}
 }
 
@@ -445,7 +450,7 @@ func TestApplySplitsBatchTooLarge(t *testing.T) {
 	b := newTestBackend(r, 100)
 	var guarded int // the size of the batch the running transaction writes
 	r.fail = func(_, _ int, name string) error {
-		if name == "mergeDocuments" && guarded > 2 {
+		if name == "writeDocuments" && guarded > 2 {
 			return memoryError
 		}
 		return nil
@@ -473,7 +478,7 @@ func TestApplySplitsBatchTooLarge(t *testing.T) {
 	}
 
 	r.fail = func(_, _ int, name string) error {
-		if name == "mergeDocuments" {
+		if name == "writeDocuments" {
 			return memoryError
 		}
 		return nil

@@ -25,9 +25,7 @@ func BenchmarkPlanBatch(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		_ = guardStatement(batches[0])
-		_ = writeStatements(batches[0])
-		_ = fenceStatement(batches[0])
+		_ = writeStatement(batches[0])
 	}
 }
 

@@ -1,8 +1,8 @@
 package neo4j
 
 // The Cypher statements of the backend: constants, every value a
-// parameter. The write statements run in the order listed, nodes before
-// relationships (see the package documentation).
+// parameter. The statements of a write transaction run in the order
+// listed (see the package documentation).
 
 // Ensure: one schema statement per transaction. IF NOT EXISTS makes each a
 // no-op when an equivalent constraint exists.
@@ -46,76 +46,80 @@ MERGE (t:Tag {name: name})
 SET t._LOCK_ = true
 REMOVE t._LOCK_`
 
-// cypherMergeDocuments is the freshness guard. $rows: [{key, version,
-// deleted, title, content_hash, repair}], sorted by key. Setting _LOCK_
-// takes the node's write lock before its version is read (the lost-update
-// pattern of the Neo4j manual), so two transactions writing one key cannot
-// both see the old version; the lock is held to the end of the
-// transaction. A node without a version (new, or a stub) takes any
-// version; a repair row also rewrites the version the node holds.
-const cypherMergeDocuments = `UNWIND $rows AS row
+// cypherWriteDocuments is the freshness guard, the writes of the
+// documents it applies, and the count fence, in one statement. $rows:
+// [{key, version, deleted, title, content_hash, repair, chunks: [{id,
+// ordinal, content_hash}], links, tags}], sorted by key; links and tags
+// sorted, distinct.
+//
+// The guard: setting _LOCK_ takes the node's write lock before its
+// version is read (the lost-update pattern of the Neo4j manual), so two
+// transactions writing one key cannot both see the old version; the lock
+// is held to the end of the transaction. A node without a version (new,
+// or a stub) takes any version; a repair row also rewrites the version
+// the node holds.
+//
+// Of an applied row, the subquery sets the node's fields, deletes the
+// chunks and outgoing LINKS_TO and TAGGED relationships of older
+// versions, and creates the new ones, MERGE-ing the chunk nodes, the link
+// targets (a key not yet seen becomes a stub) and the tags. The
+// relationships are created, not merged: the document has none left of
+// those types, and the incoming chunks, links and tags are distinct. A
+// row not applied writes nothing, not even the stubs of its links.
+//
+// The fence: after every row is written (collect waits for all of
+// them), each document's HAS_CHUNK, LINKS_TO and TAGGED relationships
+// are counted; the backend compares the counts of the applied rows with
+// the incoming numbers.
+const cypherWriteDocuments = `UNWIND $rows AS row
 MERGE (d:Document {key: row.key})
 SET d._LOCK_ = true
 WITH d, row, (d.version IS NULL OR d.version < row.version OR (row.repair AND d.version = row.version)) AS applied
 REMOVE d._LOCK_
-FOREACH (i IN CASE WHEN applied THEN [1] ELSE [] END |
+WITH d, row, applied
+CALL {
+  WITH d, row, applied
+  WITH d, row
+  WHERE applied
   SET d.version = row.version, d.title = row.title, d.content_hash = row.content_hash,
-      d.deleted = row.deleted, d.stub = null)
-RETURN row.key AS key, applied`
-
-// cypherDeleteChunks removes the chunks of older versions. $keys: the
-// applied documents, sorted.
-const cypherDeleteChunks = `UNWIND $keys AS key
-MATCH (:Document {key: key})-[:HAS_CHUNK]->(c:Chunk)
-DETACH DELETE c`
-
-// cypherMergeChunks writes the chunk nodes. $chunks: [{id, key, version,
-// ordinal, content_hash}], by key, then ordinal.
-const cypherMergeChunks = `UNWIND $chunks AS chunk
-MERGE (c:Chunk {id: chunk.id})
-SET c.key = chunk.key, c.version = chunk.version, c.ordinal = chunk.ordinal,
-    c.content_hash = chunk.content_hash`
-
-// cypherMergeLinkTargets makes sure every link target exists: a key not
-// yet seen becomes a stub. $keys: the targets, sorted, distinct.
-const cypherMergeLinkTargets = `UNWIND $keys AS key
-MERGE (t:Document {key: key})
-ON CREATE SET t.stub = true`
-
-// cypherMergeTags writes the tag nodes. $names: sorted, distinct.
-const cypherMergeTags = `UNWIND $names AS name
-MERGE (:Tag {name: name})`
-
-// cypherDeleteEdges removes the outgoing links and tags of older versions.
-// $keys: the applied documents, sorted.
-const cypherDeleteEdges = `UNWIND $keys AS key
-MATCH (:Document {key: key})-[r:LINKS_TO|TAGGED]->()
-DELETE r`
-
-// cypherMergeHasChunk: $rows: [{key, id}], by key, then ordinal.
-const cypherMergeHasChunk = `UNWIND $rows AS row
-MATCH (d:Document {key: row.key})
-MATCH (c:Chunk {id: row.id})
-MERGE (d)-[:HAS_CHUNK]->(c)`
-
-// cypherMergeLinks: $rows: [{key, target}], sorted by key, then target.
-const cypherMergeLinks = `UNWIND $rows AS row
-MATCH (d:Document {key: row.key})
-MATCH (t:Document {key: row.target})
-MERGE (d)-[:LINKS_TO]->(t)`
-
-// cypherMergeTagged: $rows: [{key, tag}], sorted by key, then tag.
-const cypherMergeTagged = `UNWIND $rows AS row
-MATCH (d:Document {key: row.key})
-MATCH (t:Tag {name: row.tag})
-MERGE (d)-[:TAGGED]->(t)`
-
-// cypherCountEdges is the count fence, run after the writes in the same
-// transaction. $keys: the applied documents, sorted. A key missing from
-// the answer has no node.
-const cypherCountEdges = `UNWIND $keys AS key
-MATCH (d:Document {key: key})
-RETURN key,
+      d.deleted = row.deleted, d.stub = null
+  WITH d, row
+  CALL {
+    WITH d
+    MATCH (d)-[:HAS_CHUNK]->(old:Chunk)
+    DETACH DELETE old
+  }
+  CALL {
+    WITH d
+    MATCH (d)-[r:LINKS_TO|TAGGED]->()
+    DELETE r
+  }
+  CALL {
+    WITH d, row
+    UNWIND row.chunks AS chunk
+    MERGE (c:Chunk {id: chunk.id})
+    SET c.key = row.key, c.version = row.version, c.ordinal = chunk.ordinal,
+        c.content_hash = chunk.content_hash
+    CREATE (d)-[:HAS_CHUNK]->(c)
+  }
+  CALL {
+    WITH d, row
+    UNWIND row.links AS link
+    MERGE (t:Document {key: link})
+    ON CREATE SET t.stub = true
+    CREATE (d)-[:LINKS_TO]->(t)
+  }
+  CALL {
+    WITH d, row
+    UNWIND row.tags AS name
+    MERGE (t:Tag {name: name})
+    CREATE (d)-[:TAGGED]->(t)
+  }
+}
+WITH collect({key: row.key, applied: applied, d: d}) AS written
+UNWIND written AS w
+WITH w.key AS key, w.applied AS applied, w.d AS d
+RETURN key, applied,
        COUNT { (d)-[:HAS_CHUNK]->(:Chunk) } AS chunks,
        COUNT { (d)-[:LINKS_TO]->(:Document) } AS links,
        COUNT { (d)-[:TAGGED]->(:Tag) } AS tags`

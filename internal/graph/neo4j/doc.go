@@ -37,23 +37,25 @@
 //     transactions makes concurrent batches (the projector's parallel
 //     shards, whose documents link each other's and share tags) wait for
 //     each other instead of deadlocking;
-//  1. the freshness guard: MERGE each (:Document) by key, take its write
-//     lock before reading its version, and set its fields only if the
-//     incoming version is greater than the stored one (or the node is new
-//     or a stub); it returns, per
-//     key, whether the version applied. Everything below concerns only
-//     the applied documents, so a stale version creates nothing, not even
-//     the stubs of its links;
-//  2. DETACH DELETE their (:Chunk) nodes, then MERGE the new ones;
-//  3. MERGE the link targets (a target not yet seen becomes a stub) and
-//     the (:Tag) nodes: step 0 has created them when its reading was
-//     right, and this keeps the write whole when it was not (a document
-//     written behind the backend's back between the read and the guard);
-//  4. delete their outgoing LINKS_TO and TAGGED relationships, then MERGE
+//  1. one statement for the rest (one round trip to the server, not one
+//     per kind of write, while the locks are held): the freshness guard MERGEs
+//     each (:Document) by key, takes its write lock before reading its
+//     version, and sets its fields only if the incoming version is
+//     greater than the stored one (or the node is new or a stub). Of the
+//     documents it applies, and of no other (a stale version creates
+//     nothing, not even the stubs of its links), it DETACH DELETEs the
+//     (:Chunk) nodes and deletes the outgoing LINKS_TO and TAGGED
+//     relationships of older versions, MERGEs the new chunks, the link
+//     targets (a target not yet seen becomes a stub: step 0 has created
+//     them when its reading was right, and this keeps the write whole
+//     when it was not, a document written behind the backend's back
+//     between the read and the guard) and the (:Tag) nodes, and creates
 //     the new HAS_CHUNK, LINKS_TO and TAGGED relationships;
-//  5. the count fence: count each document's HAS_CHUNK, LINKS_TO and
-//     TAGGED relationships and fail the transaction ([*FenceError]) unless
-//     they equal the incoming numbers.
+//  2. in the same statement, once every document is written, the count
+//     fence: it answers, per key, whether the version applied and the
+//     document's HAS_CHUNK, LINKS_TO and TAGGED relationships, and the
+//     backend fails the transaction ([*FenceError]) unless those of each
+//     applied document equal the incoming numbers.
 //
 // A withdrawal goes through the same steps with no chunks, links or tags:
 // its node stays, deleted and with its version, as a tombstone that a late

@@ -19,16 +19,7 @@ var statementNames = []struct{ name, cypher string }{
 	{"readBatch", cypherReadBatch},
 	{"lockDocuments", cypherLockDocuments},
 	{"lockTags", cypherLockTags},
-	{"mergeDocuments", cypherMergeDocuments},
-	{"deleteChunks", cypherDeleteChunks},
-	{"mergeChunks", cypherMergeChunks},
-	{"mergeLinkTargets", cypherMergeLinkTargets},
-	{"mergeTags", cypherMergeTags},
-	{"deleteEdges", cypherDeleteEdges},
-	{"mergeHasChunk", cypherMergeHasChunk},
-	{"mergeLinks", cypherMergeLinks},
-	{"mergeTagged", cypherMergeTagged},
-	{"countEdges", cypherCountEdges},
+	{"writeDocuments", cypherWriteDocuments},
 	{"document", cypherDocument},
 	{"scanDocuments", cypherScanDocuments},
 	{"wipeRelationships", cypherWipeRelationships},
@@ -147,93 +138,19 @@ func (g *modelGraph) run(cypher string, params map[string]any) ([]record, error)
 			g.tags[name] = true
 		}
 		return nil, nil
-	case cypherMergeDocuments:
-		var out []record
-		for _, row := range rowsParam(params, "rows") {
-			key, version := row["key"].(string), row["version"].(int64)
+	case cypherWriteDocuments:
+		rows := rowsParam(params, "rows")
+		applied := make([]bool, len(rows))
+		for i, row := range rows {
+			applied[i] = g.writeDocument(row)
+		}
+		// The fence counts once every row is written.
+		out := make([]record, len(rows))
+		for i, row := range rows {
+			key := row["key"].(string)
 			d := g.docs[key]
-			if d == nil {
-				d = newModelDoc()
-				g.docs[key] = d
-			}
-			repair, ok := row["repair"].(bool)
-			if !ok {
-				panic(fmt.Sprintf("model: mergeDocuments row without a repair flag: %v", row))
-			}
-			applied := !d.hasVersion || d.version < version || (repair && d.version == version)
-			if applied {
-				d.hasVersion, d.version = true, version
-				d.deleted, d.title, d.hash = row["deleted"].(bool), row["title"].(string), row["content_hash"].(string)
-			}
-			out = append(out, record{"key": key, "applied": applied})
-		}
-		return out, nil
-	case cypherDeleteChunks:
-		for _, key := range stringsParam(params, "keys") {
-			if d := g.docs[key]; d != nil {
-				for id := range d.chunks {
-					delete(g.chunks, id)
-				}
-				d.chunks = map[string]bool{}
-			}
-		}
-		return nil, nil
-	case cypherMergeChunks:
-		for _, c := range rowsParam(params, "chunks") {
-			g.chunks[c["id"].(string)] = modelChunk{key: c["key"].(string), version: c["version"].(int64),
-				ordinal: c["ordinal"].(int64), hash: c["content_hash"].(string)}
-		}
-		return nil, nil
-	case cypherMergeLinkTargets:
-		for _, key := range stringsParam(params, "keys") {
-			if g.docs[key] == nil {
-				g.docs[key] = newModelDoc()
-			}
-		}
-		return nil, nil
-	case cypherMergeTags:
-		for _, name := range stringsParam(params, "names") {
-			g.tags[name] = true
-		}
-		return nil, nil
-	case cypherDeleteEdges:
-		for _, key := range stringsParam(params, "keys") {
-			if d := g.docs[key]; d != nil {
-				d.links, d.tagged = map[string]bool{}, map[string]bool{}
-			}
-		}
-		return nil, nil
-	case cypherMergeHasChunk:
-		for _, row := range rowsParam(params, "rows") {
-			d, id := g.docs[row["key"].(string)], row["id"].(string)
-			if _, ok := g.chunks[id]; d != nil && ok {
-				d.chunks[id] = true
-			}
-		}
-		return nil, nil
-	case cypherMergeLinks:
-		for _, row := range rowsParam(params, "rows") {
-			d, target := g.docs[row["key"].(string)], row["target"].(string)
-			if d != nil && g.docs[target] != nil {
-				d.links[target] = true
-			}
-		}
-		return nil, nil
-	case cypherMergeTagged:
-		for _, row := range rowsParam(params, "rows") {
-			d, tag := g.docs[row["key"].(string)], row["tag"].(string)
-			if d != nil && g.tags[tag] {
-				d.tagged[tag] = true
-			}
-		}
-		return nil, nil
-	case cypherCountEdges:
-		var out []record
-		for _, key := range stringsParam(params, "keys") {
-			if d := g.docs[key]; d != nil {
-				out = append(out, record{"key": key, "chunks": int64(len(d.chunks)),
-					"links": int64(len(d.links)), "tags": int64(len(d.tagged))})
-			}
+			out[i] = record{"key": key, "applied": applied[i], "chunks": int64(len(d.chunks)),
+				"links": int64(len(d.links)), "tags": int64(len(d.tagged))}
 		}
 		return out, nil
 	case cypherDocument:
@@ -298,6 +215,48 @@ func (g *modelGraph) run(cypher string, params map[string]any) ([]record, error)
 		return []record{{"deleted": n}}, nil
 	}
 	return nil, fmt.Errorf("model: not a statement of the package: %q", cypher)
+}
+
+// writeDocument is one row of writeDocuments: the guard and, if it
+// applies, the document's fields, chunks and outgoing relationships
+// replaced by the row's, the chunk nodes, link targets (stubs) and tags
+// merged.
+func (g *modelGraph) writeDocument(row map[string]any) bool {
+	key, version := row["key"].(string), row["version"].(int64)
+	d := g.docs[key]
+	if d == nil {
+		d = newModelDoc()
+		g.docs[key] = d
+	}
+	repair, ok := row["repair"].(bool)
+	if !ok {
+		panic(fmt.Sprintf("model: writeDocuments row without a repair flag: %v", row))
+	}
+	if d.hasVersion && !(d.version < version || repair && d.version == version) {
+		return false
+	}
+	d.hasVersion, d.version = true, version
+	d.deleted, d.title, d.hash = row["deleted"].(bool), row["title"].(string), row["content_hash"].(string)
+	for id := range d.chunks {
+		delete(g.chunks, id)
+	}
+	d.chunks, d.links, d.tagged = map[string]bool{}, map[string]bool{}, map[string]bool{}
+	for _, c := range rowsParam(row, "chunks") {
+		id := c["id"].(string)
+		g.chunks[id] = modelChunk{key: key, version: version, ordinal: c["ordinal"].(int64), hash: c["content_hash"].(string)}
+		d.chunks[id] = true
+	}
+	for _, target := range stringsParam(row, "links") {
+		if g.docs[target] == nil {
+			g.docs[target] = newModelDoc()
+		}
+		d.links[target] = true
+	}
+	for _, name := range stringsParam(row, "tags") {
+		g.tags[name] = true
+		d.tagged[name] = true
+	}
+	return true
 }
 
 // view is the record cypherView returns for key, with the driver's types:

@@ -164,148 +164,73 @@ func lockStatements(batch []docRow, held map[string]heldDoc) []statement {
 	return out
 }
 
-// guardStatement is the statement after the locks of a batch's
-// transaction.
-func guardStatement(batch []docRow) statement {
+// writeStatement is the statement after the locks of a batch's
+// transaction: the guard, the writes of the documents it applies, and
+// the count fence.
+func writeStatement(batch []docRow) statement {
 	rows := make([]map[string]any, len(batch))
 	for i, r := range batch {
+		d := r.doc
+		chunks := make([]map[string]any, len(d.Chunks))
+		for j, c := range d.Chunks {
+			chunks[j] = map[string]any{"id": c.ID.String(), "ordinal": int64(c.Ordinal), "content_hash": c.ContentHash}
+		}
 		rows[i] = map[string]any{
-			"key":          r.doc.Key,
-			"version":      r.doc.Version,
-			"deleted":      r.doc.Deleted,
-			"title":        r.doc.Title,
-			"content_hash": r.doc.ContentHash,
-			"repair":       r.doc.Repair,
+			"key":          d.Key,
+			"version":      d.Version,
+			"deleted":      d.Deleted,
+			"title":        d.Title,
+			"content_hash": d.ContentHash,
+			"repair":       d.Repair,
+			"chunks":       chunks,
+			"links":        append([]string{}, d.Links...),
+			"tags":         append([]string{}, d.Tags...),
 		}
 	}
-	return statement{"mergeDocuments", cypherMergeDocuments, map[string]any{"rows": rows}}
+	return statement{"writeDocuments", cypherWriteDocuments, map[string]any{"rows": rows}}
 }
 
-// guardResult reads the guard's answer: applied[i] for batch[i].
-func guardResult(batch []docRow, recs []record) ([]bool, error) {
-	byKey := make(map[string]bool, len(recs))
+// writeResult reads writeDocuments' answer: applied[i] for batch[i], once
+// the count fence has passed for every applied document; a mismatch is a
+// [*FenceError] naming the first document (by key) that differs.
+func writeResult(batch []docRow, recs []record) ([]bool, error) {
+	type answer struct {
+		applied bool
+		have    Counts
+	}
+	byKey := make(map[string]answer, len(recs))
 	for _, rec := range recs {
 		key, ok1 := rec["key"].(string)
 		applied, ok2 := rec["applied"].(bool)
-		if !ok1 || !ok2 {
-			return nil, fmt.Errorf("mergeDocuments answered %v, want a key and an applied flag", rec)
+		chunks, ok3 := rec["chunks"].(int64)
+		links, ok4 := rec["links"].(int64)
+		tags, ok5 := rec["tags"].(int64)
+		if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 {
+			return nil, fmt.Errorf("writeDocuments answered %v, want a key, an applied flag and three counts", rec)
 		}
 		if _, dup := byKey[key]; dup {
-			return nil, fmt.Errorf("mergeDocuments answered twice for %q", key)
+			return nil, fmt.Errorf("writeDocuments answered twice for %q", key)
 		}
-		byKey[key] = applied
+		byKey[key] = answer{applied, Counts{Chunks: int(chunks), Links: int(links), Tags: int(tags)}}
 	}
 	out := make([]bool, len(batch))
 	for i, r := range batch {
-		applied, ok := byKey[r.doc.Key]
+		a, ok := byKey[r.doc.Key]
 		if !ok {
-			return nil, fmt.Errorf("mergeDocuments did not answer for %q", r.doc.Key)
+			return nil, fmt.Errorf("writeDocuments did not answer for %q", r.doc.Key)
 		}
-		out[i] = applied
+		out[i] = a.applied
 	}
 	if len(byKey) != len(batch) {
-		return nil, fmt.Errorf("mergeDocuments answered for %d keys, want %d", len(byKey), len(batch))
+		return nil, fmt.Errorf("writeDocuments answered for %d keys, want %d", len(byKey), len(batch))
+	}
+	for i, r := range batch {
+		if !out[i] {
+			continue
+		}
+		if want, have := r.counts(), byKey[r.doc.Key].have; have != want {
+			return nil, &FenceError{Key: r.doc.Key, Have: have, Want: want}
+		}
 	}
 	return out, nil
-}
-
-// writeStatements replace the chunks and outgoing relationships of the
-// applied documents (sorted by key): node writes first, then relationship
-// writes. A statement that would have no rows is left out.
-func writeStatements(applied []docRow) []statement {
-	if len(applied) == 0 {
-		return nil
-	}
-	keys := make([]string, len(applied))
-	var chunks, hasChunk, links, tagged []map[string]any
-	var targets, tags []string
-	for i, r := range applied {
-		d := r.doc
-		keys[i] = d.Key
-		for _, c := range d.Chunks {
-			id := c.ID.String()
-			chunks = append(chunks, map[string]any{
-				"id": id, "key": d.Key, "version": d.Version, "ordinal": int64(c.Ordinal), "content_hash": c.ContentHash,
-			})
-			hasChunk = append(hasChunk, map[string]any{"key": d.Key, "id": id})
-		}
-		for _, t := range d.Links {
-			links = append(links, map[string]any{"key": d.Key, "target": t})
-		}
-		for _, t := range d.Tags {
-			tagged = append(tagged, map[string]any{"key": d.Key, "tag": t})
-		}
-		targets = append(targets, d.Links...)
-		tags = append(tags, d.Tags...)
-	}
-	targets, tags = sortedDistinct(targets), sortedDistinct(tags)
-
-	out := []statement{{"deleteChunks", cypherDeleteChunks, map[string]any{"keys": keys}}}
-	if len(chunks) > 0 {
-		out = append(out, statement{"mergeChunks", cypherMergeChunks, map[string]any{"chunks": chunks}})
-	}
-	if len(targets) > 0 {
-		out = append(out, statement{"mergeLinkTargets", cypherMergeLinkTargets, map[string]any{"keys": targets}})
-	}
-	if len(tags) > 0 {
-		out = append(out, statement{"mergeTags", cypherMergeTags, map[string]any{"names": tags}})
-	}
-	out = append(out, statement{"deleteEdges", cypherDeleteEdges, map[string]any{"keys": keys}})
-	if len(hasChunk) > 0 {
-		out = append(out, statement{"mergeHasChunk", cypherMergeHasChunk, map[string]any{"rows": hasChunk}})
-	}
-	if len(links) > 0 {
-		out = append(out, statement{"mergeLinks", cypherMergeLinks, map[string]any{"rows": links}})
-	}
-	if len(tagged) > 0 {
-		out = append(out, statement{"mergeTagged", cypherMergeTagged, map[string]any{"rows": tagged}})
-	}
-	return out
-}
-
-// fenceStatement counts the relationships of the applied documents.
-func fenceStatement(applied []docRow) statement {
-	keys := make([]string, len(applied))
-	for i, r := range applied {
-		keys[i] = r.doc.Key
-	}
-	return statement{"countEdges", cypherCountEdges, map[string]any{"keys": keys}}
-}
-
-// checkFence compares the fence's counts with the applied documents'
-// own, and names the first document (by key) that differs.
-func checkFence(applied []docRow, recs []record) error {
-	have := make(map[string]Counts, len(recs))
-	for _, rec := range recs {
-		key, ok := rec["key"].(string)
-		chunks, ok1 := rec["chunks"].(int64)
-		links, ok2 := rec["links"].(int64)
-		tags, ok3 := rec["tags"].(int64)
-		if !ok || !ok1 || !ok2 || !ok3 {
-			return fmt.Errorf("countEdges answered %v, want a key and three counts", rec)
-		}
-		have[key] = Counts{Chunks: int(chunks), Links: int(links), Tags: int(tags)}
-	}
-	for _, r := range applied {
-		want := r.counts()
-		got, ok := have[r.doc.Key]
-		if !ok {
-			return &FenceError{Key: r.doc.Key, Missing: true, Want: want}
-		}
-		if got != want {
-			return &FenceError{Key: r.doc.Key, Have: got, Want: want}
-		}
-	}
-	return nil
-}
-
-// appliedRows are the rows of batch whose flag is set.
-func appliedRows(batch []docRow, applied []bool) []docRow {
-	var out []docRow
-	for i, r := range batch {
-		if applied[i] {
-			out = append(out, r)
-		}
-	}
-	return out
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -94,7 +95,7 @@ func planTransactions(t *testing.T, docs []graph.Doc, batchSize int, stale ...st
 		}
 		p := plannedTx{statements: []statement{readStatement(batch)}}
 		p.statements = append(p.statements, lockStatements(batch, held)...)
-		p.statements = append(p.statements, guardStatement(batch))
+		p.statements = append(p.statements, writeStatement(batch))
 		flags := make([]bool, len(batch))
 		for j, r := range batch {
 			flags[j] = !contains(stale, r.doc.Key)
@@ -104,10 +105,10 @@ func planTransactions(t *testing.T, docs []graph.Doc, batchSize int, stale ...st
 				p.skipped = append(p.skipped, r.doc.Key)
 			}
 		}
-		p.rows = appliedRows(batch, flags)
-		if len(p.rows) > 0 {
-			p.statements = append(p.statements, writeStatements(p.rows)...)
-			p.statements = append(p.statements, fenceStatement(p.rows))
+		for j, r := range batch {
+			if flags[j] {
+				p.rows = append(p.rows, r)
+			}
 		}
 		out = append(out, p)
 	}
@@ -123,11 +124,9 @@ func renderPlan(t *testing.T, docs []graph.Doc, batchSize int, stale ...string) 
 	for i, p := range txs {
 		fmt.Fprintf(&b, "######## transaction %d of %d\n", i+1, len(txs))
 		for _, st := range p.statements {
-			writeStatement(t, &b, st)
-			if st.name == "mergeDocuments" {
-				fmt.Fprintf(&b, "# guard answers: applied %v, not applied %v\n", p.applied, p.skipped)
-			}
+			renderStatement(t, &b, st)
 		}
+		fmt.Fprintf(&b, "# guard answers: applied %v, not applied %v\n", p.applied, p.skipped)
 		if len(p.rows) == 0 {
 			continue
 		}
@@ -150,7 +149,7 @@ func contains(s []string, v string) bool {
 	return false
 }
 
-func writeStatement(t *testing.T, b *strings.Builder, st statement) {
+func renderStatement(t *testing.T, b *strings.Builder, st statement) {
 	t.Helper()
 	if statementName(st.cypher) != st.name {
 		t.Fatalf("statement %s carries the Cypher of %q", st.name, statementName(st.cypher))
@@ -262,64 +261,46 @@ func TestPlanBatchesNormalisesCopies(t *testing.T) {
 	}
 }
 
-func TestWriteStatementsOrderNodesBeforeRelationships(t *testing.T) {
-	batches, err := planBatches([]graph.Doc{doc("a", 1, 2, []string{"b"}, []string{"t"})}, 10)
+// writeResult maps the answer back to the batch's order, and fails on a
+// fence mismatch of an applied document (a document not applied keeps
+// whatever it has), or on an answer that is malformed, incomplete or
+// repeated.
+func TestWriteResult(t *testing.T) {
+	batches, err := planBatches([]graph.Doc{
+		doc("b", 1, 0, nil, []string{"t"}),
+		doc("a", 1, 2, []string{"x"}, nil),
+		doc("c", 1, 1, nil, nil),
+	}, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var names []string
-	for _, st := range writeStatements(batches[0]) {
-		names = append(names, st.name)
+	rows := batches[0] // a b c
+	answer := func(key string, applied bool, chunks, links, tags int64) record {
+		return record{"key": key, "applied": applied, "chunks": chunks, "links": links, "tags": tags}
 	}
-	want := "deleteChunks mergeChunks mergeLinkTargets mergeTags deleteEdges mergeHasChunk mergeLinks mergeTagged"
-	if got := strings.Join(names, " "); got != want {
-		t.Errorf("order %s, want %s", got, want)
+	good := []record{answer("c", false, 5, 5, 5), answer("b", true, 0, 0, 1), answer("a", true, 2, 1, 0)}
+	got, err := writeResult(rows, good)
+	if err != nil || fmt.Sprint(got) != "[true true false]" {
+		t.Fatalf("writeResult = %v, %v; want [true true false] (a, b, c)", got, err)
 	}
-}
-
-func TestCheckFence(t *testing.T) {
-	batches, err := planBatches([]graph.Doc{doc("a", 1, 2, []string{"x"}, nil), doc("b", 1, 0, nil, []string{"t"})}, 10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rows := batches[0]
-	good := []record{
-		{"key": "b", "chunks": int64(0), "links": int64(0), "tags": int64(1)},
-		{"key": "a", "chunks": int64(2), "links": int64(1), "tags": int64(0)},
-	}
-	if err := checkFence(rows, good); err != nil {
-		t.Fatalf("matching counts: %v", err)
-	}
-	bad := []record{good[0], {"key": "a", "chunks": int64(3), "links": int64(1), "tags": int64(0)}}
 	var fe *FenceError
-	if err := checkFence(rows, bad); !errors.As(err, &fe) || fe.Key != "a" || fe.Have.Chunks != 3 || fe.Want.Chunks != 2 {
+	bad := []record{good[0], good[1], answer("a", true, 3, 1, 0)}
+	if _, err := writeResult(rows, bad); !errors.As(err, &fe) || fe.Key != "a" || fe.Have.Chunks != 3 || fe.Want.Chunks != 2 {
 		t.Fatalf("a with 3 chunks: %v", err)
 	}
-	if err := checkFence(rows, good[:1]); !errors.As(err, &fe) || fe.Key != "a" || !fe.Missing {
-		t.Fatalf("a missing: %v", err)
-	}
-	if err := checkFence(rows, []record{{"key": "a", "chunks": 2}}); err == nil || errors.As(err, &fe) {
-		t.Fatalf("a malformed answer: %v", err)
-	}
-}
-
-func TestGuardResult(t *testing.T) {
-	batches, err := planBatches([]graph.Doc{doc("b", 1, 0, nil, nil), doc("a", 1, 0, nil, nil)}, 10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := guardResult(batches[0], []record{{"key": "b", "applied": false}, {"key": "a", "applied": true}})
-	if err != nil || fmt.Sprint(got) != "[true false]" {
-		t.Fatalf("guardResult = %v, %v; want [true false] (a, b)", got, err)
+	bad = []record{good[0], answer("b", true, 0, 1, 1), answer("a", true, 3, 1, 0)}
+	if _, err := writeResult(rows, bad); !errors.As(err, &fe) || fe.Key != "a" {
+		t.Fatalf("a and b both differ: %v; want the first by key, a", err)
 	}
 	for _, recs := range [][]record{
-		{{"key": "a", "applied": true}},
-		{{"key": "a", "applied": true}, {"key": "b", "applied": true}, {"key": "c", "applied": true}},
-		{{"key": "a", "applied": true}, {"key": "a", "applied": true}},
-		{{"key": "a", "applied": "yes"}, {"key": "b", "applied": true}},
+		good[:2],
+		append(slices.Clone(good), answer("d", true, 0, 0, 0)),
+		append(slices.Clone(good), good[2]),
+		{good[0], good[1], {"key": "a", "applied": "yes", "chunks": int64(2), "links": int64(1), "tags": int64(0)}},
+		{good[0], good[1], {"key": "a", "applied": true, "chunks": 2, "links": int64(1), "tags": int64(0)}},
 	} {
-		if _, err := guardResult(batches[0], recs); err == nil {
-			t.Errorf("guardResult accepted %v", recs)
+		if _, err := writeResult(rows, recs); err == nil || errors.As(err, &fe) {
+			t.Errorf("writeResult(%v) = %v, want an error other than a fence mismatch", recs, err)
 		}
 	}
 }
