@@ -206,12 +206,7 @@ func (b *Backend) applyBatch(ctx context.Context, batch []docRow) ([]bool, error
 		if err != nil {
 			return err
 		}
-		for _, st := range lockStatements(batch, held) {
-			if _, err := run(st); err != nil {
-				return err
-			}
-		}
-		if recs, err = run(writeStatement(batch)); err != nil {
+		if recs, err = run(writeStatement(batch, held)); err != nil {
 			return err
 		}
 		answer, err := writeResult(batch, recs)

@@ -72,7 +72,7 @@ func TestApplyRetriesTransientError(t *testing.T) {
 	if !errors.Is(r.attempts[0].err, deadlock) {
 		t.Fatalf("first attempt failed with %v", r.attempts[0].err)
 	}
-	if got, want := names(r.attempts[1].calls), "readBatch lockDocuments lockTags writeDocuments"; got != want {
+	if got, want := names(r.attempts[1].calls), "readBatch writeDocuments"; got != want {
 		t.Fatalf("second attempt ran %s, want %s", got, want)
 	}
 	for _, d := range docs {
@@ -251,11 +251,11 @@ func TestApplyStaleWritesNothing(t *testing.T) {
 		t.Fatalf("%d transactions, want 2", len(r.attempts))
 	}
 	for _, a := range r.attempts {
-		if names(a.calls) != "readBatch lockDocuments writeDocuments" {
+		if names(a.calls) != "readBatch writeDocuments" {
 			t.Fatalf("a stale apply ran %s", names(a.calls))
 		}
-		if keys := a.calls[1].params["keys"]; fmt.Sprint(keys) != "[a]" {
-			t.Fatalf("a stale apply locked %v, want [a]", keys)
+		if p := a.calls[1].params; fmt.Sprint(p["keys"], p["names"]) != "[a] []" {
+			t.Fatalf("a stale apply locked %v and tags %v, want [a] and none", p["keys"], p["names"])
 		}
 	}
 	if fmt.Sprint(r.graph.view("a")) != fmt.Sprint(before.view("a")) || len(r.graph.docs) != 1 {

@@ -25,7 +25,7 @@ func BenchmarkPlanBatch(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		_ = writeStatement(batches[0])
+		_ = writeStatement(batches[0], nil)
 	}
 }
 

@@ -26,31 +26,23 @@ RETURN key, d.version AS version,
        [(d)-[:LINKS_TO]->(t:Document) | t.key] AS links,
        [(d)-[:TAGGED]->(t:Tag) | t.name] AS tags`
 
-// cypherLockDocuments takes the write lock of every document node the
-// transaction will touch, in key order, creating those not yet seen as
-// stubs: a relationship written or deleted locks both of its end nodes,
-// so without this, two transactions linking each other's documents (the
-// projector's parallel shards do) lock them in opposite orders and
-// deadlock. $keys: sorted, distinct.
-const cypherLockDocuments = `UNWIND $keys AS key
-MERGE (d:Document {key: key})
-ON CREATE SET d.stub = true
-SET d._LOCK_ = true
-REMOVE d._LOCK_`
-
-// cypherLockTags takes the write lock of every tag node the transaction
-// will touch, in name order, after the documents, creating those not yet
-// seen. $names: sorted, distinct.
-const cypherLockTags = `UNWIND $names AS name
-MERGE (t:Tag {name: name})
-SET t._LOCK_ = true
-REMOVE t._LOCK_`
-
-// cypherWriteDocuments is the freshness guard, the writes of the
-// documents it applies, and the count fence, in one statement. $rows:
-// [{key, version, deleted, title, content_hash, repair, chunks: [{id,
-// ordinal, content_hash}], links, tags}], sorted by key; links and tags
-// sorted, distinct.
+// cypherWriteDocuments is the rest of a batch's transaction after
+// cypherReadBatch, in one statement: the locks, the freshness guard, the
+// writes of the documents it applies, and the count fence. $keys: the
+// document nodes to lock, sorted, distinct; $names: the tag nodes to
+// lock, sorted, distinct; $rows: [{key, version, deleted, title,
+// content_hash, repair, chunks: [{id, ordinal, content_hash}], links,
+// tags}], sorted by key; links and tags sorted, distinct.
+//
+// The locks: the first subquery takes the write lock of every document
+// node the transaction will touch, in key order, creating those not yet
+// seen as stubs; the second, then, that of every tag node, in name order,
+// creating those not yet seen. A relationship written or deleted locks
+// both of its end nodes, so without this, two transactions linking each
+// other's documents (the projector's parallel shards do) lock them in
+// opposite orders and deadlock. Each subquery runs whole before the next
+// clause (the query has one row there), so every lock is taken, in this
+// order, before any other write.
 //
 // The guard: setting _LOCK_ takes the node's write lock before its
 // version is read (the lost-update pattern of the Neo4j manual), so two
@@ -71,7 +63,20 @@ REMOVE t._LOCK_`
 // them), each document's HAS_CHUNK, LINKS_TO and TAGGED relationships
 // are counted; the backend compares the counts of the applied rows with
 // the incoming numbers.
-const cypherWriteDocuments = `UNWIND $rows AS row
+const cypherWriteDocuments = `CALL {
+  UNWIND $keys AS key
+  MERGE (d:Document {key: key})
+  ON CREATE SET d.stub = true
+  SET d._LOCK_ = true
+  REMOVE d._LOCK_
+}
+CALL {
+  UNWIND $names AS name
+  MERGE (t:Tag {name: name})
+  SET t._LOCK_ = true
+  REMOVE t._LOCK_
+}
+UNWIND $rows AS row
 MERGE (d:Document {key: row.key})
 SET d._LOCK_ = true
 WITH d, row, (d.version IS NULL OR d.version < row.version OR (row.repair AND d.version = row.version)) AS applied

@@ -27,30 +27,30 @@
 // transaction the statements run in this order:
 //
 //  0. read, without locks, the stored versions of the batch's documents
-//     and their outgoing links and tags; then lock (by setting and
-//     removing a _LOCK_ property) every node the transaction will touch,
-//     the (:Document) nodes by key, then the (:Tag) nodes by name: the
-//     batch's documents, and of those the guard will apply, their old
-//     and new link targets (a target not yet seen becomes a stub) and
-//     tags. Writing or deleting a relationship locks both of its end
-//     nodes; taking every lock up front in one order shared by all
-//     transactions makes concurrent batches (the projector's parallel
-//     shards, whose documents link each other's and share tags) wait for
-//     each other instead of deadlocking;
-//  1. one statement for the rest (one round trip to the server, not one
-//     per kind of write, while the locks are held): the freshness guard MERGEs
-//     each (:Document) by key, takes its write lock before reading its
-//     version, and sets its fields only if the incoming version is
-//     greater than the stored one (or the node is new or a stub). Of the
-//     documents it applies, and of no other (a stale version creates
-//     nothing, not even the stubs of its links), it DETACH DELETEs the
-//     (:Chunk) nodes and deletes the outgoing LINKS_TO and TAGGED
-//     relationships of older versions, MERGEs the new chunks, the link
-//     targets (a target not yet seen becomes a stub: step 0 has created
-//     them when its reading was right, and this keeps the write whole
-//     when it was not, a document written behind the backend's back
-//     between the read and the guard) and the (:Tag) nodes, and creates
-//     the new HAS_CHUNK, LINKS_TO and TAGGED relationships;
+//     and their outgoing links and tags;
+//  1. one statement for the rest, so that no round trip to the server
+//     falls between taking the locks and the commit. It first locks (by
+//     setting and removing a _LOCK_ property) every node the transaction
+//     will touch, the (:Document) nodes by key, then the (:Tag) nodes by
+//     name: the batch's documents, and of those that step 0 shows the
+//     guard will apply, their old and new link targets (a target not yet
+//     seen becomes a stub) and tags. Writing or deleting a relationship
+//     locks both of its end nodes; taking every lock up front in one
+//     order shared by all transactions makes concurrent batches (the
+//     projector's parallel shards, whose documents link each other's and
+//     share tags) wait for each other instead of deadlocking. Then the
+//     freshness guard MERGEs each (:Document) by key, takes its write
+//     lock before reading its version, and sets its fields only if the
+//     incoming version is greater than the stored one (or the node is
+//     new or a stub). Of the documents it applies, and of no other (a
+//     stale version creates nothing, not even the stubs of its links),
+//     it DETACH DELETEs the (:Chunk) nodes and deletes the outgoing
+//     LINKS_TO and TAGGED relationships of older versions, MERGEs the new
+//     chunks, the link targets (the locks have created them when step 0
+//     read right, and this keeps the write whole when it did not: a
+//     document written behind the backend's back between the read and
+//     the guard) and the (:Tag) nodes, and creates the new HAS_CHUNK,
+//     LINKS_TO and TAGGED relationships;
 //  2. in the same statement, once every document is written, the count
 //     fence: it answers, per key, whether the version applied and the
 //     document's HAS_CHUNK, LINKS_TO and TAGGED relationships, and the

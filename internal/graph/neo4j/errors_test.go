@@ -24,7 +24,7 @@ func TestPermanent(t *testing.T) {
 		{&neo4j.Neo4jError{Code: "Neo.TransientError.Transaction.DeadlockDetected"}, false},
 		// A concurrent delete: the next attempt does not meet the entity.
 		{&neo4j.Neo4jError{Code: "Neo.ClientError.Statement.EntityNotFound"}, false},
-		{fmt.Errorf("mergeDocuments: 1 documents: %w: %w", ErrTooLarge,
+		{fmt.Errorf("writeDocuments: 1 documents: %w: %w", ErrTooLarge,
 			&neo4j.Neo4jError{Code: "Neo.TransientError.General.MemoryPoolOutOfMemoryError"}), true},
 		{&neo4j.Neo4jError{Code: "Neo.ClientError.Security.Unauthorized"}, false},
 		{&neo4j.Neo4jError{Code: "Neo.ClientError.Database.DatabaseNotFound"}, false},

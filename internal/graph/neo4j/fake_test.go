@@ -17,8 +17,6 @@ var statementNames = []struct{ name, cypher string }{
 	{"ensureChunkID", cypherConstraintChunkID},
 	{"ensureTagName", cypherConstraintTagName},
 	{"readBatch", cypherReadBatch},
-	{"lockDocuments", cypherLockDocuments},
-	{"lockTags", cypherLockTags},
 	{"writeDocuments", cypherWriteDocuments},
 	{"document", cypherDocument},
 	{"scanDocuments", cypherScanDocuments},
@@ -126,19 +124,17 @@ func (g *modelGraph) run(cypher string, params map[string]any) ([]record, error)
 			out = append(out, rec)
 		}
 		return out, nil
-	case cypherLockDocuments:
+	case cypherWriteDocuments:
+		// The locks create the document nodes not yet seen as stubs,
+		// and the tags.
 		for _, key := range stringsParam(params, "keys") {
 			if g.docs[key] == nil {
 				g.docs[key] = newModelDoc()
 			}
 		}
-		return nil, nil
-	case cypherLockTags:
 		for _, name := range stringsParam(params, "names") {
 			g.tags[name] = true
 		}
-		return nil, nil
-	case cypherWriteDocuments:
 		rows := rowsParam(params, "rows")
 		applied := make([]bool, len(rows))
 		for i, row := range rows {

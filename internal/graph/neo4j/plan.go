@@ -132,9 +132,10 @@ func readResult(recs []record) (map[string]heldDoc, error) {
 	return held, nil
 }
 
-// lockStatements lock every node the batch's transaction will write or
-// whose relationships it will write, documents by key and then tags by
-// name: every transaction takes its locks in this one order, and all of
+// lockSets are the nodes that a batch's transaction locks before any
+// other write: every node it will write or whose relationships it will
+// write, documents (keys) by key and then tags (names) by name: every
+// transaction takes its locks in this one order, and all of
 // them before any other write, so that concurrent transactions wait for
 // each other instead of deadlocking. The nodes are those of the batch's
 // documents, and, of each document that readBatch (held) shows the guard
@@ -144,8 +145,8 @@ func readResult(recs []record) (map[string]heldDoc, error) {
 // prediction can only be wrong for a document written concurrently by
 // something else than this backend (calls for one document are never
 // concurrent), and then costs no more than a deadlock retried.
-func lockStatements(batch []docRow, held map[string]heldDoc) []statement {
-	var keys, tags []string
+func lockSets(batch []docRow, held map[string]heldDoc) (keys, names []string) {
+	var tags []string
 	for _, r := range batch {
 		keys = append(keys, r.doc.Key)
 		h, ok := held[r.doc.Key]
@@ -157,17 +158,14 @@ func lockStatements(batch []docRow, held map[string]heldDoc) []statement {
 		tags = append(tags, r.doc.Tags...)
 		tags = append(tags, h.tags...)
 	}
-	out := []statement{{"lockDocuments", cypherLockDocuments, map[string]any{"keys": sortedDistinct(keys)}}}
-	if tags = sortedDistinct(tags); len(tags) > 0 {
-		out = append(out, statement{"lockTags", cypherLockTags, map[string]any{"names": tags}})
-	}
-	return out
+	return sortedDistinct(keys), append([]string{}, sortedDistinct(tags)...)
 }
 
-// writeStatement is the statement after the locks of a batch's
-// transaction: the guard, the writes of the documents it applies, and
-// the count fence.
-func writeStatement(batch []docRow) statement {
+// writeStatement is the statement after readBatch (held) of a batch's
+// transaction: the locks, the guard, the writes of the documents it
+// applies, and the count fence.
+func writeStatement(batch []docRow, held map[string]heldDoc) statement {
+	keys, names := lockSets(batch, held)
 	rows := make([]map[string]any, len(batch))
 	for i, r := range batch {
 		d := r.doc
@@ -187,7 +185,7 @@ func writeStatement(batch []docRow) statement {
 			"tags":         append([]string{}, d.Tags...),
 		}
 	}
-	return statement{"writeDocuments", cypherWriteDocuments, map[string]any{"rows": rows}}
+	return statement{"writeDocuments", cypherWriteDocuments, map[string]any{"keys": keys, "names": names, "rows": rows}}
 }
 
 // writeResult reads writeDocuments' answer: applied[i] for batch[i], once

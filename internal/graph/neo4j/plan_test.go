@@ -94,8 +94,7 @@ func planTransactions(t *testing.T, docs []graph.Doc, batchSize int, stale ...st
 			}
 		}
 		p := plannedTx{statements: []statement{readStatement(batch)}}
-		p.statements = append(p.statements, lockStatements(batch, held)...)
-		p.statements = append(p.statements, writeStatement(batch))
+		p.statements = append(p.statements, writeStatement(batch, held))
 		flags := make([]bool, len(batch))
 		for j, r := range batch {
 			flags[j] = !contains(stale, r.doc.Key)
@@ -309,7 +308,7 @@ func TestWriteResult(t *testing.T) {
 // document the guard will apply, documents before tags, each sorted; a
 // document the graph holds at its version (unless a repair) or a newer
 // one adds only its own node.
-func TestLockStatements(t *testing.T) {
+func TestLockSets(t *testing.T) {
 	batches, err := planBatches([]graph.Doc{
 		doc("b", 2, 0, []string{"z", "c"}, []string{"t2"}),
 		doc("a", 1, 0, []string{"x"}, []string{"t9"}),
@@ -325,12 +324,9 @@ func TestLockStatements(t *testing.T) {
 		"r": {versioned: true, version: 3},
 		// n is new: not held at all.
 	}
-	var got []string
-	for _, st := range lockStatements(batches[0], held) {
-		got = append(got, fmt.Sprintln(st.name, st.params))
-	}
-	want := []string{"lockDocuments map[keys:[a b c m n old q r z]]\n", "lockTags map[names:[t0 t1 t2 t4]]\n"}
-	if fmt.Sprint(got) != fmt.Sprint(want) {
+	st := writeStatement(batches[0], held)
+	got := fmt.Sprint(st.params["keys"], st.params["names"])
+	if want := "[a b c m n old q r z] [t0 t1 t2 t4]"; got != want {
 		t.Fatalf("locks %v\nwant  %v", got, want)
 	}
 }
