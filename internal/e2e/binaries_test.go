@@ -193,8 +193,10 @@ func testBinaries(t *testing.T, bin string, n *testenv.Neo4j) {
 	services := []*service{
 		svc("writer", wAddr, "-postgres-url", dbURL, "-nats-url", nats.URL, "-http-addr", httpAddr, "-metrics-addr", wAddr),
 		svc("relay", rAddr, "-postgres-url", dbURL, "-nats-url", nats.URL, "-metrics-addr", rAddr, "-standby-retry", "200ms"),
-		svc("projector-index", iAddr, "-nats-url", nats.URL, "-data-dir", data, "-metrics-addr", iAddr),
-		svc("projector-graph", gAddr, "-nats-url", nats.URL, "-data-dir", data, "-metrics-addr", gAddr),
+		// A short ack wait: what a SIGKILLed projector had in flight is
+		// delivered again after it, not after the default minute.
+		svc("projector-index", iAddr, "-nats-url", nats.URL, "-data-dir", data, "-metrics-addr", iAddr, "-ack-wait", "5s"),
+		svc("projector-graph", gAddr, "-nats-url", nats.URL, "-data-dir", data, "-metrics-addr", gAddr, "-ack-wait", "5s"),
 	}
 	if n != nil {
 		// The password through the environment: never on a command line.

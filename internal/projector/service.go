@@ -41,13 +41,15 @@ func ServiceFlags(f *config.Flags, name, metricsAddr string) func() (ServiceConf
 	batch := f.Int("batch", "CONVERGE_PROJECTOR_BATCH", 256, "messages fetched and applied at once")
 	parallel := f.Int("parallel", "CONVERGE_PROJECTOR_PARALLEL", 2, "shards of a batch applied at once")
 	maxDeliver := f.Int("max-deliver", "CONVERGE_PROJECTOR_MAX_DELIVER", 5, "deliveries after which an event the store rejects is dead-lettered")
+	ackWait := f.Duration("ack-wait", "CONVERGE_PROJECTOR_ACK_WAIT", 60*time.Second,
+		"the consumer's redelivery timeout: how long events delivered to a process that died wait before they are delivered again (extended while a batch is applied)")
 	level := f.String("log-level", config.EnvLogLevel, "info", "debug, info, warn or error")
 	return func() (ServiceConfig, error) {
 		if err := config.Require(*natsURL, "nats-url", config.EnvNATSURL); err != nil {
 			return ServiceConfig{}, err
 		}
 		return ServiceConfig{NATSURL: *natsURL, MetricsAddr: *addr, LogLevel: *level,
-			Runtime: Config{Name: *durable, BatchSize: *batch, Parallel: *parallel, MaxDeliver: *maxDeliver}}, nil
+			Runtime: Config{Name: *durable, BatchSize: *batch, Parallel: *parallel, MaxDeliver: *maxDeliver, AckWait: *ackWait}}, nil
 	}
 }
 
