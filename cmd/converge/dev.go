@@ -245,8 +245,11 @@ func (s *devStack) startGraphChild(ctx context.Context) error {
 	}
 	for attempt := 1; ; attempt++ {
 		addr := s.cfg.graphAddr
+		// The demo SIGKILLs this child: with a short ack wait, what it
+		// had in flight is delivered again to the next one within
+		// seconds rather than after the default minute.
 		c, err := startChild(exe, []string{"projector-graph", "-nats-url", s.natsURL, "-data-dir", s.cfg.dataDir,
-			"-metrics-addr", addr, "-log-level", "warn"}, s.cfg.logOut)
+			"-metrics-addr", addr, "-log-level", "warn", "-ack-wait", "5s"}, s.cfg.logOut)
 		if err != nil {
 			return fmt.Errorf("start the graph projector: %w", err)
 		}
