@@ -61,6 +61,14 @@ func (d repairItem) repairable() bool {
 	return false
 }
 
+// unsettled reports whether d may still go away while the re-emitted
+// events are applied: a repairable difference, or a digest mismatch, which
+// a store still being written shows when it changes between the reading
+// of its digests and of its documents.
+func (d repairItem) unsettled() bool {
+	return d.repairable() || d.Problem == verify.DigestMismatch
+}
+
 // unrepairableReason explains why a difference stays.
 func (d repairItem) unrepairableReason() string {
 	switch d.Problem {
@@ -134,7 +142,7 @@ func repairStores(ctx context.Context, wc *writerClient, truth verify.Side, stor
 		}
 		last = rep
 		remaining := differences(rep)
-		if !slices.ContainsFunc(remaining, repairItem.repairable) || time.Now().After(deadline) {
+		if !slices.ContainsFunc(remaining, repairItem.unsettled) || time.Now().After(deadline) {
 			rr.Waited = time.Since(start).Round(10 * time.Millisecond).String()
 			fmt.Fprintf(out, "repair: verified again %s after the re-emission:\n", rr.Waited)
 			rr.Remaining = append(rr.Remaining, remaining...)

@@ -223,6 +223,11 @@ const (
 	ContentMismatch = "content_mismatch" // same version, other content hash or withdrawn flag
 	StaleChunks     = "stale_chunks"     // same version and hash, other chunks (left over, or missing)
 	LinksMismatch   = "links_mismatch"   // graph: other links or tags
+	// DigestMismatch: bucket digests differ while the documents of those
+	// buckets, read after them, compare equal. Either the two sides compute
+	// digests differently, or the store changed between the two reads
+	// (writes still arriving): a later verify tells which.
+	DigestMismatch = "digest_mismatch"
 )
 
 // Difference is one document on which a projection disagrees with Postgres.
@@ -295,7 +300,7 @@ func Compare(ctx context.Context, truth, store Side, kind Kind, n int, progress 
 	if !rep.Agrees && len(rep.Differences) == 0 {
 		// Digests differ but no document does: the sides computed them
 		// differently. Never call that agreement.
-		rep.Differences = append(rep.Differences, Difference{Problem: "digest_mismatch",
+		rep.Differences = append(rep.Differences, Difference{Problem: DigestMismatch,
 			Detail: fmt.Sprintf("%d buckets differ in digest while their documents compare equal", len(differing))})
 	}
 	return rep, nil
