@@ -39,6 +39,8 @@ func rebuildCmd(ctx context.Context, args []string, out io.Writer) error {
 	graphAddr := f.String("graph-addr", "CONVERGE_PROJECTOR_GRAPH_ADDR", "127.0.0.1:9104", "the graph projector's metrics address")
 	pg := f.String("postgres-url", config.EnvPostgresURL, "", "Postgres URL (for the verify at the end)")
 	noVerify := f.Bool("no-verify", "", false, "do not verify the rebuilt store against Postgres")
+	verifyWait := f.Duration("verify-wait", "", 30*time.Second,
+		"how long the verify at the end waits for the rebuilt store to catch up with writes still arriving before it reports a disagreement")
 	timeout := f.Duration("timeout", "", 0, "give up waiting after this long (0: wait until done; the rebuild goes on in the projector)")
 	asJSON := f.Bool("json", "", false, "machine-readable report")
 	var which string
@@ -81,11 +83,26 @@ func rebuildCmd(ctx context.Context, args []string, out io.Writer) error {
 			return fmt.Errorf("postgres: %w", err)
 		}
 		defer pool.Close()
-		r, err := verify.Compare(ctx, &postgres.Postgres{Pool: pool}, &verify.Remote{Label: which, Addr: addr}, kind, verify.DefaultBuckets, nil)
-		if err != nil {
-			return fmt.Errorf("verify after the rebuild: %w", err)
+		// The rebuilt store is live: writes committed since the rebuild
+		// caught up may still be on their way to it, so a disagreement is
+		// final only once it has lasted verifyWait.
+		deadline := time.Now().Add(*verifyWait)
+		for {
+			r, err := verify.Compare(ctx, &postgres.Postgres{Pool: pool}, &verify.Remote{Label: which, Addr: addr}, kind, verify.DefaultBuckets, nil)
+			if err != nil {
+				return fmt.Errorf("verify after the rebuild: %w", err)
+			}
+			rep.Verify = &r
+			if r.Agrees || !time.Now().Before(deadline) {
+				break
+			}
+			fmt.Fprintf(progress, "verify: %d documents differ; verifying again (up to %v more)\n", len(r.Differences), time.Until(deadline).Round(time.Second))
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(time.Second):
+			}
 		}
-		rep.Verify = &r
 	}
 	if *asJSON {
 		if err := writeJSON(out, rep); err != nil {
