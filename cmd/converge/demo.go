@@ -10,7 +10,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"net/url"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -22,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/internal/config"
+	"github.com/converge-sync/converge/internal/graph/neo4j"
 	"github.com/converge-sync/converge/internal/verify"
 	"github.com/converge-sync/converge/internal/verify/postgres"
 )
@@ -61,7 +61,7 @@ func demo(ctx context.Context, args []string, out io.Writer) error {
 		indexIn = "Qdrant at " + cfg.index.QdrantURL
 	}
 	if cfg.graph.Neo4jURL != "" {
-		graphIn = "Neo4j at " + redactURL(cfg.graph.Neo4jURL)
+		graphIn = "Neo4j at " + neo4j.RedactURL(cfg.graph.Neo4jURL)
 	}
 	d.step(fmt.Sprintf("starting the pipeline: a throwaway PostgreSQL 15, an embedded NATS JetStream server, the writer, the relay, the index projector (into %s), and the graph projector as a child process (into %s)", indexIn, graphIn))
 	s, err := startDev(ctx, cfg)
@@ -403,12 +403,3 @@ func sampleCorpus(n int, revision int64) []map[string]any {
 }
 
 func corpusKey(topic string, i int) string { return fmt.Sprintf("wiki/%s/%03d", topic, i) }
-
-// redactURL is raw without any password it carries.
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "the configured URL"
-	}
-	return u.Redacted()
-}

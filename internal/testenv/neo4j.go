@@ -76,10 +76,7 @@ func LeaseNeo4j(t testing.TB) Neo4j {
 	t.Helper()
 	neo4jOnce.Do(func() { neo4jServer, neo4jMissing = findNeo4j() })
 	if neo4jMissing != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("testenv: no Neo4j server, and CI=true requires one: %v", neo4jMissing)
-		}
-		t.Skipf("testenv: SKIPPING, no Neo4j server: %v (make test starts one; scripts/neo4j-server.sh needs Java 17 and Maven)", neo4jMissing)
+		noNeo4j(t, neo4jMissing)
 	}
 	p := neo4jServer
 	url, release, err := p.lease(t)
@@ -92,6 +89,16 @@ func LeaseNeo4j(t testing.TB) Neo4j {
 		t.Fatalf("testenv: emptying Neo4j at %s: %v", url, err)
 	}
 	return n
+}
+
+// noNeo4j ends t for want of a Neo4j server (why): a loud skip, or with
+// CI=true a failure, so that a CI run can never pass without Neo4j.
+func noNeo4j(t testing.TB, why error) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("testenv: no Neo4j server, and CI=true requires one: %v", why)
+	}
+	t.Skipf("testenv: SKIPPING, no Neo4j server: %v (make test starts one; scripts/neo4j-server.sh needs Java 17 and Maven)", why)
 }
 
 // findNeo4j reads the server of the test run from the environment, or
@@ -138,10 +145,7 @@ func StartNeo4j(t testing.TB, opts Neo4jOptions) Neo4j {
 	}
 	p, err := startOwnNeo4j(1, env...)
 	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("testenv: no Neo4j server, and CI=true requires one: %v", err)
-		}
-		t.Skipf("testenv: SKIPPING, no Neo4j server: %v (scripts/neo4j-server.sh needs Java 17 and Maven)", err)
+		noNeo4j(t, err)
 	}
 	t.Cleanup(func() {
 		if script, err := repoFile("scripts/neo4j-server.sh"); err == nil {

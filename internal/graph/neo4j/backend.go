@@ -47,7 +47,7 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 		}
 	})
 	if err != nil {
-		return nil, fmt.Errorf("neo4j: %s: %w", redacted(cfg.URL), err)
+		return nil, fmt.Errorf("neo4j: %s: %w", RedactURL(cfg.URL), err)
 	}
 	if err := checkServer(ctx, driver, cfg); err != nil {
 		_ = driver.Close(ctx)
@@ -60,7 +60,7 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 // fence uses COUNT subqueries (Neo4j 5.3), which an older server rejects
 // as a syntax error, a failure that would dead-letter every event.
 func checkServer(ctx context.Context, driver neo4j.DriverWithContext, cfg Config) error {
-	who := redacted(cfg.URL)
+	who := RedactURL(cfg.URL)
 	if cfg.User != "" {
 		who += fmt.Sprintf(" as %q", cfg.User)
 	}
@@ -95,7 +95,9 @@ func agentVersion(agent string) (major, minor int, ok bool) {
 	return major, minor, err1 == nil && err2 == nil
 }
 
-func redacted(raw string) string {
+// RedactURL is raw without the password it may carry, for logs and
+// output; an unparseable URL is named, not shown.
+func RedactURL(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return "the configured URL"
