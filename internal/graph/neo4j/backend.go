@@ -130,9 +130,10 @@ func (b *Backend) Ensure(ctx context.Context) error {
 }
 
 // Apply writes docs in batches of Config.BatchSize, sorted by key, one
-// write transaction per batch (see the package documentation for the
-// statements and their order). On an error the batches before the failing
-// one stay committed and applied is nil.
+// write transaction per batch, or per half of a batch too large for the
+// server (see the package documentation for the statements and their
+// order). On an error what was committed before the failing transaction
+// stays committed and applied is nil.
 func (b *Backend) Apply(ctx context.Context, docs []graph.Doc) (applied []bool, err error) {
 	batches, err := planBatches(docs, b.cfg.BatchSize)
 	if err != nil {
@@ -222,6 +223,9 @@ func (b *Backend) applyBatch(ctx context.Context, batch []docRow) ([]bool, error
 		large = err
 	}
 	if large != nil {
+		if failed == "" {
+			failed = "commit"
+		}
 		return nil, fmt.Errorf("%s: %d documents: %w: %w", failed, len(batch), ErrTooLarge, large)
 	}
 	if err != nil {

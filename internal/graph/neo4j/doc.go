@@ -62,15 +62,18 @@
 // older version cannot get past, and relationships from other documents
 // to it stay.
 //
-// A batch commits whole or not at all. If Apply fails on a later batch, the
-// earlier batches stay committed; applying the same documents again is
-// harmless (the committed ones report not applied, their version being
-// stored already). A batch that exceeds the server's bound on one
-// transaction's memory (db.memory.transaction.max) or time
-// (db.transaction.timeout) is not retried as it is (the same transaction
-// would fail the same way) but split in halves, each written in its own
-// transaction and split again as needed; a single document too large
-// fails with [ErrTooLarge].
+// A transaction commits whole or not at all. If Apply fails on a later
+// transaction, the earlier ones stay committed; applying the same
+// documents again is harmless (the committed ones report not applied,
+// their version being stored already). A batch that exceeds the server's
+// bound on one transaction's memory (db.memory.transaction.max) is not
+// retried as it is (the same transaction would fail the same way) but
+// split in halves, each written in its own transaction and split again as
+// needed, so that a failure after a split may leave the first halves
+// committed; a single document too large fails with [ErrTooLarge]. A
+// transaction timeout is retried like any transient failure: with the
+// lock order, transactions wait for each other, and a timeout says little
+// about a batch's size.
 //
 // # Wipe
 //

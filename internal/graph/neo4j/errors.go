@@ -17,7 +17,7 @@ var ErrInvalidDocs = errors.New("invalid documents")
 var ErrFenceMismatch = errors.New("count fence mismatch")
 
 // ErrTooLarge is matched by the error of a transaction that exceeded the
-// server's memory or time bound for one transaction. Apply splits such a
+// server's memory bound for one transaction. Apply splits such a
 // batch in halves and tries again; a single document too large fails with
 // it, permanently.
 var ErrTooLarge = errors.New("too large for one transaction")
@@ -31,15 +31,16 @@ const (
 	codeEntityNotFound = "Neo.ClientError.Statement.EntityNotFound"
 )
 
-// Codes of a transaction that went past the memory (db.memory.transaction.max,
-// or the pool of all transactions) or time (db.transaction.timeout) bound of
-// the server. The server calls the first transient, but the same
-// transaction fails the same way again: only a smaller one can pass.
+// Codes of a transaction that went past the memory bound of the server
+// (db.memory.transaction.max, or the pool of all transactions). The server
+// calls the first transient, but the same transaction fails the same way
+// again: only a smaller one can pass. A transaction timeout is not among
+// them: with the lock order, transactions wait for each other's locks, so
+// a timeout says little about the size of a batch, and splitting it down to
+// a dead-lettered document would drop an event for contention.
 var codesTooLarge = map[string]bool{
-	"Neo.TransientError.General.MemoryPoolOutOfMemoryError":              true,
-	"Neo.ClientError.General.TransactionOutOfMemoryError":                true,
-	"Neo.ClientError.Transaction.TransactionTimedOut":                    true,
-	"Neo.ClientError.Transaction.TransactionTimedOutClientConfiguration": true,
+	"Neo.TransientError.General.MemoryPoolOutOfMemoryError": true,
+	"Neo.ClientError.General.TransactionOutOfMemoryError":   true,
 }
 
 // tooLarge reports whether err is a transaction past the server's bounds.

@@ -62,3 +62,20 @@ func TestErrorMessages(t *testing.T) {
 		t.Error("Code of a non-Neo4j error is not empty")
 	}
 }
+
+// Only a transaction past the memory bound is split; a timed-out one is
+// retried whole (with the lock order it may have waited for locks), so
+// contention never splits a batch down to a dead-lettered document.
+func TestTooLarge(t *testing.T) {
+	for code, want := range map[string]bool{
+		"Neo.TransientError.General.MemoryPoolOutOfMemoryError":              true,
+		"Neo.ClientError.General.TransactionOutOfMemoryError":                true,
+		"Neo.ClientError.Transaction.TransactionTimedOut":                    false,
+		"Neo.ClientError.Transaction.TransactionTimedOutClientConfiguration": false,
+		"Neo.TransientError.Transaction.DeadlockDetected":                    false,
+	} {
+		if got := tooLarge(fmt.Errorf("writeDocuments: %w", &neo4j.Neo4jError{Code: code})); got != want {
+			t.Errorf("tooLarge(%s) = %v, want %v", code, got, want)
+		}
+	}
+}
