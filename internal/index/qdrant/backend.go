@@ -204,13 +204,17 @@ func (b *Backend) Ensure(ctx context.Context, dim int) error {
 			return b.fail("create payload index on "+ix.field, err)
 		}
 	}
-	// Read back what the server made of the collection: a server may
-	// apply its own defaults (strict mode) to one created here.
-	if info, err = b.info(ctx); err != nil {
-		return b.fail("get collection", err)
-	}
-	if err := b.checkSettings(info); err != nil {
-		return err
+	if created {
+		// Read back what the server made of the collection: a server may
+		// apply its own defaults (strict mode) to one created here. An
+		// existing one's settings were checked above, and payload
+		// indexes do not change them.
+		if info, err = b.info(ctx); err != nil {
+			return b.fail("get collection", err)
+		}
+		if err := b.checkSettings(info); err != nil {
+			return err
+		}
 	}
 	b.dim.Store(int64(dim))
 	b.queryLimit.Store(queryLimitOf(info))
@@ -376,9 +380,10 @@ func (b *Backend) DropCollection(ctx context.Context, collection string) error {
 		aliases = resp.GetAliases()
 		return err
 	})
+	// Qdrant lists a missing collection's aliases as none (do_list_collection_aliases
+	// in src/common/collections.rs), so a missing collection goes on to
+	// Delete, which answers that nothing was deleted.
 	switch {
-	case status.Code(err) == codes.NotFound:
-		return nil
 	case err != nil:
 		return &Error{Op: "list aliases", Collection: collection, Err: err}
 	case len(aliases) > 0:

@@ -145,7 +145,7 @@ func (s *Server) SetAPIKeys(readWrite, readOnly string) {
 // conversions.rs).
 //
 // Where that check comes depends on the call. Point writes and payload
-// index creation ([resolvedFirst]) check strict mode first (the do_*
+// index creation (true in [writeMethods]) check strict mode first (the do_*
 // functions of src/common/update.rs), and check_strict_mode_toc_batch
 // (lib/storage/src/content_manager/collection_verification.rs) asks only
 // for read access before it looks the collection up: a missing collection
@@ -177,17 +177,16 @@ func (s *Server) authenticate(ctx context.Context, req any, info *grpc.UnaryServ
 	case keyIs(given, keys.readWrite):
 		return handler(ctx, req)
 	case keyIs(given, keys.readOnly):
-		method := strings.TrimPrefix(info.FullMethod, "/qdrant.")
-		if !writeMethods[method] {
+		resolvedFirst, write := writeMethods[strings.TrimPrefix(info.FullMethod, "/qdrant.")]
+		if !write {
 			return handler(ctx, req)
 		}
-		if named, ok := req.(interface{ GetCollectionName() string }); ok && resolvedFirst[method] {
-			s.mu.RLock()
-			_, err := s.resolve(named.GetCollectionName())
-			s.mu.RUnlock()
+		if named, ok := req.(interface{ GetCollectionName() string }); ok && resolvedFirst {
+			_, unlock, err := s.locked(named.GetCollectionName(), false)
 			if err != nil {
 				return nil, err
 			}
+			unlock()
 		}
 		return nil, status.Error(codes.PermissionDenied, "Forbidden: Global manage access is required")
 	}
@@ -207,15 +206,17 @@ func keyIs(given, key string) bool {
 // the server registers only reads. Some of these the server does not
 // serve (it answers Unimplemented to the read-write key); the read-only
 // key is refused them all the same, as Qdrant refuses it before applying
-// anything.
+// anything. The value is true for the writes of which Qdrant looks the
+// collection up before it checks write access (see authenticate): those
+// that pass its strict-mode check first.
 var writeMethods = map[string]bool{
-	"Collections/Create":                       true,
-	"Collections/Update":                       true,
-	"Collections/Delete":                       true,
-	"Collections/UpdateAliases":                true,
-	"Collections/UpdateCollectionClusterSetup": true,
-	"Collections/CreateShardKey":               true,
-	"Collections/DeleteShardKey":               true,
+	"Collections/Create":                       false,
+	"Collections/Update":                       false,
+	"Collections/Delete":                       false,
+	"Collections/UpdateAliases":                false,
+	"Collections/UpdateCollectionClusterSetup": false,
+	"Collections/CreateShardKey":               false,
+	"Collections/DeleteShardKey":               false,
 	"Points/Upsert":                            true,
 	"Points/Delete":                            true,
 	"Points/UpdateVectors":                     true,
@@ -225,24 +226,8 @@ var writeMethods = map[string]bool{
 	"Points/DeletePayload":                     true,
 	"Points/ClearPayload":                      true,
 	"Points/CreateFieldIndex":                  true,
-	"Points/DeleteFieldIndex":                  true,
+	"Points/DeleteFieldIndex":                  false,
 	"Points/UpdateBatch":                       true,
-}
-
-// resolvedFirst are the writes for which Qdrant looks the collection up
-// before it checks write access (see authenticate): those that pass its
-// strict-mode check first.
-var resolvedFirst = map[string]bool{
-	"Points/Upsert":           true,
-	"Points/Delete":           true,
-	"Points/UpdateVectors":    true,
-	"Points/DeleteVectors":    true,
-	"Points/SetPayload":       true,
-	"Points/OverwritePayload": true,
-	"Points/DeletePayload":    true,
-	"Points/ClearPayload":     true,
-	"Points/UpdateBatch":      true,
-	"Points/CreateFieldIndex": true,
 }
 
 type healthService struct {
