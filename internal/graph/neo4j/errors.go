@@ -113,18 +113,16 @@ type Counts struct {
 
 // FenceError is the count fence finding, after the writes of a
 // transaction, a document whose relationships are not exactly the
-// incoming ones (or whose node is gone). The transaction is rolled back.
+// incoming ones. The transaction is rolled back. (A document the write
+// statement does not answer for at all is another error: the statement
+// MERGEs every row's node, so it cannot be gone.)
 type FenceError struct {
-	Key     string
-	Missing bool   // no (:Document) node of Key was found
-	Have    Counts // what the graph holds
-	Want    Counts // what the document has
+	Key  string
+	Have Counts // what the graph holds
+	Want Counts // what the document has
 }
 
 func (e *FenceError) Error() string {
-	if e.Missing {
-		return fmt.Sprintf("count fence: document %q not found after its write", e.Key)
-	}
 	return fmt.Sprintf("count fence: document %q has %d HAS_CHUNK, %d LINKS_TO, %d TAGGED relationships; want %d, %d, %d",
 		e.Key, e.Have.Chunks, e.Have.Links, e.Have.Tags, e.Want.Chunks, e.Want.Links, e.Want.Tags)
 }

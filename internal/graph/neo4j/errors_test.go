@@ -47,10 +47,6 @@ func TestErrorMessages(t *testing.T) {
 	if err.Error() != want {
 		t.Errorf("got  %s\nwant %s", err, want)
 	}
-	missing := &FenceError{Key: "k", Missing: true}
-	if missing.Error() != `count fence: document "k" not found after its write` {
-		t.Errorf("got %s", missing)
-	}
 	limit := &neo4j.TransactionExecutionLimit{Cause: "timeout", Errors: []error{
 		&neo4j.Neo4jError{Code: "Neo.TransientError.General.MemoryPoolOutOfMemoryError"},
 		&neo4j.Neo4jError{Code: "Neo.TransientError.Transaction.DeadlockDetected"},
