@@ -236,7 +236,7 @@ func (c *Config) setDefaults() error {
 		return errors.New("projector: a name is required (it names the durable consumer and the dead-letter subject)")
 	}
 	if c.Stream == "" {
-		c.Stream = "CONVERGE_DOCS"
+		c.Stream = contract.DocsStream
 	}
 	if c.BatchSize <= 0 {
 		c.BatchSize = 256

@@ -45,6 +45,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/internal/projector"
+
+	"github.com/converge-sync/converge/pkg/contract"
 )
 
 // Bucket is the key-value bucket holding the state of rebuilds in progress.
@@ -328,7 +330,7 @@ func (m *Manager) stream() string {
 	if m.cfg.Runtime.Stream != "" {
 		return m.cfg.Runtime.Stream
 	}
-	return "CONVERGE_DOCS"
+	return contract.DocsStream
 }
 
 // run carries the rebuild st through its remaining phases, retrying a

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/converge-sync/converge/pkg/contract"
 )
 
 // Config of a [Relay]. Zero fields take the defaults documented on them.
@@ -116,7 +118,7 @@ func (c *Config) setDefaults() {
 
 func (s *StreamConfig) setDefaults() {
 	if s.Name == "" {
-		s.Name = "CONVERGE_DOCS"
+		s.Name = contract.DocsStream
 	}
 	if s.Replicas <= 0 {
 		s.Replicas = 1

@@ -15,6 +15,11 @@ const (
 	TokenLength = 32
 )
 
+// DocsStream is the JetStream stream of document events, on
+// converge.docs.>: the relay is its only publisher, every projection
+// consumes it.
+const DocsStream = "CONVERGE_DOCS"
+
 // KeyHash is the SHA-256 of a document key. Subject tokens and verification
 // buckets derive from it.
 func KeyHash(key string) [sha256.Size]byte {
