@@ -52,6 +52,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/internal/deadletter"
+	"github.com/converge-sync/converge/internal/retry"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
@@ -212,9 +213,15 @@ type Config struct {
 	// MaxDeliver is the number of deliveries after which a message whose
 	// store write fails permanently is dead-lettered; default 5.
 	MaxDeliver int
-	// RetryMin and RetryMax bound the backoff of transient retries and of
-	// redeliveries; defaults 100ms and 30s.
+	// RetryMin and RetryMax bound the backoff of transient retries, of
+	// redeliveries and of restarts (the shared [retry.Backoff]: RetryMin
+	// doubled per attempt, capped at RetryMax); defaults 100ms and 30s.
 	RetryMin, RetryMax time.Duration
+	// RetryJitter is the random fraction of each backoff, so that the
+	// projectors and replicas a store outage failed together do not all
+	// come back at the same instant; 0 means retry's default (half),
+	// retry.NoJitter exact delays.
+	RetryJitter float64
 	// StopWhenCaughtUp ends Run once the consumer has nothing pending
 	// (rebuilds, tests); otherwise Run waits for new events until ctx ends.
 	StopWhenCaughtUp bool
@@ -324,7 +331,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 		} else {
 			r.log.Warn("consuming failed; starting again", "err", err)
 		}
-		sleep(ctx, r.backoff(failures))
+		_ = retry.Sleep(ctx, r.backoff(failures)) // the loop checks ctx
 	}
 	return nil
 }
@@ -354,7 +361,7 @@ func (r *Runtime) consume(ctx context.Context) (done bool, err error) {
 		// The consumer this runtime used is gone: an operator may be
 		// replacing it (converge replay). Give them time before starting
 		// again from the stream's first message.
-		sleep(ctx, ConsumerGrace)
+		_ = retry.Sleep(ctx, ConsumerGrace) // an ended ctx fails the calls below
 		if existing, err := r.js.Consumer(ctx, r.cfg.Stream, r.cfg.Name); err == nil {
 			ec := existing.CachedInfo().Config
 			cc.DeliverPolicy, cc.OptStartSeq, cc.OptStartTime = ec.DeliverPolicy, ec.OptStartSeq, ec.OptStartTime
@@ -614,7 +621,7 @@ func (r *Runtime) applyWithRetry(ctx context.Context, items []*item) []Result {
 		r.metrics.Retries.Inc()
 		delay := r.backoff(attempt)
 		r.log.Warn("store write failed; retrying", "documents", len(again), "attempt", attempt, "in", delay, "err", firstErr)
-		sleep(ctx, delay)
+		_ = retry.Sleep(ctx, delay)
 		if ctx.Err() != nil {
 			return results
 		}
@@ -771,13 +778,9 @@ func (r *Runtime) keepAlive(msgs []jetstream.Msg) (stop func()) {
 	return func() { close(done); wg.Wait() }
 }
 
-// backoff is RetryMin doubled per attempt, capped at RetryMax.
+// backoff is the delay before retry number attempt (from 1).
 func (r *Runtime) backoff(attempt int) time.Duration {
-	d := r.cfg.RetryMin
-	for i := 1; i < attempt && d < r.cfg.RetryMax; i++ {
-		d *= 2
-	}
-	return min(d, r.cfg.RetryMax)
+	return retry.Backoff{Min: r.cfg.RetryMin, Max: r.cfg.RetryMax, Jitter: r.cfg.RetryJitter}.Delay(attempt)
 }
 
 func outcomeLabel(o Outcome) string {
@@ -785,13 +788,4 @@ func outcomeLabel(o Outcome) string {
 		return "skipped"
 	}
 	return "applied"
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
 }
