@@ -9,13 +9,14 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/converge-sync/converge/internal/retry"
 )
 
 // Defaults of [HTTPConfig].
@@ -26,8 +27,9 @@ const (
 )
 
 const (
-	// Backoff before retry i (from 0) is a random duration in [b/2, b) with
-	// b = min(backoffBase * 2^i, backoffMax).
+	// The backoff after failed attempt i (from 1) is a random duration in
+	// [b/2, b] with b = min(backoffBase * 2^(i-1), backoffMax): the shared
+	// retry.Backoff with its default jitter.
 	backoffBase = 500 * time.Millisecond
 	backoffMax  = 30 * time.Second
 	// A server asking to wait longer than this is not waited for: its error
@@ -207,7 +209,7 @@ func (e *HTTP) embedBatch(ctx context.Context, texts []string, dst []float32) er
 	if err != nil {
 		return fmt.Errorf("encode request: %w", err)
 	}
-	for retry := 0; ; retry++ {
+	for failed := 0; ; failed++ {
 		wait, err := e.attempt(ctx, body, len(texts), dst)
 		if err == nil {
 			return nil
@@ -218,22 +220,18 @@ func (e *HTTP) embedBatch(ctx context.Context, texts []string, dst []float32) er
 		if wait < 0 {
 			return err
 		}
-		if retry >= e.maxRetries {
-			if retry == 0 {
+		if failed >= e.maxRetries {
+			if failed == 0 {
 				return err
 			}
-			return fmt.Errorf("%d attempts failed, the last: %w", retry+1, err)
+			return fmt.Errorf("%d attempts failed, the last: %w", failed+1, err)
 		}
 		if wait > e.maxRetryAfter {
 			return fmt.Errorf("the server asks to retry after %s, longer than %s: %w", wait, e.maxRetryAfter, err)
 		}
-		wait = max(wait, e.backoff(retry))
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		// The server's Retry-After, when longer, wins over the backoff.
+		if retry.Sleep(ctx, max(wait, e.backoff(failed+1))) != nil {
 			return joinContextError(ctx, err)
-		case <-t.C:
 		}
 	}
 }
@@ -249,18 +247,11 @@ func joinContextError(ctx context.Context, last error) error {
 	return fmt.Errorf("%w (last attempt: %s)", cause, last.Error())
 }
 
-// backoff is the jittered wait before retry number retry (from 0).
-func (e *HTTP) backoff(retry int) time.Duration {
-	b := e.backoffMax
-	if retry < 30 {
-		b = min(e.backoffBase<<retry, e.backoffMax)
-	}
-	if b <= 1 {
-		return b
-	}
-	// Jitter spreads the retries of concurrent callers; it needs no
-	// unpredictability.
-	return b/2 + rand.N(b/2) //nolint:gosec // jitter, not a secret
+// backoff is the jittered wait after failed attempt number attempt (from
+// 1): the shared backoff over backoffBase and backoffMax, half of it
+// random to spread the retries of concurrent callers.
+func (e *HTTP) backoff(attempt int) time.Duration {
+	return retry.Backoff{Min: e.backoffBase, Max: e.backoffMax}.Delay(attempt)
 }
 
 // attempt sends one request. On failure, wait < 0 means the error is final;

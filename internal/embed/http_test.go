@@ -596,17 +596,22 @@ func TestRetryAfter(t *testing.T) {
 	}
 }
 
+// The backoff is the shared one over backoffBase and backoffMax: doubled
+// per failed attempt up to the cap, half of it random.
 func TestBackoff(t *testing.T) {
 	e := &HTTP{backoffBase: 100 * time.Millisecond, backoffMax: time.Second}
-	for retry, ceiling := range []time.Duration{100, 200, 400, 800, 1000, 1000} {
+	for attempt, ceiling := range map[int]time.Duration{1: 100, 2: 200, 3: 400, 4: 800, 5: 1000, 80: 1000} {
 		ceiling *= time.Millisecond
-		if retry == 5 {
-			retry = 80 // far past the cap, without overflow
-		}
-		for range 50 {
-			if d := e.backoff(retry); d < ceiling/2 || d >= ceiling {
-				t.Fatalf("backoff(%d) = %s, want in [%s, %s)", retry, d, ceiling/2, ceiling)
+		seen := map[time.Duration]bool{}
+		for range 200 {
+			d := e.backoff(attempt)
+			if d < ceiling/2 || d > ceiling {
+				t.Fatalf("backoff(%d) = %s, want in [%s, %s]", attempt, d, ceiling/2, ceiling)
 			}
+			seen[d] = true
+		}
+		if len(seen) < 10 {
+			t.Fatalf("backoff(%d): only %d distinct delays: no jitter", attempt, len(seen))
 		}
 	}
 }
