@@ -41,9 +41,9 @@ type Config struct {
 	// MaxAttempts is the number of attempts of one effect (the first
 	// included) after which its event is dead-lettered. Default 8.
 	MaxAttempts int
-	// RetryMin and RetryMax bound the backoff between attempts: RetryMin
-	// doubled per failed attempt, capped at RetryMax, with jitter (half of
-	// it random). Defaults 1s and 5m.
+	// RetryMin and RetryMax bound the backoff between attempts (the
+	// shared retry.Backoff): RetryMin doubled per failed attempt, capped at
+	// RetryMax, with jitter (half of it random). Defaults 1s and 5m.
 	RetryMin, RetryMax time.Duration
 	// Bucket is the dedup store's key-value bucket; default CONVERGE_EFFECTS.
 	Bucket string

@@ -5,10 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/converge-sync/converge/internal/retry"
 )
 
 // States of an effect's record in the dedup store.
@@ -207,15 +208,9 @@ func storeFailure(what, key string, err error) *outcome {
 	return &outcome{kind: storeFailed, err: fmt.Errorf("notifier: %s effect %s: %w", what, key, err)}
 }
 
-// backoff is the delay after failed attempt number attempt: RetryMin
-// doubled per attempt, capped at RetryMax, of which half is random, so that
-// the retries of many effects that failed together spread out.
+// backoff is the delay after failed attempt number attempt: the shared
+// backoff over RetryMin and RetryMax, half of it random, so that the
+// retries of many effects that failed together spread out.
 func (n *Notifier) backoff(attempt int) time.Duration {
-	d := n.cfg.RetryMin
-	for i := 1; i < attempt && d < n.cfg.RetryMax; i++ {
-		d *= 2
-	}
-	d = min(d, n.cfg.RetryMax)
-	half := d / 2
-	return half + rand.N(d-half+1) //nolint:gosec // jitter needs no cryptographic randomness
+	return retry.Backoff{Min: n.cfg.RetryMin, Max: n.cfg.RetryMax}.Delay(attempt)
 }
