@@ -158,11 +158,9 @@ func collectStatus(ctx context.Context, pgURL, natsURL, slot string) (statusRepo
 // ingest streams, with their dead-letter depth and, for projectors, the
 // commit time of the last event they acknowledged in order.
 func collectConsumers(ctx context.Context, js jetstream.JetStream) ([]consumerStatus, error) {
-	dlq, err := js.Stream(ctx, deadletter.Stream)
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		dlq = nil
-	} else if err != nil {
-		return nil, fmt.Errorf("status: stream %s: %w", deadletter.Stream, err)
+	dlq, err := deadletter.Open(ctx, js)
+	if err != nil {
+		return nil, fmt.Errorf("status: %w", err)
 	}
 	var out []consumerStatus
 	for _, name := range []string{"CONVERGE_DOCS", "CONVERGE_INGEST"} {
@@ -190,12 +188,8 @@ func collectConsumers(ctx context.Context, js jetstream.JetStream) ([]consumerSt
 			if name == "CONVERGE_INGEST" {
 				dlqName = writer.IngestDLQName
 			}
-			if dlq != nil {
-				di, err := dlq.Info(ctx, jetstream.WithSubjectFilter(contract.DLQSubject(dlqName)))
-				if err != nil {
-					return out, fmt.Errorf("status: dead letters of %s: %w", info.Name, err)
-				}
-				c.DeadLetters = di.State.Subjects[contract.DLQSubject(dlqName)]
+			if c.DeadLetters, err = dlq.Count(ctx, dlqName); err != nil {
+				return out, fmt.Errorf("status: %w", err)
 			}
 			out = append(out, c)
 		}

@@ -1,7 +1,18 @@
 // Package deadletter is where every converge consumer puts a message it can
 // never process: the stream CONVERGE_DLQ on converge.dlq.<consumer>, with
 // the reason in headers, so that a poison message never blocks a stream and
-// never vanishes. `converge dlq` lists and redrives them.
+// never vanishes.
+//
+// [Publish] stores a dead letter; the consumer acknowledges the original
+// only after JetStream acknowledged the dead letter, so a crash between the
+// two redelivers the original, whose dead letter is stored once (its
+// Nats-Msg-Id is derived from it).
+//
+// A [Queue] reads them for an operator ([Queue.Summarize], [Queue.Read],
+// [Queue.Scan]) and puts them back on their original subject
+// ([Queue.Redrive]): the republish first, the delete from CONVERGE_DLQ only
+// after JetStream acknowledged it. A crash between the two leaves both,
+// and a rerun within the duplicate window stores the republish once.
 package deadletter
 
 import (
