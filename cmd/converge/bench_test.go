@@ -39,6 +39,7 @@ import (
 	ibackends "github.com/converge-sync/converge/internal/index/backends"
 	iembedded "github.com/converge-sync/converge/internal/index/embedded"
 	"github.com/converge-sync/converge/internal/natsserver"
+	"github.com/converge-sync/converge/internal/proc"
 	"github.com/converge-sync/converge/internal/projector"
 	rebuildpkg "github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/relay"
@@ -231,7 +232,7 @@ type benchStack struct {
 	client *http.Client
 	// services are the writer, relay and projector processes of the
 	// deployed layout; none when the pipeline runs in this process.
-	services []*child
+	services []*proc.Child
 }
 
 func startBenchStack(b *testing.B, processes bool) (*benchStack, string) {
@@ -308,6 +309,10 @@ func buildBinaries(b *testing.B) string {
 // startServices runs the writer, the relay and both projectors from the
 // binaries in bin, on the addresses of s.dev.cfg, and waits until each is
 // ready and the relay holds its slot.
+// benchServices are the processes of the deployed layout, in the order
+// startServices starts them.
+var benchServices = []string{"writer", "relay", "projector-index", "projector-graph"}
+
 func (s *benchStack) startServices(ctx context.Context, bin string) error {
 	cfg := s.dev.cfg
 	pg, natsURL, data := s.dev.postgresURL, s.dev.natsURL, cfg.dataDir
@@ -320,7 +325,7 @@ func (s *benchStack) startServices(ctx context.Context, bin string) error {
 		{"projector-index", []string{"-nats-url", natsURL, "-data-dir", data, "-metrics-addr", cfg.indexAddr}},
 		{"projector-graph", []string{"-nats-url", natsURL, "-data-dir", data, "-metrics-addr", cfg.graphAddr}},
 	} {
-		c, err := startChild(filepath.Join(bin, svc.name), append(svc.args, "-log-level", "warn"), os.Stderr)
+		c, err := proc.Start(filepath.Join(bin, svc.name), append(svc.args, "-log-level", "warn"), proc.Options{Out: os.Stderr})
 		if err != nil {
 			return fmt.Errorf("start %s: %w", svc.name, err)
 		}
@@ -340,9 +345,9 @@ func (s *benchStack) startServices(ctx context.Context, bin string) error {
 		{"the graph projector", func() bool { return httpOK("http://" + cfg.graphAddr + "/readyz") }},
 	} {
 		// A service that exits while starting ends the wait at once.
-		err := waitUntil(ctx, ctx, 60*time.Second, func() bool { return s.exited() != nil || w.ready() })
-		if c := s.exited(); c != nil {
-			return fmt.Errorf("%s exited while starting: %w", c.cmd.Path, c.err)
+		err := waitUntil(ctx, ctx, 60*time.Second, func() bool { _, c := s.exited(); return c != nil || w.ready() })
+		if name, c := s.exited(); c != nil {
+			return fmt.Errorf("%s exited while starting: %w", name, c.Err())
 		}
 		if err != nil {
 			return fmt.Errorf("waiting for %s: %w", w.what, err)
@@ -352,14 +357,14 @@ func (s *benchStack) startServices(ctx context.Context, bin string) error {
 	return nil
 }
 
-// exited returns a service process that has exited, or nil.
-func (s *benchStack) exited() *child {
-	for _, c := range s.services {
-		if c.exited() {
-			return c
+// exited returns a service process that has exited and its name, or nil.
+func (s *benchStack) exited() (string, *proc.Child) {
+	for i, c := range s.services {
+		if c.Exited() {
+			return benchServices[i], c
 		}
 	}
-	return nil
+	return "", nil
 }
 
 // getText GETs u and returns the body.
@@ -376,7 +381,7 @@ func getText(u string) (string, error) {
 
 func (s *benchStack) close(b *testing.B) {
 	for _, c := range s.services {
-		c.stop()
+		_ = c.Stop(30 * time.Second)
 	}
 	if s.nc != nil {
 		s.nc.Close()

@@ -9,11 +9,9 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -23,15 +21,15 @@ import (
 
 	"github.com/converge-sync/converge/internal/config"
 	gbackends "github.com/converge-sync/converge/internal/graph/backends"
-	"github.com/converge-sync/converge/internal/index"
 	ibackends "github.com/converge-sync/converge/internal/index/backends"
 	"github.com/converge-sync/converge/internal/natsserver"
 	"github.com/converge-sync/converge/internal/notifier"
 	"github.com/converge-sync/converge/internal/pgcluster"
+	"github.com/converge-sync/converge/internal/proc"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/relay"
 	"github.com/converge-sync/converge/internal/schema"
-	"github.com/converge-sync/converge/internal/telemetry"
+	"github.com/converge-sync/converge/internal/service"
 	"github.com/converge-sync/converge/internal/writer"
 )
 
@@ -75,10 +73,10 @@ type devStack struct {
 
 	cancel context.CancelFunc
 	group  *errgroup.Group
-	relay  *relay.Relay
+	relay  *relay.Relay // set once it is made
 
 	childMu sync.Mutex
-	child   *child
+	child   *proc.Child
 }
 
 // startDev starts Postgres (unless given), NATS (unless given), the schema
@@ -138,38 +136,25 @@ func startDev(ctx context.Context, cfg devConfig) (_ *devStack, err error) {
 
 	listening := make(chan net.Addr, 1)
 	g.Go(func() error {
-		return writer.RunService(runCtx, writer.ServiceConfig{PostgresURL: s.postgresURL, NATSURL: s.natsURL,
-			HTTPAddr: cfg.httpAddr, MetricsAddr: cfg.writerAddr, OnListen: func(a net.Addr) { listening <- a }}, cfg.log.With("service", "writer"))
+		c := writer.ServiceConfig{PostgresURL: s.postgresURL, NATSURL: s.natsURL, HTTPAddr: cfg.httpAddr,
+			MetricsAddr: cfg.writerAddr, OnListen: func(a net.Addr) { listening <- a }}
+		return service.Run(runCtx, c, cfg.log.With("service", "writer"), writer.Run)
 	})
-	nc, err := nats.Connect(s.natsURL, nats.Name("converge-relay"), nats.MaxReconnects(-1))
-	if err != nil {
-		return nil, fmt.Errorf("connect NATS: %w", err)
-	}
-	reg := telemetry.NewRegistry()
-	if s.relay, err = relay.New(nc, relay.Config{PostgresURL: s.postgresURL}, relay.NewMetrics(reg), cfg.log.With("service", "relay")); err != nil {
-		nc.Close()
-		return nil, err
-	}
 	// The relay ensures the stream too; doing it here first spares the
 	// projectors a retry when they start before it.
-	if js, err := jetstream.New(nc); err == nil {
-		if _, err := relay.EnsureStream(ctx, js, relay.StreamConfig{}); err != nil {
-			nc.Close()
-			return nil, fmt.Errorf("create the stream: %w", err)
-		}
+	if err := ensureStream(ctx, s.natsURL); err != nil {
+		return nil, err
 	}
+	relays := make(chan *relay.Relay, 1)
 	g.Go(func() error {
-		defer nc.Close()
-		return s.relay.Run(runCtx)
+		c := relay.ServiceConfig{Relay: relay.Config{PostgresURL: s.postgresURL}, NATSURL: s.natsURL,
+			MetricsAddr: cfg.relayAddr, OnStart: func(r *relay.Relay) { relays <- r }}
+		return service.Run(runCtx, c, cfg.log.With("service", "relay"), relay.Run)
 	})
-	if cfg.relayAddr != "" {
-		g.Go(func() error {
-			return telemetry.Serve(runCtx, cfg.relayAddr, telemetry.Handler(reg), 5*time.Second, nil)
-		})
-	}
 	g.Go(func() error {
-		sc := projector.ServiceConfig{NATSURL: s.natsURL, MetricsAddr: cfg.indexAddr, Runtime: projector.Config{Name: "index"}}
-		return ibackends.Run(runCtx, sc, s.cfg.index, index.Options{}, cfg.log.With("service", "projector-index"))
+		c := ibackends.ServiceConfig{Store: *s.cfg.index, Projector: projector.ServiceConfig{
+			NATSURL: s.natsURL, MetricsAddr: cfg.indexAddr, Runtime: projector.Config{Name: "index"}}}
+		return service.Run(runCtx, c, cfg.log.With("service", "projector-index"), ibackends.Run)
 	})
 	if cfg.graphChild {
 		if err := s.startGraphChild(ctx); err != nil {
@@ -177,28 +162,32 @@ func startDev(ctx context.Context, cfg devConfig) (_ *devStack, err error) {
 		}
 	} else {
 		g.Go(func() error {
-			sc := projector.ServiceConfig{NATSURL: s.natsURL, MetricsAddr: cfg.graphAddr, Runtime: projector.Config{Name: "graph"}}
-			return gbackends.Run(runCtx, sc, s.cfg.graph, cfg.log.With("service", "projector-graph"))
+			c := gbackends.ServiceConfig{Store: *s.cfg.graph, Projector: projector.ServiceConfig{
+				NATSURL: s.natsURL, MetricsAddr: cfg.graphAddr, Runtime: projector.Config{Name: "graph"}}}
+			return service.Run(runCtx, c, cfg.log.With("service", "projector-graph"), gbackends.Run)
 		})
 	}
-
 	if cfg.notifier != nil {
 		g.Go(func() error {
-			sc := projector.ServiceConfig{NATSURL: s.natsURL, MetricsAddr: cfg.notifierAddr, Runtime: projector.Config{Name: "notifier"}}
-			return notifier.Run(runCtx, sc, *cfg.notifier, cfg.log.With("service", "notifier"))
+			c := notifier.ServiceConfig{Notifier: *cfg.notifier, Projector: projector.ServiceConfig{
+				NATSURL: s.natsURL, MetricsAddr: cfg.notifierAddr, Runtime: projector.Config{Name: "notifier"}}}
+			return service.Run(runCtx, c, cfg.log.With("service", "notifier"), notifier.Run)
 		})
 	}
 
 	// Ready: the writer listens, the relay holds its slot, both projectors
 	// answer /readyz.
 	deadline := time.After(60 * time.Second)
-	select {
-	case a := <-listening:
-		s.apiURL = "http://" + a.String()
-	case <-deadline:
-		return nil, errors.New("the writer did not start listening within 60s")
-	case <-runCtx.Done():
-		return nil, fmt.Errorf("a service failed to start: %w", g.Wait())
+	for s.apiURL == "" || s.relay == nil {
+		select {
+		case a := <-listening:
+			s.apiURL = "http://" + a.String()
+		case s.relay = <-relays:
+		case <-deadline:
+			return nil, errors.New("the writer and the relay did not start within 60s")
+		case <-runCtx.Done():
+			return nil, fmt.Errorf("a service failed to start: %w", g.Wait())
+		}
 	}
 	for _, c := range []struct {
 		what  string
@@ -213,6 +202,23 @@ func startDev(ctx context.Context, cfg devConfig) (_ *devStack, err error) {
 		}
 	}
 	return s, nil
+}
+
+// ensureStream creates the stream unless it exists.
+func ensureStream(ctx context.Context, natsURL string) error {
+	nc, err := nats.Connect(natsURL, nats.Name("converge-dev"))
+	if err != nil {
+		return fmt.Errorf("connect NATS: %w", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	if _, err := relay.EnsureStream(ctx, js, relay.StreamConfig{}); err != nil {
+		return fmt.Errorf("create the stream: %w", err)
+	}
+	return nil
 }
 
 // createDatabase creates name in the cluster unless it exists.
@@ -248,73 +254,29 @@ func (s *devStack) startGraphChild(ctx context.Context) error {
 		// The demo SIGKILLs this child: with a short ack wait, what it
 		// had in flight is delivered again to the next one within
 		// seconds rather than after the default minute.
-		c, err := startChild(exe, []string{"projector-graph", "-nats-url", s.natsURL, "-data-dir", s.cfg.dataDir,
-			"-metrics-addr", addr, "-log-level", "warn", "-ack-wait", "5s"}, s.cfg.logOut)
+		c, err := proc.Start(exe, []string{"projector-graph", "-nats-url", s.natsURL, "-data-dir", s.cfg.dataDir,
+			"-metrics-addr", addr, "-log-level", "warn", "-ack-wait", "5s"}, proc.Options{Out: s.cfg.logOut})
 		if err != nil {
 			return fmt.Errorf("start the graph projector: %w", err)
 		}
 		s.childMu.Lock()
 		s.child = c // stopped by stop, whatever happens next
 		s.childMu.Unlock()
-		if err := waitUntil(ctx, ctx, 60*time.Second, func() bool { return c.exited() || httpOK("http://"+addr+"/readyz") }); err != nil {
+		if err := waitUntil(ctx, ctx, 60*time.Second, func() bool { return c.Exited() || httpOK("http://"+addr+"/readyz") }); err != nil {
 			return fmt.Errorf("waiting for the graph projector: %w", err)
 		}
-		if !c.exited() {
+		if !c.Exited() {
 			return nil
 		}
 		s.childMu.Lock()
 		s.child = nil
 		s.childMu.Unlock()
 		if !s.cfg.graphAddrPicked || attempt == 3 {
-			return fmt.Errorf("the graph projector exited while starting: %w", c.err)
+			return fmt.Errorf("the graph projector exited while starting: %w", c.Err())
 		}
 		if s.cfg.graphAddr, err = freeAddr(); err != nil {
 			return err
 		}
-	}
-}
-
-// child is a child process and its end.
-type child struct {
-	cmd  *exec.Cmd
-	done chan struct{} // closed when it has exited
-	err  error         // its exit, once done
-}
-
-// startChild starts path with args, its output to out, as a child that
-// dies with this process (on Linux), and reaps it when it exits.
-func startChild(path string, args []string, out io.Writer) (*child, error) {
-	cmd := exec.Command(path, args...)
-	cmd.Env = os.Environ()
-	cmd.Stdout, cmd.Stderr = out, out
-	cmd.SysProcAttr = childProcAttr()
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	c := &child{cmd: cmd, done: make(chan struct{})}
-	go func() { c.err = cmd.Wait(); close(c.done) }()
-	return c, nil
-}
-
-// exited reports whether the child has exited.
-func (c *child) exited() bool {
-	select {
-	case <-c.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// stop asks the child to stop (SIGTERM), SIGKILLs it if it has not
-// within 30 s, and reaps it.
-func (c *child) stop() {
-	_ = c.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-c.done:
-	case <-time.After(30 * time.Second):
-		_ = c.cmd.Process.Kill()
-		<-c.done
 	}
 }
 
@@ -327,8 +289,7 @@ func (s *devStack) killGraphChild() error {
 	if c == nil {
 		return errors.New("no graph projector child runs")
 	}
-	_ = c.cmd.Process.Kill()
-	<-c.done
+	c.Kill()
 	return nil
 }
 
@@ -338,7 +299,7 @@ func (s *devStack) stop() error {
 	var errs []error
 	s.childMu.Lock()
 	if c := s.child; c != nil {
-		c.stop()
+		_ = c.Stop(30 * time.Second)
 		s.child = nil
 	}
 	s.childMu.Unlock()

@@ -6,18 +6,16 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/converge-sync/converge/internal/config"
 	gbackends "github.com/converge-sync/converge/internal/graph/backends"
 	ibackends "github.com/converge-sync/converge/internal/index/backends"
 	"github.com/converge-sync/converge/internal/notifier"
 	"github.com/converge-sync/converge/internal/schema"
+	"github.com/converge-sync/converge/internal/service"
 )
 
 const usage = `converge: operate a converge pipeline
@@ -69,16 +67,10 @@ command's flags.
 `
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := service.SignalContext()
 	err := run(ctx, os.Args[1:], os.Stdout)
 	stop()
-	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			os.Exit(0)
-		}
-		fmt.Fprintln(os.Stderr, "converge:", err)
-		os.Exit(1)
-	}
+	service.Exit("converge", err)
 }
 
 func run(ctx context.Context, args []string, out io.Writer) error {
@@ -108,11 +100,11 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	case "demo":
 		return demo(ctx, args[1:], out)
 	case "notifier":
-		return notifier.Main(args[1:])
+		return service.Command(ctx, "notifier", args[1:], notifier.ServiceFlags, notifier.Run)
 	case "projector-index":
-		return ibackends.Main(args[1:])
+		return service.Command(ctx, "projector-index", args[1:], ibackends.ServiceFlags, ibackends.Run)
 	case "projector-graph":
-		return gbackends.Main(args[1:])
+		return service.Command(ctx, "projector-graph", args[1:], gbackends.ServiceFlags, gbackends.Run)
 	case "migrate":
 		if len(args) < 2 {
 			return fmt.Errorf("migrate needs a subcommand: up or status\n\n%s", usage)

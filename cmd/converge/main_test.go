@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -12,6 +11,7 @@ import (
 
 	gbackends "github.com/converge-sync/converge/internal/graph/backends"
 	"github.com/converge-sync/converge/internal/schema"
+	"github.com/converge-sync/converge/internal/service"
 	"github.com/converge-sync/converge/internal/testenv"
 )
 
@@ -20,11 +20,10 @@ var pg *testenv.Postgres
 func TestMain(m *testing.M) {
 	// The demo starts its graph projector as `<this binary> projector-graph`.
 	if len(os.Args) > 1 && os.Args[1] == "projector-graph" {
-		if err := gbackends.Main(os.Args[2:]); err != nil {
-			fmt.Fprintln(os.Stderr, "projector-graph:", err)
-			os.Exit(1)
-		}
-		os.Exit(0)
+		ctx, stop := service.SignalContext()
+		err := service.Command(ctx, "projector-graph", os.Args[2:], gbackends.ServiceFlags, gbackends.Run)
+		stop()
+		service.Exit("projector-graph", err)
 	}
 	os.Exit(testenv.RunMain(m, &pg))
 }

@@ -5,22 +5,8 @@
 package main
 
 import (
-	"errors"
-	"flag"
-	"fmt"
-	"os"
-
 	"github.com/converge-sync/converge/internal/notifier"
+	"github.com/converge-sync/converge/internal/service"
 )
 
-func main() {
-	if err := run(os.Args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			os.Exit(0)
-		}
-		fmt.Fprintln(os.Stderr, "notifier:", err)
-		os.Exit(1)
-	}
-}
-
-func run(args []string) error { return notifier.Main(args) }
+func main() { service.Main("notifier", notifier.ServiceFlags, notifier.Run) }

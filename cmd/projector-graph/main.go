@@ -4,22 +4,8 @@
 package main
 
 import (
-	"errors"
-	"flag"
-	"fmt"
-	"os"
-
 	"github.com/converge-sync/converge/internal/graph/backends"
+	"github.com/converge-sync/converge/internal/service"
 )
 
-func main() {
-	if err := run(os.Args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			os.Exit(0)
-		}
-		fmt.Fprintln(os.Stderr, "projector-graph:", err)
-		os.Exit(1)
-	}
-}
-
-func run(args []string) error { return backends.Main(args) }
+func main() { service.Main("projector-graph", backends.ServiceFlags, backends.Run) }

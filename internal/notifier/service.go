@@ -4,13 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"strings"
 
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/projector"
-	"github.com/converge-sync/converge/internal/telemetry"
+	"github.com/converge-sync/converge/internal/service"
 )
 
 // Environment variables of the notifier's own settings.
@@ -23,7 +22,7 @@ const (
 const DefaultMetricsAddr = "127.0.0.1:9105"
 
 // Flags binds the notifier's own flags (the runtime's are
-// projector.ServiceFlags); call the returned function after parsing. The
+// [ServiceFlags] binds both); call the returned function after parsing. The
 // secret has no flag of its own, so that it never shows in a process list
 // or in -h: it is CONVERGE_WEBHOOK_SECRET, CONVERGE_WEBHOOK_SECRET_FILE, or
 // the file named by -webhook-secret-file.
@@ -108,22 +107,59 @@ func readSecret(file string) ([]byte, error) {
 	return []byte(v), nil
 }
 
-// Run connects to NATS and notifies until ctx ends, serving /metrics,
-// /healthz and /readyz on sc.MetricsAddr.
-func Run(ctx context.Context, sc projector.ServiceConfig, cfg Config, log *slog.Logger) error {
-	nc, js, err := projector.Connect(sc.NATSURL, "converge-notifier-effects")
+// ServiceConfig is the notifier service's configuration: the runtime's
+// (NATS, metrics address, consumer) and the notifier's own.
+type ServiceConfig struct {
+	Projector projector.ServiceConfig
+	Notifier  Config
+}
+
+// Validate reports a configuration that cannot work.
+func (c ServiceConfig) Validate() error {
+	if err := c.Projector.Validate(); err != nil {
+		return err
+	}
+	return c.Notifier.Validate()
+}
+
+// Connections of the notifier: NATS alone (its dedup store is a
+// JetStream key-value bucket).
+func (c ServiceConfig) Connections() service.Conns {
+	conns := c.Projector.Connections()
+	conns.Client = "converge-" + c.Projector.Runtime.Name
+	return conns
+}
+
+// ServiceFlags binds the notifier's settings (the runtime's and its own,
+// see [Flags]) to flags and their environment variables; call the returned
+// function after parsing.
+func ServiceFlags(f *config.Flags) func() (ServiceConfig, error) {
+	sc := projector.ServiceFlags(f, "notifier", DefaultMetricsAddr)
+	own := Flags(f)
+	return func() (ServiceConfig, error) {
+		p, err := sc()
+		if err != nil {
+			return ServiceConfig{}, err
+		}
+		c, err := own()
+		if err != nil {
+			return ServiceConfig{}, err
+		}
+		return ServiceConfig{Projector: p, Notifier: c}, nil
+	}
+}
+
+// Run notifies over deps.NATS until ctx ends, serving /metrics, /healthz
+// and /readyz on the metrics address.
+func Run(ctx context.Context, cfg ServiceConfig, deps service.Deps) error {
+	js, err := deps.JetStream()
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	if sc.Registry == nil {
-		sc.Registry = telemetry.NewRegistry()
-	}
-	n, err := New(ctx, js, cfg, NewMetrics(sc.Registry), log.With("projector", sc.Runtime.Name))
+	sc := cfg.Projector
+	log := deps.Log
+	n, err := New(ctx, js, cfg.Notifier, NewMetrics(deps.Registry), log.With("projector", sc.Runtime.Name))
 	if err != nil {
-		if ctx.Err() != nil {
-			return nil // stopped while starting
-		}
 		return err
 	}
 	defer func() { _ = n.Close() }()
@@ -132,22 +168,8 @@ func Run(ctx context.Context, sc projector.ServiceConfig, cfg Config, log *slog.
 	for i, t := range n.targets {
 		targets[i] = t.name
 	}
-	log.Info("notifier", "targets", targets, "window", cfg.Window, "notify_replayed", cfg.NotifyReplayed,
-		"bucket", cfg.Bucket, "concurrency", cfg.Concurrency, "max_attempts", cfg.MaxAttempts)
-	return projector.RunService(ctx, sc, n, nil, log)
-}
-
-// Main is the notifier command: flags, then Run until SIGINT or SIGTERM.
-func Main(args []string) error {
-	return projector.Main(args, "notifier", "notifier", DefaultMetricsAddr,
-		func(f *config.Flags) func(context.Context, projector.ServiceConfig, *slog.Logger) error {
-			cfg := Flags(f)
-			return func(ctx context.Context, sc projector.ServiceConfig, log *slog.Logger) error {
-				c, err := cfg()
-				if err != nil {
-					return err
-				}
-				return Run(ctx, sc, c, log)
-			}
-		})
+	c := cfg.Notifier
+	log.Info("notifier", "targets", targets, "window", c.Window, "notify_replayed", c.NotifyReplayed,
+		"bucket", c.Bucket, "concurrency", c.Concurrency, "max_attempts", c.MaxAttempts)
+	return projector.RunService(ctx, sc, n, nil, deps)
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/converge-sync/converge/internal/projector"
+	"github.com/converge-sync/converge/internal/service"
 	"github.com/converge-sync/converge/internal/testenv"
 )
 
@@ -27,8 +28,10 @@ func TestRunServesMetrics(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- Run(ctx, projector.ServiceConfig{NATSURL: e.n.URL, MetricsAddr: addr, Runtime: projector.Config{Name: "notifier"}},
-			testConfig(rcv.url("/hook")), discardLogger())
+		done <- service.Run(ctx, ServiceConfig{
+			Projector: projector.ServiceConfig{NATSURL: e.n.URL, MetricsAddr: addr, Runtime: projector.Config{Name: "notifier"}},
+			Notifier:  testConfig(rcv.url("/hook")),
+		}, discardLogger(), Run)
 	}()
 	defer func() {
 		cancel()

@@ -4,19 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
-	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/converge-sync/converge/internal/config"
+	"github.com/converge-sync/converge/internal/service"
 	"github.com/converge-sync/converge/internal/telemetry"
 )
 
@@ -24,11 +20,24 @@ import (
 type ServiceConfig struct {
 	NATSURL     string
 	MetricsAddr string // /metrics, /healthz, /readyz and the projector's own routes; empty: off
-	LogLevel    string
 	Runtime     Config
-	// Registry serves /metrics; nil: a new one. A store with metrics of
-	// its own registers them here.
-	Registry *prometheus.Registry
+}
+
+// Validate reports a configuration that cannot work.
+func (c ServiceConfig) Validate() error {
+	if c.NATSURL == "" {
+		return errors.New("projector: a NATS URL is required")
+	}
+	if c.Runtime.Name == "" {
+		return errors.New("projector: a name (its durable consumer) is required")
+	}
+	return nil
+}
+
+// Connections of a projector: NATS alone. A projector holds no Postgres
+// credentials.
+func (c ServiceConfig) Connections() service.Conns {
+	return service.Conns{Client: "converge-projector-" + c.Runtime.Name, NATSURL: c.NATSURL}
 }
 
 // ServiceFlags binds a projector process's common flags; call the returned
@@ -43,19 +52,18 @@ func ServiceFlags(f *config.Flags, name, metricsAddr string) func() (ServiceConf
 	maxDeliver := f.Int("max-deliver", "CONVERGE_PROJECTOR_MAX_DELIVER", 5, "deliveries after which an event the store rejects is dead-lettered")
 	ackWait := f.Duration("ack-wait", "CONVERGE_PROJECTOR_ACK_WAIT", 60*time.Second,
 		"the consumer's redelivery timeout: how long events delivered to a process that died wait before they are delivered again (extended while a batch is applied)")
-	level := f.String("log-level", config.EnvLogLevel, "info", "debug, info, warn or error")
 	return func() (ServiceConfig, error) {
 		if err := config.Require(*natsURL, "nats-url", config.EnvNATSURL); err != nil {
 			return ServiceConfig{}, err
 		}
-		return ServiceConfig{NATSURL: *natsURL, MetricsAddr: *addr, LogLevel: *level,
+		return ServiceConfig{NATSURL: *natsURL, MetricsAddr: *addr,
 			Runtime: Config{Name: *durable, BatchSize: *batch, Parallel: *parallel, MaxDeliver: *maxDeliver, AckWait: *ackWait}}, nil
 	}
 }
 
-// Connect opens a service's connection to NATS, which reconnects for as
-// long as the service runs and carries name (the server's monitoring shows
-// it), and its JetStream context.
+// Connect opens a connection to NATS, which reconnects for as long as the
+// service runs and carries name (the server's monitoring shows it), and
+// its JetStream context.
 func Connect(url, name string) (*nats.Conn, jetstream.JetStream, error) {
 	nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1))
 	if err != nil {
@@ -69,20 +77,15 @@ func Connect(url, name string) (*nats.Conn, jetstream.JetStream, error) {
 	return nc, js, nil
 }
 
-// RunService connects to NATS and runs a projector over store until ctx
-// ends, serving /metrics, /healthz, /readyz and routes (pattern -> handler)
-// on the metrics address.
-func RunService(ctx context.Context, sc ServiceConfig, store Store, routes map[string]http.Handler, log *slog.Logger) error {
-	nc, js, err := Connect(sc.NATSURL, "converge-projector-"+sc.Runtime.Name)
+// RunService runs a projector over store on deps.NATS until ctx ends,
+// serving /metrics, /healthz, /readyz and routes (pattern -> handler) on
+// the metrics address.
+func RunService(ctx context.Context, sc ServiceConfig, store Store, routes map[string]http.Handler, deps service.Deps) error {
+	js, err := deps.JetStream()
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	reg := sc.Registry
-	if reg == nil {
-		reg = telemetry.NewRegistry()
-	}
-	r, err := New(js, store, sc.Runtime, NewMetrics(reg, sc.Runtime.Name), log)
+	r, err := New(js, store, sc.Runtime, NewMetrics(deps.Registry, sc.Runtime.Name), deps.Log)
 	if err != nil {
 		return err
 	}
@@ -90,12 +93,7 @@ func RunService(ctx context.Context, sc ServiceConfig, store Store, routes map[s
 	g.Go(func() error { return r.Run(ctx) })
 	if sc.MetricsAddr != "" {
 		checks := []telemetry.Check{
-			{Name: "nats", Func: func(context.Context) error {
-				if !nc.IsConnected() {
-					return fmt.Errorf("nats: %s", nc.Status())
-				}
-				return nil
-			}},
+			service.NATSCheck(deps.NATS),
 			{Name: "consumer", Func: func(context.Context) error {
 				select {
 				case <-r.Ready():
@@ -106,31 +104,11 @@ func RunService(ctx context.Context, sc ServiceConfig, store Store, routes map[s
 			}},
 		}
 		mux := http.NewServeMux()
-		mux.Handle("/", telemetry.Handler(reg, checks...))
+		mux.Handle("/", telemetry.Handler(deps.Registry, checks...))
 		for pattern, h := range routes {
 			mux.Handle(pattern, h)
 		}
 		g.Go(func() error { return telemetry.Serve(ctx, sc.MetricsAddr, mux, 5*time.Second, nil) })
 	}
 	return g.Wait()
-}
-
-// Main is a projector command: the common flags (see ServiceFlags), the
-// store's flags (bind, returning the function to call after parsing), then
-// run until SIGINT or SIGTERM.
-func Main(args []string, command, name, metricsAddr string, bind func(*config.Flags) func(ctx context.Context, sc ServiceConfig, log *slog.Logger) error) error {
-	f := config.NewFlags(command)
-	service := ServiceFlags(f, name, metricsAddr)
-	run := bind(f)
-	if err := f.Parse(args); err != nil {
-		return err
-	}
-	sc, err := service()
-	if err != nil {
-		return err
-	}
-	log := config.NewLogger(os.Stderr, sc.LogLevel)
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	return run(ctx, sc, log)
 }

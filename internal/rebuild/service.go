@@ -3,19 +3,21 @@ package rebuild
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"maps"
 
 	"golang.org/x/sync/errgroup"
 
 	"github.com/converge-sync/converge/internal/projector"
+	"github.com/converge-sync/converge/internal/service"
 )
 
 // RunService is a projector process whose projection can be rebuilt: it
 // opens the live generation of stores, runs the projector runtime over it
 // (see [projector.RunService]) with the generation's read routes and the
-// rebuild routes, and resumes or runs rebuilds, until ctx ends.
-func RunService(ctx context.Context, sc projector.ServiceConfig, stores Stores, log *slog.Logger) error {
+// rebuild routes, and resumes or runs rebuilds, until ctx ends; the
+// rebuilds and the runtime share deps.NATS.
+func RunService(ctx context.Context, sc projector.ServiceConfig, stores Stores, deps service.Deps) error {
+	log := deps.Log
 	live, err := stores.Live(ctx)
 	if err != nil {
 		return stopped(ctx, err)
@@ -32,16 +34,15 @@ func RunService(ctx context.Context, sc projector.ServiceConfig, stores Stores, 
 	if err != nil {
 		return err
 	}
-	nc, js, err := projector.Connect(sc.NATSURL, "converge-rebuild-"+sc.Runtime.Name)
+	js, err := deps.JetStream()
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
 	routes := sw.Routes()
 	maps.Copy(routes, m.Routes())
 	eg, ctx := errgroup.WithContext(ctx)
 	eg.Go(func() error { return m.Run(ctx, js) })
-	eg.Go(func() error { return projector.RunService(ctx, sc, sw, routes, log) })
+	eg.Go(func() error { return projector.RunService(ctx, sc, sw, routes, deps) })
 	return eg.Wait()
 }
 

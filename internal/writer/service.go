@@ -8,17 +8,16 @@ import (
 	"net"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/docstore"
 	"github.com/converge-sync/converge/internal/schema"
+	"github.com/converge-sync/converge/internal/service"
 	"github.com/converge-sync/converge/internal/telemetry"
 )
 
-// ServiceConfig wires the writer service.
+// ServiceConfig is the writer service's configuration.
 type ServiceConfig struct {
 	PostgresURL   string
 	NATSURL       string // empty: no ingest consumer
@@ -35,6 +34,23 @@ type ServiceConfig struct {
 	OnListen func(addr net.Addr)
 }
 
+// Defaults of the writer service.
+const (
+	DefaultMaxConns      = 16
+	DefaultShutdownGrace = 15 * time.Second
+)
+
+// withDefaults fills the settings left zero.
+func (c ServiceConfig) withDefaults() ServiceConfig {
+	if c.MaxConns <= 0 {
+		c.MaxConns = DefaultMaxConns
+	}
+	if c.ShutdownGrace <= 0 {
+		c.ShutdownGrace = DefaultShutdownGrace
+	}
+	return c
+}
+
 // Validate reports a configuration that cannot work.
 func (c ServiceConfig) Validate() error {
 	if c.PostgresURL == "" {
@@ -46,41 +62,67 @@ func (c ServiceConfig) Validate() error {
 	return c.Store.Validate()
 }
 
-// RunService runs the writer until ctx ends, then drains in-flight requests
-// and stops the ingest consumer.
+// Connections are Postgres, a pool of MaxConns, and NATS when ingest is
+// on.
+func (c ServiceConfig) Connections() service.Conns {
+	return service.Conns{Client: "converge-writer", PostgresURL: c.PostgresURL, NATSURL: c.NATSURL,
+		PostgresMaxConns: c.withDefaults().MaxConns}
+}
+
+// Flags binds the writer's settings to flags and their environment
+// variables; call the returned function after parsing.
+func Flags(f *config.Flags) func() (ServiceConfig, error) {
+	pg := f.String("postgres-url", config.EnvPostgresURL, "", "Postgres URL")
+	natsURL := f.String("nats-url", config.EnvNATSURL, "", "NATS URL; when set, documents are also consumed from converge.ingest.>")
+	httpAddr := f.String("http-addr", config.EnvHTTPAddr, "127.0.0.1:8080", "address of the document API")
+	metricsAddr := f.String("metrics-addr", config.EnvMetricsAddr, "127.0.0.1:9101", "address of /metrics, /healthz and /readyz (empty: off)")
+	maxConns := f.Int("max-conns", "CONVERGE_WRITER_MAX_CONNS", DefaultMaxConns, "Postgres connections")
+	batch := f.Int("batch-size", "CONVERGE_WRITER_BATCH_SIZE", 500, "NDJSON lines per transaction on POST /v1/documents:batch")
+	migrate := f.Bool("migrate", "CONVERGE_WRITER_MIGRATE", false, "apply pending schema migrations at start")
+	grace := f.Duration("shutdown-grace", "CONVERGE_SHUTDOWN_GRACE", 0, "how long in-flight requests may finish on shutdown (0: 15s)")
+	retention := f.Duration("outbox-retention", "CONVERGE_OUTBOX_RETENTION", 24*time.Hour, "delete outbox rows older than this (negative: never); the relay reads WAL, not the table")
+	return func() (ServiceConfig, error) {
+		if err := config.Require(*pg, "postgres-url", config.EnvPostgresURL); err != nil {
+			return ServiceConfig{}, err
+		}
+		c := ServiceConfig{PostgresURL: *pg, NATSURL: *natsURL, HTTPAddr: *httpAddr, MetricsAddr: *metricsAddr,
+			MaxConns: *maxConns, Migrate: *migrate, ShutdownGrace: *grace}
+		c.API.BatchSize = *batch
+		c.Retention.Retention = *retention
+		return c, nil
+	}
+}
+
+// RunService dials cfg's connections and runs the writer with them (see
+// [Run]).
 func RunService(ctx context.Context, cfg ServiceConfig, log *slog.Logger) error {
+	return service.Run(ctx, cfg, log, Run)
+}
+
+// Run runs the writer over deps.Postgres (and, with a NATS URL, the ingest
+// consumer over deps.NATS) until ctx ends, then drains in-flight requests
+// and stops the ingest consumer.
+func Run(ctx context.Context, cfg ServiceConfig, deps service.Deps) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	if cfg.ShutdownGrace <= 0 {
-		cfg.ShutdownGrace = 15 * time.Second
+	cfg = cfg.withDefaults()
+	log, pool := deps.Log, deps.Postgres
+	if pool == nil {
+		return errors.New("writer: no Postgres pool")
 	}
 	if cfg.Migrate {
-		st, err := schema.Up(ctx, cfg.PostgresURL)
+		st, err := schema.Up(ctx, pool.Config().ConnString())
 		if err != nil {
 			return err
 		}
 		log.Info("schema migrated", "version", st.Version)
 	}
-	pcfg, err := pgxpool.ParseConfig(cfg.PostgresURL)
-	if err != nil {
-		return fmt.Errorf("writer: postgres url: %w", err)
-	}
-	pcfg.MaxConns = int32(max(cfg.MaxConns, 1))
-	if cfg.MaxConns == 0 {
-		pcfg.MaxConns = 16
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return fmt.Errorf("writer: connect postgres: %w", err)
-	}
-	defer pool.Close()
 	store, err := docstore.New(pool, cfg.Store, log)
 	if err != nil {
 		return err
 	}
-	reg := telemetry.NewRegistry()
-	metrics := NewMetrics(reg)
+	metrics := NewMetrics(deps.Registry)
 	store.OnRetry(metrics.Retries.Inc)
 
 	checks := []telemetry.Check{
@@ -110,21 +152,12 @@ func RunService(ctx context.Context, cfg ServiceConfig, log *slog.Logger) error 
 
 	g, ctx := errgroup.WithContext(ctx)
 	if cfg.NATSURL != "" {
-		nc, err := nats.Connect(cfg.NATSURL, nats.Name("converge-writer"), nats.MaxReconnects(-1))
+		js, err := deps.JetStream()
 		if err != nil {
-			return fmt.Errorf("writer: connect nats: %w", err)
-		}
-		defer drain(nc, log)
-		js, err := jetstream.New(nc)
-		if err != nil {
+			_ = ln.Close()
 			return fmt.Errorf("writer: jetstream: %w", err)
 		}
-		checks = append(checks, telemetry.Check{Name: "nats", Func: func(context.Context) error {
-			if !nc.IsConnected() {
-				return fmt.Errorf("nats: %s", nc.Status())
-			}
-			return nil
-		}})
+		checks = append(checks, service.NATSCheck(deps.NATS))
 		ingest := NewIngest(js, store, cfg.Ingest, metrics, log.With("component", "ingest"))
 		g.Go(func() error { return ingest.Run(ctx) })
 	}
@@ -138,25 +171,9 @@ func RunService(ctx context.Context, cfg ServiceConfig, log *slog.Logger) error 
 	g.Go(func() error { return telemetry.ServeListener(ctx, ln, api, cfg.ShutdownGrace, log) })
 	if cfg.MetricsAddr != "" {
 		g.Go(func() error {
-			return telemetry.Serve(ctx, cfg.MetricsAddr, telemetry.Handler(reg, checks...), cfg.ShutdownGrace, nil)
+			return telemetry.Serve(ctx, cfg.MetricsAddr, telemetry.Handler(deps.Registry, checks...), cfg.ShutdownGrace, nil)
 		})
 	}
 	return g.Wait()
 }
 
-// drain lets the ingest consumer's last acknowledgements reach the server
-// before the connection closes, waiting a bounded time for it.
-func drain(nc *nats.Conn, log *slog.Logger) {
-	closed := make(chan struct{})
-	nc.SetClosedHandler(func(*nats.Conn) { close(closed) })
-	if err := nc.Drain(); err != nil {
-		nc.Close()
-		return
-	}
-	select {
-	case <-closed:
-	case <-time.After(10 * time.Second):
-		log.Warn("nats drain timed out")
-		nc.Close()
-	}
-}

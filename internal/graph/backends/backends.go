@@ -4,11 +4,11 @@ package backends
 
 import (
 	"context"
-	"log/slog"
 
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/rebuild"
+	"github.com/converge-sync/converge/internal/service"
 )
 
 // Env names of the graph settings.
@@ -43,23 +43,40 @@ func Flags(f *config.Flags) func() *Config {
 	}
 }
 
-// Run is the graph projector process: it opens the live generation of the
-// store, converges it to the stream with the projector runtime, rebuilds it
-// on request (see [rebuild]), and serves /metrics, /healthz, /readyz,
-// GET /v1/graph/{key}, verify's endpoints and /v1/admin/rebuild until ctx
-// ends.
-func Run(ctx context.Context, sc projector.ServiceConfig, c *Config, log *slog.Logger) error {
-	return rebuild.RunService(ctx, sc, NewStores(c, log), log)
+// ServiceConfig is the graph projector's configuration.
+type ServiceConfig struct {
+	Projector projector.ServiceConfig
+	Store     Config
 }
 
-// Main is the projector-graph command: flags, then Run until SIGINT or
-// SIGTERM. `converge projector-graph` runs the same.
-func Main(args []string) error {
-	return projector.Main(args, "projector-graph", "graph", "127.0.0.1:9104",
-		func(f *config.Flags) func(context.Context, projector.ServiceConfig, *slog.Logger) error {
-			store := Flags(f)
-			return func(ctx context.Context, sc projector.ServiceConfig, log *slog.Logger) error {
-				return Run(ctx, sc, store(), log)
-			}
-		})
+// DefaultMetricsAddr is the graph projector's default -metrics-addr.
+const DefaultMetricsAddr = "127.0.0.1:9104"
+
+// Validate reports a configuration that cannot work.
+func (c ServiceConfig) Validate() error { return c.Projector.Validate() }
+
+// Connections of the graph projector: NATS alone.
+func (c ServiceConfig) Connections() service.Conns { return c.Projector.Connections() }
+
+// ServiceFlags binds the graph projector's settings to flags and their
+// environment variables; call the returned function after parsing.
+func ServiceFlags(f *config.Flags) func() (ServiceConfig, error) {
+	sc := projector.ServiceFlags(f, "graph", DefaultMetricsAddr)
+	store := Flags(f)
+	return func() (ServiceConfig, error) {
+		p, err := sc()
+		if err != nil {
+			return ServiceConfig{}, err
+		}
+		return ServiceConfig{Projector: p, Store: *store()}, nil
+	}
+}
+
+// Run is the graph projector: it opens the live generation of the store
+// cfg.Store names, converges it to the stream with the projector runtime
+// over deps.NATS, rebuilds it on request (see [rebuild]), and serves
+// /metrics, /healthz, /readyz, GET /v1/graph/{key}, verify's endpoints and
+// /v1/admin/rebuild until ctx ends.
+func Run(ctx context.Context, cfg ServiceConfig, deps service.Deps) error {
+	return rebuild.RunService(ctx, cfg.Projector, NewStores(&cfg.Store, deps.Log), deps)
 }

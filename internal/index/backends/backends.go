@@ -6,13 +6,13 @@ package backends
 
 import (
 	"context"
-	"log/slog"
 
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/embed"
 	"github.com/converge-sync/converge/internal/index"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/rebuild"
+	"github.com/converge-sync/converge/internal/service"
 )
 
 // Env names of the index settings.
@@ -56,32 +56,48 @@ func Flags(f *config.Flags) func() *Config {
 	}
 }
 
-// Run is the index projector process: it opens the live generation of the
-// store, converges it to the stream with the projector runtime, rebuilds it
-// on request (see [rebuild]), and serves /metrics, /healthz, /readyz,
-// GET /v1/search, verify's endpoints and /v1/admin/rebuild until ctx ends.
-func Run(ctx context.Context, sc projector.ServiceConfig, c *Config, opts index.Options, log *slog.Logger) error {
-	stores, err := NewStores(ctx, c, opts, log)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil // stopped while starting
+// ServiceConfig is the index projector's configuration.
+type ServiceConfig struct {
+	Projector projector.ServiceConfig
+	Store     Config
+	Options   index.Options
+}
+
+// DefaultMetricsAddr is the index projector's default -metrics-addr.
+const DefaultMetricsAddr = "127.0.0.1:9103"
+
+// Validate reports a configuration that cannot work.
+func (c ServiceConfig) Validate() error { return c.Projector.Validate() }
+
+// Connections of the index projector: NATS alone.
+func (c ServiceConfig) Connections() service.Conns { return c.Projector.Connections() }
+
+// ServiceFlags binds the index projector's settings to flags and their
+// environment variables; call the returned function after parsing.
+func ServiceFlags(f *config.Flags) func() (ServiceConfig, error) {
+	sc := projector.ServiceFlags(f, "index", DefaultMetricsAddr)
+	reuse := f.Bool("reuse-vectors", "CONVERGE_INDEX_REUSE_VECTORS", false, "reuse the stored vectors of unchanged chunks (worth it with a remote embedder)")
+	store := Flags(f)
+	return func() (ServiceConfig, error) {
+		p, err := sc()
+		if err != nil {
+			return ServiceConfig{}, err
 		}
+		return ServiceConfig{Projector: p, Store: *store(), Options: index.Options{ReuseVectors: *reuse}}, nil
+	}
+}
+
+// Run is the index projector: it opens the live generation of the store
+// cfg.Store names, converges it to the stream with the projector runtime
+// over deps.NATS, rebuilds it on request (see [rebuild]), and serves
+// /metrics, /healthz, /readyz, GET /v1/search, verify's endpoints and
+// /v1/admin/rebuild until ctx ends.
+func Run(ctx context.Context, cfg ServiceConfig, deps service.Deps) error {
+	stores, err := NewStores(ctx, &cfg.Store, cfg.Options, deps.Log)
+	if err != nil {
 		return err
 	}
 	defer func() { _ = stores.Close() }()
-	log.Info("index", "embedder", stores.embedder.Name(), "dimension", stores.embedder.Dimension())
-	return rebuild.RunService(ctx, sc, stores, log)
-}
-
-// Main is the projector-index command: flags, then Run until SIGINT or
-// SIGTERM. `converge projector-index` runs the same.
-func Main(args []string) error {
-	return projector.Main(args, "projector-index", "index", "127.0.0.1:9103",
-		func(f *config.Flags) func(context.Context, projector.ServiceConfig, *slog.Logger) error {
-			reuse := f.Bool("reuse-vectors", "CONVERGE_INDEX_REUSE_VECTORS", false, "reuse the stored vectors of unchanged chunks (worth it with a remote embedder)")
-			store := Flags(f)
-			return func(ctx context.Context, sc projector.ServiceConfig, log *slog.Logger) error {
-				return Run(ctx, sc, store(), index.Options{ReuseVectors: *reuse}, log)
-			}
-		})
+	deps.Log.Info("index", "embedder", stores.embedder.Name(), "dimension", stores.embedder.Dimension())
+	return rebuild.RunService(ctx, cfg.Projector, stores, deps)
 }

@@ -1,0 +1,116 @@
+package proc
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func sh(t *testing.T) string {
+	p, err := exec.LookPath("sh")
+	if err != nil {
+		t.Skip("no sh")
+	}
+	return p
+}
+
+func TestStopIsCleanOnSIGTERM(t *testing.T) {
+	var out syncBuffer
+	c, err := Start(sh(t), []string{"-c", `trap 'echo bye; exit 0' TERM; echo up; while :; do sleep 0.05; done`}, Options{Out: &out, Env: []string{"X=1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the child to start", func() bool { return strings.Contains(out.String(), "up") })
+	if err := c.Stop(10 * time.Second); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	if !c.Exited() || !strings.Contains(out.String(), "bye") {
+		t.Fatalf("exited %v, output %q: want the TERM trap's line", c.Exited(), out.String())
+	}
+}
+
+func TestStopKillsAChildThatIgnoresSIGTERM(t *testing.T) {
+	var out syncBuffer
+	c, err := Start(sh(t), []string{"-c", `trap '' TERM; echo up; while :; do sleep 0.05; done`}, Options{Out: &out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the child to start", func() bool { return strings.Contains(out.String(), "up") })
+	if err := c.Stop(200 * time.Millisecond); !errors.Is(err, ErrKilled) {
+		t.Fatalf("Stop of a child ignoring SIGTERM: %v, want ErrKilled", err)
+	}
+	if !c.Exited() {
+		t.Fatal("not reaped")
+	}
+}
+
+// state is the process state letter of pid from /proc ("T": stopped).
+func state(t *testing.T, pid int) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		t.Skip("no /proc")
+	}
+	// pid (comm) STATE ...: comm may hold spaces, so read after its ')'.
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	return f[0]
+}
+
+func TestPauseStopsTheChildUntilResume(t *testing.T) {
+	var out syncBuffer
+	c, err := Start(sh(t), []string{"-c", `i=0; while :; do i=$((i+1)); echo $i; sleep 0.02; done`}, Options{Out: &out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Kill()
+	waitFor(t, "output", func() bool { return strings.Count(out.String(), "\n") >= 3 })
+	c.Pause()
+	waitFor(t, "the kernel to stop the child", func() bool { return state(t, c.Pid()) == "T" })
+	before := out.String()
+	c.Resume()
+	waitFor(t, "the child to run and write again", func() bool { return state(t, c.Pid()) != "T" && out.String() != before })
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited 10s for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestKillEndsAndReaps(t *testing.T) {
+	c, err := Start(sh(t), []string{"-c", "sleep 60"}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Kill()
+	if !c.Exited() || c.Err() == nil {
+		t.Fatalf("after Kill: exited %v, err %v", c.Exited(), c.Err())
+	}
+}

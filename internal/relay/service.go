@@ -1,0 +1,118 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/converge-sync/converge/internal/config"
+	"github.com/converge-sync/converge/internal/service"
+	"github.com/converge-sync/converge/internal/telemetry"
+)
+
+// ServiceConfig is the relay service's configuration: the relay's own
+// settings, NATS, and what the process serves.
+type ServiceConfig struct {
+	Relay       Config
+	NATSURL     string
+	MetricsAddr string // /metrics, /healthz and /readyz; empty: off
+	// GOGC and MemoryLimit tune the process's collector (see [TuneGC]);
+	// 0 leaves the runtime's settings alone, as `converge dev` does, where
+	// the relay shares its process with the other services.
+	GOGC        int
+	MemoryLimit int64
+	// OnStart, when set, is called with the relay once it is made, before
+	// it runs: a caller in the same process can watch [Relay.Active].
+	OnStart func(*Relay)
+}
+
+// Validate reports a configuration that cannot work.
+func (c ServiceConfig) Validate() error {
+	if c.NATSURL == "" {
+		return errors.New("relay: a NATS URL is required")
+	}
+	return c.Relay.Validate()
+}
+
+// Connections are NATS, and a Postgres pool for the readiness check (the
+// replication connection is the relay's own, from Relay.PostgresURL).
+func (c ServiceConfig) Connections() service.Conns {
+	return service.Conns{Client: "converge-relay", NATSURL: c.NATSURL, PostgresURL: c.Relay.PostgresURL, PostgresMaxConns: 2}
+}
+
+// Flags binds the relay's settings to flags and their environment
+// variables; call the returned function after parsing.
+func Flags(f *config.Flags) func() (ServiceConfig, error) {
+	pg := f.String("postgres-url", config.EnvPostgresURL, "", "Postgres URL (a replication connection is derived from it)")
+	natsURL := f.String("nats-url", config.EnvNATSURL, "", "NATS URL")
+	metricsAddr := f.String("metrics-addr", config.EnvMetricsAddr, "127.0.0.1:9102", "address of /metrics, /healthz and /readyz (empty: off)")
+	slot := f.String("slot", "CONVERGE_RELAY_SLOT", "converge_relay", "logical replication slot")
+	window := f.Int("window", "CONVERGE_RELAY_WINDOW", 4096, "publishes awaiting acknowledgement at most")
+	windowBytes := f.Int("window-bytes", "CONVERGE_RELAY_WINDOW_BYTES", 32<<20, "payload bytes awaiting acknowledgement at most")
+	ackTimeout := f.Duration("ack-timeout", "CONVERGE_RELAY_ACK_TIMEOUT", 30*time.Second, "how long a publish may await its acknowledgement before the session resumes from the confirmed position")
+	heartbeat := f.Duration("heartbeat", "CONVERGE_RELAY_HEARTBEAT", 10*time.Second, "interval of the logical heartbeat that advances an idle slot (negative: off)")
+	standby := f.Duration("standby-retry", "CONVERGE_RELAY_STANDBY_RETRY", 2*time.Second, "how often a standby retries the slot, and the delay before reconnecting after an error")
+	lagAlarm := f.Int("lag-alarm-bytes", "CONVERGE_RELAY_LAG_ALARM_BYTES", 1<<30, "log an alarm while the slot's lag exceeds this")
+	storage := f.String("stream-storage", "CONVERGE_STREAM_STORAGE", "file", "stream storage: file or memory")
+	replicas := f.Int("stream-replicas", "CONVERGE_STREAM_REPLICAS", 1, "stream replicas")
+	dupes := f.Duration("stream-duplicates", "CONVERGE_STREAM_DUPLICATE_WINDOW", 10*time.Minute, "duplicate window; must exceed the longest relay outage plus catch-up")
+	perSubject := f.Int("stream-history", "CONVERGE_STREAM_HISTORY", 4, "events kept per document (-1: all)")
+	gogc := f.Int("gogc", "CONVERGE_RELAY_GOGC", 300, "garbage collector target percentage (GOGC); the memory limit below bounds the heap")
+	memLimit := f.Int("memory-limit-mib", "CONVERGE_RELAY_MEMORY_LIMIT_MIB", 48, "soft heap limit in MiB (GOMEMLIMIT)")
+	return func() (ServiceConfig, error) {
+		for _, req := range [][3]string{{*pg, "postgres-url", config.EnvPostgresURL}, {*natsURL, "nats-url", config.EnvNATSURL}} {
+			if err := config.Require(req[0], req[1], req[2]); err != nil {
+				return ServiceConfig{}, err
+			}
+		}
+		c := ServiceConfig{NATSURL: *natsURL, MetricsAddr: *metricsAddr, GOGC: *gogc, MemoryLimit: int64(*memLimit) << 20}
+		switch *storage {
+		case "file":
+			c.Relay.Stream.Storage = jetstream.FileStorage
+		case "memory":
+			c.Relay.Stream.Storage = jetstream.MemoryStorage
+		default:
+			return ServiceConfig{}, fmt.Errorf("-stream-storage must be file or memory, got %q", *storage)
+		}
+		r := &c.Relay
+		r.PostgresURL, r.Slot, r.Window, r.WindowBytes, r.AckTimeout = *pg, *slot, *window, *windowBytes, *ackTimeout
+		r.HeartbeatInterval, r.StandbyRetry, r.LagAlarmBytes = *heartbeat, *standby, int64(*lagAlarm)
+		r.Stream.Replicas, r.Stream.Duplicates, r.Stream.MaxMsgsPerSubject = *replicas, *dupes, int64(*perSubject)
+		return c, nil
+	}
+}
+
+// Run runs a relay over deps.NATS until ctx ends (see [Relay.Run]),
+// serving /metrics, /healthz and /readyz on cfg.MetricsAddr.
+func Run(ctx context.Context, cfg ServiceConfig, deps service.Deps) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if deps.NATS == nil {
+		return errors.New("relay: no NATS connection")
+	}
+	TuneGC(cfg.GOGC, cfg.MemoryLimit)
+	r, err := New(deps.NATS, cfg.Relay, NewMetrics(deps.Registry), deps.Log)
+	if err != nil {
+		return err
+	}
+	if cfg.OnStart != nil {
+		cfg.OnStart(r)
+	}
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return r.Run(ctx) })
+	if cfg.MetricsAddr != "" {
+		checks := []telemetry.Check{service.NATSCheck(deps.NATS)}
+		if deps.Postgres != nil {
+			checks = append(checks, telemetry.Check{Name: "postgres", Func: deps.Postgres.Ping})
+		}
+		g.Go(func() error {
+			return telemetry.Serve(ctx, cfg.MetricsAddr, telemetry.Handler(deps.Registry, checks...), 5*time.Second, nil)
+		})
+	}
+	return g.Wait()
+}
