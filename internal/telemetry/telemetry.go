@@ -1,6 +1,8 @@
 // Package telemetry serves each converge service's operational endpoints:
 // /metrics (Prometheus), /healthz (the process is alive) and /readyz (its
-// dependencies answer, checked on each request).
+// dependencies answer, checked on each request). [Scrape] reads a /metrics
+// endpoint back, for the CLI, tests and benchmarks, with Prometheus's own
+// text parser rather than by hand.
 package telemetry
 
 import (
