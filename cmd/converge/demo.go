@@ -22,8 +22,10 @@ import (
 
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/graph/neo4j"
+	"github.com/converge-sync/converge/internal/telemetry"
 	"github.com/converge-sync/converge/internal/verify"
 	"github.com/converge-sync/converge/internal/verify/postgres"
+	"github.com/converge-sync/converge/pkg/contract"
 )
 
 // demo runs the pipeline on embedded defaults, loads a sample corpus,
@@ -95,9 +97,9 @@ func demo(ctx context.Context, args []string, out io.Writer) error {
 	}
 
 	d.step("redelivering every event to both projectors: converge replay index --from-seq 1; converge replay graph --from-seq 1")
-	before := d.skipped()
+	before := d.skipped(ctx)
 	for _, name := range []string{"index", "graph"} {
-		pending, err := replayConsumer(ctx, d.js, "CONVERGE_DOCS", name, 1, time.Time{})
+		pending, err := replayConsumer(ctx, d.js, contract.DocsStream, name, 1, time.Time{})
 		if err != nil {
 			return err
 		}
@@ -106,7 +108,7 @@ func demo(ctx context.Context, args []string, out io.Writer) error {
 	if err := d.caughtUp(ctx); err != nil {
 		return err
 	}
-	d.redelivered = d.skipped() - before
+	d.redelivered = d.skipped(ctx) - before
 	d.note("%d events redelivered and recognised as already applied (version markers); nothing written twice", int(d.redelivered))
 	if err := d.converge(ctx, "after redelivery"); err != nil {
 		return err
@@ -277,7 +279,7 @@ func (d *demoRun) caughtUp(ctx context.Context) error {
 	deadline := time.Now().Add(2 * time.Minute)
 	for _, name := range []string{"index", "graph"} {
 		for {
-			c, err := d.js.Consumer(ctx, "CONVERGE_DOCS", name)
+			c, err := d.js.Consumer(ctx, contract.DocsStream, name)
 			if err == nil {
 				if info, err := c.Info(ctx); err == nil && info.NumPending == 0 && info.NumAckPending == 0 && info.Delivered.Consumer > 0 {
 					break
@@ -293,24 +295,14 @@ func (d *demoRun) caughtUp(ctx context.Context) error {
 }
 
 // skipped sums the projectors' converge_projector_events_total{result="skipped"}.
-func (d *demoRun) skipped() float64 {
+func (d *demoRun) skipped(ctx context.Context) float64 {
 	var total float64
 	for _, addr := range []string{d.stack.cfg.indexAddr, d.stack.cfg.graphAddr} {
-		resp, err := http.Get("http://" + addr + "/metrics")
+		m, err := telemetry.Scrape(ctx, "http://"+addr+"/metrics")
 		if err != nil {
 			continue
 		}
-		sc := bufio.NewScanner(resp.Body)
-		for sc.Scan() {
-			line := sc.Text()
-			if strings.HasPrefix(line, "converge_projector_events_total{") && strings.Contains(line, `result="skipped"`) {
-				var v float64
-				if _, err := fmt.Sscanf(line[strings.LastIndexByte(line, ' ')+1:], "%g", &v); err == nil {
-					total += v
-				}
-			}
-		}
-		_ = resp.Body.Close()
+		total += m.Sum("converge_projector_events_total", telemetry.Labels{"result": "skipped"})
 	}
 	return total
 }
@@ -320,7 +312,7 @@ func (d *demoRun) report(ctx context.Context, rep verifyReport) {
 	_ = d.pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE deleted), coalesce(sum(chunk_count), 0), coalesce(sum(cardinality(links)), 0) FROM documents`).
 		Scan(&docs, &withdrawn, &chunks, &links)
 	var events uint64
-	if s, err := d.js.Stream(ctx, "CONVERGE_DOCS"); err == nil {
+	if s, err := d.js.Stream(ctx, contract.DocsStream); err == nil {
 		if info, err := s.Info(ctx); err == nil {
 			events = info.State.Msgs
 		}
