@@ -1,0 +1,129 @@
+package rebuild
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/converge-sync/converge/internal/httpjson"
+)
+
+// Client asks a projector process for rebuilds over HTTP, at its metrics
+// address ([AdminPath], served by [Manager.Routes]).
+type Client struct {
+	Addr string // host:port
+	// HTTP defaults to a client with a 30-second timeout: each request
+	// answers at once, a rebuild is followed by polling.
+	HTTP *http.Client
+}
+
+// APIError is an answer of the admin API other than 200 or 202.
+type APIError struct {
+	URL        string
+	StatusCode int
+	Code       string // "rebuild_unavailable"; "" when the body was no error of the API
+	Message    string
+}
+
+func (e *APIError) Error() string {
+	if e.Code == "" {
+		return fmt.Sprintf("projector at %s: %d %s", e.URL, e.StatusCode, http.StatusText(e.StatusCode))
+	}
+	return fmt.Sprintf("projector at %s: %s: %s", e.URL, e.Code, e.Message)
+}
+
+// Start starts a rebuild, or joins the one in progress: started says which.
+func (c *Client) Start(ctx context.Context) (st Status, started bool, err error) {
+	st, code, err := c.do(ctx, http.MethodPost)
+	return st, code == http.StatusAccepted, err
+}
+
+// Status reports the rebuild in progress, or the last one.
+func (c *Client) Status(ctx context.Context) (Status, error) {
+	st, _, err := c.do(ctx, http.MethodGet)
+	return st, err
+}
+
+// Wait polls the status of rebuild id every interval until it is done,
+// calling progress, if not nil, with each status read or error met. A
+// failed poll is asked again (the projector may be restarting: it resumes
+// the rebuild); a projector that restarted with no rebuild state left has
+// finished it, since that state is deleted last. Another rebuild reported
+// in its place is an error.
+func (c *Client) Wait(ctx context.Context, id string, interval time.Duration, progress func(Status, error)) (Status, error) {
+	if progress == nil {
+		progress = func(Status, error) {}
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	var st Status
+	for {
+		select {
+		case <-ctx.Done():
+			return st, fmt.Errorf("stopped waiting for rebuild %s (it goes on in the projector; see GET %s): %w", id, c.url(), ctx.Err())
+		case <-t.C:
+		}
+		next, err := c.Status(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				progress(st, err)
+			}
+			continue
+		}
+		st = next
+		if st.Phase == PhaseStarting {
+			continue
+		}
+		if st.ID != id && st.ID != "" {
+			return st, fmt.Errorf("the projector reports rebuild %s, not %s", st.ID, id)
+		}
+		if st.Phase == PhaseIdle && st.ID == "" {
+			st.ID, st.Phase = id, PhaseDone
+		}
+		progress(st, nil)
+		if st.Phase == PhaseDone {
+			return st, nil
+		}
+	}
+}
+
+func (c *Client) url() string { return "http://" + c.Addr + AdminPath }
+
+func (c *Client) do(ctx context.Context, method string) (Status, int, error) {
+	var st Status
+	hc := c.HTTP
+	if hc == nil {
+		hc = &http.Client{Timeout: 30 * time.Second}
+	}
+	u := c.url()
+	req, err := http.NewRequestWithContext(ctx, method, u, http.NoBody)
+	if err != nil {
+		return st, 0, err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return st, 0, fmt.Errorf("projector at %s: %w", u, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return st, resp.StatusCode, fmt.Errorf("projector at %s: %w", u, err)
+	}
+	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusAccepted {
+		e := &APIError{URL: u, StatusCode: resp.StatusCode}
+		var answer struct {
+			Error httpjson.ErrorBody `json:"error"`
+		}
+		if json.Unmarshal(body, &answer) == nil && answer.Error.Code != "" {
+			e.Code, e.Message = answer.Error.Code, answer.Error.Message
+		}
+		return st, resp.StatusCode, e
+	}
+	if err := json.Unmarshal(body, &st); err != nil {
+		return st, resp.StatusCode, fmt.Errorf("projector at %s: malformed status: %w", u, err)
+	}
+	return st, resp.StatusCode, nil
+}
