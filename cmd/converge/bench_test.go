@@ -43,6 +43,7 @@ import (
 	"github.com/converge-sync/converge/internal/projector"
 	rebuildpkg "github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/relay"
+	"github.com/converge-sync/converge/internal/telemetry"
 	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/internal/verify"
 	"github.com/converge-sync/converge/internal/verify/postgres"
@@ -332,8 +333,14 @@ func (s *benchStack) startServices(ctx context.Context, bin string) error {
 		s.services = append(s.services, c)
 	}
 	relayActive := func() bool {
-		text, err := getText("http://" + cfg.relayAddr + "/metrics")
-		return err == nil && strings.Contains(text, "\nconverge_relay_active 1\n")
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		m, err := telemetry.Scrape(sctx, "http://"+cfg.relayAddr+"/metrics")
+		if err != nil {
+			return false
+		}
+		active, err := m.Value("converge_relay_active", nil)
+		return err == nil && active == 1
 	}
 	for _, w := range []struct {
 		what  string
@@ -365,18 +372,6 @@ func (s *benchStack) exited() (string, *proc.Child) {
 		}
 	}
 	return "", nil
-}
-
-// getText GETs u and returns the body.
-func getText(u string) (string, error) {
-	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get(u)
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	var text bytes.Buffer
-	_, err = text.ReadFrom(resp.Body)
-	return text.String(), err
 }
 
 func (s *benchStack) close(b *testing.B) {
@@ -806,85 +801,48 @@ type projectorMetrics struct {
 
 func scrapeProjector(b *testing.B, addr string) projectorMetrics {
 	b.Helper()
-	text := scrapeMetrics(b, addr)
-	var m projectorMetrics
+	m := scrapeMetrics(b, addr)
+	var pm projectorMetrics
 	var err error
-	if m.latency, err = parseHistogram(text, commitToApplied); err != nil {
+	if pm.latency, err = histogramOf(m, commitToApplied); err != nil {
 		b.Fatalf("metrics of %s: %v", addr, err)
 	}
-	if m.batches, err = parseHistogram(text, "converge_projector_batch_seconds"); err != nil {
+	if pm.batches, err = histogramOf(m, "converge_projector_batch_seconds"); err != nil {
 		b.Fatalf("metrics of %s: %v", addr, err)
 	}
-	for line := range strings.Lines(text) {
-		if strings.HasPrefix(line, "converge_projector_events_total") {
-			v, err := strconv.ParseFloat(strings.TrimSpace(line[strings.LastIndexByte(line, ' ')+1:]), 64)
-			if err != nil {
-				b.Fatalf("metrics of %s: %q: %v", addr, line, err)
-			}
-			m.events += v
-		}
-	}
-	return m
+	pm.events = m.Sum("converge_projector_events_total", nil)
+	return pm
 }
 
 // scrapeRelay reads the relay's commit -> acknowledged histogram.
 func (s *benchStack) scrapeRelay(b *testing.B) histogram {
 	b.Helper()
-	h, err := parseHistogram(scrapeMetrics(b, s.dev.cfg.relayAddr), "converge_relay_commit_to_ack_seconds")
+	h, err := histogramOf(scrapeMetrics(b, s.dev.cfg.relayAddr), "converge_relay_commit_to_ack_seconds")
 	if err != nil {
 		b.Fatalf("metrics of the relay: %v", err)
 	}
 	return h
 }
 
-func scrapeMetrics(b *testing.B, addr string) string {
+func scrapeMetrics(b *testing.B, addr string) telemetry.Metrics {
 	b.Helper()
-	text, err := getText("http://" + addr + "/metrics")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	m, err := telemetry.Scrape(ctx, "http://"+addr+"/metrics")
 	if err != nil {
 		b.Fatal(err)
 	}
-	return text
+	return m
 }
 
-// parseHistogram reads the histogram name from a text exposition. A
-// projector exports one series of it (its name is a constant label), so
-// every bucket line of name belongs to it.
-func parseHistogram(text, name string) (histogram, error) {
-	var h histogram
-	for line := range strings.Lines(text) {
-		line = strings.TrimSpace(line)
-		sp := strings.LastIndexByte(line, ' ')
-		if sp < 0 || !strings.HasPrefix(line, name+"_") {
-			continue
-		}
-		v, err := strconv.ParseFloat(line[sp+1:], 64)
-		if err != nil {
-			return h, fmt.Errorf("%q: %w", line, err)
-		}
-		series := line[len(name)+1 : sp]
-		switch {
-		case strings.HasPrefix(series, "bucket"):
-			_, le, ok := strings.Cut(series, `le="`)
-			if !ok {
-				return h, fmt.Errorf("a bucket without le: %q", line)
-			}
-			le, _, _ = strings.Cut(le, `"`)
-			bound, err := strconv.ParseFloat(le, 64) // "+Inf" parses as +Inf
-			if err != nil {
-				return h, fmt.Errorf("le %q: %w", le, err)
-			}
-			h.bounds = append(h.bounds, bound)
-			h.cumulative = append(h.cumulative, v)
-		case strings.HasPrefix(series, "sum"):
-			h.sum = v
-		case strings.HasPrefix(series, "count"):
-			h.count = v
-		}
+// histogramOf reads the histogram name of a scrape. A projector exports
+// one series of it (its name is a constant label), and so does the relay.
+func histogramOf(m telemetry.Metrics, name string) (histogram, error) {
+	h, err := m.Histogram(name, nil)
+	if err != nil {
+		return histogram{}, err
 	}
-	if len(h.bounds) == 0 || !math.IsInf(h.bounds[len(h.bounds)-1], 1) {
-		return h, fmt.Errorf("no histogram %s", name)
-	}
-	return h, nil
+	return histogram{bounds: h.Bounds, cumulative: h.Cumulative, count: h.Count, sum: h.Sum}, nil
 }
 
 // minus is the histogram of the observations made between o and h.
@@ -1340,8 +1298,12 @@ func TestBenchHistogram(t *testing.T) {
 		t.Error("subtracting histograms of other buckets must fail")
 	}
 	text := "# TYPE x histogram\nx_bucket{projector=\"index\",le=\"0.001\"} 3\nx_bucket{projector=\"index\",le=\"+Inf\"} 4\nx_sum{projector=\"index\"} 0.5\nx_count{projector=\"index\"} 4\nxy_total 9\n"
-	p, err := parseHistogram(text, "x")
+	m, err := telemetry.Parse(strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := histogramOf(m, "x")
 	if err != nil || !slices.Equal(p.bounds, []float64{0.001, inf}) || !slices.Equal(p.cumulative, []float64{3, 4}) || p.sum != 0.5 || p.count != 4 {
-		t.Errorf("parseHistogram = %+v, %v", p, err)
+		t.Errorf("histogramOf = %+v, %v", p, err)
 	}
 }
