@@ -38,8 +38,19 @@ func TestEndpoints(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
-	if code, b := body("/metrics"); code != 200 || !strings.Contains(b, "converge_test_total 3") || !strings.Contains(b, "go_goroutines") {
+	code, b := body("/metrics")
+	if code != 200 {
 		t.Fatalf("/metrics: %d", code)
+	}
+	m, err := telemetry.Parse(strings.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, err := m.Value("converge_test_total", nil); err != nil || v != 3 {
+		t.Errorf("converge_test_total = %v, %v; want 3", v, err)
+	}
+	if _, err := m.Value("go_goroutines", nil); err != nil {
+		t.Errorf("the Go runtime's metrics: %v", err)
 	}
 	if code, _ := body("/healthz"); code != 200 {
 		t.Fatalf("/healthz: %d", code)
