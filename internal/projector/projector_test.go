@@ -482,7 +482,12 @@ func TestDeadLetterPublishFailureRedelivers(t *testing.T) {
 	e.publish(t, upsert("good", 1))
 	testenv.Eventually(t, "the event after the poison to be applied while its dead letter cannot be stored", 10*time.Second,
 		func() bool { return store.version("good") == 1 })
-	time.Sleep(200 * time.Millisecond) // several redeliveries of the poison
+	// The poison (stream seq 1) delivered again and still not acknowledged:
+	// its dead letter failed, was not counted, and left it for redelivery.
+	// (Each failed publish takes a few hundred ms: the client retries when
+	// no stream answers.)
+	testenv.WaitConsumer(t, e.js, contract.DocsStream, "idx", "the poison to be redelivered", 10*time.Second,
+		func(info *jetstream.ConsumerInfo) bool { return info.Delivered.Consumer >= 2+1 && info.AckFloor.Stream == 0 })
 	if n := testutil.ToFloat64(metrics.DeadLetters.WithLabelValues("undecodable")); n != 0 {
 		t.Fatalf("%v dead letters counted while the dead-letter stream was missing", n)
 	}
@@ -491,7 +496,10 @@ func TestDeadLetterPublishFailureRedelivers(t *testing.T) {
 	}
 	testenv.Eventually(t, "the poison to be dead-lettered once the stream is back", 10*time.Second,
 		func() bool { return len(deadLetters(t, e, "idx")) > 0 })
-	time.Sleep(200 * time.Millisecond)
+	// Both messages acknowledged, none awaiting an ack: the poison cannot
+	// be delivered, nor dead-lettered, again.
+	testenv.WaitConsumer(t, e.js, contract.DocsStream, "idx", "both messages to be acknowledged", 10*time.Second,
+		func(info *jetstream.ConsumerInfo) bool { return info.AckFloor.Stream >= 2 && info.NumAckPending == 0 })
 	if n := len(deadLetters(t, e, "idx")); n != 1 {
 		t.Fatalf("%d dead letters, want 1", n)
 	}
