@@ -1,0 +1,91 @@
+package graph
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/converge-sync/converge/internal/httpjson"
+)
+
+// DocumentPath is the prefix of the path of GET /v1/graph/{key}, served by
+// [DocumentHandler].
+const DocumentPath = "/v1/graph/"
+
+// ErrNoDocument is matched by the [*APIError] of a document the graph has
+// no node for.
+var ErrNoDocument = errors.New("graph: no such document")
+
+// Client reads what the graph holds about documents through the graph
+// projector over HTTP, at its metrics address.
+type Client struct {
+	Addr string // host:port
+	// HTTP defaults to a client with a 30-second timeout.
+	HTTP *http.Client
+}
+
+// APIError is an answer of the graph's read API other than 200.
+type APIError struct {
+	Addr       string
+	StatusCode int
+	Code       string // "not_found", "missing_key", "graph_unavailable"; "" when the body was no error of the API
+	Message    string
+}
+
+func (e *APIError) Error() string {
+	if e.Code == "" {
+		return fmt.Sprintf("the graph projector at %s: %d %s: %s", e.Addr, e.StatusCode, http.StatusText(e.StatusCode), e.Message)
+	}
+	return fmt.Sprintf("the graph projector at %s: %d %s: %s (%s)", e.Addr, e.StatusCode, http.StatusText(e.StatusCode), e.Message, e.Code)
+}
+
+// Is makes errors.Is(err, ErrNoDocument) true for a 404 not_found.
+func (e *APIError) Is(target error) bool {
+	return target == ErrNoDocument && e.StatusCode == http.StatusNotFound && e.Code == "not_found"
+}
+
+// Document returns what the graph holds about the document key: its node
+// (a stub when it is only linked to), chunks, links out and in, and tags.
+func (c *Client) Document(ctx context.Context, key string) (DocumentJSON, error) {
+	var out DocumentJSON
+	hc := c.HTTP
+	if hc == nil {
+		hc = &http.Client{Timeout: 30 * time.Second}
+	}
+	// The key's slashes stay path separators: the route takes the rest of
+	// the path.
+	u := url.URL{Scheme: "http", Host: c.Addr, Path: DocumentPath + key}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return out, err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return out, fmt.Errorf("the graph projector at %s does not answer: %w", c.Addr, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return out, fmt.Errorf("the graph projector at %s: %w", c.Addr, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		e := &APIError{Addr: c.Addr, StatusCode: resp.StatusCode, Message: strings.TrimSpace(string(body[:min(len(body), 512)]))}
+		var answer struct {
+			Error httpjson.ErrorBody `json:"error"`
+		}
+		if json.Unmarshal(body, &answer) == nil && answer.Error.Code != "" {
+			e.Code, e.Message = answer.Error.Code, answer.Error.Message
+		}
+		return out, e
+	}
+	if err := json.Unmarshal(body, &out); err != nil {
+		return out, fmt.Errorf("the graph projector at %s: unreadable answer: %w", c.Addr, err)
+	}
+	return out, nil
+}

@@ -1,0 +1,85 @@
+package index
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/converge-sync/converge/internal/httpjson"
+)
+
+// SearchPath is where the index projector serves [SearchHandler].
+const SearchPath = "/v1/search"
+
+// SearchResponse is the answer of GET /v1/search.
+type SearchResponse struct {
+	Results []SearchResult `json:"results"`
+}
+
+// Client searches the index through the index projector over HTTP, at its
+// metrics address: the query is embedded there, with the index's own
+// embedder.
+type Client struct {
+	Addr string // host:port
+	// HTTP defaults to a client with a 30-second timeout.
+	HTTP *http.Client
+}
+
+// APIError is an answer of the search API other than 200.
+type APIError struct {
+	Addr       string
+	StatusCode int
+	Code       string // "missing_query", "invalid_k", "search_failed"; "" when the body was no error of the API
+	Message    string
+}
+
+func (e *APIError) Error() string {
+	if e.Code == "" {
+		return fmt.Sprintf("the index projector at %s: %d %s: %s", e.Addr, e.StatusCode, http.StatusText(e.StatusCode), e.Message)
+	}
+	return fmt.Sprintf("the index projector at %s: %d %s: %s (%s)", e.Addr, e.StatusCode, http.StatusText(e.StatusCode), e.Message, e.Code)
+}
+
+// Search returns the k chunks nearest to query (1 <= k <= [MaxSearchK]),
+// nearest first.
+func (c *Client) Search(ctx context.Context, query string, k int) (SearchResponse, error) {
+	var out SearchResponse
+	hc := c.HTTP
+	if hc == nil {
+		hc = &http.Client{Timeout: 30 * time.Second}
+	}
+	u := url.URL{Scheme: "http", Host: c.Addr, Path: SearchPath, RawQuery: url.Values{"q": {query}, "k": {strconv.Itoa(k)}}.Encode()}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return out, err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return out, fmt.Errorf("the index projector at %s does not answer: %w", c.Addr, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return out, fmt.Errorf("the index projector at %s: %w", c.Addr, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		e := &APIError{Addr: c.Addr, StatusCode: resp.StatusCode, Message: strings.TrimSpace(string(body[:min(len(body), 512)]))}
+		var answer struct {
+			Error httpjson.ErrorBody `json:"error"`
+		}
+		if json.Unmarshal(body, &answer) == nil && answer.Error.Code != "" {
+			e.Code, e.Message = answer.Error.Code, answer.Error.Message
+		}
+		return out, e
+	}
+	if err := json.Unmarshal(body, &out); err != nil {
+		return out, fmt.Errorf("the index projector at %s: unreadable answer: %w", c.Addr, err)
+	}
+	return out, nil
+}
