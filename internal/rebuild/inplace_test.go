@@ -3,6 +3,7 @@ package rebuild
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -21,18 +22,23 @@ type liveKey struct{}
 // the rebuild (the rebuild in place of a real Neo4j is tested in
 // internal/graph/backends).
 type recStore struct {
-	mu         sync.Mutex
-	versions   map[string]int64
-	wipes      int
-	rebuilding bool // from the wipe to the activation
-	liveWrites int  // writes of the live runtime while rebuilding
+	mu       sync.Mutex
+	versions map[string]int64
+	wipes    int
+	calls    int   // Apply calls so far
+	wipedAt  int   // calls when the last wipe came
+	lastFill int   // the last call of the rebuild runtime
+	live     []int // the calls of the live runtime
 }
 
 func (s *recStore) Apply(ctx context.Context, events []*contract.Event) []projector.Result {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if ctx.Value(liveKey{}) != nil && s.rebuilding {
-		s.liveWrites++
+	s.calls++
+	if ctx.Value(liveKey{}) != nil {
+		s.live = append(s.live, s.calls)
+	} else {
+		s.lastFill = s.calls
 	}
 	out := make([]projector.Result, len(events))
 	for i, ev := range events {
@@ -45,30 +51,33 @@ func (s *recStore) Apply(ctx context.Context, events []*contract.Event) []projec
 	return out
 }
 
+// liveWritesDuringRebuild counts the live runtime's calls between the wipe
+// and the rebuild runtime's last call.
+func (s *recStore) liveWritesDuringRebuild() int {
+	n := 0
+	for _, c := range s.live {
+		if c > s.wipedAt && c < s.lastFill {
+			n++
+		}
+	}
+	return n
+}
+
 type inPlaceStores struct{ store *recStore }
+
+var _ InPlace = (*inPlaceStores)(nil)
 
 func (f *inPlaceStores) Live(context.Context) (string, error) { return "db", nil }
 func (f *inPlaceStores) Open(_ context.Context, name string) (*Generation, error) {
 	return &Generation{Name: name, Store: f.store}, nil
 }
-func (f *inPlaceStores) Fresh() string { return "" }
-func (f *inPlaceStores) InPlace() bool { return true }
 func (f *inPlaceStores) Wipe(context.Context, *Generation) error {
 	f.store.mu.Lock()
 	defer f.store.mu.Unlock()
 	f.store.versions = map[string]int64{}
 	f.store.wipes++
-	f.store.rebuilding = true
+	f.store.wipedAt = f.store.calls
 	return nil
-}
-func (f *inPlaceStores) Activate(context.Context, string) error {
-	f.store.mu.Lock()
-	defer f.store.mu.Unlock()
-	f.store.rebuilding = false
-	return nil
-}
-func (f *inPlaceStores) Drop(context.Context, string) error {
-	return fmt.Errorf("an in-place store is never dropped")
 }
 func (f *inPlaceStores) Describe(name string) string { return "test store " + name }
 
@@ -156,7 +165,56 @@ func TestInPlaceRebuild(t *testing.T) {
 	if store.wipes != 1 {
 		t.Errorf("%d wipes; want 1", store.wipes)
 	}
-	if store.liveWrites != 0 {
-		t.Errorf("the live runtime wrote %d times between the wipe and the end of the rebuild; want 0 (one writer)", store.liveWrites)
+	if store.lastFill <= store.wipedAt {
+		t.Errorf("the rebuild runtime made no call after the wipe (call %d); the last was call %d", store.wipedAt, store.lastFill)
+	}
+	if n := store.liveWritesDuringRebuild(); n != 0 {
+		t.Errorf("the live runtime wrote %d times between the wipe and the rebuild runtime's last write; want 0 (one writer)", n)
+	}
+}
+
+// bothStores are stores that claim both ways of rebuilding.
+type bothStores struct{ *inPlaceStores }
+
+func (bothStores) Fresh() string                          { return "fresh" }
+func (bothStores) Activate(context.Context, string) error { return nil }
+func (bothStores) Drop(context.Context, string) error     { return nil }
+
+// neitherStores are stores with no way of rebuilding.
+type neitherStores struct{ Stores }
+
+// A manager rebuilds stores the one way they implement, and takes no
+// stores that implement both ways or neither.
+func TestNewManagerTakesStoresOfOneStrategy(t *testing.T) {
+	in := &inPlaceStores{store: &recStore{versions: map[string]int64{}}}
+	for _, tc := range []struct {
+		name    string
+		stores  Stores
+		inPlace bool
+		err     string
+	}{
+		{name: "in place", stores: in, inPlace: true},
+		{name: "blue/green", stores: struct {
+			BlueGreen
+		}{bothStores{in}}},
+		{name: "both", stores: bothStores{in}, err: "both blue/green and in place"},
+		{name: "neither", stores: neitherStores{in}, err: "neither blue/green nor in place"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g, _ := in.Open(context.Background(), "db")
+			m, err := NewManager(Config{Runtime: projector.Config{Name: "graph"}}, tc.stores, NewSwitch(g), nil)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("NewManager: %v; want an error saying %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := m.status.InPlace; got != tc.inPlace {
+				t.Fatalf("status in place %v; want %v", got, tc.inPlace)
+			}
+		})
 	}
 }

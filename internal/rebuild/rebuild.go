@@ -3,7 +3,7 @@
 //
 // A store that can hold two copies of the projection (the embedded index
 // and graph: directories; Qdrant: collections behind an alias) is rebuilt
-// blue/green:
+// blue/green (its stores are [BlueGreen]):
 //
 //  1. a fresh generation is created and filled from the stream's first
 //     message by a second runtime on its own durable consumer,
@@ -18,9 +18,10 @@
 //  3. the previous generation is dropped and the rebuild consumer deleted.
 //
 // A store that holds a single copy (Neo4j Community has one database) is
-// rebuilt in place: the live runtime's writes are held back, the
-// projection is wiped, and the rebuild runtime fills it from the stream's
-// first message; reads see a partial graph until it has caught up.
+// rebuilt in place (its stores are [InPlace]): the live runtime's writes
+// are held back, the projection is wiped, and the rebuild runtime fills it
+// from the stream's first message; reads see a partial graph until it has
+// caught up.
 //
 // Each store has one writer at every moment: the rebuild runtime writes
 // only to the fresh generation until the swap, and to an in-place store
@@ -52,27 +53,52 @@ import (
 // Bucket is the key-value bucket holding the state of rebuilds in progress.
 const Bucket = "CONVERGE_REBUILDS"
 
-// Stores opens and switches the generations of one projection's store.
+// Stores are the generations of one projection's store, as both ways of
+// rebuilding it see them. A Manager takes stores that are also exactly
+// one of [BlueGreen] and [InPlace], and rebuilds them that way.
 type Stores interface {
 	// Live names the live generation.
 	Live(ctx context.Context) (string, error)
 	// Open opens the generation called name, creating it if it is missing.
 	Open(ctx context.Context, name string) (*Generation, error)
+	// Describe names a generation for logs and reports.
+	Describe(name string) string
+}
+
+// BlueGreen are stores that hold several generations: a rebuild fills a
+// fresh one, makes it live in one step, and drops the previous one.
+type BlueGreen interface {
+	Stores
 	// Fresh names a new generation, distinct from every existing one.
 	Fresh() string
-	// InPlace reports that the store holds a single generation: a rebuild
-	// wipes it (see Wipe) instead of filling a fresh one.
-	InPlace() bool
-	// Wipe deletes the whole projection from g (in-place stores only).
-	Wipe(ctx context.Context, g *Generation) error
 	// Activate makes the generation called name the live one, in one step
 	// that readers and a restarted projector both see; it is idempotent.
 	Activate(ctx context.Context, name string) error
 	// Drop deletes the generation called name, which is not live; one that
 	// does not exist is already dropped.
 	Drop(ctx context.Context, name string) error
-	// Describe names a generation for logs and reports.
-	Describe(name string) string
+}
+
+// InPlace are stores that hold a single generation, the live one: a
+// rebuild wipes it and fills it again.
+type InPlace interface {
+	Stores
+	// Wipe deletes the whole projection from g, the live generation.
+	Wipe(ctx context.Context, g *Generation) error
+}
+
+// isInPlace reports whether stores are rebuilt in place; an error when they
+// are not exactly one of BlueGreen and InPlace.
+func isInPlace(stores Stores) (bool, error) {
+	_, bg := stores.(BlueGreen)
+	_, ip := stores.(InPlace)
+	switch {
+	case bg && ip:
+		return false, fmt.Errorf("rebuild: stores %T are both blue/green and in place", stores)
+	case !bg && !ip:
+		return false, fmt.Errorf("rebuild: stores %T are neither blue/green nor in place", stores)
+	}
+	return ip, nil
 }
 
 // Phases of a rebuild, as kept in its state and reported by Status.
@@ -92,7 +118,7 @@ type State struct {
 	Projector string `json:"projector,omitempty"`
 	ID        string `json:"id"`
 	Phase     string `json:"phase"`
-	InPlace   bool   `json:"in_place"`
+	InPlace   bool   `json:"in_place"` // begun on [InPlace] stores: Target is the live generation, wiped
 	Target    string `json:"target"`   // the generation being filled
 	Previous  string `json:"previous"` // the live generation when the rebuild began
 	// Superseded are other generations the live runtime was found on at
@@ -138,7 +164,7 @@ type Config struct {
 type Manager struct {
 	cfg    Config
 	name   string
-	stores Stores
+	stores Stores // a BlueGreen or an InPlace
 	sw     *Switch
 	log    *slog.Logger
 
@@ -153,7 +179,8 @@ type Manager struct {
 }
 
 // NewManager returns a manager of the rebuilds of the projection whose
-// live generation sw holds.
+// live generation sw holds. It rebuilds stores blue/green or in place as
+// they implement [BlueGreen] or [InPlace].
 func NewManager(cfg Config, stores Stores, sw *Switch, log *slog.Logger) (*Manager, error) {
 	if cfg.Runtime.Name == "" {
 		return nil, errors.New("rebuild: the projector's name is required")
@@ -164,10 +191,14 @@ func NewManager(cfg Config, stores Stores, sw *Switch, log *slog.Logger) (*Manag
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	ip, err := isInPlace(stores)
+	if err != nil {
+		return nil, err
+	}
 	name := cfg.Runtime.Name
 	return &Manager{cfg: cfg, name: name, stores: stores, sw: sw, log: log.With("rebuild", name),
 		ready: make(chan struct{}), wake: make(chan struct{}, 1),
-		status: Status{Projector: name, Phase: PhaseIdle, InPlace: stores.InPlace()}}, nil
+		status: Status{Projector: name, Phase: PhaseIdle, InPlace: ip}}, nil
 }
 
 // ConsumerName is the durable consumer of the rebuild of projector name.
@@ -263,16 +294,20 @@ func (m *Manager) Start(ctx context.Context) (Status, bool, error) {
 		return Status{}, false, err
 	}
 	now := time.Now().UTC()
-	st := &State{ID: now.Format("20060102T150405.000Z"), InPlace: m.stores.InPlace(), StartedAt: now, Phase: PhaseFilling}
+	st := &State{ID: now.Format("20060102T150405.000Z"), StartedAt: now}
 	live, err := m.stores.Live(ctx)
 	if err != nil {
 		return Status{}, false, err
 	}
 	st.Previous = live
-	if st.InPlace {
-		st.Phase, st.Target = PhaseWiping, live
-	} else if st.Target = m.stores.Fresh(); st.Target == live {
-		return Status{}, false, fmt.Errorf("rebuild: the fresh generation's name %q is the live one's", live)
+	switch s := m.stores.(type) {
+	case BlueGreen:
+		st.Phase, st.Target = PhaseFilling, s.Fresh()
+		if st.Target == live {
+			return Status{}, false, fmt.Errorf("rebuild: the fresh generation's name %q is the live one's", live)
+		}
+	case InPlace:
+		st.Phase, st.Target, st.InPlace = PhaseWiping, live, true
 	}
 	if err := m.save(ctx, st, true); err != nil {
 		return Status{}, false, err
@@ -362,28 +397,40 @@ func (m *Manager) run(ctx context.Context, st *State) {
 	m.log.Info("rebuild interrupted; the next start of the projector resumes it", "id", st.ID, "phase", st.Phase)
 }
 
-// step runs the phases from st.Phase to the end.
+// step runs the phases from st.Phase to the end, the way the stores are
+// rebuilt. A rebuild begun the other way (the store was configured
+// otherwise before a restart) fails, and is retried until the store is as
+// it was.
 func (m *Manager) step(ctx context.Context, st *State) error {
-	if st.InPlace {
-		return m.inPlace(ctx, st)
+	switch s := m.stores.(type) {
+	case BlueGreen:
+		if st.InPlace {
+			return fmt.Errorf("rebuild %s was begun in place, but %s is rebuilt blue/green", st.ID, s.Describe(st.Target))
+		}
+		return m.blueGreen(ctx, s, st)
+	case InPlace:
+		if !st.InPlace {
+			return fmt.Errorf("rebuild %s was begun blue/green, but %s is rebuilt in place", st.ID, s.Describe(st.Target))
+		}
+		return m.inPlace(ctx, s, st)
 	}
-	return m.blueGreen(ctx, st)
+	return fmt.Errorf("rebuild: stores %T are neither blue/green nor in place", m.stores)
 }
 
 // blueGreen fills the fresh generation, then swaps it in.
-func (m *Manager) blueGreen(ctx context.Context, st *State) error {
-	live, err := m.stores.Live(ctx)
+func (m *Manager) blueGreen(ctx context.Context, stores BlueGreen, st *State) error {
+	live, err := stores.Live(ctx)
 	if err != nil {
 		return err
 	}
 	if live == st.Target {
 		// Crashed after the swap: only the clean-up is left.
-		return m.finish(ctx, st)
+		return m.dropPrevious(ctx, stores, st)
 	}
 	m.setPhase(st, PhaseFilling)
-	target, err := m.stores.Open(ctx, st.Target)
+	target, err := stores.Open(ctx, st.Target)
 	if err != nil {
-		return fmt.Errorf("open %s: %w", m.stores.Describe(st.Target), err)
+		return fmt.Errorf("open %s: %w", stores.Describe(st.Target), err)
 	}
 	swapped := false
 	defer func() {
@@ -403,7 +450,7 @@ func (m *Manager) blueGreen(ctx context.Context, st *State) error {
 		// crash right after it still drops this generation (only this
 		// manager changes what is live).
 		m.log.Warn("the live generation is not the one recorded when the rebuild began; it is dropped as well",
-			"live", m.stores.Describe(live.Name), "recorded", m.stores.Describe(st.Previous))
+			"live", stores.Describe(live.Name), "recorded", stores.Describe(st.Previous))
 		st.Superseded = append(st.Superseded, live.Name)
 	}
 	m.setPhase(st, PhaseSwitching)
@@ -415,29 +462,43 @@ func (m *Manager) blueGreen(ctx context.Context, st *State) error {
 	if err := m.catchUpToLast(ctx, target); err != nil {
 		return err
 	}
-	if err := m.stores.Activate(ctx, st.Target); err != nil {
-		return fmt.Errorf("activate %s: %w", m.stores.Describe(st.Target), err)
+	if err := stores.Activate(ctx, st.Target); err != nil {
+		return fmt.Errorf("activate %s: %w", stores.Describe(st.Target), err)
 	}
 	prev := m.sw.replace(target)
 	swapped = true
 	resume()
-	m.log.Info("rebuilt generation is live", "target", m.stores.Describe(st.Target))
+	m.log.Info("rebuilt generation is live", "target", stores.Describe(st.Target))
 	if err := prev.close(); err != nil {
-		m.log.Warn("closing the previous generation failed", "previous", m.stores.Describe(prev.Name), "err", err)
+		m.log.Warn("closing the previous generation failed", "previous", stores.Describe(prev.Name), "err", err)
+	}
+	return m.dropPrevious(ctx, stores, st)
+}
+
+// dropPrevious drops the generation live when the rebuild began, and any
+// superseded one, and then finishes the rebuild.
+func (m *Manager) dropPrevious(ctx context.Context, stores BlueGreen, st *State) error {
+	for _, name := range append([]string{st.Previous}, st.Superseded...) {
+		if name == st.Target {
+			continue
+		}
+		if err := stores.Drop(ctx, name); err != nil {
+			return fmt.Errorf("drop %s: %w", stores.Describe(name), err)
+		}
 	}
 	return m.finish(ctx, st)
 }
 
 // inPlace wipes the live generation and fills it again, with the live
 // writes held back throughout.
-func (m *Manager) inPlace(ctx context.Context, st *State) error {
+func (m *Manager) inPlace(ctx context.Context, stores InPlace, st *State) error {
 	resume := m.sw.Pause()
 	defer resume()
 	live := m.sw.Live()
 	if st.Phase == PhaseWiping {
 		m.setPhase(st, PhaseWiping)
-		if err := m.stores.Wipe(ctx, live); err != nil {
-			return fmt.Errorf("wipe %s: %w", m.stores.Describe(live.Name), err)
+		if err := stores.Wipe(ctx, live); err != nil {
+			return fmt.Errorf("wipe %s: %w", stores.Describe(live.Name), err)
 		}
 		// A consumer left from an interrupted wipe would skip the stream's
 		// start.
@@ -455,9 +516,6 @@ func (m *Manager) inPlace(ctx context.Context, st *State) error {
 	}
 	if err := m.catchUpToLast(ctx, live); err != nil {
 		return err
-	}
-	if err := m.stores.Activate(ctx, st.Target); err != nil {
-		return fmt.Errorf("activate %s: %w", m.stores.Describe(st.Target), err)
 	}
 	resume()
 	return m.finish(ctx, st)
@@ -555,19 +613,8 @@ func (m *Manager) catchUpTo(ctx context.Context, g *Generation, target uint64) e
 	}
 }
 
-// finish drops the previous generation, deletes the rebuild consumer and
-// then the state.
+// finish deletes the rebuild consumer and then the state.
 func (m *Manager) finish(ctx context.Context, st *State) error {
-	if !st.InPlace {
-		for _, name := range append([]string{st.Previous}, st.Superseded...) {
-			if name == st.Target {
-				continue
-			}
-			if err := m.stores.Drop(ctx, name); err != nil {
-				return fmt.Errorf("drop %s: %w", m.stores.Describe(name), err)
-			}
-		}
-	}
 	if err := m.deleteConsumer(ctx); err != nil {
 		return err
 	}

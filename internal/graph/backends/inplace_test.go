@@ -123,3 +123,21 @@ func TestNeo4jRebuildInPlaceUnderTrafficInterruptedAndResumed(t *testing.T) {
 	t.Logf("interrupted after the rebuild had applied up to sequence %d; %d documents at their last versions after the resumed rebuild",
 		applied, len(want))
 }
+
+// The graph in Neo4j is rebuilt in place, the embedded graph blue/green.
+func TestNewStoresRebuildsNeo4jInPlace(t *testing.T) {
+	neo := backends.NewStores(&backends.Config{Neo4jURL: "bolt://localhost:7687", Neo4jDatabase: "neo4j", DataDir: t.TempDir()}, nil)
+	if _, ok := neo.(rebuild.InPlace); !ok {
+		t.Errorf("the stores of a Neo4j graph (%T) are not rebuilt in place", neo)
+	}
+	if _, ok := neo.(rebuild.BlueGreen); ok {
+		t.Errorf("the stores of a Neo4j graph (%T) are also rebuilt blue/green", neo)
+	}
+	emb := backends.NewStores(&backends.Config{DataDir: t.TempDir()}, nil)
+	if _, ok := emb.(rebuild.BlueGreen); !ok {
+		t.Errorf("the stores of the embedded graph (%T) are not rebuilt blue/green", emb)
+	}
+	if _, ok := emb.(rebuild.InPlace); ok {
+		t.Errorf("the stores of the embedded graph (%T) are also rebuilt in place", emb)
+	}
+}

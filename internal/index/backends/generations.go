@@ -15,9 +15,10 @@ import (
 	"github.com/converge-sync/converge/internal/verify"
 )
 
-// Stores are the generations of the index for [rebuild]: directories of
-// the embedded index under the data directory, or Qdrant collections
-// behind the configured collection name, which is then an alias.
+// Stores are the generations of the index for [rebuild], which rebuilds
+// them blue/green: directories of the embedded index under the data
+// directory, or Qdrant collections behind the configured collection name,
+// which is then an alias.
 type Stores struct {
 	cfg      *Config
 	opts     index.Options
@@ -29,7 +30,7 @@ type Stores struct {
 	admin *qdrant.Backend
 }
 
-var _ rebuild.Stores = (*Stores)(nil)
+var _ rebuild.BlueGreen = (*Stores)(nil)
 
 // NewStores returns the index's generations as c configures them. Close
 // releases the Qdrant connection it may hold.
@@ -145,14 +146,6 @@ func (s *Stores) Fresh() string {
 		}
 		name = fmt.Sprintf("%s_%d", base, i)
 	}
-}
-
-// InPlace is false: the index is rebuilt blue/green.
-func (s *Stores) InPlace() bool { return false }
-
-// Wipe is not used: the index is rebuilt blue/green.
-func (s *Stores) Wipe(context.Context, *rebuild.Generation) error {
-	return fmt.Errorf("the index is rebuilt into a fresh generation, never wiped")
 }
 
 // Activate switches the alias (or the pointer file) to name. A plain
