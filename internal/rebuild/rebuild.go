@@ -46,6 +46,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/internal/projector"
+	"github.com/converge-sync/converge/internal/retry"
 
 	"github.com/converge-sync/converge/pkg/contract"
 )
@@ -155,18 +156,19 @@ type Config struct {
 	// Runtime is the live runtime's configuration; the rebuild runtime
 	// takes it with the name <Name>-rebuild.
 	Runtime projector.Config
-	// RetryMax bounds the backoff between attempts of a failed step;
-	// default 30s.
+	// RetryMax bounds the backoff between attempts of a failed step (1s,
+	// doubled per attempt); default 30s.
 	RetryMax time.Duration
 }
 
 // Manager runs the rebuilds of one projector process.
 type Manager struct {
-	cfg    Config
-	name   string
-	stores Stores // a BlueGreen or an InPlace
-	sw     *Switch
-	log    *slog.Logger
+	cfg     Config
+	name    string
+	stores  Stores // a BlueGreen or an InPlace
+	sw      *Switch
+	log     *slog.Logger
+	backoff retry.Backoff // between attempts of a failed step
 
 	js    jetstream.JetStream
 	kv    jetstream.KeyValue
@@ -197,7 +199,10 @@ func NewManager(cfg Config, stores Stores, sw *Switch, log *slog.Logger) (*Manag
 	}
 	name := cfg.Runtime.Name
 	return &Manager{cfg: cfg, name: name, stores: stores, sw: sw, log: log.With("rebuild", name),
-		ready: make(chan struct{}), wake: make(chan struct{}, 1),
+		// One manager per projector, retrying its own step: nobody to
+		// spread its retries out from.
+		backoff: retry.Backoff{Min: min(time.Second, cfg.RetryMax), Max: cfg.RetryMax, Jitter: retry.NoJitter},
+		ready:   make(chan struct{}), wake: make(chan struct{}, 1),
 		status: Status{Projector: name, Phase: PhaseIdle, InPlace: ip}}, nil
 }
 
@@ -222,9 +227,9 @@ func (m *Manager) Run(ctx context.Context, js jetstream.JetStream) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		delay := m.backoff(attempt)
+		delay := m.backoff.Delay(attempt)
 		m.log.Warn("rebuild state bucket unavailable; trying again", "bucket", Bucket, "in", delay, "err", err)
-		if !sleep(ctx, delay) {
+		if retry.Sleep(ctx, delay) != nil {
 			return nil
 		}
 	}
@@ -246,23 +251,6 @@ func (m *Manager) Run(ctx context.Context, js jetstream.JetStream) error {
 		case <-m.wake:
 		case <-time.After(m.cfg.RetryMax):
 		}
-	}
-}
-
-// backoff is 1s doubled per attempt, capped at RetryMax.
-func (m *Manager) backoff(attempt int) time.Duration {
-	return min(time.Duration(1<<min(attempt-1, 10))*time.Second, m.cfg.RetryMax)
-}
-
-// sleep waits d; false when ctx ended first.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }
 
@@ -384,12 +372,12 @@ func (m *Manager) run(ctx context.Context, st *State) {
 		if ctx.Err() != nil {
 			break
 		}
-		delay := m.backoff(attempt)
+		delay := m.backoff.Delay(attempt)
 		m.log.Error("rebuild step failed; trying again", "phase", st.Phase, "attempt", attempt, "in", delay, "err", err)
 		m.mu.Lock()
 		m.status.Phase, m.status.Error = PhaseRetrying, err.Error()
 		m.mu.Unlock()
-		sleep(ctx, delay)
+		_ = retry.Sleep(ctx, delay) // the loop checks ctx
 	}
 	m.mu.Lock()
 	m.active = false
