@@ -1,0 +1,173 @@
+package writer
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/converge-sync/converge/internal/docstore"
+	"github.com/converge-sync/converge/pkg/contract"
+)
+
+// ReemitPath is where the writer serves re-emissions.
+const ReemitPath = "/v1/admin/reemit"
+
+// Client calls the writer's HTTP API; today its re-emission endpoint,
+// POST /v1/admin/reemit.
+type Client struct {
+	base string
+	http *http.Client
+}
+
+// NewClient returns a client of the writer at baseURL (http://host:port
+// or https://...). hc nil is a client with a 5-minute timeout: a page of a
+// re-emission is one transaction of up to [MaxReemitKeys] documents.
+func NewClient(baseURL string, hc *http.Client) (*Client, error) {
+	base := strings.TrimRight(strings.TrimSpace(baseURL), "/")
+	if !strings.HasPrefix(base, "http://") && !strings.HasPrefix(base, "https://") {
+		return nil, fmt.Errorf("writer: the URL must be http://host:port or https://..., got %q", baseURL)
+	}
+	if hc == nil {
+		hc = &http.Client{Timeout: 5 * time.Minute}
+	}
+	return &Client{base: base, http: hc}, nil
+}
+
+// URL is the writer's base URL.
+func (c *Client) URL() string { return c.base }
+
+// APIError is an error answer of the writer: its status and the code of
+// its {"error":{"code","message"}} body. It matches, with errors.Is, the
+// error of the store the code stands for: [docstore.ErrVersionConflict],
+// [docstore.ErrNotFound], [docstore.ErrNotReproducible], or
+// [contract.ErrInvalid] for a request the writer found malformed or too
+// large.
+type APIError struct {
+	StatusCode int
+	Code       string // "" when the body was no error of the API
+	Message    string
+}
+
+func (e *APIError) Error() string {
+	if e.Code == "" {
+		return fmt.Sprintf("the writer answered %d %s: %s", e.StatusCode, http.StatusText(e.StatusCode), e.Message)
+	}
+	return fmt.Sprintf("the writer refused the request: %s (%s)", e.Message, e.Code)
+}
+
+// Is classifies e by its code; see [APIError].
+func (e *APIError) Is(target error) bool {
+	switch target {
+	case docstore.ErrVersionConflict:
+		return e.Code == "version_conflict"
+	case docstore.ErrNotFound:
+		return e.Code == "not_found"
+	case docstore.ErrNotReproducible:
+		return e.Code == "not_reproducible"
+	case contract.ErrInvalid:
+		return e.Invalid()
+	}
+	return false
+}
+
+// Invalid reports whether the writer refused the request itself (400,
+// 413, 415, 422): sending it again changes nothing.
+func (e *APIError) Invalid() bool {
+	switch e.StatusCode {
+	case http.StatusBadRequest, http.StatusRequestEntityTooLarge, http.StatusUnsupportedMediaType, http.StatusUnprocessableEntity:
+		return e.Code != ""
+	}
+	return false
+}
+
+// TooLarge reports whether the request was above a size limit (413).
+func (e *APIError) TooLarge() bool { return e.StatusCode == http.StatusRequestEntityTooLarge }
+
+// SafeToRetry reports whether the writer wrote nothing because its store
+// was unavailable (503): the same request may be sent again later.
+func (e *APIError) SafeToRetry() bool { return e.StatusCode == http.StatusServiceUnavailable }
+
+// Reemit sends one re-emission request.
+func (c *Client) Reemit(ctx context.Context, req ReemitRequest) (ReemitResponse, error) {
+	var out ReemitResponse
+	err := c.post(ctx, ReemitPath, req, &out)
+	return out, err
+}
+
+// ReemitKeys re-emits keys, in requests of at most [MaxReemitKeys]. On an
+// error, the answer holds the requests answered before it.
+func (c *Client) ReemitKeys(ctx context.Context, keys []string) (ReemitResponse, error) {
+	all := ReemitResponse{Reemitted: []ReemittedDocument{}, NotFound: []string{}}
+	for lo := 0; lo < len(keys); lo += MaxReemitKeys {
+		res, err := c.Reemit(ctx, ReemitRequest{Keys: keys[lo:min(lo+MaxReemitKeys, len(keys))]})
+		if err != nil {
+			return all, err
+		}
+		all.Reemitted = append(all.Reemitted, res.Reemitted...)
+		all.NotFound = append(all.NotFound, res.NotFound...)
+	}
+	return all, nil
+}
+
+// ReemitAll re-emits every document after the key after (exclusive), in
+// key order, limit documents per request, calling page with each answer.
+// On an error or when ctx ends, it returns the key to resume after: the
+// After of the request that was not answered.
+func (c *Client) ReemitAll(ctx context.Context, after string, limit int, page func(ReemitResponse)) (resume string, err error) {
+	for {
+		if err := ctx.Err(); err != nil {
+			return after, fmt.Errorf("re-emission interrupted: %w", err)
+		}
+		res, err := c.Reemit(ctx, ReemitRequest{All: true, After: after, Limit: limit})
+		if err != nil {
+			return after, err
+		}
+		if page != nil {
+			page(res)
+		}
+		if res.Next == "" {
+			return "", nil
+		}
+		after = res.Next
+	}
+}
+
+func (c *Client) post(ctx context.Context, path string, body, v any) error {
+	data, err := json.Marshal(body)
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+path, bytes.NewReader(data))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("the writer at %s does not answer: %w", c.base, err)
+	}
+	defer resp.Body.Close()
+	answer, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
+	if err != nil {
+		return fmt.Errorf("the writer's answer: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		e := &APIError{StatusCode: resp.StatusCode, Message: strings.TrimSpace(string(answer[:min(len(answer), 500)]))}
+		var body struct {
+			Error ErrorBody `json:"error"`
+		}
+		if json.Unmarshal(answer, &body) == nil && body.Error.Code != "" {
+			e.Code, e.Message = body.Error.Code, body.Error.Message
+		}
+		return e
+	}
+	if err := json.Unmarshal(answer, v); err != nil {
+		return fmt.Errorf("unreadable answer from the writer: %w", err)
+	}
+	return nil
+}
