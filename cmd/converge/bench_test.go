@@ -43,6 +43,7 @@ import (
 	"github.com/converge-sync/converge/internal/projector"
 	rebuildpkg "github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/relay"
+	"github.com/converge-sync/converge/internal/stack"
 	"github.com/converge-sync/converge/internal/telemetry"
 	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/internal/verify"
@@ -225,7 +226,7 @@ func (s *benchStack) warmUp(ctx context.Context, b *testing.B, runs *int) {
 
 // benchStack is the dev pipeline plus the clients the benchmarks use.
 type benchStack struct {
-	dev    *devStack
+	dev    *stack.Stack
 	pool   *pgxpool.Pool
 	nc     *nats.Conn
 	js     jetstream.JetStream
@@ -239,10 +240,10 @@ type benchStack struct {
 func startBenchStack(b *testing.B, processes bool) (*benchStack, string) {
 	b.Helper()
 	ctx := context.Background()
-	cfg := devConfig{log: config.NewLogger(os.Stderr, "warn"), logOut: os.Stderr,
-		index: &ibackends.Config{}, graph: &gbackends.Config{}, infraOnly: processes}
-	for _, a := range []*string{&cfg.httpAddr, &cfg.writerAddr, &cfg.relayAddr, &cfg.indexAddr, &cfg.graphAddr} {
-		addr, err := freeAddr()
+	cfg := stack.Config{Log: config.NewLogger(os.Stderr, "warn"), LogOut: os.Stderr,
+		Index: &ibackends.Config{}, Graph: &gbackends.Config{}, InfraOnly: processes}
+	for _, a := range []*string{&cfg.HTTPAddr, &cfg.WriterAddr, &cfg.RelayAddr, &cfg.IndexAddr, &cfg.GraphAddr} {
+		addr, err := stack.FreeAddr()
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -253,7 +254,7 @@ func startBenchStack(b *testing.B, processes bool) (*benchStack, string) {
 		bin = buildBinaries(b)
 	}
 	began := time.Now()
-	dev, err := startDev(ctx, cfg)
+	dev, err := stack.Start(ctx, cfg)
 	if err != nil {
 		b.Fatalf("start the pipeline: %v", err)
 	}
@@ -267,11 +268,11 @@ func startBenchStack(b *testing.B, processes bool) (*benchStack, string) {
 			b.Fatalf("start the services: %v", err)
 		}
 	}
-	if s.pool, err = pgxpool.New(ctx, dev.postgresURL); err != nil {
+	if s.pool, err = pgxpool.New(ctx, dev.PostgresURL); err != nil {
 		s.close(b)
 		b.Fatal(err)
 	}
-	if s.nc, err = nats.Connect(dev.natsURL); err != nil {
+	if s.nc, err = nats.Connect(dev.NATSURL); err != nil {
 		s.close(b)
 		b.Fatal(err)
 	}
@@ -308,23 +309,23 @@ func buildBinaries(b *testing.B) string {
 }
 
 // startServices runs the writer, the relay and both projectors from the
-// binaries in bin, on the addresses of s.dev.cfg, and waits until each is
+// binaries in bin, on the addresses of s.dev.Config, and waits until each is
 // ready and the relay holds its slot.
 // benchServices are the processes of the deployed layout, in the order
 // startServices starts them.
 var benchServices = []string{"writer", "relay", "projector-index", "projector-graph"}
 
 func (s *benchStack) startServices(ctx context.Context, bin string) error {
-	cfg := s.dev.cfg
-	pg, natsURL, data := s.dev.postgresURL, s.dev.natsURL, cfg.dataDir
+	cfg := s.dev.Config
+	pg, natsURL, data := s.dev.PostgresURL, s.dev.NATSURL, cfg.DataDir
 	for _, svc := range []struct {
 		name string
 		args []string
 	}{
-		{"writer", []string{"-postgres-url", pg, "-http-addr", cfg.httpAddr, "-metrics-addr", cfg.writerAddr}},
-		{"relay", []string{"-postgres-url", pg, "-nats-url", natsURL, "-metrics-addr", cfg.relayAddr}},
-		{"projector-index", []string{"-nats-url", natsURL, "-data-dir", data, "-metrics-addr", cfg.indexAddr}},
-		{"projector-graph", []string{"-nats-url", natsURL, "-data-dir", data, "-metrics-addr", cfg.graphAddr}},
+		{"writer", []string{"-postgres-url", pg, "-http-addr", cfg.HTTPAddr, "-metrics-addr", cfg.WriterAddr}},
+		{"relay", []string{"-postgres-url", pg, "-nats-url", natsURL, "-metrics-addr", cfg.RelayAddr}},
+		{"projector-index", []string{"-nats-url", natsURL, "-data-dir", data, "-metrics-addr", cfg.IndexAddr}},
+		{"projector-graph", []string{"-nats-url", natsURL, "-data-dir", data, "-metrics-addr", cfg.GraphAddr}},
 	} {
 		c, err := proc.Start(filepath.Join(bin, svc.name), append(svc.args, "-log-level", "warn"), proc.Options{Out: os.Stderr})
 		if err != nil {
@@ -335,7 +336,7 @@ func (s *benchStack) startServices(ctx context.Context, bin string) error {
 	relayActive := func() bool {
 		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		m, err := telemetry.Scrape(sctx, "http://"+cfg.relayAddr+"/metrics")
+		m, err := telemetry.Scrape(sctx, "http://"+cfg.RelayAddr+"/metrics")
 		if err != nil {
 			return false
 		}
@@ -346,13 +347,13 @@ func (s *benchStack) startServices(ctx context.Context, bin string) error {
 		what  string
 		ready func() bool
 	}{
-		{"the writer", func() bool { return httpOK("http://" + cfg.writerAddr + "/readyz") }},
+		{"the writer", func() bool { return stack.HTTPOK("http://" + cfg.WriterAddr + "/readyz") }},
 		{"the relay to hold its slot", relayActive},
-		{"the index projector", func() bool { return httpOK("http://" + cfg.indexAddr + "/readyz") }},
-		{"the graph projector", func() bool { return httpOK("http://" + cfg.graphAddr + "/readyz") }},
+		{"the index projector", func() bool { return stack.HTTPOK("http://" + cfg.IndexAddr + "/readyz") }},
+		{"the graph projector", func() bool { return stack.HTTPOK("http://" + cfg.GraphAddr + "/readyz") }},
 	} {
 		// A service that exits while starting ends the wait at once.
-		err := waitUntil(ctx, ctx, 60*time.Second, func() bool { _, c := s.exited(); return c != nil || w.ready() })
+		err := stack.WaitUntil(ctx, ctx, 60*time.Second, func() bool { _, c := s.exited(); return c != nil || w.ready() })
 		if name, c := s.exited(); c != nil {
 			return fmt.Errorf("%s exited while starting: %w", name, c.Err())
 		}
@@ -360,7 +361,7 @@ func (s *benchStack) startServices(ctx context.Context, bin string) error {
 			return fmt.Errorf("waiting for %s: %w", w.what, err)
 		}
 	}
-	s.dev.apiURL = "http://" + cfg.httpAddr
+	s.dev.APIURL = "http://" + cfg.HTTPAddr
 	return nil
 }
 
@@ -384,7 +385,7 @@ func (s *benchStack) close(b *testing.B) {
 	if s.pool != nil {
 		s.pool.Close()
 	}
-	if err := s.dev.stop(); err != nil {
+	if err := s.dev.Stop(); err != nil {
 		b.Errorf("stop the pipeline: %v", err)
 	}
 }
@@ -484,7 +485,7 @@ func (s *benchStack) throughput(ctx context.Context, b *testing.B, run string, n
 
 // postBatch posts one NDJSON batch and returns how many lines were applied.
 func (s *benchStack) postBatch(ctx context.Context, body []byte) (int, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.dev.apiURL+"/v1/documents:batch", bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.dev.APIURL+"/v1/documents:batch", bytes.NewReader(body))
 	if err != nil {
 		return 0, err
 	}
@@ -557,8 +558,8 @@ func (s *benchStack) mustAgree(ctx context.Context, b *testing.B) {
 		kind verify.Kind
 		side verify.Side
 	}{
-		{verify.Index, &verify.Remote{Label: "index", Addr: s.dev.cfg.indexAddr}},
-		{verify.Graph, &verify.Remote{Label: "graph", Addr: s.dev.cfg.graphAddr}},
+		{verify.Index, &verify.Remote{Label: "index", Addr: s.dev.IndexAddr}},
+		{verify.Graph, &verify.Remote{Label: "graph", Addr: s.dev.GraphAddr}},
 	} {
 		rep, err := verify.Compare(ctx, truth, side.side, side.kind, verify.DefaultBuckets, nil)
 		if err != nil {
@@ -591,7 +592,7 @@ func (s *benchStack) singleCapacity(ctx context.Context, b *testing.B, run strin
 				if err != nil {
 					return err
 				}
-				if err := s.put(gctx, s.dev.apiURL+"/v1/documents/"+url.PathEscape(d.Key), body); err != nil {
+				if err := s.put(gctx, s.dev.APIURL+"/v1/documents/"+url.PathEscape(d.Key), body); err != nil {
 					return err
 				}
 			}
@@ -625,7 +626,7 @@ func (s *benchStack) latency(ctx context.Context, b *testing.B, run string, rate
 			if err != nil {
 				b.Fatal(err)
 			}
-			u := s.dev.apiURL + "/v1/documents/" + url.PathEscape(d.Key)
+			u := s.dev.APIURL + "/v1/documents/" + url.PathEscape(d.Key)
 			send[j] = func(ctx context.Context) error { return s.put(ctx, u, body) }
 			continue
 		}
@@ -644,7 +645,7 @@ func (s *benchStack) latency(ctx context.Context, b *testing.B, run string, rate
 			return err
 		}
 	}
-	addrs := map[string]string{"index": s.dev.cfg.indexAddr, "graph": s.dev.cfg.graphAddr}
+	addrs := map[string]string{"index": s.dev.IndexAddr, "graph": s.dev.GraphAddr}
 	before := map[string]projectorMetrics{}
 	for name, addr := range addrs {
 		before[name] = scrapeProjector(b, addr)
@@ -817,7 +818,7 @@ func scrapeProjector(b *testing.B, addr string) projectorMetrics {
 // scrapeRelay reads the relay's commit -> acknowledged histogram.
 func (s *benchStack) scrapeRelay(b *testing.B) histogram {
 	b.Helper()
-	h, err := histogramOf(scrapeMetrics(b, s.dev.cfg.relayAddr), "converge_relay_commit_to_ack_seconds")
+	h, err := histogramOf(scrapeMetrics(b, s.dev.RelayAddr), "converge_relay_commit_to_ack_seconds")
 	if err != nil {
 		b.Fatalf("metrics of the relay: %v", err)
 	}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/graph/neo4j"
+	"github.com/converge-sync/converge/internal/stack"
 	"github.com/converge-sync/converge/internal/telemetry"
 	"github.com/converge-sync/converge/internal/verify"
 	"github.com/converge-sync/converge/internal/verify/postgres"
@@ -33,7 +34,7 @@ import (
 // search and a graph query, and ends with a convergence report.
 func demo(ctx context.Context, args []string, out io.Writer) error {
 	f := config.NewFlags("converge demo")
-	flags := devFlags(f, devConfig{})
+	flags := devFlags(f, stack.Config{})
 	n := f.Int("docs", "", 300, "documents in the sample corpus")
 	if err := f.Parse(args); err != nil {
 		return err
@@ -45,39 +46,39 @@ func demo(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	cfg.graphAddrPicked = cfg.graphAddr == ""
-	for _, a := range []*string{&cfg.httpAddr, &cfg.writerAddr, &cfg.relayAddr, &cfg.indexAddr, &cfg.graphAddr} {
+	cfg.GraphAddrPicked = cfg.GraphAddr == ""
+	for _, a := range []*string{&cfg.HTTPAddr, &cfg.WriterAddr, &cfg.RelayAddr, &cfg.IndexAddr, &cfg.GraphAddr} {
 		if *a == "" {
-			addr, err := freeAddr()
+			addr, err := stack.FreeAddr()
 			if err != nil {
 				return err
 			}
 			*a = addr
 		}
 	}
-	cfg.graphChild = true
+	cfg.GraphChild = true
 	d := &demoRun{out: out, began: time.Now()}
 
 	indexIn, graphIn := "the embedded index", "the embedded graph"
-	if cfg.index.QdrantURL != "" {
-		indexIn = "Qdrant at " + cfg.index.QdrantURL
+	if cfg.Index.QdrantURL != "" {
+		indexIn = "Qdrant at " + cfg.Index.QdrantURL
 	}
-	if cfg.graph.Neo4jURL != "" {
-		graphIn = "Neo4j at " + neo4j.RedactURL(cfg.graph.Neo4jURL)
+	if cfg.Graph.Neo4jURL != "" {
+		graphIn = "Neo4j at " + neo4j.RedactURL(cfg.Graph.Neo4jURL)
 	}
 	d.step(fmt.Sprintf("starting the pipeline: a throwaway PostgreSQL 15, an embedded NATS JetStream server, the writer, the relay, the index projector (into %s), and the graph projector as a child process (into %s)", indexIn, graphIn))
-	s, err := startDev(ctx, cfg)
+	s, err := stack.Start(ctx, cfg)
 	if err != nil {
 		return err
 	}
-	defer func() { _ = s.stop() }()
+	defer func() { _ = s.Stop() }()
 	d.stack = s
-	d.pool, err = pgxpool.New(ctx, s.postgresURL)
+	d.pool, err = pgxpool.New(ctx, s.PostgresURL)
 	if err != nil {
 		return err
 	}
 	defer d.pool.Close()
-	nc, err := nats.Connect(s.natsURL)
+	nc, err := nats.Connect(s.NATSURL)
 	if err != nil {
 		return err
 	}
@@ -85,7 +86,7 @@ func demo(ctx context.Context, args []string, out io.Writer) error {
 	if d.js, err = jetstream.New(nc); err != nil {
 		return err
 	}
-	d.note("ready in %v; writer API at %s", time.Since(d.began).Round(time.Millisecond), s.apiURL)
+	d.note("ready in %v; writer API at %s", time.Since(d.began).Round(time.Millisecond), s.APIURL)
 
 	corpus := sampleCorpus(*n, 1)
 	d.step(fmt.Sprintf("writing %d documents (with links and tags) through the writer's batch API", len(corpus)))
@@ -124,7 +125,7 @@ func demo(ctx context.Context, args []string, out io.Writer) error {
 	posted := make(chan error, 1)
 	go func() { posted <- d.post(ctx, append(updates, withdrawals...)) }()
 	time.Sleep(time.Duration(50+rand.IntN(150)) * time.Millisecond) //nolint:gosec // a kill time, not a secret
-	if err := s.killGraphChild(); err != nil {
+	if err := s.KillGraphChild(); err != nil {
 		return err
 	}
 	d.kills++
@@ -132,7 +133,7 @@ func demo(ctx context.Context, args []string, out io.Writer) error {
 	if err := <-posted; err != nil {
 		return err
 	}
-	if err := s.startGraphChild(ctx); err != nil {
+	if err := s.StartGraphChild(ctx); err != nil {
 		return err
 	}
 	d.note("graph projector restarted")
@@ -141,18 +142,18 @@ func demo(ctx context.Context, args []string, out io.Writer) error {
 	}
 
 	d.step(`a search through the index: converge search "lava flows from volcanoes"`)
-	if err := search(ctx, []string{"-index-addr", cfg.indexAddr, "-k", "3", "lava flows from volcanoes"}, out); err != nil {
+	if err := search(ctx, []string{"-index-addr", cfg.IndexAddr, "-k", "3", "lava flows from volcanoes"}, out); err != nil {
 		return err
 	}
 	key := corpus[0]["key"].(string)
 	d.step("a graph query: converge graph " + key)
-	if err := graphDoc(ctx, []string{"-graph-addr", s.cfg.graphAddr, key}, out); err != nil {
+	if err := graphDoc(ctx, []string{"-graph-addr", s.GraphAddr, key}, out); err != nil {
 		return err
 	}
 
 	d.step("rebuilding the index from the stream's start while it serves searches: converge rebuild index")
 	began := time.Now()
-	st, err := runRebuild(ctx, &http.Client{Timeout: 30 * time.Second}, cfg.indexAddr, 50*time.Millisecond, io.Discard)
+	st, err := runRebuild(ctx, &http.Client{Timeout: 30 * time.Second}, cfg.IndexAddr, 50*time.Millisecond, io.Discard)
 	if err != nil {
 		return err
 	}
@@ -160,7 +161,7 @@ func demo(ctx context.Context, args []string, out io.Writer) error {
 	d.note("%s", d.rebuilt)
 
 	d.step("converge verify: every document of Postgres against the index and the graph")
-	rep, err := runVerify(ctx, &postgres.Postgres{Pool: d.pool}, sides("index,graph", s.cfg.indexAddr, s.cfg.graphAddr), verify.DefaultBuckets, false)
+	rep, err := runVerify(ctx, &postgres.Postgres{Pool: d.pool}, sides("index,graph", s.IndexAddr, s.GraphAddr), verify.DefaultBuckets, false)
 	if err != nil {
 		return err
 	}
@@ -176,7 +177,7 @@ type demoRun struct {
 	outMu       sync.Mutex // the load goroutine reports while the demo goes on
 	out         io.Writer
 	began       time.Time
-	stack       *devStack
+	stack       *stack.Stack
 	pool        *pgxpool.Pool
 	js          jetstream.JetStream
 	steps       int
@@ -210,7 +211,7 @@ func (d *demoRun) post(ctx context.Context, docs []map[string]any) error {
 				return err
 			}
 		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.stack.apiURL+"/v1/documents:batch", &body)
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.stack.APIURL+"/v1/documents:batch", &body)
 		if err != nil {
 			return err
 		}
@@ -252,7 +253,7 @@ func (d *demoRun) post(ctx context.Context, docs []map[string]any) error {
 func (d *demoRun) converge(ctx context.Context, phase string) error {
 	start := time.Now()
 	truth := &postgres.Postgres{Pool: d.pool}
-	stores := sides("index,graph", d.stack.cfg.indexAddr, d.stack.cfg.graphAddr)
+	stores := sides("index,graph", d.stack.IndexAddr, d.stack.GraphAddr)
 	var last verifyReport
 	for time.Since(start) < 2*time.Minute {
 		rep, err := runVerify(ctx, truth, stores, verify.DefaultBuckets, false)
@@ -297,7 +298,7 @@ func (d *demoRun) caughtUp(ctx context.Context) error {
 // skipped sums the projectors' converge_projector_events_total{result="skipped"}.
 func (d *demoRun) skipped(ctx context.Context) float64 {
 	var total float64
-	for _, addr := range []string{d.stack.cfg.indexAddr, d.stack.cfg.graphAddr} {
+	for _, addr := range []string{d.stack.IndexAddr, d.stack.GraphAddr} {
 		m, err := telemetry.Scrape(ctx, "http://"+addr+"/metrics")
 		if err != nil {
 			continue

@@ -12,6 +12,7 @@ import (
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/graph"
 	"github.com/converge-sync/converge/internal/graph/neo4j"
+	"github.com/converge-sync/converge/internal/stack"
 	"github.com/converge-sync/converge/internal/testenv"
 )
 
@@ -109,7 +110,7 @@ func TestGraphChildTakesAnotherAddressWhenItsOwnIsTaken(t *testing.T) {
 	}
 	defer taken.Close()
 	f := config.NewFlags("test")
-	flags := devFlags(f, devConfig{})
+	flags := devFlags(f, stack.Config{})
 	if err := f.Parse([]string{"-log-level", "error"}); err != nil {
 		t.Fatal(err)
 	}
@@ -117,21 +118,21 @@ func TestGraphChildTakesAnotherAddressWhenItsOwnIsTaken(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, a := range []*string{&cfg.httpAddr, &cfg.writerAddr, &cfg.relayAddr, &cfg.indexAddr} {
-		if *a, err = freeAddr(); err != nil {
+	for _, a := range []*string{&cfg.HTTPAddr, &cfg.WriterAddr, &cfg.RelayAddr, &cfg.IndexAddr} {
+		if *a, err = stack.FreeAddr(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	cfg.graphAddr, cfg.graphAddrPicked, cfg.graphChild = taken.Addr().String(), true, true
-	cfg.logOut = io.Discard
+	cfg.GraphAddr, cfg.GraphAddrPicked, cfg.GraphChild = taken.Addr().String(), true, true
+	cfg.LogOut = io.Discard
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	s, err := startDev(ctx, cfg)
+	s, err := stack.Start(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = s.stop() }()
-	if s.cfg.graphAddr == taken.Addr().String() || !httpOK("http://"+s.cfg.graphAddr+"/readyz") {
-		t.Fatalf("graph projector at %s (the taken address is %s)", s.cfg.graphAddr, taken.Addr())
+	defer func() { _ = s.Stop() }()
+	if s.GraphAddr == taken.Addr().String() || !stack.HTTPOK("http://"+s.GraphAddr+"/readyz") {
+		t.Fatalf("graph projector at %s (the taken address is %s)", s.GraphAddr, taken.Addr())
 	}
 }

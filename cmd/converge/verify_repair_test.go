@@ -24,16 +24,17 @@ import (
 	"github.com/converge-sync/converge/internal/graph"
 	graphembedded "github.com/converge-sync/converge/internal/graph/embedded"
 	"github.com/converge-sync/converge/internal/notifier"
+	"github.com/converge-sync/converge/internal/stack"
 )
 
 // damageGraph stops the dev stack's graph projector (a child process),
 // applies docs to its embedded graph behind its back, and starts it again.
-func damageGraph(t *testing.T, s *devStack, docs ...graph.Doc) {
+func damageGraph(t *testing.T, s *stack.Stack, docs ...graph.Doc) {
 	t.Helper()
-	if err := s.killGraphChild(); err != nil {
+	if err := s.KillGraphChild(); err != nil {
 		t.Fatal(err)
 	}
-	g, err := graphembedded.Open(filepath.Join(s.cfg.dataDir, "graph"), graphembedded.Options{})
+	g, err := graphembedded.Open(filepath.Join(s.DataDir, "graph"), graphembedded.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,15 +50,15 @@ func damageGraph(t *testing.T, s *devStack, docs ...graph.Doc) {
 			t.Fatalf("damage %s was not applied", docs[i].Key)
 		}
 	}
-	if err := s.startGraphChild(context.Background()); err != nil {
+	if err := s.StartGraphChild(context.Background()); err != nil {
 		t.Fatalf("the restarted graph projector: %v", err)
 	}
 }
 
 // graphView is what the graph projector serves about key, as a Doc.
-func graphView(t *testing.T, s *devStack, key string) graph.Doc {
+func graphView(t *testing.T, s *stack.Stack, key string) graph.Doc {
 	t.Helper()
-	body, err := getJSON(context.Background(), "http://"+s.cfg.graphAddr+"/v1/graph/"+url.PathEscape(key), "graph", "projector-graph", "-graph-addr")
+	body, err := getJSON(context.Background(), "http://"+s.GraphAddr+"/v1/graph/"+url.PathEscape(key), "graph", "projector-graph", "-graph-addr")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +132,7 @@ func TestVerifyRepairThroughTheDevStack(t *testing.T) {
 	}
 
 	f := config.NewFlags("test")
-	flags := devFlags(f, devConfig{dataDir: t.TempDir()})
+	flags := devFlags(f, stack.Config{DataDir: t.TempDir()})
 	if err := f.Parse([]string{"-postgres-url", dbURL, "-log-level", "error"}); err != nil {
 		t.Fatal(err)
 	}
@@ -139,23 +140,23 @@ func TestVerifyRepairThroughTheDevStack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.notifier == nil {
+	if cfg.Notifier == nil {
 		t.Fatal("dev does not run the notifier with CONVERGE_WEBHOOK_URLS set")
 	}
-	for _, a := range []*string{&cfg.httpAddr, &cfg.writerAddr, &cfg.relayAddr, &cfg.indexAddr, &cfg.graphAddr, &cfg.notifierAddr} {
-		addr, err := freeAddr()
+	for _, a := range []*string{&cfg.HTTPAddr, &cfg.WriterAddr, &cfg.RelayAddr, &cfg.IndexAddr, &cfg.GraphAddr, &cfg.NotifierAddr} {
+		addr, err := stack.FreeAddr()
 		if err != nil {
 			t.Fatal(err)
 		}
 		*a = addr
 	}
-	cfg.graphChild = true
-	s, err := startDev(ctx, cfg)
+	cfg.GraphChild = true
+	s, err := stack.Start(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := s.stop(); err != nil {
+		if err := s.Stop(); err != nil {
 			t.Errorf("stop: %v", err)
 		}
 	})
@@ -163,7 +164,7 @@ func TestVerifyRepairThroughTheDevStack(t *testing.T) {
 	for i := range 20 {
 		para := strings.Repeat(fmt.Sprintf("Paragraph about topic %d, with enough words to fill a chunk. ", i), 12)
 		body := fmt.Sprintf(`{"version":1,"title":"Doc %d","body":%q,"links":["doc-%02d"],"tags":["t%d"]}`, i, para+"\n\n"+para+"\n\n"+para, (i+1)%20, i%3)
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPut, s.apiURL+"/v1/documents/"+fmt.Sprintf("doc-%02d", i), strings.NewReader(body))
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPut, s.APIURL+"/v1/documents/"+fmt.Sprintf("doc-%02d", i), strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
@@ -174,14 +175,14 @@ func TestVerifyRepairThroughTheDevStack(t *testing.T) {
 			t.Fatalf("PUT doc-%02d: %s", i, resp.Status)
 		}
 	}
-	verifyArgs := []string{"verify", "-postgres-url", dbURL, "-index-addr", cfg.indexAddr, "-graph-addr", cfg.graphAddr}
-	if err := waitUntil(ctx, ctx, 60*time.Second, func() bool {
+	verifyArgs := []string{"verify", "-postgres-url", dbURL, "-index-addr", cfg.IndexAddr, "-graph-addr", cfg.GraphAddr}
+	if err := stack.WaitUntil(ctx, ctx, 60*time.Second, func() bool {
 		return run(ctx, verifyArgs, &bytes.Buffer{}) == nil
 	}); err != nil {
 		t.Fatalf("the stores did not agree with Postgres: %v", err)
 	}
 
-	if err := waitUntil(ctx, ctx, 60*time.Second, func() bool { n, _ := notified(); return n >= 20 }); err != nil {
+	if err := stack.WaitUntil(ctx, ctx, 60*time.Second, func() bool { n, _ := notified(); return n >= 20 }); err != nil {
 		n, bad := notified()
 		t.Fatalf("the notifier posted %d of 20 notifications (%v); bad: %v", n, err, bad)
 	}
@@ -201,7 +202,7 @@ func TestVerifyRepairThroughTheDevStack(t *testing.T) {
 	}
 
 	out.Reset()
-	repairArgs := append(verifyArgs, "--repair", "-writer-url", s.apiURL, "-repair-timeout", "60s")
+	repairArgs := append(verifyArgs, "--repair", "-writer-url", s.APIURL, "-repair-timeout", "60s")
 	if err := run(ctx, repairArgs, &out); err != nil {
 		t.Fatalf("verify --repair: %v\n%s", err, out.String())
 	}
@@ -216,7 +217,7 @@ func TestVerifyRepairThroughTheDevStack(t *testing.T) {
 	// The repair re-emitted two events: they repair projections and are not
 	// notified again.
 	reemissionsSkipped := func() bool {
-		resp, err := http.Get("http://" + cfg.notifierAddr + "/metrics")
+		resp, err := http.Get("http://" + cfg.NotifierAddr + "/metrics")
 		if err != nil {
 			return false
 		}
@@ -224,7 +225,7 @@ func TestVerifyRepairThroughTheDevStack(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return strings.Contains(string(b), `converge_notifier_skipped_total{reason="reemission"} 2`)
 	}
-	if err := waitUntil(ctx, ctx, 30*time.Second, reemissionsSkipped); err != nil {
+	if err := stack.WaitUntil(ctx, ctx, 30*time.Second, reemissionsSkipped); err != nil {
 		t.Fatalf("the notifier did not skip the 2 re-emissions: %v", err)
 	}
 	if n, bad := notified(); n != 20 || len(bad) > 0 {
