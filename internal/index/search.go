@@ -1,6 +1,7 @@
 package index
 
 import (
+	"context"
 	"net/http"
 	"strconv"
 
@@ -22,10 +23,12 @@ type SearchResult struct {
 // MaxSearchK bounds k of a search request.
 const MaxSearchK = 1000
 
-// SearchHandler serves GET /v1/search?q=TEXT&k=N (k default 10): the
-// query is embedded with the index's own embedder, so results are only
-// meaningful through the process that writes the index.
-func SearchHandler(x *Index) http.Handler {
+// SearchHandler serves GET /v1/search?q=TEXT&k=N (k default 10) from x,
+// an [Index]: the query is embedded with the index's own embedder, so
+// results are only meaningful through the process that writes the index.
+func SearchHandler(x interface {
+	Search(ctx context.Context, text string, k int) ([]Hit, error)
+}) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query().Get("q")
 		if q == "" {
