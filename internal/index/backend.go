@@ -44,11 +44,9 @@ type Keep struct {
 	Version int64
 }
 
-// Backend is the storage under an [Index]: a Qdrant collection or the
-// embedded index. It knows nothing of events or embedders; the Index owns
-// the write order and the freshness rules. Every method is safe for
-// concurrent use; calls for one document are never concurrent.
-type Backend interface {
+// Writer is what an [Index] writes with, in its write order: the
+// store's preparation, the version markers, the points.
+type Writer interface {
 	// Ensure prepares the store for vectors of dim dimensions with cosine
 	// distance (a Qdrant collection and payload indexes on key and
 	// version). It is idempotent; an existing store of another dimension is
@@ -68,18 +66,45 @@ type Backend interface {
 	// DeleteStale removes, for each Keep, the document's points whose
 	// version is not Keep.Version (all of them when it is 0).
 	DeleteStale(ctx context.Context, keep []Keep) error
+}
+
+// Reader reads points back: an [Index]'s count fence, the vectors it
+// reuses, and its searches.
+type Reader interface {
 	// Counts returns how many points each key has, over all versions (keys
 	// without points map to 0).
 	Counts(ctx context.Context, keys []string) (map[string]int, error)
 	// Points returns the document's points, ordered by version then
 	// ordinal; withVectors false leaves Vector nil.
 	Points(ctx context.Context, key string, withVectors bool) ([]Point, error)
-	// ScanMarkers calls fn for every stored marker, in no particular order,
-	// until fn returns an error.
-	ScanMarkers(ctx context.Context, fn func(Marker) error) error
 	// Search returns the k chunks nearest to vector by cosine similarity,
 	// best first (ties broken by point ID for determinism).
 	Search(ctx context.Context, vector []float32, k int) ([]Hit, error)
+}
+
+// MarkerScanner reads every version marker: verify's side of the index.
+type MarkerScanner interface {
+	// ScanMarkers calls fn for every stored marker, in no particular order,
+	// until fn returns an error.
+	ScanMarkers(ctx context.Context, fn func(Marker) error) error
+}
+
+// ReadWriter is what an [Index] needs of its store.
+type ReadWriter interface {
+	Writer
+	Reader
+}
+
+// Backend is the storage under an [Index]: a Qdrant collection or the
+// embedded index, with every role and Close; what an implementation
+// provides and the conformance suite (internal/index/indextest) checks.
+// It knows nothing of events or embedders; the Index owns the write order
+// and the freshness rules. Every method is safe for concurrent use; calls
+// for one document are never concurrent.
+type Backend interface {
+	Writer
+	Reader
+	MarkerScanner
 	// Close releases the store (the embedded index flushes and closes its
 	// files).
 	Close() error

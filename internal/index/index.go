@@ -1,6 +1,6 @@
 // Package index is the index projection: one point per chunk of the current
 // version of every document, in a [Backend] (a Qdrant collection, or the
-// embedded index), converged to the stream's events by the projector
+// embedded index; an [Index] needs only its [ReadWriter] side), converged to the stream's events by the projector
 // runtime.
 //
 // Model: a point's id is the chunk's derived id (contract.ChunkID of key,
@@ -44,9 +44,9 @@ import (
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
-// Index applies events to a Backend.
+// Index applies events to a store.
 type Index struct {
-	backend  Backend
+	backend  ReadWriter
 	embedder embed.Embedder
 	reuse    bool
 }
@@ -61,15 +61,15 @@ type Options struct {
 
 // New returns an index over backend, ensuring it for the embedder's
 // dimension.
-func New(ctx context.Context, backend Backend, embedder embed.Embedder, opts Options) (*Index, error) {
+func New(ctx context.Context, backend ReadWriter, embedder embed.Embedder, opts Options) (*Index, error) {
 	if err := backend.Ensure(ctx, embedder.Dimension()); err != nil {
 		return nil, fmt.Errorf("index: %w", err)
 	}
 	return &Index{backend: backend, embedder: embedder, reuse: opts.ReuseVectors}, nil
 }
 
-// Backend is the store under the index.
-func (x *Index) Backend() Backend { return x.backend }
+// Backend is the store under the index, as New was given it.
+func (x *Index) Backend() ReadWriter { return x.backend }
 
 // Apply implements projector.Store. Events must have distinct keys. The
 // backend is written in batches across the events; if a batch fails

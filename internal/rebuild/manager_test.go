@@ -81,7 +81,7 @@ func (p *process) stop() {
 func (p *process) versions(t *testing.T) map[string]int64 {
 	t.Helper()
 	x := p.Switch.Live().Store.(*index.Index)
-	docs, err := verify.ReadIndex(context.Background(), x.Backend())
+	docs, err := verify.ReadIndex(context.Background(), x.Backend().(index.Backend))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,7 +10,10 @@ import (
 // ReadIndex reads every document the index holds: its version marker and
 // its points (in version, then ordinal order, so that points left over from
 // another version show up as chunks that differ).
-func ReadIndex(ctx context.Context, b index.Backend) ([]Doc, error) {
+func ReadIndex(ctx context.Context, b interface {
+	index.MarkerScanner
+	Points(ctx context.Context, key string, withVectors bool) ([]index.Point, error)
+}) ([]Doc, error) {
 	var markers []index.Marker
 	if err := b.ScanMarkers(ctx, func(m index.Marker) error {
 		markers = append(markers, m)

@@ -174,7 +174,7 @@ func TestQdrantFirstGenerationCreatesTheAlias(t *testing.T) {
 		t.Fatalf("Live of a second Stores: %q; want %q", got, first)
 	}
 	g2 := open(t, s2, first)
-	if got := keys(t, g2.Store.(*index.Index).Backend()); !slices.Equal(got, []string{"doc-a"}) {
+	if got := keys(t, backendOf(g2)); !slices.Equal(got, []string{"doc-a"}) {
 		t.Errorf("documents of the reopened generation: %v; want [doc-a]", got)
 	}
 	if n := srv.Calls(updateAliases); n != 1 {
@@ -389,8 +389,12 @@ func (p *indexProcess) stop() {
 }
 
 // liveBackend is the backend of the generation live now.
-func (p *indexProcess) liveBackend() index.Backend {
-	return p.Switch.Live().Store.(*index.Index).Backend()
+func (p *indexProcess) liveBackend() index.Backend { return backendOf(p.Switch.Live()) }
+
+// backendOf is the whole store under the index of generation g (its index
+// sees only the roles it writes and reads with).
+func backendOf(g *rebuild.Generation) index.Backend {
+	return g.Store.(*index.Index).Backend().(index.Backend)
 }
 
 // load publishes doc-000 .. doc-<n-1> at version 1 and waits until the
@@ -410,7 +414,7 @@ func (p *indexProcess) load(t *testing.T, e *natsEnv, n int) {
 // keys whose marker has no chunks.
 func (p *indexProcess) contents(t *testing.T) (map[string]int64, []string) {
 	t.Helper()
-	return contentsOf(t, p.Switch.Live().Store.(*index.Index).Backend())
+	return contentsOf(t, p.liveBackend())
 }
 
 func contentsOf(t *testing.T, b index.Backend) (map[string]int64, []string) {

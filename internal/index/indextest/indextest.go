@@ -1,10 +1,11 @@
 // Package indextest is the conformance suite every index backend passes:
 // the embedded index, the Qdrant adapter against the in-process gRPC
 // server, and the Qdrant adapter against a real Qdrant when one is
-// configured. It checks the backend's primitives and, through an
-// index.Index, the projection's semantics: upsert, idempotent re-upsert,
-// stale versions skipped, shrinkage, withdrawal without resurrection,
-// repairs of the held version, counts and search.
+// configured. It checks every method of an index.Backend (its Writer,
+// Reader and MarkerScanner roles, and Close) and, through an index.Index
+// over its ReadWriter side, the projection's semantics: upsert, idempotent
+// re-upsert, stale versions skipped, shrinkage, withdrawal without
+// resurrection, repairs of the held version, counts and search.
 package indextest
 
 import (
@@ -227,7 +228,7 @@ func body(paragraphs int, word string) string {
 	return b.String()
 }
 
-func newIndex(t *testing.T, b index.Backend) *index.Index {
+func newIndex(t *testing.T, b index.ReadWriter) *index.Index {
 	e, err := embed.NewHash(Dim)
 	must(t, err)
 	x, err := index.New(ctx(), b, e, index.Options{ReuseVectors: true})
