@@ -1,13 +1,10 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"strings"
 	"time"
@@ -19,76 +16,19 @@ import (
 // envWriterURL names the writer's API for the operator's commands.
 const envWriterURL = "CONVERGE_WRITER_URL"
 
-// writerClient calls the writer's re-emission endpoint,
-// POST /v1/admin/reemit.
-type writerClient struct {
-	base string // http://host:port
-	http *http.Client
+// newWriterClient is the client of the writer at -writer-url.
+func newWriterClient(base string) (*writer.Client, error) {
+	c, err := writer.NewClient(base, nil)
+	if err != nil {
+		return nil, usagef("-writer-url must be http://host:port or https://..., got %q", base)
+	}
+	return c, nil
 }
 
-func newWriterClient(base string) (*writerClient, error) {
-	base = strings.TrimRight(strings.TrimSpace(base), "/")
-	if !strings.HasPrefix(base, "http://") && !strings.HasPrefix(base, "https://") {
-		return nil, fmt.Errorf("-writer-url must be http://host:port or https://..., got %q", base)
-	}
-	return &writerClient{base: base, http: &http.Client{Timeout: 5 * time.Minute}}, nil
-}
-
-// reemit sends one request and decodes the answer, or the writer's error.
-func (c *writerClient) reemit(ctx context.Context, req writer.ReemitRequest) (writer.ReemitResponse, error) {
-	body, err := json.Marshal(req)
-	if err != nil {
-		return writer.ReemitResponse{}, err
-	}
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/v1/admin/reemit", bytes.NewReader(body))
-	if err != nil {
-		return writer.ReemitResponse{}, err
-	}
-	hreq.Header.Set("Content-Type", "application/json")
-	resp, err := c.http.Do(hreq)
-	if err != nil {
-		return writer.ReemitResponse{}, fmt.Errorf("the writer at %s does not answer (is it running? -writer-url, env %s): %w", c.base, envWriterURL, err)
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
-	if err != nil {
-		return writer.ReemitResponse{}, fmt.Errorf("the writer's answer: %w", err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		var e struct {
-			Error writer.ErrorBody `json:"error"`
-		}
-		if json.Unmarshal(data, &e) == nil && e.Error.Code != "" {
-			return writer.ReemitResponse{}, fmt.Errorf("the writer refused the re-emission: %s (%s)", e.Error.Message, e.Error.Code)
-		}
-		return writer.ReemitResponse{}, fmt.Errorf("the writer answered %s: %s", resp.Status, strings.TrimSpace(string(truncateBytes(data, 500))))
-	}
-	var out writer.ReemitResponse
-	if err := json.Unmarshal(data, &out); err != nil {
-		return writer.ReemitResponse{}, fmt.Errorf("unreadable answer from the writer: %w", err)
-	}
-	return out, nil
-}
-
-// reemitKeys re-emits keys, in requests of at most writer.MaxReemitKeys.
-func (c *writerClient) reemitKeys(ctx context.Context, keys []string) (writer.ReemitResponse, error) {
-	all := writer.ReemitResponse{Reemitted: []writer.ReemittedDocument{}, NotFound: []string{}}
-	for lo := 0; lo < len(keys); lo += writer.MaxReemitKeys {
-		res, err := c.reemit(ctx, writer.ReemitRequest{Keys: keys[lo:min(lo+writer.MaxReemitKeys, len(keys))]})
-		if err != nil {
-			return all, err
-		}
-		all.Reemitted = append(all.Reemitted, res.Reemitted...)
-		all.NotFound = append(all.NotFound, res.NotFound...)
-	}
-	return all, nil
-}
-
-func truncateBytes(b []byte, n int) []byte {
-	if len(b) > n {
-		return b[:n]
-	}
-	return b
+// writerHint adds, to the error of a writer that did not answer, where
+// its address comes from.
+func writerHint(err error) error {
+	return serviceHint[*writer.APIError](err, "the writer", "-writer-url, env "+envWriterURL)
 }
 
 // backfillReport is what backfill did, for --json.
@@ -136,9 +76,10 @@ func backfill(ctx context.Context, args []string, out io.Writer) error {
 		err = backfillAll(ctx, c, *after, *limit, &rep)
 	} else {
 		var res writer.ReemitResponse
-		res, err = c.reemitKeys(ctx, keys)
+		res, err = c.ReemitKeys(ctx, keys)
 		rep.Reemitted, rep.NotFound = append(rep.Reemitted, res.Reemitted...), append(rep.NotFound, res.NotFound...)
 	}
+	err = writerHint(err)
 	if *asJSON {
 		if jerr := writeJSON(out, rep); jerr != nil && err == nil {
 			err = jerr
@@ -155,31 +96,23 @@ func backfill(ctx context.Context, args []string, out io.Writer) error {
 // backfillAll pages through every document after `after`, with a progress
 // line on stderr. On an error or an interruption, rep.Next is the key to
 // resume after.
-func backfillAll(ctx context.Context, c *writerClient, after string, limit int, rep *backfillReport) error {
+func backfillAll(ctx context.Context, c *writer.Client, after string, limit int, rep *backfillReport) error {
 	start := time.Now()
-	defer fmt.Fprintln(os.Stderr)
-	for {
-		if err := ctx.Err(); err != nil {
-			rep.Next = after
-			return fmt.Errorf("backfill interrupted: %w", err)
-		}
-		res, err := c.reemit(ctx, writer.ReemitRequest{All: true, After: after, Limit: limit})
-		if err != nil {
-			rep.Next = after
-			return err
-		}
+	line := newProgressLine(os.Stderr)
+	defer line.Done()
+	last := after
+	next, err := c.ReemitAll(ctx, after, limit, func(res writer.ReemitResponse) {
 		rep.Reemitted = append(rep.Reemitted, res.Reemitted...)
 		rep.NotFound = append(rep.NotFound, res.NotFound...)
-		last := after
 		if n := len(res.Reemitted); n > 0 {
 			last = res.Reemitted[n-1].Key
 		}
-		fmt.Fprintf(os.Stderr, "\rbackfill: re-emitted %d documents in %v, last %q", len(rep.Reemitted), time.Since(start).Round(time.Second), last)
-		if res.Next == "" {
-			return nil
-		}
-		after = res.Next
+		line.Update(fmt.Sprintf("backfill: re-emitted %d documents in %v, last %q", len(rep.Reemitted), time.Since(start).Round(time.Second), last))
+	})
+	if err != nil {
+		rep.Next = next
 	}
+	return err
 }
 
 // splitKeys splits a comma-separated list, dropping empty items.

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -225,13 +224,6 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
-}
-
-// writeJSON writes v as the indented JSON of a command's --json output.
-func writeJSON(out io.Writer, v any) error {
-	enc := json.NewEncoder(out)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
 }
 
 // seqList is a repeatable flag of stream sequences, each value one or

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -13,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/converge-sync/converge/internal/config"
-	"github.com/converge-sync/converge/internal/httpjson"
 	"github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/verify"
 	"github.com/converge-sync/converge/internal/verify/postgres"
@@ -128,56 +126,29 @@ func rebuildCmd(ctx context.Context, args []string, out io.Writer) error {
 }
 
 // runRebuild starts a rebuild on the projector at addr (or joins the one in
-// progress) and polls its status until it is done, printing progress.
+// progress) and follows it until it is done, printing progress.
 func runRebuild(ctx context.Context, client *http.Client, addr string, interval time.Duration, progress io.Writer) (rebuild.Status, error) {
-	url := "http://" + addr + rebuild.AdminPath
-	st, err := rebuildRequest(ctx, client, http.MethodPost, url)
+	c := &rebuild.Client{Addr: addr, HTTP: client}
+	st, _, err := c.Start(ctx)
 	if err != nil {
 		return st, err
 	}
 	id := st.ID
 	fmt.Fprintf(progress, "rebuild %s of %s: %s\n", id, st.Projector, describeRebuild(st))
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	last := ""
-	for {
-		select {
-		case <-ctx.Done():
-			return st, fmt.Errorf("stopped waiting for rebuild %s (it goes on in the projector; see GET %s): %w", id, url, ctx.Err())
-		case <-t.C:
-		}
-		st, err = rebuildRequest(ctx, client, http.MethodGet, url)
+	line := newProgressLine(progress)
+	defer line.Done()
+	return c.Wait(ctx, id, interval, func(st rebuild.Status, err error) {
 		if err != nil {
 			// The projector may be restarting: it resumes the rebuild.
-			fmt.Fprintf(progress, "\rrebuild %s: %v; asking again\n", id, err)
-			continue
+			line.Printf("rebuild %s: %v; asking again\n", id, err)
+			return
 		}
-		if st.Phase == rebuild.PhaseStarting {
-			continue
-		}
-		if st.ID != id && st.ID != "" {
-			return st, fmt.Errorf("the projector reports rebuild %s, not %s", st.ID, id)
-		}
-		line := fmt.Sprintf("rebuild %s: %-9s applied %d of %d (pending %d)", id, st.Phase, st.AppliedSeq, st.StreamLastSeq, st.Pending)
+		l := fmt.Sprintf("rebuild %s: %-9s applied %d of %d (pending %d)", id, st.Phase, st.AppliedSeq, st.StreamLastSeq, st.Pending)
 		if st.Error != "" {
-			line += " last error: " + st.Error
+			l += " last error: " + st.Error
 		}
-		if line != last {
-			fmt.Fprintf(progress, "\r%s", line)
-			last = line
-		}
-		if st.Phase == rebuild.PhaseDone && st.ID == id {
-			fmt.Fprintln(progress)
-			return st, nil
-		}
-		if st.Phase == rebuild.PhaseIdle && st.ID == "" {
-			// A restarted projector with no rebuild state: the state of a
-			// rebuild is deleted only when it is done.
-			fmt.Fprintln(progress)
-			st.ID, st.Phase = id, rebuild.PhaseDone
-			return st, nil
-		}
-	}
+		line.Update(l)
+	})
 }
 
 func describeRebuild(st rebuild.Status) string {
@@ -185,34 +156,4 @@ func describeRebuild(st rebuild.Status) string {
 		return "in place (wipe, then fill from the stream's start), live writes held back until it has caught up"
 	}
 	return fmt.Sprintf("blue/green into %s while %s stays live", st.Target, st.Previous)
-}
-
-func rebuildRequest(ctx context.Context, client *http.Client, method, url string) (rebuild.Status, error) {
-	var st rebuild.Status
-	req, err := http.NewRequestWithContext(ctx, method, url, http.NoBody)
-	if err != nil {
-		return st, err
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return st, fmt.Errorf("projector at %s: %w", url, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil {
-		return st, fmt.Errorf("projector at %s: %w", url, err)
-	}
-	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusAccepted {
-		var e struct {
-			Error httpjson.ErrorBody `json:"error"`
-		}
-		if json.Unmarshal(body, &e) == nil && e.Error.Message != "" {
-			return st, fmt.Errorf("projector at %s: %s: %s", url, e.Error.Code, e.Error.Message)
-		}
-		return st, fmt.Errorf("projector at %s: %s", url, resp.Status)
-	}
-	if err := json.Unmarshal(body, &st); err != nil {
-		return st, fmt.Errorf("projector at %s: malformed status: %w", url, err)
-	}
-	return st, nil
 }

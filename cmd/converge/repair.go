@@ -94,7 +94,7 @@ func progressOut(show bool, out io.Writer) io.Writer {
 // differences that a re-emission repairs, then verifies again every
 // interval until every repairable difference is gone or timeout passes. It
 // returns the last verify, with the repair's report.
-func repairStores(ctx context.Context, wc *writerClient, truth verify.Side, stores []namedSide, buckets int,
+func repairStores(ctx context.Context, wc *writer.Client, truth verify.Side, stores []namedSide, buckets int,
 	first verifyReport, timeout, interval time.Duration, out io.Writer) (verifyReport, error) {
 	rr := &repairReport{Reemitted: []writer.ReemittedDocument{}, NotFound: []string{}, Repaired: []repairItem{},
 		Unrepairable: []repairItem{}, Remaining: []repairItem{}}
@@ -117,11 +117,11 @@ func repairStores(ctx context.Context, wc *writerClient, truth verify.Side, stor
 		return first, nil
 	}
 	slices.Sort(keys)
-	fmt.Fprintf(out, "repair: re-emitting %d documents through the writer at %s\n", len(keys), wc.base)
-	res, err := wc.reemitKeys(ctx, keys)
+	fmt.Fprintf(out, "repair: re-emitting %d documents through the writer at %s\n", len(keys), wc.URL())
+	res, err := wc.ReemitKeys(ctx, keys)
 	rr.Reemitted, rr.NotFound = append(rr.Reemitted, res.Reemitted...), append(rr.NotFound, res.NotFound...)
 	if err != nil {
-		return first, fmt.Errorf("repair: %w", err)
+		return first, fmt.Errorf("repair: %w", writerHint(err))
 	}
 	fmt.Fprintf(out, "repair: re-emitted %d documents; waiting up to %v for the stores to agree\n", len(rr.Reemitted), timeout)
 

@@ -2,11 +2,8 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
-	"net/url"
-	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -18,39 +15,24 @@ import (
 // index's own embedder) for the chunks nearest to a text.
 func search(ctx context.Context, args []string, out io.Writer) error {
 	f := config.NewFlags("converge search")
-	addr := f.String("index-addr", "CONVERGE_PROJECTOR_INDEX_ADDR", "127.0.0.1:9103", "the index projector's metrics address, which serves /v1/search")
+	addr := f.String("index-addr", "CONVERGE_PROJECTOR_INDEX_ADDR", "127.0.0.1:9103", "the index projector's metrics address, which serves "+index.SearchPath)
 	k := f.Int("k", "", 10, "number of results")
 	asJSON := f.Bool("json", "", false, "machine-readable output")
 	// Flags may come before or after the query.
-	var words []string
-	for rest := args; ; {
-		if err := f.Parse(rest); err != nil {
-			return err
-		}
-		if f.NArg() == 0 {
-			break
-		}
-		words = append(words, f.Arg(0))
-		rest = f.Args()[1:]
+	words, err := parseInterspersed(f, args)
+	if err != nil {
+		return err
 	}
 	query := strings.Join(words, " ")
 	if query == "" {
 		return fmt.Errorf("search needs a query: converge search \"some text\" [-k N]")
 	}
-	u := url.URL{Scheme: "http", Host: *addr, Path: "/v1/search", RawQuery: url.Values{"q": {query}, "k": {strconv.Itoa(*k)}}.Encode()}
-	body, err := getJSON(ctx, u.String(), "search: the index projector", "projector-index", "-index-addr")
+	res, err := (&index.Client{Addr: *addr}).Search(ctx, query, *k)
 	if err != nil {
-		return err
+		return fmt.Errorf("search: %w", serviceHint[*index.APIError](err, "projector-index", "-index-addr"))
 	}
 	if *asJSON {
-		_, err := out.Write(body)
-		return err
-	}
-	var res struct {
-		Results []index.SearchResult `json:"results"`
-	}
-	if err := json.Unmarshal(body, &res); err != nil {
-		return fmt.Errorf("search: unreadable answer: %w", err)
+		return writeAnswerJSON(out, res)
 	}
 	if len(res.Results) == 0 {
 		fmt.Fprintln(out, "no results (is the index empty?)")

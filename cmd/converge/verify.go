@@ -15,6 +15,7 @@ import (
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/verify"
 	"github.com/converge-sync/converge/internal/verify/postgres"
+	"github.com/converge-sync/converge/internal/writer"
 )
 
 // errDisagree makes converge exit non-zero when a store disagrees.
@@ -43,28 +44,32 @@ func verifyCmd(ctx context.Context, args []string, out io.Writer) error {
 	if err := f.Parse(args); err != nil {
 		return err
 	}
-	var wc *writerClient
+	var wc *writer.Client
 	if *repair {
 		var err error
 		if wc, err = newWriterClient(*writerURL); err != nil {
 			return err
 		}
 		if *repairTimeout <= 0 {
-			return errors.New("-repair-timeout must be positive")
+			return usagef("-repair-timeout must be positive")
 		}
+	}
+	stored, err := storeSides(*stores, *indexAddr, *graphAddr)
+	if err != nil {
+		return err
 	}
 	if err := config.Require(*pg, "postgres-url", config.EnvPostgresURL); err != nil {
 		return err
 	}
 	if *buckets < 1 || *buckets > verify.MaxBuckets {
-		return fmt.Errorf("-buckets must be from 1 to %d", verify.MaxBuckets)
+		return usagef("-buckets must be from 1 to %d", verify.MaxBuckets)
 	}
 	pool, err := pgxpool.New(ctx, *pg)
 	if err != nil {
 		return fmt.Errorf("postgres: %w", err)
 	}
 	defer pool.Close()
-	truth, stored := &postgres.Postgres{Pool: pool}, sides(*stores, *indexAddr, *graphAddr)
+	truth := &postgres.Postgres{Pool: pool}
 	rep, err := runVerify(ctx, truth, stored, *buckets, !*asJSON)
 	if err != nil {
 		return err
@@ -99,15 +104,40 @@ type namedSide struct {
 	side verify.Side
 }
 
-func sides(list, indexAddr, graphAddr string) []namedSide {
+// storeSides are the projections of list (-stores), each asked of its
+// projector. An unknown name is a usage error: verifying fewer stores than
+// asked for would let verify succeed on a typo.
+func storeSides(list, indexAddr, graphAddr string) ([]namedSide, error) {
 	var out []namedSide
 	for _, s := range strings.Split(list, ",") {
-		switch strings.TrimSpace(s) {
+		name := strings.TrimSpace(s)
+		var side namedSide
+		switch name {
 		case "index":
-			out = append(out, namedSide{verify.Index, &verify.Remote{Label: "index", Addr: indexAddr}})
+			side = namedSide{verify.Index, &verify.Remote{Label: "index", Addr: indexAddr}}
 		case "graph":
-			out = append(out, namedSide{verify.Graph, &verify.Remote{Label: "graph", Addr: graphAddr}})
+			side = namedSide{verify.Graph, &verify.Remote{Label: "graph", Addr: graphAddr}}
+		case "":
+			continue
+		default:
+			return nil, usagef("-stores: unknown store %q: want index or graph", name)
 		}
+		if slices.ContainsFunc(out, func(o namedSide) bool { return o.kind == side.kind }) {
+			continue
+		}
+		out = append(out, side)
+	}
+	if len(out) == 0 {
+		return nil, usagef("-stores: no store to verify: want index, graph or index,graph")
+	}
+	return out, nil
+}
+
+// sides is storeSides of a list the caller knows to be valid.
+func sides(list, indexAddr, graphAddr string) []namedSide {
+	out, err := storeSides(list, indexAddr, graphAddr)
+	if err != nil {
+		panic(err)
 	}
 	return out
 }
@@ -119,15 +149,17 @@ func runVerify(ctx context.Context, truth verify.Side, stores []namedSide, bucke
 	}
 	for _, s := range stores {
 		var show func(done, total int)
+		line := newProgressLine(os.Stderr)
 		if progress {
 			show = func(done, total int) {
-				fmt.Fprintf(os.Stderr, "\r%s: compared %d/%d differing buckets", s.side.Name(), done, total)
+				line.Update(fmt.Sprintf("%s: compared %d/%d differing buckets", s.side.Name(), done, total))
 				if done == total {
-					fmt.Fprintln(os.Stderr)
+					line.Done()
 				}
 			}
 		}
 		r, err := verify.Compare(ctx, truth, s.side, s.kind, buckets, show)
+		line.Done()
 		if err != nil {
 			return rep, err
 		}

@@ -9,7 +9,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -58,12 +57,8 @@ func damageGraph(t *testing.T, s *stack.Stack, docs ...graph.Doc) {
 // graphView is what the graph projector serves about key, as a Doc.
 func graphView(t *testing.T, s *stack.Stack, key string) graph.Doc {
 	t.Helper()
-	body, err := getJSON(context.Background(), "http://"+s.GraphAddr+"/v1/graph/"+url.PathEscape(key), "graph", "projector-graph", "-graph-addr")
+	v, err := (&graph.Client{Addr: s.GraphAddr}).Document(context.Background(), key)
 	if err != nil {
-		t.Fatal(err)
-	}
-	var v graph.DocumentJSON
-	if err := json.Unmarshal(body, &v); err != nil {
 		t.Fatal(err)
 	}
 	d := graph.Doc{Key: v.Key, Version: v.Version, Deleted: v.Deleted, Title: v.Title, ContentHash: v.ContentHash, Links: v.LinksOut, Tags: v.Tags}

@@ -1,0 +1,66 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/converge-sync/converge/internal/verify"
+)
+
+func TestExitCode(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want int
+	}{
+		{errors.New("postgres: connection refused"), 1},
+		{errDisagree, 1},
+		{usagef("-buckets must be from 1 to %d", verify.MaxBuckets), 2},
+		{fmt.Errorf("verify: %w", usagef("unknown store %q", "x")), 2},
+	} {
+		if got := exitCode(tc.err); got != tc.want {
+			t.Errorf("exitCode(%v) = %d, want %d", tc.err, got, tc.want)
+		}
+	}
+}
+
+// An unknown store name is a usage error naming it, found before verify
+// connects to anything: verifying the stores it knows and exiting 0 would
+// pass a typo off as agreement.
+func TestVerifyRefusesAnUnknownStore(t *testing.T) {
+	// Nothing listens there: a verify that got as far as Postgres fails
+	// otherwise.
+	const pgURL = "postgres://converge@127.0.0.1:1/converge?connect_timeout=1"
+	for _, tc := range []struct {
+		stores, want string
+	}{
+		{"index,grpah", `unknown store "grpah": want index or graph`},
+		{"Index", `unknown store "Index"`},
+		{"", "no store to verify"},
+		{" , ", "no store to verify"},
+	} {
+		err := run(context.Background(), []string{"verify", "-stores", tc.stores, "-postgres-url", pgURL}, &bytes.Buffer{})
+		if err == nil || !strings.Contains(err.Error(), tc.want) || exitCode(err) != 2 {
+			t.Errorf("verify -stores %q: %v (exit %d), want a usage error containing %q", tc.stores, err, exitCode(err), tc.want)
+		}
+	}
+	for _, args := range [][]string{{"-buckets", "0"}, {"--repair", "-repair-timeout", "0s"}, {"--repair", "-writer-url", "127.0.0.1:8080"}} {
+		err := run(context.Background(), append([]string{"verify", "-postgres-url", pgURL}, args...), &bytes.Buffer{})
+		if err == nil || exitCode(err) != 2 {
+			t.Errorf("verify %v: %v (exit %d), want a usage error", args, err, exitCode(err))
+		}
+	}
+}
+
+func TestStoreSides(t *testing.T) {
+	got, err := storeSides(" graph , index,graph", "i:1", "g:2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0].kind != verify.Graph || got[0].side.Name() != "graph" || got[1].kind != verify.Index || got[1].side.Name() != "index" {
+		t.Fatalf("sides %+v", got)
+	}
+}
