@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -48,9 +49,9 @@ func TestHelperOwner(t *testing.T) {
 		}
 	}
 	fmt.Printf("%s%s %d %d\n", helperPrefix, filepath.Dir(c.DataDir()), pm, c.watchdogPID())
-	// The parent kills us long before this; should it die first, leaving
-	// here without Stop exercises the watchdog just the same.
-	time.Sleep(2 * time.Minute)
+	// The parent kills us; should it die first, its end of stdin closes,
+	// and leaving here without Stop exercises the watchdog just the same.
+	_, _ = io.Copy(io.Discard, os.Stdin)
 	os.Exit(3)
 }
 
@@ -73,6 +74,12 @@ func startOwner(t *testing.T, mode, dir string) (*exec.Cmd, ownerReport) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Held open until the test ends: the helper waits for its end.
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = stdin.Close() })
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

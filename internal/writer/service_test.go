@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"strings"
 	"sync"
 	"testing"
@@ -81,10 +82,15 @@ func TestServiceReadinessAndGracefulShutdown(t *testing.T) {
 	testenv.Eventually(t, "ready", waitTimeout, func() bool { c, _ := get(t, "http://"+metricsAddr+"/readyz"); return c == 200 })
 
 	// Start requests whose bodies are only half sent, shut down while they
-	// are in flight, then finish sending: every one must complete.
+	// are in flight, then finish sending: every one must complete. Each
+	// asks for 100 Continue, which the server sends once its handler reads
+	// the body: then the request is surely accepted.
 	const inflight = 20
 	var wg sync.WaitGroup
 	codes := make(chan int, inflight)
+	continued := make(chan struct{}, inflight)
+	client := &http.Client{Transport: &http.Transport{ExpectContinueTimeout: time.Minute}}
+	t.Cleanup(client.CloseIdleConnections)
 	writers := make([]*io.PipeWriter, inflight)
 	rests := make([]string, inflight)
 	for i := range inflight {
@@ -94,10 +100,13 @@ func TestServiceReadinessAndGracefulShutdown(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			req, _ := http.NewRequest("PUT", fmt.Sprintf("%s/v1/documents/s%d", base, i), pr)
+			trace := &httptrace.ClientTrace{Got100Continue: func() { continued <- struct{}{} }}
+			req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace),
+				"PUT", fmt.Sprintf("%s/v1/documents/s%d", base, i), pr)
 			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Expect", "100-continue")
 			req.ContentLength = int64(len(body))
-			resp, err := http.DefaultClient.Do(req)
+			resp, err := client.Do(req)
 			if err != nil {
 				t.Errorf("request %d: %v", i, err)
 				codes <- 0
@@ -109,12 +118,22 @@ func TestServiceReadinessAndGracefulShutdown(t *testing.T) {
 		}()
 		go func() { _, _ = io.WriteString(pw, body[:len(body)/2]) }()
 	}
-	time.Sleep(300 * time.Millisecond) // let the server accept every request
-	cancel()
-	time.Sleep(100 * time.Millisecond) // shutdown has begun: the listener is closed
-	if _, err := net.DialTimeout("tcp", strings.TrimPrefix(base, "http://"), time.Second); err == nil {
-		t.Error("the API still accepts connections after shutdown began")
+	for i := range inflight {
+		select {
+		case <-continued:
+		case <-time.After(waitTimeout):
+			t.Fatalf("%d of %d requests reached their handler within %v", i, inflight, waitTimeout)
+		}
 	}
+	cancel()
+	// Shutdown begins by closing the listener.
+	testenv.Eventually(t, "the API to refuse connections once shutdown began", waitTimeout, func() bool {
+		c, err := net.DialTimeout("tcp", strings.TrimPrefix(base, "http://"), time.Second)
+		if err == nil {
+			_ = c.Close()
+		}
+		return err != nil
+	})
 	for i, pw := range writers {
 		_, _ = io.WriteString(pw, rests[i])
 		_ = pw.Close()
