@@ -23,16 +23,9 @@ func replay(ctx context.Context, args []string, out io.Writer) error {
 	stream := f.String("stream", "", "CONVERGE_DOCS", "the projectors' stream")
 	fromSeq := f.Int("from-seq", "", 0, "replay from this stream sequence (1: everything)")
 	fromTime := f.String("from-time", "", "", "replay from this time (RFC 3339, e.g. 2026-11-30T10:00:00Z)")
-	var names []string
-	for rest := args; ; {
-		if err := f.Parse(rest); err != nil {
-			return err
-		}
-		if f.NArg() == 0 {
-			break
-		}
-		names = append(names, f.Arg(0))
-		rest = f.Args()[1:]
+	names, err := parseInterspersed(f, args)
+	if err != nil {
+		return err
 	}
 	if len(names) != 1 {
 		return errors.New("replay needs one projector (its consumer name, e.g. index or graph): converge replay index --from-seq 1")
