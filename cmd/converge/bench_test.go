@@ -1065,7 +1065,7 @@ func BenchmarkRebuildIndex(b *testing.B) {
 			sw, rebuilt, stop := rebuildWithManager(ctx, b, js, stores, "index", "bench-index")
 			took += rebuilt
 			x := sw.Live().Store.(*index.Index)
-			docs, err := verify.ReadIndex(ctx, x.Backend())
+			docs, err := verify.ReadIndex(ctx, x.Backend().(index.Backend))
 			if err != nil || len(docs) != n || sw.Live().Name == "index" {
 				b.Fatalf("after the rebuild the live generation %s holds %d documents (%v), want %d in a fresh one", sw.Live().Name, len(docs), err, n)
 			}
