@@ -659,7 +659,9 @@ func TestStandbyTakesOver(t *testing.T) {
 	}
 	// Writes after the takeover flow through relay-b.
 	atTakeover := streamMsgs(t, f.js)
-	time.Sleep(time.Second)
+	testenv.Eventually(t, "events relayed by relay-b after the takeover", 10*time.Second, func() bool {
+		return streamMsgs(t, f.js) > atTakeover
+	})
 	w.stop()
 	if t.Failed() {
 		t.FailNow()

@@ -23,6 +23,7 @@ import (
 	"github.com/converge-sync/converge/internal/docstore"
 	"github.com/converge-sync/converge/internal/relay"
 	"github.com/converge-sync/converge/internal/testenv"
+	"github.com/converge-sync/converge/internal/testenv/corpus"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
@@ -174,11 +175,12 @@ func (f *fixture) stopAll(t *testing.T) {
 
 func (f *fixture) write(t *testing.T, from, to int, version int64) {
 	t.Helper()
+	docs := corpus.Sequential(to-from, corpus.Shape{First: from, Version: version, Title: corpus.Fixed("t"),
+		Body: func(i int) string { return fmt.Sprintf("body %d at %d", i, version) }})
 	var writes []docstore.Write
-	for i := from; i < to; i++ {
-		writes = append(writes, docstore.Write{Doc: contract.Document{Key: fmt.Sprintf("doc-%d", i), Version: version,
-			Title: "t", Body: fmt.Sprintf("body %d at %d", i, version)}})
-		if len(writes) == 100 || i == to-1 {
+	for i, d := range docs {
+		writes = append(writes, docstore.Write{Doc: d})
+		if len(writes) == 100 || i == len(docs)-1 {
 			outs, err := f.store.Apply(context.Background(), writes)
 			if err != nil {
 				t.Fatal(err)
@@ -242,10 +244,12 @@ func TestRelayPublishesEveryEventOnceAndConfirms(t *testing.T) {
 	stop()
 
 	// A restart resumes after the confirmed position: nothing republished.
-	f.startRelay(t, relay.Config{})
+	// Once the slot confirms past the new writes, everything before them
+	// that the relay would republish has been published.
+	f.startRelay(t, relay.Config{StatusInterval: 50 * time.Millisecond})
 	f.write(t, 0, 10, 3)
-	testenv.Eventually(t, "10 more events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 1010 })
-	time.Sleep(300 * time.Millisecond)
+	testenv.Eventually(t, "10 more events", 20*time.Second, func() bool { return streamMsgs(t, f.js) >= 1010 })
+	waitConfirmedPastNow(t, f.pool, "converge_relay", 10*time.Second)
 	if n := streamMsgs(t, f.js); n != 1010 {
 		t.Fatalf("stream holds %d messages, want 1010", n)
 	}
@@ -273,7 +277,12 @@ func TestGracefulShutdownConfirmsEverythingAcknowledged(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
 	testenv.Eventually(t, "all 3000 events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 3000 })
-	time.Sleep(500 * time.Millisecond)
+	// The relay counts acknowledgements in publish order, which is commit
+	// order: once it has counted one for each event missing at shutdown,
+	// any event it republished (all older) has been counted too.
+	testenv.Eventually(t, "the relay to count the acknowledgements of the missing events", 20*time.Second, func() bool {
+		return testutil.ToFloat64(metrics.Published) >= float64(3000-published)
+	})
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -291,17 +300,15 @@ func TestGracefulShutdownConfirmsEverythingAcknowledged(t *testing.T) {
 // anything new is confirmed.
 func TestConfirmedLSNReportedFromSlotAtStart(t *testing.T) {
 	f := newFixture(t)
-	f.startRelay(t, relay.Config{}) // creates the slot
+	f.startRelay(t, relay.Config{StatusInterval: 50 * time.Millisecond}) // creates the slot
 	f.waitSlot(t)
 	f.write(t, 0, 10, 1)
 	testenv.Eventually(t, "10 events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 10 })
-	var slotLSN string
-	testenv.Eventually(t, "confirmation", 10*time.Second, func() bool {
-		_ = f.pool.QueryRow(context.Background(), `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'converge_relay'`).Scan(&slotLSN)
-		return slotLSN != "" && slotLSN != "0/0"
-	})
-	time.Sleep(200 * time.Millisecond)
+	// The slot holds a position past the events, confirmed by this relay,
+	// before it stops.
+	waitConfirmedPastNow(t, f.pool, "converge_relay", 10*time.Second)
 	f.stopAll(t)
+	var slotLSN string
 	_ = f.pool.QueryRow(context.Background(), `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'converge_relay'`).Scan(&slotLSN)
 
 	r, err := relay.New(f.nats.Connect(t), relay.Config{PostgresURL: f.dbURL, HeartbeatInterval: -1}, nil, nil)
@@ -395,7 +402,9 @@ func TestByteWindowSmallerThanAnEventStillRelays(t *testing.T) {
 func TestLostAcknowledgementsRepublish(t *testing.T) {
 	f := newFixture(t)
 	metrics := relay.NewMetrics(nil)
-	r, err := relay.New(f.nats.Connect(t), relay.Config{PostgresURL: f.dbURL, AckTimeout: time.Second,
+	// A short status interval: acknowledgements are taken in, and their
+	// absence noticed, at least that often.
+	r, err := relay.New(f.nats.Connect(t), relay.Config{PostgresURL: f.dbURL, AckTimeout: time.Second, StatusInterval: 200 * time.Millisecond,
 		StandbyRetry: 100 * time.Millisecond, Stream: relay.StreamConfig{MaxMsgsPerSubject: -1}}, metrics, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -425,8 +434,13 @@ func TestLostAcknowledgementsRepublish(t *testing.T) {
 	f.write(t, 0, 100, 1)
 	errs := metrics.SessionErrors.WithLabelValues("publish")
 	testenv.Eventually(t, "the session to end on the missing acknowledgements", 15*time.Second, func() bool { return testutil.ToFloat64(errs) >= 1 })
-	testenv.Eventually(t, "every event republished into the recreated stream", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 100 })
-	time.Sleep(300 * time.Millisecond)
+	testenv.Eventually(t, "every event republished into the recreated stream", 20*time.Second, func() bool { return streamMsgs(t, f.js) >= 100 })
+	// The lost publishes were never counted: once the relay has counted an
+	// acknowledgement for each of the 100 events, none is left for a later
+	// session to publish again.
+	testenv.Eventually(t, "the relay to count 100 acknowledgements", 20*time.Second, func() bool {
+		return testutil.ToFloat64(metrics.Published) >= 100
+	})
 	if n := streamMsgs(t, f.js); n != 100 {
 		t.Fatalf("stream holds %d messages, want 100", n)
 	}

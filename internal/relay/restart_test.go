@@ -31,6 +31,7 @@ import (
 	"github.com/converge-sync/converge/internal/docstore"
 	"github.com/converge-sync/converge/internal/relay"
 	"github.com/converge-sync/converge/internal/testenv"
+	"github.com/converge-sync/converge/internal/testenv/corpus"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
@@ -330,7 +331,10 @@ func TestPostgresRestartMidStream(t *testing.T) {
 	}
 	killed = true
 	down := time.Now()
-	time.Sleep(500 * time.Millisecond) // the writer and the relay hit a dead server
+	// The writer and the relay hit the dead server before it comes back.
+	testenv.Eventually(t, "a failed write and a lost replication session", 10*time.Second, func() bool {
+		return w.failures.Load() > 0 && testutil.ToFloat64(metrics.SessionErrors.WithLabelValues("postgres")) > 0
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	err := pg.Cluster.Restart(ctx)
 	cancel()
@@ -368,6 +372,9 @@ func TestPostgresRestartMidStream(t *testing.T) {
 // the connection drops; the relay must resume from what it confirmed, and
 // nothing may be lost or stored twice.
 func TestNATSRestartMidStream(t *testing.T) {
+	// outageBatches are written while the server is down: events the relay
+	// must publish once it is back.
+	const outageBatches = 50
 	f := newFixture(t)
 	const slot = "restart_nats"
 	n, err := testenv.StartNATSAt(t.TempDir(), -1)
@@ -398,7 +405,10 @@ func TestNATSRestartMidStream(t *testing.T) {
 	beforeOutage := streamMsgs(t, js)
 	n.Shutdown()
 	batchesAtShutdown := w.batches.Load()
-	time.Sleep(time.Second) // writes continue; the relay cannot publish
+	// Writes continue; the relay cannot publish them.
+	testenv.Eventually(t, "batches written during the outage", 10*time.Second, func() bool {
+		return w.batches.Load() >= batchesAtShutdown+outageBatches
+	})
 	writtenDuringOutage := w.batches.Load() - batchesAtShutdown
 	restarted, err := testenv.StartNATSAt(n.StoreDir, n.Port)
 	if err != nil {
@@ -482,10 +492,14 @@ func TestIdleHeartbeatAdvancesSlot(t *testing.T) {
 
 	// Fully idle: nothing writes but the relay's own heartbeats.
 	idleConfirmed, idleWAL := slotPosition(t, f.pool, slot)
-	time.Sleep(1500 * time.Millisecond)
-	endConfirmed, endWAL := slotPosition(t, f.pool, slot)
-	t.Logf("idle: WAL grew %d bytes in 1.5 s; confirmed_flush_lsn advanced %d bytes; lag at the end %d bytes (relay's gauge %.0f)",
-		endWAL-idleWAL, endConfirmed-idleConfirmed, endWAL-endConfirmed, testutil.ToFloat64(metrics.SlotLagBytes))
+	idleStart := time.Now()
+	var endConfirmed, endWAL int64
+	testenv.Eventually(t, "heartbeats to grow the WAL and the slot to confirm past where it was", 10*time.Second, func() bool {
+		endConfirmed, endWAL = slotPosition(t, f.pool, slot)
+		return endWAL > idleWAL && endConfirmed > idleConfirmed && endConfirmed >= idleWAL
+	})
+	t.Logf("idle: WAL grew %d bytes in %v; confirmed_flush_lsn advanced %d bytes; lag at the end %d bytes (relay's gauge %.0f)",
+		endWAL-idleWAL, time.Since(idleStart).Round(time.Millisecond), endConfirmed-idleConfirmed, endWAL-endConfirmed, testutil.ToFloat64(metrics.SlotLagBytes))
 	if endWAL <= idleWAL {
 		t.Error("no WAL at all while idle: the heartbeats are not being written")
 	}
@@ -528,7 +542,10 @@ func TestLargeTransactionBoundedMemory(t *testing.T) {
 	// Built while the relay starts up, before its baseline is taken.
 	rows, payloadBytes := largeTransaction(t, events)
 	waitSlotActive(t, f.pool, "converge_relay")
-	time.Sleep(300 * time.Millisecond) // past start-up: connections, first heartbeats
+	// Past start-up: its session runs, over both connections and the stream.
+	testenv.Eventually(t, "the relay process to log its session", 10*time.Second, func() bool {
+		return strings.Contains(child.out.String(), "msg=relaying")
+	})
 	baseline, err := procStatusBytes(child.pid, "VmRSS")
 	if err != nil {
 		t.Fatal(err)
@@ -608,6 +625,8 @@ func largeTransaction(t *testing.T, n int) (rows [][]any, payloadBytes int) {
 	t.Helper()
 	rows = make([][]any, n)
 	filler := strings.Repeat("The quick brown fox jumps over the lazy dog. ", 13)
+	docs := corpus.Sequential(n, corpus.Shape{Keys: "large-%05d", Title: corpus.Fixed("large transaction"),
+		Body: func(i int) string { return fmt.Sprintf("document %d. %s", i, filler) }})
 	var (
 		total   atomic.Int64
 		wg      sync.WaitGroup
@@ -616,12 +635,7 @@ func largeTransaction(t *testing.T, n int) (rows [][]any, payloadBytes int) {
 	for w := range workers {
 		wg.Go(func() {
 			for i := w; i < n; i += workers {
-				d, err := contract.Document{Key: fmt.Sprintf("large-%05d", i), Version: 1, Title: "large transaction",
-					Body: fmt.Sprintf("document %d. %s", i, filler)}.Normalize()
-				if err != nil {
-					t.Error(err)
-					return
-				}
+				d := docs[i]
 				ev := contract.NewUpsertedEvent(d, []string{d.Body})
 				payload, err := ev.Encode()
 				if err != nil {

@@ -100,10 +100,10 @@ func TestSequential(t *testing.T) {
 	}) {
 		t.Errorf("zero shape: %+v", got)
 	}
-	docs := corpus.Sequential(2, corpus.Shape{First: 5, Keys: "k/%03d", Version: 9, Title: "t",
+	docs := corpus.Sequential(2, corpus.Shape{First: 5, Keys: "k/%03d", Version: 9, Title: corpus.Fixed("t"),
 		Body:  func(i int) string { return "body of " + string(rune('a'+i)) },
 		Links: func(i int) []string { return []string{"z", "a", "z"} },
-		Tags:  func(i int) []string { return []string{"x"} },
+		Tags:  corpus.Fixed([]string{"x"}),
 		Meta:  json.RawMessage(`{"b": 1, "a": 2}`)})
 	want := contract.Document{Key: "k/006", Version: 9, Title: "t", Body: "body of g",
 		Links: []string{"a", "z"}, Tags: []string{"x"}, Meta: json.RawMessage(`{"a":2,"b":1}`)}

@@ -12,10 +12,10 @@ import (
 // Shape is what the documents of [Sequential] hold. The zero Shape gives
 // keys "doc-<i>" at version 1 and nothing else.
 type Shape struct {
-	First   int    // index of the first document (0 when unset)
-	Keys    string // key of document i: a fmt format with one %d; "doc-%d" when empty
-	Version int64  // 1 when 0
-	Title   string
+	First   int                  // index of the first document (0 when unset)
+	Keys    string               // key of document i: a fmt format with one %d; "doc-%d" when empty
+	Version int64                // 1 when 0
+	Title   func(i int) string   // nil: no title
 	Body    func(i int) string   // nil: no body
 	Links   func(i int) []string // nil: no links
 	Tags    func(i int) []string // nil: no tags
@@ -41,7 +41,10 @@ func Sequential(n int, s Shape) []contract.Document {
 	docs := make([]contract.Document, n)
 	for j := range docs {
 		i := s.First + j
-		d := contract.Document{Key: s.Key(i), Version: version, Title: s.Title, Meta: s.Meta}
+		d := contract.Document{Key: s.Key(i), Version: version, Meta: s.Meta}
+		if s.Title != nil {
+			d.Title = s.Title(i)
+		}
 		if s.Body != nil {
 			d.Body = s.Body(i)
 		}
@@ -59,6 +62,9 @@ func Sequential(n int, s Shape) []contract.Document {
 	}
 	return docs
 }
+
+// Fixed is v for every document: Title: Fixed("bench").
+func Fixed[T any](v T) func(i int) T { return func(int) T { return v } }
 
 // FilledParagraphs is a body of paragraphs paragraphs, the p-th ending
 // (with a blank line) once the body holds (p+1)*size bytes, of the given
