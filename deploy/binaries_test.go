@@ -5,42 +5,24 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/converge-sync/converge/internal/testenv"
 )
 
 // binaries are the commands under cmd/, built as the Dockerfile builds
-// them.
+// them (testenv.BuildBinaries).
 type binaries struct {
-	dir   string
-	names []string
+	*testenv.Binaries
 }
 
 func buildBinaries(t *testing.T) *binaries {
 	t.Helper()
-	dir := t.TempDir()
-	cmd := exec.Command("go", "build", "-trimpath", "-o", dir+string(filepath.Separator), "./cmd/...")
-	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/...: %v\n%s", err, out)
-	}
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := &binaries{dir: dir}
-	for _, e := range entries {
-		b.names = append(b.names, e.Name())
-	}
-	if len(b.names) == 0 {
-		t.Fatal("go build ./cmd/... built nothing")
-	}
-	return b
+	return &binaries{testenv.BuildBinaries(t)}
 }
 
 // help runs `name args... -h` with no CONVERGE_* variable in its
@@ -48,8 +30,8 @@ func buildBinaries(t *testing.T) *binaries {
 func (b *binaries) help(name string, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(b.dir, name), append(args, "-h")...)
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + b.dir}
+	cmd := exec.CommandContext(ctx, b.Path(name), append(args, "-h")...)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + b.Dir}
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return "", fmt.Errorf("%s %s -h: %w\n%s", name, strings.Join(args, " "), err, out)
@@ -93,8 +75,8 @@ func (c cli) sortedEnvs() []string {
 // and returns the arguments after the binary and subcommand.
 func (b *binaries) cliOf(command []string) (cli, []string, error) {
 	name := command[0]
-	if !slices.Contains(b.names, name) {
-		return cli{}, nil, fmt.Errorf("command %q names no binary of the image (it has %s)", strings.Join(command, " "), strings.Join(b.names, ", "))
+	if !slices.Contains(b.Names, name) {
+		return cli{}, nil, fmt.Errorf("command %q names no binary of the image (it has %s)", strings.Join(command, " "), strings.Join(b.Names, ", "))
 	}
 	top, err := b.help(name)
 	if err != nil {

@@ -65,7 +65,7 @@ func TestServicesRunWhatTheBinariesDefine(t *testing.T) {
 	if len(run) == 0 {
 		t.Fatal("no service runs the image built from the Dockerfile")
 	}
-	for _, b := range bins.names {
+	for _, b := range bins.Names {
 		if !run[b] {
 			t.Errorf("no service runs %s (cmd/%s)", b, b)
 		}

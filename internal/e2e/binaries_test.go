@@ -132,17 +132,6 @@ func freePort(t *testing.T) string {
 	return "127.0.0.1:" + strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
 }
 
-// buildBinaries builds every command once into a temporary directory.
-func buildBinaries(t *testing.T) string {
-	t.Helper()
-	dir := t.TempDir()
-	cmd := exec.Command("go", "build", "-o", dir+"/", "github.com/converge-sync/converge/cmd/...")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return dir
-}
-
 // TestBinariesSurviveKillsAndVerify runs the real binaries as separate
 // processes (writer, relay, both projectors; Postgres and NATS are the test's
 // own), SIGKILLs each service once while documents are written, replays
@@ -157,7 +146,7 @@ func TestBinariesSurviveKillsAndVerify(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs every binary")
 	}
-	bin := buildBinaries(t)
+	bin := testenv.BuildBinaries(t)
 	t.Run("embedded-graph", func(t *testing.T) { testBinaries(t, bin, nil) })
 	t.Run("neo4j-graph", func(t *testing.T) {
 		n := testenv.LeaseNeo4j(t)
@@ -167,11 +156,11 @@ func TestBinariesSurviveKillsAndVerify(t *testing.T) {
 
 // testBinaries is TestBinariesSurviveKillsAndVerify with the graph in n, or
 // in the embedded graph when n is nil.
-func testBinaries(t *testing.T, bin string, n *testenv.Neo4j) {
+func testBinaries(t *testing.T, bin *testenv.Binaries, n *testenv.Neo4j) {
 	dbURL := pg.MigratedDatabase(t)
 	nats := testenv.StartNATS(t)
 	data := t.TempDir()
-	converge := filepath.Join(bin, "converge")
+	converge := bin.Path("converge")
 	run := func(args ...string) (string, error) {
 		out, err := exec.Command(converge, args...).CombinedOutput()
 		return string(out), err
@@ -187,7 +176,7 @@ func testBinaries(t *testing.T, bin string, n *testenv.Neo4j) {
 
 	httpAddr := freePort(t)
 	svc := func(name string, addr string, args ...string) *service {
-		return &service{t: t, name: name, bin: filepath.Join(bin, name), args: args, addr: addr}
+		return &service{t: t, name: name, bin: bin.Path(name), args: args, addr: addr}
 	}
 	wAddr, rAddr, iAddr, gAddr := freePort(t), freePort(t), freePort(t), freePort(t)
 	services := []*service{
