@@ -3,6 +3,7 @@ package graph_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/converge-sync/converge/internal/graph/embedded"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/testenv"
+	"github.com/converge-sync/converge/internal/testenv/corpus"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
@@ -22,17 +24,20 @@ const benchDocs = 5000
 // keys never written: stubs) and 2 tags each.
 func benchEvents(b *testing.B) []contract.Event {
 	b.Helper()
-	evs := make([]contract.Event, benchDocs)
-	for i := range evs {
-		links := []string{fmt.Sprintf("doc-%d", (i+1)%benchDocs), fmt.Sprintf("doc-%d", (i*7)%benchDocs), fmt.Sprintf("ext-%d", i%100)}
-		d, err := contract.Document{Key: fmt.Sprintf("doc-%d", i), Version: 1, Title: "bench", Body: "x",
-			Links: links, Tags: []string{fmt.Sprint("t", i%10), "bench"}}.Normalize()
-		if err != nil {
-			b.Fatal(err)
-		}
-		chunks := []string{fmt.Sprintf("chunk a of %d ", i), "chunk b ", "chunk c ", "chunk d"}
-		d.Body = chunks[0] + chunks[1] + chunks[2] + chunks[3]
-		evs[i] = contract.NewUpsertedEvent(d, chunks)
+	chunks := func(i int) []string {
+		return []string{fmt.Sprintf("chunk a of %d ", i), "chunk b ", "chunk c ", "chunk d"}
+	}
+	docs := corpus.Sequential(benchDocs, corpus.Shape{
+		Title: corpus.Fixed("bench"),
+		Body:  func(i int) string { return strings.Join(chunks(i), "") },
+		Links: func(i int) []string {
+			return []string{fmt.Sprintf("doc-%d", (i+1)%benchDocs), fmt.Sprintf("doc-%d", (i*7)%benchDocs), fmt.Sprintf("ext-%d", i%100)}
+		},
+		Tags: func(i int) []string { return []string{fmt.Sprint("t", i%10), "bench"} },
+	})
+	evs := make([]contract.Event, len(docs))
+	for i, d := range docs {
+		evs[i] = contract.NewUpsertedEvent(d, chunks(i))
 	}
 	return evs
 }

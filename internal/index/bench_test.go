@@ -2,7 +2,6 @@ package index_test
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -10,7 +9,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/converge-sync/converge/internal/chunking"
 	"github.com/converge-sync/converge/internal/embed"
 	"github.com/converge-sync/converge/internal/index"
 	"github.com/converge-sync/converge/internal/index/embedded"
@@ -18,6 +16,7 @@ import (
 	"github.com/converge-sync/converge/internal/index/qdranttest"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/testenv"
+	"github.com/converge-sync/converge/internal/testenv/corpus"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
@@ -30,23 +29,8 @@ const (
 func benchEvents(b *testing.B) []contract.Event {
 	b.Helper()
 	words := strings.Fields("the quick brown fox jumps over a lazy dog while projectors converge every store to postgres")
-	evs := make([]contract.Event, benchDocs)
-	for i := range evs {
-		var body strings.Builder
-		for p := range 4 {
-			for w := 0; body.Len() < (p+1)*1000; w++ {
-				body.WriteString(words[(i*7+p*3+w)%len(words)])
-				body.WriteByte(' ')
-			}
-			body.WriteString("\n\n")
-		}
-		d, err := contract.Document{Key: fmt.Sprintf("doc-%d", i), Version: 1, Title: "bench", Body: body.String(), Tags: []string{"bench"}}.Normalize()
-		if err != nil {
-			b.Fatal(err)
-		}
-		evs[i] = contract.NewUpsertedEvent(d, chunking.Split(d.Body, chunking.DefaultConfig()))
-	}
-	return evs
+	return corpus.UpsertedEvents(corpus.Sequential(benchDocs, corpus.Shape{
+		Title: corpus.Fixed("bench"), Body: corpus.FilledParagraphs(4, 1000, words...), Tags: corpus.Fixed([]string{"bench"})}))
 }
 
 type benchBackend struct {
