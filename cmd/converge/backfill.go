@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/converge-sync/converge/internal/config"
+	"github.com/converge-sync/converge/internal/service"
 	"github.com/converge-sync/converge/internal/writer"
 )
 
@@ -20,7 +21,7 @@ const envWriterURL = "CONVERGE_WRITER_URL"
 func newWriterClient(base string) (*writer.Client, error) {
 	c, err := writer.NewClient(base, nil)
 	if err != nil {
-		return nil, usagef("-writer-url must be http://host:port or https://..., got %q", base)
+		return nil, service.Usage("-writer-url must be http://host:port or https://..., got %q", base)
 	}
 	return c, nil
 }

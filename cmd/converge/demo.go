@@ -161,7 +161,7 @@ func demo(ctx context.Context, args []string, out io.Writer) error {
 	d.note("%s", d.rebuilt)
 
 	d.step("converge verify: every document of Postgres against the index and the graph")
-	rep, err := runVerify(ctx, &postgres.Postgres{Pool: d.pool}, sides("index,graph", s.IndexAddr, s.GraphAddr), verify.DefaultBuckets, false)
+	rep, err := runVerify(ctx, &postgres.Postgres{Pool: d.pool}, bothSides(s.IndexAddr, s.GraphAddr), verify.DefaultBuckets, false)
 	if err != nil {
 		return err
 	}
@@ -253,7 +253,7 @@ func (d *demoRun) post(ctx context.Context, docs []map[string]any) error {
 func (d *demoRun) converge(ctx context.Context, phase string) error {
 	start := time.Now()
 	truth := &postgres.Postgres{Pool: d.pool}
-	stores := sides("index,graph", d.stack.IndexAddr, d.stack.GraphAddr)
+	stores := bothSides(d.stack.IndexAddr, d.stack.GraphAddr)
 	var last verifyReport
 	for time.Since(start) < 2*time.Minute {
 		rep, err := runVerify(ctx, truth, stores, verify.DefaultBuckets, false)

@@ -5,9 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 
+	"github.com/converge-sync/converge/internal/service"
 	"github.com/converge-sync/converge/internal/verify"
 )
 
@@ -18,11 +20,11 @@ func TestExitCode(t *testing.T) {
 	}{
 		{errors.New("postgres: connection refused"), 1},
 		{errDisagree, 1},
-		{usagef("-buckets must be from 1 to %d", verify.MaxBuckets), 2},
-		{fmt.Errorf("verify: %w", usagef("unknown store %q", "x")), 2},
+		{service.Usage("-buckets must be from 1 to %d", verify.MaxBuckets), 2},
+		{fmt.Errorf("verify: %w", service.Usage("unknown store %q", "x")), 2},
 	} {
-		if got := exitCode(tc.err); got != tc.want {
-			t.Errorf("exitCode(%v) = %d, want %d", tc.err, got, tc.want)
+		if got := service.ExitCode("converge", tc.err, io.Discard); got != tc.want {
+			t.Errorf("exit code of %v: %d, want %d", tc.err, got, tc.want)
 		}
 	}
 }
@@ -43,14 +45,14 @@ func TestVerifyRefusesAnUnknownStore(t *testing.T) {
 		{" , ", "no store to verify"},
 	} {
 		err := run(context.Background(), []string{"verify", "-stores", tc.stores, "-postgres-url", pgURL}, &bytes.Buffer{})
-		if err == nil || !strings.Contains(err.Error(), tc.want) || exitCode(err) != 2 {
-			t.Errorf("verify -stores %q: %v (exit %d), want a usage error containing %q", tc.stores, err, exitCode(err), tc.want)
+		if err == nil || !strings.Contains(err.Error(), tc.want) || service.ExitCode("converge", err, io.Discard) != 2 {
+			t.Errorf("verify -stores %q: %v (exit %d), want a usage error containing %q", tc.stores, err, service.ExitCode("converge", err, io.Discard), tc.want)
 		}
 	}
 	for _, args := range [][]string{{"-buckets", "0"}, {"--repair", "-repair-timeout", "0s"}, {"--repair", "-writer-url", "127.0.0.1:8080"}} {
 		err := run(context.Background(), append([]string{"verify", "-postgres-url", pgURL}, args...), &bytes.Buffer{})
-		if err == nil || exitCode(err) != 2 {
-			t.Errorf("verify %v: %v (exit %d), want a usage error", args, err, exitCode(err))
+		if err == nil || service.ExitCode("converge", err, io.Discard) != 2 {
+			t.Errorf("verify %v: %v (exit %d), want a usage error", args, err, service.ExitCode("converge", err, io.Discard))
 		}
 	}
 }

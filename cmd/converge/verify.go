@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/converge-sync/converge/internal/config"
+	"github.com/converge-sync/converge/internal/service"
 	"github.com/converge-sync/converge/internal/verify"
 	"github.com/converge-sync/converge/internal/verify/postgres"
 	"github.com/converge-sync/converge/internal/writer"
@@ -51,7 +52,7 @@ func verifyCmd(ctx context.Context, args []string, out io.Writer) error {
 			return err
 		}
 		if *repairTimeout <= 0 {
-			return usagef("-repair-timeout must be positive")
+			return service.Usage("-repair-timeout must be positive")
 		}
 	}
 	stored, err := storeSides(*stores, *indexAddr, *graphAddr)
@@ -62,7 +63,7 @@ func verifyCmd(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	if *buckets < 1 || *buckets > verify.MaxBuckets {
-		return usagef("-buckets must be from 1 to %d", verify.MaxBuckets)
+		return service.Usage("-buckets must be from 1 to %d", verify.MaxBuckets)
 	}
 	pool, err := pgxpool.New(ctx, *pg)
 	if err != nil {
@@ -120,7 +121,7 @@ func storeSides(list, indexAddr, graphAddr string) ([]namedSide, error) {
 		case "":
 			continue
 		default:
-			return nil, usagef("-stores: unknown store %q: want index or graph", name)
+			return nil, service.Usage("-stores: unknown store %q: want index or graph", name)
 		}
 		if slices.ContainsFunc(out, func(o namedSide) bool { return o.kind == side.kind }) {
 			continue
@@ -128,18 +129,18 @@ func storeSides(list, indexAddr, graphAddr string) ([]namedSide, error) {
 		out = append(out, side)
 	}
 	if len(out) == 0 {
-		return nil, usagef("-stores: no store to verify: want index, graph or index,graph")
+		return nil, service.Usage("-stores: no store to verify: want index, graph or index,graph")
 	}
 	return out, nil
 }
 
-// sides is storeSides of a list the caller knows to be valid.
-func sides(list, indexAddr, graphAddr string) []namedSide {
-	out, err := storeSides(list, indexAddr, graphAddr)
-	if err != nil {
-		panic(err)
+// bothSides are the index and the graph, asked of their projectors at
+// these addresses.
+func bothSides(indexAddr, graphAddr string) []namedSide {
+	return []namedSide{
+		{verify.Index, &verify.Remote{Label: "index", Addr: indexAddr}},
+		{verify.Graph, &verify.Remote{Label: "graph", Addr: graphAddr}},
 	}
-	return out
 }
 
 func runVerify(ctx context.Context, truth verify.Side, stores []namedSide, buckets int, progress bool) (verifyReport, error) {
