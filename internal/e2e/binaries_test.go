@@ -30,6 +30,8 @@ import (
 	"github.com/converge-sync/converge/internal/index/embedded"
 	"github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/testenv"
+	"github.com/converge-sync/converge/internal/testenv/corpus"
+	"github.com/converge-sync/converge/pkg/contract"
 )
 
 // service is one of the real binaries, run as a child process.
@@ -228,7 +230,7 @@ func testBinaries(t *testing.T, bin *testenv.Binaries, n *testenv.Neo4j) {
 	// Write 400 documents in batches while each service is SIGKILLed once
 	// at a random point and restarted.
 	api := "http://" + httpAddr
-	docs := corpus(400)
+	docs := documents(400)
 	written := make(chan error, 1)
 	go func() {
 		for lo := 0; lo < len(docs); lo += 20 {
@@ -277,11 +279,11 @@ func testBinaries(t *testing.T, bin *testenv.Binaries, n *testenv.Neo4j) {
 	// (new titles, links and tags).
 	changed := make(chan error, 1)
 	go func() {
-		v2 := corpus(400)[:100]
-		for i, d := range v2 {
-			d["version"], d["title"] = 2, fmt.Sprintf("Document %d, second version", i)
-			d["links"] = []string{fmt.Sprintf("doc/%03d", (i+3)%400)}
-			d["tags"] = []string{"t-second", fmt.Sprint("t", i%7)}
+		v2 := documents(400)[:100]
+		for i := range v2 {
+			v2[i].Version, v2[i].Title = 2, fmt.Sprintf("Document %d, second version", i)
+			v2[i].Links = []string{fmt.Sprintf("doc/%03d", (i+3)%400)}
+			v2[i].Tags = []string{"t-second", fmt.Sprint("t", i%7)}
 		}
 		for lo := 0; lo < len(v2); lo += 10 {
 			if err := postRetrying(api, v2[lo:lo+10], 30*time.Second); err != nil {
@@ -423,23 +425,23 @@ func testBinaries(t *testing.T, bin *testenv.Binaries, n *testenv.Neo4j) {
 	t.Logf("4 services SIGKILLed and restarted during the load, the index replayed, the graph rebuilt (in place: %v) while 100 documents changed; verify agreed on 400 documents, then named exactly the 2 damaged ones (%v), and verify --repair repaired them", n != nil, got)
 }
 
-// corpus is n documents doc/000.., each linking to two others, with tags.
-func corpus(n int) []map[string]any {
-	docs := make([]map[string]any, n)
-	for i := range docs {
-		docs[i] = map[string]any{
-			"key": fmt.Sprintf("doc/%03d", i), "version": 1, "title": fmt.Sprintf("Document %d", i),
-			"body":  fmt.Sprintf("Paragraph one of document %d.\n\nParagraph two, %s.", i, strings.Repeat("words ", 50+i%40)),
-			"links": []string{fmt.Sprintf("doc/%03d", (i+1)%n), fmt.Sprintf("doc/%03d", (i*7)%(n+10))},
-			"tags":  []string{fmt.Sprint("t", i%5)},
-		}
-	}
-	return docs
+// documents are n documents doc/000.., each linking to two others, with tags.
+func documents(n int) []contract.Document {
+	return corpus.Sequential(n, corpus.Shape{Keys: "doc/%03d",
+		Title: func(i int) string { return fmt.Sprintf("Document %d", i) },
+		Body: func(i int) string {
+			return fmt.Sprintf("Paragraph one of document %d.\n\nParagraph two, %s.", i, strings.Repeat("words ", 50+i%40))
+		},
+		Links: func(i int) []string {
+			return []string{fmt.Sprintf("doc/%03d", (i+1)%n), fmt.Sprintf("doc/%03d", (i*7)%(n+10))}
+		},
+		Tags: func(i int) []string { return []string{fmt.Sprint("t", i%5)} },
+	})
 }
 
 // postRetrying posts docs to the writer's batch API, retrying while the
 // writer is down (a rewrite of the same versions is "unchanged").
-func postRetrying(api string, docs []map[string]any, timeout time.Duration) error {
+func postRetrying(api string, docs []contract.Document, timeout time.Duration) error {
 	var body bytes.Buffer
 	enc := json.NewEncoder(&body)
 	for _, d := range docs {
