@@ -12,8 +12,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -249,9 +247,9 @@ func startBenchStack(b *testing.B, processes bool) (*benchStack, string) {
 		}
 		*a = addr
 	}
-	var bin string
+	var bin *testenv.Binaries
 	if processes {
-		bin = buildBinaries(b)
+		bin = testenv.BuildBinaries(b)
 	}
 	began := time.Now()
 	dev, err := stack.Start(ctx, cfg)
@@ -289,33 +287,11 @@ func startBenchStack(b *testing.B, processes bool) (*benchStack, string) {
 		time.Since(began).Round(time.Millisecond), layout, runtime.NumCPU())
 }
 
-// deployedServices are the commands the deployed layout runs.
-var deployedServices = []string{"writer", "relay", "projector-index", "projector-graph"}
-
-// buildBinaries builds the deployed services' commands into a temporary
-// directory.
-func buildBinaries(b *testing.B) string {
-	b.Helper()
-	dir := b.TempDir()
-	args := []string{"build", "-o", dir + string(filepath.Separator)}
-	for _, name := range deployedServices {
-		args = append(args, "github.com/converge-sync/converge/cmd/"+name)
-	}
-	out, err := exec.Command("go", args...).CombinedOutput()
-	if err != nil {
-		b.Fatalf("go build: %v\n%s", err, out)
-	}
-	return dir
-}
-
-// startServices runs the writer, the relay and both projectors from the
-// binaries in bin, on the addresses of s.dev.Config, and waits until each is
-// ready and the relay holds its slot.
 // benchServices are the processes of the deployed layout, in the order
 // startServices starts them.
 var benchServices = []string{"writer", "relay", "projector-index", "projector-graph"}
 
-func (s *benchStack) startServices(ctx context.Context, bin string) error {
+func (s *benchStack) startServices(ctx context.Context, bin *testenv.Binaries) error {
 	cfg := s.dev.Config
 	pg, natsURL, data := s.dev.PostgresURL, s.dev.NATSURL, cfg.DataDir
 	for _, svc := range []struct {
@@ -327,7 +303,7 @@ func (s *benchStack) startServices(ctx context.Context, bin string) error {
 		{"projector-index", []string{"-nats-url", natsURL, "-data-dir", data, "-metrics-addr", cfg.IndexAddr}},
 		{"projector-graph", []string{"-nats-url", natsURL, "-data-dir", data, "-metrics-addr", cfg.GraphAddr}},
 	} {
-		c, err := proc.Start(filepath.Join(bin, svc.name), append(svc.args, "-log-level", "warn"), proc.Options{Out: os.Stderr})
+		c, err := proc.Start(bin.Path(svc.name), append(svc.args, "-log-level", "warn"), proc.Options{Out: os.Stderr})
 		if err != nil {
 			return fmt.Errorf("start %s: %w", svc.name, err)
 		}
