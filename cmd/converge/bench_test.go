@@ -279,7 +279,7 @@ func startBenchStack(b *testing.B, processes bool) (*benchStack, string) {
 		b.Fatal(err)
 	}
 	// The relay creates the stream when it starts.
-	if s.stream, err = s.js.Stream(ctx, "CONVERGE_DOCS"); err != nil {
+	if s.stream, err = s.js.Stream(ctx, contract.DocsStream); err != nil {
 		s.close(b)
 		b.Fatalf("stream CONVERGE_DOCS: %v", err)
 	}
@@ -510,7 +510,7 @@ func (s *benchStack) waitCaughtUp(ctx context.Context, b *testing.B, seq uint64)
 	deadline := time.Now().Add(5 * time.Minute)
 	for _, name := range []string{"index", "graph"} {
 		for {
-			c, err := s.js.Consumer(ctx, "CONVERGE_DOCS", name)
+			c, err := s.js.Consumer(ctx, contract.DocsStream, name)
 			if err == nil {
 				info, err := c.Info(ctx)
 				if err == nil && info.Delivered.Stream >= seq && info.NumPending == 0 && info.NumAckPending == 0 {
@@ -983,7 +983,7 @@ func BenchmarkRebuildIndex(b *testing.B) {
 		if err := r.Run(ctx); err != nil {
 			b.Fatal(err)
 		}
-		if err := js.DeleteConsumer(ctx, "CONVERGE_DOCS", name); err != nil {
+		if err := js.DeleteConsumer(ctx, contract.DocsStream, name); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -11,6 +11,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/internal/config"
+
+	"github.com/converge-sync/converge/pkg/contract"
 )
 
 // replay moves a projector's durable consumer back to a stream sequence or
@@ -20,7 +22,7 @@ import (
 func replay(ctx context.Context, args []string, out io.Writer) error {
 	f := config.NewFlags("converge replay")
 	natsURL := f.String("nats-url", config.EnvNATSURL, "", "NATS URL")
-	stream := f.String("stream", "", "CONVERGE_DOCS", "the projectors' stream")
+	stream := f.String("stream", "", contract.DocsStream, "the projectors' stream")
 	fromSeq := f.Int("from-seq", "", 0, "replay from this stream sequence (1: everything)")
 	fromTime := f.String("from-time", "", "", "replay from this time (RFC 3339, e.g. 2026-11-30T10:00:00Z)")
 	names, err := parseInterspersed(f, args)

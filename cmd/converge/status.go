@@ -126,7 +126,7 @@ func collectStatus(ctx context.Context, pgURL, natsURL, slot string) (statusRepo
 	if err != nil {
 		return rep, err
 	}
-	for _, name := range []string{"CONVERGE_DOCS", "CONVERGE_INGEST", "CONVERGE_DLQ"} {
+	for _, name := range []string{contract.DocsStream, writer.IngestStream, deadletter.Stream} {
 		st := streamStatus{Name: name}
 		s, err := js.Stream(ctx, name)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
@@ -163,7 +163,7 @@ func collectConsumers(ctx context.Context, js jetstream.JetStream) ([]consumerSt
 		return nil, fmt.Errorf("status: %w", err)
 	}
 	var out []consumerStatus
-	for _, name := range []string{"CONVERGE_DOCS", "CONVERGE_INGEST"} {
+	for _, name := range []string{contract.DocsStream, writer.IngestStream} {
 		s, err := js.Stream(ctx, name)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
 			continue
@@ -185,7 +185,7 @@ func collectConsumers(ctx context.Context, js jetstream.JetStream) ([]consumerSt
 				}
 			}
 			dlqName := info.Name
-			if name == "CONVERGE_INGEST" {
+			if name == writer.IngestStream {
 				dlqName = writer.IngestDLQName
 			}
 			if c.DeadLetters, err = dlq.Count(ctx, dlqName); err != nil {

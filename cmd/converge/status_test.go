@@ -47,7 +47,7 @@ func TestStatusReportsSlotOutboxAndStreams(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A projector's consumer that applied the message, with two dead letters.
-	cons, err := js.CreateConsumer(ctx, "CONVERGE_DOCS", jetstream.ConsumerConfig{Durable: "index", AckPolicy: jetstream.AckExplicitPolicy})
+	cons, err := js.CreateConsumer(ctx, contract.DocsStream, jetstream.ConsumerConfig{Durable: "index", AckPolicy: jetstream.AckExplicitPolicy})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +89,7 @@ func TestStatusReportsSlotOutboxAndStreams(t *testing.T) {
 		t.Fatalf("slot %+v", rep.Slot)
 	}
 	docs := rep.Streams[0]
-	if docs.Name != "CONVERGE_DOCS" || !docs.Exists || docs.Messages != 1 || docs.Subjects != 1 {
+	if docs.Name != contract.DocsStream || !docs.Exists || docs.Messages != 1 || docs.Subjects != 1 {
 		t.Fatalf("stream %+v", docs)
 	}
 	if rep.Streams[1].Exists {
@@ -99,7 +99,7 @@ func TestStatusReportsSlotOutboxAndStreams(t *testing.T) {
 		t.Fatalf("consumers %+v, want the index projector's", rep.Consumers)
 	}
 	c := rep.Consumers[0]
-	if c.Name != "index" || c.Stream != "CONVERGE_DOCS" || c.Pending != 0 || c.AckPending != 0 || c.AckFloorSeq != 1 ||
+	if c.Name != "index" || c.Stream != contract.DocsStream || c.Pending != 0 || c.AckPending != 0 || c.AckFloorSeq != 1 ||
 		c.DeadLetters != 2 || c.LastApplied == nil || !c.LastApplied.Equal(commit) {
 		t.Fatalf("consumer %+v (last applied %v), want index caught up at seq 1, 2 dead letters, last applied %v", c, c.LastApplied, commit)
 	}
@@ -111,7 +111,7 @@ func TestStatusReportsSlotOutboxAndStreams(t *testing.T) {
 	if err := run(ctx, []string{"status", "-postgres-url", url, "-nats-url", n.URL}, &out); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"converge_relay", "standby/stopped", "CONVERGE_DOCS", "OUTBOX", "CONSUMER", "index",
+	for _, want := range []string{"converge_relay", "standby/stopped", contract.DocsStream, "OUTBOX", "CONSUMER", "index",
 		"REBUILD", "graph-20261130T100000Z"} {
 		if !strings.Contains(out.String(), want) {
 			t.Fatalf("table lacks %q:\n%s", want, out.String())

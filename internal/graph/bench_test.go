@@ -97,7 +97,7 @@ func project(b *testing.B, evs []contract.Event) time.Duration {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "CONVERGE_DOCS", Subjects: []string{contract.DocsSubjectPrefix + ">"}}); err != nil {
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: contract.DocsStream, Subjects: []string{contract.DocsSubjectPrefix + ">"}}); err != nil {
 		b.Fatal(err)
 	}
 	for _, ev := range evs {

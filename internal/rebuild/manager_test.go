@@ -19,6 +19,8 @@ import (
 	"github.com/converge-sync/converge/internal/rebuild/rebuildtest"
 	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/internal/verify"
+
+	"github.com/converge-sync/converge/pkg/contract"
 )
 
 type env struct {
@@ -162,7 +164,7 @@ func TestBlueGreenRebuildUnderLiveTraffic(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(e.dataDir, "index")); !os.IsNotExist(err) {
 		t.Errorf("the previous generation's directory remains: %v", err)
 	}
-	if _, err := e.js.Consumer(context.Background(), "CONVERGE_DOCS", rebuild.ConsumerName("index")); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+	if _, err := e.js.Consumer(context.Background(), contract.DocsStream, rebuild.ConsumerName("index")); !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		t.Errorf("the rebuild consumer remains: %v", err)
 	}
 	kv, err := e.js.KeyValue(context.Background(), rebuild.Bucket)

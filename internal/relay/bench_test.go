@@ -22,6 +22,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/internal/testenv"
+
+	"github.com/converge-sync/converge/pkg/contract"
 )
 
 const (
@@ -448,7 +450,7 @@ func (it *backlogRun) relay(b *testing.B) sideResult {
 				}
 			}
 			if stream == nil {
-				if stream, err = js.Stream(ctx, "CONVERGE_DOCS"); err != nil {
+				if stream, err = js.Stream(ctx, contract.DocsStream); err != nil {
 					stream = nil // not created yet
 					continue
 				}

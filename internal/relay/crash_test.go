@@ -390,7 +390,7 @@ func checkStream(t *testing.T, f *fixture) streamStats {
 		t.Fatal(err)
 	}
 
-	s, err := f.js.Stream(ctx, "CONVERGE_DOCS")
+	s, err := f.js.Stream(ctx, contract.DocsStream)
 	if err != nil {
 		t.Fatal(err)
 	}

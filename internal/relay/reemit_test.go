@@ -23,7 +23,7 @@ func (f *fixture) waitSlot(t *testing.T) {
 // lastMsg is the last message on key's subject.
 func lastMsg(t *testing.T, js jetstream.JetStream, key string) *jetstream.RawStreamMsg {
 	t.Helper()
-	s, err := js.Stream(context.Background(), "CONVERGE_DOCS")
+	s, err := js.Stream(context.Background(), contract.DocsStream)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -197,7 +197,7 @@ func (f *fixture) write(t *testing.T, from, to int, version int64) {
 
 func streamMsgs(t *testing.T, js jetstream.JetStream) uint64 {
 	t.Helper()
-	s, err := js.Stream(context.Background(), "CONVERGE_DOCS")
+	s, err := js.Stream(context.Background(), contract.DocsStream)
 	if err != nil {
 		return 0
 	}
@@ -216,7 +216,7 @@ func TestRelayPublishesEveryEventOnceAndConfirms(t *testing.T) {
 	f.write(t, 0, 1000, 2)
 	testenv.Eventually(t, "1000 events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 1000 })
 
-	s, _ := f.js.Stream(context.Background(), "CONVERGE_DOCS")
+	s, _ := f.js.Stream(context.Background(), contract.DocsStream)
 	for seq := uint64(1); seq <= 1000; seq += 97 {
 		m, err := s.GetMsg(context.Background(), seq)
 		if err != nil {
@@ -419,7 +419,7 @@ func TestLostAcknowledgementsRepublish(t *testing.T) {
 		}
 	}()
 	f.waitSlot(t)
-	testenv.Eventually(t, "stream", 10*time.Second, func() bool { _, err := f.js.Stream(context.Background(), "CONVERGE_DOCS"); return err == nil })
+	testenv.Eventually(t, "stream", 10*time.Second, func() bool { _, err := f.js.Stream(context.Background(), contract.DocsStream); return err == nil })
 	var confirmedBefore string
 	_ = f.pool.QueryRow(context.Background(), `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE database = current_database()`).Scan(&confirmedBefore)
 
@@ -428,7 +428,7 @@ func TestLostAcknowledgementsRepublish(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = hole.Unsubscribe() }()
-	if err := f.js.DeleteStream(context.Background(), "CONVERGE_DOCS"); err != nil {
+	if err := f.js.DeleteStream(context.Background(), contract.DocsStream); err != nil {
 		t.Fatal(err)
 	}
 	f.write(t, 0, 100, 1)

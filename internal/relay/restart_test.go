@@ -212,7 +212,7 @@ func storedEvents(t *testing.T, js jetstream.JetStream) map[string]int {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	s, err := js.Stream(ctx, "CONVERGE_DOCS")
+	s, err := js.Stream(ctx, contract.DocsStream)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -577,7 +577,7 @@ func TestLargeTransactionBoundedMemory(t *testing.T) {
 	sampled, samples := sampler.halt()
 	peak := max(hwm, sampled)
 
-	s, err := f.js.Stream(context.Background(), "CONVERGE_DOCS")
+	s, err := f.js.Stream(context.Background(), contract.DocsStream)
 	if err != nil {
 		t.Fatal(err)
 	}

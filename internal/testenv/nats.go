@@ -60,7 +60,7 @@ func (n *NATS) DocsStream(t testing.TB) (*nats.Conn, jetstream.JetStream) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "CONVERGE_DOCS",
+	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: contract.DocsStream,
 		Subjects: []string{contract.DocsSubjectPrefix + ">"}, Storage: jetstream.FileStorage}); err != nil {
 		t.Fatalf("testenv: create the stream CONVERGE_DOCS: %v", err)
 	}

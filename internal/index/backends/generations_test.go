@@ -510,7 +510,7 @@ func testQdrantBlueGreenRebuild(t *testing.T, legacy bool) {
 	}
 
 	// Live traffic during the whole rebuild.
-	stream, err := e.js.Stream(ctx, "CONVERGE_DOCS")
+	stream, err := e.js.Stream(ctx, contract.DocsStream)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -525,7 +525,7 @@ func testQdrantBlueGreenRebuild(t *testing.T, legacy bool) {
 	}
 	p.WaitDone(t, st.ID, 60*time.Second)
 	stopTraffic()
-	if info, err := e.js.Stream(ctx, "CONVERGE_DOCS"); err != nil || info.CachedInfo().State.LastSeq < seqAtStart+50 {
+	if info, err := e.js.Stream(ctx, contract.DocsStream); err != nil || info.CachedInfo().State.LastSeq < seqAtStart+50 {
 		t.Fatalf("the stream grew from %d to %v (%v) during the rebuild; want live traffic throughout", seqAtStart, info, err)
 	}
 
@@ -549,7 +549,7 @@ func testQdrantBlueGreenRebuild(t *testing.T, legacy bool) {
 	if got, empty := contentsOf(t, admin); len(empty) > 0 || !mapsEqual(got, want) {
 		t.Errorf("through the alias: %d documents (%v without chunks); want the %d of the stream", len(got), empty, len(want))
 	}
-	if _, err := e.js.Consumer(ctx, "CONVERGE_DOCS", rebuild.ConsumerName("index")); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+	if _, err := e.js.Consumer(ctx, contract.DocsStream, rebuild.ConsumerName("index")); !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		t.Errorf("the rebuild consumer remains: %v", err)
 	}
 	if s := p.Manager.Status(ctx); s.Completed != 1 || s.DoneAt == nil || s.Error != "" {

@@ -153,7 +153,7 @@ func Publish(t testing.TB, js jetstream.JetStream, key string, version int64) {
 func LastVersions(t testing.TB, js jetstream.JetStream) map[string]int64 {
 	t.Helper()
 	ctx := context.Background()
-	stream, err := js.Stream(ctx, "CONVERGE_DOCS")
+	stream, err := js.Stream(ctx, contract.DocsStream)
 	if err != nil {
 		t.Fatal(err)
 	}
