@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -502,31 +500,5 @@ func TestDeadLetterPublishFailureRedelivers(t *testing.T) {
 		func(info *jetstream.ConsumerInfo) bool { return info.AckFloor.Stream >= 2 && info.NumAckPending == 0 })
 	if n := len(deadLetters(t, e, "idx")); n != 1 {
 		t.Fatalf("%d dead letters, want 1", n)
-	}
-}
-
-// Connect names the failure when no server listens, and opens both the
-// connection and its JetStream context when one does.
-func TestConnect(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := l.Addr().String()
-	_ = l.Close()
-	if nc, _, err := projector.Connect("nats://"+closed, "converge-test"); err == nil || !strings.Contains(err.Error(), "connect nats") {
-		if nc != nil {
-			nc.Close()
-		}
-		t.Fatalf("Connect to %s, where nothing listens: %v, want a connect nats error", closed, err)
-	}
-	n := testenv.StartNATS(t)
-	nc, js, err := projector.Connect(n.URL, "converge-test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	if _, err := js.AccountInfo(context.Background()); err != nil {
-		t.Fatalf("JetStream over the connection: %v", err)
 	}
 }

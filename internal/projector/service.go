@@ -3,12 +3,9 @@ package projector
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/http"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/converge-sync/converge/internal/config"
@@ -59,22 +56,6 @@ func ServiceFlags(f *config.Flags, name, metricsAddr string) func() (ServiceConf
 		return ServiceConfig{NATSURL: *natsURL, MetricsAddr: *addr,
 			Runtime: Config{Name: *durable, BatchSize: *batch, Parallel: *parallel, MaxDeliver: *maxDeliver, AckWait: *ackWait}}, nil
 	}
-}
-
-// Connect opens a connection to NATS, which reconnects for as long as the
-// service runs and carries name (the server's monitoring shows it), and
-// its JetStream context.
-func Connect(url, name string) (*nats.Conn, jetstream.JetStream, error) {
-	nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1))
-	if err != nil {
-		return nil, nil, fmt.Errorf("connect nats: %w", err)
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		nc.Close()
-		return nil, nil, err
-	}
-	return nc, js, nil
 }
 
 // RunService runs a projector over store on deps.NATS until ctx ends,

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"log/slog"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -122,5 +124,37 @@ func TestRunStopsCleanly(t *testing.T) {
 	defer cancel()
 	if err := commands()["projector-graph"](ctx, args); err != nil {
 		t.Fatalf("stopped after running: %v", err)
+	}
+}
+
+// Dial names the connection that failed when no server listens, and
+// opens NATS, named after the client, and its JetStream context when one
+// does.
+func TestDial(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := l.Addr().String()
+	_ = l.Close()
+	log := slog.New(slog.DiscardHandler)
+	if _, _, err := service.Dial(context.Background(), service.Conns{NATSURL: "nats://" + closed}, log); err == nil || !strings.Contains(err.Error(), "connect nats") {
+		t.Fatalf("Dial of %s, where nothing listens: %v, want a connect nats error", closed, err)
+	}
+	n := testenv.StartNATS(t)
+	deps, closeDeps, err := service.Dial(context.Background(), service.Conns{Client: "converge-test", NATSURL: n.URL}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeDeps()
+	if deps.Postgres != nil || deps.Registry == nil || deps.NATS.Opts.Name != "converge-test" {
+		t.Fatalf("Dial of NATS alone: pool %v, registry %v, connection named %q", deps.Postgres, deps.Registry, deps.NATS.Opts.Name)
+	}
+	js, err := deps.JetStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.AccountInfo(context.Background()); err != nil {
+		t.Fatalf("JetStream over the connection: %v", err)
 	}
 }
