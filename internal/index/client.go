@@ -2,13 +2,11 @@ package index
 
 import (
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/converge-sync/converge/internal/httpjson"
@@ -63,23 +61,11 @@ func (c *Client) Search(ctx context.Context, query string, k int) (SearchRespons
 	if err != nil {
 		return out, fmt.Errorf("the index projector at %s does not answer: %w", c.Addr, err)
 	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-	if err != nil {
+	var se *httpjson.StatusError
+	if err := httpjson.Read(resp, 64<<20, &out); errors.As(err, &se) {
+		return out, &APIError{Addr: c.Addr, StatusCode: se.StatusCode, Code: se.Code, Message: se.Message}
+	} else if err != nil {
 		return out, fmt.Errorf("the index projector at %s: %w", c.Addr, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		e := &APIError{Addr: c.Addr, StatusCode: resp.StatusCode, Message: strings.TrimSpace(string(body[:min(len(body), 512)]))}
-		var answer struct {
-			Error httpjson.ErrorBody `json:"error"`
-		}
-		if json.Unmarshal(body, &answer) == nil && answer.Error.Code != "" {
-			e.Code, e.Message = answer.Error.Code, answer.Error.Message
-		}
-		return out, e
-	}
-	if err := json.Unmarshal(body, &out); err != nil {
-		return out, fmt.Errorf("the index projector at %s: unreadable answer: %w", c.Addr, err)
 	}
 	return out, nil
 }

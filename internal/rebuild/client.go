@@ -2,9 +2,8 @@ package rebuild
 
 import (
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"time"
 
@@ -107,23 +106,11 @@ func (c *Client) do(ctx context.Context, method string) (Status, int, error) {
 	if err != nil {
 		return st, 0, fmt.Errorf("projector at %s: %w", u, err)
 	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil {
-		return st, resp.StatusCode, fmt.Errorf("projector at %s: %w", u, err)
-	}
-	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusAccepted {
-		e := &APIError{URL: u, StatusCode: resp.StatusCode}
-		var answer struct {
-			Error httpjson.ErrorBody `json:"error"`
-		}
-		if json.Unmarshal(body, &answer) == nil && answer.Error.Code != "" {
-			e.Code, e.Message = answer.Error.Code, answer.Error.Message
-		}
-		return st, resp.StatusCode, e
-	}
-	if err := json.Unmarshal(body, &st); err != nil {
-		return st, resp.StatusCode, fmt.Errorf("projector at %s: malformed status: %w", u, err)
+	var se *httpjson.StatusError
+	if err := httpjson.Read(resp, 1<<20, &st, http.StatusOK, http.StatusAccepted); errors.As(err, &se) {
+		return st, resp.StatusCode, &APIError{URL: u, StatusCode: se.StatusCode, Code: se.Code, Message: se.Message}
+	} else if err != nil {
+		return st, resp.StatusCode, fmt.Errorf("projector at %s: status: %w", u, err)
 	}
 	return st, resp.StatusCode, nil
 }

@@ -4,13 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"time"
 
 	"github.com/converge-sync/converge/internal/docstore"
+	"github.com/converge-sync/converge/internal/httpjson"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
@@ -151,23 +152,11 @@ func (c *Client) post(ctx context.Context, path string, body, v any) error {
 	if err != nil {
 		return fmt.Errorf("the writer at %s does not answer: %w", c.base, err)
 	}
-	defer resp.Body.Close()
-	answer, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
-	if err != nil {
+	var se *httpjson.StatusError
+	if err := httpjson.Read(resp, 256<<20, v); errors.As(err, &se) {
+		return &APIError{StatusCode: se.StatusCode, Code: se.Code, Message: se.Message}
+	} else if err != nil {
 		return fmt.Errorf("the writer's answer: %w", err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		e := &APIError{StatusCode: resp.StatusCode, Message: strings.TrimSpace(string(answer[:min(len(answer), 500)]))}
-		var body struct {
-			Error ErrorBody `json:"error"`
-		}
-		if json.Unmarshal(answer, &body) == nil && body.Error.Code != "" {
-			e.Code, e.Message = body.Error.Code, body.Error.Message
-		}
-		return e
-	}
-	if err := json.Unmarshal(answer, v); err != nil {
-		return fmt.Errorf("unreadable answer from the writer: %w", err)
 	}
 	return nil
 }
