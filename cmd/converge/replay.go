@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/internal/config"
-
+	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
@@ -59,7 +59,7 @@ func replay(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	pending, err := replayConsumer(ctx, js, *stream, names[0], uint64(*fromSeq), start)
+	pending, err := projector.Replay(ctx, js, *stream, names[0], projector.ReplayFrom{Seq: uint64(*fromSeq), Time: start})
 	if err != nil {
 		return err
 	}
@@ -71,36 +71,8 @@ func replay(ctx context.Context, args []string, out io.Writer) error {
 	return nil
 }
 
-// replayConsumer replaces the durable consumer name by one that starts at
-// stream sequence seq, or at time start when seq is 0, keeping the rest of
-// its configuration. It returns the number of messages now pending.
+// replayConsumer is [projector.Replay] from sequence seq, or from time
+// start when seq is 0 (the demo's replay).
 func replayConsumer(ctx context.Context, js jetstream.JetStream, stream, name string, seq uint64, start time.Time) (uint64, error) {
-	c, err := js.Consumer(ctx, stream, name)
-	if errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return 0, fmt.Errorf("replay: stream %s has no consumer %q (has its projector ever run?)", stream, name)
-	}
-	if err != nil {
-		return 0, fmt.Errorf("replay: %w", err)
-	}
-	cfg := c.CachedInfo().Config
-	cfg.OptStartSeq, cfg.OptStartTime = 0, nil
-	if seq > 0 {
-		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, seq
-	} else {
-		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &start
-	}
-	// A consumer's start cannot be changed in place: it is deleted and
-	// created again at once (a running projector waits for it).
-	if err := js.DeleteConsumer(ctx, stream, name); err != nil {
-		return 0, fmt.Errorf("replay: delete consumer %s: %w", name, err)
-	}
-	nc, err := js.CreateConsumer(ctx, stream, cfg)
-	if err != nil {
-		return 0, fmt.Errorf("replay: create consumer %s (the projector will recreate it from the stream's start): %w", name, err)
-	}
-	info, err := nc.Info(ctx)
-	if err != nil {
-		return 0, err
-	}
-	return info.NumPending, nil
+	return projector.Replay(ctx, js, stream, name, projector.ReplayFrom{Seq: seq, Time: start})
 }
