@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"time"
 
@@ -93,12 +92,6 @@ func Flags(f *config.Flags) func() (ServiceConfig, error) {
 	}
 }
 
-// RunService dials cfg's connections and runs the writer with them (see
-// [Run]).
-func RunService(ctx context.Context, cfg ServiceConfig, log *slog.Logger) error {
-	return service.Run(ctx, cfg, log, Run)
-}
-
 // Run runs the writer over deps.Postgres (and, with a NATS URL, the ingest
 // consumer over deps.NATS) until ctx ends, then drains in-flight requests
 // and stops the ingest consumer.
@@ -176,4 +169,3 @@ func Run(ctx context.Context, cfg ServiceConfig, deps service.Deps) error {
 	}
 	return g.Wait()
 }
-

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/converge-sync/converge/internal/stack/stacktest"
 	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/internal/writer"
 )
@@ -43,29 +44,15 @@ func TestServiceReadinessAndGracefulShutdown(t *testing.T) {
 	dbURL := pg.NewDatabase(t) // empty: not migrated
 	metricsAddr := freeAddr(t)
 
-	run := func(migrate bool) (string, context.CancelFunc, chan error) {
-		ctx, cancel := context.WithCancel(context.Background())
-		addrc := make(chan net.Addr, 1)
-		done := make(chan error, 1)
-		go func() {
-			done <- writer.RunService(ctx, writer.ServiceConfig{
-				PostgresURL: dbURL, HTTPAddr: "127.0.0.1:0", MetricsAddr: metricsAddr, Migrate: migrate,
-				MaxConns: 4, ShutdownGrace: 10 * time.Second, OnListen: func(a net.Addr) { addrc <- a },
-			}, discardLogger())
-		}()
-		select {
-		case a := <-addrc:
-			return "http://" + a.String(), cancel, done
-		case err := <-done:
-			cancel()
-			t.Fatalf("service ended early: %v", err)
-		case <-time.After(30 * time.Second):
-			t.Fatal("service did not listen")
-		}
-		return "", cancel, done
+	// The writer as its binary runs it: service.Run over writer.Run.
+	run := func(migrate bool) (string, *stacktest.Service) {
+		return stacktest.StartWriter(t, writer.ServiceConfig{
+			PostgresURL: dbURL, HTTPAddr: "127.0.0.1:0", MetricsAddr: metricsAddr, Migrate: migrate,
+			MaxConns: 4, ShutdownGrace: 10 * time.Second,
+		})
 	}
 
-	_, cancel, done := run(false)
+	_, w := run(false)
 	testenv.Eventually(t, "readyz to answer", waitTimeout, func() bool { c, _ := get(t, "http://"+metricsAddr+"/readyz"); return c != 0 })
 	if code, body := get(t, "http://"+metricsAddr+"/readyz"); code != 503 || !strings.Contains(body, "converge migrate up") {
 		t.Fatalf("readyz on an unmigrated database: %d %s", code, body)
@@ -73,12 +60,11 @@ func TestServiceReadinessAndGracefulShutdown(t *testing.T) {
 	if code, _ := get(t, "http://"+metricsAddr+"/healthz"); code != 200 {
 		t.Fatalf("healthz: %d", code)
 	}
-	cancel()
-	if err := <-done; err != nil {
+	if err := w.Stop(); err != nil {
 		t.Fatalf("shutdown: %v", err)
 	}
 
-	base, cancel, done := run(true)
+	base, w := run(true)
 	testenv.Eventually(t, "ready", waitTimeout, func() bool { c, _ := get(t, "http://"+metricsAddr+"/readyz"); return c == 200 })
 
 	// Start requests whose bodies are only half sent, shut down while they
@@ -125,7 +111,8 @@ func TestServiceReadinessAndGracefulShutdown(t *testing.T) {
 			t.Fatalf("%d of %d requests reached their handler within %v", i, inflight, waitTimeout)
 		}
 	}
-	cancel()
+	stopped := make(chan error, 1)
+	go func() { stopped <- w.Stop() }()
 	// Shutdown begins by closing the listener.
 	testenv.Eventually(t, "the API to refuse connections once shutdown began", waitTimeout, func() bool {
 		c, err := net.DialTimeout("tcp", strings.TrimPrefix(base, "http://"), time.Second)
@@ -140,7 +127,7 @@ func TestServiceReadinessAndGracefulShutdown(t *testing.T) {
 	}
 	wg.Wait()
 	close(codes)
-	if err := <-done; err != nil {
+	if err := <-stopped; err != nil {
 		t.Fatalf("shutdown: %v", err)
 	}
 	ok := 0
