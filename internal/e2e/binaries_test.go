@@ -9,15 +9,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"net/http"
-	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -28,110 +24,91 @@ import (
 	"github.com/converge-sync/converge/internal/graph/neo4j"
 	"github.com/converge-sync/converge/internal/index"
 	"github.com/converge-sync/converge/internal/index/embedded"
+	"github.com/converge-sync/converge/internal/proc"
 	"github.com/converge-sync/converge/internal/rebuild"
+	"github.com/converge-sync/converge/internal/stack"
 	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/internal/testenv/corpus"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
-// service is one of the real binaries, run as a child process.
-type service struct {
+// process is one of the real binaries, run as a child process.
+type process struct {
 	t    *testing.T
 	name string
 	bin  string
 	args []string
 	env  []string // added to the test's environment
 	addr string   // its metrics address: /readyz
+	logs lockedBuffer
 
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	logs bytes.Buffer
+	mu    sync.Mutex
+	child *proc.Child // nil while not running
 }
 
-func (s *service) start() {
+func (s *process) start() {
 	s.t.Helper()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	cmd := exec.Command(s.bin, s.args...)
-	if s.env != nil {
-		cmd.Env = append(os.Environ(), s.env...)
-	}
-	cmd.Stdout = &lockedWriter{mu: &s.mu, w: &s.logs}
-	cmd.Stderr = cmd.Stdout
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	c, err := proc.Start(s.bin, s.args, proc.Options{Env: s.env, Out: &s.logs})
+	if err != nil {
 		s.t.Fatalf("start %s: %v", s.name, err)
 	}
-	s.cmd = cmd
+	s.mu.Lock()
+	s.child = c
+	s.mu.Unlock()
+}
+
+func (s *process) take() *proc.Child {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.child
+	s.child = nil
+	return c
 }
 
 // kill SIGKILLs the process and reaps it.
-func (s *service) kill() {
-	s.mu.Lock()
-	cmd := s.cmd
-	s.cmd = nil
-	s.mu.Unlock()
-	if cmd != nil {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
+func (s *process) kill() {
+	if c := s.take(); c != nil {
+		c.Kill()
 	}
 }
 
 // stop asks the process to stop (SIGTERM) and waits for a clean exit.
-func (s *service) stop() {
+func (s *process) stop() {
 	s.t.Helper()
-	s.mu.Lock()
-	cmd := s.cmd
-	s.cmd = nil
-	s.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
+	if c := s.take(); c != nil {
+		if err := c.Stop(time.Minute); err != nil {
 			s.t.Errorf("%s after SIGTERM: %v", s.name, err)
 		}
-	case <-time.After(time.Minute):
-		_ = cmd.Process.Kill()
-		s.t.Errorf("%s did not stop within a minute of SIGTERM", s.name)
 	}
 }
 
-func (s *service) ready() bool { return httpReady("http://" + s.addr + "/readyz") }
+func (s *process) ready() bool { return stack.HTTPOK("http://" + s.addr + "/readyz") }
 
-type lockedWriter struct {
-	mu *sync.Mutex
-	w  *bytes.Buffer
+// lockedBuffer is a child's output, read while the child writes it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
 }
 
-func (l *lockedWriter) Write(b []byte) (int, error) {
+func (l *lockedBuffer) Write(b []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.w.Write(b)
+	return l.b.Write(b)
 }
 
-func httpReady(u string) bool {
-	c := http.Client{Timeout: 2 * time.Second}
-	resp, err := c.Get(u)
-	if err != nil {
-		return false
-	}
-	_ = resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 func freePort(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := stack.FreeAddr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return "127.0.0.1:" + strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	return addr
 }
 
 // TestBinariesSurviveKillsAndVerify runs the real binaries as separate
@@ -177,11 +154,11 @@ func testBinaries(t *testing.T, bin *testenv.Binaries, n *testenv.Neo4j) {
 	})
 
 	httpAddr := freePort(t)
-	svc := func(name string, addr string, args ...string) *service {
-		return &service{t: t, name: name, bin: bin.Path(name), args: args, addr: addr}
+	svc := func(name string, addr string, args ...string) *process {
+		return &process{t: t, name: name, bin: bin.Path(name), args: args, addr: addr}
 	}
 	wAddr, rAddr, iAddr, gAddr := freePort(t), freePort(t), freePort(t), freePort(t)
-	services := []*service{
+	services := []*process{
 		svc("writer", wAddr, "-postgres-url", dbURL, "-nats-url", nats.URL, "-http-addr", httpAddr, "-metrics-addr", wAddr),
 		svc("relay", rAddr, "-postgres-url", dbURL, "-nats-url", nats.URL, "-metrics-addr", rAddr, "-standby-retry", "200ms"),
 		// A short ack wait: what a SIGKILLed projector had in flight is
@@ -199,9 +176,7 @@ func testBinaries(t *testing.T, bin *testenv.Binaries, n *testenv.Neo4j) {
 		for _, s := range services {
 			s.kill()
 			if t.Failed() {
-				s.mu.Lock()
 				t.Logf("--- %s output (tail) ---\n%s", s.name, lastBytes(s.logs.String(), 3000))
-				s.mu.Unlock()
 			}
 		}
 	})

@@ -232,40 +232,40 @@ func testGraphConvergesUnderRedeliveryReorderAndPoison(t *testing.T, gs graphSto
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop := runProjector(t, p.js, g, "graph")
+	stop := runProjector(t, p, g, "graph")
 	p.write(t, 600, 80)
-	convergeGraph(t, p.pool, store, 60*time.Second)
+	convergeGraph(t, p.Pool, store, 60*time.Second)
 	stop()
 
 	for pass := 2; pass <= 3; pass++ {
 		name := fmt.Sprintf("graph-pass-%d", pass)
-		stop := runProjector(t, p.js, g, name)
-		testenv.Eventually(t, "the replay to catch up", 60*time.Second, func() bool { return caughtUp(t, p.js, name) })
+		stop := runProjector(t, p, g, name)
+		testenv.Eventually(t, "the replay to catch up", 60*time.Second, func() bool { return caughtUp(t, p.JetStream, name) })
 		stop()
-		if d, err := graphDiff(context.Background(), p.pool, store); err != nil || d != "" {
+		if d, err := graphDiff(context.Background(), p.Pool, store); err != nil || d != "" {
 			t.Fatalf("after delivery %d of every message: %s %v", pass, d, err)
 		}
 	}
 
 	var key string
 	var version int64
-	if err := p.pool.QueryRow(context.Background(), `SELECT key, version FROM documents WHERE NOT deleted ORDER BY key LIMIT 1`).Scan(&key, &version); err != nil {
+	if err := p.Pool.QueryRow(context.Background(), `SELECT key, version FROM documents WHERE NOT deleted ORDER BY key LIMIT 1`).Scan(&key, &version); err != nil {
 		t.Fatal(err)
 	}
 	d, _ := contract.Document{Key: key, Version: version - 1, Title: "stale", Body: "a stale body", Links: []string{"stale-target"}}.Normalize()
 	stale := contract.NewUpsertedEvent(d, []string{d.Body})
 	data, _ := stale.Encode()
-	if _, err := p.js.Publish(context.Background(), contract.Subject(key), data); err != nil {
+	if _, err := p.JetStream.Publish(context.Background(), contract.Subject(key), data); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.js.Publish(context.Background(), contract.Subject("poison"), []byte(`{"schema":"converge.event.v1"}`)); err != nil {
+	if _, err := p.JetStream.Publish(context.Background(), contract.Subject("poison"), []byte(`{"schema":"converge.event.v1"}`)); err != nil {
 		t.Fatal(err)
 	}
-	stop = runProjector(t, p.js, g, "graph")
+	stop = runProjector(t, p, g, "graph")
 	p.write(t, 100, 80)
-	convergeGraph(t, p.pool, store, 60*time.Second)
+	convergeGraph(t, p.Pool, store, 60*time.Second)
 	testenv.Eventually(t, "the poison message's dead letter", 10*time.Second, func() bool {
-		s, err := p.js.Stream(context.Background(), deadletter.Stream)
+		s, err := p.JetStream.Stream(context.Background(), deadletter.Stream)
 		if err != nil {
 			return false
 		}
@@ -276,7 +276,7 @@ func testGraphConvergesUnderRedeliveryReorderAndPoison(t *testing.T, gs graphSto
 	if _, ok, _ := store.Document(context.Background(), "stale-target"); ok {
 		t.Fatal("the stale version's link created a node")
 	}
-	if d, err := graphDiff(context.Background(), p.pool, store); err != nil || d != "" {
+	if d, err := graphDiff(context.Background(), p.Pool, store); err != nil || d != "" {
 		t.Fatalf("at the end: %s %v", d, err)
 	}
 }
@@ -293,10 +293,10 @@ func testGraphProjectorSurvivesSIGKILL(t *testing.T, gs graphStore) {
 	p := newPipeline(t)
 	kills := crashProjector(t, p, "graph", gs.env...)
 	store := gs.open(t)
-	if d, err := graphDiff(context.Background(), p.pool, store); err != nil || d != "" {
+	if d, err := graphDiff(context.Background(), p.Pool, store); err != nil || d != "" {
 		t.Fatalf("after %d SIGKILLs: %s %v", kills, d, err)
 	}
 	var docs, links int
-	_ = p.pool.QueryRow(context.Background(), `SELECT count(*), coalesce(sum(cardinality(links)), 0) FROM documents`).Scan(&docs, &links)
+	_ = p.Pool.QueryRow(context.Background(), `SELECT count(*), coalesce(sum(cardinality(links)), 0) FROM documents`).Scan(&docs, &links)
 	t.Logf("%d SIGKILLs of the projector; the graph equals Postgres on all %d documents and %d links", kills, docs, links)
 }

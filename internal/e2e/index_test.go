@@ -9,7 +9,6 @@
 package e2e_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -17,7 +16,6 @@ import (
 	"math/rand/v2"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"os/signal"
 	"strings"
 	"sync"
@@ -26,7 +24,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/internal/deadletter"
@@ -34,8 +31,11 @@ import (
 	"github.com/converge-sync/converge/internal/embed"
 	"github.com/converge-sync/converge/internal/index"
 	"github.com/converge-sync/converge/internal/index/embedded"
+	"github.com/converge-sync/converge/internal/proc"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/relay"
+	"github.com/converge-sync/converge/internal/service"
+	"github.com/converge-sync/converge/internal/stack/stacktest"
 	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/internal/verify"
 	vpostgres "github.com/converge-sync/converge/internal/verify/postgres"
@@ -81,25 +81,15 @@ func runProjectorChild() int {
 }
 
 // runChild runs projector name over the store open returns, on
-// CONVERGE_NATS_URL's stream, until SIGTERM (or SIGKILL). Its exit status:
-// 0 after SIGTERM (also while starting), 1 when the runtime failed, 2 when
-// it could not start.
+// CONVERGE_NATS_URL's stream, until SIGTERM (or SIGKILL): the projector
+// service over that store, as a projector's binary runs it. Its exit
+// status: 0 after SIGTERM (also while starting), 1 when the service
+// failed, 2 when its store could not be opened.
 func runChild(name string, open func(context.Context) (projector.Store, func() error, error)) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	fmt.Println(childReady) // SIGTERM is handled from here on
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	nc, err := nats.Connect(os.Getenv("CONVERGE_NATS_URL"))
-	if err != nil {
-		log.Error("nats", "err", err)
-		return 2
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		log.Error("jetstream", "err", err)
-		return 2
-	}
 	store, closeStore, err := open(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -109,12 +99,12 @@ func runChild(name string, open func(context.Context) (projector.Store, func() e
 		return 2
 	}
 	defer func() { _ = closeStore() }()
-	r, err := projector.New(js, store, projector.Config{Name: name, BatchSize: 64, AckWait: 2 * time.Second}, nil, log)
+	sc := projector.ServiceConfig{NATSURL: os.Getenv("CONVERGE_NATS_URL"),
+		Runtime: projector.Config{Name: name, BatchSize: 64, AckWait: 2 * time.Second}}
+	err = service.Run(ctx, sc, log, func(ctx context.Context, sc projector.ServiceConfig, deps service.Deps) error {
+		return projector.RunService(ctx, sc, store, nil, deps)
+	})
 	if err != nil {
-		log.Error("projector", "err", err)
-		return 2
-	}
-	if err := r.Run(ctx); err != nil {
 		log.Error("run", "err", err)
 		return 1
 	}
@@ -129,57 +119,25 @@ func newIndex(ctx context.Context, b index.Backend) (*index.Index, error) {
 	return index.New(ctx, b, e, index.Options{})
 }
 
-// pipeline is a migrated database, an embedded NATS server and a relay
-// between them.
+// pipeline is a migrated database, an embedded NATS server and the relay
+// between them, with the writer's store on the database.
 type pipeline struct {
-	pool  *pgxpool.Pool
+	*stacktest.Stack
 	store *docstore.Store
-	nats  *testenv.NATS
-	js    jetstream.JetStream
 	mu    sync.Mutex // guards rng
 	rng   *rand.Rand
 }
 
 func newPipeline(t *testing.T) *pipeline {
 	t.Helper()
-	url := pg.MigratedDatabase(t)
-	pool, err := pgxpool.New(context.Background(), url)
+	st := stacktest.New(t, pg)
+	store, err := docstore.New(st.Pool, docstore.Config{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(pool.Close)
-	t.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = current_database() AND NOT active`)
-	})
-	store, err := docstore.New(pool, docstore.Config{}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := testenv.StartNATS(t)
-	js, err := jetstream.New(n.Connect(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := relay.New(n.Connect(t), relay.Config{PostgresURL: url, StandbyRetry: 100 * time.Millisecond}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("relay: %v", err)
-		}
-	})
-	p := &pipeline{pool: pool, store: store, nats: n, js: js, rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))}
-	testenv.Eventually(t, "the relay's slot", 20*time.Second, func() bool {
-		var ok bool
-		_ = pool.QueryRow(context.Background(), `SELECT count(*) = 1 FROM pg_replication_slots WHERE active AND confirmed_flush_lsn IS NOT NULL AND database = current_database()`).Scan(&ok)
-		return ok
-	})
-	return p
+	stacktest.StartRelay(t, relay.ServiceConfig{NATSURL: st.NATS.URL,
+		Relay: relay.Config{PostgresURL: st.PostgresURL, StandbyRetry: 100 * time.Millisecond}})
+	return &pipeline{Stack: st, store: store, rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))}
 }
 
 // write applies random upserts and withdrawals of keys doc-0..doc-(keys-1),
@@ -347,28 +305,17 @@ func converge(t *testing.T, pool *pgxpool.Pool, b index.Backend, timeout time.Du
 	}
 }
 
-// runProjector runs an in-process index projector until the returned stop
-// is called.
-func runProjector(t *testing.T, js jetstream.JetStream, x projector.Store, name string) (stop func()) {
+// runProjector runs the projector service name over x in the test process
+// until the returned stop is called.
+func runProjector(t *testing.T, p *pipeline, x projector.Store, name string) (stop func()) {
 	t.Helper()
-	r, err := projector.New(js, x, projector.Config{Name: name, BatchSize: 64, RetryMin: 10 * time.Millisecond}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
+	svc := stacktest.StartProjector(t, projector.ServiceConfig{NATSURL: p.NATS.URL,
+		Runtime: projector.Config{Name: name, BatchSize: 64, RetryMin: 10 * time.Millisecond}}, x, nil)
+	return func() {
+		if err := svc.Stop(); err != nil {
+			t.Errorf("projector %s: %v", name, err)
+		}
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("projector: %v", err)
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
 }
 
 func openStore(t *testing.T, dir string) *embedded.Store {
@@ -393,19 +340,19 @@ func TestIndexConvergesUnderRedeliveryReorderAndPoison(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop := runProjector(t, p.js, x, "index")
+	stop := runProjector(t, p, x, "index")
 	p.write(t, 600, 80)
-	converge(t, p.pool, store, 60*time.Second)
+	converge(t, p.Pool, store, 60*time.Second)
 	stop()
 
 	// Two more deliveries of every message: replay from the start with new
 	// consumers into the same index.
 	for pass := 2; pass <= 3; pass++ {
 		name := fmt.Sprintf("index-pass-%d", pass)
-		stop := runProjector(t, p.js, x, name)
-		testenv.Eventually(t, "the replay to catch up", 60*time.Second, func() bool { return caughtUp(t, p.js, name) })
+		stop := runProjector(t, p, x, name)
+		testenv.Eventually(t, "the replay to catch up", 60*time.Second, func() bool { return caughtUp(t, p.JetStream, name) })
 		stop()
-		if d, err := diff(context.Background(), p.pool, store); err != nil || d != "" {
+		if d, err := diff(context.Background(), p.Pool, store); err != nil || d != "" {
 			t.Fatalf("after delivery %d of every message: %s %v", pass, d, err)
 		}
 	}
@@ -413,23 +360,23 @@ func TestIndexConvergesUnderRedeliveryReorderAndPoison(t *testing.T) {
 	// An older version arriving after its successor, and a poison message.
 	var key string
 	var version int64
-	if err := p.pool.QueryRow(context.Background(), `SELECT key, version FROM documents WHERE NOT deleted ORDER BY key LIMIT 1`).Scan(&key, &version); err != nil {
+	if err := p.Pool.QueryRow(context.Background(), `SELECT key, version FROM documents WHERE NOT deleted ORDER BY key LIMIT 1`).Scan(&key, &version); err != nil {
 		t.Fatal(err)
 	}
 	d, _ := contract.Document{Key: key, Version: version - 1, Title: "stale", Body: "a stale body"}.Normalize()
 	stale := contract.NewUpsertedEvent(d, []string{d.Body})
 	data, _ := stale.Encode()
-	if _, err := p.js.Publish(context.Background(), contract.Subject(key), data); err != nil {
+	if _, err := p.JetStream.Publish(context.Background(), contract.Subject(key), data); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.js.Publish(context.Background(), contract.Subject("poison"), []byte("{not an event")); err != nil {
+	if _, err := p.JetStream.Publish(context.Background(), contract.Subject("poison"), []byte("{not an event")); err != nil {
 		t.Fatal(err)
 	}
-	stop = runProjector(t, p.js, x, "index")
+	stop = runProjector(t, p, x, "index")
 	p.write(t, 100, 80)
-	converge(t, p.pool, store, 60*time.Second)
+	converge(t, p.Pool, store, 60*time.Second)
 	testenv.Eventually(t, "the poison message's dead letter", 10*time.Second, func() bool {
-		s, err := p.js.Stream(context.Background(), deadletter.Stream)
+		s, err := p.JetStream.Stream(context.Background(), deadletter.Stream)
 		if err != nil {
 			return false
 		}
@@ -437,7 +384,7 @@ func TestIndexConvergesUnderRedeliveryReorderAndPoison(t *testing.T) {
 		return err == nil && m.Header.Get(deadletter.HeaderCode) == "undecodable" && m.Header.Get(deadletter.HeaderReason) != ""
 	})
 	stop()
-	if d, err := diff(context.Background(), p.pool, store); err != nil || d != "" {
+	if d, err := diff(context.Background(), p.Pool, store); err != nil || d != "" {
 		t.Fatalf("at the end: %s %v", d, err)
 	}
 	verifyIndex(t, p, store)
@@ -453,7 +400,7 @@ func verifyIndex(t *testing.T, p *pipeline, store index.Backend) {
 	srv := httptest.NewServer(verify.Handler(verify.Index, func(ctx context.Context) ([]verify.Doc, error) { return verify.ReadIndex(ctx, store) }))
 	defer srv.Close()
 	side := &verify.Remote{Label: "index", Addr: strings.TrimPrefix(srv.URL, "http://")}
-	truth := &vpostgres.Postgres{Pool: p.pool}
+	truth := &vpostgres.Postgres{Pool: p.Pool}
 	rep, err := verify.Compare(ctx, truth, side, verify.Index, verify.DefaultBuckets, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -462,7 +409,7 @@ func verifyIndex(t *testing.T, p *pipeline, store index.Backend) {
 		t.Fatalf("verify of a converged index: %+v", rep)
 	}
 	var key string
-	if err := p.pool.QueryRow(ctx, `SELECT key FROM documents WHERE NOT deleted ORDER BY key DESC LIMIT 1`).Scan(&key); err != nil {
+	if err := p.Pool.QueryRow(ctx, `SELECT key FROM documents WHERE NOT deleted ORDER BY key DESC LIMIT 1`).Scan(&key); err != nil {
 		t.Fatal(err)
 	}
 	if err := store.DeleteStale(ctx, []index.Keep{{Key: key}}); err != nil {
@@ -497,11 +444,11 @@ func TestIndexProjectorSurvivesSIGKILL(t *testing.T) {
 	kills := crashProjector(t, p, "index", "CONVERGE_DATA_DIR="+dir)
 	store := openStore(t, dir)
 	defer store.Close()
-	if d, err := diff(context.Background(), p.pool, store); err != nil || d != "" {
+	if d, err := diff(context.Background(), p.Pool, store); err != nil || d != "" {
 		t.Fatalf("after %d SIGKILLs: %s %v", kills, d, err)
 	}
 	var docs int
-	_ = p.pool.QueryRow(context.Background(), `SELECT count(*) FROM documents`).Scan(&docs)
+	_ = p.Pool.QueryRow(context.Background(), `SELECT count(*) FROM documents`).Scan(&docs)
 	t.Logf("%d SIGKILLs of the projector; the index equals Postgres on all %d documents", kills, docs)
 }
 
@@ -515,15 +462,28 @@ func crashProjector(t *testing.T, p *pipeline, kind string, storeEnv ...string) 
 	t.Helper()
 	var logs bytes.Buffer
 	var logsMu sync.Mutex
-	start := func() *exec.Cmd {
-		cmd := exec.Command(os.Args[0])
-		cmd.Env = append(append(os.Environ(), childEnv+"="+kind, "CONVERGE_NATS_URL="+p.nats.URL), storeEnv...)
-		cmd.Stderr = writerFunc(func(b []byte) (int, error) { logsMu.Lock(); defer logsMu.Unlock(); return logs.Write(b) })
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		if err := cmd.Start(); err != nil {
+	// start starts a child; ready is closed once it has reported that it
+	// handles SIGTERM (its first line).
+	start := func() (c *proc.Child, ready <-chan struct{}) {
+		reported := make(chan struct{})
+		var head []byte
+		out := writerFunc(func(b []byte) (int, error) {
+			logsMu.Lock()
+			defer logsMu.Unlock()
+			if n := len(childReady) + 1; len(head) < n {
+				head = append(head, b[:min(len(b), n-len(head))]...)
+				if string(head) == childReady+"\n" {
+					close(reported)
+				}
+			}
+			return logs.Write(b)
+		})
+		env := append([]string{childEnv + "=" + kind, "CONVERGE_NATS_URL=" + p.NATS.URL}, storeEnv...)
+		c, err := proc.Start(os.Args[0], nil, proc.Options{Env: env, Out: out})
+		if err != nil {
 			t.Fatal(err)
 		}
-		return cmd
+		return c, reported
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -546,10 +506,9 @@ func crashProjector(t *testing.T, p *pipeline, kind string, storeEnv ...string) 
 	}()
 	kills := 0
 	kill := func(lo, spread int) {
-		cmd := start()
+		c, _ := start()
 		time.Sleep(time.Duration(lo+rand.IntN(spread)) * time.Millisecond)
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
+		c.Kill()
 		kills++
 	}
 	for done := false; !done; {
@@ -563,25 +522,18 @@ func crashProjector(t *testing.T, p *pipeline, kind string, storeEnv ...string) 
 	for range 3 { // and a few more once the writer is done
 		kill(100, 300)
 	}
-	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(append(os.Environ(), childEnv+"="+kind, "CONVERGE_NATS_URL="+p.nats.URL), storeEnv...)
-	cmd.Stderr = writerFunc(func(b []byte) (int, error) { logsMu.Lock(); defer logsMu.Unlock(); return logs.Write(b) })
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	c, ready := start()
+	defer c.Kill()
 	// Only a child that handles SIGTERM can be asked to stop gracefully.
-	line, err := bufio.NewReader(stdout).ReadString('\n')
-	if err != nil || strings.TrimSpace(line) != childReady {
-		t.Fatalf("the projector child did not report ready: %q %v", line, err)
+	select {
+	case <-ready:
+	case <-c.Done():
+		t.Fatalf("the projector child exited before it reported ready: %v", c.Err())
+	case <-time.After(30 * time.Second):
+		t.Fatal("the projector child did not report ready within 30s")
 	}
-	testenv.Eventually(t, "the projector to catch up", 90*time.Second, func() bool { return caughtUp(t, p.js, kind) })
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	if err := cmd.Wait(); err != nil {
+	testenv.Eventually(t, "the projector to catch up", 90*time.Second, func() bool { return caughtUp(t, p.JetStream, kind) })
+	if err := c.Stop(time.Minute); err != nil {
 		t.Fatalf("projector after SIGTERM: %v", err)
 	}
 	return kills

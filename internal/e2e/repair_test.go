@@ -24,7 +24,7 @@ import (
 func verifyStores(t *testing.T, p *pipeline, ix index.Backend, g graph.Backend) []string {
 	t.Helper()
 	ctx := context.Background()
-	truth := &vpostgres.Postgres{Pool: p.pool}
+	truth := &vpostgres.Postgres{Pool: p.Pool}
 	var out []string
 	for _, s := range []struct {
 		kind verify.Kind
@@ -73,17 +73,17 @@ func TestDamagedProjectionsAreRepairedByReemission(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runProjector(t, p.js, x, "index")
-	runProjector(t, p.js, g, "graph")
+	runProjector(t, p, x, "index")
+	runProjector(t, p, g, "graph")
 	p.write(t, 300, 50)
-	converge(t, p.pool, ix, 60*time.Second)
-	convergeGraph(t, p.pool, gs, 60*time.Second)
+	converge(t, p.Pool, ix, 60*time.Second)
+	convergeGraph(t, p.Pool, gs, 60*time.Second)
 	if d := verifyStores(t, p, ix, gs); len(d) != 0 {
 		t.Fatalf("verify of converged stores: %v", d)
 	}
 
 	// Two documents of several chunks, written no more from here on.
-	rows, err := p.pool.Query(ctx, `SELECT key FROM documents WHERE NOT deleted AND chunk_count >= 2 ORDER BY key LIMIT 2`)
+	rows, err := p.Pool.Query(ctx, `SELECT key FROM documents WHERE NOT deleted AND chunk_count >= 2 ORDER BY key LIMIT 2`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,15 +122,15 @@ func TestDamagedProjectionsAreRepairedByReemission(t *testing.T) {
 	// their versions.
 	for _, key := range keys {
 		var payload string
-		if err := p.pool.QueryRow(ctx, `SELECT payload::text FROM outbox o JOIN documents d USING (key, version) WHERE key = $1`, key).Scan(&payload); err != nil {
+		if err := p.Pool.QueryRow(ctx, `SELECT payload::text FROM outbox o JOIN documents d USING (key, version) WHERE key = $1`, key).Scan(&payload); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := p.js.Publish(ctx, contract.Subject(key), []byte(payload)); err != nil {
+		if _, err := p.JetStream.Publish(ctx, contract.Subject(key), []byte(payload)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	testenv.Eventually(t, "the redeliveries to be consumed", 30*time.Second, func() bool {
-		return caughtUp(t, p.js, "index") && caughtUp(t, p.js, "graph")
+		return caughtUp(t, p.JetStream, "index") && caughtUp(t, p.JetStream, "graph")
 	})
 	if d := verifyStores(t, p, ix, gs); !slices.Equal(d, want) {
 		t.Fatalf("verify after a plain redelivery: %v, want %v (still damaged)", d, want)
@@ -144,13 +144,13 @@ func TestDamagedProjectionsAreRepairedByReemission(t *testing.T) {
 	if len(got.Reemitted) != 2 || len(got.NotFound) != 0 {
 		t.Fatalf("re-emitted %+v", got)
 	}
-	converge(t, p.pool, ix, 60*time.Second)
-	convergeGraph(t, p.pool, gs, 60*time.Second)
+	converge(t, p.Pool, ix, 60*time.Second)
+	convergeGraph(t, p.Pool, gs, 60*time.Second)
 	if d := verifyStores(t, p, ix, gs); len(d) != 0 {
 		t.Fatalf("verify after the repair: %v", d)
 	}
 	// The stream carries the re-emissions as such.
-	s, err := p.js.Stream(ctx, "CONVERGE_DOCS")
+	s, err := p.JetStream.Stream(ctx, "CONVERGE_DOCS")
 	if err != nil {
 		t.Fatal(err)
 	}
