@@ -98,10 +98,10 @@ func fakeWriter(t *testing.T, truth map[string]verify.Doc, stores []*lockedSide,
 	return srv
 }
 
-// verify --repair re-emits the documents of the repairable differences,
-// says which ones it cannot repair, waits until the rest are gone, and
-// reports the stores as they are at the end.
-func TestRepairStores(t *testing.T) {
+// verify --repair, through the writer's client, says which differences it
+// cannot repair, what it re-emits and how long it waits, then sums up what
+// it repaired. (The protocol itself is verify.Repair's, tested there.)
+func TestRepairOutput(t *testing.T) {
 	ctx := context.Background()
 	truth := map[string]verify.Doc{}
 	for _, d := range []verify.Doc{vdoc("a", 2, "ha2", 2), vdoc("b", 1, "hb", 3), vdoc("c", 1, "hc", 1, "a"), vdoc("d", 4, "hd", 1), vdoc("e", 1, "he", 1)} {
@@ -133,7 +133,8 @@ func TestRepairStores(t *testing.T) {
 		t.Fatalf("first verify: agrees %v, %v", first.Agrees, err)
 	}
 	var out bytes.Buffer
-	rep, err := repairStores(ctx, wc, truthSide, stores, 64, first, 10*time.Second, 10*time.Millisecond, &out)
+	rep, err := verify.Repair(ctx, hintedWriter{wc}, truthSide, projections(stores), first, verify.RepairConfig{Buckets: 64, Timeout: 10 * time.Second,
+		Interval: 10 * time.Millisecond, Progress: printRepairProgress(&out, wc.URL(), 10*time.Second)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +146,7 @@ func TestRepairStores(t *testing.T) {
 	if rr == nil || len(rr.Reemitted) != 4 {
 		t.Fatalf("repair report %+v", rr)
 	}
-	items := func(list []repairItem) []string {
+	items := func(list []verify.RepairItem) []string {
 		var s []string
 		for _, d := range list {
 			s = append(s, d.Store+" "+d.Problem+" "+d.Key)
@@ -165,7 +166,9 @@ func TestRepairStores(t *testing.T) {
 	if rep.Agrees {
 		t.Fatal("the stores agree although the index holds an extra document")
 	}
-	for _, want := range []string{"cannot repair index extra x by re-emission", "re-emitting 4 documents", "waiting up to 10s"} {
+	for _, want := range []string{"repair: cannot repair index extra x by re-emission: the store holds a document Postgres does not have",
+		"repair: re-emitting 4 documents through the writer at " + wsrv.URL + "\n",
+		"repair: re-emitted 4 documents; waiting up to 10s for the stores to agree\n", "repair: verified again "} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("progress lacks %q:\n%s", want, out.String())
 		}
@@ -178,8 +181,8 @@ func TestRepairStores(t *testing.T) {
 }
 
 // When the stores do not converge in time, --repair says which documents
-// were not repaired and the stores still disagree.
-func TestRepairStoresTimesOut(t *testing.T) {
+// were not repaired.
+func TestRepairOutputWhenTimedOut(t *testing.T) {
 	ctx := context.Background()
 	truth := map[string]verify.Doc{"a": vdoc("a", 2, "h2", 1)}
 	index := &lockedSide{name: "index", docs: map[string]verify.Doc{"a": vdoc("a", 1, "h1", 1)}}
@@ -194,12 +197,12 @@ func TestRepairStoresTimesOut(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	start := time.Now()
-	rep, err := repairStores(ctx, wc, truthSide, stores, 16, first, 300*time.Millisecond, 20*time.Millisecond, &bytes.Buffer{})
+	rep, err := verify.Repair(ctx, hintedWriter{wc}, truthSide, projections(stores), first, verify.RepairConfig{Buckets: 16, Timeout: 300 * time.Millisecond,
+		Interval: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Agrees || len(rep.Repair.Repaired) != 0 || len(rep.Repair.Remaining) != 1 || time.Since(start) < 300*time.Millisecond {
+	if rep.Agrees || len(rep.Repair.Repaired) != 0 || len(rep.Repair.Remaining) != 1 {
 		t.Fatalf("after the timeout: agrees %v, report %+v", rep.Agrees, rep.Repair)
 	}
 	var out bytes.Buffer
@@ -209,58 +212,23 @@ func TestRepairStoresTimesOut(t *testing.T) {
 	}
 }
 
-// racingSide answers its first stale Digests calls from the state it had
-// when it was made, and everything else from its current state: a store
-// whose digests were read before a repair landed and its documents after.
-type racingSide struct {
-	*lockedSide
-	before *verify.Memory
-	mu     sync.Mutex
-	stale  int
-}
-
-func (s *racingSide) Digests(ctx context.Context, kind verify.Kind, n int) ([]verify.BucketDigest, error) {
-	s.mu.Lock()
-	stale := s.stale > 0
-	s.stale--
-	s.mu.Unlock()
-	if stale {
-		return s.before.Digests(ctx, kind, n)
-	}
-	return s.lockedSide.Digests(ctx, kind, n)
-}
-
-// A verify that reads a store's digests before the re-emitted events are
-// applied and its documents after sees a digest mismatch with no
-// differing document: --repair waits on through it, and reports the stores
-// agreeing once they do, rather than ending on the mismatch.
-func TestRepairWaitsThroughADigestMismatch(t *testing.T) {
-	ctx := context.Background()
-	truth := map[string]verify.Doc{"a": vdoc("a", 2, "h2", 1), "b": vdoc("b", 1, "hb", 1)}
-	graph := &lockedSide{name: "graph", docs: map[string]verify.Doc{"a": vdoc("a", 1, "h1", 1), "b": truth["b"]}}
-	racing := &racingSide{lockedSide: graph, before: graph.memory(), stale: 2} // the first verify, and the first after the repair
-	stores := []namedSide{{verify.Graph, racing}}
-	truthSide := &lockedSide{name: "postgres", docs: truth}
-	var asked []string
-	wc, err := newWriterClient(fakeWriter(t, truth, []*lockedSide{graph}, func(string, string) bool { return true }, &asked).URL)
+// A writer that does not answer is named with the flag that says where it
+// was looked for.
+func TestRepairNamesTheWriterThatDoesNotAnswer(t *testing.T) {
+	srv := httptest.NewServer(http.NotFoundHandler())
+	srv.Close()
+	wc, err := newWriterClient(srv.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	first, err := runVerify(ctx, truthSide, stores, 16, false)
-	if err != nil || first.Agrees {
-		t.Fatalf("first verify: agrees %v, %v", first.Agrees, err)
-	}
-	// The interval outlasts the fake writer's 50 ms before it repairs, so
-	// the first verify after the re-emission reads the repaired documents
-	// under the stale digests.
-	rep, err := repairStores(ctx, wc, truthSide, stores, 16, first, 10*time.Second, 150*time.Millisecond, &bytes.Buffer{})
+	truthSide := &lockedSide{name: "postgres", docs: map[string]verify.Doc{"a": vdoc("a", 1, "h", 1)}}
+	stores := []namedSide{{verify.Index, &lockedSide{name: "index", docs: map[string]verify.Doc{}}}}
+	first, err := runVerify(context.Background(), truthSide, stores, 16, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !rep.Agrees || len(rep.Repair.Repaired) != 1 || len(rep.Repair.Remaining) != 0 {
-		t.Fatalf("after the repair: agrees %v, repaired %v, remaining %v", rep.Agrees, rep.Repair.Repaired, rep.Repair.Remaining)
-	}
-	if racing.stale >= 0 { // the stale digests, then at least one current
-		t.Fatal("no verify after the stale digests: the test did not race")
+	_, err = verify.Repair(context.Background(), hintedWriter{wc}, truthSide, projections(stores), first, verify.RepairConfig{Buckets: 16, Timeout: time.Second})
+	if err == nil || !strings.HasPrefix(err.Error(), "repair: ") || !strings.Contains(err.Error(), "(is the writer running? -writer-url, env "+envWriterURL+")") {
+		t.Fatalf("repair with the writer down: %v", err)
 	}
 }

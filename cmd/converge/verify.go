@@ -22,12 +22,9 @@ import (
 // errDisagree makes converge exit non-zero when a store disagrees.
 var errDisagree = errors.New("the stores do not agree with Postgres")
 
-type verifyReport struct {
-	Agrees bool            `json:"agrees"`
-	Stores []verify.Report `json:"stores"`
-	// Repair is what --repair did; Stores is then the final verify.
-	Repair *repairReport `json:"repair,omitempty"`
-}
+// verifyReport is the report of converge verify (and of the demo's and
+// the rebuild's verify), its --json output.
+type verifyReport = verify.Result
 
 // verifyCmd compares each projection with Postgres by bucket digests and
 // reports every differing document.
@@ -79,7 +76,8 @@ func verifyCmd(ctx context.Context, args []string, out io.Writer) error {
 		if !*asJSON {
 			printVerify(out, rep)
 		}
-		rep, err = repairStores(ctx, wc, truth, stored, *buckets, rep, *repairTimeout, repairPollInterval, progressOut(!*asJSON, out))
+		rep, err = verify.Repair(ctx, hintedWriter{wc}, truth, projections(stored), rep, verify.RepairConfig{Buckets: *buckets, Timeout: *repairTimeout,
+			Progress: printRepairProgress(progressOut(!*asJSON, out), wc.URL(), *repairTimeout)})
 		if err != nil {
 			return err
 		}
@@ -100,9 +98,20 @@ func verifyCmd(ctx context.Context, args []string, out io.Writer) error {
 	return nil
 }
 
+// namedSide is a projection named on the command line (-stores), and the
+// side that answers for it.
 type namedSide struct {
 	kind verify.Kind
 	side verify.Side
+}
+
+// projections are sides as verify takes them.
+func projections(sides []namedSide) []verify.Projection {
+	out := make([]verify.Projection, len(sides))
+	for i, s := range sides {
+		out[i] = verify.Projection{Kind: s.kind, Side: s.side}
+	}
+	return out
 }
 
 // storeSides are the projections of list (-stores), each asked of its
@@ -143,31 +152,31 @@ func bothSides(indexAddr, graphAddr string) []namedSide {
 	}
 }
 
+// runVerify is [verify.Run], showing on stderr, with progress, how far
+// the comparison of each store's differing buckets is.
 func runVerify(ctx context.Context, truth verify.Side, stores []namedSide, buckets int, progress bool) (verifyReport, error) {
-	rep := verifyReport{Agrees: true}
-	if len(stores) == 0 {
-		return rep, errors.New("verify: no store to verify (-stores index,graph)")
-	}
-	for _, s := range stores {
-		var show func(done, total int)
-		line := newProgressLine(os.Stderr)
-		if progress {
-			show = func(done, total int) {
-				line.Update(fmt.Sprintf("%s: compared %d/%d differing buckets", s.side.Name(), done, total))
-				if done == total {
+	var show func(store string, done, total int)
+	var line *progressLine
+	if progress {
+		current := ""
+		show = func(store string, done, total int) {
+			if line == nil || store != current {
+				if line != nil {
 					line.Done()
 				}
+				line, current = newProgressLine(os.Stderr), store
+			}
+			line.Update(fmt.Sprintf("%s: compared %d/%d differing buckets", store, done, total))
+			if done == total {
+				line.Done()
 			}
 		}
-		r, err := verify.Compare(ctx, truth, s.side, s.kind, buckets, show)
-		line.Done()
-		if err != nil {
-			return rep, err
-		}
-		rep.Stores = append(rep.Stores, r)
-		rep.Agrees = rep.Agrees && r.Agrees
 	}
-	return rep, nil
+	rep, err := verify.Run(ctx, truth, projections(stores), buckets, show)
+	if line != nil {
+		line.Done()
+	}
+	return rep, err
 }
 
 func printVerify(out io.Writer, rep verifyReport) {

@@ -1,0 +1,358 @@
+package verify_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/converge-sync/converge/internal/verify"
+	"github.com/converge-sync/converge/internal/writer"
+)
+
+// lockedSide is a verify side in memory that the reemitter below repairs
+// while verify reads it.
+type lockedSide struct {
+	mu   sync.Mutex
+	name string
+	docs map[string]verify.Doc
+}
+
+func (s *lockedSide) memory() *verify.Memory {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := &verify.Memory{Label: s.name}
+	for _, d := range s.docs {
+		m.Docs = append(m.Docs, d)
+	}
+	return m
+}
+
+func (s *lockedSide) Name() string { return s.name }
+
+func (s *lockedSide) Digests(ctx context.Context, kind verify.Kind, n int) ([]verify.BucketDigest, error) {
+	return s.memory().Digests(ctx, kind, n)
+}
+
+func (s *lockedSide) Buckets(ctx context.Context, kind verify.Kind, n int, buckets []int) (map[int][]verify.Doc, error) {
+	return s.memory().Buckets(ctx, kind, n, buckets)
+}
+
+func vdoc(key string, version int64, hash string, chunks int, links ...string) verify.Doc {
+	d := verify.Doc{Key: key, Version: version, ContentHash: hash, Links: links}
+	for i := range chunks {
+		d.Chunks = append(d.Chunks, verify.Chunk{ID: uuid.NewSHA1(uuid.NameSpaceURL, []byte(key+string(rune('0'+i)))), Hash: hash})
+	}
+	return d
+}
+
+// reemitter re-emits from truth as the writer does; with repairs, it
+// copies the re-emitted documents into the stores a little later, as the
+// projectors would, except where repairs says a store keeps its own.
+type reemitter struct {
+	truth   map[string]verify.Doc
+	stores  []*lockedSide
+	repairs func(store, key string) bool
+	err     error // after answering, as a writer failing on a later page
+
+	mu    sync.Mutex
+	asked []string
+}
+
+func (r *reemitter) ReemitKeys(_ context.Context, keys []string) (writer.ReemitResponse, error) {
+	r.mu.Lock()
+	r.asked = append(r.asked, keys...)
+	r.mu.Unlock()
+	resp := writer.ReemitResponse{Reemitted: []writer.ReemittedDocument{}, NotFound: []string{}}
+	for i, k := range keys {
+		d, ok := r.truth[k]
+		if !ok {
+			resp.NotFound = append(resp.NotFound, k)
+			continue
+		}
+		resp.Reemitted = append(resp.Reemitted, writer.ReemittedDocument{Key: k, Version: d.Version, Emission: int64(i + 1)})
+	}
+	if r.repairs != nil {
+		time.AfterFunc(50*time.Millisecond, func() {
+			for _, s := range r.stores {
+				s.mu.Lock()
+				for _, k := range keys {
+					if d, ok := r.truth[k]; ok && r.repairs(s.name, k) {
+						s.docs[k] = d
+					}
+				}
+				s.mu.Unlock()
+			}
+		})
+	}
+	return resp, r.err
+}
+
+func (r *reemitter) keys() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Sorted(slices.Values(r.asked))
+}
+
+func items(list []verify.RepairItem) []string {
+	var s []string
+	for _, d := range list {
+		s = append(s, d.Store+" "+d.Problem+" "+d.Key)
+	}
+	slices.Sort(s)
+	return s
+}
+
+// What a re-emission of Postgres's current version repairs, per problem
+// and store.
+func TestRepairItemClassification(t *testing.T) {
+	for _, tc := range []struct {
+		problem    string
+		kind       verify.Kind
+		repairable bool
+		unsettled  bool
+	}{
+		{verify.Missing, verify.Index, true, true},
+		{verify.StaleVersion, verify.Graph, true, true},
+		{verify.StaleChunks, verify.Index, true, true},
+		{verify.LinksMismatch, verify.Graph, true, true},
+		{verify.ContentMismatch, verify.Graph, true, true},
+		{verify.ContentMismatch, verify.Index, false, false},
+		{verify.Extra, verify.Index, false, false},
+		{verify.VersionMismatch, verify.Graph, false, false},
+		{verify.DigestMismatch, verify.Index, false, true},
+	} {
+		d := verify.RepairItem{Store: string(tc.kind), Kind: tc.kind, Key: "k", Problem: tc.problem}
+		if d.Repairable() != tc.repairable || d.Unsettled() != tc.unsettled {
+			t.Errorf("%s in the %s: repairable %v, unsettled %v; want %v, %v", tc.problem, tc.kind, d.Repairable(), d.Unsettled(), tc.repairable, tc.unsettled)
+		}
+		if !tc.repairable && d.UnrepairableReason() == "" {
+			t.Errorf("%s in the %s: no reason given", tc.problem, tc.kind)
+		}
+	}
+}
+
+// Run compares every projection and agrees only when each does.
+func TestRunComparesEveryProjection(t *testing.T) {
+	ctx := context.Background()
+	truth := &lockedSide{name: "postgres", docs: map[string]verify.Doc{"a": vdoc("a", 1, "h", 1), "b": vdoc("b", 1, "h", 1)}}
+	index := &lockedSide{name: "index", docs: map[string]verify.Doc{"a": vdoc("a", 1, "h", 1), "b": vdoc("b", 1, "h", 1)}}
+	graph := &lockedSide{name: "graph", docs: map[string]verify.Doc{"a": vdoc("a", 1, "h", 1)}}
+	var shown []string
+	res, err := verify.Run(ctx, truth, []verify.Projection{{Kind: verify.Index, Side: index}, {Kind: verify.Graph, Side: graph}}, 16,
+		func(store string, done, total int) { shown = append(shown, store) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Agrees || len(res.Stores) != 2 || !res.Stores[0].Agrees || res.Stores[1].Agrees || res.Repair != nil {
+		t.Fatalf("result %+v, want the index agreeing and the graph not", res)
+	}
+	if got := items(res.Differences()); !slices.Equal(got, []string{"graph missing b"}) {
+		t.Fatalf("differences %v", got)
+	}
+	if !slices.Equal(shown, []string{"graph"}) {
+		t.Fatalf("progress shown for %v, want the graph's one differing bucket", shown)
+	}
+	if _, err := verify.Run(ctx, truth, nil, 16, nil); err == nil {
+		t.Fatal("Run without a projection succeeded")
+	}
+}
+
+// Repair re-emits the documents of the repairable differences, sets the
+// others apart with their reason, waits until the repairable ones are
+// gone, and returns the stores as they are at the end.
+func TestRepair(t *testing.T) {
+	ctx := context.Background()
+	truth := map[string]verify.Doc{}
+	for _, d := range []verify.Doc{vdoc("a", 2, "ha2", 2), vdoc("b", 1, "hb", 3), vdoc("c", 1, "hc", 1, "a"), vdoc("d", 4, "hd", 1), vdoc("e", 1, "he", 1)} {
+		truth[d.Key] = d
+	}
+	index := &lockedSide{name: "index", docs: map[string]verify.Doc{
+		"a": vdoc("a", 1, "ha1", 2),                                                  // stale_version
+		"b": vdoc("b", 1, "hb", 1),                                                   // stale_chunks
+		"c": {Key: "c", Version: 1, ContentHash: "other", Chunks: truth["c"].Chunks}, // content_mismatch: the index's marker
+		"d": vdoc("d", 5, "hd5", 1),                                                  // version_mismatch
+		"x": vdoc("x", 1, "hx", 1),                                                   // extra
+		// e is missing.
+	}}
+	graph := &lockedSide{name: "graph", docs: map[string]verify.Doc{
+		"a": truth["a"], "b": truth["b"], "d": truth["d"], "e": truth["e"],
+		"c": {Key: "c", Version: 1, ContentHash: "hc", Chunks: truth["c"].Chunks}, // links_mismatch
+	}}
+	truthSide := &lockedSide{name: "postgres", docs: truth}
+	stores := []verify.Projection{{Kind: verify.Index, Side: index}, {Kind: verify.Graph, Side: graph}}
+	// A re-emission leaves the index's marker of c as it is.
+	w := &reemitter{truth: truth, stores: []*lockedSide{index, graph}, repairs: func(store, key string) bool { return store != "index" || key != "c" }}
+	first, err := verify.Run(ctx, truthSide, stores, 64, nil)
+	if err != nil || first.Agrees {
+		t.Fatalf("first verify: agrees %v, %v", first.Agrees, err)
+	}
+	var steps []verify.RepairStep
+	var reemitting []string
+	res, err := verify.Repair(ctx, w, truthSide, stores, first, verify.RepairConfig{Buckets: 64, Timeout: 10 * time.Second, Interval: 10 * time.Millisecond,
+		Progress: func(p verify.RepairProgress) {
+			steps = append(steps, p.Step)
+			if p.Step == verify.RepairClassified && len(p.Report.Unrepairable) != 3 {
+				t.Errorf("classified with %d unrepairable differences, want 3", len(p.Report.Unrepairable))
+			}
+			if p.Step == verify.RepairReemitting {
+				reemitting = p.Keys
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := w.keys(); !slices.Equal(got, []string{"a", "b", "c", "e"}) || !slices.Equal(reemitting, got) {
+		t.Fatalf("re-emitted %v (announced %v), want [a b c e]: c for the graph's links, not for the index's marker", got, reemitting)
+	}
+	if !slices.Equal(steps, []verify.RepairStep{verify.RepairClassified, verify.RepairReemitting, verify.RepairWaiting, verify.RepairVerified}) {
+		t.Fatalf("steps %v", steps)
+	}
+	rr := res.Repair
+	if rr == nil || len(rr.Reemitted) != 4 || rr.Waited == "" {
+		t.Fatalf("repair report %+v", rr)
+	}
+	if got, want := items(rr.Repaired), []string{"graph links_mismatch c", "index missing e", "index stale_chunks b", "index stale_version a"}; !slices.Equal(got, want) {
+		t.Fatalf("repaired %v, want %v", got, want)
+	}
+	if got, want := items(rr.Unrepairable), []string{"index content_mismatch c", "index extra x", "index version_mismatch d"}; !slices.Equal(got, want) {
+		t.Fatalf("unrepairable %v, want %v", got, want)
+	}
+	for _, d := range rr.Unrepairable {
+		if d.Detail != d.UnrepairableReason() {
+			t.Errorf("unrepairable %s %s: detail %q, want its reason", d.Problem, d.Key, d.Detail)
+		}
+	}
+	if got := items(rr.Remaining); !slices.Equal(got, items(rr.Unrepairable)) {
+		t.Fatalf("remaining %v, want the unrepairable ones", got)
+	}
+	if res.Agrees {
+		t.Fatal("the stores agree although the index holds an extra document")
+	}
+}
+
+// When nothing is repairable, nothing is re-emitted.
+func TestRepairWithNothingRepairable(t *testing.T) {
+	ctx := context.Background()
+	truthSide := &lockedSide{name: "postgres", docs: map[string]verify.Doc{}}
+	graph := &lockedSide{name: "graph", docs: map[string]verify.Doc{"ghost": vdoc("ghost", 1, "x", 0)}}
+	stores := []verify.Projection{{Kind: verify.Graph, Side: graph}}
+	first, err := verify.Run(ctx, truthSide, stores, 16, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &reemitter{}
+	res, err := verify.Repair(ctx, w, truthSide, stores, first, verify.RepairConfig{Buckets: 16, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(w.keys()) != 0 || res.Agrees || res.Repair == nil || len(res.Repair.Reemitted) != 0 ||
+		!slices.Equal(items(res.Repair.Unrepairable), []string{"graph extra ghost"}) {
+		t.Fatalf("asked %v; result agrees %v, repair %+v", w.keys(), res.Agrees, res.Repair)
+	}
+}
+
+// When the stores do not converge in time, Repair reports what was not
+// repaired and the stores still disagree.
+func TestRepairTimesOut(t *testing.T) {
+	ctx := context.Background()
+	truth := map[string]verify.Doc{"a": vdoc("a", 2, "h2", 1)}
+	index := &lockedSide{name: "index", docs: map[string]verify.Doc{"a": vdoc("a", 1, "h1", 1)}}
+	stores := []verify.Projection{{Kind: verify.Index, Side: index}}
+	truthSide := &lockedSide{name: "postgres", docs: truth}
+	first, err := verify.Run(ctx, truthSide, stores, 16, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	res, err := verify.Repair(ctx, &reemitter{truth: truth}, truthSide, stores, first, verify.RepairConfig{Buckets: 16, Timeout: 300 * time.Millisecond, Interval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Agrees || len(res.Repair.Repaired) != 0 || !slices.Equal(items(res.Repair.Remaining), []string{"index stale_version a"}) || time.Since(start) < 300*time.Millisecond {
+		t.Fatalf("after the timeout: agrees %v, report %+v", res.Agrees, res.Repair)
+	}
+}
+
+// A writer that fails keeps its cause; what it re-emitted before is
+// reported.
+func TestRepairWriterFailure(t *testing.T) {
+	ctx := context.Background()
+	truth := map[string]verify.Doc{"a": vdoc("a", 2, "h2", 1)}
+	index := &lockedSide{name: "index", docs: map[string]verify.Doc{}}
+	stores := []verify.Projection{{Kind: verify.Index, Side: index}}
+	truthSide := &lockedSide{name: "postgres", docs: truth}
+	first, err := verify.Run(ctx, truthSide, stores, 16, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cause := errors.New("the writer is gone")
+	var last *verify.RepairReport
+	res, err := verify.Repair(ctx, &reemitter{truth: truth, err: cause}, truthSide, stores, first, verify.RepairConfig{Buckets: 16, Timeout: time.Second,
+		Progress: func(p verify.RepairProgress) { last = p.Report }})
+	if !errors.Is(err, cause) {
+		t.Fatalf("Repair: %v, want the writer's error", err)
+	}
+	if res.Repair != nil || res.Agrees || last == nil || len(last.Reemitted) != 1 {
+		t.Fatalf("after the writer failed: result %+v, report so far %+v", res, last)
+	}
+	if _, err := verify.Repair(ctx, &reemitter{}, truthSide, stores, first, verify.RepairConfig{}); err == nil {
+		t.Fatal("Repair without a timeout succeeded")
+	}
+}
+
+// racingSide answers its first stale Digests calls from the state it had
+// when it was made, and everything else from its current state: a store
+// whose digests were read before a repair landed and its documents after.
+type racingSide struct {
+	*lockedSide
+	before *verify.Memory
+	mu     sync.Mutex
+	stale  int
+}
+
+func (s *racingSide) Digests(ctx context.Context, kind verify.Kind, n int) ([]verify.BucketDigest, error) {
+	s.mu.Lock()
+	stale := s.stale > 0
+	s.stale--
+	s.mu.Unlock()
+	if stale {
+		return s.before.Digests(ctx, kind, n)
+	}
+	return s.lockedSide.Digests(ctx, kind, n)
+}
+
+// A verify that reads a store's digests before the re-emitted events are
+// applied and its documents after sees a digest mismatch with no
+// differing document: Repair waits on through it, and reports the stores
+// agreeing once they do, rather than ending on the mismatch.
+func TestRepairWaitsThroughADigestMismatch(t *testing.T) {
+	ctx := context.Background()
+	truth := map[string]verify.Doc{"a": vdoc("a", 2, "h2", 1), "b": vdoc("b", 1, "hb", 1)}
+	graph := &lockedSide{name: "graph", docs: map[string]verify.Doc{"a": vdoc("a", 1, "h1", 1), "b": truth["b"]}}
+	racing := &racingSide{lockedSide: graph, before: graph.memory(), stale: 2} // the first verify, and the first after the repair
+	stores := []verify.Projection{{Kind: verify.Graph, Side: racing}}
+	truthSide := &lockedSide{name: "postgres", docs: truth}
+	w := &reemitter{truth: truth, stores: []*lockedSide{graph}, repairs: func(string, string) bool { return true }}
+	first, err := verify.Run(ctx, truthSide, stores, 16, nil)
+	if err != nil || first.Agrees {
+		t.Fatalf("first verify: agrees %v, %v", first.Agrees, err)
+	}
+	// The interval outlasts the reemitter's 50 ms before it repairs, so the
+	// first verify after the re-emission reads the repaired documents
+	// under the stale digests.
+	res, err := verify.Repair(ctx, w, truthSide, stores, first, verify.RepairConfig{Buckets: 16, Timeout: 10 * time.Second, Interval: 150 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Agrees || len(res.Repair.Repaired) != 1 || len(res.Repair.Remaining) != 0 {
+		t.Fatalf("after the repair: agrees %v, repaired %v, remaining %v", res.Agrees, res.Repair.Repaired, res.Repair.Remaining)
+	}
+	if racing.stale >= 0 { // the stale digests, then at least one current
+		t.Fatal("no verify after the stale digests: the test did not race")
+	}
+}
