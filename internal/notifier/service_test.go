@@ -1,7 +1,6 @@
 package notifier
 
 import (
-	"context"
 	"io"
 	"net"
 	"net/http"
@@ -10,7 +9,7 @@ import (
 	"time"
 
 	"github.com/converge-sync/converge/internal/projector"
-	"github.com/converge-sync/converge/internal/service"
+	"github.com/converge-sync/converge/internal/stack/stacktest"
 	"github.com/converge-sync/converge/internal/testenv"
 )
 
@@ -25,20 +24,10 @@ func TestRunServesMetrics(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	_ = ln.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- service.Run(ctx, ServiceConfig{
-			Projector: projector.ServiceConfig{NATSURL: e.n.URL, MetricsAddr: addr, Runtime: projector.Config{Name: "notifier"}},
-			Notifier:  testConfig(rcv.url("/hook")),
-		}, discardLogger(), Run)
-	}()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	svc := stacktest.Start(t, ServiceConfig{
+		Projector: projector.ServiceConfig{NATSURL: e.n.URL, MetricsAddr: addr, Runtime: projector.Config{Name: "notifier"}},
+		Notifier:  testConfig(rcv.url("/hook")),
+	}, Run)
 	e.publish(upsert("doc", 1), time.Now())
 	e.publish(upsert("doc", 2), time.Now())
 	testenv.Eventually(t, "both versions to be notified", 20*time.Second, func() bool { return len(rcv.requests()) == 2 })
@@ -63,5 +52,8 @@ func TestRunServesMetrics(t *testing.T) {
 		if n != 1 {
 			t.Errorf("effect %s: %d POSTs", key, n)
 		}
+	}
+	if err := svc.Stop(); err != nil {
+		t.Errorf("Run: %v", err)
 	}
 }
