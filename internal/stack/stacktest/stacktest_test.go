@@ -1,0 +1,109 @@
+package stacktest_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/converge-sync/converge/internal/projector"
+	"github.com/converge-sync/converge/internal/relay"
+	"github.com/converge-sync/converge/internal/service"
+	"github.com/converge-sync/converge/internal/stack/stacktest"
+	"github.com/converge-sync/converge/internal/testenv"
+	"github.com/converge-sync/converge/internal/writer"
+	"github.com/converge-sync/converge/pkg/contract"
+)
+
+var pg *testenv.Postgres
+
+func TestMain(m *testing.M) { os.Exit(testenv.RunMain(m, &pg)) }
+
+// seen is a projection that records the versions it was given.
+type seen struct {
+	mu       sync.Mutex
+	versions map[string]int64
+}
+
+func (s *seen) Apply(_ context.Context, events []*contract.Event) []projector.Result {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, e := range events {
+		s.versions[e.Key] = max(s.versions[e.Key], e.Version)
+	}
+	return make([]projector.Result, len(events)) // all Applied
+}
+
+func (s *seen) version(key string) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.versions[key]
+}
+
+// A document written through the writer's API goes through the relay to
+// a projector over the test's store: the three services of a Stack,
+// started as their binaries start them, make the pipeline.
+func TestPipeline(t *testing.T) {
+	st := stacktest.New(t, pg)
+	api, _ := stacktest.StartWriter(t, writer.ServiceConfig{PostgresURL: st.PostgresURL})
+	r, _ := stacktest.StartRelay(t, relay.ServiceConfig{NATSURL: st.NATS.URL, Relay: relay.Config{PostgresURL: st.PostgresURL}})
+	if !r.Active() {
+		t.Fatal("StartRelay returned a relay that does not hold its slot")
+	}
+	store := &seen{versions: map[string]int64{}}
+	stacktest.StartProjector(t, projector.ServiceConfig{NATSURL: st.NATS.URL, Runtime: projector.Config{Name: "seen"}}, store, nil)
+
+	req, err := http.NewRequest(http.MethodPut, api+"/v1/documents/a", strings.NewReader(`{"version":3,"body":"a body"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("PUT a document: %s", resp.Status)
+	}
+	testenv.Eventually(t, "the projector to see version 3 of a", 20*time.Second, func() bool { return store.version("a") == 3 })
+}
+
+// config is a service's configuration that dials nothing.
+type config struct{ invalid bool }
+
+func (c config) Validate() error {
+	if c.invalid {
+		return errors.New("invalid")
+	}
+	return nil
+}
+
+func (config) Connections() service.Conns { return service.Conns{} }
+
+// Stop ends a service's context and returns its Run's error; a service
+// stopped by the test is not reported again at its end.
+func TestStopReturnsRunsError(t *testing.T) {
+	failed := errors.New("failed")
+	svc := stacktest.Start(t, config{}, func(ctx context.Context, _ config, _ service.Deps) error {
+		<-ctx.Done()
+		return failed
+	})
+	// Run returns once its context ends, and service.Run does not count
+	// a failure on the way out as one.
+	if err := svc.Stop(); err != nil {
+		t.Fatalf("stopped: %v", err)
+	}
+	svc = stacktest.Start(t, config{invalid: true}, func(context.Context, config, service.Deps) error { return nil })
+	<-svc.Done()
+	if err := svc.Stop(); err == nil || err.Error() != "invalid" {
+		t.Fatalf("an invalid configuration: %v", err)
+	}
+	if err := svc.Stop(); err == nil {
+		t.Fatal("a second Stop lost Run's error")
+	}
+}
