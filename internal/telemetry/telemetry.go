@@ -2,11 +2,14 @@
 // /metrics (Prometheus), /healthz (the process is alive) and /readyz (its
 // dependencies answer, checked on each request). [Scrape] reads a /metrics
 // endpoint back, for the CLI, tests and benchmarks, with Prometheus's own
-// text parser rather than by hand.
+// text parser rather than by hand. [Serve] and [ServeListener] run every
+// HTTP listener of the services, over TLS when given a key pair
+// ([TLSFiles]).
 package telemetry
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"log/slog"
@@ -60,21 +63,45 @@ func Handler(reg *prometheus.Registry, checks ...Check) http.Handler {
 	return mux
 }
 
+// ServeOption is an option of [Serve] and [ServeListener].
+type ServeOption func(*serveOptions)
+
+type serveOptions struct {
+	tls *tls.Config
+}
+
+// WithTLS serves HTTPS with cfg (see [TLSFiles.Config]); nil is plain
+// HTTP.
+func WithTLS(cfg *tls.Config) ServeOption {
+	return func(o *serveOptions) { o.tls = cfg }
+}
+
 // Serve runs an HTTP server for h on addr until ctx ends, then shuts it
 // down gracefully, letting in-flight requests finish within grace.
-func Serve(ctx context.Context, addr string, h http.Handler, grace time.Duration, log *slog.Logger) error {
+func Serve(ctx context.Context, addr string, h http.Handler, grace time.Duration, log *slog.Logger, opts ...ServeOption) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
 	}
-	return ServeListener(ctx, ln, h, grace, log)
+	return ServeListener(ctx, ln, h, grace, log, opts...)
 }
 
 // ServeListener is Serve on an existing listener.
-func ServeListener(ctx context.Context, ln net.Listener, h http.Handler, grace time.Duration, log *slog.Logger) error {
+func ServeListener(ctx context.Context, ln net.Listener, h http.Handler, grace time.Duration, log *slog.Logger, opts ...ServeOption) error {
+	var o serveOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	if o.tls != nil {
+		// ServeTLS adds HTTP/2 to the protocols offered, as Serve does
+		// for plain HTTP.
+		srv.TLSConfig = o.tls.Clone()
+		go func() { errc <- srv.ServeTLS(ln, "", "") }()
+	} else {
+		go func() { errc <- srv.Serve(ln) }()
+	}
 	select {
 	case err := <-errc:
 		return err
