@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"text/tabwriter"
@@ -15,55 +14,17 @@ import (
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/deadletter"
 	"github.com/converge-sync/converge/internal/rebuild"
+	"github.com/converge-sync/converge/internal/relay"
 	"github.com/converge-sync/converge/internal/writer"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
-// slotStatus is the relay's replication slot as Postgres reports it.
-type slotStatus struct {
-	Name         string `json:"name"`
-	Exists       bool   `json:"exists"`
-	Active       bool   `json:"active"`
-	ActivePID    *int32 `json:"active_pid,omitempty"`
-	ConfirmedLSN string `json:"confirmed_flush_lsn,omitempty"`
-	LagBytes     int64  `json:"lag_bytes"`
-	WALStatus    string `json:"wal_status,omitempty"`
-}
-
-type outboxStatus struct {
-	Rows   int64      `json:"rows"`
-	Oldest *time.Time `json:"oldest,omitempty"`
-}
-
-type streamStatus struct {
-	Name      string    `json:"name"`
-	Exists    bool      `json:"exists"`
-	Messages  uint64    `json:"messages"`
-	Bytes     uint64    `json:"bytes"`
-	FirstSeq  uint64    `json:"first_seq"`
-	LastSeq   uint64    `json:"last_seq"`
-	LastTime  time.Time `json:"last_time,omitzero"`
-	Subjects  uint64    `json:"subjects"`
-	Consumers int       `json:"consumers"`
-}
-
-// consumerStatus is a projector's (or the writer's ingest) durable consumer.
-type consumerStatus struct {
-	Stream      string     `json:"stream"`
-	Name        string     `json:"name"`
-	Pending     uint64     `json:"pending"`     // not yet delivered
-	AckPending  int        `json:"ack_pending"` // delivered, not yet acknowledged
-	Redelivered int        `json:"redelivered"`
-	AckFloorSeq uint64     `json:"ack_floor_seq"`
-	LastApplied *time.Time `json:"last_applied_commit_time,omitempty"` // the Postgres commit time of the last event acknowledged in order
-	DeadLetters uint64     `json:"dead_letters"`                       // on converge.dlq.<name>
-}
-
+// statusReport is the output of converge status (--json).
 type statusReport struct {
-	Slot      slotStatus       `json:"slot"`
-	Outbox    outboxStatus     `json:"outbox"`
-	Streams   []streamStatus   `json:"streams,omitempty"`
-	Consumers []consumerStatus `json:"consumers,omitempty"`
+	Slot      relay.SlotStatus       `json:"slot"`
+	Outbox    relay.OutboxStatus     `json:"outbox"`
+	Streams   []relay.StreamStatus   `json:"streams,omitempty"`
+	Consumers []relay.ConsumerStatus `json:"consumers,omitempty"`
 	// Rebuilds are those in progress, or interrupted and resumed when
 	// their projector starts.
 	Rebuilds []rebuild.State `json:"rebuilds,omitempty"`
@@ -92,27 +53,20 @@ func status(ctx context.Context, args []string, out io.Writer) error {
 	return nil
 }
 
+// collectStatus reads the relay's slot and the outbox from Postgres and,
+// with a NATS URL, the streams, their consumers and the rebuilds.
 func collectStatus(ctx context.Context, pgURL, natsURL, slot string) (statusReport, error) {
-	rep := statusReport{Slot: slotStatus{Name: slot}}
+	rep := statusReport{Slot: relay.SlotStatus{Name: slot}}
 	conn, err := pgx.Connect(ctx, pgURL)
 	if err != nil {
 		return rep, fmt.Errorf("status: connect postgres: %w", err)
 	}
 	defer conn.Close(context.Background())
-	err = conn.QueryRow(ctx, `
-		SELECT active, active_pid, coalesce(confirmed_flush_lsn::text, ''),
-		       coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), 0)::bigint, coalesce(wal_status, '')
-		FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()`, slot).
-		Scan(&rep.Slot.Active, &rep.Slot.ActivePID, &rep.Slot.ConfirmedLSN, &rep.Slot.LagBytes, &rep.Slot.WALStatus)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-	case err != nil:
-		return rep, fmt.Errorf("status: read slot: %w", err)
-	default:
-		rep.Slot.Exists = true
+	if rep.Slot, err = relay.ReadSlot(ctx, conn, slot); err != nil {
+		return rep, err
 	}
-	if err := conn.QueryRow(ctx, `SELECT count(*), min(created_at) FROM outbox`).Scan(&rep.Outbox.Rows, &rep.Outbox.Oldest); err != nil {
-		return rep, fmt.Errorf("status: read outbox (is the schema migrated?): %w", err)
+	if rep.Outbox, err = relay.ReadOutbox(ctx, conn); err != nil {
+		return rep, err
 	}
 	if natsURL == "" {
 		return rep, nil
@@ -126,78 +80,15 @@ func collectStatus(ctx context.Context, pgURL, natsURL, slot string) (statusRepo
 	if err != nil {
 		return rep, err
 	}
-	for _, name := range []string{contract.DocsStream, writer.IngestStream, deadletter.Stream} {
-		st := streamStatus{Name: name}
-		s, err := js.Stream(ctx, name)
-		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			rep.Streams = append(rep.Streams, st)
-			continue
-		}
-		if err != nil {
-			return rep, fmt.Errorf("status: stream %s: %w", name, err)
-		}
-		info, err := s.Info(ctx)
-		if err != nil {
-			return rep, fmt.Errorf("status: stream %s: %w", name, err)
-		}
-		st.Exists = true
-		st.Messages, st.Bytes, st.FirstSeq, st.LastSeq = info.State.Msgs, info.State.Bytes, info.State.FirstSeq, info.State.LastSeq
-		st.LastTime, st.Subjects, st.Consumers = info.State.LastTime, info.State.NumSubjects, info.State.Consumers
-		rep.Streams = append(rep.Streams, st)
+	if rep.Streams, err = relay.ReadStreams(ctx, js, contract.DocsStream, writer.IngestStream, deadletter.Stream); err != nil {
+		return rep, err
 	}
-	consumers, err := collectConsumers(ctx, js)
-	rep.Consumers = consumers
-	if err != nil {
+	if rep.Consumers, err = relay.ReadConsumers(ctx, js, relay.ConsumedStream{Stream: contract.DocsStream},
+		relay.ConsumedStream{Stream: writer.IngestStream, DeadLetters: writer.IngestDLQName}); err != nil {
 		return rep, err
 	}
 	rep.Rebuilds, err = rebuild.InProgress(ctx, js)
 	return rep, err
-}
-
-// collectConsumers reports the durable consumers of the documents and
-// ingest streams, with their dead-letter depth and, for projectors, the
-// commit time of the last event they acknowledged in order.
-func collectConsumers(ctx context.Context, js jetstream.JetStream) ([]consumerStatus, error) {
-	dlq, err := deadletter.Open(ctx, js)
-	if err != nil {
-		return nil, fmt.Errorf("status: %w", err)
-	}
-	var out []consumerStatus
-	for _, name := range []string{contract.DocsStream, writer.IngestStream} {
-		s, err := js.Stream(ctx, name)
-		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			continue
-		}
-		if err != nil {
-			return out, fmt.Errorf("status: stream %s: %w", name, err)
-		}
-		lister := s.ListConsumers(ctx)
-		for info := range lister.Info() {
-			c := consumerStatus{Stream: name, Name: info.Name, Pending: info.NumPending, AckPending: info.NumAckPending,
-				Redelivered: info.NumRedelivered, AckFloorSeq: info.AckFloor.Stream}
-			if info.AckFloor.Stream > 0 {
-				// The acknowledged message may be gone (history limits):
-				// then its commit time is unknown, not an error.
-				if m, err := s.GetMsg(ctx, info.AckFloor.Stream); err == nil {
-					if t, err := time.Parse(time.RFC3339Nano, m.Header.Get(contract.HeaderCommitTime)); err == nil {
-						c.LastApplied = &t
-					}
-				}
-			}
-			dlqName := info.Name
-			if name == writer.IngestStream {
-				dlqName = writer.IngestDLQName
-			}
-			if c.DeadLetters, err = dlq.Count(ctx, dlqName); err != nil {
-				return out, fmt.Errorf("status: %w", err)
-			}
-			out = append(out, c)
-		}
-		if err := lister.Err(); err != nil {
-			return out, fmt.Errorf("status: consumers of %s: %w", name, err)
-		}
-	}
-	return out, nil
 }
 
 func printStatus(out io.Writer, rep statusReport) {

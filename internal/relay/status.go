@@ -1,0 +1,181 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/converge-sync/converge/internal/deadletter"
+	"github.com/converge-sync/converge/pkg/contract"
+)
+
+// The state of the pipeline around the relay, for an operator (converge
+// status): what it reads (its slot, the outbox) and what its events feed
+// (the streams and their durable consumers). Every read is one query or
+// one JetStream request per thing reported; nothing is written.
+
+// SlotStatus is the relay's replication slot as Postgres reports it.
+type SlotStatus struct {
+	Name         string `json:"name"`
+	Exists       bool   `json:"exists"`
+	Active       bool   `json:"active"`
+	ActivePID    *int32 `json:"active_pid,omitempty"`
+	ConfirmedLSN string `json:"confirmed_flush_lsn,omitempty"`
+	// LagBytes is the WAL the slot retains past its confirmed LSN: what
+	// the relay has still to publish and confirm.
+	LagBytes  int64  `json:"lag_bytes"`
+	WALStatus string `json:"wal_status,omitempty"`
+}
+
+// OutboxStatus is the outbox the relay publishes from: its rows (kept
+// until the writer's retention deletes them) and the oldest one's time.
+type OutboxStatus struct {
+	Rows   int64      `json:"rows"`
+	Oldest *time.Time `json:"oldest,omitempty"`
+}
+
+// StreamStatus is a stream's state.
+type StreamStatus struct {
+	Name      string    `json:"name"`
+	Exists    bool      `json:"exists"`
+	Messages  uint64    `json:"messages"`
+	Bytes     uint64    `json:"bytes"`
+	FirstSeq  uint64    `json:"first_seq"`
+	LastSeq   uint64    `json:"last_seq"`
+	LastTime  time.Time `json:"last_time,omitzero"`
+	Subjects  uint64    `json:"subjects"`
+	Consumers int       `json:"consumers"`
+}
+
+// ConsumerStatus is a durable consumer of a stream: a projector's, or the
+// writer's ingest consumer.
+type ConsumerStatus struct {
+	Stream      string `json:"stream"`
+	Name        string `json:"name"`
+	Pending     uint64 `json:"pending"`     // not yet delivered
+	AckPending  int    `json:"ack_pending"` // delivered, not yet acknowledged
+	Redelivered int    `json:"redelivered"`
+	AckFloorSeq uint64 `json:"ack_floor_seq"`
+	// LastApplied is the Postgres commit time (contract.HeaderCommitTime)
+	// of the last message acknowledged in order, nil when unknown.
+	LastApplied *time.Time `json:"last_applied_commit_time,omitempty"`
+	DeadLetters uint64     `json:"dead_letters"` // on converge.dlq.<name>
+}
+
+// ConsumedStream is a stream whose durable consumers [ReadConsumers]
+// reports.
+type ConsumedStream struct {
+	Stream string
+	// DeadLetters is the name under which the stream's consumers
+	// dead-letter (converge.dlq.<DeadLetters>); empty: each consumer's own
+	// name, as a projector does.
+	DeadLetters string
+}
+
+// ReadSlot reads the replication slot named slot of db's database. A slot
+// that does not exist is reported with Exists false, not as an error.
+func ReadSlot(ctx context.Context, db interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, slot string) (SlotStatus, error) {
+	st := SlotStatus{Name: slot}
+	err := db.QueryRow(ctx, `
+		SELECT active, active_pid, coalesce(confirmed_flush_lsn::text, ''),
+		       coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), 0)::bigint, coalesce(wal_status, '')
+		FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()`, slot).
+		Scan(&st.Active, &st.ActivePID, &st.ConfirmedLSN, &st.LagBytes, &st.WALStatus)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return st, nil
+	case err != nil:
+		return st, fmt.Errorf("relay: read slot %s: %w", slot, err)
+	}
+	st.Exists = true
+	return st, nil
+}
+
+// ReadOutbox counts the outbox's rows and finds the oldest.
+func ReadOutbox(ctx context.Context, db interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}) (OutboxStatus, error) {
+	var st OutboxStatus
+	if err := db.QueryRow(ctx, `SELECT count(*), min(created_at) FROM outbox`).Scan(&st.Rows, &st.Oldest); err != nil {
+		return st, fmt.Errorf("relay: read outbox (is the schema migrated?): %w", err)
+	}
+	return st, nil
+}
+
+// ReadStreams reports each stream of names, in order; a stream that does
+// not exist is reported with Exists false.
+func ReadStreams(ctx context.Context, js jetstream.StreamManager, names ...string) ([]StreamStatus, error) {
+	out := make([]StreamStatus, 0, len(names))
+	for _, name := range names {
+		st := StreamStatus{Name: name}
+		s, err := js.Stream(ctx, name)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			out = append(out, st)
+			continue
+		}
+		if err != nil {
+			return out, fmt.Errorf("relay: stream %s: %w", name, err)
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			return out, fmt.Errorf("relay: stream %s: %w", name, err)
+		}
+		st.Exists = true
+		st.Messages, st.Bytes, st.FirstSeq, st.LastSeq = info.State.Msgs, info.State.Bytes, info.State.FirstSeq, info.State.LastSeq
+		st.LastTime, st.Subjects, st.Consumers = info.State.LastTime, info.State.NumSubjects, info.State.Consumers
+		out = append(out, st)
+	}
+	return out, nil
+}
+
+// ReadConsumers reports the durable consumers of each stream, in order (a
+// stream that does not exist has none), with their number of dead letters
+// and the commit time of the last message they acknowledged in order.
+func ReadConsumers(ctx context.Context, js jetstream.JetStream, streams ...ConsumedStream) ([]ConsumerStatus, error) {
+	dlq, err := deadletter.Open(ctx, js)
+	if err != nil {
+		return nil, fmt.Errorf("relay: %w", err)
+	}
+	var out []ConsumerStatus
+	for _, cs := range streams {
+		s, err := js.Stream(ctx, cs.Stream)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			continue
+		}
+		if err != nil {
+			return out, fmt.Errorf("relay: stream %s: %w", cs.Stream, err)
+		}
+		lister := s.ListConsumers(ctx)
+		for info := range lister.Info() {
+			c := ConsumerStatus{Stream: cs.Stream, Name: info.Name, Pending: info.NumPending, AckPending: info.NumAckPending,
+				Redelivered: info.NumRedelivered, AckFloorSeq: info.AckFloor.Stream}
+			if info.AckFloor.Stream > 0 {
+				// The acknowledged message may be gone (history limits):
+				// then its commit time is unknown, not an error.
+				if m, err := s.GetMsg(ctx, info.AckFloor.Stream); err == nil {
+					if t, err := time.Parse(time.RFC3339Nano, m.Header.Get(contract.HeaderCommitTime)); err == nil {
+						c.LastApplied = &t
+					}
+				}
+			}
+			name := cs.DeadLetters
+			if name == "" {
+				name = info.Name
+			}
+			if c.DeadLetters, err = dlq.Count(ctx, name); err != nil {
+				return out, fmt.Errorf("relay: %w", err)
+			}
+			out = append(out, c)
+		}
+		if err := lister.Err(); err != nil {
+			return out, fmt.Errorf("relay: consumers of %s: %w", cs.Stream, err)
+		}
+	}
+	return out, nil
+}
