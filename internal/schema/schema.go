@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/converge-sync/converge/internal/roles"
 	"github.com/converge-sync/converge/migrations"
 )
 
@@ -36,7 +37,10 @@ type Status struct {
 // Current reports whether the applied version is the newest embedded one.
 func (s Status) Current() bool { return !s.Dirty && s.Version == s.Latest }
 
-// Up applies every pending migration. Re-running it is a no-op.
+// Up applies every pending migration, then grants converge's roles their
+// privileges on the tables and sequences (roles.Grant: what a migration
+// created is the runner's, so only it can grant it; roles that do not exist
+// are skipped). Re-running it changes nothing.
 func Up(ctx context.Context, databaseURL string) (Status, error) {
 	m, err := newMigrate(databaseURL)
 	if err != nil {
@@ -63,7 +67,26 @@ func Up(ctx context.Context, databaseURL string) (Status, error) {
 	if err != nil {
 		return Status{}, err
 	}
-	return Status{Version: v, Latest: latest, Dirty: dirty}, nil
+	st := Status{Version: v, Latest: latest, Dirty: dirty}
+	if dirty {
+		return st, nil
+	}
+	if err := grant(ctx, databaseURL); err != nil {
+		return st, err
+	}
+	return st, nil
+}
+
+func grant(ctx context.Context, databaseURL string) error {
+	conn, err := pgx.Connect(ctx, databaseURL)
+	if err != nil {
+		return fmt.Errorf("schema: connect: %w", err)
+	}
+	defer conn.Close(context.Background())
+	if err := roles.Grant(ctx, conn); err != nil {
+		return fmt.Errorf("schema: grant the roles: %w", err)
+	}
+	return nil
 }
 
 // Check reads the applied version over an existing connection, without
