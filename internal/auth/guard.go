@@ -1,0 +1,128 @@
+package auth
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/converge-sync/converge/internal/httpjson"
+)
+
+// Reasons of a refusal, the values of the reason label of
+// converge_auth_refusals_total.
+const (
+	ReasonNoToken      = "no_token"      // 401: no bearer token
+	ReasonUnknownToken = "unknown_token" // 401: a token not in the file
+	ReasonScope        = "scope"         // 403: a known token without the route's scope
+)
+
+// Guard checks the bearer token of each request against Tokens.
+type Guard struct {
+	tokens  *Tokens
+	refused *prometheus.CounterVec
+	log     *slog.Logger
+}
+
+// NewGuard returns a guard over tokens (nil: authentication off). It
+// counts refusals on reg (nil: not exported) and logs them on log (nil:
+// not logged), naming the route and the token's name, never the token.
+func NewGuard(tokens *Tokens, reg prometheus.Registerer, log *slog.Logger) *Guard {
+	refused := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "converge_auth_refusals_total",
+		Help: "Requests refused for their bearer token, by reason (no_token, unknown_token, scope) and route.",
+	}, []string{"reason", "route"})
+	if reg != nil {
+		if err := reg.Register(refused); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if !errors.As(err, &are) {
+				panic(err)
+			}
+			refused = are.ExistingCollector.(*prometheus.CounterVec)
+		}
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Guard{tokens: tokens, refused: refused, log: log}
+}
+
+// Enabled reports whether requests are checked.
+func (g *Guard) Enabled() bool { return g != nil && g.tokens.Enabled() }
+
+// Require serves next only to a request whose bearer token holds scope;
+// with several scopes in scope (Read|Write), any one of them will do. A
+// request without a known token is answered 401 unauthorized, one whose
+// token lacks the scope 403 forbidden, both in the APIs' error shape.
+// With authentication off, every request is served.
+func (g *Guard) Require(scope Scope, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !g.Enabled() {
+			next.ServeHTTP(w, r)
+			return
+		}
+		token, ok := bearer(r)
+		if !ok {
+			g.refuse(w, r, ReasonNoToken, "")
+			w.Header().Set("WWW-Authenticate", `Bearer realm="converge"`)
+			httpjson.Error(w, http.StatusUnauthorized, "unauthorized", "this route needs a bearer token (Authorization: Bearer <token>)")
+			return
+		}
+		name, scopes, ok := g.tokens.lookup(token)
+		if !ok {
+			g.refuse(w, r, ReasonUnknownToken, "")
+			w.Header().Set("WWW-Authenticate", `Bearer realm="converge", error="invalid_token"`)
+			httpjson.Error(w, http.StatusUnauthorized, "unauthorized", "the bearer token is not one this service accepts")
+			return
+		}
+		if scopes&scope == 0 {
+			g.refuse(w, r, ReasonScope, name)
+			w.Header().Set("WWW-Authenticate", `Bearer realm="converge", error="insufficient_scope", scope="`+scopeList(scope)+`"`)
+			httpjson.Error(w, http.StatusForbidden, "forbidden",
+				"the token "+name+" has the scopes "+scopes.String()+"; this route needs "+scopeAlternatives(scope))
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), nameKey{}, name)))
+	})
+}
+
+func (g *Guard) refuse(w http.ResponseWriter, r *http.Request, reason, name string) {
+	route := r.Pattern
+	if route == "" {
+		route = "unrouted"
+	}
+	g.refused.WithLabelValues(reason, route).Inc()
+	attrs := []any{"reason", reason, "route", route, "remote", r.RemoteAddr}
+	if name != "" {
+		// A known client lacking a scope is a misconfiguration worth seeing.
+		g.log.WarnContext(r.Context(), "request refused", append(attrs, "token_name", name)...)
+		return
+	}
+	g.log.DebugContext(r.Context(), "request refused", attrs...)
+}
+
+// bearer returns the request's bearer token.
+func bearer(r *http.Request) (string, bool) {
+	scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	token = strings.TrimSpace(token)
+	return token, token != ""
+}
+
+func scopeList(s Scope) string { return strings.ReplaceAll(s.String(), ",", " ") }
+
+func scopeAlternatives(s Scope) string { return strings.ReplaceAll(s.String(), ",", " or ") }
+
+type nameKey struct{}
+
+// Name is the name of the token that authenticated the request of ctx, ""
+// when authentication is off.
+func Name(ctx context.Context) string {
+	name, _ := ctx.Value(nameKey{}).(string)
+	return name
+}

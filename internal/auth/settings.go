@@ -1,0 +1,46 @@
+package auth
+
+import (
+	"github.com/converge-sync/converge/internal/config"
+	"github.com/converge-sync/converge/internal/telemetry"
+)
+
+// EnvInsecureNoAuth is the variable of -insecure-no-auth.
+const EnvInsecureNoAuth = "CONVERGE_INSECURE_NO_AUTH"
+
+// Settings are how a service secures its HTTP listeners: the tokens its
+// API accepts, its TLS key pair, and whether it may serve beyond loopback
+// without tokens.
+type Settings struct {
+	TokensFile     string // empty: authentication off
+	TLSCert        string // with TLSKey; both empty: plain HTTP
+	TLSKey         string
+	InsecureNoAuth bool
+}
+
+// BindFlags binds -tokens-file, -tls-cert, -tls-key and -insecure-no-auth
+// to their environment variables; call the returned function after
+// parsing.
+func BindFlags(f *config.Flags) func() Settings {
+	tokens := f.String("tokens-file", EnvTokensFile, "", "bearer tokens the API accepts, one a line: name scopes token (empty: no authentication, loopback only)")
+	cert := f.String("tls-cert", telemetry.EnvTLSCert, "", "PEM certificate (chain) of the HTTP listeners (empty: plain HTTP)")
+	key := f.String("tls-key", telemetry.EnvTLSKey, "", "PEM private key of -tls-cert")
+	insecure := f.Bool(InsecureNoAuthFlag, EnvInsecureNoAuth, false, "serve the API beyond loopback without a tokens file")
+	return func() Settings {
+		return Settings{TokensFile: *tokens, TLSCert: *cert, TLSKey: *key, InsecureNoAuth: *insecure}
+	}
+}
+
+// TLS is the settings' key pair.
+func (s Settings) TLS() telemetry.TLSFiles { return telemetry.TLSFiles{Cert: s.TLSCert, Key: s.TLSKey} }
+
+// Validate reports settings that cannot work without reading any file.
+func (s Settings) Validate() error { return s.TLS().Validate() }
+
+// Tokens loads the tokens file; nil, nil without one.
+func (s Settings) Tokens() (*Tokens, error) {
+	if s.TokensFile == "" {
+		return nil, nil
+	}
+	return Load(s.TokensFile)
+}
