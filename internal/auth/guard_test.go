@@ -49,7 +49,9 @@ func TestRequire(t *testing.T) {
 	var logs syncBuffer
 	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	g := auth.NewGuard(tokens, reg, log)
-	served := func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "served "+auth.Name(r.Context())) }
+	served := func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "served "+auth.Name(r.Context()))
+	}
 	mux := http.NewServeMux()
 	mux.Handle("PUT /v1/documents/{key...}", g.Require(auth.Write, http.HandlerFunc(served)))
 	mux.Handle("POST /v1/admin/reemit", g.Require(auth.Admin, http.HandlerFunc(served)))
