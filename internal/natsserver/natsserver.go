@@ -27,10 +27,30 @@ type Server struct {
 	once sync.Once
 }
 
+// Options of a server started by [StartWith].
+type Options struct {
+	// StoreDir keeps the JetStream store.
+	StoreDir string
+	// Port is the client port on 127.0.0.1; -1 or 0: a free port.
+	Port int
+	// Users are the only clients the server admits, each with its
+	// permissions (natsauth.Users); nil: every client is admitted and may
+	// do anything.
+	Users []*server.User
+}
+
 // Start starts a server with its JetStream store in storeDir, listening on
-// 127.0.0.1:port (-1 or 0: a free port). Starting again on the store dir and
-// port of a stopped server is a restart: streams and messages persist.
+// 127.0.0.1:port (-1 or 0: a free port), admitting every client. Starting
+// again on the store dir and port of a stopped server is a restart:
+// streams and messages persist.
 func Start(storeDir string, port int) (*Server, error) {
+	return StartWith(Options{StoreDir: storeDir, Port: port})
+}
+
+// StartWith starts a server as o says; like [Start], starting again on a
+// stopped server's store dir and port is a restart.
+func StartWith(o Options) (*Server, error) {
+	port := o.Port
 	if port == 0 {
 		port = -1
 	}
@@ -38,11 +58,12 @@ func Start(storeDir string, port int) (*Server, error) {
 		Host:      "127.0.0.1",
 		Port:      port,
 		JetStream: true,
-		StoreDir:  storeDir,
+		StoreDir:  o.StoreDir,
 		NoLog:     true,
 		NoSigs:    true,
 		// Events travel as one message each: the largest must fit.
 		MaxPayload: contract.MaxMessageBytes,
+		Users:      o.Users,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("configure nats-server: %w", err)
@@ -59,7 +80,7 @@ func Start(storeDir string, port int) (*Server, error) {
 		ns.WaitForShutdown()
 		return nil, fmt.Errorf("unexpected nats-server address %v", ns.Addr())
 	}
-	return &Server{Server: ns, URL: ns.ClientURL(), StoreDir: storeDir, Port: addr.Port}, nil
+	return &Server{Server: ns, URL: ns.ClientURL(), StoreDir: o.StoreDir, Port: addr.Port}, nil
 }
 
 // Shutdown stops the server and waits until it has released its port and

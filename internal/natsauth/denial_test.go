@@ -1,0 +1,256 @@
+package natsauth_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/converge-sync/converge/internal/deadletter"
+	"github.com/converge-sync/converge/internal/natsauth"
+	"github.com/converge-sync/converge/pkg/contract"
+)
+
+// Each test below connects as one service's user to the real server and
+// does what that service must never do; the server refuses, and the
+// service's handler logs and counts the refusal.
+
+// The relay alone publishes document events: a projector's publish to
+// converge.docs.> is refused, and so is its subscription to them.
+func TestProjectorCannotPublishDocuments(t *testing.T) {
+	e := newEnv(t)
+	docsStream(t, e.connect(admin).js)
+	p := e.connect(natsauth.UserIndex)
+	if err := p.nc.Publish("converge.docs.x", []byte("forged")); err != nil {
+		t.Fatal(err)
+	}
+	p.refused(t, "Publish to", "converge.docs.x")
+	if _, err := p.js.Publish(ctx(t), "converge.docs.y", []byte("forged")); err == nil {
+		t.Fatal("a JetStream publish to converge.docs.y was acknowledged")
+	}
+	p.refused(t, "Publish to", "converge.docs.y")
+	if _, err := p.nc.SubscribeSync("converge.docs.>"); err != nil {
+		t.Fatal(err)
+	}
+	p.refused(t, "Subscription to", "converge.docs.>")
+}
+
+// A projector consumes its own consumer only: it can neither create,
+// read, pull from nor delete another projector's.
+func TestProjectorCannotUseAnotherProjectorsConsumer(t *testing.T) {
+	e := newEnv(t)
+	a := e.connect(admin)
+	docsStream(t, a.js)
+	if _, err := a.js.CreateOrUpdateConsumer(context.Background(), contract.DocsStream, jetstream.ConsumerConfig{
+		Durable: "graph", AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: contract.DocsSubjectPrefix + ">"}); err != nil {
+		t.Fatal(err)
+	}
+	p := e.connect(natsauth.UserIndex)
+
+	_, err := p.js.CreateOrUpdateConsumer(ctx(t), contract.DocsStream, jetstream.ConsumerConfig{
+		Durable: "graph", AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: contract.DocsSubjectPrefix + ">"})
+	if err == nil {
+		t.Fatal("the index projector created the graph projector's consumer")
+	}
+	p.refused(t, "Publish to", "$JS.API.CONSUMER.CREATE.CONVERGE_DOCS.graph.converge.docs.>")
+
+	if _, err := p.js.Consumer(ctx(t), contract.DocsStream, "graph"); err == nil {
+		t.Fatal("the index projector read the graph projector's consumer")
+	}
+	p.refused(t, "Publish to", "$JS.API.CONSUMER.INFO.CONVERGE_DOCS.graph")
+
+	if err := p.nc.PublishRequest("$JS.API.CONSUMER.MSG.NEXT.CONVERGE_DOCS.graph", p.nc.NewRespInbox(), []byte(`{"batch":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	p.refused(t, "Publish to", "$JS.API.CONSUMER.MSG.NEXT.CONVERGE_DOCS.graph")
+
+	if err := p.js.DeleteConsumer(ctx(t), contract.DocsStream, "graph"); err == nil {
+		t.Fatal("the index projector deleted the graph projector's consumer")
+	}
+	p.refused(t, "Publish to", "$JS.API.CONSUMER.DELETE.CONVERGE_DOCS.graph")
+
+	// Its own consumer's subject with another name in the request: the
+	// server checks that the two agree.
+	resp, err := p.nc.Request("$JS.API.CONSUMER.CREATE.CONVERGE_DOCS.index.converge.docs.>",
+		[]byte(`{"stream_name":"CONVERGE_DOCS","config":{"durable_name":"graph","name":"graph","ack_policy":"explicit","filter_subject":"converge.docs.>","description":"forged"}}`), 2e9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(resp.Data), "consumer name in subject does not match durable name in request") {
+		t.Errorf("a create request naming graph under index's subject: %s", resp.Data)
+	}
+	if _, err := a.js.Consumer(context.Background(), contract.DocsStream, "index"); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		t.Errorf("a create request naming graph under index's subject created index: %v", err)
+	}
+	info, err := a.js.Consumer(context.Background(), contract.DocsStream, "graph")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.CachedInfo().Config.AckPolicy != jetstream.AckExplicitPolicy || info.CachedInfo().Config.Description != "" {
+		t.Errorf("the graph consumer was changed: %+v", info.CachedInfo().Config)
+	}
+}
+
+// A projector reads neither the notifier's bucket nor another
+// projector's key in the rebuilds' bucket.
+func TestProjectorCannotReadAnotherBucket(t *testing.T) {
+	e := newEnv(t)
+	a := e.connect(admin)
+	bg := context.Background()
+	effects, err := a.js.CreateKeyValue(bg, jetstream.KeyValueConfig{Bucket: natsauth.NotifierBucket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := effects.Put(bg, "effect", []byte("sent")); err != nil {
+		t.Fatal(err)
+	}
+	rebuilds, err := a.js.CreateKeyValue(bg, jetstream.KeyValueConfig{Bucket: natsauth.RebuildBucket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rebuilds.Put(bg, "graph", []byte(`{"id":"r1"}`)); err != nil {
+		t.Fatal(err)
+	}
+	p := e.connect(natsauth.UserIndex)
+
+	if _, err := p.js.KeyValue(ctx(t), natsauth.NotifierBucket); err == nil {
+		t.Fatal("the index projector opened the notifier's bucket")
+	}
+	p.refused(t, "Publish to", "$JS.API.STREAM.INFO.KV_CONVERGE_EFFECTS")
+	if err := p.nc.PublishRequest("$JS.API.DIRECT.GET.KV_CONVERGE_EFFECTS.$KV.CONVERGE_EFFECTS.effect", p.nc.NewRespInbox(), nil); err != nil {
+		t.Fatal(err)
+	}
+	p.refused(t, "Publish to", "$JS.API.DIRECT.GET.KV_CONVERGE_EFFECTS.$KV.CONVERGE_EFFECTS.effect")
+
+	// Its own bucket, opened as a rebuild opens it: its key only.
+	kv, err := p.js.CreateOrUpdateKeyValue(ctx(t), jetstream.KeyValueConfig{Bucket: natsauth.RebuildBucket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Get(ctx(t), "graph"); err == nil {
+		t.Fatal("the index projector read the graph projector's rebuild state")
+	}
+	p.refused(t, "Publish to", "$JS.API.DIRECT.GET.KV_CONVERGE_REBUILDS.$KV.CONVERGE_REBUILDS.graph")
+	if _, err := kv.Put(ctx(t), "graph", []byte("{}")); err == nil {
+		t.Fatal("the index projector wrote the graph projector's rebuild state")
+	}
+	p.refused(t, "Publish to", "$KV.CONVERGE_REBUILDS.graph")
+	if e, err := rebuilds.Get(bg, "graph"); err != nil || string(e.Value()) != `{"id":"r1"}` {
+		t.Errorf("graph's rebuild state is %v, %v", e, err)
+	}
+}
+
+// The relay ensures and publishes to the stream; it cannot delete or
+// purge it, nor delete a consumer.
+func TestRelayCannotDelete(t *testing.T) {
+	e := newEnv(t)
+	a := e.connect(admin)
+	docsStream(t, a.js)
+	if _, err := a.js.CreateOrUpdateConsumer(context.Background(), contract.DocsStream, jetstream.ConsumerConfig{
+		Durable: "index", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+		t.Fatal(err)
+	}
+	r := e.connect(natsauth.UserRelay)
+
+	if err := r.js.DeleteStream(ctx(t), contract.DocsStream); err == nil {
+		t.Fatal("the relay deleted the stream")
+	}
+	r.refused(t, "Publish to", "$JS.API.STREAM.DELETE.CONVERGE_DOCS")
+	s, err := a.js.Stream(context.Background(), contract.DocsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.nc.PublishRequest("$JS.API.STREAM.PURGE.CONVERGE_DOCS", r.nc.NewRespInbox(), nil); err != nil {
+		t.Fatal(err)
+	}
+	r.refused(t, "Publish to", "$JS.API.STREAM.PURGE.CONVERGE_DOCS")
+	if err := r.js.DeleteConsumer(ctx(t), contract.DocsStream, "index"); err == nil {
+		t.Fatal("the relay deleted a consumer")
+	}
+	r.refused(t, "Publish to", "$JS.API.CONSUMER.DELETE.CONVERGE_DOCS.index")
+	if _, err := s.Consumer(context.Background(), "index"); err != nil {
+		t.Errorf("the index consumer: %v", err)
+	}
+}
+
+// The writer's output is Postgres and its dead letters: it cannot publish
+// document events.
+func TestWriterCannotPublishDocuments(t *testing.T) {
+	e := newEnv(t)
+	docsStream(t, e.connect(admin).js)
+	w := e.connect(natsauth.UserWriter)
+	if err := w.nc.Publish("converge.docs.x", []byte("forged")); err != nil {
+		t.Fatal(err)
+	}
+	w.refused(t, "Publish to", "converge.docs.x")
+}
+
+// The operator cannot publish document events, not even by redriving a
+// projector's dead letter: that dead letter stays, to be repaired by
+// re-emission or a replay.
+func TestOperatorCannotPublishDocuments(t *testing.T) {
+	e := newEnv(t)
+	a := e.connect(admin)
+	docsStream(t, a.js)
+	o := e.connect(natsauth.UserOperator)
+	if err := o.nc.Publish("converge.docs.x", []byte("forged")); err != nil {
+		t.Fatal(err)
+	}
+	o.refused(t, "Publish to", "converge.docs.x")
+
+	ev := upsert(t, "doc-1", 1)
+	publishEvent(t, a.js, ev)
+	deadLetter(t, a, "index", contract.DocsStream)
+	q, err := deadletter.Open(context.Background(), o.js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(context.Background(), 2e9)
+	defer cancel()
+	n, err := q.Redrive(rctx, deadletter.Redrive{Consumer: "index", All: true}, nil)
+	if err == nil || n != 0 {
+		t.Fatalf("redrive of a projector's dead letter: %d, %v", n, err)
+	}
+	o.refused(t, "Publish to", contract.Subject(ev.Key))
+	if c, err := q.Count(context.Background(), "index"); err != nil || c != 1 {
+		t.Errorf("dead letters of index after the refused redrive: %d, %v", c, err)
+	}
+}
+
+// A producer may only publish documents to the writer's queue.
+func TestProducerOnlyPublishesToIngest(t *testing.T) {
+	e := newEnv(t)
+	p := e.connect(natsauth.UserProducer)
+	for _, subject := range []string{"converge.docs.x", "converge.dlq.index", "$JS.API.STREAM.DELETE.CONVERGE_INGEST"} {
+		if err := p.nc.Publish(subject, nil); err != nil {
+			t.Fatal(err)
+		}
+		p.refused(t, "Publish to", subject)
+	}
+}
+
+// deadLetter fetches the first message of stream with a consumer named
+// consumer (made by a) and dead-letters it, as the projector runtime does.
+func deadLetter(t *testing.T, a *client, consumer, stream string) {
+	t.Helper()
+	bg := context.Background()
+	if err := deadletter.EnsureStream(bg, a.js, 1); err != nil {
+		t.Fatal(err)
+	}
+	c, err := a.js.CreateOrUpdateConsumer(bg, stream, jetstream.ConsumerConfig{Durable: consumer, AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := c.Next()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := deadletter.Publish(bg, a.js, consumer, m, "test", errors.New("cannot apply"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Ack(); err != nil {
+		t.Fatal(err)
+	}
+}

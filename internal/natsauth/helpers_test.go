@@ -1,0 +1,203 @@
+package natsauth_test
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/converge-sync/converge/internal/config"
+	"github.com/converge-sync/converge/internal/natsauth"
+	"github.com/converge-sync/converge/internal/natsserver"
+	"github.com/converge-sync/converge/pkg/contract"
+)
+
+// admin is a user of the test server allowed everything: it sets up what
+// the users under test find (streams, other consumers, other buckets).
+const admin = "test-admin"
+
+func password(user string) string { return "pw-" + user }
+
+// env is an embedded server admitting the users of natsauth.Users and
+// admin.
+type env struct {
+	t   *testing.T
+	srv *natsserver.Server
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	pw := map[string]string{}
+	for name := range natsauth.Permissions() {
+		pw[name] = password(name)
+	}
+	users := append(natsauth.Users(pw), &server.User{Username: admin, Password: password(admin)})
+	srv, err := natsserver.StartWith(natsserver.Options{StoreDir: t.TempDir(), Users: users})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	return &env{t: t, srv: srv}
+}
+
+// client is a connection as one user, with the handler a service installs
+// (natsauth.ErrorHandler) and what it logged and counted.
+type client struct {
+	user string
+	nc   *nats.Conn
+	js   jetstream.JetStream
+
+	mu     sync.Mutex
+	errs   []string // the asynchronous errors, in order
+	log    bytes.Buffer
+	count  func() float64
+}
+
+func (e *env) connect(user string) *client {
+	t := e.t
+	t.Helper()
+	c := &client{user: user}
+	counter := natsauth.DeniedCounter(nil)
+	c.count = func() float64 { return testutil.ToFloat64(counter) }
+	handler := natsauth.ErrorHandler(config.NewLogger(&lockedWriter{mu: &c.mu, w: &c.log}, "info"), counter)
+	ac := natsauth.ClientConfig{User: user, Password: password(user)}
+	opts, err := ac.Options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts = append(opts, nats.Name("test-"+user), nats.ErrorHandler(func(nc *nats.Conn, sub *nats.Subscription, err error) {
+		handler(nc, sub, err)
+		c.mu.Lock()
+		c.errs = append(c.errs, err.Error())
+		c.mu.Unlock()
+	}))
+	nc, err := nats.Connect(e.srv.URL, opts...)
+	if err != nil {
+		t.Fatalf("connect as %s: %v", user, err)
+	}
+	t.Cleanup(nc.Close)
+	c.nc = nc
+	if c.js, err = jetstream.New(nc); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// refused waits for the server's refusal of op on subject (its exact text,
+// as the server sends it), and checks that the handler logged it at error
+// level naming the subject and counted it.
+func (c *client) refused(t *testing.T, op, subject string) {
+	t.Helper()
+	want := "Permissions Violation for " + op + " " + quote(subject)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		c.mu.Lock()
+		var found bool
+		for _, e := range c.errs {
+			if strings.Contains(e, want) {
+				found = true
+			}
+		}
+		logged := c.log.String()
+		c.mu.Unlock()
+		if found {
+			if !strings.Contains(logged, `"level":"ERROR"`) || !strings.Contains(logged, `"subject":`+quote(subject)) {
+				t.Errorf("%s: the refusal of %s is not logged at error level with its subject:\n%s", c.user, subject, logged)
+			}
+			if c.count() == 0 {
+				t.Errorf("%s: the refusal of %s is not counted", c.user, subject)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: no refusal %q within 5s; the server sent: %q", c.user, want, c.errors())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// allowed checks that the server refused nothing to c: a round trip
+// (every error the server sent before it has been read), then its errors.
+func (c *client) allowed(t *testing.T) {
+	t.Helper()
+	if err := c.nc.Flush(); err != nil {
+		t.Fatalf("%s: flush: %v", c.user, err)
+	}
+	if err := c.nc.LastError(); err != nil {
+		t.Errorf("%s: the server refused: %v", c.user, err)
+	}
+	time.Sleep(50 * time.Millisecond) // the handler runs on its own goroutine
+	if errs := c.errors(); len(errs) > 0 {
+		t.Errorf("%s: the server refused: %q", c.user, errs)
+	}
+}
+
+func (c *client) errors() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.errs...)
+}
+
+func quote(s string) string { return `"` + s + `"` }
+
+// ctx is a context for one call that may be refused: a refused request
+// gets no answer.
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+// docsStream creates CONVERGE_DOCS as the relay does.
+func docsStream(t *testing.T, js jetstream.JetStream) {
+	t.Helper()
+	if _, err := js.CreateOrUpdateStream(context.Background(), jetstream.StreamConfig{Name: contract.DocsStream,
+		Subjects: []string{contract.DocsSubjectPrefix + ">"}, Storage: jetstream.FileStorage, AllowDirect: true}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func upsert(t *testing.T, key string, version int64) contract.Event {
+	t.Helper()
+	d, err := contract.Document{Key: key, Version: version, Title: "t", Body: "body of " + key}.Normalize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return contract.NewUpsertedEvent(d, []string{d.Body})
+}
+
+// publishEvent publishes ev to its subject as the relay does, with its id
+// and commit time.
+func publishEvent(t *testing.T, js jetstream.JetStream, ev contract.Event) *jetstream.PubAck {
+	t.Helper()
+	data, err := ev.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := nats.NewMsg(contract.Subject(ev.Key))
+	m.Data = data
+	m.Header.Set(contract.HeaderCommitTime, time.Now().UTC().Format(time.RFC3339Nano))
+	ack, err := js.PublishMsg(context.Background(), m, jetstream.WithMsgID(ev.ID.String()))
+	if err != nil {
+		t.Fatalf("publish %s: %v", m.Subject, err)
+	}
+	return ack
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}

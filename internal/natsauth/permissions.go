@@ -1,0 +1,218 @@
+package natsauth
+
+import (
+	"slices"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/converge-sync/converge/internal/deadletter"
+	"github.com/converge-sync/converge/pkg/contract"
+)
+
+// Names of JetStream objects whose owners (internal/writer, internal/rebuild,
+// internal/notifier) import internal/service, which imports this package:
+// they are repeated here, and TestNamesAreTheOwners pins each to its
+// owner's constant.
+const (
+	// IngestStream is writer.IngestStream.
+	IngestStream = "CONVERGE_INGEST"
+	// IngestConsumer is writer.IngestConsumer.
+	IngestConsumer = "converge-writer"
+	// IngestDLQName is writer.IngestDLQName: the ingest consumer's dead
+	// letters go to converge.dlq.ingest.
+	IngestDLQName = "ingest"
+	// RebuildBucket is rebuild.Bucket.
+	RebuildBucket = "CONVERGE_REBUILDS"
+	// NotifierBucket is notifier.DefaultBucket.
+	NotifierBucket = "CONVERGE_EFFECTS"
+	// NotifierName is the notifier's default durable consumer.
+	NotifierName = "notifier"
+)
+
+// User names of the services.
+const (
+	UserRelay     = "relay"
+	UserWriter    = "writer"
+	UserIndex     = "projector-index"
+	UserGraph     = "projector-graph"
+	UserNotifier  = "notifier"
+	UserProducer  = "producer"
+	UserOperator  = "operator"
+	projectorUser = "projector-"
+)
+
+// RebuildConsumer is rebuild.ConsumerName(name): the durable consumer of
+// projector name's rebuilds.
+func RebuildConsumer(name string) string { return name + "-rebuild" }
+
+const (
+	api     = "$JS.API."
+	inboxes = "_INBOX.>"
+)
+
+// Relay may ensure the documents' stream and publish its events: the only
+// publisher of converge.docs.>. It may not delete or purge the stream, nor
+// touch a consumer.
+func Relay() *server.Permissions {
+	return perms(
+		streamWrite(contract.DocsStream),
+		[]string{contract.DocsSubjectPrefix + ">"},
+	)
+}
+
+// Projector may consume the documents' stream with its own durable
+// consumer (name) and the rebuild consumer it creates (name-rebuild), which
+// alone it may delete; acknowledge their messages; dead-letter to
+// converge.dlq.<name> and converge.dlq.<name>-rebuild; read the stream's
+// info (a rebuild's target); and keep its own key, name, in the rebuilds'
+// bucket. It publishes nothing to converge.docs.> and reads no other
+// consumer and no other bucket or key.
+func Projector(name string) *server.Permissions {
+	rb := RebuildConsumer(name)
+	return perms(
+		[]string{api + "STREAM.INFO." + contract.DocsStream},
+		consume(contract.DocsStream, name),
+		consume(contract.DocsStream, rb),
+		[]string{api + "CONSUMER.DELETE." + contract.DocsStream + "." + rb},
+		deadLetters(name, rb),
+		bucketCreate(RebuildBucket),
+		bucketKey(RebuildBucket, name),
+	)
+}
+
+// Notifier may consume the documents' stream with its durable consumer
+// (name), acknowledge, dead-letter to converge.dlq.<name>, and own its
+// dedup bucket whole.
+func Notifier(name, bucket string) *server.Permissions {
+	return perms(
+		consume(contract.DocsStream, name),
+		deadLetters(name),
+		bucketCreate(bucket),
+		bucketKey(bucket, ">"),
+	)
+}
+
+// Writer may ensure the ingest stream, consume it with its durable
+// consumer, acknowledge, and dead-letter to converge.dlq.ingest. Its other
+// output is Postgres: it publishes nothing to converge.docs.>.
+func Writer() *server.Permissions {
+	cons := IngestStream + "." + IngestConsumer
+	return perms(
+		streamWrite(IngestStream),
+		[]string{
+			// The ingest consumer has no filter: its create request
+			// carries none in the subject.
+			api + "CONSUMER.CREATE." + cons,
+			api + "CONSUMER.MSG.NEXT." + cons,
+			"$JS.ACK." + cons + ".>",
+		},
+		deadLetters(IngestDLQName),
+	)
+}
+
+// Producer may publish documents to converge.ingest.> (the writer's queue
+// path) and nothing else.
+func Producer() *server.Permissions {
+	return perms([]string{contract.IngestSubjectPrefix + ">"})
+}
+
+// Operator is converge's commands that use NATS: status (the streams'
+// info, their consumers, the message an acknowledgement floor points at,
+// the rebuilds in progress), replay (a consumer of the documents' stream
+// deleted and created again at another start) and dlq (list, show: an
+// ordered consumer of the dead letters; redrive: the republish and the
+// delete). It may republish a dead letter to converge.ingest.>, and not to
+// converge.docs.>: the relay alone publishes document events, so a
+// projector's dead letter is repaired by re-emission through the writer
+// (converge backfill), or a replay, instead of a redrive.
+func Operator() *server.Permissions {
+	docs, ingest, dlq := contract.DocsStream, IngestStream, deadletter.Stream
+	kv := "KV_" + RebuildBucket
+	var p []string
+	for _, s := range []string{docs, ingest, dlq} {
+		p = append(p, api+"STREAM.INFO."+s, api+"STREAM.MSG.GET."+s, api+"DIRECT.GET."+s, api+"DIRECT.GET."+s+".>")
+	}
+	for _, s := range []string{docs, ingest} {
+		p = append(p, api+"CONSUMER.LIST."+s)
+	}
+	p = append(p,
+		// replay: any consumer of the documents' stream.
+		api+"CONSUMER.INFO."+docs+".*",
+		api+"CONSUMER.DELETE."+docs+".*",
+		api+"CONSUMER.CREATE."+docs+".*.>",
+		// dlq: ordered consumers (random names) of the dead letters.
+		api+"CONSUMER.CREATE."+dlq+".>",
+		api+"CONSUMER.INFO."+dlq+".*",
+		api+"CONSUMER.MSG.NEXT."+dlq+".*",
+		api+"CONSUMER.DELETE."+dlq+".*",
+		// redrive: the delete after the republish.
+		api+"STREAM.MSG.DELETE."+dlq,
+		contract.IngestSubjectPrefix+">",
+		// status: the rebuilds' bucket, listed by a push ordered consumer
+		// with flow control, and read.
+		api+"STREAM.INFO."+kv,
+		api+"CONSUMER.CREATE."+kv,
+		api+"CONSUMER.CREATE."+kv+".>",
+		api+"CONSUMER.DELETE."+kv+".*",
+		"$JS.FC."+kv+".>",
+		api+"DIRECT.GET."+kv+".>",
+	)
+	return perms(p)
+}
+
+// streamWrite: create the stream or update its configuration; the dead
+// letters' stream too, which every consumer ensures before it consumes.
+func streamWrite(stream string) []string {
+	return []string{
+		api + "STREAM.CREATE." + stream, api + "STREAM.UPDATE." + stream,
+	}
+}
+
+// consume: create (with a filter subject), read and pull from consumer,
+// and acknowledge its messages.
+func consume(stream, consumer string) []string {
+	c := stream + "." + consumer
+	return []string{
+		api + "CONSUMER.CREATE." + c + ".>",
+		api + "CONSUMER.INFO." + c,
+		api + "CONSUMER.MSG.NEXT." + c,
+		"$JS.ACK." + c + ".>",
+	}
+}
+
+// deadLetters: ensure the dead letters' stream and publish to the
+// dead-letter subject of each consumer.
+func deadLetters(consumers ...string) []string {
+	p := []string{api + "STREAM.CREATE." + deadletter.Stream, api + "STREAM.UPDATE." + deadletter.Stream}
+	for _, c := range consumers {
+		p = append(p, contract.DLQSubject(c))
+	}
+	return p
+}
+
+// bucketCreate: create or update a key-value bucket (its stream KV_<bucket>;
+// creating one reads the account's JetStream limits first).
+func bucketCreate(bucket string) []string {
+	return append([]string{api + "INFO"}, streamWrite("KV_"+bucket)...)
+}
+
+// bucketKey: put, update and delete key (a wildcard: keys) of bucket, and
+// read it by a direct get of its last value.
+func bucketKey(bucket, key string) []string {
+	subject := "$KV." + bucket + "." + key
+	return []string{subject, api + "DIRECT.GET.KV_" + bucket + "." + subject}
+}
+
+// perms is the permission to publish to the union of pubs, and to
+// subscribe to inboxes.
+func perms(pubs ...[]string) *server.Permissions {
+	var allow []string
+	for _, p := range pubs {
+		allow = append(allow, p...)
+	}
+	slices.Sort(allow)
+	return &server.Permissions{
+		Publish:   &server.SubjectPermission{Allow: slices.Compact(allow)},
+		Subscribe: &server.SubjectPermission{Allow: []string{inboxes}},
+	}
+}
