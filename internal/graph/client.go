@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"time"
 
+	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/httpjson"
 )
 
@@ -25,6 +26,8 @@ type Client struct {
 	Addr string // host:port
 	// HTTP defaults to a client with a 30-second timeout.
 	HTTP *http.Client
+	// Token is sent as a bearer token (the read scope); empty: none.
+	Token string
 }
 
 // APIError is an answer of the graph's read API other than 200.
@@ -62,6 +65,7 @@ func (c *Client) Document(ctx context.Context, key string) (DocumentJSON, error)
 	if err != nil {
 		return out, err
 	}
+	auth.SetBearer(req.Header, c.Token)
 	resp, err := hc.Do(req)
 	if err != nil {
 		return out, fmt.Errorf("the graph projector at %s does not answer: %w", c.Addr, err)

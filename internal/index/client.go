@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/httpjson"
 )
 
@@ -27,6 +28,8 @@ type Client struct {
 	Addr string // host:port
 	// HTTP defaults to a client with a 30-second timeout.
 	HTTP *http.Client
+	// Token is sent as a bearer token (the read scope); empty: none.
+	Token string
 }
 
 // APIError is an answer of the search API other than 200.
@@ -57,6 +60,7 @@ func (c *Client) Search(ctx context.Context, query string, k int) (SearchRespons
 	if err != nil {
 		return out, err
 	}
+	auth.SetBearer(req.Header, c.Token)
 	resp, err := hc.Do(req)
 	if err != nil {
 		return out, fmt.Errorf("the index projector at %s does not answer: %w", c.Addr, err)

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/httpjson"
 )
 
@@ -17,6 +18,8 @@ type Client struct {
 	// HTTP defaults to a client with a 30-second timeout: each request
 	// answers at once, a rebuild is followed by polling.
 	HTTP *http.Client
+	// Token is sent as a bearer token (the admin scope); empty: none.
+	Token string
 }
 
 // APIError is an answer of the admin API other than 200 or 202.
@@ -102,6 +105,7 @@ func (c *Client) do(ctx context.Context, method string) (Status, int, error) {
 	if err != nil {
 		return st, 0, err
 	}
+	auth.SetBearer(req.Header, c.Token)
 	resp, err := hc.Do(req)
 	if err != nil {
 		return st, 0, fmt.Errorf("projector at %s: %w", u, err)

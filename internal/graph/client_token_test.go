@@ -1,0 +1,50 @@
+package graph_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/converge-sync/converge/internal/auth"
+	"github.com/converge-sync/converge/internal/graph"
+	"github.com/converge-sync/converge/internal/httpjson"
+)
+
+// The client sends its token, and a refusal is an APIError with the
+// guard's status and code.
+func TestClientSendsItsToken(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(path, []byte("cli read sk_read_0123456789abcdef\nwriter write sk_write_0123456789abcd\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tokens, err := auth.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET "+graph.DocumentPath+"{key...}", auth.NewGuard(tokens, nil, nil).Require(auth.Read, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		httpjson.Write(w, http.StatusOK, graph.DocumentJSON{Key: r.PathValue("key")})
+	})))
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	for _, tc := range []struct {
+		token  string
+		status int
+		code   string
+	}{{"sk_read_0123456789abcdef", 200, ""}, {"", 401, "unauthorized"}, {"sk_write_0123456789abcd", 403, "forbidden"}} {
+		d, err := (&graph.Client{Addr: addr, Token: tc.token}).Document(context.Background(), "guide/a")
+		var apiErr *graph.APIError
+		switch {
+		case tc.status == 200 && (err != nil || d.Key != "guide/a"):
+			t.Errorf("token %q: %+v, %v", tc.token, d, err)
+		case tc.status != 200 && (!errors.As(err, &apiErr) || apiErr.StatusCode != tc.status || apiErr.Code != tc.code):
+			t.Errorf("token %q: %v, want %d %s", tc.token, err, tc.status, tc.code)
+		}
+	}
+}
