@@ -35,6 +35,9 @@ func NewGuard(tokens *Tokens, reg prometheus.Registerer, log *slog.Logger) *Guar
 		Name: "converge_auth_refusals_total",
 		Help: "Requests refused for their bearer token, by reason (no_token, unknown_token, scope) and route.",
 	}, []string{"reason", "route"})
+	if r, ok := reg.(*prometheus.Registry); ok && r == nil {
+		reg = nil
+	}
 	if reg != nil {
 		if err := reg.Register(refused); err != nil {
 			var are prometheus.AlreadyRegisteredError
