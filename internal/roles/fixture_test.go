@@ -3,9 +3,7 @@ package roles_test
 import (
 	"context"
 	"errors"
-	"net/url"
 	"os"
-	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -32,11 +30,7 @@ func newRoled(t *testing.T) *roled {
 	t.Helper()
 	ctx := context.Background()
 	adminURL := pg.NewDatabase(t)
-	u, err := url.Parse(adminURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := &roled{name: strings.TrimPrefix(u.Path, "/"), adminURL: adminURL}
+	d := &roled{name: databaseOf(t, adminURL), adminURL: adminURL}
 	apply(t, adminURL, roles.Options{Database: d.name})
 	if _, err := schema.Up(ctx, d.url(t, roles.Owner)); err != nil {
 		t.Fatalf("migrate as %s: %v", roles.Owner, err)
