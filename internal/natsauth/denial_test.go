@@ -202,7 +202,7 @@ func TestOperatorCannotPublishDocuments(t *testing.T) {
 
 	ev := upsert(t, "doc-1", 1)
 	publishEvent(t, a.js, ev)
-	deadLetter(t, a, "index", contract.DocsStream)
+	deadLetter(t, a, "index", "index", contract.DocsStream)
 	q, err := deadletter.Open(context.Background(), o.js)
 	if err != nil {
 		t.Fatal(err)
@@ -231,15 +231,16 @@ func TestProducerOnlyPublishesToIngest(t *testing.T) {
 	}
 }
 
-// deadLetter fetches the first message of stream with a consumer named
-// consumer (made by a) and dead-letters it, as the projector runtime does.
-func deadLetter(t *testing.T, a *client, consumer, stream string) {
+// deadLetter fetches the first message of stream with the durable
+// consumer durable (made by a) and dead-letters it to converge.dlq.<name>,
+// as the consumers do.
+func deadLetter(t *testing.T, a *client, durable, name, stream string) {
 	t.Helper()
 	bg := context.Background()
 	if err := deadletter.EnsureStream(bg, a.js, 1); err != nil {
 		t.Fatal(err)
 	}
-	c, err := a.js.CreateOrUpdateConsumer(bg, stream, jetstream.ConsumerConfig{Durable: consumer, AckPolicy: jetstream.AckExplicitPolicy})
+	c, err := a.js.CreateOrUpdateConsumer(bg, stream, jetstream.ConsumerConfig{Durable: durable, AckPolicy: jetstream.AckExplicitPolicy})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,7 +248,7 @@ func deadLetter(t *testing.T, a *client, consumer, stream string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := deadletter.Publish(bg, a.js, consumer, m, "test", errors.New("cannot apply"), 0); err != nil {
+	if err := deadletter.Publish(bg, a.js, name, m, "test", errors.New("cannot apply"), 0); err != nil {
 		t.Fatal(err)
 	}
 	if err := m.Ack(); err != nil {

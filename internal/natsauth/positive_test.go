@@ -1,0 +1,344 @@
+package natsauth_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/converge-sync/converge/internal/deadletter"
+	"github.com/converge-sync/converge/internal/docstore"
+	"github.com/converge-sync/converge/internal/natsauth"
+	"github.com/converge-sync/converge/internal/notifier"
+	"github.com/converge-sync/converge/internal/projector"
+	"github.com/converge-sync/converge/internal/rebuild"
+	"github.com/converge-sync/converge/internal/rebuild/rebuildtest"
+	"github.com/converge-sync/converge/internal/relay"
+	"github.com/converge-sync/converge/internal/testenv"
+	"github.com/converge-sync/converge/internal/writer"
+	"github.com/converge-sync/converge/pkg/contract"
+)
+
+// Each test below runs a real component as its own user and checks that it
+// does its job and that the server refused it nothing: where one fails, the
+// permission set is wrong.
+
+func TestRelayDoesItsJob(t *testing.T) {
+	e := newEnv(t)
+	r := e.connect(natsauth.UserRelay)
+	for range 2 { // creates, then updates
+		if _, err := relay.EnsureStream(ctx(t), r.js, relay.StreamConfig{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ack := publishEvent(t, r.js, upsert(t, "doc-1", 1))
+	if ack.Stream != contract.DocsStream || ack.Sequence != 1 {
+		t.Errorf("ack %+v", ack)
+	}
+	r.allowed(t)
+}
+
+// memStore applies events to a map, dead-lettering the keys it is told
+// to.
+type memStore struct {
+	mu       sync.Mutex
+	versions map[string]int64
+	poison   map[string]bool
+}
+
+func (s *memStore) Apply(_ context.Context, events []*contract.Event) []projector.Result {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	res := make([]projector.Result, len(events))
+	for i, ev := range events {
+		switch {
+		case s.poison[ev.Key]:
+			res[i].Err = projector.DeadLetter("rejected", errors.New("the store rejects "+ev.Key))
+		case s.versions[ev.Key] >= ev.Version:
+			res[i].Outcome = projector.Skipped
+		default:
+			s.versions[ev.Key] = ev.Version
+		}
+	}
+	return res
+}
+
+func (s *memStore) len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.versions)
+}
+
+// A projector consumes with its durable consumer, acknowledges, and
+// dead-letters both an undecodable message and an event its store rejects.
+func TestProjectorDoesItsJob(t *testing.T) {
+	e := newEnv(t)
+	a := e.connect(admin)
+	docsStream(t, a.js)
+	for i := range 3 {
+		publishEvent(t, a.js, upsert(t, fmt.Sprintf("doc-%d", i), 1))
+	}
+	publishEvent(t, a.js, upsert(t, "poison", 1))
+	if _, err := a.js.Publish(context.Background(), "converge.docs.garbage", []byte("not an event")); err != nil {
+		t.Fatal(err)
+	}
+	p := e.connect(natsauth.UserIndex)
+	store := &memStore{versions: map[string]int64{}, poison: map[string]bool{"poison": true}}
+	rt, err := projector.New(p.js, store, projector.Config{Name: "index", StopWhenCaughtUp: true}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := rt.Run(rctx); err != nil || rctx.Err() != nil {
+		t.Fatalf("run: %v, %v", err, rctx.Err())
+	}
+	if n := store.len(); n != 3 {
+		t.Errorf("applied %d documents, want 3", n)
+	}
+	c, err := a.js.Consumer(context.Background(), contract.DocsStream, "index")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info := c.CachedInfo(); info.AckFloor.Stream != 5 || info.NumAckPending != 0 {
+		t.Errorf("ack floor %d, %d pending acknowledgements; want 5, 0", info.AckFloor.Stream, info.NumAckPending)
+	}
+	q, err := deadletter.Open(context.Background(), a.js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := q.Count(context.Background(), "index"); err != nil || n != 2 {
+		t.Errorf("dead letters of index: %d, %v; want 2", n, err)
+	}
+	p.allowed(t)
+}
+
+// inPlaceStores is one generation, the live one, rebuilt in place.
+type inPlaceStores struct{ store *memStore }
+
+func (s *inPlaceStores) Live(context.Context) (string, error) { return "live", nil }
+func (s *inPlaceStores) Open(_ context.Context, name string) (*rebuild.Generation, error) {
+	return &rebuild.Generation{Name: name, Store: s.store}, nil
+}
+func (s *inPlaceStores) Describe(name string) string { return "memory " + name }
+func (s *inPlaceStores) Wipe(context.Context, *rebuild.Generation) error {
+	s.store.mu.Lock()
+	defer s.store.mu.Unlock()
+	s.store.versions = map[string]int64{}
+	return nil
+}
+
+// A projector's rebuild: its state in the rebuilds' bucket under its own
+// key, its rebuild consumer created, consumed and deleted, the stream's
+// info read.
+func TestProjectorRebuilds(t *testing.T) {
+	e := newEnv(t)
+	a := e.connect(admin)
+	docsStream(t, a.js)
+	for i := range 5 {
+		publishEvent(t, a.js, upsert(t, fmt.Sprintf("doc-%d", i), 1))
+	}
+	p := e.connect(natsauth.UserIndex)
+	stores := &inPlaceStores{store: &memStore{versions: map[string]int64{}}}
+	proc := rebuildtest.Start(t, p.js, stores, projector.Config{Name: "index"})
+	defer proc.Stop()
+	st := proc.StartRebuild(t)
+	proc.WaitDone(t, st.ID, 30*time.Second)
+	if n := stores.store.len(); n != 5 {
+		t.Errorf("the rebuilt store holds %d documents, want 5", n)
+	}
+	if _, err := a.js.Consumer(context.Background(), contract.DocsStream, rebuild.ConsumerName("index")); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		t.Errorf("the rebuild consumer after the rebuild: %v", err)
+	}
+	p.allowed(t)
+}
+
+// The notifier keeps its effects in its own bucket while it sends.
+func TestNotifierDoesItsJob(t *testing.T) {
+	e := newEnv(t)
+	a := e.connect(admin)
+	docsStream(t, a.js)
+	publishEvent(t, a.js, upsert(t, "doc-1", 1))
+	var hooks atomic.Int32
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		hooks.Add(1)
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer hook.Close()
+	n := e.connect(natsauth.UserNotifier)
+	nt, err := notifier.New(ctx(t), n.js, notifier.Config{URLs: []string{hook.URL}, Secret: []byte("secret")}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = nt.Close() }()
+	rt, err := projector.New(n.js, nt, projector.Config{Name: natsauth.NotifierName, EveryEvent: true, StopWhenCaughtUp: true}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := rt.Run(rctx); err != nil || rctx.Err() != nil {
+		t.Fatalf("run: %v, %v", err, rctx.Err())
+	}
+	if got := hooks.Load(); got != 1 {
+		t.Errorf("%d webhook requests, want 1", got)
+	}
+	kv, err := a.js.KeyValue(context.Background(), natsauth.NotifierBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := kv.Keys(context.Background())
+	if err != nil || len(keys) != 1 {
+		t.Errorf("effects recorded: %v, %v; want one", keys, err)
+	}
+	n.allowed(t)
+}
+
+// ingestStore stores documents in a map.
+type ingestStore struct {
+	writer.Store // the routes the ingest consumer does not call
+	mu           sync.Mutex
+	docs         map[string]int64
+}
+
+func (s *ingestStore) Apply(_ context.Context, writes []docstore.Write) ([]docstore.Outcome, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	outs := make([]docstore.Outcome, len(writes))
+	for i, w := range writes {
+		s.docs[w.Doc.Key] = w.Doc.Version
+		outs[i] = docstore.Outcome{Key: w.Doc.Key, Version: w.Doc.Version, Result: docstore.Applied}
+	}
+	return outs, nil
+}
+
+func (s *ingestStore) len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.docs)
+}
+
+// The writer's ingest path: it ensures its streams, consumes what a
+// producer published, acknowledges, and dead-letters what is malformed.
+func TestWriterAndProducerDoTheirJob(t *testing.T) {
+	e := newEnv(t)
+	w := e.connect(natsauth.UserWriter)
+	store := &ingestStore{docs: map[string]int64{}}
+	in := writer.NewIngest(w.js, store, writer.IngestConfig{MaxWait: 50 * time.Millisecond}, nil, nil)
+	if err := in.EnsureStreams(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	p := e.connect(natsauth.UserProducer)
+	for _, m := range []struct{ key, body string }{
+		{"doc-1", `{"key":"doc-1","version":1,"title":"one"}`},
+		{"doc-2", `{"key":"doc-2","version":1,"title":"two"}`},
+		{"bad", `{"key":"bad","version":`},
+	} {
+		if _, err := p.js.Publish(ctx(t), contract.IngestSubject(m.key), []byte(m.body)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- in.Run(rctx) }()
+	q := func() uint64 {
+		q, err := deadletter.Open(context.Background(), e.connect(admin).js)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, _ := q.Count(context.Background(), natsauth.IngestDLQName)
+		return n
+	}
+	testenv.Eventually(t, "two documents and one dead letter", 30*time.Second, func() bool { return store.len() == 2 && q() == 1 })
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	w.allowed(t)
+	p.allowed(t)
+}
+
+// The operator's commands: status (streams, consumers, the message at an
+// acknowledgement floor, dead letters, rebuilds in progress), replay, and
+// dlq list, show and redrive of the ingest consumer's dead letters.
+func TestOperatorDoesItsJob(t *testing.T) {
+	e := newEnv(t)
+	a := e.connect(admin)
+	bg := context.Background()
+	docsStream(t, a.js)
+	publishEvent(t, a.js, upsert(t, "doc-1", 1))
+	publishEvent(t, a.js, upsert(t, "doc-2", 1))
+	if _, err := a.js.CreateOrUpdateConsumer(bg, contract.DocsStream, jetstream.ConsumerConfig{Durable: "index",
+		AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: contract.DocsSubjectPrefix + ">"}); err != nil {
+		t.Fatal(err)
+	}
+	in := writer.NewIngest(a.js, &ingestStore{docs: map[string]int64{}}, writer.IngestConfig{}, nil, nil)
+	if err := in.EnsureStreams(bg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.js.Publish(bg, contract.IngestSubject("doc-3"), []byte(`{"key":"doc-3","version":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	deadLetter(t, a, natsauth.IngestConsumer, natsauth.IngestDLQName, natsauth.IngestStream)
+	kv, err := a.js.CreateOrUpdateKeyValue(bg, jetstream.KeyValueConfig{Bucket: natsauth.RebuildBucket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(bg, "graph", []byte(`{"projector":"graph","id":"r1","phase":"filling"}`)); err != nil {
+		t.Fatal(err)
+	}
+
+	o := e.connect(natsauth.UserOperator)
+	// status
+	for _, name := range []string{contract.DocsStream, natsauth.IngestStream, deadletter.Stream} {
+		s, err := o.js.Stream(ctx(t), name)
+		if err != nil {
+			t.Fatalf("stream %s: %v", name, err)
+		}
+		if name == deadletter.Stream {
+			continue
+		}
+		lister := s.ListConsumers(ctx(t))
+		for range lister.Info() {
+		}
+		if err := lister.Err(); err != nil {
+			t.Fatalf("consumers of %s: %v", name, err)
+		}
+		// The ingest stream is a work queue: its acknowledged message is
+		// gone, which the answer says.
+		if _, err := s.GetMsg(ctx(t), 1); err != nil && (name != natsauth.IngestStream || !errors.Is(err, jetstream.ErrMsgNotFound)) {
+			t.Errorf("message 1 of %s: %v", name, err)
+		}
+	}
+	states, err := rebuild.InProgress(ctx(t), o.js)
+	if err != nil || len(states) != 1 || states[0].ID != "r1" {
+		t.Errorf("rebuilds in progress: %+v, %v", states, err)
+	}
+	// replay
+	if pending, err := projector.Replay(ctx(t), o.js, contract.DocsStream, "index", projector.ReplayFrom{Seq: 2}); err != nil || pending != 1 {
+		t.Errorf("replay from 2: %d pending, %v", pending, err)
+	}
+	// dlq list, show, redrive
+	q, err := deadletter.Open(ctx(t), o.js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum, err := q.Summarize(ctx(t), deadletter.DefaultScanCap)
+	if err != nil || len(sum.Consumers) != 1 {
+		t.Fatalf("summary: %+v, %v", sum, err)
+	}
+	if _, err := q.Read(ctx(t), natsauth.IngestDLQName, 10); err != nil {
+		t.Errorf("show: %v", err)
+	}
+	if n, err := q.Redrive(ctx(t), deadletter.Redrive{Consumer: natsauth.IngestDLQName, All: true}, nil); err != nil || n != 1 {
+		t.Errorf("redrive: %d, %v", n, err)
+	}
+	o.allowed(t)
+}
