@@ -1,0 +1,97 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/converge-sync/converge/internal/roles"
+	"github.com/converge-sync/converge/internal/service"
+)
+
+// roles apply creates the roles with the passwords it is given (from a
+// variable or its _FILE), reports what it did, and the second time finds
+// everything there; --print shows the statements and no password.
+func TestRolesApply(t *testing.T) {
+	ctx := context.Background()
+	admin := pg.NewDatabase(t)
+	u, err := url.Parse(admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := strings.TrimPrefix(u.Path, "/")
+	const writerPW, relayPW = "writer-secret-1", "relay-secret-2"
+	t.Setenv("CONVERGE_WRITER_PASSWORD", writerPW)
+	pwFile := filepath.Join(t.TempDir(), "relay")
+	if err := os.WriteFile(pwFile, []byte(relayPW+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("CONVERGE_RELAY_PASSWORD_FILE", pwFile)
+
+	var out bytes.Buffer
+	if err := rolesCmd(ctx, []string{"apply", "--print", "-database", db}, &out); err != nil {
+		t.Fatal(err)
+	}
+	printed := out.String()
+	for _, want := range []string{`ALTER ROLE "converge_writer" PASSWORD '<password>';`, `ALTER ROLE "converge_relay" PASSWORD '<password>';`,
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE "public"."documents" TO "converge_writer";`, `CREATE DATABASE "` + db + `";`} {
+		if !strings.Contains(printed, want) {
+			t.Errorf("--print lacks %q:\n%s", want, printed)
+		}
+	}
+	if strings.Contains(printed, writerPW) || strings.Contains(printed, relayPW) || strings.Contains(printed, `"converge_owner" PASSWORD`) {
+		t.Errorf("--print shows a password, or one nobody gave:\n%s", printed)
+	}
+
+	for i, want := range []string{"password set", "password set"} {
+		out.Reset()
+		if err := rolesCmd(ctx, []string{"apply", "-postgres-url", admin, "-database", db}, &out); err != nil {
+			t.Fatalf("apply #%d: %v", i+1, err)
+		}
+		if !strings.Contains(out.String(), "database "+db+" exists") || !strings.Contains(out.String(), "converge_writer  ") ||
+			!strings.Contains(out.String(), want) || strings.Contains(out.String(), writerPW) {
+			t.Errorf("apply #%d said:\n%s", i+1, out.String())
+		}
+	}
+	conn, err := pgx.Connect(ctx, admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var withPassword []string
+	rows, err := conn.Query(ctx, `SELECT rolname FROM pg_authid WHERE rolname IN ('converge_writer', 'converge_relay') AND rolpassword LIKE 'SCRAM-SHA-256$4096:%' ORDER BY 1`)
+	if err == nil {
+		withPassword, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	if err != nil || strings.Join(withPassword, " ") != "converge_relay converge_writer" {
+		t.Errorf("roles with a SCRAM verifier: %v (%v)", withPassword, err)
+	}
+	var connect bool
+	if err := conn.QueryRow(ctx, `SELECT has_database_privilege($1, current_database(), 'CONNECT')`, roles.Reader).Scan(&connect); err != nil || !connect {
+		t.Errorf("the reader may not connect: %v %v", connect, err)
+	}
+}
+
+func TestRolesApplyUsage(t *testing.T) {
+	t.Setenv("CONVERGE_POSTGRES_URL", "")
+	for _, args := range [][]string{
+		{},
+		{"grant"},
+		{"apply"}, // no -postgres-url
+		{"apply", "-postgres-url", "postgres://x@127.0.0.1:1/postgres", "extra"},
+		{"apply", "--print", "-reader-password", "pässword"},
+		{"apply", "-nosuch"},
+	} {
+		err := rolesCmd(context.Background(), args, io.Discard)
+		if code := service.ExitCode("converge", err, io.Discard); code != 2 {
+			t.Errorf("roles %q: %v (exit %d), want a usage error", args, err, code)
+		}
+	}
+}
