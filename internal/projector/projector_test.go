@@ -485,7 +485,9 @@ func TestDeadLetterPublishFailureRedelivers(t *testing.T) {
 	// (Each failed publish takes a few hundred ms: the client retries when
 	// no stream answers.)
 	testenv.WaitConsumer(t, e.js, contract.DocsStream, "idx", "the poison to be redelivered", 10*time.Second,
-		func(info *jetstream.ConsumerInfo) bool { return info.Delivered.Consumer >= 2+1 && info.AckFloor.Stream == 0 })
+		func(info *jetstream.ConsumerInfo) bool {
+			return info.Delivered.Consumer >= 2+1 && info.AckFloor.Stream == 0
+		})
 	if n := testutil.ToFloat64(metrics.DeadLetters.WithLabelValues("undecodable")); n != 0 {
 		t.Fatalf("%v dead letters counted while the dead-letter stream was missing", n)
 	}
