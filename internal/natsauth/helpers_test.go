@@ -16,6 +16,7 @@ import (
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/natsserver"
+	"github.com/converge-sync/converge/internal/relay"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
@@ -30,6 +31,11 @@ func password(user string) string { return "pw-" + user }
 type env struct {
 	t   *testing.T
 	srv *natsserver.Server
+	tap *nats.Conn
+
+	mu        sync.Mutex
+	recording []string // the users whose grants the subjects published now use
+	subjects  []string
 }
 
 func newEnv(t *testing.T) *env {
@@ -44,7 +50,100 @@ func newEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Shutdown)
-	return &env{t: t, srv: srv}
+	e := &env{t: t, srv: srv}
+	// The tap sees every publish, JetStream's API requests and
+	// acknowledgements included.
+	tap, err := nats.Connect(srv.URL, nats.UserInfo(admin, password(admin)), nats.Name("tap"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(tap.Close)
+	sub, err := tap.Subscribe(">", func(m *nats.Msg) {
+		e.mu.Lock()
+		if len(e.recording) > 0 {
+			e.subjects = append(e.subjects, m.Subject)
+		}
+		e.mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.SetPendingLimits(-1, -1); err != nil {
+		t.Fatal(err)
+	}
+	if err := tap.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	e.tap = tap
+	return e
+}
+
+// record attributes what is published from now on, until [env.used], to
+// the grants of users: the setup of a test is done by then, and only the
+// users under test publish.
+func (e *env) record(users ...string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.recording, e.subjects = users, nil
+}
+
+// used marks the grants of the recorded users that a subject published
+// since [env.record] matched.
+func (e *env) used(clients ...*client) {
+	t := e.t
+	t.Helper()
+	for _, c := range clients {
+		if err := c.nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.tap.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // the tap's handler runs on its own goroutine
+	e.mu.Lock()
+	users, subjects := e.recording, e.subjects
+	e.recording, e.subjects = nil, nil
+	e.mu.Unlock()
+	perms := natsauth.Permissions()
+	grantsUsed.Lock()
+	defer grantsUsed.Unlock()
+	for _, u := range users {
+		for _, grant := range perms[u].Publish.Allow {
+			for _, s := range subjects {
+				if matchSubject(grant, s) {
+					if grantsUsed.m[u] == nil {
+						grantsUsed.m[u] = map[string]bool{}
+					}
+					grantsUsed.m[u][grant] = true
+				}
+			}
+		}
+	}
+}
+
+// grantsUsed are the publish grants, by user, that the positive tests
+// used; TestMain reports any other.
+var grantsUsed = struct {
+	sync.Mutex
+	m map[string]map[string]bool
+}{m: map[string]map[string]bool{}}
+
+// matchSubject reports whether subject matches pattern, with NATS
+// wildcards: * one token, > one or more at the end.
+func matchSubject(pattern, subject string) bool {
+	p, s := strings.Split(pattern, "."), strings.Split(subject, ".")
+	for i, tok := range p {
+		switch {
+		case tok == ">":
+			return len(s) > i
+		case i >= len(s):
+			return false
+		case tok != "*" && tok != s[i]:
+			return false
+		}
+	}
+	return len(p) == len(s)
 }
 
 // client is a connection as one user, with the handler a service installs
@@ -54,10 +153,10 @@ type client struct {
 	nc   *nats.Conn
 	js   jetstream.JetStream
 
-	mu     sync.Mutex
-	errs   []string // the asynchronous errors, in order
-	log    bytes.Buffer
-	count  func() float64
+	mu    sync.Mutex
+	errs  []string // the asynchronous errors, in order
+	log   bytes.Buffer
+	count func() float64
 }
 
 func (e *env) connect(user string) *client {
@@ -158,8 +257,7 @@ func ctx(t *testing.T) context.Context {
 // docsStream creates CONVERGE_DOCS as the relay does.
 func docsStream(t *testing.T, js jetstream.JetStream) {
 	t.Helper()
-	if _, err := js.CreateOrUpdateStream(context.Background(), jetstream.StreamConfig{Name: contract.DocsStream,
-		Subjects: []string{contract.DocsSubjectPrefix + ">"}, Storage: jetstream.FileStorage, AllowDirect: true}); err != nil {
+	if _, err := relay.EnsureStream(context.Background(), js, relay.StreamConfig{}); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -128,9 +128,13 @@ func Producer() *server.Permissions {
 func Operator() *server.Permissions {
 	docs, ingest, dlq := contract.DocsStream, IngestStream, deadletter.Stream
 	kv := "KV_" + RebuildBucket
-	var p []string
-	for _, s := range []string{docs, ingest, dlq} {
-		p = append(p, api+"STREAM.INFO."+s, api+"STREAM.MSG.GET."+s, api+"DIRECT.GET."+s, api+"DIRECT.GET."+s+".>")
+	p := []string{
+		// status: the streams' info, and the message at a consumer's
+		// acknowledgement floor; dlq: the dead letters by sequence and
+		// subject. The documents' stream allows direct gets (the relay's
+		// configuration), which its readers use; the others do not.
+		api + "STREAM.INFO." + docs, api + "STREAM.INFO." + ingest, api + "STREAM.INFO." + dlq,
+		api + "DIRECT.GET." + docs, api + "STREAM.MSG.GET." + ingest, api + "STREAM.MSG.GET." + dlq,
 	}
 	for _, s := range []string{docs, ingest} {
 		p = append(p, api+"CONSUMER.LIST."+s)
@@ -142,7 +146,6 @@ func Operator() *server.Permissions {
 		api+"CONSUMER.CREATE."+docs+".*.>",
 		// dlq: ordered consumers (random names) of the dead letters.
 		api+"CONSUMER.CREATE."+dlq+".>",
-		api+"CONSUMER.INFO."+dlq+".*",
 		api+"CONSUMER.MSG.NEXT."+dlq+".*",
 		api+"CONSUMER.DELETE."+dlq+".*",
 		// redrive: the delete after the republish.
@@ -151,7 +154,6 @@ func Operator() *server.Permissions {
 		// status: the rebuilds' bucket, listed by a push ordered consumer
 		// with flow control, and read.
 		api+"STREAM.INFO."+kv,
-		api+"CONSUMER.CREATE."+kv,
 		api+"CONSUMER.CREATE."+kv+".>",
 		api+"CONSUMER.DELETE."+kv+".*",
 		"$JS.FC."+kv+".>",

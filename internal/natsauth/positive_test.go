@@ -33,6 +33,7 @@ import (
 func TestRelayDoesItsJob(t *testing.T) {
 	e := newEnv(t)
 	r := e.connect(natsauth.UserRelay)
+	e.record(natsauth.UserRelay)
 	for range 2 { // creates, then updates
 		if _, err := relay.EnsureStream(ctx(t), r.js, relay.StreamConfig{}); err != nil {
 			t.Fatal(err)
@@ -42,6 +43,7 @@ func TestRelayDoesItsJob(t *testing.T) {
 	if ack.Stream != contract.DocsStream || ack.Sequence != 1 {
 		t.Errorf("ack %+v", ack)
 	}
+	e.used(r)
 	r.allowed(t)
 }
 
@@ -79,6 +81,12 @@ func (s *memStore) len() int {
 // A projector consumes with its durable consumer, acknowledges, and
 // dead-letters both an undecodable message and an event its store rejects.
 func TestProjectorDoesItsJob(t *testing.T) {
+	for _, name := range []string{"index", "graph"} {
+		t.Run(name, func(t *testing.T) { testProjectorDoesItsJob(t, name) })
+	}
+}
+
+func testProjectorDoesItsJob(t *testing.T, name string) {
 	e := newEnv(t)
 	a := e.connect(admin)
 	docsStream(t, a.js)
@@ -89,9 +97,10 @@ func TestProjectorDoesItsJob(t *testing.T) {
 	if _, err := a.js.Publish(context.Background(), "converge.docs.garbage", []byte("not an event")); err != nil {
 		t.Fatal(err)
 	}
-	p := e.connect(natsauth.UserIndex)
+	p := e.connect(natsauth.ProjectorUser(name))
+	e.record(p.user)
 	store := &memStore{versions: map[string]int64{}, poison: map[string]bool{"poison": true}}
-	rt, err := projector.New(p.js, store, projector.Config{Name: "index", StopWhenCaughtUp: true}, nil, nil)
+	rt, err := projector.New(p.js, store, projector.Config{Name: name, StopWhenCaughtUp: true}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,10 +109,11 @@ func TestProjectorDoesItsJob(t *testing.T) {
 	if err := rt.Run(rctx); err != nil || rctx.Err() != nil {
 		t.Fatalf("run: %v, %v", err, rctx.Err())
 	}
+	e.used(p)
 	if n := store.len(); n != 3 {
 		t.Errorf("applied %d documents, want 3", n)
 	}
-	c, err := a.js.Consumer(context.Background(), contract.DocsStream, "index")
+	c, err := a.js.Consumer(context.Background(), contract.DocsStream, name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,8 +124,8 @@ func TestProjectorDoesItsJob(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n, err := q.Count(context.Background(), "index"); err != nil || n != 2 {
-		t.Errorf("dead letters of index: %d, %v; want 2", n, err)
+	if n, err := q.Count(context.Background(), name); err != nil || n != 2 {
+		t.Errorf("dead letters of %s: %d, %v; want 2", name, n, err)
 	}
 	p.allowed(t)
 }
@@ -136,26 +146,42 @@ func (s *inPlaceStores) Wipe(context.Context, *rebuild.Generation) error {
 }
 
 // A projector's rebuild: its state in the rebuilds' bucket under its own
-// key, its rebuild consumer created, consumed and deleted, the stream's
-// info read.
+// key, its rebuild consumer created, consumed and deleted, dead letters of
+// the rebuild, the stream's info read.
 func TestProjectorRebuilds(t *testing.T) {
+	for _, name := range []string{"index", "graph"} {
+		t.Run(name, func(t *testing.T) { testProjectorRebuilds(t, name) })
+	}
+}
+
+func testProjectorRebuilds(t *testing.T, name string) {
 	e := newEnv(t)
 	a := e.connect(admin)
 	docsStream(t, a.js)
 	for i := range 5 {
 		publishEvent(t, a.js, upsert(t, fmt.Sprintf("doc-%d", i), 1))
 	}
-	p := e.connect(natsauth.UserIndex)
-	stores := &inPlaceStores{store: &memStore{versions: map[string]int64{}}}
-	proc := rebuildtest.Start(t, p.js, stores, projector.Config{Name: "index"})
+	publishEvent(t, a.js, upsert(t, "poison", 1))
+	p := e.connect(natsauth.ProjectorUser(name))
+	e.record(p.user)
+	stores := &inPlaceStores{store: &memStore{versions: map[string]int64{}, poison: map[string]bool{"poison": true}}}
+	proc := rebuildtest.Start(t, p.js, stores, projector.Config{Name: name})
 	defer proc.Stop()
 	st := proc.StartRebuild(t)
 	proc.WaitDone(t, st.ID, 30*time.Second)
+	e.used(p)
 	if n := stores.store.len(); n != 5 {
 		t.Errorf("the rebuilt store holds %d documents, want 5", n)
 	}
-	if _, err := a.js.Consumer(context.Background(), contract.DocsStream, rebuild.ConsumerName("index")); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+	if _, err := a.js.Consumer(context.Background(), contract.DocsStream, rebuild.ConsumerName(name)); !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		t.Errorf("the rebuild consumer after the rebuild: %v", err)
+	}
+	q, err := deadletter.Open(context.Background(), a.js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := q.Count(context.Background(), rebuild.ConsumerName(name)); err != nil || n != 1 {
+		t.Errorf("dead letters of the rebuild: %d, %v; want 1", n, err)
 	}
 	p.allowed(t)
 }
@@ -166,6 +192,9 @@ func TestNotifierDoesItsJob(t *testing.T) {
 	a := e.connect(admin)
 	docsStream(t, a.js)
 	publishEvent(t, a.js, upsert(t, "doc-1", 1))
+	if _, err := a.js.Publish(context.Background(), "converge.docs.garbage", []byte("not an event")); err != nil {
+		t.Fatal(err)
+	}
 	var hooks atomic.Int32
 	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		hooks.Add(1)
@@ -173,6 +202,7 @@ func TestNotifierDoesItsJob(t *testing.T) {
 	}))
 	defer hook.Close()
 	n := e.connect(natsauth.UserNotifier)
+	e.record(natsauth.UserNotifier)
 	nt, err := notifier.New(ctx(t), n.js, notifier.Config{URLs: []string{hook.URL}, Secret: []byte("secret")}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -187,6 +217,7 @@ func TestNotifierDoesItsJob(t *testing.T) {
 	if err := rt.Run(rctx); err != nil || rctx.Err() != nil {
 		t.Fatalf("run: %v, %v", err, rctx.Err())
 	}
+	e.used(n)
 	if got := hooks.Load(); got != 1 {
 		t.Errorf("%d webhook requests, want 1", got)
 	}
@@ -230,6 +261,7 @@ func (s *ingestStore) len() int {
 func TestWriterAndProducerDoTheirJob(t *testing.T) {
 	e := newEnv(t)
 	w := e.connect(natsauth.UserWriter)
+	e.record(natsauth.UserWriter, natsauth.UserProducer)
 	store := &ingestStore{docs: map[string]int64{}}
 	in := writer.NewIngest(w.js, store, writer.IngestConfig{MaxWait: 50 * time.Millisecond}, nil, nil)
 	if err := in.EnsureStreams(ctx(t)); err != nil {
@@ -261,6 +293,7 @@ func TestWriterAndProducerDoTheirJob(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
+	e.used(w, p)
 	w.allowed(t)
 	p.allowed(t)
 }
@@ -296,6 +329,7 @@ func TestOperatorDoesItsJob(t *testing.T) {
 	}
 
 	o := e.connect(natsauth.UserOperator)
+	e.record(natsauth.UserOperator)
 	// status
 	for _, name := range []string{contract.DocsStream, natsauth.IngestStream, deadletter.Stream} {
 		s, err := o.js.Stream(ctx(t), name)
@@ -340,5 +374,6 @@ func TestOperatorDoesItsJob(t *testing.T) {
 	if n, err := q.Redrive(ctx(t), deadletter.Redrive{Consumer: natsauth.IngestDLQName, All: true}, nil); err != nil || n != 1 {
 		t.Errorf("redrive: %d, %v", n, err)
 	}
+	e.used(o)
 	o.allowed(t)
 }
