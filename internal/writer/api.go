@@ -17,6 +17,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/docstore"
 	"github.com/converge-sync/converge/internal/httpjson"
 	"github.com/converge-sync/converge/pkg/contract"
@@ -34,6 +35,10 @@ type Store interface {
 type APIConfig struct {
 	// BatchSize is how many NDJSON lines go into one transaction.
 	BatchSize int
+	// Guard checks each request's bearer token: the document routes need
+	// the write scope (reading one back, read or write), re-emission the
+	// admin scope. Nil serves every request.
+	Guard *auth.Guard
 }
 
 // API serves the writer's HTTP routes.
@@ -57,12 +62,18 @@ func NewAPI(store Store, cfg APIConfig, metrics *Metrics, log *slog.Logger) *API
 		log = slog.New(slog.DiscardHandler)
 	}
 	a := &API{store: store, cfg: cfg, metrics: metrics, log: log, mux: http.NewServeMux()}
-	a.mux.HandleFunc("PUT /v1/documents/{key...}", a.instrument("put", a.put))
-	a.mux.HandleFunc("DELETE /v1/documents/{key...}", a.instrument("delete", a.withdraw))
-	a.mux.HandleFunc("GET /v1/documents/{key...}", a.instrument("get", a.get))
-	a.mux.HandleFunc("POST /v1/documents:batch", a.instrument("batch", a.batch))
-	a.mux.HandleFunc("POST /v1/admin/reemit", a.instrument("reemit", a.reemit))
+	a.mux.HandleFunc("PUT /v1/documents/{key...}", a.instrument("put", a.require(auth.Write, a.put)))
+	a.mux.HandleFunc("DELETE /v1/documents/{key...}", a.instrument("delete", a.require(auth.Write, a.withdraw)))
+	a.mux.HandleFunc("GET /v1/documents/{key...}", a.instrument("get", a.require(auth.Read|auth.Write, a.get)))
+	a.mux.HandleFunc("POST /v1/documents:batch", a.instrument("batch", a.require(auth.Write, a.batch)))
+	a.mux.HandleFunc("POST /v1/admin/reemit", a.instrument("reemit", a.require(auth.Admin, a.reemit)))
 	return a
+}
+
+// require serves h to the requests whose token holds scope. Inside
+// instrument, so that refusals are counted with their status.
+func (a *API) require(scope auth.Scope, h http.HandlerFunc) http.HandlerFunc {
+	return a.cfg.Guard.Require(scope, h).ServeHTTP
 }
 
 func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) { a.mux.ServeHTTP(w, r) }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/docstore"
 	"github.com/converge-sync/converge/internal/httpjson"
 	"github.com/converge-sync/converge/pkg/contract"
@@ -21,8 +22,11 @@ const ReemitPath = "/v1/admin/reemit"
 // Client calls the writer's HTTP API; today its re-emission endpoint,
 // POST /v1/admin/reemit.
 type Client struct {
-	base string
-	http *http.Client
+	// Token is sent as a bearer token; re-emission needs one with the
+	// admin scope when the writer has a tokens file. Empty: none is sent.
+	Token string
+	base  string
+	http  *http.Client
 }
 
 // NewClient returns a client of the writer at baseURL (http://host:port
@@ -148,6 +152,7 @@ func (c *Client) post(ctx context.Context, path string, body, v any) error {
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	auth.SetBearer(req.Header, c.Token)
 	resp, err := c.http.Do(req)
 	if err != nil {
 		return fmt.Errorf("the writer at %s does not answer: %w", c.base, err)

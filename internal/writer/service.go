@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/docstore"
 	"github.com/converge-sync/converge/internal/schema"
@@ -29,6 +30,14 @@ type ServiceConfig struct {
 	Ingest        IngestConfig
 	Store         docstore.Config
 	Retention     RetentionConfig
+	// TokensFile names the bearer tokens the API accepts (see package
+	// auth), reloaded on SIGHUP; empty: no authentication, which Run
+	// allows only on a loopback HTTPAddr unless InsecureNoAuth.
+	TokensFile     string
+	InsecureNoAuth bool
+	// TLSCert and TLSKey name the key pair of the API and metrics
+	// listeners; both empty: plain HTTP.
+	TLSCert, TLSKey string
 	// OnListen, when set, is called with the API's address once it listens.
 	OnListen func(addr net.Addr)
 }
@@ -58,7 +67,14 @@ func (c ServiceConfig) Validate() error {
 	if c.HTTPAddr == "" {
 		return errors.New("writer: an HTTP address is required")
 	}
+	if err := c.security().Validate(); err != nil {
+		return fmt.Errorf("writer: %w", err)
+	}
 	return c.Store.Validate()
+}
+
+func (c ServiceConfig) security() auth.Settings {
+	return auth.Settings{TokensFile: c.TokensFile, TLSCert: c.TLSCert, TLSKey: c.TLSKey, InsecureNoAuth: c.InsecureNoAuth}
 }
 
 // Connections are Postgres, a pool of MaxConns, and NATS when ingest is
@@ -80,6 +96,7 @@ func Flags(f *config.Flags) func() (ServiceConfig, error) {
 	migrate := f.Bool("migrate", "CONVERGE_WRITER_MIGRATE", false, "apply pending schema migrations at start")
 	grace := f.Duration("shutdown-grace", "CONVERGE_SHUTDOWN_GRACE", 0, "how long in-flight requests may finish on shutdown (0: 15s)")
 	retention := f.Duration("outbox-retention", "CONVERGE_OUTBOX_RETENTION", 24*time.Hour, "delete outbox rows older than this (negative: never); the relay reads WAL, not the table")
+	security := auth.BindFlags(f)
 	return func() (ServiceConfig, error) {
 		if err := config.Require(*pg, "postgres-url", config.EnvPostgresURL); err != nil {
 			return ServiceConfig{}, err
@@ -88,19 +105,39 @@ func Flags(f *config.Flags) func() (ServiceConfig, error) {
 			MaxConns: *maxConns, Migrate: *migrate, ShutdownGrace: *grace}
 		c.API.BatchSize = *batch
 		c.Retention.Retention = *retention
+		sec := security()
+		c.TokensFile, c.InsecureNoAuth, c.TLSCert, c.TLSKey = sec.TokensFile, sec.InsecureNoAuth, sec.TLSCert, sec.TLSKey
 		return c, nil
 	}
 }
 
 // Run runs the writer over deps.Postgres (and, with a NATS URL, the ingest
 // consumer over deps.NATS) until ctx ends, then drains in-flight requests
-// and stops the ingest consumer.
+// and stops the ingest consumer. With a tokens file, the API checks bearer
+// tokens and reloads the file on SIGHUP; without one, it refuses to listen
+// beyond loopback unless InsecureNoAuth. With a key pair, the API and the
+// metrics address speak TLS.
 func Run(ctx context.Context, cfg ServiceConfig, deps service.Deps) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
 	cfg = cfg.withDefaults()
 	log, pool := deps.Log, deps.Postgres
+	// Who may call the API, and over what, is settled before anything
+	// touches the database.
+	tokens, err := cfg.security().Tokens()
+	if err != nil {
+		return fmt.Errorf("writer: %w", err)
+	}
+	if err := auth.CheckListen(cfg.HTTPAddr, tokens, cfg.InsecureNoAuth); err != nil {
+		return fmt.Errorf("writer: %w", err)
+	}
+	tlsConfig, err := cfg.security().TLS().Config()
+	if err != nil {
+		return fmt.Errorf("writer: %w", err)
+	}
+	serveTLS := telemetry.WithTLS(tlsConfig)
+
 	if pool == nil {
 		return errors.New("writer: no Postgres pool")
 	}
@@ -138,7 +175,10 @@ func Run(ctx context.Context, cfg ServiceConfig, deps service.Deps) error {
 	if err != nil {
 		return fmt.Errorf("writer: listen %s: %w", cfg.HTTPAddr, err)
 	}
-	log.Info("writer API listening", "addr", ln.Addr().String())
+	log.Info("writer API listening", "addr", ln.Addr().String(), "tls", tlsConfig != nil, "tokens", tokens.Len())
+	if !tokens.Enabled() && !auth.Loopback(cfg.HTTPAddr) {
+		log.Warn("the writer API accepts unauthenticated requests from the network (-insecure-no-auth)", "addr", cfg.HTTPAddr)
+	}
 	if cfg.OnListen != nil {
 		cfg.OnListen(ln.Addr())
 	}
@@ -160,11 +200,22 @@ func Run(ctx context.Context, cfg ServiceConfig, deps service.Deps) error {
 		return nil
 	})
 
-	api := NewAPI(store, cfg.API, metrics, log)
-	g.Go(func() error { return telemetry.ServeListener(ctx, ln, api, cfg.ShutdownGrace, log) })
-	if cfg.MetricsAddr != "" {
+	if tokens.Enabled() {
 		g.Go(func() error {
-			return telemetry.Serve(ctx, cfg.MetricsAddr, telemetry.Handler(deps.Registry, checks...), cfg.ShutdownGrace, nil)
+			tokens.Watch(ctx, log.With("component", "auth"))
+			return nil
+		})
+	}
+
+	apiCfg := cfg.API
+	apiCfg.Guard = auth.NewGuard(tokens, deps.Registry, log.With("component", "auth"))
+	api := NewAPI(store, apiCfg, metrics, log)
+	g.Go(func() error { return telemetry.ServeListener(ctx, ln, api, cfg.ShutdownGrace, log, serveTLS) })
+	if cfg.MetricsAddr != "" {
+		// /metrics, /healthz and /readyz stay open: probes and scrapers
+		// carry no token, and none of them changes anything.
+		g.Go(func() error {
+			return telemetry.Serve(ctx, cfg.MetricsAddr, telemetry.Handler(deps.Registry, checks...), cfg.ShutdownGrace, nil, serveTLS)
 		})
 	}
 	return g.Wait()
