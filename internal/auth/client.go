@@ -9,7 +9,7 @@ import (
 
 // EnvToken is the variable of the token a client sends (or EnvToken_FILE,
 // a file holding it).
-const EnvToken = "CONVERGE_TOKEN"
+const EnvToken = "CONVERGE_TOKEN" //nolint:gosec // the name of a variable, not a credential; also read as _FILE
 
 // TokenFromEnv returns the token in CONVERGE_TOKEN, or in the file named by
 // CONVERGE_TOKEN_FILE; "" when neither is set.

@@ -40,11 +40,17 @@ func NewGuard(tokens *Tokens, reg prometheus.Registerer, log *slog.Logger) *Guar
 	}
 	if reg != nil {
 		if err := reg.Register(refused); err != nil {
+			// A second guard on the registry counts on the first one's
+			// counter.
 			var are prometheus.AlreadyRegisteredError
-			if !errors.As(err, &are) {
+			existing, ok := refused, false
+			if errors.As(err, &are) {
+				existing, ok = are.ExistingCollector.(*prometheus.CounterVec)
+			}
+			if !ok {
 				panic(err)
 			}
-			refused = are.ExistingCollector.(*prometheus.CounterVec)
+			refused = existing
 		}
 	}
 	if log == nil {

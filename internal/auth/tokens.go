@@ -16,7 +16,7 @@ import (
 )
 
 // EnvTokensFile is the variable of -tokens-file.
-const EnvTokensFile = "CONVERGE_TOKENS_FILE"
+const EnvTokensFile = "CONVERGE_TOKENS_FILE" //nolint:gosec // the name of a variable, not a credential
 
 // MinTokenBytes is the shortest token a tokens file may hold.
 const MinTokenBytes = 16

@@ -12,7 +12,7 @@ import (
 // The variables of -tls-cert and -tls-key.
 const (
 	EnvTLSCert = "CONVERGE_TLS_CERT"
-	EnvTLSKey  = "CONVERGE_TLS_KEY"
+	EnvTLSKey  = "CONVERGE_TLS_KEY" //nolint:gosec // the name of a variable, not a credential
 )
 
 // TLSFiles name a PEM certificate (chain) and its private key; both empty
