@@ -10,6 +10,7 @@ import (
 	gbackends "github.com/converge-sync/converge/internal/graph/backends"
 	ibackends "github.com/converge-sync/converge/internal/index/backends"
 	"github.com/converge-sync/converge/internal/notifier"
+	"github.com/converge-sync/converge/internal/roles"
 	"github.com/converge-sync/converge/internal/stack"
 )
 
@@ -76,6 +77,7 @@ func dev(ctx context.Context, args []string, out io.Writer) error {
 converge dev is running:
   writer API     %s      (PUT /v1/documents/{key}, POST /v1/documents:batch)
   postgres       %s
+  roles          writer as %s, relay as %s; schema migrated as %s
   nats           %s
   index          %s (search: converge search "text")
   graph          %s (converge graph KEY)
@@ -84,7 +86,7 @@ converge dev is running:
   rebuild        converge rebuild index -postgres-url '%s'
   data           %s
 Ctrl-C stops everything.
-`, s.APIURL, pgWhere, s.NATSURL, s.Index.Describe(), s.Graph.Describe(), notifies, s.PostgresURL, s.PostgresURL, s.DataDir)
+`, s.APIURL, pgWhere, roles.Writer, roles.Relay, roles.Owner, s.NATSURL, s.Index.Describe(), s.Graph.Describe(), notifies, s.PostgresURL, s.PostgresURL, s.DataDir)
 	select {
 	case <-ctx.Done():
 	case <-s.Done():

@@ -5,19 +5,29 @@
 // service.Run exactly as its binary starts it. `converge dev` and `converge
 // demo` run it, and so do the tests and benchmarks that need the whole
 // pipeline.
+//
+// Postgres is prepared as a deployment is: converge's roles are applied
+// (internal/roles) with the administrator's URL, the schema is migrated as
+// converge_owner, the relay's slot is created as converge_relay, and the
+// writer and the relay connect as converge_writer and converge_relay, with
+// passwords made for this stack alone (kept in the Stack's URLs, never
+// printed nor logged).
 package stack
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -34,6 +44,7 @@ import (
 	"github.com/converge-sync/converge/internal/proc"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/relay"
+	"github.com/converge-sync/converge/internal/roles"
 	"github.com/converge-sync/converge/internal/schema"
 	"github.com/converge-sync/converge/internal/service"
 	"github.com/converge-sync/converge/internal/writer"
@@ -78,6 +89,13 @@ type Stack struct {
 	Cluster     *pgcluster.Cluster // nil when PostgresURL was given
 	NATS        *natsserver.Server // nil when NATSURL was given
 	tempDir     string
+
+	// PostgresURL above is the administrator's (the given one, or the
+	// throwaway cluster's superuser on its converge database); these are
+	// converge's roles on the same database, with their passwords (never
+	// print them): the schema's owner, the writer, the relay, and the
+	// read-only role of verify and status.
+	OwnerURL, WriterURL, RelayURL, ReaderURL string
 
 	cancel context.CancelFunc
 	group  *errgroup.Group
@@ -124,14 +142,15 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 		if s.Cluster, err = pgcluster.Start(ctx, pgcluster.Config{Dir: pgDir, Logger: cfg.Log}); err != nil {
 			return nil, fmt.Errorf("start PostgreSQL: %w", err)
 		}
-		if s.PostgresURL, err = createDatabase(ctx, s.Cluster, "converge"); err != nil {
-			return nil, err
-		}
+		s.PostgresURL = s.Cluster.URL(roles.DefaultDatabase)
 	}
-	if _, err := schema.Up(ctx, s.PostgresURL); err != nil {
+	if err := s.applyRoles(ctx); err != nil {
 		return nil, err
 	}
-	if _, err := schema.EnsureSlot(ctx, s.PostgresURL, "converge_relay"); err != nil {
+	if _, err := schema.Up(ctx, s.OwnerURL); err != nil {
+		return nil, err
+	}
+	if _, err := schema.EnsureSlot(ctx, s.RelayURL, "converge_relay"); err != nil {
 		return nil, err
 	}
 
@@ -153,7 +172,7 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 
 	listening := make(chan net.Addr, 1)
 	g.Go(func() error {
-		c := writer.ServiceConfig{PostgresURL: s.PostgresURL, NATSURL: s.NATSURL, HTTPAddr: cfg.HTTPAddr,
+		c := writer.ServiceConfig{PostgresURL: s.WriterURL, NATSURL: s.NATSURL, HTTPAddr: cfg.HTTPAddr,
 			MetricsAddr: cfg.WriterAddr, OnListen: func(a net.Addr) { listening <- a }}
 		return service.Run(runCtx, c, cfg.Log.With("service", "writer"), writer.Run)
 	})
@@ -164,7 +183,7 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 	}
 	relays := make(chan *relay.Relay, 1)
 	g.Go(func() error {
-		c := relay.ServiceConfig{Relay: relay.Config{PostgresURL: s.PostgresURL}, NATSURL: s.NATSURL,
+		c := relay.ServiceConfig{Relay: relay.Config{PostgresURL: s.RelayURL}, NATSURL: s.NATSURL,
 			MetricsAddr: cfg.RelayAddr, OnStart: func(r *relay.Relay) { relays <- r }}
 		return service.Run(runCtx, c, cfg.Log.With("service", "relay"), relay.Run)
 	})
@@ -238,23 +257,36 @@ func ensureStream(ctx context.Context, natsURL string) error {
 	return nil
 }
 
-// createDatabase creates name in the cluster unless it exists.
-func createDatabase(ctx context.Context, c *pgcluster.Cluster, name string) (string, error) {
-	conn, err := pgx.Connect(ctx, c.URL("postgres"))
+// applyRoles applies converge's roles to the database of PostgresURL (the
+// throwaway cluster's is created then), each with a new random password,
+// and sets the roles' URLs.
+func (s *Stack) applyRoles(ctx context.Context) error {
+	u, err := url.Parse(s.PostgresURL)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return errors.New("the Postgres URL must be postgres://...: the stack derives its roles' URLs from it")
+	}
+	admin := s.PostgresURL
+	if s.Cluster != nil {
+		admin = s.Cluster.URL("postgres") // the database may not exist yet
+	}
+	conn, err := pgx.Connect(ctx, admin)
 	if err != nil {
-		return "", err
+		return fmt.Errorf("connect to PostgreSQL: %w", err)
 	}
 	defer conn.Close(context.Background())
-	var exists bool
-	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)`, name).Scan(&exists); err != nil {
-		return "", err
-	}
-	if !exists {
-		if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
-			return "", fmt.Errorf("create database %s: %w", name, err)
+	opts := roles.Options{Database: strings.TrimPrefix(u.Path, "/"), Passwords: map[string]string{}}
+	urls := map[string]*string{roles.Owner: &s.OwnerURL, roles.Writer: &s.WriterURL, roles.Relay: &s.RelayURL, roles.Reader: &s.ReaderURL}
+	for _, name := range roles.Names() {
+		pw := rand.Text() // 26 characters of base32: printable, URL-safe
+		opts.Passwords[name] = pw
+		if *urls[name], err = roles.URL(s.PostgresURL, name, pw); err != nil {
+			return err
 		}
 	}
-	return c.URL(name), nil
+	if _, err := roles.Apply(ctx, conn, opts); err != nil {
+		return fmt.Errorf("apply the roles (the Postgres URL must be a superuser's): %w", err)
+	}
+	return nil
 }
 
 // StartGraphChild starts `converge projector-graph` as a child process
