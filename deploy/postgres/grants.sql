@@ -4,7 +4,9 @@
 -- after every `converge migrate up`; granting again is a no-op. A migration
 -- that adds a table or a sequence adds its grants here (the test in deploy/
 -- checks that the writer is granted every table and sequence the
--- migrations create).
+-- migrations create). The grants are those of internal/roles, where they
+-- are defined and checked against Postgres' catalog; `converge migrate up`
+-- re-applies them there too.
 
 -- The writer is the only writer of the tables. SELECT because upserts
 -- (ON CONFLICT ... WHERE) and deletes read the rows they change.
@@ -17,3 +19,6 @@ GRANT SELECT ON TABLE schema_migrations TO converge_writer;
 -- The relay reads the outbox through the converge_outbox publication, and
 -- counts its rows when it has to create the slot itself.
 GRANT SELECT ON TABLE outbox TO converge_relay;
+
+-- converge verify and converge status only read.
+GRANT SELECT ON TABLE documents, chunks, outbox, schema_migrations TO converge_reader;
