@@ -24,6 +24,11 @@ Usage:
   converge migrate up        apply pending schema migrations (a no-op when current) and
                              create the relay's replication slot if missing
   converge migrate status    show the applied and the newest schema version
+  converge roles apply [--print] -postgres-url ADMIN_URL [-database converge]
+                             create or correct converge's Postgres roles (converge_owner, converge_writer,
+                             converge_relay, converge_reader) and their privileges, as an administrator;
+                             passwords from CONVERGE_{OWNER,WRITER,RELAY,READER}_PASSWORD(_FILE);
+                             --print shows the statements (no passwords) and applies nothing
   converge status [--json]   the relay's slot (state, confirmed LSN, lag), the outbox and the streams
   converge search TEXT [-k N] [--json]
                              the index's chunks nearest to TEXT, asked of the index projector
@@ -105,6 +110,8 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return service.Command(ctx, "projector-index", args[1:], ibackends.ServiceFlags, ibackends.Run)
 	case "projector-graph":
 		return service.Command(ctx, "projector-graph", args[1:], gbackends.ServiceFlags, gbackends.Run)
+	case "roles":
+		return rolesCmd(ctx, args[1:], out)
 	case "migrate":
 		if len(args) < 2 {
 			return fmt.Errorf("migrate needs a subcommand: up or status\n\n%s", usage)
