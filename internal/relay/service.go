@@ -9,7 +9,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/config"
+	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/service"
 	"github.com/converge-sync/converge/internal/telemetry"
 )
@@ -25,6 +27,10 @@ type ServiceConfig struct {
 	// the relay shares its process with the other services.
 	GOGC        int
 	MemoryLimit int64
+	// NATSAuth authenticates the relay to NATS (its own user).
+	NATSAuth natsauth.ClientConfig
+	// TLS of the metrics address; zero: plain HTTP.
+	TLS telemetry.TLSFiles
 	// OnStart, when set, is called with the relay once it is made, before
 	// it runs: a caller in the same process can watch [Relay.Active].
 	OnStart func(*Relay)
@@ -35,13 +41,17 @@ func (c ServiceConfig) Validate() error {
 	if c.NATSURL == "" {
 		return errors.New("relay: a NATS URL is required")
 	}
+	if err := c.TLS.Validate(); err != nil {
+		return fmt.Errorf("relay: %w", err)
+	}
 	return c.Relay.Validate()
 }
 
 // Connections are NATS, and a Postgres pool for the readiness check (the
 // replication connection is the relay's own, from Relay.PostgresURL).
 func (c ServiceConfig) Connections() service.Conns {
-	return service.Conns{Client: "converge-relay", NATSURL: c.NATSURL, PostgresURL: c.Relay.PostgresURL, PostgresMaxConns: 2}
+	return service.Conns{Client: "converge-relay", NATSURL: c.NATSURL, PostgresURL: c.Relay.PostgresURL, PostgresMaxConns: 2,
+		NATSAuth: c.NATSAuth}
 }
 
 // Flags binds the relay's settings to flags and their environment
@@ -63,13 +73,20 @@ func Flags(f *config.Flags) func() (ServiceConfig, error) {
 	perSubject := f.Int("stream-history", "CONVERGE_STREAM_HISTORY", 4, "events kept per document (-1: all)")
 	gogc := f.Int("gogc", "CONVERGE_RELAY_GOGC", 300, "garbage collector target percentage (GOGC); the memory limit below bounds the heap")
 	memLimit := f.Int("memory-limit-mib", "CONVERGE_RELAY_MEMORY_LIMIT_MIB", 48, "soft heap limit in MiB (GOMEMLIMIT)")
+	natsAuth := natsauth.Flags(f)
+	security := auth.BindFlags(f)
 	return func() (ServiceConfig, error) {
 		for _, req := range [][3]string{{*pg, "postgres-url", config.EnvPostgresURL}, {*natsURL, "nats-url", config.EnvNATSURL}} {
 			if err := config.Require(req[0], req[1], req[2]); err != nil {
 				return ServiceConfig{}, err
 			}
 		}
-		c := ServiceConfig{NATSURL: *natsURL, MetricsAddr: *metricsAddr, GOGC: *gogc, MemoryLimit: int64(*memLimit) << 20}
+		c := ServiceConfig{NATSURL: *natsURL, MetricsAddr: *metricsAddr, GOGC: *gogc, MemoryLimit: int64(*memLimit) << 20,
+			TLS: security().TLS()}
+		var err error
+		if c.NATSAuth, err = natsAuth(); err != nil {
+			return ServiceConfig{}, err
+		}
 		switch *storage {
 		case "file":
 			c.Relay.Stream.Storage = jetstream.FileStorage
@@ -95,6 +112,10 @@ func Run(ctx context.Context, cfg ServiceConfig, deps service.Deps) error {
 	if deps.NATS == nil {
 		return errors.New("relay: no NATS connection")
 	}
+	tlsConfig, err := cfg.TLS.Config()
+	if err != nil {
+		return fmt.Errorf("relay: %w", err)
+	}
 	TuneGC(cfg.GOGC, cfg.MemoryLimit)
 	r, err := New(deps.NATS, cfg.Relay, NewMetrics(deps.Registry), deps.Log)
 	if err != nil {
@@ -111,7 +132,7 @@ func Run(ctx context.Context, cfg ServiceConfig, deps service.Deps) error {
 			checks = append(checks, telemetry.Check{Name: "postgres", Func: deps.Postgres.Ping})
 		}
 		g.Go(func() error {
-			return telemetry.Serve(ctx, cfg.MetricsAddr, telemetry.Handler(deps.Registry, checks...), 5*time.Second, nil)
+			return telemetry.Serve(ctx, cfg.MetricsAddr, telemetry.Handler(deps.Registry, checks...), 5*time.Second, nil, telemetry.WithTLS(tlsConfig))
 		})
 	}
 	return g.Wait()

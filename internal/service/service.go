@@ -32,6 +32,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/converge-sync/converge/internal/config"
+	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/telemetry"
 )
 
@@ -67,6 +68,9 @@ type Conns struct {
 	PostgresURL string
 	// PostgresMaxConns bounds the pool; 0: pgx's default.
 	PostgresMaxConns int
+	// NATSAuth is how the service authenticates to NATS (its own user)
+	// and trusts the server's TLS certificate.
+	NATSAuth natsauth.ClientConfig
 }
 
 // Config is what every service's configuration provides besides its own
@@ -97,7 +101,16 @@ func Dial(ctx context.Context, c Conns, log *slog.Logger) (Deps, func(), error) 
 		return Deps{}, nil, err
 	}
 	if c.NATSURL != "" {
-		nc, err := nats.Connect(c.NATSURL, nats.Name(c.Client), nats.MaxReconnects(-1))
+		opts, err := c.NATSAuth.Options()
+		if err != nil {
+			return fail(fmt.Errorf("nats credentials: %w", err))
+		}
+		// A permission the server refuses is logged and counted
+		// (converge_nats_permission_violations_total): it is the
+		// service's configuration, not a transient failure.
+		opts = append(opts, nats.Name(c.Client), nats.MaxReconnects(-1),
+			nats.ErrorHandler(natsauth.ErrorHandler(log, natsauth.DeniedCounter(d.Registry))))
+		nc, err := nats.Connect(c.NATSURL, opts...)
 		if err != nil {
 			return fail(fmt.Errorf("connect nats: %w", err))
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/docstore"
+	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/schema"
 	"github.com/converge-sync/converge/internal/service"
 	"github.com/converge-sync/converge/internal/telemetry"
@@ -38,6 +39,8 @@ type ServiceConfig struct {
 	// TLSCert and TLSKey name the key pair of the API and metrics
 	// listeners; both empty: plain HTTP.
 	TLSCert, TLSKey string
+	// NATSAuth authenticates the ingest consumer to NATS.
+	NATSAuth natsauth.ClientConfig
 	// OnListen, when set, is called with the API's address once it listens.
 	OnListen func(addr net.Addr)
 }
@@ -81,7 +84,7 @@ func (c ServiceConfig) security() auth.Settings {
 // on.
 func (c ServiceConfig) Connections() service.Conns {
 	return service.Conns{Client: "converge-writer", PostgresURL: c.PostgresURL, NATSURL: c.NATSURL,
-		PostgresMaxConns: c.withDefaults().MaxConns}
+		PostgresMaxConns: c.withDefaults().MaxConns, NATSAuth: c.NATSAuth}
 }
 
 // Flags binds the writer's settings to flags and their environment
@@ -97,6 +100,7 @@ func Flags(f *config.Flags) func() (ServiceConfig, error) {
 	grace := f.Duration("shutdown-grace", "CONVERGE_SHUTDOWN_GRACE", 0, "how long in-flight requests may finish on shutdown (0: 15s)")
 	retention := f.Duration("outbox-retention", "CONVERGE_OUTBOX_RETENTION", 24*time.Hour, "delete outbox rows older than this (negative: never); the relay reads WAL, not the table")
 	security := auth.BindFlags(f)
+	natsAuth := natsauth.Flags(f)
 	return func() (ServiceConfig, error) {
 		if err := config.Require(*pg, "postgres-url", config.EnvPostgresURL); err != nil {
 			return ServiceConfig{}, err
@@ -107,7 +111,9 @@ func Flags(f *config.Flags) func() (ServiceConfig, error) {
 		c.Retention.Retention = *retention
 		sec := security()
 		c.TokensFile, c.InsecureNoAuth, c.TLSCert, c.TLSKey = sec.TokensFile, sec.InsecureNoAuth, sec.TLSCert, sec.TLSKey
-		return c, nil
+		var err error
+		c.NATSAuth, err = natsAuth()
+		return c, err
 	}
 }
 
