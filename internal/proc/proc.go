@@ -10,6 +10,8 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -19,6 +21,9 @@ import (
 type Options struct {
 	// Env is added to this process's environment.
 	Env []string
+	// Unset names variables of this process's environment the child
+	// does not get (credentials that are not its own, say).
+	Unset []string
 	// Out receives the child's stdout and stderr; nil: discarded.
 	Out io.Writer
 }
@@ -36,7 +41,7 @@ type Child struct {
 // Start starts path with args.
 func Start(path string, args []string, opt Options) (*Child, error) {
 	cmd := exec.Command(path, args...)
-	cmd.Env = append(os.Environ(), opt.Env...)
+	cmd.Env = append(environ(opt.Unset), opt.Env...)
 	if opt.Out != nil {
 		cmd.Stdout, cmd.Stderr = opt.Out, opt.Out
 	}
@@ -47,6 +52,23 @@ func Start(path string, args []string, opt Options) (*Child, error) {
 	c := &Child{cmd: cmd, done: make(chan struct{})}
 	go func() { c.err = cmd.Wait(); close(c.done) }()
 	return c, nil
+}
+
+// environ is this process's environment without the variables named in
+// unset.
+func environ(unset []string) []string {
+	env := os.Environ()
+	if len(unset) == 0 {
+		return env
+	}
+	out := env[:0:0]
+	for _, kv := range env {
+		name, _, _ := strings.Cut(kv, "=")
+		if !slices.Contains(unset, name) {
+			out = append(out, kv)
+		}
+	}
+	return out
 }
 
 // Pid is the child's process id.

@@ -114,3 +114,18 @@ func TestKillEndsAndReaps(t *testing.T) {
 		t.Fatalf("after Kill: exited %v, err %v", c.Exited(), c.Err())
 	}
 }
+
+func TestEnvAddsAndUnsets(t *testing.T) {
+	t.Setenv("PROC_TEST_KEEP", "kept")
+	t.Setenv("PROC_TEST_DROP", "secret")
+	var out syncBuffer
+	c, err := Start(sh(t), []string{"-c", `echo "keep=$PROC_TEST_KEEP drop=${PROC_TEST_DROP-unset} add=$PROC_TEST_ADD"`},
+		Options{Out: &out, Env: []string{"PROC_TEST_ADD=added"}, Unset: []string{"PROC_TEST_DROP"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-c.Done()
+	if got, want := strings.TrimSpace(out.String()), "keep=kept drop=unset add=added"; got != want {
+		t.Fatalf("child saw %q, want %q", got, want)
+	}
+}

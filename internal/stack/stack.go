@@ -36,6 +36,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/converge-sync/converge/internal/config"
 	gbackends "github.com/converge-sync/converge/internal/graph/backends"
 	ibackends "github.com/converge-sync/converge/internal/index/backends"
 	"github.com/converge-sync/converge/internal/natsserver"
@@ -307,7 +308,10 @@ func (s *Stack) StartGraphChild(ctx context.Context) error {
 		// had in flight is delivered again to the next one within
 		// seconds rather than after the default minute.
 		c, err := proc.Start(exe, []string{"projector-graph", "-nats-url", s.NATSURL, "-data-dir", s.Config.DataDir,
-			"-metrics-addr", addr, "-log-level", "warn", "-ack-wait", "5s"}, proc.Options{Out: s.Config.LogOut})
+			"-metrics-addr", addr, "-log-level", "warn", "-ack-wait", "5s"},
+			// A projector holds no Postgres credentials, and refuses to
+			// start with them: dev's own are not passed on.
+			proc.Options{Out: s.Config.LogOut, Unset: []string{config.EnvPostgresURL, config.EnvPostgresURL + "_FILE"}})
 		if err != nil {
 			return fmt.Errorf("start the graph projector: %w", err)
 		}
