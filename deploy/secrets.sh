@@ -1,0 +1,89 @@
+#!/bin/sh
+# Makes the secrets of the docker-compose.yml stack: deploy/secrets.sh [DIR]
+# (DIR defaults to deploy/secrets, which git ignores and docker-compose.yml
+# reads). `make up` runs it first; run it by hand before a plain
+# `docker compose up`.
+#
+# Each password and token is random, made once, and kept: running the script
+# again changes none of them (delete a file to have it made anew). The files
+# derived from them (pgpass lines, tokens files, operator.env) are written
+# again every run, so they always agree with the values they hold.
+#
+#   postgres-password     the Postgres superuser's (the postgres image sets it
+#                         when it initializes the volume)
+#   postgres-pgpass       the same, as a pgpass line, for the roles service
+#   <role>-password       converge_<role>'s, for `converge roles apply`, which
+#                         sets it (role: owner, writer, relay, reader)
+#   <role>-pgpass         the same as a pgpass line, for the service that logs
+#                         in as converge_<role> (passfile= in its URL)
+#   operator-token        the operator's bearer token (CONVERGE_TOKEN_FILE)
+#   client-token          a client's: write to the writer, read the projectors
+#   writer-tokens, projector-index-tokens, projector-graph-tokens
+#                         the tokens file of each service with an API
+#                         (CONVERGE_TOKENS_FILE)
+#   operator.env          variables for converge on the host: Postgres as
+#                         converge_reader, NATS as operator, the operator token
+#
+# The values are hexadecimal: safe in URLs, pgpass lines and tokens files.
+# Files are readable by all (the containers' users differ from yours and
+# Compose mounts the files as they are); the directory is yours alone.
+set -eu
+
+dir=${1:-$(dirname "$0")/secrets}
+umask 022
+mkdir -p "$dir"
+chmod 700 "$dir"
+dir=$(cd "$dir" && pwd)
+
+# put NAME: stdin into DIR/NAME, replacing it in one step.
+put() {
+	cat >"$dir/$1.tmp"
+	chmod 644 "$dir/$1.tmp"
+	mv -f "$dir/$1.tmp" "$dir/$1"
+}
+
+# keep NAME: a random value into DIR/NAME unless it holds one already.
+keep() {
+	if [ ! -s "$dir/$1" ]; then
+		printf '%s\n' "$(od -An -tx1 -N24 /dev/urandom | tr -d ' \n')" | put "$1"
+	fi
+}
+
+# value NAME: the value kept in DIR/NAME.
+value() { head -n 1 "$dir/$1"; }
+
+keep postgres-password
+printf '*:*:*:postgres:%s\n' "$(value postgres-password)" | put postgres-pgpass
+for role in owner writer relay reader; do
+	keep "$role-password"
+	printf '*:*:*:converge_%s:%s\n' "$role" "$(value "$role-password")" | put "$role-pgpass"
+done
+
+keep operator-token
+keep client-token
+operator=$(value operator-token)
+client=$(value client-token)
+put writer-tokens <<EOF
+# name    scopes       token (made by deploy/secrets.sh)
+operator  admin,write  $operator
+client    write        $client
+EOF
+for p in projector-index projector-graph; do
+	put "$p-tokens" <<EOF
+# name    scopes       token (made by deploy/secrets.sh)
+operator  admin,read   $operator
+client    read         $client
+EOF
+done
+
+# The NATS password is the stack's default, whose hash deploy/nats/converge.conf holds.
+put operator.env <<EOF
+# . $dir/operator.env: converge on the host, against the docker-compose.yml stack.
+export CONVERGE_POSTGRES_URL='postgres://converge_reader@127.0.0.1:5432/converge?sslmode=disable&passfile=$dir/reader-pgpass'
+export CONVERGE_NATS_URL=nats://127.0.0.1:4222
+export CONVERGE_NATS_USER=operator
+export CONVERGE_NATS_PASSWORD=\${CONVERGE_NATS_OPERATOR_PASSWORD:-converge-local-operator}
+export CONVERGE_TOKEN_FILE=$dir/operator-token
+EOF
+
+echo "secrets in $dir"
