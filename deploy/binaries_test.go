@@ -50,6 +50,11 @@ type cli struct {
 var (
 	helpFlag = regexp.MustCompile(`(?m)^  -([^\s=]+)`)
 	helpEnv  = regexp.MustCompile(`\(env ([A-Z][A-Z0-9_]*)\)`)
+	// helpNamed is a variable the help text names outside a flag's
+	// "(env X)": one read from the environment alone, such as the NATS
+	// password (natsauth gives it no flag, so that it is not in the
+	// process list).
+	helpNamed = regexp.MustCompile(`\bCONVERGE_[A-Z0-9_]*[A-Z0-9]\b`)
 )
 
 // reads reports whether the command reads env: a flag's variable, or its
@@ -111,6 +116,9 @@ func (b *binaries) cliOf(command []string) (cli, []string, error) {
 	}
 	for _, m := range helpEnv.FindAllStringSubmatch(top, -1) {
 		c.envs[m[1]] = true
+	}
+	for _, m := range helpNamed.FindAllString(top, -1) {
+		c.envs[strings.TrimSuffix(m, "_FILE")] = true
 	}
 	if len(c.flags) == 0 || len(c.envs) == 0 {
 		return cli{}, nil, fmt.Errorf("%s -h: found no flags or variables in:\n%s", c.name, top)

@@ -18,6 +18,15 @@ const root = ".."
 // accepts every syntax Compose accepts for it.
 type composeFile struct {
 	Services map[string]composeService `yaml:"services"`
+	Secrets  map[string]secretSpec     `yaml:"secrets"`
+}
+
+// secretSpec is a secret of the file's top level; the stack's come from
+// files.
+type secretSpec struct {
+	File        string `yaml:"file"`
+	Environment string `yaml:"environment"`
+	External    bool   `yaml:"external"`
 }
 
 type composeService struct {
@@ -31,6 +40,49 @@ type composeService struct {
 	DependsOn   dependsOn    `yaml:"depends_on"`
 	Restart     string       `yaml:"restart"`
 	Volumes     []volumeSpec `yaml:"volumes"`
+	Secrets     []secretRef  `yaml:"secrets"`
+}
+
+// secretsDir is where Compose mounts a service's secrets.
+const secretsDir = "/run/secrets/"
+
+// secretRef is a secret mounted into a service, from the short ("name")
+// or the long syntax; Target is the path inside the container.
+type secretRef struct {
+	Source string
+	Target string
+}
+
+func (r *secretRef) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.ScalarNode {
+		r.Source, r.Target = n.Value, secretsDir+n.Value
+		return nil
+	}
+	var long struct {
+		Source string `yaml:"source"`
+		Target string `yaml:"target"`
+	}
+	if err := n.Decode(&long); err != nil {
+		return err
+	}
+	r.Source, r.Target = long.Source, long.Target
+	switch {
+	case r.Target == "":
+		r.Target = secretsDir + r.Source
+	case !strings.HasPrefix(r.Target, "/"):
+		r.Target = secretsDir + r.Target
+	}
+	return nil
+}
+
+// secretAt is the secret s mounts at path, if any.
+func (s composeService) secretAt(path string) (string, bool) {
+	for _, r := range s.Secrets {
+		if r.Target == path {
+			return r.Source, true
+		}
+	}
+	return "", false
 }
 
 // fromDockerfile reports whether the service runs the image built from the

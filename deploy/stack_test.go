@@ -206,73 +206,18 @@ func TestServicesListenWhereTheirPortsArePublished(t *testing.T) {
 	}
 }
 
-// storeCredentials are the variables that carry a store's credentials, and
-// the only binary that may be given them: one writer per store.
-var storeCredentials = map[string]string{
-	"CONVERGE_QDRANT_API_KEY": "projector-index",
-	"CONVERGE_NEO4J_USER":     "projector-graph",
-	"CONVERGE_NEO4J_PASSWORD": "projector-graph",
-}
-
+// secretName matches the variables whose value is a secret, or may hold
+// one (a URL with a password).
 var secretName = regexp.MustCompile(`PASSWORD|API_KEY|_AUTH$|_URL$`)
 
-// TestCredentials: each service of the image connects to Postgres as its
-// own role, created by the init script; the store credentials go to their
-// projector alone; every password and key is a variable whose default is
-// plainly local-only.
-func TestCredentials(t *testing.T) {
-	c := loadCompose(t)
-	initScripts := ""
-	for _, p := range globFiles(t, "deploy/postgres/init/*") {
-		initScripts += readFile(t, p)
-	}
-	created := map[string]bool{}
-	for _, m := range regexp.MustCompile(`(?i)CREATE\s+ROLE\s+(\w+)`).FindAllStringSubmatch(initScripts, -1) {
-		created[m[1]] = true
-	}
-	roleOf := map[string]string{} // Postgres role -> service
-	for _, name := range slices.Sorted(maps.Keys(c.Services)) {
-		s := c.Services[name]
-		for env, v := range s.Environment {
-			if secretName.MatchString(env) {
-				checkSecretValue(t, name, env, v)
-			}
-		}
-		if !s.fromDockerfile() {
-			continue
-		}
-		for env := range s.Environment {
-			if only, ok := storeCredentials[env]; ok && (len(s.Command) == 0 || s.Command[0] != only) {
-				t.Errorf("%s: is given %s, which only %s may have", name, env, only)
-			}
-		}
-		raw, ok := s.Environment["CONVERGE_POSTGRES_URL"]
-		if !ok {
-			continue
-		}
-		u, err := url.Parse(withDefaults(raw))
-		if err != nil || u.User == nil || u.User.Username() == "" {
-			t.Errorf("%s: CONVERGE_POSTGRES_URL %q names no role (%v)", name, raw, err)
-			continue
-		}
-		role := u.User.Username()
-		if other, ok := roleOf[role]; ok {
-			t.Errorf("%s and %s both connect to Postgres as %s: each gets its own role", other, name, role)
-		}
-		roleOf[role] = name
-		if !created[role] {
-			t.Errorf("%s: connects as %s, which deploy/postgres/init does not create", name, role)
-		}
-		if _, hasPassword := u.User.Password(); !hasPassword {
-			t.Errorf("%s: CONVERGE_POSTGRES_URL has no password", name)
-		}
-	}
-}
-
-// checkSecretValue: a secret is never written into the file: it comes from
-// a variable, and a default, if any, says it is local-only.
+// checkSecretValue: a secret is never written into the file: it is a
+// mounted secret, or it comes from a variable whose default, if any, says
+// it is local-only.
 func checkSecretValue(t *testing.T, service, env, v string) {
 	t.Helper()
+	if strings.HasSuffix(env, "_FILE") && strings.HasPrefix(v, secretsDir) {
+		return // a mounted secret (TestEachServiceHoldsItsOwnCredentials)
+	}
 	isURL := strings.HasSuffix(env, "_URL")
 	if isURL {
 		u, err := url.Parse(withDefaults(v))
@@ -291,125 +236,6 @@ func checkSecretValue(t *testing.T, service, env, v string) {
 		if r[2] == ":-" || r[2] == "-" {
 			if !strings.Contains(r[3], "local") {
 				t.Errorf("%s: %s defaults to %q: a default secret must say it is local-only", service, env, r[3])
-			}
-		}
-	}
-}
-
-// TestPostgresGrants: deploy/postgres/grants.sql gives the writer DML on
-// every table the migrations create (USAGE on every sequence) and the relay SELECT on every table of
-// a publication, and no other role DML: the writer is the only writer of
-// Postgres. The postgres service runs the init scripts with wal_level
-// logical, and a service runs grants.sql.
-func TestPostgresGrants(t *testing.T) {
-	c := loadCompose(t)
-	roleOfBinary := map[string]string{}
-	initMounted, grantsRun, walLogical := false, false, false
-	for _, s := range c.Services {
-		if strings.HasPrefix(s.Image, "postgres:") && strings.Contains(strings.Join(s.Command, " "), "wal_level=logical") {
-			walLogical = true
-		}
-		for _, v := range s.Volumes {
-			if path.Clean(v.Source) == "deploy/postgres/init" && v.Target == "/docker-entrypoint-initdb.d" {
-				initMounted = true
-			}
-			if path.Clean(v.Source) == "deploy/postgres/grants.sql" && slices.Contains(s.Command, v.Target) {
-				grantsRun = true
-			}
-		}
-		if s.fromDockerfile() && len(s.Command) > 0 {
-			if u, err := url.Parse(withDefaults(s.Environment["CONVERGE_POSTGRES_URL"])); err == nil && u.User != nil {
-				roleOfBinary[s.Command[0]] = u.User.Username()
-			}
-		}
-	}
-	if !walLogical {
-		t.Error("no postgres service runs with -c wal_level=logical")
-	}
-	if !initMounted {
-		t.Error("no service mounts ./deploy/postgres/init on /docker-entrypoint-initdb.d")
-	}
-	if !grantsRun {
-		t.Error("no service mounts ./deploy/postgres/grants.sql and runs it")
-	}
-	writer, relay := roleOfBinary["writer"], roleOfBinary["relay"]
-	if writer == "" || relay == "" {
-		t.Fatalf("the writer's and the relay's Postgres roles are not in docker-compose.yml (writer %q, relay %q)", writer, relay)
-	}
-
-	var tables, sequences, published []string
-	createTable := regexp.MustCompile(`(?i)CREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?"?(\w+)"?`)
-	createSequence := regexp.MustCompile(`(?i)CREATE\s+SEQUENCE\s+(?:IF\s+NOT\s+EXISTS\s+)?"?(\w+)"?`)
-	publication := regexp.MustCompile(`(?is)CREATE\s+PUBLICATION\s+\w+\s+FOR\s+TABLE\s+(.+?)(?:\s+WITH\b|;)`)
-	for _, p := range globFiles(t, "migrations/*.up.sql") {
-		sql := stripSQLComments(readFile(t, p))
-		for _, m := range createTable.FindAllStringSubmatch(sql, -1) {
-			tables = append(tables, m[1])
-		}
-		for _, m := range createSequence.FindAllStringSubmatch(sql, -1) {
-			sequences = append(sequences, m[1])
-		}
-		for _, m := range publication.FindAllStringSubmatch(sql, -1) {
-			published = append(published, splitList(m[1])...)
-		}
-	}
-	if len(tables) == 0 {
-		t.Fatal("found no CREATE TABLE in migrations/*.up.sql")
-	}
-
-	granted := map[string]map[string]map[string]bool{} // role -> table -> privilege
-	// A sequence's grants are keyed "sequence <name>", apart from tables.
-	grant := regexp.MustCompile(`(?is)^\s*GRANT\s+(.+?)\s+ON\s+(TABLE\s+|SEQUENCE\s+)?(.+?)\s+TO\s+(.+?)\s*$`)
-	for _, stmt := range strings.Split(stripSQLComments(readFile(t, "deploy/postgres/grants.sql")), ";") {
-		m := grant.FindStringSubmatch(stmt)
-		if m == nil {
-			continue
-		}
-		prefix := ""
-		if strings.EqualFold(strings.TrimSpace(m[2]), "SEQUENCE") {
-			prefix = "sequence "
-		}
-		for _, role := range splitList(m[4]) {
-			for _, table := range splitList(m[3]) {
-				table = prefix + table
-				for _, priv := range splitList(strings.ToUpper(m[1])) {
-					if granted[role] == nil {
-						granted[role] = map[string]map[string]bool{}
-					}
-					if granted[role][table] == nil {
-						granted[role][table] = map[string]bool{}
-					}
-					granted[role][table][priv] = true
-				}
-			}
-		}
-	}
-	has := func(role, table, priv string) bool {
-		return granted[role][table][priv] || granted[role][table]["ALL"] || granted[role][table]["ALL PRIVILEGES"]
-	}
-	for _, table := range tables {
-		for _, priv := range []string{"SELECT", "INSERT", "UPDATE", "DELETE"} {
-			if !has(writer, table, priv) {
-				t.Errorf("grants.sql does not grant %s on %s to the writer's role %s", priv, table, writer)
-			}
-		}
-	}
-	for _, seq := range sequences {
-		if !has(writer, "sequence "+seq, "USAGE") {
-			t.Errorf("grants.sql does not grant USAGE on sequence %s to the writer's role %s", seq, writer)
-		}
-	}
-	for _, table := range published {
-		if !has(relay, table, "SELECT") {
-			t.Errorf("grants.sql does not grant SELECT on the published table %s to the relay's role %s", table, relay)
-		}
-	}
-	for role, byTable := range granted {
-		for table := range byTable {
-			for _, priv := range []string{"INSERT", "UPDATE", "DELETE", "TRUNCATE"} {
-				if role != writer && has(role, table, priv) {
-					t.Errorf("grants.sql grants %s on %s to %s: only the writer's role %s writes Postgres", priv, table, role, writer)
-				}
 			}
 		}
 	}
@@ -535,31 +361,4 @@ func goList(t *testing.T, args ...string) string {
 		t.Fatalf("go list %s: %v", strings.Join(args, " "), err)
 	}
 	return string(out)
-}
-
-func globFiles(t *testing.T, pattern string) []string {
-	t.Helper()
-	matches, err := filepath.Glob(filepath.Join(root, pattern))
-	if err != nil || len(matches) == 0 {
-		t.Fatalf("%s: no files (%v)", pattern, err)
-	}
-	for i, m := range matches {
-		matches[i], _ = filepath.Rel(root, m)
-	}
-	return matches
-}
-
-var sqlComment = regexp.MustCompile(`--[^\n]*`)
-
-func stripSQLComments(s string) string { return sqlComment.ReplaceAllString(s, "") }
-
-// splitList splits a comma-separated SQL list, unquoting identifiers.
-func splitList(s string) []string {
-	var out []string
-	for _, item := range strings.Split(s, ",") {
-		if item = strings.Trim(strings.TrimSpace(item), `"`); item != "" {
-			out = append(out, item)
-		}
-	}
-	return out
 }
