@@ -12,52 +12,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
-
 	"github.com/converge-sync/converge/internal/verify"
+	"github.com/converge-sync/converge/internal/verify/verifytest"
 	"github.com/converge-sync/converge/internal/writer"
 )
-
-// lockedSide is a verify side in memory that the fake writer below
-// repairs while verify reads it.
-type lockedSide struct {
-	mu   sync.Mutex
-	name string
-	docs map[string]verify.Doc
-}
-
-func (s *lockedSide) memory() *verify.Memory {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	m := &verify.Memory{Label: s.name}
-	for _, d := range s.docs {
-		m.Docs = append(m.Docs, d)
-	}
-	return m
-}
-
-func (s *lockedSide) Name() string { return s.name }
-
-func (s *lockedSide) Digests(ctx context.Context, kind verify.Kind, n int) ([]verify.BucketDigest, error) {
-	return s.memory().Digests(ctx, kind, n)
-}
-
-func (s *lockedSide) Buckets(ctx context.Context, kind verify.Kind, n int, buckets []int) (map[int][]verify.Doc, error) {
-	return s.memory().Buckets(ctx, kind, n, buckets)
-}
-
-func vdoc(key string, version int64, hash string, chunks int, links ...string) verify.Doc {
-	d := verify.Doc{Key: key, Version: version, ContentHash: hash, Links: links}
-	for i := range chunks {
-		d.Chunks = append(d.Chunks, verify.Chunk{ID: uuid.NewSHA1(uuid.NameSpaceURL, []byte(key+string(rune('0'+i)))), Hash: hash})
-	}
-	return d
-}
 
 // fakeWriter answers re-emission requests; with repairs, it copies the
 // re-emitted documents from the truth into the stores, a little later, as
 // the projectors would, except where repairs says a store keeps its own.
-func fakeWriter(t *testing.T, truth map[string]verify.Doc, stores []*lockedSide, repairs func(store, key string) bool, asked *[]string) *httptest.Server {
+func fakeWriter(t *testing.T, truth map[string]verify.Doc, stores []*verifytest.Side, repairs func(store, key string) bool, asked *[]string) *httptest.Server {
 	t.Helper()
 	var mu sync.Mutex
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -81,13 +44,11 @@ func fakeWriter(t *testing.T, truth map[string]verify.Doc, stores []*lockedSide,
 		if repairs != nil {
 			time.AfterFunc(50*time.Millisecond, func() {
 				for _, s := range stores {
-					s.mu.Lock()
 					for _, k := range req.Keys {
-						if d, ok := truth[k]; ok && repairs(s.name, k) {
-							s.docs[k] = d
+						if d, ok := truth[k]; ok && repairs(s.Name(), k) {
+							s.Put(d)
 						}
 					}
-					s.mu.Unlock()
 				}
 			})
 		}
@@ -104,26 +65,26 @@ func fakeWriter(t *testing.T, truth map[string]verify.Doc, stores []*lockedSide,
 func TestRepairOutput(t *testing.T) {
 	ctx := context.Background()
 	truth := map[string]verify.Doc{}
-	for _, d := range []verify.Doc{vdoc("a", 2, "ha2", 2), vdoc("b", 1, "hb", 3), vdoc("c", 1, "hc", 1, "a"), vdoc("d", 4, "hd", 1), vdoc("e", 1, "he", 1)} {
+	for _, d := range []verify.Doc{verifytest.Doc("a", 2, "ha2", 2), verifytest.Doc("b", 1, "hb", 3), verifytest.Doc("c", 1, "hc", 1, "a"), verifytest.Doc("d", 4, "hd", 1), verifytest.Doc("e", 1, "he", 1)} {
 		truth[d.Key] = d
 	}
-	index := &lockedSide{name: "index", docs: map[string]verify.Doc{
-		"a": vdoc("a", 1, "ha1", 2),                                                  // stale_version
-		"b": vdoc("b", 1, "hb", 1),                                                   // stale_chunks
+	index := verifytest.NewSide("index", map[string]verify.Doc{
+		"a": verifytest.Doc("a", 1, "ha1", 2),                                        // stale_version
+		"b": verifytest.Doc("b", 1, "hb", 1),                                         // stale_chunks
 		"c": {Key: "c", Version: 1, ContentHash: "other", Chunks: truth["c"].Chunks}, // content_mismatch: the index's marker
-		"d": vdoc("d", 5, "hd5", 1),                                                  // version_mismatch
-		"x": vdoc("x", 1, "hx", 1),                                                   // extra
+		"d": verifytest.Doc("d", 5, "hd5", 1),                                        // version_mismatch
+		"x": verifytest.Doc("x", 1, "hx", 1),                                         // extra
 		// e is missing.
-	}}
-	graph := &lockedSide{name: "graph", docs: map[string]verify.Doc{
+	})
+	graph := verifytest.NewSide("graph", map[string]verify.Doc{
 		"a": truth["a"], "b": truth["b"], "d": truth["d"], "e": truth["e"],
 		"c": {Key: "c", Version: 1, ContentHash: "hc", Chunks: truth["c"].Chunks}, // links_mismatch
-	}}
-	truthSide := &lockedSide{name: "postgres", docs: truth}
+	})
+	truthSide := verifytest.NewSide("postgres", truth)
 	stores := []namedSide{{verify.Index, index}, {verify.Graph, graph}}
 	var asked []string
 	// A re-emission leaves the index's marker of c as it is.
-	wsrv := fakeWriter(t, truth, []*lockedSide{index, graph}, func(store, key string) bool { return store != "index" || key != "c" }, &asked)
+	wsrv := fakeWriter(t, truth, []*verifytest.Side{index, graph}, func(store, key string) bool { return store != "index" || key != "c" }, &asked)
 	wc, err := newWriterClient(wsrv.URL)
 	if err != nil {
 		t.Fatal(err)
@@ -184,10 +145,10 @@ func TestRepairOutput(t *testing.T) {
 // were not repaired.
 func TestRepairOutputWhenTimedOut(t *testing.T) {
 	ctx := context.Background()
-	truth := map[string]verify.Doc{"a": vdoc("a", 2, "h2", 1)}
-	index := &lockedSide{name: "index", docs: map[string]verify.Doc{"a": vdoc("a", 1, "h1", 1)}}
+	truth := map[string]verify.Doc{"a": verifytest.Doc("a", 2, "h2", 1)}
+	index := verifytest.NewSide("index", map[string]verify.Doc{"a": verifytest.Doc("a", 1, "h1", 1)})
 	stores := []namedSide{{verify.Index, index}}
-	truthSide := &lockedSide{name: "postgres", docs: truth}
+	truthSide := verifytest.NewSide("postgres", truth)
 	var asked []string
 	wc, err := newWriterClient(fakeWriter(t, truth, nil, nil, &asked).URL)
 	if err != nil {
@@ -221,8 +182,8 @@ func TestRepairNamesTheWriterThatDoesNotAnswer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	truthSide := &lockedSide{name: "postgres", docs: map[string]verify.Doc{"a": vdoc("a", 1, "h", 1)}}
-	stores := []namedSide{{verify.Index, &lockedSide{name: "index", docs: map[string]verify.Doc{}}}}
+	truthSide := verifytest.NewSide("postgres", map[string]verify.Doc{"a": verifytest.Doc("a", 1, "h", 1)})
+	stores := []namedSide{{verify.Index, verifytest.NewSide("index", map[string]verify.Doc{})}}
 	first, err := runVerify(context.Background(), truthSide, stores, 16, false)
 	if err != nil {
 		t.Fatal(err)

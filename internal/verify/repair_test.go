@@ -8,54 +8,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
-
 	"github.com/converge-sync/converge/internal/verify"
+	"github.com/converge-sync/converge/internal/verify/verifytest"
 	"github.com/converge-sync/converge/internal/writer"
 )
-
-// lockedSide is a verify side in memory that the reemitter below repairs
-// while verify reads it.
-type lockedSide struct {
-	mu   sync.Mutex
-	name string
-	docs map[string]verify.Doc
-}
-
-func (s *lockedSide) memory() *verify.Memory {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	m := &verify.Memory{Label: s.name}
-	for _, d := range s.docs {
-		m.Docs = append(m.Docs, d)
-	}
-	return m
-}
-
-func (s *lockedSide) Name() string { return s.name }
-
-func (s *lockedSide) Digests(ctx context.Context, kind verify.Kind, n int) ([]verify.BucketDigest, error) {
-	return s.memory().Digests(ctx, kind, n)
-}
-
-func (s *lockedSide) Buckets(ctx context.Context, kind verify.Kind, n int, buckets []int) (map[int][]verify.Doc, error) {
-	return s.memory().Buckets(ctx, kind, n, buckets)
-}
-
-func vdoc(key string, version int64, hash string, chunks int, links ...string) verify.Doc {
-	d := verify.Doc{Key: key, Version: version, ContentHash: hash, Links: links}
-	for i := range chunks {
-		d.Chunks = append(d.Chunks, verify.Chunk{ID: uuid.NewSHA1(uuid.NameSpaceURL, []byte(key+string(rune('0'+i)))), Hash: hash})
-	}
-	return d
-}
 
 // reemitter re-emits from truth as the writer does; with repairs, it
 // copies the re-emitted documents into the stores a little later, as the
 // projectors would, except where repairs says a store keeps its own.
 type reemitter struct {
 	truth   map[string]verify.Doc
-	stores  []*lockedSide
+	stores  []*verifytest.Side
 	repairs func(store, key string) bool
 	err     error // after answering, as a writer failing on a later page
 
@@ -79,13 +42,11 @@ func (r *reemitter) ReemitKeys(_ context.Context, keys []string) (writer.ReemitR
 	if r.repairs != nil {
 		time.AfterFunc(50*time.Millisecond, func() {
 			for _, s := range r.stores {
-				s.mu.Lock()
 				for _, k := range keys {
-					if d, ok := r.truth[k]; ok && r.repairs(s.name, k) {
-						s.docs[k] = d
+					if d, ok := r.truth[k]; ok && r.repairs(s.Name(), k) {
+						s.Put(d)
 					}
 				}
-				s.mu.Unlock()
 			}
 		})
 	}
@@ -139,9 +100,9 @@ func TestRepairItemClassification(t *testing.T) {
 // Run compares every projection and agrees only when each does.
 func TestRunComparesEveryProjection(t *testing.T) {
 	ctx := context.Background()
-	truth := &lockedSide{name: "postgres", docs: map[string]verify.Doc{"a": vdoc("a", 1, "h", 1), "b": vdoc("b", 1, "h", 1)}}
-	index := &lockedSide{name: "index", docs: map[string]verify.Doc{"a": vdoc("a", 1, "h", 1), "b": vdoc("b", 1, "h", 1)}}
-	graph := &lockedSide{name: "graph", docs: map[string]verify.Doc{"a": vdoc("a", 1, "h", 1)}}
+	truth := verifytest.NewSide("postgres", map[string]verify.Doc{"a": verifytest.Doc("a", 1, "h", 1), "b": verifytest.Doc("b", 1, "h", 1)})
+	index := verifytest.NewSide("index", map[string]verify.Doc{"a": verifytest.Doc("a", 1, "h", 1), "b": verifytest.Doc("b", 1, "h", 1)})
+	graph := verifytest.NewSide("graph", map[string]verify.Doc{"a": verifytest.Doc("a", 1, "h", 1)})
 	var shown []string
 	res, err := verify.Run(ctx, truth, []verify.Projection{{Kind: verify.Index, Side: index}, {Kind: verify.Graph, Side: graph}}, 16,
 		func(store string, done, total int) { shown = append(shown, store) })
@@ -168,25 +129,25 @@ func TestRunComparesEveryProjection(t *testing.T) {
 func TestRepair(t *testing.T) {
 	ctx := context.Background()
 	truth := map[string]verify.Doc{}
-	for _, d := range []verify.Doc{vdoc("a", 2, "ha2", 2), vdoc("b", 1, "hb", 3), vdoc("c", 1, "hc", 1, "a"), vdoc("d", 4, "hd", 1), vdoc("e", 1, "he", 1)} {
+	for _, d := range []verify.Doc{verifytest.Doc("a", 2, "ha2", 2), verifytest.Doc("b", 1, "hb", 3), verifytest.Doc("c", 1, "hc", 1, "a"), verifytest.Doc("d", 4, "hd", 1), verifytest.Doc("e", 1, "he", 1)} {
 		truth[d.Key] = d
 	}
-	index := &lockedSide{name: "index", docs: map[string]verify.Doc{
-		"a": vdoc("a", 1, "ha1", 2),                                                  // stale_version
-		"b": vdoc("b", 1, "hb", 1),                                                   // stale_chunks
+	index := verifytest.NewSide("index", map[string]verify.Doc{
+		"a": verifytest.Doc("a", 1, "ha1", 2),                                        // stale_version
+		"b": verifytest.Doc("b", 1, "hb", 1),                                         // stale_chunks
 		"c": {Key: "c", Version: 1, ContentHash: "other", Chunks: truth["c"].Chunks}, // content_mismatch: the index's marker
-		"d": vdoc("d", 5, "hd5", 1),                                                  // version_mismatch
-		"x": vdoc("x", 1, "hx", 1),                                                   // extra
+		"d": verifytest.Doc("d", 5, "hd5", 1),                                        // version_mismatch
+		"x": verifytest.Doc("x", 1, "hx", 1),                                         // extra
 		// e is missing.
-	}}
-	graph := &lockedSide{name: "graph", docs: map[string]verify.Doc{
+	})
+	graph := verifytest.NewSide("graph", map[string]verify.Doc{
 		"a": truth["a"], "b": truth["b"], "d": truth["d"], "e": truth["e"],
 		"c": {Key: "c", Version: 1, ContentHash: "hc", Chunks: truth["c"].Chunks}, // links_mismatch
-	}}
-	truthSide := &lockedSide{name: "postgres", docs: truth}
+	})
+	truthSide := verifytest.NewSide("postgres", truth)
 	stores := []verify.Projection{{Kind: verify.Index, Side: index}, {Kind: verify.Graph, Side: graph}}
 	// A re-emission leaves the index's marker of c as it is.
-	w := &reemitter{truth: truth, stores: []*lockedSide{index, graph}, repairs: func(store, key string) bool { return store != "index" || key != "c" }}
+	w := &reemitter{truth: truth, stores: []*verifytest.Side{index, graph}, repairs: func(store, key string) bool { return store != "index" || key != "c" }}
 	first, err := verify.Run(ctx, truthSide, stores, 64, nil)
 	if err != nil || first.Agrees {
 		t.Fatalf("first verify: agrees %v, %v", first.Agrees, err)
@@ -238,8 +199,8 @@ func TestRepair(t *testing.T) {
 // When nothing is repairable, nothing is re-emitted.
 func TestRepairWithNothingRepairable(t *testing.T) {
 	ctx := context.Background()
-	truthSide := &lockedSide{name: "postgres", docs: map[string]verify.Doc{}}
-	graph := &lockedSide{name: "graph", docs: map[string]verify.Doc{"ghost": vdoc("ghost", 1, "x", 0)}}
+	truthSide := verifytest.NewSide("postgres", map[string]verify.Doc{})
+	graph := verifytest.NewSide("graph", map[string]verify.Doc{"ghost": verifytest.Doc("ghost", 1, "x", 0)})
 	stores := []verify.Projection{{Kind: verify.Graph, Side: graph}}
 	first, err := verify.Run(ctx, truthSide, stores, 16, nil)
 	if err != nil {
@@ -260,10 +221,10 @@ func TestRepairWithNothingRepairable(t *testing.T) {
 // repaired and the stores still disagree.
 func TestRepairTimesOut(t *testing.T) {
 	ctx := context.Background()
-	truth := map[string]verify.Doc{"a": vdoc("a", 2, "h2", 1)}
-	index := &lockedSide{name: "index", docs: map[string]verify.Doc{"a": vdoc("a", 1, "h1", 1)}}
+	truth := map[string]verify.Doc{"a": verifytest.Doc("a", 2, "h2", 1)}
+	index := verifytest.NewSide("index", map[string]verify.Doc{"a": verifytest.Doc("a", 1, "h1", 1)})
 	stores := []verify.Projection{{Kind: verify.Index, Side: index}}
-	truthSide := &lockedSide{name: "postgres", docs: truth}
+	truthSide := verifytest.NewSide("postgres", truth)
 	first, err := verify.Run(ctx, truthSide, stores, 16, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -282,10 +243,10 @@ func TestRepairTimesOut(t *testing.T) {
 // reported.
 func TestRepairWriterFailure(t *testing.T) {
 	ctx := context.Background()
-	truth := map[string]verify.Doc{"a": vdoc("a", 2, "h2", 1)}
-	index := &lockedSide{name: "index", docs: map[string]verify.Doc{}}
+	truth := map[string]verify.Doc{"a": verifytest.Doc("a", 2, "h2", 1)}
+	index := verifytest.NewSide("index", map[string]verify.Doc{})
 	stores := []verify.Projection{{Kind: verify.Index, Side: index}}
-	truthSide := &lockedSide{name: "postgres", docs: truth}
+	truthSide := verifytest.NewSide("postgres", truth)
 	first, err := verify.Run(ctx, truthSide, stores, 16, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -309,7 +270,7 @@ func TestRepairWriterFailure(t *testing.T) {
 // when it was made, and everything else from its current state: a store
 // whose digests were read before a repair landed and its documents after.
 type racingSide struct {
-	*lockedSide
+	*verifytest.Side
 	before *verify.Memory
 	mu     sync.Mutex
 	stale  int
@@ -323,7 +284,7 @@ func (s *racingSide) Digests(ctx context.Context, kind verify.Kind, n int) ([]ve
 	if stale {
 		return s.before.Digests(ctx, kind, n)
 	}
-	return s.lockedSide.Digests(ctx, kind, n)
+	return s.Side.Digests(ctx, kind, n)
 }
 
 // A verify that reads a store's digests before the re-emitted events are
@@ -332,12 +293,12 @@ func (s *racingSide) Digests(ctx context.Context, kind verify.Kind, n int) ([]ve
 // agreeing once they do, rather than ending on the mismatch.
 func TestRepairWaitsThroughADigestMismatch(t *testing.T) {
 	ctx := context.Background()
-	truth := map[string]verify.Doc{"a": vdoc("a", 2, "h2", 1), "b": vdoc("b", 1, "hb", 1)}
-	graph := &lockedSide{name: "graph", docs: map[string]verify.Doc{"a": vdoc("a", 1, "h1", 1), "b": truth["b"]}}
-	racing := &racingSide{lockedSide: graph, before: graph.memory(), stale: 2} // the first verify, and the first after the repair
+	truth := map[string]verify.Doc{"a": verifytest.Doc("a", 2, "h2", 1), "b": verifytest.Doc("b", 1, "hb", 1)}
+	graph := verifytest.NewSide("graph", map[string]verify.Doc{"a": verifytest.Doc("a", 1, "h1", 1), "b": truth["b"]})
+	racing := &racingSide{Side: graph, before: graph.Memory(), stale: 2} // the first verify, and the first after the repair
 	stores := []verify.Projection{{Kind: verify.Graph, Side: racing}}
-	truthSide := &lockedSide{name: "postgres", docs: truth}
-	w := &reemitter{truth: truth, stores: []*lockedSide{graph}, repairs: func(string, string) bool { return true }}
+	truthSide := verifytest.NewSide("postgres", truth)
+	w := &reemitter{truth: truth, stores: []*verifytest.Side{graph}, repairs: func(string, string) bool { return true }}
 	first, err := verify.Run(ctx, truthSide, stores, 16, nil)
 	if err != nil || first.Agrees {
 		t.Fatalf("first verify: agrees %v, %v", first.Agrees, err)
