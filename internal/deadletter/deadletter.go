@@ -9,10 +9,16 @@
 // Nats-Msg-Id is derived from it).
 //
 // A [Queue] reads them for an operator ([Queue.Summarize], [Queue.Read],
-// [Queue.Scan]) and puts them back on their original subject
-// ([Queue.Redrive]): the republish first, the delete from CONVERGE_DLQ only
-// after JetStream acknowledged it. A crash between the two leaves both,
-// and a rerun within the duplicate window stores the republish once.
+// [Queue.Scan]) and puts them back ([Queue.Redrive]) by the path of their
+// original subject ([PathOf]): an ingest dead letter (converge.ingest.>)
+// is republished to its subject; a document dead letter (converge.docs.>,
+// the projectors', their rebuilds' and the notifier's) is re-emitted by the
+// writer through the outbox ([Reemitter]), since the relay alone publishes
+// to CONVERGE_DOCS. Either way the write comes first and the delete from
+// CONVERGE_DLQ only after its acknowledgement (JetStream's, or the
+// writer's). A crash between the two leaves both: a rerun stores a
+// republish once within the duplicate window, and re-emits a document
+// again, which every consumer applies idempotently.
 package deadletter
 
 import (

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -142,35 +143,24 @@ func TestRedriveSelected(t *testing.T) {
 	q := open(t, fx)
 	idx := fx.Seqs["index"]
 	docsBefore := deadlettertest.Msgs(t, fx.Docs)
+	w := newFakeWriter(map[string]int64{"docs/a": 5})
 
 	var got []deadletter.Redriven
-	n, err := q.Redrive(ctx, deadletter.Redrive{Consumer: "index", Seqs: []uint64{idx[0], idx[0]}}, func(r deadletter.Redriven) { got = append(got, r) })
+	n, err := q.Redrive(ctx, deadletter.Redrive{Consumer: "index", Seqs: []uint64{idx[0], idx[0]}, Writer: w}, func(r deadletter.Redriven) { got = append(got, r) })
 	if err != nil || n != 1 || len(got) != 1 {
 		t.Fatalf("redrive: %d, %v, %+v", n, err, got)
 	}
-	if r := got[0]; r.Seq != idx[0] || r.Subject != contract.Subject("docs/a") || r.Stream != contract.DocsStream || r.StreamSeq != docsBefore+1 || r.Duplicate {
+	if r := got[0]; r.Seq != idx[0] || r.Path != deadletter.Reemit || r.Subject != contract.Subject("docs/a") || r.Key != "docs/a" ||
+		r.Version != 5 || r.Emission != 1 || r.EventID == (uuid.UUID{}) || r.Code != "store_rejected" || r.Payload.Version != 3 || r.Kept != "" || r.StreamSeq != 0 {
 		t.Fatalf("redriven %+v", r)
 	}
-	if got := deadlettertest.Msgs(t, fx.Docs); got != docsBefore+1 {
-		t.Fatalf("%s holds %d messages, want %d", contract.DocsStream, got, docsBefore+1)
+	if fmt.Sprint(w.requests) != "[[docs/a]]" {
+		t.Fatalf("re-emission requests %v", w.requests)
 	}
-	back, err := fx.Docs.GetLastMsgForSubject(ctx, contract.Subject("docs/a"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(back.Data, fx.Data[idx[0]]) {
-		t.Fatalf("redriven data %q", back.Data)
-	}
-	if id := back.Header.Get(nats.MsgIdHdr); id != deadletter.RedriveMsgID(idx[0], fx.Data[idx[0]]) || !strings.HasPrefix(id, fmt.Sprintf("redrive-%d-", idx[0])) {
-		t.Fatalf("redriven Nats-Msg-Id %q", id)
-	}
-	if back.Header.Get(contract.HeaderCommitTime) != deadlettertest.CommitTime {
-		t.Fatalf("the original's headers are not kept: %v", back.Header)
-	}
-	for k := range back.Header {
-		if strings.HasPrefix(k, "Converge-Dlq-") {
-			t.Fatalf("redriven message carries %s: %v", k, back.Header)
-		}
+	// The redrive itself publishes nothing to the documents' stream: the
+	// relay does, from the outbox.
+	if got := deadlettertest.Msgs(t, fx.Docs); got != docsBefore {
+		t.Fatalf("%s holds %d messages, want %d", contract.DocsStream, got, docsBefore)
 	}
 	if !fx.Gone(t, idx[0]) {
 		t.Fatalf("dead letter #%d still in %s", idx[0], deadletter.Stream)
@@ -178,45 +168,63 @@ func TestRedriveSelected(t *testing.T) {
 	if fx.Gone(t, idx[1]) || fx.Gone(t, idx[2]) || fx.Gone(t, fx.Seqs["graph"][0]) {
 		t.Fatal("a dead letter not selected was deleted")
 	}
-	if _, err := q.Redrive(ctx, deadletter.Redrive{Consumer: "index", Seqs: []uint64{idx[0]}}, nil); !errors.Is(err, jetstream.ErrMsgNotFound) ||
+	if _, err := q.Redrive(ctx, deadletter.Redrive{Consumer: "index", Seqs: []uint64{idx[0]}, Writer: w}, nil); !errors.Is(err, jetstream.ErrMsgNotFound) ||
 		!strings.Contains(err.Error(), fmt.Sprintf("no dead letter #%d", idx[0])) {
 		t.Fatalf("redrive of a redriven dead letter: %v", err)
-	}
-
-	// A redrive that crashed after its republish and before the delete:
-	// the retry is dropped by the duplicate window, and the dead letter
-	// deleted.
-	dl, err := fx.DLQ.GetMsg(ctx, idx[2])
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := fx.JS.PublishMsg(ctx, deadletter.RedriveMsg(dl), jetstream.WithMsgID(deadletter.RedriveMsgID(idx[2], dl.Data))); err != nil {
-		t.Fatal(err)
-	}
-	docsBefore = deadlettertest.Msgs(t, fx.Docs)
-	got = nil
-	if _, err := q.Redrive(ctx, deadletter.Redrive{Consumer: "index", Seqs: []uint64{idx[2]}}, func(r deadletter.Redriven) { got = append(got, r) }); err != nil {
-		t.Fatal(err)
-	}
-	if len(got) != 1 || !got[0].Duplicate {
-		t.Fatalf("retried redrive: %+v, want a duplicate", got)
-	}
-	if got := deadlettertest.Msgs(t, fx.Docs); got != docsBefore {
-		t.Fatalf("a retried redrive was stored twice: %d messages, want %d", got, docsBefore)
-	}
-	if !fx.Gone(t, idx[2]) {
-		t.Fatal("the retried redrive left its dead letter")
 	}
 
 	// Another consumer's dead letter is refused, and nothing is redriven,
 	// not even the selected dead letter that is the consumer's.
 	dlqBefore := deadlettertest.Msgs(t, fx.DLQ)
-	n, err = q.Redrive(ctx, deadletter.Redrive{Consumer: "index", Seqs: []uint64{idx[1], fx.Seqs["graph"][0]}}, nil)
+	n, err = q.Redrive(ctx, deadletter.Redrive{Consumer: "index", Seqs: []uint64{idx[2], fx.Seqs["graph"][0]}, Writer: w}, nil)
 	if n != 0 || err == nil || !strings.Contains(err.Error(), "not converge.dlq.index") {
 		t.Fatalf("redrive of graph's dead letter as index's: %d, %v", n, err)
 	}
-	if deadlettertest.Msgs(t, fx.DLQ) != dlqBefore || fx.Gone(t, idx[1]) {
+	if deadlettertest.Msgs(t, fx.DLQ) != dlqBefore || fx.Gone(t, idx[2]) || len(w.requests) != 1 {
 		t.Fatal("a refused redrive changed the dead letters")
+	}
+}
+
+// An ingest dead letter is republished to its subject; a redrive that
+// crashed after its republish and before the delete is dropped by the
+// duplicate window when retried, and the dead letter deleted.
+func TestRedriveRetriedRepublish(t *testing.T) {
+	ctx := context.Background()
+	fx := deadlettertest.New(t)
+	q := open(t, fx)
+	seq := fx.Seqs["ingest"][1]
+	dl, err := fx.DLQ.GetMsg(ctx, seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fx.JS.PublishMsg(ctx, deadletter.RedriveMsg(dl), jetstream.WithMsgID(deadletter.RedriveMsgID(seq, dl.Data))); err != nil {
+		t.Fatal(err)
+	}
+	ingestBefore := deadlettertest.Msgs(t, fx.Ingest)
+	var got []deadletter.Redriven
+	if _, err := q.Redrive(ctx, deadletter.Redrive{Consumer: "ingest", Seqs: []uint64{seq}}, func(r deadletter.Redriven) { got = append(got, r) }); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || !got[0].Duplicate || got[0].Path != deadletter.Republish || got[0].Stream != writer.IngestStream {
+		t.Fatalf("retried redrive: %+v, want a duplicate republish", got)
+	}
+	if got := deadlettertest.Msgs(t, fx.Ingest); got != ingestBefore {
+		t.Fatalf("a retried redrive was stored twice: %d messages, want %d", got, ingestBefore)
+	}
+	back, err := fx.Ingest.GetLastMsgForSubject(ctx, contract.IngestSubject("in/2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back.Header.Get(contract.HeaderCommitTime) != deadlettertest.CommitTime || !strings.HasPrefix(back.Header.Get(nats.MsgIdHdr), fmt.Sprintf("redrive-%d-", seq)) {
+		t.Fatalf("the original's headers are not kept: %v", back.Header)
+	}
+	for k := range back.Header {
+		if strings.HasPrefix(k, "Converge-Dlq-") {
+			t.Fatalf("redriven message carries %s: %v", k, back.Header)
+		}
+	}
+	if !fx.Gone(t, seq) {
+		t.Fatal("the retried redrive left its dead letter")
 	}
 }
 
@@ -259,17 +267,20 @@ func TestRedriveDryRunChangesNothing(t *testing.T) {
 	q := open(t, fx)
 	dlqBefore, docsBefore := deadlettertest.Msgs(t, fx.DLQ), deadlettertest.Msgs(t, fx.Docs)
 	var got []deadletter.Redriven
+	// Without a writer: a dry run asks none.
 	n, err := q.Redrive(ctx, deadletter.Redrive{Consumer: "index", All: true, DryRun: true}, func(r deadletter.Redriven) { got = append(got, r) })
-	if err != nil || n != 3 || len(got) != 3 {
+	if err != nil || n != 2 || len(got) != 3 {
 		t.Fatalf("dry run: %d, %v, %+v", n, err, got)
 	}
 	for i, r := range got {
-		if r.Seq != fx.Seqs["index"][i] || !strings.HasPrefix(r.Subject, contract.DocsSubjectPrefix) || r.Stream != contract.DocsStream || r.StreamSeq != 0 {
+		if r.Seq != fx.Seqs["index"][i] || r.Path != deadletter.Reemit || !strings.HasPrefix(r.Subject, contract.DocsSubjectPrefix) || r.Stream != contract.DocsStream || r.StreamSeq != 0 {
 			t.Errorf("dry run %d: %+v", i, r)
 		}
 	}
-	if got[0].Payload.Key != "docs/a" {
-		t.Errorf("dry run payload %+v", got[0].Payload)
+	// docs/b's data is not JSON: it names no document to re-emit.
+	if got[0].Key != "docs/a" || got[0].Payload.Key != "docs/a" || got[0].Kept != "" || got[1].Key != "" || !strings.Contains(got[1].Kept, "names no document key") ||
+		got[2].Key != "docs/c" || got[2].Kept != "" {
+		t.Errorf("dry run %+v", got)
 	}
 	if _, err := q.Redrive(ctx, deadletter.Redrive{Consumer: "graph", Seqs: fx.Seqs["graph"], DryRun: true}, nil); err != nil {
 		t.Fatal(err)
@@ -319,22 +330,29 @@ func TestRedriveRefusals(t *testing.T) {
 	noSubject := publish(nats.Header{deadletter.HeaderStream: {contract.DocsStream}})
 	elsewhere := publish(nats.Header{deadletter.HeaderSubject: {contract.Subject("doc/1")}, deadletter.HeaderStream: {"SOME_OTHER_STREAM"}})
 	before := deadlettertest.Msgs(t, fx.DLQ)
+	w := newFakeWriter(map[string]int64{"docs/a": 3})
 
-	_, err := q.Redrive(ctx, deadletter.Redrive{Consumer: "index", Seqs: []uint64{noSubject}}, nil)
+	_, err := q.Redrive(ctx, deadletter.Redrive{Consumer: "index", Seqs: []uint64{noSubject}, Writer: w}, nil)
 	if err == nil || !strings.Contains(err.Error(), deadletter.HeaderSubject) || !strings.Contains(err.Error(), fmt.Sprintf("#%d", noSubject)) {
 		t.Errorf("redrive without the subject header: %v; want an error naming the header and the dead letter", err)
 	}
-	_, err = q.Redrive(ctx, deadletter.Redrive{Consumer: "index", Seqs: []uint64{elsewhere}}, nil)
+	_, err = q.Redrive(ctx, deadletter.Redrive{Consumer: "index", Seqs: []uint64{elsewhere}, Writer: w}, nil)
 	if err == nil || !strings.Contains(err.Error(), "SOME_OTHER_STREAM") {
 		t.Errorf("redrive into a stream that no longer holds the subject: %v; want an error naming it", err)
 	}
-	// With others before it, the count says how far the redrive got.
-	n, err := q.Redrive(ctx, deadletter.Redrive{Consumer: "index", Seqs: []uint64{fx.Seqs["index"][0], noSubject}}, nil)
-	if err == nil || n != 1 {
-		t.Errorf("redrive stopped by a dead letter without a subject: %d, %v; want 1 and an error", n, err)
+	elsewhereSubject := publish(nats.Header{deadletter.HeaderSubject: {"converge.other.x"}})
+	_, err = q.Redrive(ctx, deadletter.Redrive{Consumer: "index", Seqs: []uint64{elsewhereSubject}, Writer: w}, nil)
+	if err == nil || !strings.Contains(err.Error(), "converge.other.x") || !strings.Contains(err.Error(), "neither") {
+		t.Errorf("redrive of a subject of no known stream: %v; want an error naming it", err)
 	}
-	if got := deadlettertest.Msgs(t, fx.DLQ); got != before-1 || fx.Gone(t, noSubject) || fx.Gone(t, elsewhere) {
-		t.Fatalf("refused redrives changed %s: %d dead letters, want %d", deadletter.Stream, got, before-1)
+	// With others before it, the count says how far the redrive got: the
+	// document dead letter read before the refusal is re-emitted.
+	n, err := q.Redrive(ctx, deadletter.Redrive{Consumer: "index", Seqs: []uint64{fx.Seqs["index"][0], noSubject}, Writer: w}, nil)
+	if err == nil || n != 1 || fmt.Sprint(w.requests) != "[[docs/a]]" {
+		t.Errorf("redrive stopped by a dead letter without a subject: %d, %v, %v; want 1 and an error", n, err, w.requests)
+	}
+	if got := deadlettertest.Msgs(t, fx.DLQ); got != before || fx.Gone(t, noSubject) || fx.Gone(t, elsewhere) || fx.Gone(t, elsewhereSubject) {
+		t.Fatalf("refused redrives changed %s: %d dead letters, want %d", deadletter.Stream, got, before)
 	}
 }
 
