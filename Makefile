@@ -101,7 +101,8 @@ lint: ## golangci-lint (.golangci.yml) when installed, else go vet
 	else echo "golangci-lint not installed (go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0); running go vet"; $(GO) vet $(PKGS); fi
 
 .PHONY: up
-up: ## with Docker: build the image and start the whole stack (docker-compose.yml), waiting until it is healthy; NOTIFIER=1 adds the webhook notifier
+up: ## with Docker: make the local secrets (deploy/secrets.sh), build the image and start the whole stack (docker-compose.yml), waiting until it is healthy; NOTIFIER=1 adds the webhook notifier
+	sh deploy/secrets.sh
 	docker compose $(if $(NOTIFIER),--profile notifier) up -d --build --wait
 
 .PHONY: down
