@@ -17,12 +17,17 @@ import (
 
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/deadletter"
+	"github.com/converge-sync/converge/internal/docstore"
+	"github.com/converge-sync/converge/internal/natsauth"
+	"github.com/converge-sync/converge/internal/notifier"
+	"github.com/converge-sync/converge/internal/writer"
 )
 
 const dlqUsage = `converge dlq: inspect and redrive dead letters
 
 Every converge consumer (the writer's ingest consumer "ingest", the projectors
-"index" and "graph") puts a message it can never process into the stream
+"index" and "graph" and their rebuilds "index-rebuild" and "graph-rebuild",
+the notifier "notifier") puts a message it can never process into the stream
 CONVERGE_DLQ on converge.dlq.<consumer>, with the reason in headers.
 
 Usage:
@@ -32,26 +37,48 @@ Usage:
   converge dlq show CONSUMER [--limit N] [--json]
         the dead letters of one consumer, oldest first: sequence, time, code,
         reason, the original subject, stream and sequence, and the payload
-  converge dlq redrive CONSUMER (--seq N[,N...] ... | --all) [--dry-run]
-        republish dead letters to their original subject, so that the consumer
-        processes them again once the cause is fixed; each is deleted from
-        CONVERGE_DLQ only after JetStream acknowledged its republish
+  converge dlq redrive CONSUMER (--seq N[,N...] ... | --all) [--dry-run] [-writer-url URL]
+        put dead letters back, so that the consumer processes them again once
+        the cause is fixed; each is deleted from CONVERGE_DLQ only after its
+        redrive was acknowledged, and each line says how it went back:
+
+        re-emitted: a dead letter of CONVERGE_DOCS (converge.docs.>: index,
+          graph, their rebuilds, notifier). The relay alone publishes to that
+          stream, so the redrive asks the writer (-writer-url, env
+          CONVERGE_WRITER_URL, default http://127.0.0.1:8080) to re-emit the
+          document: the writer puts its current version's event into the
+          outbox and the relay publishes it, as converge backfill does. The
+          dead letter is deleted once the writer acknowledged its key. The
+          consumer then applies the document's latest state (which may be a
+          newer version than the dead letter's), which is what a projection
+          needs. A dead letter whose data names no document, or whose
+          document the writer does not find or cannot reproduce, is kept
+          and reported, and the command exits non-zero.
+        republished: a dead letter of CONVERGE_INGEST (converge.ingest.>:
+          ingest) goes back on its original subject, for the writer, with the
+          original's data and headers, without the Converge-Dlq-* ones, and
+          the Nats-Msg-Id redrive-<dlq seq>-<data hash>: a redrive retried
+          after a crash between the republish and the delete is dropped by
+          the stream's duplicate window and stored once. The dead letter is
+          deleted once JetStream acknowledged the republish.
 
 Redrive is an operator action: fix the cause first (converge dlq show says
-it). A projector's dead letter goes back into CONVERGE_DOCS, the relay's
-stream, where every projector reads it, not only the one that dead-lettered
-it. That is harmless: a store's freshness guard skips a version older than
-the one it holds, and the same version again is applied idempotently, so a
-stale redriven event changes nothing. It does take one of the places the
-stream keeps per document (the relay's -stream-history, default 4), so the
-newest version stays in the stream for a rebuild only while that is above 1.
-An ingest dead letter goes back into CONVERGE_INGEST, for the writer.
+it). A re-emission reaches every consumer of CONVERGE_DOCS, not only the one
+that dead-lettered it. That is harmless: a store's freshness guard skips a
+version older than the one it holds, and the same version again is applied
+idempotently.
 
-The republished message keeps the original's data and headers, without the
-Converge-Dlq-* ones, with the Nats-Msg-Id redrive-<dlq seq>-<data hash>: a
-redrive retried after a crash between the republish and the delete is
-dropped by the original stream's duplicate window and stored once (beyond
-the window, consumers are idempotent).
+The notifier: a re-emitted event is one the notifier recognises as such
+and, unless it runs with -notify-replayed (CONVERGE_NOTIFIER_NOTIFY_REPLAYED),
+skips (counted as skipped "reemission"): without it, redriving a notifier
+dead letter sends no webhook, and deletes the dead letter all the same.
+With it, the notifier sends the notification of the document's current
+version, with that version's Idempotency-Key, unless it was sent already
+within the window: the dead letter's own notification if the document has
+not changed since (its record was reset when it was dead-lettered), else
+the newer version's, which it has most likely sent already. It then also
+notifies every other re-emission (converge backfill, verify --repair) and
+events older than the window.
 
 Every subcommand takes -nats-url (env CONVERGE_NATS_URL).
 `
@@ -252,6 +279,7 @@ func (l *seqList) Set(v string) error {
 func dlqRedrive(ctx context.Context, args []string, out io.Writer) error {
 	f := config.NewFlags("converge dlq redrive")
 	natsURL := f.String("nats-url", config.EnvNATSURL, "", "NATS URL")
+	writerURL := f.String("writer-url", envWriterURL, "http://127.0.0.1:8080", "the writer's API, which re-emits the documents of CONVERGE_DOCS's dead letters")
 	var seqs seqList
 	f.Var(&seqs, "seq", "redrive the dead letter with this CONVERGE_DLQ sequence (repeatable, or comma-separated)")
 	all := f.Bool("all", "", false, "redrive every dead letter of the consumer")
@@ -261,7 +289,7 @@ func dlqRedrive(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	if len(pos) != 1 {
-		return errors.New("dlq redrive needs one consumer: converge dlq redrive CONSUMER (--seq N ... | --all) [--dry-run]")
+		return errors.New("dlq redrive needs one consumer: converge dlq redrive CONSUMER (--seq N ... | --all) [--dry-run] [-writer-url URL]")
 	}
 	switch {
 	case len(seqs) == 0 && !*all:
@@ -272,22 +300,56 @@ func dlqRedrive(ctx context.Context, args []string, out io.Writer) error {
 	if err := config.Require(*natsURL, "nats-url", config.EnvNATSURL); err != nil {
 		return err
 	}
+	wc, err := newWriterClient(*writerURL)
+	if err != nil {
+		return err
+	}
 	consumer := pos[0]
 	nc, q, err := openDLQ(ctx, *natsURL)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	n, err := q.Redrive(ctx, deadletter.Redrive{Consumer: consumer, Seqs: seqs, All: *all, DryRun: *dryRun}, func(r deadletter.Redriven) {
+	var (
+		kept, reemitted, republished int
+		notified                     bool // a notifier's dead letter is (or would be) re-emitted
+	)
+	n, err := q.Redrive(ctx, deadletter.Redrive{Consumer: consumer, Seqs: seqs, All: *all, DryRun: *dryRun, Writer: writerReemitter{wc}}, func(r deadletter.Redriven) {
+		if r.Kept != "" {
+			kept++
+			if *dryRun {
+				fmt.Fprintf(out, "would keep #%d (%s): %s; %s\n", r.Seq, r.Subject, r.Kept, r.Payload)
+			} else {
+				fmt.Fprintf(out, "kept #%d (%s): %s\n", r.Seq, r.Subject, r.Kept)
+			}
+			return
+		}
+		if r.Path == deadletter.Reemit {
+			reemitted++
+			notified = notified || consumer == natsauth.NotifierName || r.Code == notifier.DeadLetterCode
+		} else {
+			republished++
+		}
 		switch {
+		case *dryRun && r.Path == deadletter.Reemit:
+			fmt.Fprintf(out, "would redrive #%d to %s (%s), re-emitted: the writer's current version of %q; %s\n", r.Seq, r.Subject, orDash(r.Stream), r.Key, r.Payload)
 		case *dryRun:
-			fmt.Fprintf(out, "would redrive #%d to %s (%s): %s\n", r.Seq, r.Subject, orDash(r.Stream), r.Payload)
+			fmt.Fprintf(out, "would redrive #%d to %s (%s), republished: %s\n", r.Seq, r.Subject, orDash(r.Stream), r.Payload)
+		case r.Path == deadletter.Reemit:
+			newer := ""
+			if r.Payload.Event && r.Version > r.Payload.Version {
+				newer = fmt.Sprintf(", newer than the dead letter's version %d", r.Payload.Version)
+			}
+			fmt.Fprintf(out, "redriven #%d to %s, re-emitted: %q version %d (emission %d%s)\n", r.Seq, r.Subject, r.Key, r.Version, r.Emission, newer)
 		case r.Duplicate:
-			fmt.Fprintf(out, "redriven #%d to %s (%s seq %d), already there from an earlier redrive\n", r.Seq, r.Subject, r.Stream, r.StreamSeq)
+			fmt.Fprintf(out, "redriven #%d to %s (%s seq %d), republished, already there from an earlier redrive\n", r.Seq, r.Subject, r.Stream, r.StreamSeq)
 		default:
-			fmt.Fprintf(out, "redriven #%d to %s (%s seq %d)\n", r.Seq, r.Subject, r.Stream, r.StreamSeq)
+			fmt.Fprintf(out, "redriven #%d to %s (%s seq %d), republished\n", r.Seq, r.Subject, r.Stream, r.StreamSeq)
 		}
 	})
+	if notified {
+		fmt.Fprintln(out, notifierNote)
+	}
 	if err != nil {
 		if n > 0 {
 			fmt.Fprintf(out, "stopped after %d redriven\n", n)
@@ -295,9 +357,41 @@ func dlqRedrive(ctx context.Context, args []string, out io.Writer) error {
 		return fmt.Errorf("dlq: %w", err)
 	}
 	if *dryRun {
-		fmt.Fprintf(out, "dry run: %d dead letters of %s would be redriven; nothing changed\n", n, consumer)
+		fmt.Fprintf(out, "dry run: %d dead letters of %s would be redriven (%d re-emitted, %d republished); nothing changed\n", n, consumer, reemitted, republished)
+		if kept > 0 {
+			fmt.Fprintf(out, "dry run: %d would be kept\n", kept)
+		}
 		return nil
 	}
-	fmt.Fprintf(out, "%d dead letters of %s redriven and deleted from %s\n", n, consumer, deadletter.Stream)
+	fmt.Fprintf(out, "%d dead letters of %s redriven and deleted from %s (%d re-emitted, %d republished)\n", n, consumer, deadletter.Stream, reemitted, republished)
+	if kept > 0 {
+		return fmt.Errorf("dlq: %d dead letters of %s kept in %s (see above): repair their documents (converge backfill --keys, converge replay %s) or fix the cause and redrive again", kept, consumer, deadletter.Stream, consumer)
+	}
 	return nil
 }
+
+// notifierNote says what the re-emission of a notifier's dead letter does.
+const notifierNote = `note: the notifier skips a re-emitted event unless it runs with -notify-replayed (CONVERGE_NOTIFIER_NOTIFY_REPLAYED): without it, no webhook is sent for these, and their dead letters are deleted all the same. With it, it sends the notification of each document's current version unless already sent within the window (see converge dlq help)`
+
+// writerReemitter is the writer's client as the dead-letter queue's
+// [deadletter.Reemitter].
+type writerReemitter struct{ c *writer.Client }
+
+func (w writerReemitter) ReemitKeys(ctx context.Context, keys []string) (deadletter.Reemission, error) {
+	res, err := w.c.ReemitKeys(ctx, keys)
+	out := deadletter.Reemission{NotFound: res.NotFound}
+	for _, d := range res.Reemitted {
+		out.Reemitted = append(out.Reemitted, deadletter.ReemittedKey{Key: d.Key, Version: d.Version, EventID: d.EventID, Emission: d.Emission})
+	}
+	if errors.Is(err, docstore.ErrNotReproducible) {
+		return out, notReproducible{err}
+	}
+	return out, writerHint(err)
+}
+
+// notReproducible is the writer's refusal of a document it cannot
+// reproduce, as the dead-letter queue classifies it.
+type notReproducible struct{ error }
+
+func (e notReproducible) Is(target error) bool { return target == deadletter.ErrNotReproducible }
+func (e notReproducible) Unwrap() error        { return e.error }

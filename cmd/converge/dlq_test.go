@@ -9,11 +9,14 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/deadletter"
 	"github.com/converge-sync/converge/internal/deadletter/deadlettertest"
+	"github.com/converge-sync/converge/internal/docstore"
+	"github.com/converge-sync/converge/internal/notifier"
 	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/internal/writer"
 	"github.com/converge-sync/converge/pkg/contract"
@@ -111,29 +114,89 @@ func TestDlqListAndShow(t *testing.T) {
 	}
 }
 
+// newDLQWriter is the writer's API over a fresh database holding docs
+// (key: version).
+func newDLQWriter(t *testing.T, docs map[string]int64) (url string, pool *pgxpool.Pool, store *docstore.Store) {
+	t.Helper()
+	srv, pool := newWriterAPI(t, 0)
+	store, err := docstore.New(pool, docstore.Config{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var writes []docstore.Write
+	for k, v := range docs {
+		writes = append(writes, docstore.Write{Doc: contract.Document{Key: k, Version: v, Body: "body of " + k}})
+	}
+	if _, err := store.Apply(context.Background(), writes); err != nil {
+		t.Fatal(err)
+	}
+	return srv.URL, pool, store
+}
+
+// reemissions returns the number of re-emitted outbox rows of key.
+func reemissions(t *testing.T, pool *pgxpool.Pool, key string) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE key = $1 AND emission > 0`, key).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 func TestDlqRedrive(t *testing.T) {
 	fx := deadlettertest.New(t)
+	url, pool, _ := newDLQWriter(t, map[string]int64{"docs/a": 5})
 	idx := fx.Seqs["index"]
 	docsBefore := deadlettertest.Msgs(t, fx.Docs)
 
-	out := mustRunDLQ(t, fx, "redrive", "index", "--seq", strconv.FormatUint(idx[0], 10))
-	if !strings.Contains(out, fmt.Sprintf("redriven #%d to %s (CONVERGE_DOCS seq %d)\n", idx[0], contract.Subject("docs/a"), docsBefore+1)) ||
-		!strings.Contains(out, "1 dead letters of index redriven and deleted from CONVERGE_DLQ") {
+	// A projector's dead letter: re-emitted by the writer, not published
+	// by the command.
+	out := mustRunDLQ(t, fx, "redrive", "index", "--seq", strconv.FormatUint(idx[0], 10), "-writer-url", url)
+	if !strings.Contains(out, fmt.Sprintf("redriven #%d to %s, re-emitted: \"docs/a\" version 5 (emission 1, newer than the dead letter's version 3)\n", idx[0], contract.Subject("docs/a"))) ||
+		!strings.Contains(out, "1 dead letters of index redriven and deleted from CONVERGE_DLQ (1 re-emitted, 0 republished)") {
 		t.Fatalf("redrive said:\n%s", out)
 	}
 	if !fx.Gone(t, idx[0]) {
 		t.Fatalf("dead letter #%d still there", idx[0])
 	}
-	if _, err := runDLQ(t, fx, "redrive", "index", "--seq", strconv.FormatUint(idx[0], 10)); err == nil || !strings.Contains(err.Error(), "dlq: no dead letter") {
+	if got := reemissions(t, pool, "docs/a"); got != 1 {
+		t.Fatalf("%d re-emissions of docs/a in the outbox, want 1", got)
+	}
+	if got := deadlettertest.Msgs(t, fx.Docs); got != docsBefore {
+		t.Fatalf("the command published to %s: %d messages, want %d", contract.DocsStream, got, docsBefore)
+	}
+	if _, err := runDLQ(t, fx, "redrive", "index", "--seq", strconv.FormatUint(idx[0], 10), "-writer-url", url); err == nil || !strings.Contains(err.Error(), "dlq: no dead letter") {
 		t.Fatalf("redrive of a redriven dead letter: %v", err)
 	}
 	// Another consumer's dead letter is refused.
-	if _, err := runDLQ(t, fx, "redrive", "index", "--seq", fmt.Sprintf("%d,%d", idx[1], fx.Seqs["graph"][0])); err == nil || !strings.Contains(err.Error(), "not converge.dlq.index") {
+	if _, err := runDLQ(t, fx, "redrive", "index", "--seq", fmt.Sprintf("%d,%d", idx[1], fx.Seqs["graph"][0]), "-writer-url", url); err == nil || !strings.Contains(err.Error(), "not converge.dlq.index") {
 		t.Fatalf("redrive of graph's dead letter as index's: %v", err)
 	}
 
-	out = mustRunDLQ(t, fx, "redrive", "--all", "ingest")
-	if !strings.Contains(out, "2 dead letters of ingest redriven") {
+	// What the writer cannot re-emit stays, reported, and the command
+	// fails: docs/b's data names no document, docs/c is not in Postgres.
+	out, err := runDLQ(t, fx, "redrive", "index", "--all", "-writer-url", url)
+	if err == nil || !strings.Contains(err.Error(), "2 dead letters of index kept in CONVERGE_DLQ") {
+		t.Fatalf("redrive --all of what the writer cannot re-emit: %v\n%s", err, out)
+	}
+	for _, want := range []string{
+		fmt.Sprintf("kept #%d (%s): its data names no document key", idx[1], contract.Subject("docs/b")),
+		fmt.Sprintf("kept #%d (%s): the writer has no document \"docs/c\" (not found in Postgres)", idx[2], contract.Subject("docs/c")),
+		"0 dead letters of index redriven",
+	} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("redrive --all lacks %q:\n%s", want, out)
+		}
+	}
+	if fx.Gone(t, idx[1]) || fx.Gone(t, idx[2]) {
+		t.Fatal("a dead letter the writer did not re-emit was deleted")
+	}
+
+	// Ingest dead letters are republished, and need no writer.
+	out = mustRunDLQ(t, fx, "redrive", "--all", "ingest", "-writer-url", "http://127.0.0.1:1")
+	if !strings.Contains(out, "2 dead letters of ingest redriven and deleted from CONVERGE_DLQ (0 re-emitted, 2 republished)") ||
+		!strings.Contains(out, fmt.Sprintf("redriven #%d to %s (CONVERGE_INGEST seq ", fx.Seqs["ingest"][0], contract.IngestSubject("in/1"))) ||
+		strings.Count(out, "), republished\n") != 2 {
 		t.Fatalf("redrive --all said:\n%s", out)
 	}
 	if got := deadlettertest.Msgs(t, fx.Ingest); got != 2 {
@@ -144,18 +207,94 @@ func TestDlqRedrive(t *testing.T) {
 	}
 }
 
+// A document the writer cannot reproduce keeps its dead letter; the
+// others of the same redrive are re-emitted.
+func TestDlqRedriveNotReproducible(t *testing.T) {
+	fx := deadlettertest.New(t)
+	url, pool, _ := newDLQWriter(t, map[string]int64{"docs/a": 3, "docs/d": 1})
+	if _, err := pool.Exec(context.Background(), `DELETE FROM chunks WHERE key = 'docs/d'`); err != nil {
+		t.Fatal(err)
+	}
+	data, err := contract.NewUpsertedEvent(contract.Document{Key: "docs/d", Version: 1, Body: "body of docs/d"}, []string{"body of docs/d"}).Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fx.DeadLetter(t, "graph", contract.Subject("docs/d"), data, "graph_rejected")
+	out, err := runDLQ(t, fx, "redrive", "graph", "--all", "-writer-url", url)
+	if err == nil || !strings.Contains(err.Error(), "1 dead letters of graph kept") {
+		t.Fatalf("redrive: %v\n%s", err, out)
+	}
+	g := fx.Seqs["graph"]
+	if !strings.Contains(out, fmt.Sprintf("redriven #%d to %s, re-emitted: \"docs/a\" version 3 (emission ", g[0], contract.Subject("docs/a"))) ||
+		!strings.Contains(out, fmt.Sprintf("kept #%d (%s): the writer cannot re-emit it: ", g[1], contract.Subject("docs/d"))) ||
+		!strings.Contains(out, "not_reproducible") || !strings.Contains(out, "1 dead letters of graph redriven and deleted from CONVERGE_DLQ (1 re-emitted, 0 republished)") {
+		t.Fatalf("redrive said:\n%s", out)
+	}
+	if !fx.Gone(t, g[0]) || fx.Gone(t, g[1]) || reemissions(t, pool, "docs/a") != 1 || reemissions(t, pool, "docs/d") != 0 {
+		t.Fatal("the redrive deleted or re-emitted the wrong dead letters")
+	}
+	if strings.Contains(out, "notify-replayed") {
+		t.Fatalf("a projector's redrive speaks of the notifier:\n%s", out)
+	}
+}
+
+// A writer that does not answer leaves every dead letter.
+func TestDlqRedriveWriterDown(t *testing.T) {
+	fx := deadlettertest.New(t)
+	before := deadlettertest.Msgs(t, fx.DLQ)
+	out, err := runDLQ(t, fx, "redrive", "graph", "--all", "-writer-url", "http://127.0.0.1:1")
+	if err == nil || !strings.Contains(err.Error(), "does not answer") || !strings.Contains(err.Error(), "-writer-url, env CONVERGE_WRITER_URL") {
+		t.Fatalf("redrive with the writer down: %v\n%s", err, out)
+	}
+	if deadlettertest.Msgs(t, fx.DLQ) != before {
+		t.Fatal("a redrive the writer did not answer deleted dead letters")
+	}
+	if _, err := runDLQ(t, fx, "redrive", "graph", "--all", "-writer-url", "127.0.0.1:8080"); err == nil || !strings.Contains(err.Error(), "-writer-url must be http://") {
+		t.Fatalf("a malformed writer URL: %v", err)
+	}
+}
+
+// A notifier's dead letter is re-emitted, and the command says that the
+// notifier sends nothing for it unless it runs with -notify-replayed.
+func TestDlqRedriveNotifier(t *testing.T) {
+	fx := deadlettertest.New(t)
+	url, pool, _ := newDLQWriter(t, map[string]int64{"docs/a": 3})
+	fx.DeadLetter(t, "notifier", contract.Subject("docs/a"), fx.Data[fx.Seqs["index"][0]], notifier.DeadLetterCode)
+	for _, args := range [][]string{{"--dry-run"}, nil} {
+		out := mustRunDLQ(t, fx, append([]string{"redrive", "notifier", "--all", "-writer-url", url}, args...)...)
+		if !strings.Contains(out, "re-emitted") || !strings.Contains(out, "the notifier skips a re-emitted event unless it runs with -notify-replayed") ||
+			!strings.Contains(out, "no webhook is sent for these") {
+			t.Fatalf("redrive of the notifier's dead letter %v said:\n%s", args, out)
+		}
+	}
+	if !fx.Gone(t, fx.Seqs["notifier"][0]) || reemissions(t, pool, "docs/a") != 1 {
+		t.Fatal("the notifier's dead letter was not re-emitted")
+	}
+	if out := mustRunDLQ(t, fx, "help"); !strings.Contains(out, "-notify-replayed") || !strings.Contains(out, "sends no webhook") {
+		t.Fatalf("help does not say what a notifier redrive does:\n%s", out)
+	}
+}
+
 func TestDlqRedriveDryRunChangesNothing(t *testing.T) {
 	fx := deadlettertest.New(t)
 	dlqBefore, docsBefore := deadlettertest.Msgs(t, fx.DLQ), deadlettertest.Msgs(t, fx.Docs)
-	out := mustRunDLQ(t, fx, "redrive", "index", "--all", "--dry-run")
-	for _, seq := range fx.Seqs["index"] {
-		if !strings.Contains(out, fmt.Sprintf("would redrive #%d to converge.docs.", seq)) {
-			t.Fatalf("dry run does not name #%d:\n%s", seq, out)
+	// A dry run asks the writer nothing: none answers here.
+	out := mustRunDLQ(t, fx, "redrive", "index", "--all", "--dry-run", "-writer-url", "http://127.0.0.1:1")
+	idx := fx.Seqs["index"]
+	for _, i := range []int{0, 2} {
+		if !strings.Contains(out, fmt.Sprintf("would redrive #%d to converge.docs.", idx[i])) {
+			t.Fatalf("dry run does not name #%d:\n%s", idx[i], out)
 		}
 	}
-	if !strings.Contains(out, `(CONVERGE_DOCS): event document.upserted key "docs/a" version 3`) ||
-		!strings.Contains(out, "dry run: 3 dead letters of index would be redriven; nothing changed") {
+	if !strings.Contains(out, `(CONVERGE_DOCS), re-emitted: the writer's current version of "docs/a"; event document.upserted key "docs/a" version 3`) ||
+		!strings.Contains(out, fmt.Sprintf("would keep #%d (%s): its data names no document key", idx[1], contract.Subject("docs/b"))) ||
+		!strings.Contains(out, "dry run: 2 dead letters of index would be redriven (2 re-emitted, 0 republished); nothing changed") ||
+		!strings.Contains(out, "dry run: 1 would be kept") {
 		t.Fatalf("dry run said:\n%s", out)
+	}
+	out = mustRunDLQ(t, fx, "redrive", "ingest", "--all", "--dry-run")
+	if !strings.Contains(out, "(CONVERGE_INGEST), republished: not a valid event") {
+		t.Fatalf("dry run of ingest said:\n%s", out)
 	}
 	mustRunDLQ(t, fx, "redrive", "graph", "--seq", strconv.FormatUint(fx.Seqs["graph"][0], 10), "--dry-run")
 	if deadlettertest.Msgs(t, fx.DLQ) != dlqBefore || deadlettertest.Msgs(t, fx.Docs) != docsBefore {
@@ -167,6 +306,7 @@ func TestDlqRedriveDryRunChangesNothing(t *testing.T) {
 // many it redrove before.
 func TestDlqRedriveStopped(t *testing.T) {
 	fx := deadlettertest.New(t)
+	url, _, _ := newDLQWriter(t, map[string]int64{"docs/a": 3})
 	m := nats.NewMsg(contract.DLQSubject("index"))
 	m.Header.Set(deadletter.HeaderStream, contract.DocsStream)
 	m.Data = []byte(`{"not":"an event"}`)
@@ -174,7 +314,7 @@ func TestDlqRedriveStopped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := runDLQ(t, fx, "redrive", "index", "--seq", fmt.Sprintf("%d,%d", fx.Seqs["index"][0], ack.Sequence))
+	out, err := runDLQ(t, fx, "redrive", "index", "--seq", fmt.Sprintf("%d,%d", fx.Seqs["index"][0], ack.Sequence), "-writer-url", url)
 	if err == nil || !strings.Contains(err.Error(), deadletter.HeaderSubject) || !strings.Contains(err.Error(), fmt.Sprintf("#%d", ack.Sequence)) ||
 		!strings.Contains(out, "stopped after 1 redriven\n") {
 		t.Fatalf("redrive stopped by a dead letter without a subject: %v\n%s", err, out)
