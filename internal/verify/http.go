@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/httpjson"
 )
 
@@ -87,6 +88,8 @@ func httpError(w http.ResponseWriter, status int, msg string) {
 type Remote struct {
 	Label string // "index" or "graph"
 	Addr  string // host:port
+	// Token is sent as a bearer token (the read scope); empty: none.
+	Token string
 	// Client defaults to one with a 5-minute timeout: a projector reads
 	// its whole store to answer.
 	Client *http.Client
@@ -128,6 +131,7 @@ func (r *Remote) get(ctx context.Context, path string, q url.Values, v any) erro
 	if err != nil {
 		return err
 	}
+	auth.SetBearer(req.Header, r.Token)
 	resp, err := c.Do(req)
 	if err != nil {
 		return fmt.Errorf("the %s projector at %s does not answer: %w", r.Label, r.Addr, err)

@@ -4,14 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/google/uuid"
 
+	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/httpjson"
 	"github.com/converge-sync/converge/internal/verify"
 )
@@ -111,6 +115,33 @@ func TestRemoteErrors(t *testing.T) {
 		_ = resp.Body.Close()
 		if resp.StatusCode != http.StatusBadRequest {
 			t.Errorf("GET %s: %s; want 400", q, resp.Status)
+		}
+	}
+}
+
+// Remote sends its Token as a bearer token: a projector whose verify
+// routes need the read scope answers it, and refuses a Remote without one.
+func TestRemoteSendsItsToken(t *testing.T) {
+	ctx := context.Background()
+	const token = "verify-token-0123456789"
+	path := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(path, []byte("reader read "+token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tokens, err := auth.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	guard := auth.NewGuard(tokens, nil, slog.New(slog.DiscardHandler))
+	addr := serve(t, guard.Require(auth.Read, verify.Handler(verify.Index, func(context.Context) ([]verify.Doc, error) { return docs(10), nil })))
+	truth := &verify.Memory{Label: "postgres", Docs: docs(10)}
+	rep, err := verify.Compare(ctx, truth, &verify.Remote{Label: "index", Addr: addr, Token: token}, verify.Index, 4, nil)
+	if err != nil || !rep.Agrees {
+		t.Fatalf("with the token: %v, agrees %v", err, rep.Agrees)
+	}
+	for _, tok := range []string{"", "another-token-0123456789"} {
+		if _, err := (&verify.Remote{Label: "index", Addr: addr, Token: tok}).Digests(ctx, verify.Index, 4); err == nil || !strings.Contains(err.Error(), "401") {
+			t.Errorf("token %q: %v; want a 401 refusal", tok, err)
 		}
 	}
 }
