@@ -3,13 +3,20 @@ package natsauth_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/internal/deadletter"
+	"github.com/converge-sync/converge/internal/docstore"
 	"github.com/converge-sync/converge/internal/natsauth"
+	"github.com/converge-sync/converge/internal/writer"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
@@ -187,9 +194,11 @@ func TestWriterCannotPublishDocuments(t *testing.T) {
 	w.refused(t, "Publish to", "converge.docs.x")
 }
 
-// The operator cannot publish document events, not even by redriving a
-// projector's dead letter: that dead letter stays, to be repaired by
-// re-emission or a replay.
+// The operator cannot publish document events; its redrive of a
+// projector's dead letter goes through the writer instead: the writer
+// re-emits the document into the outbox and the relay, as its own user,
+// publishes it. Here the writer's real API and client run over a store
+// whose outbox is relayed at once.
 func TestOperatorCannotPublishDocuments(t *testing.T) {
 	e := newEnv(t)
 	a := e.connect(admin)
@@ -203,20 +212,96 @@ func TestOperatorCannotPublishDocuments(t *testing.T) {
 	ev := upsert(t, "doc-1", 1)
 	publishEvent(t, a.js, ev)
 	deadLetter(t, a, "index", "index", contract.DocsStream)
+	store := &relayedStore{t: t, relay: e.connect(natsauth.UserRelay), docs: map[string]contract.Event{ev.Key: ev}}
+	srv := httptest.NewServer(writer.NewAPI(store, writer.APIConfig{}, nil, nil))
+	t.Cleanup(srv.Close)
+	wc, err := writer.NewClient(srv.URL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	q, err := deadletter.Open(context.Background(), o.js)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rctx, cancel := context.WithTimeout(context.Background(), 2e9)
-	defer cancel()
-	n, err := q.Redrive(rctx, deadletter.Redrive{Consumer: "index", All: true}, nil)
-	if err == nil || n != 0 {
-		t.Fatalf("redrive of a projector's dead letter: %d, %v", n, err)
+	var got []deadletter.Redriven
+	n, err := q.Redrive(ctx(t), deadletter.Redrive{Consumer: "index", All: true, Writer: writerReemitter{wc}}, func(r deadletter.Redriven) { got = append(got, r) })
+	if err != nil || n != 1 || len(got) != 1 || got[0].Path != deadletter.Reemit || got[0].Key != ev.Key || got[0].Emission != 1 {
+		t.Fatalf("redrive of a projector's dead letter through the writer: %d, %v, %+v", n, err, got)
+	}
+	if c, err := q.Count(context.Background(), "index"); err != nil || c != 0 {
+		t.Errorf("dead letters of index after the redrive: %d, %v", c, err)
+	}
+	// The re-emission is in the stream, published by the relay.
+	docs, err := a.js.Stream(context.Background(), contract.DocsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := docs.GetLastMsgForSubject(context.Background(), contract.Subject(ev.Key))
+	if err != nil || m.Sequence != 2 || m.Header.Get(contract.HeaderReemission) != "1" {
+		t.Fatalf("the re-emission in %s: %+v, %v", contract.DocsStream, m, err)
+	}
+	store.relay.allowed(t)
+	// The operator published nothing to the stream: its one attempt,
+	// above, is its only refusal.
+	if err := o.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond) // the handler runs on its own goroutine
+	if errs := o.errors(); len(errs) != 1 {
+		t.Errorf("the operator's refusals: %q, want only converge.docs.x", errs)
+	}
+	if err := o.nc.Publish(contract.Subject(ev.Key), []byte("forged")); err != nil {
+		t.Fatal(err)
 	}
 	o.refused(t, "Publish to", contract.Subject(ev.Key))
-	if c, err := q.Count(context.Background(), "index"); err != nil || c != 1 {
-		t.Errorf("dead letters of index after the refused redrive: %d, %v", c, err)
+}
+
+// relayedStore is the writer's store for re-emissions: its outbox is
+// relayed as soon as written, by the relay's user, with the re-emission
+// header the relay sets.
+type relayedStore struct {
+	writer.Store // the routes a redrive does not call
+	t            *testing.T
+	relay        *client
+	docs         map[string]contract.Event
+	emission     int64
+}
+
+func (s *relayedStore) Reemit(ctx context.Context, keys []string) (docstore.Reemitted, error) {
+	var out docstore.Reemitted
+	for _, k := range keys {
+		ev, ok := s.docs[k]
+		if !ok {
+			out.NotFound = append(out.NotFound, k)
+			continue
+		}
+		data, err := ev.Encode()
+		if err != nil {
+			return docstore.Reemitted{}, err
+		}
+		s.emission++
+		m := nats.NewMsg(contract.Subject(k))
+		m.Data = data
+		m.Header.Set(contract.HeaderReemission, strconv.FormatInt(s.emission, 10))
+		if _, err := s.relay.js.PublishMsg(ctx, m, jetstream.WithMsgID(fmt.Sprintf("%s.%d", ev.ID, s.emission))); err != nil {
+			return docstore.Reemitted{}, err
+		}
+		out.Reemitted = append(out.Reemitted, docstore.Reemission{Key: k, Version: ev.Version, EventID: ev.ID, Emission: s.emission})
 	}
+	return out, nil
+}
+
+// writerReemitter is the writer's client as a deadletter.Reemitter, as
+// converge dlq adapts it.
+type writerReemitter struct{ c *writer.Client }
+
+func (w writerReemitter) ReemitKeys(ctx context.Context, keys []string) (deadletter.Reemission, error) {
+	res, err := w.c.ReemitKeys(ctx, keys)
+	out := deadletter.Reemission{NotFound: res.NotFound}
+	for _, d := range res.Reemitted {
+		out.Reemitted = append(out.Reemitted, deadletter.ReemittedKey{Key: d.Key, Version: d.Version, EventID: d.EventID, Emission: d.Emission})
+	}
+	return out, err
 }
 
 // A producer may only publish documents to the writer's queue.
