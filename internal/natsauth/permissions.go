@@ -122,9 +122,9 @@ func Producer() *server.Permissions {
 // deleted and created again at another start) and dlq (list, show: an
 // ordered consumer of the dead letters; redrive: the republish and the
 // delete). It may republish a dead letter to converge.ingest.>, and not to
-// converge.docs.>: the relay alone publishes document events, so a
-// projector's dead letter is repaired by re-emission through the writer
-// (converge backfill), or a replay, instead of a redrive.
+// converge.docs.>: the relay alone publishes document events, so the
+// redrive of a dead letter of CONVERGE_DOCS's consumers asks the writer
+// (over HTTP) to re-emit the document, which the relay then publishes.
 func Operator() *server.Permissions {
 	docs, ingest, dlq := contract.DocsStream, IngestStream, deadletter.Stream
 	kv := "KV_" + RebuildBucket
