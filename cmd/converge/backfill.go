@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/service"
 	"github.com/converge-sync/converge/internal/writer"
@@ -42,7 +43,8 @@ type backfillReport struct {
 
 // backfill re-emits documents through the writer: their current version's
 // event is written to the outbox again, relayed, and rewritten by every
-// projection (see docstore.Store.Reemit).
+// projection (see docstore.Store.Reemit). Re-emission needs a token with
+// the admin scope, from CONVERGE_TOKEN.
 func backfill(ctx context.Context, args []string, out io.Writer) error {
 	f := config.NewFlags("converge backfill")
 	writerURL := f.String("writer-url", envWriterURL, "http://127.0.0.1:8080", "the writer's API")
@@ -70,6 +72,9 @@ func backfill(ctx context.Context, args []string, out io.Writer) error {
 	}
 	c, err := newWriterClient(*writerURL)
 	if err != nil {
+		return err
+	}
+	if c.Token, err = auth.TokenFromEnv(); err != nil {
 		return err
 	}
 	rep := backfillReport{Reemitted: []writer.ReemittedDocument{}, NotFound: []string{}}

@@ -6,12 +6,20 @@ import (
 	"io"
 	"strings"
 
+	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/graph"
 )
 
-// graphDoc asks the graph projector what the graph holds about a document.
+// graphDoc asks the graph projector what the graph holds about a
+// document, with the token of CONVERGE_TOKEN (the read scope).
 func graphDoc(ctx context.Context, args []string, out io.Writer) error {
+	return graphDocWith(ctx, args, out, auth.TokenFromEnv)
+}
+
+// graphDocWith is graphDoc with the token of token, read once after the
+// arguments are parsed.
+func graphDocWith(ctx context.Context, args []string, out io.Writer, token tokenSource) error {
 	f := config.NewFlags("converge graph")
 	addr := f.String("graph-addr", "CONVERGE_PROJECTOR_GRAPH_ADDR", "127.0.0.1:9104", "the graph projector's metrics address, which serves "+graph.DocumentPath+"{key}")
 	asJSON := f.Bool("json", "", false, "machine-readable output")
@@ -22,7 +30,11 @@ func graphDoc(ctx context.Context, args []string, out io.Writer) error {
 	if len(keys) != 1 {
 		return fmt.Errorf("graph needs one document key: converge graph KEY [--json]")
 	}
-	d, err := (&graph.Client{Addr: *addr}).Document(ctx, keys[0])
+	tok, err := token()
+	if err != nil {
+		return err
+	}
+	d, err := (&graph.Client{Addr: *addr, Token: tok}).Document(ctx, keys[0])
 	if err != nil {
 		return serviceHint[*graph.APIError](err, "projector-graph", "-graph-addr")
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/verify"
@@ -30,7 +31,8 @@ type rebuildReport struct {
 // rebuildCmd asks a projector to rebuild its projection from the stream's
 // start (blue/green into a fresh generation, or in place after a wipe where
 // the store has room for one copy), follows its progress, and verifies the
-// result against Postgres.
+// result against Postgres. The token of CONVERGE_TOKEN (admin for the
+// rebuild, read for the verify) goes with every request to the projector.
 func rebuildCmd(ctx context.Context, args []string, out io.Writer) error {
 	f := config.NewFlags("converge rebuild")
 	indexAddr := f.String("index-addr", "CONVERGE_PROJECTOR_INDEX_ADDR", "127.0.0.1:9103", "the index projector's metrics address")
@@ -60,6 +62,10 @@ func rebuildCmd(ctx context.Context, args []string, out io.Writer) error {
 			return fmt.Errorf("%w (or -no-verify)", err)
 		}
 	}
+	token, err := auth.TokenFromEnv()
+	if err != nil {
+		return err
+	}
 	if *timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, *timeout)
@@ -70,7 +76,7 @@ func rebuildCmd(ctx context.Context, args []string, out io.Writer) error {
 		progress = io.Discard
 	}
 	start := time.Now()
-	st, err := runRebuild(ctx, &http.Client{Timeout: 30 * time.Second}, addr, rebuildPollInterval, progress)
+	st, err := runRebuild(ctx, &http.Client{Timeout: 30 * time.Second}, addr, token, rebuildPollInterval, progress)
 	if err != nil {
 		return err
 	}
@@ -86,7 +92,7 @@ func rebuildCmd(ctx context.Context, args []string, out io.Writer) error {
 		// final only once it has lasted verifyWait.
 		deadline := time.Now().Add(*verifyWait)
 		for {
-			r, err := verify.Compare(ctx, &postgres.Postgres{Pool: pool}, &verify.Remote{Label: which, Addr: addr}, kind, verify.DefaultBuckets, nil)
+			r, err := verify.Compare(ctx, &postgres.Postgres{Pool: pool}, &verify.Remote{Label: which, Addr: addr, Token: token}, kind, verify.DefaultBuckets, nil)
 			if err != nil {
 				return fmt.Errorf("verify after the rebuild: %w", err)
 			}
@@ -126,9 +132,10 @@ func rebuildCmd(ctx context.Context, args []string, out io.Writer) error {
 }
 
 // runRebuild starts a rebuild on the projector at addr (or joins the one in
-// progress) and follows it until it is done, printing progress.
-func runRebuild(ctx context.Context, client *http.Client, addr string, interval time.Duration, progress io.Writer) (rebuild.Status, error) {
-	c := &rebuild.Client{Addr: addr, HTTP: client}
+// progress) and follows it until it is done, printing progress; token
+// needs the admin scope.
+func runRebuild(ctx context.Context, client *http.Client, addr, token string, interval time.Duration, progress io.Writer) (rebuild.Status, error) {
+	c := &rebuild.Client{Addr: addr, HTTP: client, Token: token}
 	st, _, err := c.Start(ctx)
 	if err != nil {
 		return st, err

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/internal/config"
+	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/pkg/contract"
 )
@@ -25,6 +26,7 @@ func replay(ctx context.Context, args []string, out io.Writer) error {
 	stream := f.String("stream", "", contract.DocsStream, "the projectors' stream")
 	fromSeq := f.Int("from-seq", "", 0, "replay from this stream sequence (1: everything)")
 	fromTime := f.String("from-time", "", "", "replay from this time (RFC 3339, e.g. 2026-11-30T10:00:00Z)")
+	natsAuth := natsauth.Flags(f)
 	names, err := parseInterspersed(f, args)
 	if err != nil {
 		return err
@@ -50,7 +52,15 @@ func replay(ctx context.Context, args []string, out io.Writer) error {
 	case *fromSeq == 0:
 		return errors.New("replay: give --from-seq N or --from-time T")
 	}
-	nc, err := nats.Connect(*natsURL)
+	na, err := natsAuth()
+	if err != nil {
+		return err
+	}
+	natsOpts, err := na.Options()
+	if err != nil {
+		return err
+	}
+	nc, err := nats.Connect(*natsURL, append(natsOpts, nats.Name("converge-replay"))...)
 	if err != nil {
 		return fmt.Errorf("connect nats: %w", err)
 	}

@@ -7,13 +7,25 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/index"
 )
 
 // search asks the index projector (which embeds the query with the
-// index's own embedder) for the chunks nearest to a text.
+// index's own embedder) for the chunks nearest to a text, with the token
+// of CONVERGE_TOKEN (the read scope).
 func search(ctx context.Context, args []string, out io.Writer) error {
+	return searchWith(ctx, args, out, auth.TokenFromEnv)
+}
+
+// tokenSource gives the bearer token a command sends: auth.TokenFromEnv
+// on the command line, the stack's own in the demo.
+type tokenSource func() (string, error)
+
+// searchWith is search with the token of token, read once after the
+// arguments are parsed.
+func searchWith(ctx context.Context, args []string, out io.Writer, token tokenSource) error {
 	f := config.NewFlags("converge search")
 	addr := f.String("index-addr", "CONVERGE_PROJECTOR_INDEX_ADDR", "127.0.0.1:9103", "the index projector's metrics address, which serves "+index.SearchPath)
 	k := f.Int("k", "", 10, "number of results")
@@ -27,7 +39,11 @@ func search(ctx context.Context, args []string, out io.Writer) error {
 	if query == "" {
 		return fmt.Errorf("search needs a query: converge search \"some text\" [-k N]")
 	}
-	res, err := (&index.Client{Addr: *addr}).Search(ctx, query, *k)
+	tok, err := token()
+	if err != nil {
+		return err
+	}
+	res, err := (&index.Client{Addr: *addr, Token: tok}).Search(ctx, query, *k)
 	if err != nil {
 		return fmt.Errorf("search: %w", serviceHint[*index.APIError](err, "projector-index", "-index-addr"))
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/deadletter"
+	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/relay"
 	"github.com/converge-sync/converge/internal/writer"
@@ -36,13 +37,22 @@ func status(ctx context.Context, args []string, out io.Writer) error {
 	natsURL := f.String("nats-url", config.EnvNATSURL, "", "NATS URL (empty: Postgres only)")
 	slot := f.String("slot", "CONVERGE_RELAY_SLOT", "converge_relay", "the relay's replication slot")
 	asJSON := f.Bool("json", "", false, "machine-readable output")
+	natsAuth := natsauth.Flags(f)
 	if err := f.Parse(args); err != nil {
 		return err
 	}
 	if err := config.Require(*pg, "postgres-url", config.EnvPostgresURL); err != nil {
 		return err
 	}
-	rep, err := collectStatus(ctx, *pg, *natsURL, *slot)
+	na, err := natsAuth()
+	if err != nil {
+		return err
+	}
+	natsOpts, err := na.Options()
+	if err != nil {
+		return err
+	}
+	rep, err := collectStatus(ctx, *pg, *natsURL, *slot, natsOpts...)
 	if err != nil {
 		return err
 	}
@@ -54,8 +64,9 @@ func status(ctx context.Context, args []string, out io.Writer) error {
 }
 
 // collectStatus reads the relay's slot and the outbox from Postgres and,
-// with a NATS URL, the streams, their consumers and the rebuilds.
-func collectStatus(ctx context.Context, pgURL, natsURL, slot string) (statusReport, error) {
+// with a NATS URL, the streams, their consumers and the rebuilds (connected
+// with natsOpts: the operator's credentials).
+func collectStatus(ctx context.Context, pgURL, natsURL, slot string, natsOpts ...nats.Option) (statusReport, error) {
 	rep := statusReport{Slot: relay.SlotStatus{Name: slot}}
 	conn, err := pgx.Connect(ctx, pgURL)
 	if err != nil {
@@ -71,7 +82,7 @@ func collectStatus(ctx context.Context, pgURL, natsURL, slot string) (statusRepo
 	if natsURL == "" {
 		return rep, nil
 	}
-	nc, err := nats.Connect(natsURL, nats.Name("converge-status"))
+	nc, err := nats.Connect(natsURL, append(natsOpts, nats.Name("converge-status"))...)
 	if err != nil {
 		return rep, fmt.Errorf("status: connect nats: %w", err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/service"
 	"github.com/converge-sync/converge/internal/verify"
@@ -27,7 +28,8 @@ var errDisagree = errors.New("the stores do not agree with Postgres")
 type verifyReport = verify.Result
 
 // verifyCmd compares each projection with Postgres by bucket digests and
-// reports every differing document.
+// reports every differing document. The token of CONVERGE_TOKEN goes to
+// the projectors (read) and, with --repair, to the writer (admin).
 func verifyCmd(ctx context.Context, args []string, out io.Writer) error {
 	f := config.NewFlags("converge verify")
 	pg := f.String("postgres-url", config.EnvPostgresURL, "", "Postgres URL")
@@ -42,12 +44,16 @@ func verifyCmd(ctx context.Context, args []string, out io.Writer) error {
 	if err := f.Parse(args); err != nil {
 		return err
 	}
+	token, err := auth.TokenFromEnv()
+	if err != nil {
+		return err
+	}
 	var wc *writer.Client
 	if *repair {
-		var err error
 		if wc, err = newWriterClient(*writerURL); err != nil {
 			return err
 		}
+		wc.Token = token
 		if *repairTimeout <= 0 {
 			return service.Usage("-repair-timeout must be positive")
 		}
@@ -56,6 +62,7 @@ func verifyCmd(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	withToken(stored, token)
 	if err := config.Require(*pg, "postgres-url", config.EnvPostgresURL); err != nil {
 		return err
 	}
@@ -144,12 +151,23 @@ func storeSides(list, indexAddr, graphAddr string) ([]namedSide, error) {
 }
 
 // bothSides are the index and the graph, asked of their projectors at
-// these addresses.
-func bothSides(indexAddr, graphAddr string) []namedSide {
-	return []namedSide{
+// these addresses with token.
+func bothSides(indexAddr, graphAddr, token string) []namedSide {
+	return withToken([]namedSide{
 		{verify.Index, &verify.Remote{Label: "index", Addr: indexAddr}},
 		{verify.Graph, &verify.Remote{Label: "graph", Addr: graphAddr}},
+	}, token)
+}
+
+// withToken sets token on the sides asked of a projector, and returns
+// them.
+func withToken(sides []namedSide, token string) []namedSide {
+	for _, s := range sides {
+		if r, ok := s.side.(*verify.Remote); ok {
+			r.Token = token
+		}
 	}
+	return sides
 }
 
 // runVerify is [verify.Run], showing on stderr, with progress, how far
