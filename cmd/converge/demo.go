@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/graph/neo4j"
 	"github.com/converge-sync/converge/internal/stack"
@@ -31,7 +32,11 @@ import (
 
 // demo runs the pipeline on embedded defaults, loads a sample corpus,
 // redelivers every event, kills and restarts a projector, verifies, shows a
-// search and a graph query, and ends with a convergence report.
+// search and a graph query, and ends with a convergence report. It acts as
+// the stack's clients do: its writes with the writer-client's token, its
+// searches, graph queries, rebuild and verify with the operator's token,
+// its replay and its reads of the stream as the operator's NATS user, its
+// reads of Postgres as converge_reader.
 func demo(ctx context.Context, args []string, out io.Writer) error {
 	f := config.NewFlags("converge demo")
 	flags := devFlags(f, stack.Config{})
@@ -73,12 +78,16 @@ func demo(ctx context.Context, args []string, out io.Writer) error {
 	}
 	defer func() { _ = s.Stop() }()
 	d.stack = s
-	d.pool, err = pgxpool.New(ctx, s.PostgresURL)
+	d.pool, err = pgxpool.New(ctx, s.ReaderURL)
 	if err != nil {
 		return err
 	}
 	defer d.pool.Close()
-	nc, err := nats.Connect(s.NATSURL)
+	natsOpts, err := s.OperatorNATS.Options()
+	if err != nil {
+		return err
+	}
+	nc, err := nats.Connect(s.NATSURL, append(natsOpts, nats.Name("converge-demo"))...)
 	if err != nil {
 		return err
 	}
@@ -142,18 +151,18 @@ func demo(ctx context.Context, args []string, out io.Writer) error {
 	}
 
 	d.step(`a search through the index: converge search "lava flows from volcanoes"`)
-	if err := search(ctx, []string{"-index-addr", cfg.IndexAddr, "-k", "3", "lava flows from volcanoes"}, out); err != nil {
+	if err := searchWith(ctx, []string{"-index-addr", cfg.IndexAddr, "-k", "3", "lava flows from volcanoes"}, out, d.operatorToken); err != nil {
 		return err
 	}
 	key := corpus[0]["key"].(string)
 	d.step("a graph query: converge graph " + key)
-	if err := graphDoc(ctx, []string{"-graph-addr", s.GraphAddr, key}, out); err != nil {
+	if err := graphDocWith(ctx, []string{"-graph-addr", s.GraphAddr, key}, out, d.operatorToken); err != nil {
 		return err
 	}
 
 	d.step("rebuilding the index from the stream's start while it serves searches: converge rebuild index")
 	began := time.Now()
-	st, err := runRebuild(ctx, &http.Client{Timeout: 30 * time.Second}, cfg.IndexAddr, 50*time.Millisecond, io.Discard)
+	st, err := runRebuild(ctx, &http.Client{Timeout: 30 * time.Second}, cfg.IndexAddr, s.OperatorToken, 50*time.Millisecond, io.Discard)
 	if err != nil {
 		return err
 	}
@@ -161,7 +170,7 @@ func demo(ctx context.Context, args []string, out io.Writer) error {
 	d.note("%s", d.rebuilt)
 
 	d.step("converge verify: every document of Postgres against the index and the graph")
-	rep, err := runVerify(ctx, &postgres.Postgres{Pool: d.pool}, bothSides(s.IndexAddr, s.GraphAddr), verify.DefaultBuckets, false)
+	rep, err := runVerify(ctx, &postgres.Postgres{Pool: d.pool}, bothSides(s.IndexAddr, s.GraphAddr, s.OperatorToken), verify.DefaultBuckets, false)
 	if err != nil {
 		return err
 	}
@@ -188,6 +197,9 @@ type demoRun struct {
 	rebuilt     string
 }
 
+// operatorToken is the stack's operator token, as a tokenSource.
+func (d *demoRun) operatorToken() (string, error) { return d.stack.OperatorToken, nil }
+
 func (d *demoRun) step(what string) {
 	d.outMu.Lock()
 	defer d.outMu.Unlock()
@@ -201,7 +213,8 @@ func (d *demoRun) note(format string, args ...any) {
 	fmt.Fprintf(d.out, "   "+format+"\n", args...)
 }
 
-// post writes documents through the writer's batch API, 100 a request.
+// post writes documents through the writer's batch API, 100 a request,
+// with the writer-client's token (the write scope).
 func (d *demoRun) post(ctx context.Context, docs []map[string]any) error {
 	for lo := 0; lo < len(docs); lo += 100 {
 		var body bytes.Buffer
@@ -216,6 +229,7 @@ func (d *demoRun) post(ctx context.Context, docs []map[string]any) error {
 			return err
 		}
 		req.Header.Set("Content-Type", "application/x-ndjson")
+		auth.SetBearer(req.Header, d.stack.WriterToken)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			return fmt.Errorf("writer: %w", err)
@@ -253,7 +267,7 @@ func (d *demoRun) post(ctx context.Context, docs []map[string]any) error {
 func (d *demoRun) converge(ctx context.Context, phase string) error {
 	start := time.Now()
 	truth := &postgres.Postgres{Pool: d.pool}
-	stores := bothSides(d.stack.IndexAddr, d.stack.GraphAddr)
+	stores := bothSides(d.stack.IndexAddr, d.stack.GraphAddr, d.stack.OperatorToken)
 	var last verifyReport
 	for time.Since(start) < 2*time.Minute {
 		rep, err := runVerify(ctx, truth, stores, verify.DefaultBuckets, false)

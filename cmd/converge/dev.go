@@ -6,9 +6,11 @@ import (
 	"io"
 	"os"
 
+	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/config"
 	gbackends "github.com/converge-sync/converge/internal/graph/backends"
 	ibackends "github.com/converge-sync/converge/internal/index/backends"
+	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/notifier"
 	"github.com/converge-sync/converge/internal/roles"
 	"github.com/converge-sync/converge/internal/stack"
@@ -73,20 +75,34 @@ func dev(ctx context.Context, args []string, out io.Writer) error {
 	if s.Cluster != nil {
 		pgWhere += " (throwaway cluster)"
 	}
+	natsWho := "each service as its own user"
+	operator := fmt.Sprintf("export %s=%s", auth.EnvToken+"_FILE", s.OperatorTokenFile)
+	if s.OperatorNATSPasswordFile != "" {
+		operator += fmt.Sprintf("\n                 export %s=%s %s=%s", natsauth.EnvUser, s.OperatorNATS.User,
+			natsauth.EnvPassword+"_FILE", s.OperatorNATSPasswordFile)
+	} else {
+		natsWho = "given: its users are its operator's"
+	}
 	fmt.Fprintf(out, `
 converge dev is running:
   writer API     %s      (PUT /v1/documents/{key}, POST /v1/documents:batch)
+                 with the write token: curl -H "Authorization: Bearer $(cat %s)" ...
   postgres       %s
   roles          writer as %s, relay as %s; schema migrated as %s
-  nats           %s
+  nats           %s (%s)
   index          %s (search: converge search "text")
   graph          %s (converge graph KEY)
   notifier       %s
+  tokens         %s (operator: admin,read; writer-client: write)
+  as operator    %s
+                 then converge search, graph, verify, rebuild, backfill, status, replay and dlq work here
   verify         converge verify -postgres-url '%s'
   rebuild        converge rebuild index -postgres-url '%s'
+  status         converge status -postgres-url '%s' -nats-url %s
   data           %s
 Ctrl-C stops everything.
-`, s.APIURL, pgWhere, roles.Writer, roles.Relay, roles.Owner, s.NATSURL, s.Index.Describe(), s.Graph.Describe(), notifies, s.PostgresURL, s.PostgresURL, s.DataDir)
+`, s.APIURL, s.WriterTokenFile, pgWhere, roles.Writer, roles.Relay, roles.Owner, s.NATSURL, natsWho, s.Index.Describe(), s.Graph.Describe(), notifies,
+		s.TokensFile, operator, s.PostgresURL, s.PostgresURL, s.PostgresURL, s.NATSURL, s.DataDir)
 	select {
 	case <-ctx.Done():
 	case <-s.Done():

@@ -19,6 +19,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/graph"
 	graphembedded "github.com/converge-sync/converge/internal/graph/embedded"
@@ -57,7 +58,7 @@ func damageGraph(t *testing.T, s *stack.Stack, docs ...graph.Doc) {
 // graphView is what the graph projector serves about key, as a Doc.
 func graphView(t *testing.T, s *stack.Stack, key string) graph.Doc {
 	t.Helper()
-	v, err := (&graph.Client{Addr: s.GraphAddr}).Document(context.Background(), key)
+	v, err := (&graph.Client{Addr: s.GraphAddr, Token: s.OperatorToken}).Document(context.Background(), key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,12 +156,15 @@ func TestVerifyRepairThroughTheDevStack(t *testing.T) {
 			t.Errorf("stop: %v", err)
 		}
 	})
+	// converge verify runs as the operator, with the dev stack's token.
+	t.Setenv(auth.EnvToken+"_FILE", s.OperatorTokenFile)
 
 	for i := range 20 {
 		para := strings.Repeat(fmt.Sprintf("Paragraph about topic %d, with enough words to fill a chunk. ", i), 12)
 		body := fmt.Sprintf(`{"version":1,"title":"Doc %d","body":%q,"links":["doc-%02d"],"tags":["t%d"]}`, i, para+"\n\n"+para+"\n\n"+para, (i+1)%20, i%3)
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPut, s.APIURL+"/v1/documents/"+fmt.Sprintf("doc-%02d", i), strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
+		auth.SetBearer(req.Header, s.WriterToken)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)

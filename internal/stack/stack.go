@@ -12,6 +12,20 @@
 // writer and the relay connect as converge_writer and converge_relay, with
 // passwords made for this stack alone (kept in the Stack's URLs, never
 // printed nor logged).
+//
+// NATS and the HTTP APIs are secured as a deployment secures them. The
+// embedded NATS server admits only the users of internal/natsauth, each
+// with a random password made for this stack, and each service connects
+// as its own user (the writer as writer, the relay as relay, the
+// projectors and the notifier as theirs); the stack's own connection, which
+// ensures the documents' stream before the relay starts, is the relay's.
+// With a given NATS URL the services connect without credentials: that
+// server's operator decides who may do what. A tokens file in the data
+// directory (0600) holds two random tokens, operator (admin, read) and
+// writer-client (write); the writer and both projectors accept them, and
+// the operator's token, its NATS password and the writer-client's token
+// are in files of their own there, for the CLI (CONVERGE_TOKEN_FILE,
+// CONVERGE_NATS_PASSWORD_FILE) and a producer.
 package stack
 
 import (
@@ -36,9 +50,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/config"
 	gbackends "github.com/converge-sync/converge/internal/graph/backends"
 	ibackends "github.com/converge-sync/converge/internal/index/backends"
+	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/natsserver"
 	"github.com/converge-sync/converge/internal/notifier"
 	"github.com/converge-sync/converge/internal/pgcluster"
@@ -98,6 +114,23 @@ type Stack struct {
 	// read-only role of verify and status.
 	OwnerURL, WriterURL, RelayURL, ReaderURL string
 
+	// TokensFile (in the data directory, 0600) holds the bearer tokens
+	// the writer and both projectors accept: OperatorToken (scopes admin
+	// and read: verify, rebuild, search, graph, re-emission) and
+	// WriterToken (scope write: the documents' routes). Each token is also
+	// alone in a file of its own, OperatorTokenFile and WriterTokenFile
+	// (CONVERGE_TOKEN_FILE of the CLI). Never print the tokens.
+	TokensFile                         string
+	OperatorToken, WriterToken         string
+	OperatorTokenFile, WriterTokenFile string
+	// OperatorNATS is the operator's user on the embedded NATS server
+	// (converge status, replay, dlq), its password also in
+	// OperatorNATSPasswordFile (0600, CONVERGE_NATS_PASSWORD_FILE); both
+	// zero with a given NATS URL.
+	OperatorNATS             natsauth.ClientConfig
+	OperatorNATSPasswordFile string
+	natsPasswords            map[string]string // by user; nil with a given NATS URL
+
 	cancel context.CancelFunc
 	group  *errgroup.Group
 	relay  *relay.Relay // set once it is made
@@ -155,9 +188,17 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 		return nil, err
 	}
 
+	if err := s.writeTokens(); err != nil {
+		return nil, err
+	}
+
 	s.NATSURL = cfg.NATSURL
 	if s.NATSURL == "" {
-		if s.NATS, err = natsserver.Start(filepath.Join(dir, "nats"), -1); err != nil {
+		if err := s.makeNATSUsers(); err != nil {
+			return nil, err
+		}
+		if s.NATS, err = natsserver.StartWith(natsserver.Options{StoreDir: filepath.Join(dir, "nats"), Port: -1,
+			Users: natsauth.Users(s.natsPasswords)}); err != nil {
 			return nil, fmt.Errorf("start NATS: %w", err)
 		}
 		s.NATSURL = s.NATS.URL
@@ -174,23 +215,23 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 	listening := make(chan net.Addr, 1)
 	g.Go(func() error {
 		c := writer.ServiceConfig{PostgresURL: s.WriterURL, NATSURL: s.NATSURL, HTTPAddr: cfg.HTTPAddr,
-			MetricsAddr: cfg.WriterAddr, OnListen: func(a net.Addr) { listening <- a }}
+			MetricsAddr: cfg.WriterAddr, TokensFile: s.TokensFile, NATSAuth: s.NATSAuth(natsauth.UserWriter),
+			OnListen: func(a net.Addr) { listening <- a }}
 		return service.Run(runCtx, c, cfg.Log.With("service", "writer"), writer.Run)
 	})
 	// The relay ensures the stream too; doing it here first spares the
 	// projectors a retry when they start before it.
-	if err := ensureStream(ctx, s.NATSURL); err != nil {
+	if err := ensureStream(ctx, s.NATSURL, s.NATSAuth(natsauth.UserRelay)); err != nil {
 		return nil, err
 	}
 	relays := make(chan *relay.Relay, 1)
 	g.Go(func() error {
 		c := relay.ServiceConfig{Relay: relay.Config{PostgresURL: s.RelayURL}, NATSURL: s.NATSURL,
-			MetricsAddr: cfg.RelayAddr, OnStart: func(r *relay.Relay) { relays <- r }}
+			NATSAuth: s.NATSAuth(natsauth.UserRelay), MetricsAddr: cfg.RelayAddr, OnStart: func(r *relay.Relay) { relays <- r }}
 		return service.Run(runCtx, c, cfg.Log.With("service", "relay"), relay.Run)
 	})
 	g.Go(func() error {
-		c := ibackends.ServiceConfig{Store: *s.Config.Index, Projector: projector.ServiceConfig{
-			NATSURL: s.NATSURL, MetricsAddr: cfg.IndexAddr, Runtime: projector.Config{Name: "index"}}}
+		c := ibackends.ServiceConfig{Store: *s.Config.Index, Projector: s.projectorConfig("index", cfg.IndexAddr)}
 		return service.Run(runCtx, c, cfg.Log.With("service", "projector-index"), ibackends.Run)
 	})
 	if cfg.GraphChild {
@@ -199,15 +240,15 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 		}
 	} else {
 		g.Go(func() error {
-			c := gbackends.ServiceConfig{Store: *s.Config.Graph, Projector: projector.ServiceConfig{
-				NATSURL: s.NATSURL, MetricsAddr: cfg.GraphAddr, Runtime: projector.Config{Name: "graph"}}}
+			c := gbackends.ServiceConfig{Store: *s.Config.Graph, Projector: s.projectorConfig("graph", cfg.GraphAddr)}
 			return service.Run(runCtx, c, cfg.Log.With("service", "projector-graph"), gbackends.Run)
 		})
 	}
 	if cfg.Notifier != nil {
 		g.Go(func() error {
 			c := notifier.ServiceConfig{Notifier: *cfg.Notifier, Projector: projector.ServiceConfig{
-				NATSURL: s.NATSURL, MetricsAddr: cfg.NotifierAddr, Runtime: projector.Config{Name: "notifier"}}}
+				NATSURL: s.NATSURL, MetricsAddr: cfg.NotifierAddr, Runtime: projector.Config{Name: natsauth.NotifierName},
+				NATSAuth: s.NATSAuth(natsauth.UserNotifier)}}
 			return service.Run(runCtx, c, cfg.Log.With("service", "notifier"), notifier.Run)
 		})
 	}
@@ -241,9 +282,79 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 	return s, nil
 }
 
-// ensureStream creates the stream unless it exists.
-func ensureStream(ctx context.Context, natsURL string) error {
-	nc, err := nats.Connect(natsURL, nats.Name("converge-dev"))
+// projectorConfig is the service configuration of projector name (index
+// or graph) with its metrics and read API on addr: its own NATS user, and
+// the stack's tokens.
+func (s *Stack) projectorConfig(name, addr string) projector.ServiceConfig {
+	return projector.ServiceConfig{NATSURL: s.NATSURL, MetricsAddr: addr, Runtime: projector.Config{Name: name},
+		NATSAuth: s.NATSAuth(natsauth.ProjectorUser(name)), Security: auth.Settings{TokensFile: s.TokensFile}}
+}
+
+// NATSAuth is the credentials of user (a natsauth user name) on the
+// embedded NATS server: what a service started by the caller connects
+// with (InfraOnly). Zero with a given NATS URL, or for a user the server
+// does not know.
+func (s *Stack) NATSAuth(user string) natsauth.ClientConfig {
+	pw := s.natsPasswords[user]
+	if pw == "" {
+		return natsauth.ClientConfig{}
+	}
+	return natsauth.ClientConfig{User: user, Password: pw}
+}
+
+// makeNATSUsers makes a random password for every user of natsauth, and
+// writes the operator's to a file of the data directory.
+func (s *Stack) makeNATSUsers() error {
+	s.natsPasswords = map[string]string{}
+	for name := range natsauth.Permissions() {
+		s.natsPasswords[name] = rand.Text()
+	}
+	s.OperatorNATS = s.NATSAuth(natsauth.UserOperator)
+	s.OperatorNATSPasswordFile = filepath.Join(s.Config.DataDir, "operator.nats-password")
+	return writeSecret(s.OperatorNATSPasswordFile, s.OperatorNATS.Password)
+}
+
+// writeTokens writes the tokens file with a new random token for the
+// operator and one for the writer's clients, and each token alone in a
+// file of its own.
+func (s *Stack) writeTokens() error {
+	dir := s.Config.DataDir
+	s.OperatorToken, s.WriterToken = rand.Text(), rand.Text() // 26 characters, more than auth.MinTokenBytes
+	s.TokensFile = filepath.Join(dir, "tokens")
+	s.OperatorTokenFile = filepath.Join(dir, "operator.token")
+	s.WriterTokenFile = filepath.Join(dir, "writer-client.token")
+	lines := fmt.Sprintf("# the tokens of this stack's writer and projectors: name scopes token\n"+
+		"operator %s %s\nwriter-client %s %s\n", auth.Admin|auth.Read, s.OperatorToken, auth.Write, s.WriterToken)
+	for _, f := range []struct{ path, text string }{
+		{s.TokensFile, lines}, {s.OperatorTokenFile, s.OperatorToken + "\n"}, {s.WriterTokenFile, s.WriterToken + "\n"},
+	} {
+		if err := writeSecret(f.path, f.text); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeSecret writes text to path, readable by its owner alone (a file
+// left by an earlier run is replaced, and its mode set again).
+func writeSecret(path, text string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+		return err
+	}
+	return os.Chmod(path, 0o600)
+}
+
+// ensureStream creates the stream unless it exists, connected as
+// credentials say (the relay's: the stream is its to create).
+func ensureStream(ctx context.Context, natsURL string, credentials natsauth.ClientConfig) error {
+	opts, err := credentials.Options()
+	if err != nil {
+		return err
+	}
+	nc, err := nats.Connect(natsURL, append(opts, nats.Name("converge-dev"))...)
 	if err != nil {
 		return fmt.Errorf("connect NATS: %w", err)
 	}
@@ -307,11 +418,20 @@ func (s *Stack) StartGraphChild(ctx context.Context) error {
 		// The demo SIGKILLs this child: with a short ack wait, what it
 		// had in flight is delivered again to the next one within
 		// seconds rather than after the default minute.
-		c, err := proc.Start(exe, []string{"projector-graph", "-nats-url", s.NATSURL, "-data-dir", s.Config.DataDir,
-			"-metrics-addr", addr, "-log-level", "warn", "-ack-wait", "5s"},
+		args := []string{"projector-graph", "-nats-url", s.NATSURL, "-data-dir", s.Config.DataDir,
+			"-metrics-addr", addr, "-log-level", "warn", "-ack-wait", "5s", "-tokens-file", s.TokensFile}
+		var env []string
+		if na := s.NATSAuth(natsauth.UserGraph); na.User != "" {
+			// The password in the environment alone: a flag's value is
+			// in the process list.
+			args = append(args, "-nats-user", na.User)
+			env = append(env, natsauth.EnvPassword+"="+na.Password)
+		}
+		c, err := proc.Start(exe, args,
 			// A projector holds no Postgres credentials, and refuses to
-			// start with them: dev's own are not passed on.
-			proc.Options{Out: s.Config.LogOut, Unset: []string{config.EnvPostgresURL, config.EnvPostgresURL + "_FILE"}})
+			// start with them: dev's own are not passed on, nor the
+			// operator's NATS credentials and token a caller may have set.
+			proc.Options{Out: s.Config.LogOut, Env: env, Unset: childUnset})
 		if err != nil {
 			return fmt.Errorf("start the graph projector: %w", err)
 		}
@@ -334,6 +454,15 @@ func (s *Stack) StartGraphChild(ctx context.Context) error {
 			return err
 		}
 	}
+}
+
+// childUnset are variables of this process's environment the graph
+// projector child does not get: credentials that are not its own.
+var childUnset = []string{
+	config.EnvPostgresURL, config.EnvPostgresURL + "_FILE",
+	natsauth.EnvUser, natsauth.EnvPassword, natsauth.EnvPassword + "_FILE",
+	natsauth.EnvCreds, natsauth.EnvCreds + "_FILE", natsauth.EnvNKey, natsauth.EnvNKey + "_FILE",
+	auth.EnvToken, auth.EnvToken + "_FILE", auth.EnvTokensFile,
 }
 
 // KillGraphChild SIGKILLs the graph projector child and reaps it.
