@@ -7,6 +7,12 @@
 // its context is canceled and its Run has returned. Services stop in the
 // reverse order of their start, so consumers stop before what feeds them.
 //
+// NATS admits every client unless the Stack is made [WithNATSUsers]: then
+// the server admits only the users of internal/natsauth, each with a
+// password made for the test, and the Stack's Start methods
+// ([Stack.StartWriter], [Stack.StartRelay], [Stack.StartProjector]) give
+// each service its own user, as a deployment does.
+//
 // The package imports the writer, the relay and the projector runtime, so
 // only their external test packages can use it; the notifier's own tests
 // run notifier.Run through [Start].
@@ -14,6 +20,7 @@ package stacktest
 
 import (
 	"context"
+	"crypto/rand"
 	"log/slog"
 	"net"
 	"net/http"
@@ -22,8 +29,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/converge-sync/converge/internal/natsauth"
+	"github.com/converge-sync/converge/internal/natsserver"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/relay"
 	"github.com/converge-sync/converge/internal/schema"
@@ -48,16 +59,39 @@ type Stack struct {
 	PostgresURL string
 	Pool        *pgxpool.Pool
 	NATS        *testenv.NATS
-	JetStream   jetstream.JetStream
+	// JetStream is the test's own connection, allowed everything (with
+	// [WithNATSUsers], as the harness's user, HarnessUser).
+	JetStream jetstream.JetStream
+
+	natsPasswords map[string]string // by user; nil: NATS admits everyone
 }
+
+// HarnessUser is the NATS user of the Stack's own connection
+// (Stack.JetStream) on a server [WithNATSUsers]: it may do anything, as the
+// test that set up what the services consume must.
+const HarnessUser = "stacktest"
+
+// Option changes what [New] starts.
+type Option func(*options)
+
+type options struct{ natsUsers bool }
+
+// WithNATSUsers starts NATS admitting only the users of internal/natsauth
+// (natsauth.Users), each with a random password, and [HarnessUser]; see
+// [Stack.NATSAuth].
+func WithNATSUsers() Option { return func(o *options) { o.natsUsers = true } }
 
 // New makes a migrated database with the relay's slot in pg (none when pg
 // is nil: a test of services that hold no Postgres credentials) and
 // starts an embedded NATS server; both go when the test ends, after its
 // services have stopped. The documents' stream is not created: the relay
 // creates it, or the test.
-func New(t testing.TB, pg *testenv.Postgres) *Stack {
+func New(t testing.TB, pg *testenv.Postgres, opts ...Option) *Stack {
 	t.Helper()
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
 	s := &Stack{}
 	if pg != nil {
 		s.PostgresURL = pg.MigratedDatabase(t)
@@ -75,13 +109,96 @@ func New(t testing.TB, pg *testenv.Postgres) *Stack {
 		t.Cleanup(func() { dropSlots(t, pool) })
 		s.Pool = pool
 	}
-	s.NATS = testenv.StartNATS(t)
-	js, err := jetstream.New(s.NATS.Connect(t))
+	if !o.natsUsers {
+		s.NATS = testenv.StartNATS(t)
+		js, err := jetstream.New(s.NATS.Connect(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.JetStream = js
+		return s
+	}
+	s.natsPasswords = map[string]string{}
+	for name := range natsauth.Permissions() {
+		s.natsPasswords[name] = rand.Text()
+	}
+	harness := rand.Text()
+	users := append(natsauth.Users(s.natsPasswords), &server.User{Username: HarnessUser, Password: harness})
+	ns, err := natsserver.StartWith(natsserver.Options{StoreDir: t.TempDir(), Port: -1, Users: users})
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.JetStream = js
+	t.Cleanup(ns.Shutdown)
+	s.NATS = &testenv.NATS{Server: ns}
+	nc, err := nats.Connect(ns.URL, nats.Name(t.Name()), nats.UserInfo(HarnessUser, harness))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	if s.JetStream, err = jetstream.New(nc); err != nil {
+		t.Fatal(err)
+	}
 	return s
+}
+
+// NATSAuth is the credentials of user (a natsauth user name) on a Stack
+// [WithNATSUsers]; zero without it. A user the server does not know fails
+// the test: a service given none would be refused.
+func (s *Stack) NATSAuth(t testing.TB, user string) natsauth.ClientConfig {
+	t.Helper()
+	if s.natsPasswords == nil {
+		return natsauth.ClientConfig{}
+	}
+	pw := s.natsPasswords[user]
+	if pw == "" {
+		t.Fatalf("stacktest: NATS has no user %q (natsauth.Permissions names its users)", user)
+	}
+	return natsauth.ClientConfig{User: user, Password: pw}
+}
+
+// StartWriter is [StartWriter] over the Stack: the database when
+// cfg.PostgresURL is empty, and the writer's NATS user when cfg.NATSURL
+// (the ingest consumer) is the Stack's and cfg.NATSAuth is zero.
+func (s *Stack) StartWriter(t testing.TB, cfg writer.ServiceConfig) (string, *Service) {
+	t.Helper()
+	if cfg.PostgresURL == "" {
+		cfg.PostgresURL = s.PostgresURL
+	}
+	if cfg.NATSURL == s.NATS.URL && cfg.NATSAuth == (natsauth.ClientConfig{}) {
+		cfg.NATSAuth = s.NATSAuth(t, natsauth.UserWriter)
+	}
+	return StartWriter(t, cfg)
+}
+
+// StartRelay is [StartRelay] over the Stack: its database and NATS where
+// cfg leaves them empty, as the relay's own user.
+func (s *Stack) StartRelay(t testing.TB, cfg relay.ServiceConfig) (*relay.Relay, *Service) {
+	t.Helper()
+	if cfg.Relay.PostgresURL == "" {
+		cfg.Relay.PostgresURL = s.PostgresURL
+	}
+	if cfg.NATSURL == "" {
+		cfg.NATSURL = s.NATS.URL
+	}
+	if cfg.NATSURL == s.NATS.URL && cfg.NATSAuth == (natsauth.ClientConfig{}) {
+		cfg.NATSAuth = s.NATSAuth(t, natsauth.UserRelay)
+	}
+	return StartRelay(t, cfg)
+}
+
+// StartProjector is [StartProjector] over the Stack's NATS (where
+// sc.NATSURL is empty), as the projector's own user,
+// natsauth.ProjectorUser(sc.Runtime.Name): with [WithNATSUsers] the name is
+// one natsauth knows (index or graph).
+func (s *Stack) StartProjector(t testing.TB, sc projector.ServiceConfig, store projector.Store, routes map[string]http.Handler) *Service {
+	t.Helper()
+	if sc.NATSURL == "" {
+		sc.NATSURL = s.NATS.URL
+	}
+	if sc.NATSURL == s.NATS.URL && sc.NATSAuth == (natsauth.ClientConfig{}) {
+		sc.NATSAuth = s.NATSAuth(t, natsauth.ProjectorUser(sc.Runtime.Name))
+	}
+	return StartProjector(t, sc, store, routes)
 }
 
 // Service is a service running in the test.

@@ -3,6 +3,7 @@ package stacktest_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"strings"
@@ -10,10 +11,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/relay"
 	"github.com/converge-sync/converge/internal/service"
+	"github.com/converge-sync/converge/internal/stack"
 	"github.com/converge-sync/converge/internal/stack/stacktest"
+	"github.com/converge-sync/converge/internal/telemetry"
 	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/internal/writer"
 	"github.com/converge-sync/converge/pkg/contract"
@@ -71,6 +79,93 @@ func TestPipeline(t *testing.T) {
 		t.Fatalf("PUT a document: %s", resp.Status)
 	}
 	testenv.Eventually(t, "the projector to see version 3 of a", 20*time.Second, func() bool { return store.version("a") == 3 })
+}
+
+// With NATS users, the writer (its API and its ingest consumer), the relay
+// and a projector each run as their own user, and a producer publishes to
+// the writer's queue as its own: the pipeline works end to end, every
+// connection is its service's user, the server refused none of them
+// anything, and a client without credentials is refused.
+func TestPipelineWithNATSUsers(t *testing.T) {
+	st := stacktest.New(t, pg, stacktest.WithNATSUsers())
+	addrs := map[string]string{}
+	for _, name := range []string{"writer", "relay", "index"} {
+		a, err := stack.FreeAddr()
+		if err != nil {
+			t.Fatal(err)
+		}
+		addrs[name] = a
+	}
+	api, _ := st.StartWriter(t, writer.ServiceConfig{NATSURL: st.NATS.URL, MetricsAddr: addrs["writer"]})
+	st.StartRelay(t, relay.ServiceConfig{MetricsAddr: addrs["relay"]})
+	store := &seen{versions: map[string]int64{}}
+	st.StartProjector(t, projector.ServiceConfig{MetricsAddr: addrs["index"], Runtime: projector.Config{Name: "index"}}, store, nil)
+
+	req, err := http.NewRequest(http.MethodPut, api+"/v1/documents/a", strings.NewReader(`{"version":3,"body":"a body"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("PUT a document: %s", resp.Status)
+	}
+
+	// A producer's document, through the writer's ingest consumer (the
+	// publish is answered once the writer has made its stream).
+	pc := st.NATSAuth(t, natsauth.UserProducer)
+	nc, err := nats.Connect(st.NATS.URL, nats.Name("a producer"), nats.UserInfo(pc.User, pc.Password))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	pjs, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, "the producer's publish to be acknowledged", 20*time.Second, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err := pjs.Publish(ctx, contract.IngestSubject("b"), []byte(`{"key":"b","version":2,"body":"b body"}`))
+		return err == nil
+	})
+	testenv.Eventually(t, "the projector to see a at 3 and b at 2", 20*time.Second, func() bool {
+		return store.version("a") == 3 && store.version("b") == 2
+	})
+
+	want := map[string]string{"converge-writer": natsauth.UserWriter, "converge-relay": natsauth.UserRelay,
+		"converge-projector-index": natsauth.UserIndex}
+	cz, err := st.NATS.Server.Server.Connz(&server.ConnzOptions{Username: true, Limit: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, c := range cz.Conns {
+		if c.Name == t.Name() || c.Name == "a producer" {
+			continue // the test's own connections
+		}
+		got[c.Name] = c.AuthorizedUser
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("connections %v, want %v", got, want)
+	}
+	for name, addr := range addrs {
+		m, err := telemetry.Scrape(context.Background(), "http://"+addr+"/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := m.Sum("converge_nats_permission_violations_total", nil); n != 0 {
+			t.Errorf("%s: %v NATS permission violations", name, n)
+		}
+	}
+	if nc, err := nats.Connect(st.NATS.URL); err == nil {
+		nc.Close()
+		t.Error("a client without credentials was admitted")
+	}
 }
 
 // config is a service's configuration that dials nothing.
