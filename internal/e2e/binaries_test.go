@@ -237,28 +237,12 @@ func testBinaries(t *testing.T, bin *testenv.Binaries, n *testenv.Neo4j) {
 	api := "http://" + httpAddr
 	refusals := checkDenials(t, denialRun{bin: bin, cli: cmd, creds: creds, natsURL: nats.URL, api: api, indexAddr: iAddr})
 
-	// The CLI's credentials: the reader's URL, the operator's token and
-	// NATS user. A command that does not send the token yet reaches the
-	// guarded services through a proxy that adds it, so that the steps
-	// below still run; a command that does not take the NATS user yet is
-	// skipped (NATS admits no one without credentials).
-	opToken := []string{auth.EnvToken + "=" + creds.operator}
-	opEnv := append(append([]string{}, reader...), opToken...)
+	// The operator's credentials: the reader's URL, the operator's token
+	// (verify reads the projectors, rebuild and --repair are admin's), and
+	// its NATS user (replay, status).
+	opEnv := append(append([]string{}, reader...), auth.EnvToken+"="+creds.operator)
 	opNATS := append(natsArgs(natsauth.UserOperator), "-nats-url", nats.URL)
-	cliIndex, cliGraph, cliAPI := iAddr, gAddr, api
-	if out, err := cmd.run(opToken, "search", "-index-addr", iAddr, "-k", "1", "probe"); err != nil {
-		t.Logf("NOTE: converge does not send %s yet (converge search with it: %v: %s); its HTTP calls go through a proxy that adds the operator's token",
-			auth.EnvToken, err, strings.TrimSpace(out))
-		cliIndex, cliGraph = bearerProxy(t, iAddr, creds.operator), bearerProxy(t, gAddr, creds.operator)
-		cliAPI = "http://" + bearerProxy(t, httpAddr, creds.operator)
-	}
-	natsCLI := func(sub string) bool {
-		if cmd.takes(sub, "nats-user") {
-			return true
-		}
-		t.Logf("NOTE: converge %s does not take -nats-user yet: its NATS step is skipped", sub)
-		return false
-	}
+	opNATSEnv := append(append([]string{}, reader...), creds.natsEnv(natsauth.UserOperator)...)
 
 	// Write 400 documents in batches while each service is SIGKILLed once
 	// at a random point and restarted.
@@ -284,7 +268,7 @@ func testBinaries(t *testing.T, bin *testenv.Binaries, n *testenv.Neo4j) {
 		t.Fatal(err)
 	}
 
-	verifyArgs := []string{"verify", "--json", "-index-addr", cliIndex, "-graph-addr", cliGraph}
+	verifyArgs := []string{"verify", "--json", "-index-addr", iAddr, "-graph-addr", gAddr}
 	agrees := func() bool {
 		_, err := cmd.run(opEnv, verifyArgs...)
 		return err == nil
@@ -295,13 +279,11 @@ func testBinaries(t *testing.T, bin *testenv.Binaries, n *testenv.Neo4j) {
 	// from scratch, SIGKILLing its projector in the middle of the rebuild:
 	// the restarted projector resumes it, and converge rebuild (which
 	// keeps polling through the restart) reports it done and verified.
-	if natsCLI("replay") {
-		if out, err := cmd.run(creds.natsEnv(natsauth.UserOperator), append([]string{"replay", "index", "--from-seq", "1"}, opNATS...)...); err != nil {
-			t.Fatalf("converge replay index: %v\n%s", err, out)
-		}
+	if out, err := cmd.run(opNATSEnv, append([]string{"replay", "index", "--from-seq", "1"}, opNATS...)...); err != nil {
+		t.Fatalf("converge replay index: %v\n%s", err, out)
 	}
 	gx := services[3]
-	rebuildCmd := cmd.command(opEnv, "rebuild", "graph", "--json", "-graph-addr", cliGraph)
+	rebuildCmd := cmd.command(opEnv, "rebuild", "graph", "--json", "-graph-addr", gAddr)
 	var rebuildOut bytes.Buffer
 	rebuildCmd.Stdout, rebuildCmd.Stderr = &rebuildOut, &rebuildOut
 	if err := rebuildCmd.Start(); err != nil {
@@ -376,12 +358,8 @@ func testBinaries(t *testing.T, bin *testenv.Binaries, n *testenv.Neo4j) {
 		t.Fatalf("live graph generation after the rebuild: %q, %v; want a fresh one", live, err)
 	}
 	testenv.Eventually(t, "converge verify to exit 0 after the replays", 90*time.Second, agrees)
-	if natsCLI("status") {
-		if out, err := cmd.run(append(creds.natsEnv(natsauth.UserOperator), reader...), append([]string{"status"}, opNATS...)...); err != nil || !strings.Contains(out, "CONSUMER") {
-			t.Fatalf("converge status: %v\n%s", err, out)
-		}
-	} else if out, err := cmd.run(reader, "status"); err != nil || !strings.Contains(out, "converge_relay") {
-		t.Fatalf("converge status (Postgres only): %v\n%s", err, out)
+	if out, err := cmd.run(opNATSEnv, append([]string{"status"}, opNATS...)...); err != nil || !strings.Contains(out, "CONSUMER") {
+		t.Fatalf("converge status: %v\n%s", err, out)
 	}
 
 	// Damage both stores behind the projectors' backs (stopped, so that
@@ -454,7 +432,7 @@ func testBinaries(t *testing.T, bin *testenv.Binaries, n *testenv.Neo4j) {
 	}
 	// --repair re-emits those documents through the writer; the normal
 	// path repairs them and verify agrees again.
-	out, err = cmd.run(opEnv, "verify", "--repair", "-index-addr", cliIndex, "-graph-addr", cliGraph, "-writer-url", cliAPI)
+	out, err = cmd.run(opEnv, "verify", "--repair", "-index-addr", iAddr, "-graph-addr", gAddr, "-writer-url", api)
 	if err != nil {
 		t.Fatalf("converge verify --repair: %v\n%s", err, out)
 	}

@@ -9,9 +9,6 @@ import (
 	"io"
 	"maps"
 	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -205,12 +202,6 @@ func (c *cli) run(env []string, args ...string) (string, error) {
 	return string(out), err
 }
 
-// takes reports whether `converge sub` has flag (its usage names it).
-func (c *cli) takes(sub, flag string) bool {
-	out, _ := exec.Command(c.path, sub, "-h").CombinedOutput()
-	return strings.Contains(string(out), "-"+flag+" ")
-}
-
 func withoutCredentials() []string {
 	var env []string
 	for _, kv := range os.Environ() {
@@ -220,23 +211,6 @@ func withoutCredentials() []string {
 		}
 	}
 	return env
-}
-
-// bearerProxy forwards to addr, adding token to each request that carries
-// no Authorization of its own; it returns its host:port.
-func bearerProxy(t *testing.T, addr, token string) string {
-	t.Helper()
-	p := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: "http", Host: addr})
-	direct := p.Director
-	p.Director = func(r *http.Request) {
-		direct(r)
-		if r.Header.Get("Authorization") == "" {
-			auth.SetBearer(r.Header, token)
-		}
-	}
-	s := httptest.NewServer(p)
-	t.Cleanup(s.Close)
-	return strings.TrimPrefix(s.URL, "http://")
 }
 
 // secrets are the secrets of a run, by what they are.

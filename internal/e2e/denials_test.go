@@ -94,6 +94,17 @@ func checkDenials(t *testing.T, d denialRun) refusals {
 		t.Fatal(err)
 	}
 	r.expectStatus(t, "projector-index GET "+index.SearchPath+" without a token", req, http.StatusUnauthorized)
+	// And through the CLI: converge search without CONVERGE_TOKEN is
+	// refused; with the reader's token it is answered.
+	out, err := d.cli.run(nil, "search", "-index-addr", d.indexAddr, "-k", "1", "probe")
+	if line := lineWith(out, "401"); err == nil || line == "" {
+		t.Errorf("converge search without %s: %v\n%s", auth.EnvToken, err, out)
+	} else {
+		saw("converge search without "+auth.EnvToken, line)
+	}
+	if out, err := d.cli.run([]string{auth.EnvToken + "=" + d.creds.read}, "search", "-index-addr", d.indexAddr, "-k", "1", "probe"); err != nil {
+		t.Errorf("converge search with the reader's token: %v\n%s", err, out)
+	}
 
 	// Postgres checks each role's password: the reader's URL with the
 	// writer's password is refused.
@@ -101,7 +112,7 @@ func checkDenials(t *testing.T, d denialRun) refusals {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := d.cli.run([]string{config.EnvPostgresURL + "=" + wrong}, "status")
+	out, err = d.cli.run([]string{config.EnvPostgresURL + "=" + wrong}, "status")
 	if line := lineWith(out, "password authentication failed"); err == nil || line == "" {
 		t.Errorf("converge status as %s with another role's password: %v\n%s", roles.Reader, err, out)
 	} else {
