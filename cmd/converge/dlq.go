@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/deadletter"
 	"github.com/converge-sync/converge/internal/docstore"
@@ -119,8 +120,16 @@ func parseInterspersed(f *config.Flags, args []string) ([]string, error) {
 
 // openDLQ connects to NATS and opens the dead-letter queue. The caller
 // closes the connection.
-func openDLQ(ctx context.Context, url string) (*nats.Conn, *deadletter.Queue, error) {
-	nc, err := nats.Connect(url, nats.Name("converge-dlq"))
+func openDLQ(ctx context.Context, url string, credentials func() (natsauth.ClientConfig, error)) (*nats.Conn, *deadletter.Queue, error) {
+	na, err := credentials()
+	if err != nil {
+		return nil, nil, err
+	}
+	opts, err := na.Options()
+	if err != nil {
+		return nil, nil, err
+	}
+	nc, err := nats.Connect(url, append(opts, nats.Name("converge-dlq"))...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("dlq: connect nats: %w", err)
 	}
@@ -140,6 +149,7 @@ func openDLQ(ctx context.Context, url string) (*nats.Conn, *deadletter.Queue, er
 func dlqList(ctx context.Context, args []string, out io.Writer) error {
 	f := config.NewFlags("converge dlq list")
 	natsURL := f.String("nats-url", config.EnvNATSURL, "", "NATS URL")
+	natsAuth := natsauth.Flags(f)
 	asJSON := f.Bool("json", "", false, "machine-readable output")
 	pos, err := parseInterspersed(f, args)
 	if err != nil {
@@ -151,7 +161,7 @@ func dlqList(ctx context.Context, args []string, out io.Writer) error {
 	if err := config.Require(*natsURL, "nats-url", config.EnvNATSURL); err != nil {
 		return err
 	}
-	nc, q, err := openDLQ(ctx, *natsURL)
+	nc, q, err := openDLQ(ctx, *natsURL, natsAuth)
 	if err != nil {
 		return err
 	}
@@ -201,6 +211,7 @@ func timeOrDash(t time.Time) string {
 func dlqShow(ctx context.Context, args []string, out io.Writer) error {
 	f := config.NewFlags("converge dlq show")
 	natsURL := f.String("nats-url", config.EnvNATSURL, "", "NATS URL")
+	natsAuth := natsauth.Flags(f)
 	limit := f.Int("limit", "", 100, "show at most this many dead letters, oldest first (0: all)")
 	asJSON := f.Bool("json", "", false, "machine-readable output")
 	pos, err := parseInterspersed(f, args)
@@ -216,7 +227,7 @@ func dlqShow(ctx context.Context, args []string, out io.Writer) error {
 	if err := config.Require(*natsURL, "nats-url", config.EnvNATSURL); err != nil {
 		return err
 	}
-	nc, q, err := openDLQ(ctx, *natsURL)
+	nc, q, err := openDLQ(ctx, *natsURL, natsAuth)
 	if err != nil {
 		return err
 	}
@@ -279,6 +290,7 @@ func (l *seqList) Set(v string) error {
 func dlqRedrive(ctx context.Context, args []string, out io.Writer) error {
 	f := config.NewFlags("converge dlq redrive")
 	natsURL := f.String("nats-url", config.EnvNATSURL, "", "NATS URL")
+	natsAuth := natsauth.Flags(f)
 	writerURL := f.String("writer-url", envWriterURL, "http://127.0.0.1:8080", "the writer's API, which re-emits the documents of CONVERGE_DOCS's dead letters")
 	var seqs seqList
 	f.Var(&seqs, "seq", "redrive the dead letter with this CONVERGE_DLQ sequence (repeatable, or comma-separated)")
@@ -304,8 +316,11 @@ func dlqRedrive(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if wc.Token, err = auth.TokenFromEnv(); err != nil {
+		return err
+	}
 	consumer := pos[0]
-	nc, q, err := openDLQ(ctx, *natsURL)
+	nc, q, err := openDLQ(ctx, *natsURL, natsAuth)
 	if err != nil {
 		return err
 	}
