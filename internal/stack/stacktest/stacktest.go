@@ -28,6 +28,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -37,6 +38,7 @@ import (
 	"github.com/converge-sync/converge/internal/natsserver"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/relay"
+	"github.com/converge-sync/converge/internal/roles"
 	"github.com/converge-sync/converge/internal/schema"
 	"github.com/converge-sync/converge/internal/service"
 	"github.com/converge-sync/converge/internal/testenv"
@@ -58,7 +60,12 @@ type Stack struct {
 	// Postgres.
 	PostgresURL string
 	Pool        *pgxpool.Pool
-	NATS        *testenv.NATS
+	// WriterURL and RelayURL are PostgresURL as converge_writer and
+	// converge_relay (internal/roles, applied by New): the Stack's writer
+	// and relay run as their roles, as deployed. The test cluster trusts
+	// local connections, so they carry no password.
+	WriterURL, RelayURL string
+	NATS                *testenv.NATS
 	// JetStream is the test's own connection, allowed everything (with
 	// [WithNATSUsers], as the harness's user, HarnessUser).
 	JetStream jetstream.JetStream
@@ -96,6 +103,7 @@ func New(t testing.TB, pg *testenv.Postgres, opts ...Option) *Stack {
 	if pg != nil {
 		s.PostgresURL = pg.MigratedDatabase(t)
 		ctx := context.Background()
+		applyRoles(t, s)
 		if _, err := schema.EnsureSlot(ctx, s.PostgresURL, slot); err != nil {
 			t.Fatal(err)
 		}
@@ -162,7 +170,7 @@ func (s *Stack) NATSAuth(t testing.TB, user string) natsauth.ClientConfig {
 func (s *Stack) StartWriter(t testing.TB, cfg writer.ServiceConfig) (string, *Service) {
 	t.Helper()
 	if cfg.PostgresURL == "" {
-		cfg.PostgresURL = s.PostgresURL
+		cfg.PostgresURL = s.WriterURL
 	}
 	if cfg.NATSURL == s.NATS.URL && cfg.NATSAuth == (natsauth.ClientConfig{}) {
 		cfg.NATSAuth = s.NATSAuth(t, natsauth.UserWriter)
@@ -175,7 +183,7 @@ func (s *Stack) StartWriter(t testing.TB, cfg writer.ServiceConfig) (string, *Se
 func (s *Stack) StartRelay(t testing.TB, cfg relay.ServiceConfig) (*relay.Relay, *Service) {
 	t.Helper()
 	if cfg.Relay.PostgresURL == "" {
-		cfg.Relay.PostgresURL = s.PostgresURL
+		cfg.Relay.PostgresURL = s.RelayURL
 	}
 	if cfg.NATSURL == "" {
 		cfg.NATSURL = s.NATS.URL
@@ -335,5 +343,27 @@ func dropSlots(t testing.TB, pool *pgxpool.Pool) {
 			return
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// applyRoles applies converge's roles to the Stack's database (without
+// passwords: a role keeps the one it has) and makes the writer's and the
+// relay's URLs.
+func applyRoles(t testing.TB, s *Stack) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, s.PostgresURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := roles.Apply(ctx, conn, roles.Options{Database: conn.Config().Database}); err != nil {
+		t.Fatalf("apply the roles: %v", err)
+	}
+	if s.WriterURL, err = roles.URL(s.PostgresURL, roles.Writer, ""); err != nil {
+		t.Fatal(err)
+	}
+	if s.RelayURL, err = roles.URL(s.PostgresURL, roles.Relay, ""); err != nil {
+		t.Fatal(err)
 	}
 }
