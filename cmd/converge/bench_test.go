@@ -26,6 +26,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/chunking"
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/embed"
@@ -36,6 +37,7 @@ import (
 	"github.com/converge-sync/converge/internal/index"
 	ibackends "github.com/converge-sync/converge/internal/index/backends"
 	iembedded "github.com/converge-sync/converge/internal/index/embedded"
+	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/natsserver"
 	"github.com/converge-sync/converge/internal/proc"
 	"github.com/converge-sync/converge/internal/projector"
@@ -266,11 +268,16 @@ func startBenchStack(b *testing.B, processes bool) (*benchStack, string) {
 			b.Fatalf("start the services: %v", err)
 		}
 	}
-	if s.pool, err = pgxpool.New(ctx, dev.PostgresURL); err != nil {
+	if s.pool, err = pgxpool.New(ctx, dev.ReaderURL); err != nil {
 		s.close(b)
 		b.Fatal(err)
 	}
-	if s.nc, err = nats.Connect(dev.NATSURL); err != nil {
+	natsOpts, err := dev.OperatorNATS.Options()
+	if err != nil {
+		s.close(b)
+		b.Fatal(err)
+	}
+	if s.nc, err = nats.Connect(dev.NATSURL, natsOpts...); err != nil {
 		s.close(b)
 		b.Fatal(err)
 	}
@@ -293,17 +300,25 @@ var benchServices = []string{"writer", "relay", "projector-index", "projector-gr
 
 func (s *benchStack) startServices(ctx context.Context, bin *testenv.Binaries) error {
 	cfg := s.dev.Config
-	pg, natsURL, data := s.dev.PostgresURL, s.dev.NATSURL, cfg.DataDir
+	natsURL, data, tokens := s.dev.NATSURL, cfg.DataDir, s.dev.TokensFile
+	// Each service runs as its own Postgres role and NATS user, as
+	// deployed; passwords travel in the environment, never in argv.
 	for _, svc := range []struct {
-		name string
-		args []string
+		name, user string
+		args       []string
 	}{
-		{"writer", []string{"-postgres-url", pg, "-http-addr", cfg.HTTPAddr, "-metrics-addr", cfg.WriterAddr}},
-		{"relay", []string{"-postgres-url", pg, "-nats-url", natsURL, "-metrics-addr", cfg.RelayAddr}},
-		{"projector-index", []string{"-nats-url", natsURL, "-data-dir", data, "-metrics-addr", cfg.IndexAddr}},
-		{"projector-graph", []string{"-nats-url", natsURL, "-data-dir", data, "-metrics-addr", cfg.GraphAddr}},
+		{"writer", natsauth.UserWriter, []string{"-postgres-url", s.dev.WriterURL, "-http-addr", cfg.HTTPAddr, "-metrics-addr", cfg.WriterAddr, "-tokens-file", tokens}},
+		{"relay", natsauth.UserRelay, []string{"-postgres-url", s.dev.RelayURL, "-nats-url", natsURL, "-metrics-addr", cfg.RelayAddr}},
+		{"projector-index", natsauth.UserIndex, []string{"-nats-url", natsURL, "-data-dir", data, "-metrics-addr", cfg.IndexAddr, "-tokens-file", tokens}},
+		{"projector-graph", natsauth.UserGraph, []string{"-nats-url", natsURL, "-data-dir", data, "-metrics-addr", cfg.GraphAddr, "-tokens-file", tokens}},
 	} {
-		c, err := proc.Start(bin.Path(svc.name), append(svc.args, "-log-level", "warn"), proc.Options{Out: os.Stderr})
+		args := append(svc.args, "-log-level", "warn")
+		opts := proc.Options{Out: os.Stderr, Unset: []string{config.EnvPostgresURL, natsauth.EnvUser, natsauth.EnvPassword}}
+		if na := s.dev.NATSAuth(svc.user); na.User != "" && svc.name != "writer" {
+			args = append(args, "-nats-user", na.User)
+			opts.Env = append(opts.Env, natsauth.EnvPassword+"="+na.Password)
+		}
+		c, err := proc.Start(bin.Path(svc.name), args, opts)
 		if err != nil {
 			return fmt.Errorf("start %s: %w", svc.name, err)
 		}
@@ -466,6 +481,7 @@ func (s *benchStack) postBatch(ctx context.Context, body []byte) (int, error) {
 		return 0, err
 	}
 	req.Header.Set("Content-Type", "application/x-ndjson")
+	auth.SetBearer(req.Header, s.dev.WriterToken)
 	resp, err := s.client.Do(req)
 	if err != nil {
 		return 0, fmt.Errorf("writer: %w", err)
@@ -534,8 +550,8 @@ func (s *benchStack) mustAgree(ctx context.Context, b *testing.B) {
 		kind verify.Kind
 		side verify.Side
 	}{
-		{verify.Index, &verify.Remote{Label: "index", Addr: s.dev.IndexAddr}},
-		{verify.Graph, &verify.Remote{Label: "graph", Addr: s.dev.GraphAddr}},
+		{verify.Index, &verify.Remote{Label: "index", Addr: s.dev.IndexAddr, Token: s.dev.OperatorToken}},
+		{verify.Graph, &verify.Remote{Label: "graph", Addr: s.dev.GraphAddr, Token: s.dev.OperatorToken}},
 	} {
 		rep, err := verify.Compare(ctx, truth, side.side, side.kind, verify.DefaultBuckets, nil)
 		if err != nil {
@@ -746,6 +762,7 @@ func (s *benchStack) put(ctx context.Context, u string, body []byte) error {
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	auth.SetBearer(req.Header, s.dev.WriterToken)
 	resp, err := s.client.Do(req)
 	if err != nil {
 		return fmt.Errorf("writer: %w", err)
