@@ -11,6 +11,9 @@ type Metrics struct {
 	BatchSeconds    prometheus.Histogram
 	CommitToApplied prometheus.Histogram
 	Pending         prometheus.Gauge
+	// Missed counts the events never delivered (Config.EveryEvent): purged
+	// by the stream's per-subject limit before the runtime read them.
+	Missed prometheus.Counter
 }
 
 // latencyBuckets are the bounds (seconds) of the commit -> applied
@@ -44,9 +47,11 @@ func NewMetrics(reg prometheus.Registerer, name ...string) *Metrics {
 			Help: "From the event's Postgres commit to its store write.", Buckets: latencyBuckets}),
 		Pending: prometheus.NewGauge(prometheus.GaugeOpts{Name: "converge_projector_consumer_pending", ConstLabels: labels,
 			Help: "Messages of the stream not yet acknowledged by this projector (consumer lag)."}),
+		Missed: prometheus.NewCounter(prometheus.CounterOpts{Name: "converge_projector_missed_events_total", ConstLabels: labels,
+			Help: "Events this projector never received (it needs every event): stream sequences purged by the stream's per-subject limit before it read them."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Events, m.DeadLetters, m.Retries, m.BatchSeconds, m.CommitToApplied, m.Pending)
+		reg.MustRegister(m.Events, m.DeadLetters, m.Retries, m.BatchSeconds, m.CommitToApplied, m.Pending, m.Missed)
 	}
 	return m
 }

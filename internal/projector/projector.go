@@ -7,6 +7,9 @@
 //
 //  1. fetch up to BatchSize messages from a durable pull consumer with
 //     explicit acknowledgements;
+//     With Config.EveryEvent, a stream sequence the fetch stepped over (an
+//     event purged before it was read) is counted and logged as a gap
+//     (see [GapRecord]), in fetch order, before the batch is sharded;
 //  2. decode each message; one that is not a valid event is dead-lettered
 //     to converge.dlq.<name> at once (it can never apply);
 //  3. keep only the newest version of each document (older versions of it
@@ -234,7 +237,9 @@ type Config struct {
 	// newest version of each document: for a store whose effect is one per
 	// event (the notifier) rather than a document's state. An event the
 	// store asks to have redelivered ([Redeliver]) comes back after the
-	// later versions of its document that succeeded meanwhile.
+	// later versions of its document that succeeded meanwhile. A runtime
+	// with EveryEvent also reports every event it never received (see
+	// [GapRecord]).
 	EveryEvent bool
 }
 
@@ -284,6 +289,11 @@ type Runtime struct {
 	// consumed: this runtime had a consumer, so its disappearance is an
 	// operator's doing.
 	consumed bool
+	// gaps follows the stream sequences delivered (Config.EveryEvent); the
+	// consuming goroutine alone uses it.
+	gaps      gapDetector
+	gapMu     sync.Mutex
+	gapRecord GapRecord
 }
 
 // ConsumerGrace is how long a runtime whose consumer was deleted waits for
@@ -357,6 +367,7 @@ func (r *Runtime) consume(ctx context.Context) (done bool, err error) {
 		// the runtime's.
 		ec := existing.CachedInfo().Config
 		cc.DeliverPolicy, cc.OptStartSeq, cc.OptStartTime = ec.DeliverPolicy, ec.OptStartSeq, ec.OptStartTime
+		cc.Metadata = ec.Metadata // the gap record
 	case errors.Is(err, jetstream.ErrConsumerNotFound) && r.consumed:
 		// The consumer this runtime used is gone: an operator may be
 		// replacing it (converge replay). Give them time before starting
@@ -365,6 +376,7 @@ func (r *Runtime) consume(ctx context.Context) (done bool, err error) {
 		if existing, err := r.js.Consumer(ctx, r.cfg.Stream, r.cfg.Name); err == nil {
 			ec := existing.CachedInfo().Config
 			cc.DeliverPolicy, cc.OptStartSeq, cc.OptStartTime = ec.DeliverPolicy, ec.OptStartSeq, ec.OptStartTime
+			cc.Metadata = ec.Metadata // the gap record
 		}
 	}
 	cons, err := r.js.CreateOrUpdateConsumer(ctx, r.cfg.Stream, cc)
@@ -377,7 +389,8 @@ func (r *Runtime) consume(ctx context.Context) (done bool, err error) {
 	if err != nil {
 		return false, fmt.Errorf("projector %s: %w", r.cfg.Name, err)
 	}
-	defer release(it)
+	r.startGaps(cons.CachedInfo())
+	defer r.release(ctx, it)
 	r.consumed = true
 	lagCtx, stopLag := context.WithCancel(ctx)
 	defer stopLag()
@@ -407,16 +420,20 @@ func (r *Runtime) consume(ctx context.Context) (done bool, err error) {
 
 // release stops the iterator and hands the messages it had buffered back
 // to the server for prompt redelivery, instead of leaving them to their
-// acknowledgement deadline.
-func release(it jetstream.MessagesContext) {
+// acknowledgement deadline. They are checked for gaps first: the server
+// counts them delivered, so the next start would not see a gap before them.
+func (r *Runtime) release(ctx context.Context, it jetstream.MessagesContext) {
 	it.Drain()
+	var buffered []jetstream.Msg
 	for {
 		m, err := it.Next(jetstream.NextMaxWait(time.Second))
 		if err != nil {
-			return
+			break
 		}
+		buffered = append(buffered, m)
 		_ = m.Nak()
 	}
+	r.checkGaps(ctx, buffered)
 }
 
 // linger is how long a batch waits for one more message once it has one,
@@ -506,6 +523,8 @@ func (it *item) supersedes(prev *item) bool {
 
 func (r *Runtime) process(ctx context.Context, msgs []jetstream.Msg) {
 	start := time.Now()
+	// In fetch order, which is the stream's, before the batch is sharded.
+	r.checkGaps(ctx, msgs)
 	byKey := make(map[string]*item, len(msgs))
 	var items []*item
 	for _, m := range msgs {

@@ -1,0 +1,180 @@
+package projector_test
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/converge-sync/converge/internal/projector"
+	"github.com/converge-sync/converge/pkg/contract"
+)
+
+// newLimitedEnv is an env whose stream keeps two versions per document.
+func newLimitedEnv(t *testing.T) *env {
+	t.Helper()
+	e := newEnv(t)
+	if _, err := e.js.UpdateStream(context.Background(), jetstream.StreamConfig{Name: contract.DocsStream,
+		Subjects: []string{contract.DocsSubjectPrefix + ">"}, Storage: jetstream.FileStorage, MaxMsgsPerSubject: 2}); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// runEvery runs an EveryEvent runtime until it has caught up, and returns
+// it, its metrics and its log.
+func runEvery(t *testing.T, e *env, name string, store projector.Store) (*projector.Runtime, *projector.Metrics, *syncWriter) {
+	t.Helper()
+	logs := &syncWriter{w: &strings.Builder{}}
+	metrics := projector.NewMetrics(nil)
+	r, err := projector.New(e.js, store, projector.Config{Name: name, EveryEvent: true, StopWhenCaughtUp: true, BatchSize: 16},
+		metrics, slog.New(slog.NewTextHandler(logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := r.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("the projector did not catch up within 30s")
+	}
+	return r, metrics, logs
+}
+
+func storedGapRecord(t *testing.T, e *env, name string) (projector.GapRecord, bool) {
+	t.Helper()
+	return projector.ReadGapRecord(consumerConfig(t, e.js, name).Metadata)
+}
+
+// Versions pushed out of the stream by newer ones while the consumer was
+// behind (here: stopped) are counted, logged with their range, and
+// recorded in the consumer's metadata; the record outlives a restart.
+func TestGapIsReported(t *testing.T) {
+	e := newLimitedEnv(t)
+	e.publish(t, upsert("doc", 1)) // sequence 1
+	store := &deliveryStore{}
+	_, metrics, _ := runEvery(t, e, "effects", store)
+	if n := testutil.ToFloat64(metrics.Missed); n != 0 {
+		t.Fatalf("%v missed before any gap, want 0", n)
+	}
+	for v := int64(2); v <= 6; v++ { // sequences 2..6; 2..4 are purged
+		e.publish(t, upsert("doc", v))
+	}
+	r, metrics, logs := runEvery(t, e, "effects", store)
+	if n := testutil.ToFloat64(metrics.Missed); n != 3 {
+		t.Fatalf("%v missed, want 3", n)
+	}
+	if want := "events with stream sequences 2..4 were never delivered: purged by the stream's per-subject limit before this consumer read them"; !logs.contains(want) {
+		t.Fatalf("the log does not name the range: want %q in\n%s", want, logs.w.(*strings.Builder).String())
+	}
+	if !logs.contains("level=ERROR") {
+		t.Fatal("the gap is not logged at error level")
+	}
+	if got := store.versions("doc"); len(got) != 3 || got[0] != 1 || got[1] != 5 || got[2] != 6 {
+		t.Fatalf("the store received versions %v, want 1, 5, 6", got)
+	}
+	if rec := r.LastGap(); rec.Missed != 3 || rec.LastFrom != 2 || rec.LastTo != 4 || rec.At.IsZero() {
+		t.Fatalf("last gap %+v, want 3 missed, 2..4", rec)
+	}
+	rec, ok := storedGapRecord(t, e, "effects")
+	if !ok || rec.Missed != 3 || rec.LastFrom != 2 || rec.LastTo != 4 {
+		t.Fatalf("consumer metadata holds %+v (%v), want 3 missed, 2..4", rec, ok)
+	}
+
+	// A later gap adds to the record the consumer keeps.
+	for v := int64(7); v <= 10; v++ { // sequences 7..10; 7 and 8 are purged
+		e.publish(t, upsert("doc", v))
+	}
+	r, metrics, _ = runEvery(t, e, "effects", store)
+	if n := testutil.ToFloat64(metrics.Missed); n != 2 {
+		t.Fatalf("%v missed by the third run, want 2", n)
+	}
+	if rec, ok := storedGapRecord(t, e, "effects"); !ok || rec.Missed != 5 || rec.LastFrom != 7 || rec.LastTo != 8 || r.LastGap() != rec {
+		t.Fatalf("consumer metadata holds %+v (%v), runtime %+v; want 5 missed, last 7..8", rec, ok, r.LastGap())
+	}
+}
+
+// Events purged before a consumer existed are no gap of it: a brand-new
+// consumer starts at the stream's first sequence, and so does a replay
+// from an older one. Nor is a stream with nothing purged, nor an event
+// redelivered after later versions were acknowledged.
+func TestNoFalseGap(t *testing.T) {
+	e := newLimitedEnv(t)
+	for v := int64(1); v <= 5; v++ { // sequences 1..5; 1..3 are purged
+		e.publish(t, upsert("doc", v))
+	}
+	e.publish(t, upsert("other", 1))
+	store := &deliveryStore{}
+	r, metrics, logs := runEvery(t, e, "fresh", store)
+	if n := testutil.ToFloat64(metrics.Missed); n != 0 || r.LastGap().Missed != 0 || logs.contains("never delivered") {
+		t.Fatalf("a brand-new consumer reported %v missed (%+v)", n, r.LastGap())
+	}
+	if got := store.versions("doc"); len(got) != 2 || got[0] != 4 || got[1] != 5 {
+		t.Fatalf("the store received versions %v, want 4, 5", got)
+	}
+	if _, ok := storedGapRecord(t, e, "fresh"); ok {
+		t.Fatal("a gap record was saved without a gap")
+	}
+
+	if _, err := projector.Replay(context.Background(), e.js, contract.DocsStream, "fresh", projector.ReplayFrom{Seq: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if r, metrics, _ := runEvery(t, e, "fresh", &deliveryStore{}); testutil.ToFloat64(metrics.Missed) != 0 || r.LastGap().Missed != 0 {
+		t.Fatalf("a replay from before the stream's first sequence reported %v missed", testutil.ToFloat64(metrics.Missed))
+	}
+
+	// Version 1 of "late" is asked back once, with a delay, while its
+	// later versions are acknowledged: the acknowledgement floor stays
+	// behind them when the runtime stops. Its restart is no gap either.
+	e2 := newEnv(t)
+	for v := int64(1); v <= 3; v++ {
+		e2.publish(t, upsert("late", v))
+	}
+	asked := false
+	redeliver := &deliveryStore{answer: func(d projector.Delivery) error {
+		if d.Event.Version == 1 && !asked {
+			asked = true
+			return projector.Redeliver(context.DeadlineExceeded, 2*time.Second)
+		}
+		return nil
+	}}
+	logs = &syncWriter{w: &strings.Builder{}}
+	metrics = projector.NewMetrics(nil)
+	rr, err := projector.New(e2.js, redeliver, projector.Config{Name: "late", EveryEvent: true}, metrics, slog.New(slog.NewTextHandler(logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- rr.Run(ctx) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for len(redeliver.versions("late")) < 3 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if floor := consumerInfo(t, e2.js, "late").AckFloor.Stream; floor != 0 {
+		t.Fatalf("ack floor %d, want 0 (version 1 unacknowledged)", floor)
+	}
+	e2.publish(t, upsert("late", 4))
+	if r, metrics, logs := runEvery(t, e2, "late", redeliver); testutil.ToFloat64(metrics.Missed) != 0 || logs.contains("never delivered") {
+		t.Fatalf("a restart with acknowledgements above the floor reported %v missed (%+v)", testutil.ToFloat64(metrics.Missed), r.LastGap())
+	}
+}
+
+func consumerInfo(t *testing.T, js jetstream.JetStream, name string) *jetstream.ConsumerInfo {
+	t.Helper()
+	c, err := js.Consumer(context.Background(), contract.DocsStream, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c.CachedInfo()
+}
