@@ -136,13 +136,13 @@ func printStatus(out io.Writer, rep statusReport) {
 	}
 	if len(rep.Consumers) > 0 {
 		fmt.Fprintln(tw)
-		fmt.Fprintln(tw, "CONSUMER\tSTREAM\tPENDING\tUNACKED\tREDELIVERED\tDEAD LETTERS\tLAST APPLIED COMMIT")
+		fmt.Fprintln(tw, "CONSUMER\tSTREAM\tPENDING\tUNACKED\tREDELIVERED\tDEAD LETTERS\tMISSED\tLAST APPLIED COMMIT")
 		for _, c := range rep.Consumers {
 			last := "-"
 			if c.LastApplied != nil {
 				last = fmt.Sprintf("%s (%s ago)", c.LastApplied.Format(time.RFC3339), time.Since(*c.LastApplied).Round(time.Second))
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\n", c.Name, c.Stream, c.Pending, c.AckPending, c.Redelivered, c.DeadLetters, last)
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\n", c.Name, c.Stream, c.Pending, c.AckPending, c.Redelivered, c.DeadLetters, missed(c), last)
 		}
 	}
 	if len(rep.Rebuilds) > 0 {
@@ -158,6 +158,15 @@ func printStatus(out io.Writer, rep statusReport) {
 		}
 	}
 	_ = tw.Flush()
+}
+
+// missed is a consumer's count of events never received, with its last
+// gap: "-" for a consumer that records none.
+func missed(c relay.ConsumerStatus) string {
+	if c.LastGap == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%d (last %d..%d at %s)", c.Missed, c.LastGap.LastFrom, c.LastGap.LastTo, c.LastGap.At.Format(time.RFC3339))
 }
 
 func bytesHuman(n int64) string {

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/internal/deadletter"
+	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/relay"
 	"github.com/converge-sync/converge/internal/testenv"
@@ -58,6 +59,17 @@ func TestStatusReportsSlotOutboxAndStreams(t *testing.T) {
 	if err := m.DoubleAck(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// The notifier's consumer, with the gap record its runtime keeps in
+	// the consumer's metadata.
+	gapAt := time.Date(2026, 11, 30, 9, 30, 0, 0, time.UTC)
+	gap, err := json.Marshal(projector.GapRecord{Missed: 3, LastFrom: 2, LastTo: 4, At: gapAt})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateConsumer(ctx, contract.DocsStream, jetstream.ConsumerConfig{Durable: "notifier", AckPolicy: jetstream.AckExplicitPolicy,
+		Metadata: map[string]string{projector.GapRecordKey: string(gap)}}); err != nil {
+		t.Fatal(err)
+	}
 	if err := deadletter.EnsureStream(ctx, js, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -95,10 +107,16 @@ func TestStatusReportsSlotOutboxAndStreams(t *testing.T) {
 	if rep.Streams[1].Exists {
 		t.Fatalf("CONVERGE_INGEST reported as existing: %+v", rep.Streams[1])
 	}
-	if len(rep.Consumers) != 1 {
-		t.Fatalf("consumers %+v, want the index projector's", rep.Consumers)
+	if len(rep.Consumers) != 2 || rep.Consumers[0].Name != "index" || rep.Consumers[1].Name != "notifier" {
+		t.Fatalf("consumers %+v, want the index projector's and the notifier's", rep.Consumers)
+	}
+	if nc := rep.Consumers[1]; nc.Missed != 3 || nc.LastGap == nil || nc.LastGap.LastFrom != 2 || nc.LastGap.LastTo != 4 || !nc.LastGap.At.Equal(gapAt) {
+		t.Fatalf("notifier consumer %+v (last gap %+v), want 3 missed, last 2..4", nc, nc.LastGap)
 	}
 	c := rep.Consumers[0]
+	if c.Missed != 0 || c.LastGap != nil {
+		t.Fatalf("index consumer reports a gap: %+v", c.LastGap)
+	}
 	if c.Name != "index" || c.Stream != contract.DocsStream || c.Pending != 0 || c.AckPending != 0 || c.AckFloorSeq != 1 ||
 		c.DeadLetters != 2 || c.LastApplied == nil || !c.LastApplied.Equal(commit) {
 		t.Fatalf("consumer %+v (last applied %v), want index caught up at seq 1, 2 dead letters, last applied %v", c, c.LastApplied, commit)
@@ -112,7 +130,7 @@ func TestStatusReportsSlotOutboxAndStreams(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"converge_relay", "standby/stopped", contract.DocsStream, "OUTBOX", "CONSUMER", "index",
-		"REBUILD", "graph-20261130T100000Z"} {
+		"REBUILD", "graph-20261130T100000Z", "MISSED", "3 (last 2..4 at 2026-11-30T09:30:00Z)"} {
 		if !strings.Contains(out.String(), want) {
 			t.Fatalf("table lacks %q:\n%s", want, out.String())
 		}

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/internal/deadletter"
+	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
@@ -64,6 +65,11 @@ type ConsumerStatus struct {
 	// of the last message acknowledged in order, nil when unknown.
 	LastApplied *time.Time `json:"last_applied_commit_time,omitempty"`
 	DeadLetters uint64     `json:"dead_letters"` // on converge.dlq.<name>
+	// Missed counts the events a consumer that needs every event (the
+	// notifier) never received, and LastGap is the last such gap, as the
+	// runtime records them in the consumer's metadata; nil: none recorded.
+	Missed  uint64               `json:"missed_events"`
+	LastGap *projector.GapRecord `json:"last_gap,omitempty"`
 }
 
 // ConsumedStream is a stream whose durable consumers [ReadConsumers]
@@ -155,6 +161,9 @@ func ReadConsumers(ctx context.Context, js jetstream.JetStream, streams ...Consu
 		for info := range lister.Info() {
 			c := ConsumerStatus{Stream: cs.Stream, Name: info.Name, Pending: info.NumPending, AckPending: info.NumAckPending,
 				Redelivered: info.NumRedelivered, AckFloorSeq: info.AckFloor.Stream}
+			if rec, ok := projector.ReadGapRecord(info.Config.Metadata); ok {
+				c.Missed, c.LastGap = rec.Missed, &rec
+			}
 			if info.AckFloor.Stream > 0 {
 				// The acknowledged message may be gone (history limits):
 				// then its commit time is unknown, not an error.
