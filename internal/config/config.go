@@ -71,14 +71,25 @@ func usage(u, env string) string {
 
 // String defines a string flag bound to env.
 func (f *Flags) String(name, env, def, u string) *string {
+	builtin := def
 	if v, ok := f.lookup(env); ok {
 		def = v
 	}
-	return f.FlagSet.String(name, def, usage(u, env))
+	p := f.FlagSet.String(name, def, usage(u, env))
+	f.showDefault(name, builtin)
+	return p
+}
+
+// showDefault makes -h and a usage error show a flag's built-in default,
+// not the value its variable gave it: a variable may hold a password or
+// a URL with one, which must never be printed.
+func (f *Flags) showDefault(name, builtin string) {
+	f.FlagSet.Lookup(name).DefValue = builtin
 }
 
 // Int defines an int flag bound to env.
 func (f *Flags) Int(name, env string, def int, u string) *int {
+	builtin := strconv.Itoa(def)
 	if v, ok := f.lookup(env); ok {
 		n, err := strconv.Atoi(v)
 		if err != nil {
@@ -87,11 +98,14 @@ func (f *Flags) Int(name, env string, def int, u string) *int {
 			def = n
 		}
 	}
-	return f.FlagSet.Int(name, def, usage(u, env))
+	p := f.FlagSet.Int(name, def, usage(u, env))
+	f.showDefault(name, builtin)
+	return p
 }
 
 // Duration defines a duration flag bound to env.
 func (f *Flags) Duration(name, env string, def time.Duration, u string) *time.Duration {
+	builtin := def.String()
 	if v, ok := f.lookup(env); ok {
 		d, err := time.ParseDuration(v)
 		if err != nil {
@@ -100,11 +114,14 @@ func (f *Flags) Duration(name, env string, def time.Duration, u string) *time.Du
 			def = d
 		}
 	}
-	return f.FlagSet.Duration(name, def, usage(u, env))
+	p := f.FlagSet.Duration(name, def, usage(u, env))
+	f.showDefault(name, builtin)
+	return p
 }
 
 // Bool defines a bool flag bound to env.
 func (f *Flags) Bool(name, env string, def bool, u string) *bool {
+	builtin := strconv.FormatBool(def)
 	if v, ok := f.lookup(env); ok {
 		b, err := strconv.ParseBool(v)
 		if err != nil {
@@ -113,7 +130,9 @@ func (f *Flags) Bool(name, env string, def bool, u string) *bool {
 			def = b
 		}
 	}
-	return f.FlagSet.Bool(name, def, usage(u, env))
+	p := f.FlagSet.Bool(name, def, usage(u, env))
+	f.showDefault(name, builtin)
+	return p
 }
 
 // Parse parses args and reports the first bad environment variable, if any.

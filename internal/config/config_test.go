@@ -54,3 +54,27 @@ func TestSecretFromFile(t *testing.T) {
 		t.Fatal("a missing secret file must be an error")
 	}
 }
+
+// A value from the environment (a password, a URL with one) never shows
+// in -h or in a usage error: the built-in default does.
+func TestHelpNeverShowsAValueFromTheEnvironment(t *testing.T) {
+	t.Setenv("CONVERGE_TEST_SECRET", "hunter2-secret")
+	t.Setenv("CONVERGE_TEST_SECRET_N", "4242")
+	f := config.NewFlags("x")
+	var out strings.Builder
+	f.SetOutput(&out)
+	pw := f.String("password", "CONVERGE_TEST_SECRET", "", "a password")
+	n := f.Int("n", "CONVERGE_TEST_SECRET_N", 7, "a number")
+	if err := f.Parse([]string{"-bogus"}); err == nil {
+		t.Fatal("an unknown flag parsed")
+	}
+	if strings.Contains(out.String(), "hunter2") || strings.Contains(out.String(), "4242") {
+		t.Fatalf("usage shows a value from the environment:\n%s", out.String())
+	}
+	if !strings.Contains(out.String(), "(default 7)") {
+		t.Fatalf("usage lost the built-in default:\n%s", out.String())
+	}
+	if *pw != "hunter2-secret" || *n != 4242 {
+		t.Fatalf("the environment no longer sets the values: %q %d", *pw, *n)
+	}
+}
