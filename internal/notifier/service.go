@@ -152,6 +152,7 @@ func ServiceFlags(f *config.Flags) func() (ServiceConfig, error) {
 // Run notifies over deps.NATS until ctx ends, serving /metrics, /healthz
 // and /readyz on the metrics address.
 func Run(ctx context.Context, cfg ServiceConfig, deps service.Deps) error {
+	deps = deps.WithDefaults()
 	js, err := deps.JetStream()
 	if err != nil {
 		return err

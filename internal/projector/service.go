@@ -106,6 +106,7 @@ func routeScope(pattern string) auth.Scope {
 // the metrics address; with tokens, each route needs its scope (see
 // routeScope), and the tokens file is reloaded on SIGHUP.
 func RunService(ctx context.Context, sc ServiceConfig, store Store, routes map[string]http.Handler, deps service.Deps) error {
+	deps = deps.WithDefaults()
 	tokens, err := sc.Security.Tokens()
 	if err != nil {
 		return fmt.Errorf("projector: %w", err)

@@ -17,6 +17,7 @@ import (
 // rebuild routes, and resumes or runs rebuilds, until ctx ends; the
 // rebuilds and the runtime share deps.NATS.
 func RunService(ctx context.Context, sc projector.ServiceConfig, stores Stores, deps service.Deps) error {
+	deps = deps.WithDefaults()
 	log := deps.Log
 	live, err := stores.Live(ctx)
 	if err != nil {

@@ -112,6 +112,7 @@ func Run(ctx context.Context, cfg ServiceConfig, deps service.Deps) error {
 	if deps.NATS == nil {
 		return errors.New("relay: no NATS connection")
 	}
+	deps = deps.WithDefaults()
 	tlsConfig, err := cfg.TLS.Config()
 	if err != nil {
 		return fmt.Errorf("relay: %w", err)

@@ -50,6 +50,19 @@ type Deps struct {
 	Postgres *pgxpool.Pool
 }
 
+// WithDefaults fills what a caller left nil: a registry of its own and a
+// logger that discards, so that a service run with hand-made Deps does not
+// fail on a nil pointer.
+func (d Deps) WithDefaults() Deps {
+	if d.Registry == nil {
+		d.Registry = telemetry.NewRegistry()
+	}
+	if d.Log == nil {
+		d.Log = slog.New(slog.DiscardHandler)
+	}
+	return d
+}
+
 // JetStream is the JetStream context of d.NATS.
 func (d Deps) JetStream() (jetstream.JetStream, error) {
 	if d.NATS == nil {
@@ -97,7 +110,13 @@ func Dial(ctx context.Context, c Conns, log *slog.Logger) (Deps, func(), error) 
 		}
 	}
 	fail := func(err error) (Deps, func(), error) {
-		closeAll()
+		// Nothing ran on these connections: close them at once, no drain.
+		if d.NATS != nil {
+			d.NATS.Close()
+		}
+		if d.Postgres != nil {
+			d.Postgres.Close()
+		}
 		return Deps{}, nil, err
 	}
 	if c.NATSURL != "" {
@@ -168,10 +187,11 @@ func Run[C Config](ctx context.Context, cfg C, log *slog.Logger, run func(contex
 	}
 	defer closeDeps()
 	err = run(ctx, cfg, deps)
-	if err != nil && ctx.Err() != nil {
-		// Stopped, possibly while starting: what failed on the way out
-		// is not the service's failure.
-		log.Debug("stopped", "error", err)
+	if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
+		// Stopped, possibly while starting: the stop itself is no
+		// failure. Anything else that failed on the way out (requests
+		// cut off when the grace ran out, a store that could not flush)
+		// is, and is returned.
 		return nil
 	}
 	return err

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"log/slog"
 	"net"
 	"strings"
@@ -156,5 +157,34 @@ func TestDial(t *testing.T) {
 	}
 	if _, err := js.AccountInfo(context.Background()); err != nil {
 		t.Fatalf("JetStream over the connection: %v", err)
+	}
+}
+
+type noConns struct{}
+
+func (noConns) Validate() error            { return nil }
+func (noConns) Connections() service.Conns { return service.Conns{} }
+
+// A stop is no failure, but what fails on the way out is: Run returns it.
+func TestRunReturnsWhatFailsOnTheWayOut(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	log := slog.New(slog.DiscardHandler)
+	if err := service.Run(ctx, noConns{}, log, func(ctx context.Context, _ noConns, _ service.Deps) error {
+		return fmt.Errorf("serve: %w", ctx.Err())
+	}); err != nil {
+		t.Fatalf("a stop: %v", err)
+	}
+	cutOff := errors.New("requests cut off: the grace ran out")
+	if err := service.Run(ctx, noConns{}, log, func(context.Context, noConns, service.Deps) error { return cutOff }); !errors.Is(err, cutOff) {
+		t.Fatalf("a failure while stopping: %v", err)
+	}
+}
+
+// Hand-made Deps without a registry or a logger get their own.
+func TestDepsWithDefaults(t *testing.T) {
+	d := service.Deps{}.WithDefaults()
+	if d.Registry == nil || d.Log == nil {
+		t.Fatalf("defaults: %+v", d)
 	}
 }

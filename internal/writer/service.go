@@ -128,6 +128,7 @@ func Run(ctx context.Context, cfg ServiceConfig, deps service.Deps) error {
 		return err
 	}
 	cfg = cfg.withDefaults()
+	deps = deps.WithDefaults()
 	log, pool := deps.Log, deps.Postgres
 	// Who may call the API, and over what, is settled before anything
 	// touches the database.

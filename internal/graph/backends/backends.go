@@ -78,5 +78,6 @@ func ServiceFlags(f *config.Flags) func() (ServiceConfig, error) {
 // /metrics, /healthz, /readyz, GET /v1/graph/{key}, verify's endpoints and
 // /v1/admin/rebuild until ctx ends.
 func Run(ctx context.Context, cfg ServiceConfig, deps service.Deps) error {
+	deps = deps.WithDefaults()
 	return rebuild.RunService(ctx, cfg.Projector, NewStores(&cfg.Store, deps.Log), deps)
 }

@@ -93,8 +93,12 @@ func ServiceFlags(f *config.Flags) func() (ServiceConfig, error) {
 // /metrics, /healthz, /readyz, GET /v1/search, verify's endpoints and
 // /v1/admin/rebuild until ctx ends.
 func Run(ctx context.Context, cfg ServiceConfig, deps service.Deps) error {
+	deps = deps.WithDefaults()
 	stores, err := NewStores(ctx, &cfg.Store, cfg.Options, deps.Log)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while starting: opening the store was cut short
+		}
 		return err
 	}
 	defer func() { _ = stores.Close() }()
