@@ -31,6 +31,15 @@ func BindFlags(f *config.Flags) func() Settings {
 	}
 }
 
+// BindTLSFlags binds -tls-cert and -tls-key alone, for a service that
+// serves no API beyond /metrics, /healthz and /readyz (the relay): it takes
+// no tokens, so it offers no flag that would seem to protect it.
+func BindTLSFlags(f *config.Flags) func() telemetry.TLSFiles {
+	cert := f.String("tls-cert", telemetry.EnvTLSCert, "", "PEM certificate (chain) of the metrics listener (empty: plain HTTP)")
+	key := f.String("tls-key", telemetry.EnvTLSKey, "", "PEM private key of -tls-cert")
+	return func() telemetry.TLSFiles { return telemetry.TLSFiles{Cert: *cert, Key: *key} }
+}
+
 // TLS is the settings' key pair.
 func (s Settings) TLS() telemetry.TLSFiles { return telemetry.TLSFiles{Cert: s.TLSCert, Key: s.TLSKey} }
 

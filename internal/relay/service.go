@@ -74,7 +74,7 @@ func Flags(f *config.Flags) func() (ServiceConfig, error) {
 	gogc := f.Int("gogc", "CONVERGE_RELAY_GOGC", 300, "garbage collector target percentage (GOGC); the memory limit below bounds the heap")
 	memLimit := f.Int("memory-limit-mib", "CONVERGE_RELAY_MEMORY_LIMIT_MIB", 48, "soft heap limit in MiB (GOMEMLIMIT)")
 	natsAuth := natsauth.Flags(f)
-	security := auth.BindFlags(f)
+	tlsFiles := auth.BindTLSFlags(f)
 	return func() (ServiceConfig, error) {
 		for _, req := range [][3]string{{*pg, "postgres-url", config.EnvPostgresURL}, {*natsURL, "nats-url", config.EnvNATSURL}} {
 			if err := config.Require(req[0], req[1], req[2]); err != nil {
@@ -82,7 +82,7 @@ func Flags(f *config.Flags) func() (ServiceConfig, error) {
 			}
 		}
 		c := ServiceConfig{NATSURL: *natsURL, MetricsAddr: *metricsAddr, GOGC: *gogc, MemoryLimit: int64(*memLimit) << 20,
-			TLS: security().TLS()}
+			TLS: tlsFiles()}
 		var err error
 		if c.NATSAuth, err = natsAuth(); err != nil {
 			return ServiceConfig{}, err
