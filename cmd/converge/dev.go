@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 
 	"github.com/converge-sync/converge/internal/auth"
@@ -71,12 +72,13 @@ func dev(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	pgWhere := s.PostgresURL
+	pgWhere := redactURL(s.PostgresURL)
 	if s.Cluster != nil {
 		pgWhere += " (throwaway cluster)"
 	}
 	natsWho := "each service as its own user"
-	operator := fmt.Sprintf("export %s=%s", auth.EnvToken+"_FILE", s.OperatorTokenFile)
+	operator := fmt.Sprintf("export %s=%s %s=%s", auth.EnvToken+"_FILE", s.OperatorTokenFile,
+		config.EnvPostgresURL+"_FILE", s.ReaderURLFile)
 	if s.OperatorNATSPasswordFile != "" {
 		operator += fmt.Sprintf("\n                 export %s=%s %s=%s", natsauth.EnvUser, s.OperatorNATS.User,
 			natsauth.EnvPassword+"_FILE", s.OperatorNATSPasswordFile)
@@ -96,17 +98,27 @@ converge dev is running:
   tokens         %s (operator: admin,read; writer-client: write)
   as operator    %s
                  then converge search, graph, verify, rebuild, backfill, status, replay and dlq work here
-  verify         converge verify -postgres-url '%s'
-  rebuild        converge rebuild index -postgres-url '%s'
-  status         converge status -postgres-url '%s' -nats-url %s
+  verify         converge verify            (Postgres as %s, through %s_FILE)
+  rebuild        converge rebuild index
+  status         converge status -nats-url %s
   data           %s
 Ctrl-C stops everything.
 `, s.APIURL, s.WriterTokenFile, pgWhere, roles.Writer, roles.Relay, roles.Owner, s.NATSURL, natsWho, s.Index.Describe(), s.Graph.Describe(), notifies,
-		s.TokensFile, operator, s.PostgresURL, s.PostgresURL, s.PostgresURL, s.NATSURL, s.DataDir)
+		s.TokensFile, operator, roles.Reader, config.EnvPostgresURL, s.NATSURL, s.DataDir)
 	select {
 	case <-ctx.Done():
 	case <-s.Done():
 	}
 	fmt.Fprintln(out, "stopping...")
 	return s.Stop()
+}
+
+// redactURL is u with its password, if any, shown as xxxxx: the banner
+// names where Postgres is, never its credentials.
+func redactURL(u string) string {
+	parsed, err := url.Parse(u)
+	if err != nil {
+		return "(a Postgres URL that does not parse)"
+	}
+	return parsed.Redacted()
 }

@@ -262,12 +262,13 @@ func TestDevBannerNamesTheOperatorsCredentials(t *testing.T) {
 		"export CONVERGE_NATS_USER=operator CONVERGE_NATS_PASSWORD_FILE=" + dir + "/operator.nats-password",
 		`curl -H "Authorization: Bearer $(cat ` + dir + `/writer-client.token)"`,
 		"(each service as its own user)",
+		"CONVERGE_POSTGRES_URL_FILE=" + dir + "/reader.postgres-url",
 	} {
 		if !strings.Contains(banner, want) {
 			t.Errorf("the banner lacks %q", want)
 		}
 	}
-	for _, f := range []string{"operator.token", "writer-client.token", "operator.nats-password"} {
+	for _, f := range []string{"operator.token", "writer-client.token", "operator.nats-password", "reader.postgres-url"} {
 		secret, err := os.ReadFile(dir + "/" + f)
 		if err != nil || len(bytes.TrimSpace(secret)) < auth.MinTokenBytes {
 			t.Fatalf("%s: %q %v", f, secret, err)

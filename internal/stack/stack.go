@@ -129,6 +129,9 @@ type Stack struct {
 	// zero with a given NATS URL.
 	OperatorNATS             natsauth.ClientConfig
 	OperatorNATSPasswordFile string
+	// ReaderURLFile (0600) holds ReaderURL, the operator's read-only
+	// Postgres URL with its password, for CONVERGE_POSTGRES_URL_FILE.
+	ReaderURLFile string
 	natsPasswords            map[string]string // by user; nil with a given NATS URL
 
 	cancel context.CancelFunc
@@ -398,7 +401,8 @@ func (s *Stack) applyRoles(ctx context.Context) error {
 	if _, err := roles.Apply(ctx, conn, opts); err != nil {
 		return fmt.Errorf("apply the roles (the Postgres URL must be a superuser's): %w", err)
 	}
-	return nil
+	s.ReaderURLFile = filepath.Join(s.Config.DataDir, "reader.postgres-url")
+	return writeSecret(s.ReaderURLFile, s.ReaderURL)
 }
 
 // StartGraphChild starts `converge projector-graph` as a child process
