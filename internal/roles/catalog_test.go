@@ -332,3 +332,30 @@ func TestPasswordVerifierLogsIn(t *testing.T) {
 		}
 	}
 }
+
+// Another application's table in the schema keeps its PUBLIC grants: apply
+// and migrate up take back only what concerns converge's objects and roles.
+func TestApplyLeavesOtherTablesPublicGrants(t *testing.T) {
+	d := newRoled(t)
+	admin := d.connect(t, "postgres")
+	ctx := context.Background()
+	for _, sql := range []string{`CREATE TABLE other_app (x int)`, `GRANT SELECT ON other_app TO PUBLIC`, `GRANT INSERT ON other_app TO converge_writer`} {
+		if _, err := admin.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	apply(t, d.adminURL, roles.Options{Database: d.name})
+	if _, err := schema.Up(ctx, d.url(t, roles.Owner)); err != nil {
+		t.Fatal(err)
+	}
+	var acl string
+	if err := admin.QueryRow(ctx, `SELECT coalesce(relacl::text, '') FROM pg_class WHERE relname = 'other_app'`).Scan(&acl); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(acl, "=r/") {
+		t.Errorf("other_app lost its PUBLIC SELECT: acl %q", acl)
+	}
+	if strings.Contains(acl, "converge_writer=") {
+		t.Errorf("converge_writer keeps a privilege on another application's table: acl %q", acl)
+	}
+}

@@ -167,18 +167,28 @@ func Plan(opts Options) ([]Statement, error) {
 }
 
 // objectGrants takes back every privilege on the schema's tables and
-// sequences from PUBLIC and from roles, then grants roles' own, each on an
-// object that exists.
+// sequences from roles, and on converge's own tables and sequences from
+// PUBLIC (another application's tables in the schema keep their PUBLIC
+// grants), then grants roles' own, each on an object that exists.
 func objectGrants(roles []Role) []Statement {
-	from := "PUBLIC"
+	var from []string
 	for _, r := range roles {
 		if !r.Owns {
-			from += ", " + ident(r.Name)
+			from = append(from, ident(r.Name))
 		}
 	}
+	fromRoles := strings.Join(from, ", ")
 	out := []Statement{
-		stmt("REVOKE ALL ON ALL TABLES IN SCHEMA " + ident(Schema) + " FROM " + from),
-		stmt("REVOKE ALL ON ALL SEQUENCES IN SCHEMA " + ident(Schema) + " FROM " + from),
+		stmt("REVOKE ALL ON ALL TABLES IN SCHEMA " + ident(Schema) + " FROM " + fromRoles),
+		stmt("REVOKE ALL ON ALL SEQUENCES IN SCHEMA " + ident(Schema) + " FROM " + fromRoles),
+	}
+	for _, t := range Tables {
+		sql := "REVOKE ALL ON TABLE " + qualified(t) + " FROM PUBLIC"
+		out = append(out, Statement{SQL: sql, Shown: sql, When: exists(t)})
+	}
+	for _, q := range Sequences {
+		sql := "REVOKE ALL ON SEQUENCE " + qualified(q) + " FROM PUBLIC"
+		out = append(out, Statement{SQL: sql, Shown: sql, When: exists(q)})
 	}
 	for _, r := range roles {
 		for _, g := range r.Grants {
