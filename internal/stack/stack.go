@@ -132,7 +132,7 @@ type Stack struct {
 	// ReaderURLFile (0600) holds ReaderURL, the operator's read-only
 	// Postgres URL with its password, for CONVERGE_POSTGRES_URL_FILE.
 	ReaderURLFile string
-	natsPasswords            map[string]string // by user; nil with a given NATS URL
+	natsPasswords map[string]string // by user; nil with a given NATS URL
 
 	cancel context.CancelFunc
 	group  *errgroup.Group
