@@ -188,10 +188,17 @@ func TestStopReturnsRunsError(t *testing.T) {
 		<-ctx.Done()
 		return failed
 	})
-	// Run returns once its context ends, and service.Run does not count
-	// a failure on the way out as one.
+	// Run returns once its context ends, and what failed on the way out
+	// is a failure: Stop returns it.
+	if err := svc.Stop(); !errors.Is(err, failed) {
+		t.Fatalf("stopped: %v, want %v", err, failed)
+	}
+	svc = stacktest.Start(t, config{}, func(ctx context.Context, _ config, _ service.Deps) error {
+		<-ctx.Done()
+		return ctx.Err()
+	})
 	if err := svc.Stop(); err != nil {
-		t.Fatalf("stopped: %v", err)
+		t.Fatalf("a clean stop: %v", err)
 	}
 	svc = stacktest.Start(t, config{invalid: true}, func(context.Context, config, service.Deps) error { return nil })
 	<-svc.Done()
