@@ -25,6 +25,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -48,15 +49,18 @@ const (
 	HeaderSeq     = "Converge-Dlq-Sequence" // the original stream sequence
 )
 
-// EnsureStream creates or updates the dead-letter stream.
+// EnsureStream creates the dead-letter stream unless it exists. It never
+// updates an existing one: every consumer ensures it, and none may change
+// the retention the others rely on (the operator does, and NATS permits
+// nothing else).
 func EnsureStream(ctx context.Context, js jetstream.JetStream, replicas int) error {
-	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
 		Name:        Stream,
 		Description: "dead letters of every converge consumer, with the reason in headers",
 		Subjects:    []string{contract.DLQSubjectPrefix + ">"},
 		Storage:     jetstream.FileStorage,
 		Replicas:    max(replicas, 1),
-	}); err != nil {
+	}); err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 		return fmt.Errorf("ensure stream %s: %w", Stream, err)
 	}
 	return nil

@@ -132,7 +132,7 @@ func TestProjectorCannotReadAnotherBucket(t *testing.T) {
 	p.refused(t, "Publish to", "$JS.API.DIRECT.GET.KV_CONVERGE_EFFECTS.$KV.CONVERGE_EFFECTS.effect")
 
 	// Its own bucket, opened as a rebuild opens it: its key only.
-	kv, err := p.js.CreateOrUpdateKeyValue(ctx(t), jetstream.KeyValueConfig{Bucket: natsauth.RebuildBucket})
+	kv, err := p.js.CreateKeyValue(ctx(t), jetstream.KeyValueConfig{Bucket: natsauth.RebuildBucket})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -338,5 +338,40 @@ func deadLetter(t *testing.T, a *client, durable, name, stream string) {
 	}
 	if err := m.Ack(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The dead letters' stream and the rebuilds' bucket are shared: a
+// projector may create them, never change their configuration (a shorter
+// retention would drop the others' dead letters or rebuild state).
+func TestProjectorCannotReconfigureSharedStreams(t *testing.T) {
+	e := newEnv(t)
+	a := e.connect(admin)
+	if err := deadletter.EnsureStream(context.Background(), a.js, 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.js.CreateKeyValue(context.Background(), jetstream.KeyValueConfig{Bucket: natsauth.RebuildBucket, History: 1}); err != nil {
+		t.Fatal(err)
+	}
+	p := e.connect(natsauth.UserIndex)
+	// Ensuring what exists is allowed, and changes nothing.
+	if err := deadletter.EnsureStream(context.Background(), p.js, 1); err != nil {
+		t.Fatalf("a projector ensuring the dead letters' stream: %v", err)
+	}
+	if _, err := p.js.UpdateStream(ctx(t), jetstream.StreamConfig{Name: deadletter.Stream,
+		Subjects: []string{contract.DLQSubjectPrefix + ">"}, MaxMsgs: 1}); err == nil {
+		t.Fatal("a projector shrank the dead letters' stream")
+	}
+	p.refused(t, "Publish to", "$JS.API.STREAM.UPDATE."+deadletter.Stream)
+	if _, err := p.js.UpdateKeyValue(ctx(t), jetstream.KeyValueConfig{Bucket: natsauth.RebuildBucket, History: 1, MaxBytes: 1}); err == nil {
+		t.Fatal("a projector reconfigured the rebuilds' bucket")
+	}
+	p.refused(t, "Publish to", "$JS.API.STREAM.UPDATE.KV_"+natsauth.RebuildBucket)
+	s, err := a.js.Stream(context.Background(), deadletter.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.CachedInfo().Config.MaxMsgs != -1 {
+		t.Errorf("the dead letters' stream now keeps at most %d messages", s.CachedInfo().Config.MaxMsgs)
 	}
 }

@@ -75,7 +75,7 @@ func Projector(name string) *server.Permissions {
 		consume(contract.DocsStream, rb),
 		[]string{api + "CONSUMER.DELETE." + contract.DocsStream + "." + rb},
 		deadLetters(name, rb),
-		bucketCreate(RebuildBucket),
+		sharedBucketCreate(RebuildBucket),
 		bucketKey(RebuildBucket, name),
 	)
 }
@@ -185,7 +185,10 @@ func consume(stream, consumer string) []string {
 // deadLetters: ensure the dead letters' stream and publish to the
 // dead-letter subject of each consumer.
 func deadLetters(consumers ...string) []string {
-	p := []string{api + "STREAM.CREATE." + deadletter.Stream, api + "STREAM.UPDATE." + deadletter.Stream}
+	// Create only: the stream is shared by every consumer, so none may
+	// change its configuration (its retention) under the others; the
+	// operator updates it.
+	p := []string{api + "STREAM.CREATE." + deadletter.Stream}
 	for _, c := range consumers {
 		p = append(p, contract.DLQSubject(c))
 	}
@@ -196,6 +199,13 @@ func deadLetters(consumers ...string) []string {
 // creating one reads the account's JetStream limits first).
 func bucketCreate(bucket string) []string {
 	return append([]string{api + "INFO"}, streamWrite("KV_"+bucket)...)
+}
+
+// sharedBucketCreate: create a key-value bucket that several users share
+// (the rebuilds' one), never update it: one user may not change another's
+// retention.
+func sharedBucketCreate(bucket string) []string {
+	return []string{api + "INFO", api + "STREAM.CREATE.KV_" + bucket, api + "STREAM.INFO.KV_" + bucket}
 }
 
 // bucketKey: put, update and delete key (a wildcard: keys) of bucket, and

@@ -214,12 +214,17 @@ func ConsumerName(name string) string { return name + "-rebuild" }
 // until ctx ends.
 func (m *Manager) Run(ctx context.Context, js jetstream.JetStream) error {
 	for attempt := 1; ; attempt++ {
-		kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		// Create, never update: every projector shares the bucket, and
+		// none may change its configuration under the others.
+		kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
 			Bucket:      Bucket,
 			Description: "converge: rebuilds in progress, by projector",
 			History:     1,
 			Storage:     jetstream.FileStorage,
 		})
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			kv, err = js.KeyValue(ctx, Bucket)
+		}
 		if err == nil {
 			m.js, m.kv = js, kv
 			break
