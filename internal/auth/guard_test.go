@@ -11,6 +11,8 @@ import (
 
 	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/telemetry"
+
+	"github.com/converge-sync/converge/internal/testenv"
 )
 
 type answer struct {
@@ -46,7 +48,7 @@ func TestRequire(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := telemetry.NewRegistry()
-	var logs syncBuffer
+	var logs testenv.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	g := auth.NewGuard(tokens, reg, log)
 	served := func(w http.ResponseWriter, r *http.Request) {

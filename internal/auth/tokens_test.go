@@ -1,7 +1,6 @@
 package auth_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -11,12 +10,12 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/converge-sync/converge/internal/auth"
+	"github.com/converge-sync/converge/internal/testenv"
 )
 
 const (
@@ -105,24 +104,6 @@ func TestLoadRefusesABadFile(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log destination shared by goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // A real SIGHUP to this process reloads the file while Watch runs.
 func TestWatchReloadsOnSIGHUP(t *testing.T) {
 	// SIGHUP's default action ends the process. This channel, registered
@@ -136,7 +117,7 @@ func TestWatchReloadsOnSIGHUP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs syncBuffer
+	var logs testenv.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

@@ -43,7 +43,7 @@ type process struct {
 	args []string
 	env  []string // added to the test's environment
 	addr string   // its metrics address: /readyz
-	logs lockedBuffer
+	logs testenv.Buffer
 
 	mu    sync.Mutex
 	child *proc.Child // nil while not running
@@ -87,24 +87,6 @@ func (s *process) stop() {
 }
 
 func (s *process) ready() bool { return stack.HTTPOK("http://" + s.addr + "/readyz") }
-
-// lockedBuffer is a child's output, read while the child writes it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(b []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(b)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 func freePort(t *testing.T) string {
 	t.Helper()

@@ -23,6 +23,8 @@ import (
 	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/natsserver"
 	"github.com/converge-sync/converge/internal/roles"
+
+	"github.com/converge-sync/converge/internal/testenv"
 )
 
 // credentialVars are the variables that carry a credential. No child
@@ -183,7 +185,7 @@ func requirePasswords(t *testing.T, adminURL string) {
 type cli struct {
 	t    *testing.T
 	path string
-	logs lockedBuffer // command lines and outputs, for the secrets check
+	logs testenv.Buffer // command lines and outputs, for the secrets check
 }
 
 // command is `converge args...` with env (credentials) added to the test's

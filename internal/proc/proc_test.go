@@ -7,27 +7,11 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/converge-sync/converge/internal/testenv"
 )
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func sh(t *testing.T) string {
 	p, err := exec.LookPath("sh")
@@ -38,7 +22,7 @@ func sh(t *testing.T) string {
 }
 
 func TestStopIsCleanOnSIGTERM(t *testing.T) {
-	var out syncBuffer
+	var out testenv.Buffer
 	c, err := Start(sh(t), []string{"-c", `trap 'echo bye; exit 0' TERM; echo up; while :; do sleep 0.05; done`}, Options{Out: &out, Env: []string{"X=1"}})
 	if err != nil {
 		t.Fatal(err)
@@ -53,7 +37,7 @@ func TestStopIsCleanOnSIGTERM(t *testing.T) {
 }
 
 func TestStopKillsAChildThatIgnoresSIGTERM(t *testing.T) {
-	var out syncBuffer
+	var out testenv.Buffer
 	c, err := Start(sh(t), []string{"-c", `trap '' TERM; echo up; while :; do sleep 0.05; done`}, Options{Out: &out})
 	if err != nil {
 		t.Fatal(err)
@@ -79,7 +63,7 @@ func state(t *testing.T, pid int) string {
 }
 
 func TestPauseStopsTheChildUntilResume(t *testing.T) {
-	var out syncBuffer
+	var out testenv.Buffer
 	c, err := Start(sh(t), []string{"-c", `i=0; while :; do i=$((i+1)); echo $i; sleep 0.02; done`}, Options{Out: &out})
 	if err != nil {
 		t.Fatal(err)
@@ -118,7 +102,7 @@ func TestKillEndsAndReaps(t *testing.T) {
 func TestEnvAddsAndUnsets(t *testing.T) {
 	t.Setenv("PROC_TEST_KEEP", "kept")
 	t.Setenv("PROC_TEST_DROP", "secret")
-	var out syncBuffer
+	var out testenv.Buffer
 	c, err := Start(sh(t), []string{"-c", `echo "keep=$PROC_TEST_KEEP drop=${PROC_TEST_DROP-unset} add=$PROC_TEST_ADD"`},
 		Options{Out: &out, Env: []string{"PROC_TEST_ADD=added"}, Unset: []string{"PROC_TEST_DROP"}})
 	if err != nil {

@@ -3,7 +3,6 @@ package projector_test
 import (
 	"context"
 	"log/slog"
-	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/converge-sync/converge/internal/projector"
+	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
@@ -27,9 +27,9 @@ func newLimitedEnv(t *testing.T) *env {
 
 // runEvery runs an EveryEvent runtime until it has caught up, and returns
 // it, its metrics and its log.
-func runEvery(t *testing.T, e *env, name string, store projector.Store) (*projector.Runtime, *projector.Metrics, *syncWriter) {
+func runEvery(t *testing.T, e *env, name string, store projector.Store) (*projector.Runtime, *projector.Metrics, *testenv.Buffer) {
 	t.Helper()
-	logs := &syncWriter{w: &strings.Builder{}}
+	logs := &testenv.Buffer{}
 	metrics := projector.NewMetrics(nil)
 	r, err := projector.New(e.js, store, projector.Config{Name: name, EveryEvent: true, StopWhenCaughtUp: true, BatchSize: 16},
 		metrics, slog.New(slog.NewTextHandler(logs, nil)))
@@ -70,10 +70,10 @@ func TestGapIsReported(t *testing.T) {
 	if n := testutil.ToFloat64(metrics.Missed); n != 3 {
 		t.Fatalf("%v missed, want 3", n)
 	}
-	if want := "events with stream sequences 2..4 were never delivered: purged by the stream's per-subject limit before this consumer read them"; !logs.contains(want) {
-		t.Fatalf("the log does not name the range: want %q in\n%s", want, logs.w.(*strings.Builder).String())
+	if want := "events with stream sequences 2..4 were never delivered: purged by the stream's per-subject limit before this consumer read them"; !logs.Contains(want) {
+		t.Fatalf("the log does not name the range: want %q in\n%s", want, logs.String())
 	}
-	if !logs.contains("level=ERROR") {
+	if !logs.Contains("level=ERROR") {
 		t.Fatal("the gap is not logged at error level")
 	}
 	if got := store.versions("doc"); len(got) != 3 || got[0] != 1 || got[1] != 5 || got[2] != 6 {
@@ -112,7 +112,7 @@ func TestNoFalseGap(t *testing.T) {
 	e.publish(t, upsert("other", 1))
 	store := &deliveryStore{}
 	r, metrics, logs := runEvery(t, e, "fresh", store)
-	if n := testutil.ToFloat64(metrics.Missed); n != 0 || r.LastGap().Missed != 0 || logs.contains("never delivered") {
+	if n := testutil.ToFloat64(metrics.Missed); n != 0 || r.LastGap().Missed != 0 || logs.Contains("never delivered") {
 		t.Fatalf("a brand-new consumer reported %v missed (%+v)", n, r.LastGap())
 	}
 	if got := store.versions("doc"); len(got) != 2 || got[0] != 4 || got[1] != 5 {
@@ -144,7 +144,7 @@ func TestNoFalseGap(t *testing.T) {
 		}
 		return nil
 	}}
-	logs = &syncWriter{w: &strings.Builder{}}
+	logs = &testenv.Buffer{}
 	metrics = projector.NewMetrics(nil)
 	rr, err := projector.New(e2.js, redeliver, projector.Config{Name: "late", EveryEvent: true}, metrics, slog.New(slog.NewTextHandler(logs, nil)))
 	if err != nil {
@@ -165,7 +165,7 @@ func TestNoFalseGap(t *testing.T) {
 		t.Fatalf("ack floor %d, want 0 (version 1 unacknowledged)", floor)
 	}
 	e2.publish(t, upsert("late", 4))
-	if r, metrics, logs := runEvery(t, e2, "late", redeliver); testutil.ToFloat64(metrics.Missed) != 0 || logs.contains("never delivered") {
+	if r, metrics, logs := runEvery(t, e2, "late", redeliver); testutil.ToFloat64(metrics.Missed) != 0 || logs.Contains("never delivered") {
 		t.Fatalf("a restart with acknowledgements above the floor reported %v missed (%+v)", testutil.ToFloat64(metrics.Missed), r.LastGap())
 	}
 }

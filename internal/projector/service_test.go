@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -42,7 +41,7 @@ func TestRunServiceGuardsItsRoutes(t *testing.T) {
 		"GET /v1/search":       http.HandlerFunc(ok),
 		"POST /v1/admin/thing": http.HandlerFunc(ok),
 	}
-	logs := &syncWriter{w: &strings.Builder{}}
+	logs := &testenv.Buffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	sc := projector.ServiceConfig{NATSURL: n.URL, MetricsAddr: addr, Runtime: projector.Config{Name: "guarded"},
 		Security: auth.Settings{TokensFile: tokens}}
@@ -94,7 +93,7 @@ func TestRunServiceGuardsItsRoutes(t *testing.T) {
 	body, _ := io.ReadAll(metrics.Body)
 	_ = metrics.Body.Close()
 	for _, secret := range []string{readTok, adminTok, "sk_wrong_0123456789abcdef"} {
-		if strings.Contains(string(body), secret) || logs.contains(secret) {
+		if strings.Contains(string(body), secret) || logs.Contains(secret) {
 			t.Errorf("a token reached the log or /metrics")
 		}
 	}
@@ -127,23 +126,4 @@ func TestProjectorRefusesPostgresCredentials(t *testing.T) {
 	if _, err := get(); !errors.Is(err, projector.ErrPostgresCredentials) {
 		t.Fatalf("with %s set: %v", config.EnvPostgresURL, err)
 	}
-}
-
-// syncWriter serializes writes to w: the projector logs from several
-// goroutines.
-type syncWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (s *syncWriter) Write(b []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.Write(b)
-}
-
-func (s *syncWriter) contains(sub string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return strings.Contains(s.w.(*strings.Builder).String(), sub)
 }

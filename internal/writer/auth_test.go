@@ -1,7 +1,6 @@
 package writer_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -21,7 +20,6 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -207,24 +205,6 @@ func TestFlagsBindAuthAndTLS(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log destination shared by goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // selfSigned writes a certificate for 127.0.0.1 and its key to dir.
 func selfSigned(t *testing.T, dir string) (certPath, keyPath string, cert *x509.Certificate) {
 	t.Helper()
@@ -278,7 +258,7 @@ func TestRunWithTokensAndTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	var logs syncBuffer
+	var logs testenv.Buffer
 	reg := telemetry.NewRegistry()
 	deps := service.Deps{Log: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})), Registry: reg, Postgres: pool}
 	metricsAddr := freeAddr(t)
