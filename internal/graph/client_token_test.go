@@ -5,12 +5,11 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/converge-sync/converge/internal/auth"
+	"github.com/converge-sync/converge/internal/auth/authtest"
 	"github.com/converge-sync/converge/internal/graph"
 	"github.com/converge-sync/converge/internal/httpjson"
 )
@@ -18,14 +17,7 @@ import (
 // The client sends its token, and a refusal is an APIError with the
 // guard's status and code.
 func TestClientSendsItsToken(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "tokens")
-	if err := os.WriteFile(path, []byte("cli read sk_read_0123456789abcdef\nwriter write sk_write_0123456789abcd\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	tokens, err := auth.Load(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tokens := authtest.Tokens(t, "cli read sk_read_0123456789abcdef\nwriter write sk_write_0123456789abcd\n")
 	mux := http.NewServeMux()
 	mux.Handle("GET "+graph.DocumentPath+"{key...}", auth.NewGuard(tokens, nil, nil).Require(auth.Read, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		httpjson.Write(w, http.StatusOK, graph.DocumentJSON{Key: r.PathValue("key")})

@@ -8,14 +8,13 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/google/uuid"
 
 	"github.com/converge-sync/converge/internal/auth"
+	"github.com/converge-sync/converge/internal/auth/authtest"
 	"github.com/converge-sync/converge/internal/httpjson"
 	"github.com/converge-sync/converge/internal/verify"
 )
@@ -124,14 +123,7 @@ func TestRemoteErrors(t *testing.T) {
 func TestRemoteSendsItsToken(t *testing.T) {
 	ctx := context.Background()
 	const token = "verify-token-0123456789"
-	path := filepath.Join(t.TempDir(), "tokens")
-	if err := os.WriteFile(path, []byte("reader read "+token+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	tokens, err := auth.Load(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tokens := authtest.Tokens(t, "reader read "+token+"\n")
 	guard := auth.NewGuard(tokens, nil, slog.New(slog.DiscardHandler))
 	addr := serve(t, guard.Require(auth.Read, verify.Handler(verify.Index, func(context.Context) ([]verify.Doc, error) { return docs(10), nil })))
 	truth := &verify.Memory{Label: "postgres", Docs: docs(10)}
