@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"time"
 
-	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/httpjson"
 )
 
@@ -54,26 +52,17 @@ func (e *APIError) Is(target error) bool {
 // (a stub when it is only linked to), chunks, links out and in, and tags.
 func (c *Client) Document(ctx context.Context, key string) (DocumentJSON, error) {
 	var out DocumentJSON
-	hc := c.HTTP
-	if hc == nil {
-		hc = &http.Client{Timeout: 30 * time.Second}
-	}
 	// The key's slashes stay path separators: the route takes the rest of
 	// the path.
 	u := url.URL{Scheme: "http", Host: c.Addr, Path: DocumentPath + key}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
-	if err != nil {
-		return out, err
-	}
-	auth.SetBearer(req.Header, c.Token)
-	resp, err := hc.Do(req)
-	if err != nil {
-		return out, fmt.Errorf("the graph projector at %s does not answer: %w", c.Addr, err)
-	}
+	err := httpjson.Get(ctx, c.HTTP, u.String(), c.Token, 64<<20, &out)
 	var se *httpjson.StatusError
-	if err := httpjson.Read(resp, 64<<20, &out); errors.As(err, &se) {
+	switch {
+	case errors.As(err, &se):
 		return out, &APIError{Addr: c.Addr, StatusCode: se.StatusCode, Code: se.Code, Message: se.Message}
-	} else if err != nil {
+	case errors.Is(err, httpjson.ErrNoAnswer):
+		return out, fmt.Errorf("the graph projector at %s does not answer: %w", c.Addr, err)
+	case err != nil:
 		return out, fmt.Errorf("the graph projector at %s: %w", c.Addr, err)
 	}
 	return out, nil

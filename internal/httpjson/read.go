@@ -1,12 +1,14 @@
 package httpjson
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
+	"time"
 )
 
 // StatusError is an answer of an API with a status other than the ones
@@ -63,4 +65,29 @@ func Read(resp *http.Response, limit int64, out any, ok ...int) error {
 		return fmt.Errorf("%w: %w", ErrUnreadable, err)
 	}
 	return nil
+}
+
+// ErrNoAnswer wraps a request that got no answer (refused, timed out).
+var ErrNoAnswer = errors.New("no answer")
+
+// Get GETs rawURL with hc (nil: a client with a 30-second timeout),
+// sending token as a bearer token unless it is empty, and reads the
+// answer with [Read] into out. A request that gets no answer is wrapped in
+// ErrNoAnswer; an answer other than 200 is a *StatusError.
+func Get(ctx context.Context, hc *http.Client, rawURL, token string, limit int64, out any) error {
+	if hc == nil {
+		hc = &http.Client{Timeout: 30 * time.Second}
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, rawURL, nil)
+	if err != nil {
+		return err
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrNoAnswer, err)
+	}
+	return Read(resp, limit, out)
 }

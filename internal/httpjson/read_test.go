@@ -1,6 +1,7 @@
 package httpjson
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -39,5 +40,27 @@ func TestRead(t *testing.T) {
 	}
 	if err := Read(answer(200, `anything`), 1<<10, nil); err != nil {
 		t.Fatalf("out nil: %v", err)
+	}
+}
+
+func TestGet(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer sk_0123456789abcdef" {
+			Error(w, http.StatusUnauthorized, "unauthorized", "no token")
+			return
+		}
+		Write(w, http.StatusOK, map[string]int{"N": 5})
+	}))
+	var out struct{ N int }
+	if err := Get(context.Background(), nil, srv.URL, "sk_0123456789abcdef", 1<<10, &out); err != nil || out.N != 5 {
+		t.Fatalf("with the token: %v, %+v", err, out)
+	}
+	var se *StatusError
+	if err := Get(context.Background(), nil, srv.URL, "", 1<<10, &out); !errors.As(err, &se) || se.Code != "unauthorized" {
+		t.Fatalf("without the token: %v", err)
+	}
+	srv.Close()
+	if err := Get(context.Background(), nil, srv.URL, "", 1<<10, &out); !errors.Is(err, ErrNoAnswer) {
+		t.Fatalf("a closed server: %v", err)
 	}
 }

@@ -7,9 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
-	"time"
 
-	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/httpjson"
 )
 
@@ -51,24 +49,15 @@ func (e *APIError) Error() string {
 // nearest first.
 func (c *Client) Search(ctx context.Context, query string, k int) (SearchResponse, error) {
 	var out SearchResponse
-	hc := c.HTTP
-	if hc == nil {
-		hc = &http.Client{Timeout: 30 * time.Second}
-	}
 	u := url.URL{Scheme: "http", Host: c.Addr, Path: SearchPath, RawQuery: url.Values{"q": {query}, "k": {strconv.Itoa(k)}}.Encode()}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
-	if err != nil {
-		return out, err
-	}
-	auth.SetBearer(req.Header, c.Token)
-	resp, err := hc.Do(req)
-	if err != nil {
-		return out, fmt.Errorf("the index projector at %s does not answer: %w", c.Addr, err)
-	}
+	err := httpjson.Get(ctx, c.HTTP, u.String(), c.Token, 64<<20, &out)
 	var se *httpjson.StatusError
-	if err := httpjson.Read(resp, 64<<20, &out); errors.As(err, &se) {
+	switch {
+	case errors.As(err, &se):
 		return out, &APIError{Addr: c.Addr, StatusCode: se.StatusCode, Code: se.Code, Message: se.Message}
-	} else if err != nil {
+	case errors.Is(err, httpjson.ErrNoAnswer):
+		return out, fmt.Errorf("the index projector at %s does not answer: %w", c.Addr, err)
+	case err != nil:
 		return out, fmt.Errorf("the index projector at %s: %w", c.Addr, err)
 	}
 	return out, nil

@@ -2,16 +2,14 @@ package verify
 
 import (
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/httpjson"
 )
 
@@ -127,22 +125,13 @@ func (r *Remote) get(ctx context.Context, path string, q url.Values, v any) erro
 		c = &http.Client{Timeout: 5 * time.Minute}
 	}
 	u := url.URL{Scheme: "http", Host: r.Addr, Path: path, RawQuery: q.Encode()}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
-	if err != nil {
-		return err
-	}
-	auth.SetBearer(req.Header, r.Token)
-	resp, err := c.Do(req)
-	if err != nil {
+	// A bucket's documents may be many: the answer's bound is generous.
+	err := httpjson.Get(ctx, c, u.String(), r.Token, 1<<30, v)
+	if errors.Is(err, httpjson.ErrNoAnswer) {
 		return fmt.Errorf("the %s projector at %s does not answer: %w", r.Label, r.Addr, err)
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return fmt.Errorf("the %s projector at %s: %s: %s", r.Label, r.Addr, resp.Status, strings.TrimSpace(string(body)))
-	}
-	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
-		return fmt.Errorf("the %s projector at %s: unreadable answer: %w", r.Label, r.Addr, err)
+	if err != nil {
+		return fmt.Errorf("the %s projector at %s: %w", r.Label, r.Addr, err)
 	}
 	return nil
 }
