@@ -546,14 +546,8 @@ func (s *benchStack) waitCaughtUp(ctx context.Context, b *testing.B, seq uint64)
 func (s *benchStack) mustAgree(ctx context.Context, b *testing.B) {
 	b.Helper()
 	truth := &postgres.Postgres{Pool: s.pool}
-	for _, side := range []struct {
-		kind verify.Kind
-		side verify.Side
-	}{
-		{verify.Index, &verify.Remote{Label: "index", Addr: s.dev.IndexAddr, Token: s.dev.OperatorToken}},
-		{verify.Graph, &verify.Remote{Label: "graph", Addr: s.dev.GraphAddr, Token: s.dev.OperatorToken}},
-	} {
-		rep, err := verify.Compare(ctx, truth, side.side, side.kind, verify.DefaultBuckets, nil)
+	for _, side := range bothSides(s.dev.IndexAddr, s.dev.GraphAddr, s.dev.OperatorToken) {
+		rep, err := verify.Compare(ctx, truth, side.Side, side.Kind, verify.DefaultBuckets, nil)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -23,6 +23,7 @@ import (
 	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/graph/neo4j"
+	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/stack"
 	"github.com/converge-sync/converge/internal/telemetry"
 	"github.com/converge-sync/converge/internal/verify"
@@ -109,7 +110,7 @@ func demo(ctx context.Context, args []string, out io.Writer) error {
 	d.step("redelivering every event to both projectors: converge replay index --from-seq 1; converge replay graph --from-seq 1")
 	before := d.skipped(ctx)
 	for _, name := range []string{"index", "graph"} {
-		pending, err := replayConsumer(ctx, d.js, contract.DocsStream, name, 1, time.Time{})
+		pending, err := projector.Replay(ctx, d.js, contract.DocsStream, name, projector.ReplayFrom{Seq: 1})
 		if err != nil {
 			return err
 		}

@@ -81,7 +81,7 @@ func TestRepairOutput(t *testing.T) {
 		"c": {Key: "c", Version: 1, ContentHash: "hc", Chunks: truth["c"].Chunks}, // links_mismatch
 	})
 	truthSide := verifytest.NewSide("postgres", truth)
-	stores := []namedSide{{verify.Index, index}, {verify.Graph, graph}}
+	stores := []verify.Projection{{Kind: verify.Index, Side: index}, {Kind: verify.Graph, Side: graph}}
 	var asked []string
 	// A re-emission leaves the index's marker of c as it is.
 	wsrv := fakeWriter(t, truth, []*verifytest.Side{index, graph}, func(store, key string) bool { return store != "index" || key != "c" }, &asked)
@@ -94,7 +94,7 @@ func TestRepairOutput(t *testing.T) {
 		t.Fatalf("first verify: agrees %v, %v", first.Agrees, err)
 	}
 	var out bytes.Buffer
-	rep, err := verify.Repair(ctx, hintedWriter{wc}, truthSide, projections(stores), first, verify.RepairConfig{Buckets: 64, Timeout: 10 * time.Second,
+	rep, err := verify.Repair(ctx, hintedWriter{wc}, truthSide, stores, first, verify.RepairConfig{Buckets: 64, Timeout: 10 * time.Second,
 		Interval: 10 * time.Millisecond, Progress: printRepairProgress(&out, wc.URL(), 10*time.Second)})
 	if err != nil {
 		t.Fatal(err)
@@ -147,7 +147,7 @@ func TestRepairOutputWhenTimedOut(t *testing.T) {
 	ctx := context.Background()
 	truth := map[string]verify.Doc{"a": verifytest.Doc("a", 2, "h2", 1)}
 	index := verifytest.NewSide("index", map[string]verify.Doc{"a": verifytest.Doc("a", 1, "h1", 1)})
-	stores := []namedSide{{verify.Index, index}}
+	stores := []verify.Projection{{Kind: verify.Index, Side: index}}
 	truthSide := verifytest.NewSide("postgres", truth)
 	var asked []string
 	wc, err := newWriterClient(fakeWriter(t, truth, nil, nil, &asked).URL)
@@ -158,7 +158,7 @@ func TestRepairOutputWhenTimedOut(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep, err := verify.Repair(ctx, hintedWriter{wc}, truthSide, projections(stores), first, verify.RepairConfig{Buckets: 16, Timeout: 300 * time.Millisecond,
+	rep, err := verify.Repair(ctx, hintedWriter{wc}, truthSide, stores, first, verify.RepairConfig{Buckets: 16, Timeout: 300 * time.Millisecond,
 		Interval: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -183,12 +183,12 @@ func TestRepairNamesTheWriterThatDoesNotAnswer(t *testing.T) {
 		t.Fatal(err)
 	}
 	truthSide := verifytest.NewSide("postgres", map[string]verify.Doc{"a": verifytest.Doc("a", 1, "h", 1)})
-	stores := []namedSide{{verify.Index, verifytest.NewSide("index", map[string]verify.Doc{})}}
+	stores := []verify.Projection{{Kind: verify.Index, Side: verifytest.NewSide("index", map[string]verify.Doc{})}}
 	first, err := runVerify(context.Background(), truthSide, stores, 16, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = verify.Repair(context.Background(), hintedWriter{wc}, truthSide, projections(stores), first, verify.RepairConfig{Buckets: 16, Timeout: time.Second})
+	_, err = verify.Repair(context.Background(), hintedWriter{wc}, truthSide, stores, first, verify.RepairConfig{Buckets: 16, Timeout: time.Second})
 	if err == nil || !strings.HasPrefix(err.Error(), "repair: ") || !strings.Contains(err.Error(), "(is the writer running? -writer-url, env "+envWriterURL+")") {
 		t.Fatalf("repair with the writer down: %v", err)
 	}

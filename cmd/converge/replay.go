@@ -80,9 +80,3 @@ func replay(ctx context.Context, args []string, out io.Writer) error {
 	fmt.Fprintf(out, "consumer %s of %s now delivers from %s: %d events to redeliver\n", names[0], *stream, from, pending)
 	return nil
 }
-
-// replayConsumer is [projector.Replay] from sequence seq, or from time
-// start when seq is 0 (the demo's replay).
-func replayConsumer(ctx context.Context, js jetstream.JetStream, stream, name string, seq uint64, start time.Time) (uint64, error) {
-	return projector.Replay(ctx, js, stream, name, projector.ReplayFrom{Seq: seq, Time: start})
-}

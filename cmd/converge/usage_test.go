@@ -62,7 +62,7 @@ func TestStoreSides(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(got) != 2 || got[0].kind != verify.Graph || got[0].side.Name() != "graph" || got[1].kind != verify.Index || got[1].side.Name() != "index" {
+	if len(got) != 2 || got[0].Kind != verify.Graph || got[0].Side.Name() != "graph" || got[1].Kind != verify.Index || got[1].Side.Name() != "index" {
 		t.Fatalf("sides %+v", got)
 	}
 }

@@ -83,7 +83,7 @@ func verifyCmd(ctx context.Context, args []string, out io.Writer) error {
 		if !*asJSON {
 			printVerify(out, rep)
 		}
-		rep, err = verify.Repair(ctx, hintedWriter{wc}, truth, projections(stored), rep, verify.RepairConfig{Buckets: *buckets, Timeout: *repairTimeout,
+		rep, err = verify.Repair(ctx, hintedWriter{wc}, truth, stored, rep, verify.RepairConfig{Buckets: *buckets, Timeout: *repairTimeout,
 			Progress: printRepairProgress(progressOut(!*asJSON, out), wc.URL(), *repairTimeout)})
 		if err != nil {
 			return err
@@ -105,41 +105,25 @@ func verifyCmd(ctx context.Context, args []string, out io.Writer) error {
 	return nil
 }
 
-// namedSide is a projection named on the command line (-stores), and the
-// side that answers for it.
-type namedSide struct {
-	kind verify.Kind
-	side verify.Side
-}
-
-// projections are sides as verify takes them.
-func projections(sides []namedSide) []verify.Projection {
-	out := make([]verify.Projection, len(sides))
-	for i, s := range sides {
-		out[i] = verify.Projection{Kind: s.kind, Side: s.side}
-	}
-	return out
-}
-
 // storeSides are the projections of list (-stores), each asked of its
 // projector. An unknown name is a usage error: verifying fewer stores than
 // asked for would let verify succeed on a typo.
-func storeSides(list, indexAddr, graphAddr string) ([]namedSide, error) {
-	var out []namedSide
+func storeSides(list, indexAddr, graphAddr string) ([]verify.Projection, error) {
+	var out []verify.Projection
 	for _, s := range strings.Split(list, ",") {
 		name := strings.TrimSpace(s)
-		var side namedSide
+		var side verify.Projection
 		switch name {
 		case "index":
-			side = namedSide{verify.Index, &verify.Remote{Label: "index", Addr: indexAddr}}
+			side = verify.Projection{Kind: verify.Index, Side: &verify.Remote{Label: "index", Addr: indexAddr}}
 		case "graph":
-			side = namedSide{verify.Graph, &verify.Remote{Label: "graph", Addr: graphAddr}}
+			side = verify.Projection{Kind: verify.Graph, Side: &verify.Remote{Label: "graph", Addr: graphAddr}}
 		case "":
 			continue
 		default:
 			return nil, service.Usage("-stores: unknown store %q: want index or graph", name)
 		}
-		if slices.ContainsFunc(out, func(o namedSide) bool { return o.kind == side.kind }) {
+		if slices.ContainsFunc(out, func(o verify.Projection) bool { return o.Kind == side.Kind }) {
 			continue
 		}
 		out = append(out, side)
@@ -152,18 +136,18 @@ func storeSides(list, indexAddr, graphAddr string) ([]namedSide, error) {
 
 // bothSides are the index and the graph, asked of their projectors at
 // these addresses with token.
-func bothSides(indexAddr, graphAddr, token string) []namedSide {
-	return withToken([]namedSide{
-		{verify.Index, &verify.Remote{Label: "index", Addr: indexAddr}},
-		{verify.Graph, &verify.Remote{Label: "graph", Addr: graphAddr}},
+func bothSides(indexAddr, graphAddr, token string) []verify.Projection {
+	return withToken([]verify.Projection{
+		{Kind: verify.Index, Side: &verify.Remote{Label: "index", Addr: indexAddr}},
+		{Kind: verify.Graph, Side: &verify.Remote{Label: "graph", Addr: graphAddr}},
 	}, token)
 }
 
 // withToken sets token on the sides asked of a projector, and returns
 // them.
-func withToken(sides []namedSide, token string) []namedSide {
+func withToken(sides []verify.Projection, token string) []verify.Projection {
 	for _, s := range sides {
-		if r, ok := s.side.(*verify.Remote); ok {
+		if r, ok := s.Side.(*verify.Remote); ok {
 			r.Token = token
 		}
 	}
@@ -172,7 +156,7 @@ func withToken(sides []namedSide, token string) []namedSide {
 
 // runVerify is [verify.Run], showing on stderr, with progress, how far
 // the comparison of each store's differing buckets is.
-func runVerify(ctx context.Context, truth verify.Side, stores []namedSide, buckets int, progress bool) (verifyReport, error) {
+func runVerify(ctx context.Context, truth verify.Side, stores []verify.Projection, buckets int, progress bool) (verifyReport, error) {
 	var show func(store string, done, total int)
 	var line *progressLine
 	if progress {
@@ -190,7 +174,7 @@ func runVerify(ctx context.Context, truth verify.Side, stores []namedSide, bucke
 			}
 		}
 	}
-	rep, err := verify.Run(ctx, truth, projections(stores), buckets, show)
+	rep, err := verify.Run(ctx, truth, stores, buckets, show)
 	if line != nil {
 		line.Done()
 	}
