@@ -17,41 +17,21 @@ import (
 	"github.com/converge-sync/converge/internal/writer"
 )
 
-// fakeWriter answers re-emission requests; with repairs, it copies the
-// re-emitted documents from the truth into the stores, a little later, as
-// the projectors would, except where repairs says a store keeps its own.
-func fakeWriter(t *testing.T, truth map[string]verify.Doc, stores []*verifytest.Side, repairs func(store, key string) bool, asked *[]string) *httptest.Server {
+// fakeWriter serves the writer's re-emission API over r, recording the
+// keys asked for in asked.
+func fakeWriter(t *testing.T, r *verifytest.Reemitter, asked *[]string) *httptest.Server {
 	t.Helper()
 	var mu sync.Mutex
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var req writer.ReemitRequest
-		if r.URL.Path != "/v1/admin/reemit" || json.NewDecoder(r.Body).Decode(&req) != nil {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		var body writer.ReemitRequest
+		if req.URL.Path != writer.ReemitPath || json.NewDecoder(req.Body).Decode(&body) != nil {
 			http.Error(w, "bad request", http.StatusBadRequest)
 			return
 		}
 		mu.Lock()
-		*asked = append(*asked, req.Keys...)
+		*asked = append(*asked, body.Keys...)
 		mu.Unlock()
-		resp := writer.ReemitResponse{Reemitted: []writer.ReemittedDocument{}, NotFound: []string{}}
-		for i, k := range req.Keys {
-			d, ok := truth[k]
-			if !ok {
-				resp.NotFound = append(resp.NotFound, k)
-				continue
-			}
-			resp.Reemitted = append(resp.Reemitted, writer.ReemittedDocument{Key: k, Version: d.Version, Emission: int64(i + 1)})
-		}
-		if repairs != nil {
-			time.AfterFunc(50*time.Millisecond, func() {
-				for _, s := range stores {
-					for _, k := range req.Keys {
-						if d, ok := truth[k]; ok && repairs(s.Name(), k) {
-							s.Put(d)
-						}
-					}
-				}
-			})
-		}
+		resp, _ := r.ReemitKeys(req.Context(), body.Keys)
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(resp)
 	}))
@@ -64,27 +44,12 @@ func fakeWriter(t *testing.T, truth map[string]verify.Doc, stores []*verifytest.
 // it repaired. (The protocol itself is verify.Repair's, tested there.)
 func TestRepairOutput(t *testing.T) {
 	ctx := context.Background()
-	truth := map[string]verify.Doc{}
-	for _, d := range []verify.Doc{verifytest.Doc("a", 2, "ha2", 2), verifytest.Doc("b", 1, "hb", 3), verifytest.Doc("c", 1, "hc", 1, "a"), verifytest.Doc("d", 4, "hd", 1), verifytest.Doc("e", 1, "he", 1)} {
-		truth[d.Key] = d
-	}
-	index := verifytest.NewSide("index", map[string]verify.Doc{
-		"a": verifytest.Doc("a", 1, "ha1", 2),                                        // stale_version
-		"b": verifytest.Doc("b", 1, "hb", 1),                                         // stale_chunks
-		"c": {Key: "c", Version: 1, ContentHash: "other", Chunks: truth["c"].Chunks}, // content_mismatch: the index's marker
-		"d": verifytest.Doc("d", 5, "hd5", 1),                                        // version_mismatch
-		"x": verifytest.Doc("x", 1, "hx", 1),                                         // extra
-		// e is missing.
-	})
-	graph := verifytest.NewSide("graph", map[string]verify.Doc{
-		"a": truth["a"], "b": truth["b"], "d": truth["d"], "e": truth["e"],
-		"c": {Key: "c", Version: 1, ContentHash: "hc", Chunks: truth["c"].Chunks}, // links_mismatch
-	})
+	truth, index, graph := verifytest.EveryDifference()
 	truthSide := verifytest.NewSide("postgres", truth)
 	stores := []verify.Projection{{Kind: verify.Index, Side: index}, {Kind: verify.Graph, Side: graph}}
 	var asked []string
 	// A re-emission leaves the index's marker of c as it is.
-	wsrv := fakeWriter(t, truth, []*verifytest.Side{index, graph}, func(store, key string) bool { return store != "index" || key != "c" }, &asked)
+	wsrv := fakeWriter(t, &verifytest.Reemitter{Truth: truth, Stores: []*verifytest.Side{index, graph}, Repairs: func(store, key string) bool { return store != "index" || key != "c" }}, &asked)
 	wc, err := newWriterClient(wsrv.URL)
 	if err != nil {
 		t.Fatal(err)
@@ -150,7 +115,7 @@ func TestRepairOutputWhenTimedOut(t *testing.T) {
 	stores := []verify.Projection{{Kind: verify.Index, Side: index}}
 	truthSide := verifytest.NewSide("postgres", truth)
 	var asked []string
-	wc, err := newWriterClient(fakeWriter(t, truth, nil, nil, &asked).URL)
+	wc, err := newWriterClient(fakeWriter(t, &verifytest.Reemitter{Truth: truth}, &asked).URL)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,54 +10,7 @@ import (
 
 	"github.com/converge-sync/converge/internal/verify"
 	"github.com/converge-sync/converge/internal/verify/verifytest"
-	"github.com/converge-sync/converge/internal/writer"
 )
-
-// reemitter re-emits from truth as the writer does; with repairs, it
-// copies the re-emitted documents into the stores a little later, as the
-// projectors would, except where repairs says a store keeps its own.
-type reemitter struct {
-	truth   map[string]verify.Doc
-	stores  []*verifytest.Side
-	repairs func(store, key string) bool
-	err     error // after answering, as a writer failing on a later page
-
-	mu    sync.Mutex
-	asked []string
-}
-
-func (r *reemitter) ReemitKeys(_ context.Context, keys []string) (writer.ReemitResponse, error) {
-	r.mu.Lock()
-	r.asked = append(r.asked, keys...)
-	r.mu.Unlock()
-	resp := writer.ReemitResponse{Reemitted: []writer.ReemittedDocument{}, NotFound: []string{}}
-	for i, k := range keys {
-		d, ok := r.truth[k]
-		if !ok {
-			resp.NotFound = append(resp.NotFound, k)
-			continue
-		}
-		resp.Reemitted = append(resp.Reemitted, writer.ReemittedDocument{Key: k, Version: d.Version, Emission: int64(i + 1)})
-	}
-	if r.repairs != nil {
-		time.AfterFunc(50*time.Millisecond, func() {
-			for _, s := range r.stores {
-				for _, k := range keys {
-					if d, ok := r.truth[k]; ok && r.repairs(s.Name(), k) {
-						s.Put(d)
-					}
-				}
-			}
-		})
-	}
-	return resp, r.err
-}
-
-func (r *reemitter) keys() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return slices.Sorted(slices.Values(r.asked))
-}
 
 func items(list []verify.RepairItem) []string {
 	var s []string
@@ -128,26 +81,11 @@ func TestRunComparesEveryProjection(t *testing.T) {
 // gone, and returns the stores as they are at the end.
 func TestRepair(t *testing.T) {
 	ctx := context.Background()
-	truth := map[string]verify.Doc{}
-	for _, d := range []verify.Doc{verifytest.Doc("a", 2, "ha2", 2), verifytest.Doc("b", 1, "hb", 3), verifytest.Doc("c", 1, "hc", 1, "a"), verifytest.Doc("d", 4, "hd", 1), verifytest.Doc("e", 1, "he", 1)} {
-		truth[d.Key] = d
-	}
-	index := verifytest.NewSide("index", map[string]verify.Doc{
-		"a": verifytest.Doc("a", 1, "ha1", 2),                                        // stale_version
-		"b": verifytest.Doc("b", 1, "hb", 1),                                         // stale_chunks
-		"c": {Key: "c", Version: 1, ContentHash: "other", Chunks: truth["c"].Chunks}, // content_mismatch: the index's marker
-		"d": verifytest.Doc("d", 5, "hd5", 1),                                        // version_mismatch
-		"x": verifytest.Doc("x", 1, "hx", 1),                                         // extra
-		// e is missing.
-	})
-	graph := verifytest.NewSide("graph", map[string]verify.Doc{
-		"a": truth["a"], "b": truth["b"], "d": truth["d"], "e": truth["e"],
-		"c": {Key: "c", Version: 1, ContentHash: "hc", Chunks: truth["c"].Chunks}, // links_mismatch
-	})
+	truth, index, graph := verifytest.EveryDifference()
 	truthSide := verifytest.NewSide("postgres", truth)
 	stores := []verify.Projection{{Kind: verify.Index, Side: index}, {Kind: verify.Graph, Side: graph}}
 	// A re-emission leaves the index's marker of c as it is.
-	w := &reemitter{truth: truth, stores: []*verifytest.Side{index, graph}, repairs: func(store, key string) bool { return store != "index" || key != "c" }}
+	w := &verifytest.Reemitter{Truth: truth, Stores: []*verifytest.Side{index, graph}, Repairs: func(store, key string) bool { return store != "index" || key != "c" }}
 	first, err := verify.Run(ctx, truthSide, stores, 64, nil)
 	if err != nil || first.Agrees {
 		t.Fatalf("first verify: agrees %v, %v", first.Agrees, err)
@@ -167,7 +105,7 @@ func TestRepair(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := w.keys(); !slices.Equal(got, []string{"a", "b", "c", "e"}) || !slices.Equal(reemitting, got) {
+	if got := w.Asked(); !slices.Equal(got, []string{"a", "b", "c", "e"}) || !slices.Equal(reemitting, got) {
 		t.Fatalf("re-emitted %v (announced %v), want [a b c e]: c for the graph's links, not for the index's marker", got, reemitting)
 	}
 	if !slices.Equal(steps, []verify.RepairStep{verify.RepairClassified, verify.RepairReemitting, verify.RepairWaiting, verify.RepairVerified}) {
@@ -206,14 +144,14 @@ func TestRepairWithNothingRepairable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &reemitter{}
+	w := &verifytest.Reemitter{}
 	res, err := verify.Repair(ctx, w, truthSide, stores, first, verify.RepairConfig{Buckets: 16, Timeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(w.keys()) != 0 || res.Agrees || res.Repair == nil || len(res.Repair.Reemitted) != 0 ||
+	if len(w.Asked()) != 0 || res.Agrees || res.Repair == nil || len(res.Repair.Reemitted) != 0 ||
 		!slices.Equal(items(res.Repair.Unrepairable), []string{"graph extra ghost"}) {
-		t.Fatalf("asked %v; result agrees %v, repair %+v", w.keys(), res.Agrees, res.Repair)
+		t.Fatalf("asked %v; result agrees %v, repair %+v", w.Asked(), res.Agrees, res.Repair)
 	}
 }
 
@@ -230,7 +168,7 @@ func TestRepairTimesOut(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	res, err := verify.Repair(ctx, &reemitter{truth: truth}, truthSide, stores, first, verify.RepairConfig{Buckets: 16, Timeout: 300 * time.Millisecond, Interval: 20 * time.Millisecond})
+	res, err := verify.Repair(ctx, &verifytest.Reemitter{Truth: truth}, truthSide, stores, first, verify.RepairConfig{Buckets: 16, Timeout: 300 * time.Millisecond, Interval: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,7 +191,7 @@ func TestRepairWriterFailure(t *testing.T) {
 	}
 	cause := errors.New("the writer is gone")
 	var last *verify.RepairReport
-	res, err := verify.Repair(ctx, &reemitter{truth: truth, err: cause}, truthSide, stores, first, verify.RepairConfig{Buckets: 16, Timeout: time.Second,
+	res, err := verify.Repair(ctx, &verifytest.Reemitter{Truth: truth, Err: cause}, truthSide, stores, first, verify.RepairConfig{Buckets: 16, Timeout: time.Second,
 		Progress: func(p verify.RepairProgress) { last = p.Report }})
 	if !errors.Is(err, cause) {
 		t.Fatalf("Repair: %v, want the writer's error", err)
@@ -261,7 +199,7 @@ func TestRepairWriterFailure(t *testing.T) {
 	if res.Repair != nil || res.Agrees || last == nil || len(last.Reemitted) != 1 {
 		t.Fatalf("after the writer failed: result %+v, report so far %+v", res, last)
 	}
-	if _, err := verify.Repair(ctx, &reemitter{}, truthSide, stores, first, verify.RepairConfig{}); err == nil {
+	if _, err := verify.Repair(ctx, &verifytest.Reemitter{}, truthSide, stores, first, verify.RepairConfig{}); err == nil {
 		t.Fatal("Repair without a timeout succeeded")
 	}
 }
@@ -298,7 +236,7 @@ func TestRepairWaitsThroughADigestMismatch(t *testing.T) {
 	racing := &racingSide{Side: graph, before: graph.Memory(), stale: 2} // the first verify, and the first after the repair
 	stores := []verify.Projection{{Kind: verify.Graph, Side: racing}}
 	truthSide := verifytest.NewSide("postgres", truth)
-	w := &reemitter{truth: truth, stores: []*verifytest.Side{graph}, repairs: func(string, string) bool { return true }}
+	w := &verifytest.Reemitter{Truth: truth, Stores: []*verifytest.Side{graph}, Repairs: func(string, string) bool { return true }}
 	first, err := verify.Run(ctx, truthSide, stores, 16, nil)
 	if err != nil || first.Agrees {
 		t.Fatalf("first verify: agrees %v, %v", first.Agrees, err)

@@ -4,11 +4,14 @@ package verifytest
 
 import (
 	"context"
+	"slices"
 	"sync"
+	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/converge-sync/converge/internal/verify"
+	"github.com/converge-sync/converge/internal/writer"
 )
 
 // Side is a verify side in memory, safe to change while it is read.
@@ -68,4 +71,78 @@ func Doc(key string, version int64, hash string, chunks int, links ...string) ve
 		d.Chunks = append(d.Chunks, verify.Chunk{ID: uuid.NewSHA1(uuid.NameSpaceURL, []byte(key+string(rune('0'+i)))), Hash: hash})
 	}
 	return d
+}
+
+// Reemitter re-emits from Truth as the writer does (verify.Reemitter);
+// with Repairs, it then copies each re-emitted document into Stores a
+// little later, as the projectors would, except where Repairs says a store
+// keeps its own. Err, when set, is returned after answering, as a writer
+// failing on a later page.
+type Reemitter struct {
+	Truth   map[string]verify.Doc
+	Stores  []*Side
+	Repairs func(store, key string) bool
+	Err     error
+
+	mu    sync.Mutex
+	asked []string
+}
+
+// ReemitKeys answers a re-emission of keys.
+func (r *Reemitter) ReemitKeys(_ context.Context, keys []string) (writer.ReemitResponse, error) {
+	r.mu.Lock()
+	r.asked = append(r.asked, keys...)
+	r.mu.Unlock()
+	resp := writer.ReemitResponse{Reemitted: []writer.ReemittedDocument{}, NotFound: []string{}}
+	for i, k := range keys {
+		d, ok := r.Truth[k]
+		if !ok {
+			resp.NotFound = append(resp.NotFound, k)
+			continue
+		}
+		resp.Reemitted = append(resp.Reemitted, writer.ReemittedDocument{Key: k, Version: d.Version, Emission: int64(i + 1)})
+	}
+	if r.Repairs != nil {
+		time.AfterFunc(50*time.Millisecond, func() {
+			for _, s := range r.Stores {
+				for _, k := range keys {
+					if d, ok := r.Truth[k]; ok && r.Repairs(s.Name(), k) {
+						s.Put(d)
+					}
+				}
+			}
+		})
+	}
+	return resp, r.Err
+}
+
+// Asked are the keys asked for so far, sorted.
+func (r *Reemitter) Asked() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Sorted(slices.Values(r.asked))
+}
+
+// EveryDifference is a truth and an index and a graph that differ from it
+// in every way verify names: a (stale_version), b (stale_chunks), c
+// (content_mismatch in the index, links_mismatch in the graph), d
+// (version_mismatch), x (extra) and e (missing from the index).
+func EveryDifference() (truth map[string]verify.Doc, index, graph *Side) {
+	truth = map[string]verify.Doc{}
+	for _, d := range []verify.Doc{Doc("a", 2, "ha2", 2), Doc("b", 1, "hb", 3), Doc("c", 1, "hc", 1, "a"), Doc("d", 4, "hd", 1), Doc("e", 1, "he", 1)} {
+		truth[d.Key] = d
+	}
+	index = NewSide("index", map[string]verify.Doc{
+		"a": Doc("a", 1, "ha1", 2),                                                   // stale_version
+		"b": Doc("b", 1, "hb", 1),                                                    // stale_chunks
+		"c": {Key: "c", Version: 1, ContentHash: "other", Chunks: truth["c"].Chunks}, // content_mismatch: the index's marker
+		"d": Doc("d", 5, "hd5", 1),                                                   // version_mismatch
+		"x": Doc("x", 1, "hx", 1),                                                    // extra
+		// e is missing.
+	})
+	graph = NewSide("graph", map[string]verify.Doc{
+		"a": truth["a"], "b": truth["b"], "d": truth["d"], "e": truth["e"],
+		"c": {Key: "c", Version: 1, ContentHash: "hc", Chunks: truth["c"].Chunks}, // links_mismatch
+	})
+	return truth, index, graph
 }
