@@ -113,3 +113,22 @@ func TestEnvAddsAndUnsets(t *testing.T) {
 		t.Fatalf("child saw %q, want %q", got, want)
 	}
 }
+
+// A paused child still stops cleanly: Stop resumes it so that it can
+// handle SIGTERM, rather than waiting out the grace and killing it.
+func TestStopResumesAPausedChild(t *testing.T) {
+	var out testenv.Buffer
+	c, err := Start(sh(t), []string{"-c", `trap 'echo bye; exit 0' TERM; echo up; while :; do sleep 0.05; done`}, Options{Out: &out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the child to start", func() bool { return out.Contains("up") })
+	c.Pause()
+	waitFor(t, "the kernel to stop the child", func() bool { return state(t, c.Pid()) == "T" })
+	if err := c.Stop(30 * time.Second); err != nil {
+		t.Fatalf("Stop of a paused child: %v", err)
+	}
+	if !out.Contains("bye") {
+		t.Fatalf("the child did not handle SIGTERM: %q", out.String())
+	}
+}
