@@ -50,6 +50,11 @@ vet: ## go vet
 test: deps fmt-check vet ## everything CI runs: gofmt, go vet, go test -race (starts its own Postgres, NATS and Neo4j)
 	NEO4J_INSTANCES=$${NEO4J_INSTANCES:-3} bash scripts/neo4j-server.sh run -- $(GO) test -race -count=1 -timeout 12m $(PKGS)
 
+.PHONY: chaos
+chaos: deps ## the chaos suite: every service a process, 200+ random faults under load (CHAOS_FAULTS, CHAOS_SEED), then every store checked
+	$(GO) test -count=1 -v -timeout $${CHAOS_TIMEOUT:-60m} -run '^TestChaos$$' ./internal/chaos \
+		-chaos.faults=$${CHAOS_FAULTS:-200} $(if $(CHAOS_SEED),-chaos.seed=$(CHAOS_SEED)) $(CHAOS_FLAGS)
+
 .PHONY: test-short
 test-short: deps ## the tests without the race detector
 	NEO4J_INSTANCES=$${NEO4J_INSTANCES:-3} bash scripts/neo4j-server.sh run -- $(GO) test -count=1 $(PKGS)
