@@ -1,4 +1,4 @@
-package proc
+package proc_test
 
 import (
 	"bytes"
@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/converge-sync/converge/internal/proc"
 	"github.com/converge-sync/converge/internal/testenv"
 )
 
@@ -23,7 +24,7 @@ func sh(t *testing.T) string {
 
 func TestStopIsCleanOnSIGTERM(t *testing.T) {
 	var out testenv.Buffer
-	c, err := Start(sh(t), []string{"-c", `trap 'echo bye; exit 0' TERM; echo up; while :; do sleep 0.05; done`}, Options{Out: &out, Env: []string{"X=1"}})
+	c, err := proc.Start(sh(t), []string{"-c", `trap 'echo bye; exit 0' TERM; echo up; while :; do sleep 0.05; done`}, proc.Options{Out: &out, Env: []string{"X=1"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,13 +39,13 @@ func TestStopIsCleanOnSIGTERM(t *testing.T) {
 
 func TestStopKillsAChildThatIgnoresSIGTERM(t *testing.T) {
 	var out testenv.Buffer
-	c, err := Start(sh(t), []string{"-c", `trap '' TERM; echo up; while :; do sleep 0.05; done`}, Options{Out: &out})
+	c, err := proc.Start(sh(t), []string{"-c", `trap '' TERM; echo up; while :; do sleep 0.05; done`}, proc.Options{Out: &out})
 	if err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the child to start", func() bool { return strings.Contains(out.String(), "up") })
-	if err := c.Stop(200 * time.Millisecond); !errors.Is(err, ErrKilled) {
-		t.Fatalf("Stop of a child ignoring SIGTERM: %v, want ErrKilled", err)
+	if err := c.Stop(200 * time.Millisecond); !errors.Is(err, proc.ErrKilled) {
+		t.Fatalf("Stop of a child ignoring SIGTERM: %v, want proc.ErrKilled", err)
 	}
 	if !c.Exited() {
 		t.Fatal("not reaped")
@@ -64,7 +65,7 @@ func state(t *testing.T, pid int) string {
 
 func TestPauseStopsTheChildUntilResume(t *testing.T) {
 	var out testenv.Buffer
-	c, err := Start(sh(t), []string{"-c", `i=0; while :; do i=$((i+1)); echo $i; sleep 0.02; done`}, Options{Out: &out})
+	c, err := proc.Start(sh(t), []string{"-c", `i=0; while :; do i=$((i+1)); echo $i; sleep 0.02; done`}, proc.Options{Out: &out})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +90,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 func TestKillEndsAndReaps(t *testing.T) {
-	c, err := Start(sh(t), []string{"-c", "sleep 60"}, Options{})
+	c, err := proc.Start(sh(t), []string{"-c", "sleep 60"}, proc.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,8 +104,8 @@ func TestEnvAddsAndUnsets(t *testing.T) {
 	t.Setenv("PROC_TEST_KEEP", "kept")
 	t.Setenv("PROC_TEST_DROP", "secret")
 	var out testenv.Buffer
-	c, err := Start(sh(t), []string{"-c", `echo "keep=$PROC_TEST_KEEP drop=${PROC_TEST_DROP-unset} add=$PROC_TEST_ADD"`},
-		Options{Out: &out, Env: []string{"PROC_TEST_ADD=added"}, Unset: []string{"PROC_TEST_DROP"}})
+	c, err := proc.Start(sh(t), []string{"-c", `echo "keep=$PROC_TEST_KEEP drop=${PROC_TEST_DROP-unset} add=$PROC_TEST_ADD"`},
+		proc.Options{Out: &out, Env: []string{"PROC_TEST_ADD=added"}, Unset: []string{"PROC_TEST_DROP"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +119,7 @@ func TestEnvAddsAndUnsets(t *testing.T) {
 // handle SIGTERM, rather than waiting out the grace and killing it.
 func TestStopResumesAPausedChild(t *testing.T) {
 	var out testenv.Buffer
-	c, err := Start(sh(t), []string{"-c", `trap 'echo bye; exit 0' TERM; echo up; while :; do sleep 0.05; done`}, Options{Out: &out})
+	c, err := proc.Start(sh(t), []string{"-c", `trap 'echo bye; exit 0' TERM; echo up; while :; do sleep 0.05; done`}, proc.Options{Out: &out})
 	if err != nil {
 		t.Fatal(err)
 	}
