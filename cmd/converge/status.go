@@ -91,10 +91,11 @@ func collectStatus(ctx context.Context, pgURL, natsURL, slot string, natsOpts ..
 	if err != nil {
 		return rep, err
 	}
-	if rep.Streams, err = relay.ReadStreams(ctx, js, contract.DocsStream, writer.IngestStream, deadletter.Stream); err != nil {
+	if rep.Streams, err = relay.ReadStreams(ctx, js, contract.DocsStream, contract.EventsStream, writer.IngestStream, deadletter.Stream); err != nil {
 		return rep, err
 	}
 	if rep.Consumers, err = relay.ReadConsumers(ctx, js, relay.ConsumedStream{Stream: contract.DocsStream},
+		relay.ConsumedStream{Stream: contract.EventsStream},
 		relay.ConsumedStream{Stream: writer.IngestStream, DeadLetters: writer.IngestDLQName}); err != nil {
 		return rep, err
 	}
@@ -124,7 +125,11 @@ func printStatus(out io.Writer, rep statusReport) {
 		fmt.Fprintln(tw, "STREAM\tMESSAGES\tBYTES\tSEQ\tSUBJECTS\tCONSUMERS\tLAST")
 		for _, s := range rep.Streams {
 			if !s.Exists {
-				fmt.Fprintf(tw, "%s\tmissing\n", s.Name)
+				why := ""
+				if s.Name == contract.EventsStream {
+					why = " (the relay creates it with -effects, for the notifier)"
+				}
+				fmt.Fprintf(tw, "%s\tmissing%s\n", s.Name, why)
 				continue
 			}
 			last := "-"

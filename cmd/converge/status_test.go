@@ -59,14 +59,20 @@ func TestStatusReportsSlotOutboxAndStreams(t *testing.T) {
 	if err := m.DoubleAck(ctx); err != nil {
 		t.Fatal(err)
 	}
-	// The notifier's consumer, with the gap record its runtime keeps in
-	// the consumer's metadata.
+	// The notifier's consumer of the effects' stream, one event pending,
+	// with the gap record its runtime keeps in the consumer's metadata.
+	if _, err := relay.EnsureEffectsStream(ctx, js, relay.Config{Effects: relay.EffectsConfig{Enabled: true}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, "converge.events.0123456789abcdef0123456789abcdef", []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
 	gapAt := time.Date(2026, 11, 30, 9, 30, 0, 0, time.UTC)
 	gap, err := json.Marshal(projector.GapRecord{Missed: 3, LastFrom: 2, LastTo: 4, At: gapAt})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.CreateConsumer(ctx, contract.DocsStream, jetstream.ConsumerConfig{Durable: "notifier", AckPolicy: jetstream.AckExplicitPolicy,
+	if _, err := js.CreateConsumer(ctx, contract.EventsStream, jetstream.ConsumerConfig{Durable: "notifier", AckPolicy: jetstream.AckExplicitPolicy,
 		Metadata: map[string]string{projector.GapRecordKey: string(gap)}}); err != nil {
 		t.Fatal(err)
 	}
@@ -104,13 +110,16 @@ func TestStatusReportsSlotOutboxAndStreams(t *testing.T) {
 	if docs.Name != contract.DocsStream || !docs.Exists || docs.Messages != 1 || docs.Subjects != 1 {
 		t.Fatalf("stream %+v", docs)
 	}
-	if rep.Streams[1].Exists {
-		t.Fatalf("CONVERGE_INGEST reported as existing: %+v", rep.Streams[1])
+	if ev := rep.Streams[1]; ev.Name != contract.EventsStream || !ev.Exists || ev.Messages != 1 {
+		t.Fatalf("stream %+v, want the effects' stream with one event", ev)
+	}
+	if rep.Streams[2].Exists {
+		t.Fatalf("CONVERGE_INGEST reported as existing: %+v", rep.Streams[2])
 	}
 	if len(rep.Consumers) != 2 || rep.Consumers[0].Name != "index" || rep.Consumers[1].Name != "notifier" {
 		t.Fatalf("consumers %+v, want the index projector's and the notifier's", rep.Consumers)
 	}
-	if nc := rep.Consumers[1]; nc.Missed != 3 || nc.LastGap == nil || nc.LastGap.LastFrom != 2 || nc.LastGap.LastTo != 4 || !nc.LastGap.At.Equal(gapAt) {
+	if nc := rep.Consumers[1]; nc.Stream != contract.EventsStream || nc.Pending != 1 || nc.Missed != 3 || nc.LastGap == nil || nc.LastGap.LastFrom != 2 || nc.LastGap.LastTo != 4 || !nc.LastGap.At.Equal(gapAt) {
 		t.Fatalf("notifier consumer %+v (last gap %+v), want 3 missed, last 2..4", nc, nc.LastGap)
 	}
 	c := rep.Consumers[0]
@@ -129,7 +138,7 @@ func TestStatusReportsSlotOutboxAndStreams(t *testing.T) {
 	if err := run(ctx, []string{"status", "-postgres-url", url, "-nats-url", n.URL}, &out); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"converge_relay", "standby/stopped", contract.DocsStream, "OUTBOX", "CONSUMER", "index",
+	for _, want := range []string{"converge_relay", "standby/stopped", contract.DocsStream, contract.EventsStream, "OUTBOX", "CONSUMER", "index",
 		"REBUILD", "graph-20261130T100000Z", "MISSED", "3 (last 2..4 at 2026-11-30T09:30:00Z)"} {
 		if !strings.Contains(out.String(), want) {
 			t.Fatalf("table lacks %q:\n%s", want, out.String())

@@ -111,7 +111,7 @@ func (q *Queue) Redrive(ctx context.Context, r Redrive, each func(Redriven)) (in
 	if r.All {
 		if _, err := q.Scan(ctx, ScanOptions{Filter: subject, LastSeq: lastSeq, HeadersOnly: true}, func(m jetstream.Msg, meta *jetstream.MsgMetadata) error {
 			selected = append(selected, meta.Sequence.Stream)
-			documents = documents || strings.HasPrefix(m.Headers().Get(HeaderSubject), contract.DocsSubjectPrefix)
+			documents = documents || isDocument(m.Headers().Get(HeaderSubject))
 			return nil
 		}); err != nil {
 			return 0, err
@@ -123,7 +123,7 @@ func (q *Queue) Redrive(ctx context.Context, r Redrive, each func(Redriven)) (in
 			if err != nil {
 				return 0, err
 			}
-			documents = documents || strings.HasPrefix(dl.Header.Get(HeaderSubject), contract.DocsSubjectPrefix)
+			documents = documents || isDocument(dl.Header.Get(HeaderSubject))
 		}
 	}
 	if documents && r.Writer == nil && !r.DryRun {
@@ -261,4 +261,10 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// isDocument reports whether subject is a document event's: of the
+// documents' stream or of the effects' stream.
+func isDocument(subject string) bool {
+	return strings.HasPrefix(subject, contract.DocsSubjectPrefix) || strings.HasPrefix(subject, contract.EventsSubjectPrefix)
 }

@@ -25,16 +25,16 @@ const (
 	// writer writes the event of the document's current version to the
 	// outbox again, and the relay, the only publisher of CONVERGE_DOCS,
 	// publishes it. The path of the dead letters of CONVERGE_DOCS's
-	// consumers (converge.docs.>): the projectors, their rebuilds, and the
-	// notifier.
+	// consumers (converge.docs.>: the projectors, their rebuilds) and of
+	// CONVERGE_EVENTS's (converge.events.>: the notifier).
 	Reemit Path = "re-emitted"
 )
 
 // PathOf returns the path of a dead letter whose original subject is
 // subject, in stream (its [HeaderStream], "" when it has none): the stream
 // of the subject decides. A subject of neither converge.docs.> nor
-// converge.ingest.>, or a document subject from another stream than
-// CONVERGE_DOCS, has no path.
+// converge.ingest.> nor converge.events.>, or a document subject from
+// another stream than its own, has no path.
 func PathOf(subject, stream string) (Path, error) {
 	switch {
 	case subject == "":
@@ -44,11 +44,16 @@ func PathOf(subject, stream string) (Path, error) {
 			return "", fmt.Errorf("its subject %s is one of %s, not of the stream %s it names", subject, contract.DocsStream, stream)
 		}
 		return Reemit, nil
+	case strings.HasPrefix(subject, contract.EventsSubjectPrefix):
+		if stream != "" && stream != contract.EventsStream {
+			return "", fmt.Errorf("its subject %s is one of %s, not of the stream %s it names", subject, contract.EventsStream, stream)
+		}
+		return Reemit, nil
 	case strings.HasPrefix(subject, contract.IngestSubjectPrefix):
 		return Republish, nil
 	default:
-		return "", fmt.Errorf("its subject %s (stream %s) is neither a document's (%s>) nor an ingest one (%s>)",
-			subject, orDash(stream), contract.DocsSubjectPrefix, contract.IngestSubjectPrefix)
+		return "", fmt.Errorf("its subject %s (stream %s) is neither a document's (%s> or %s>) nor an ingest one (%s>)",
+			subject, orDash(stream), contract.DocsSubjectPrefix, contract.EventsSubjectPrefix, contract.IngestSubjectPrefix)
 	}
 }
 

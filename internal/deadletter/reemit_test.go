@@ -247,6 +247,8 @@ func TestPathOf(t *testing.T) {
 		{contract.Subject("k"), contract.DocsStream, deadletter.Reemit, ""},
 		{contract.Subject("k"), "", deadletter.Reemit, ""},
 		{contract.Subject("k"), "OTHER", "", "not of the stream OTHER"},
+		{contract.EventsSubject("k"), contract.EventsStream, deadletter.Reemit, ""},
+		{contract.EventsSubject("k"), contract.DocsStream, "", "not of the stream CONVERGE_DOCS"},
 		{contract.IngestSubject("k"), "CONVERGE_INGEST", deadletter.Republish, ""},
 		{contract.IngestSubject("k"), "", deadletter.Republish, ""},
 		{"converge.other.x", "", "", "neither"},

@@ -275,11 +275,17 @@ func upsert(t *testing.T, key string, version int64) contract.Event {
 // and commit time.
 func publishEvent(t *testing.T, js jetstream.JetStream, ev contract.Event) *jetstream.PubAck {
 	t.Helper()
+	return publishEventTo(t, js, contract.Subject, ev)
+}
+
+// publishEventTo publishes ev on subject(ev.Key), as the relay does.
+func publishEventTo(t *testing.T, js jetstream.JetStream, subject func(string) string, ev contract.Event) *jetstream.PubAck {
+	t.Helper()
 	data, err := ev.Encode()
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := nats.NewMsg(contract.Subject(ev.Key))
+	m := nats.NewMsg(subject(ev.Key))
 	m.Data = data
 	m.Header.Set(contract.HeaderCommitTime, time.Now().UTC().Format(time.RFC3339Nano))
 	ack, err := js.PublishMsg(context.Background(), m, jetstream.WithMsgID(ev.ID.String()))

@@ -50,13 +50,17 @@ const (
 	inboxes = "_INBOX.>"
 )
 
-// Relay may ensure the documents' stream and publish its events: the only
-// publisher of converge.docs.>. It may not delete or purge the stream, nor
-// touch a consumer.
+// Relay may ensure the documents' stream and the effects' stream and
+// publish their events: the only publisher of converge.docs.> and
+// converge.events.>. It reads both streams' info (the effects' stream
+// records where in the documents' stream it began). It may not delete or
+// purge a stream, nor touch a consumer.
 func Relay() *server.Permissions {
 	return perms(
 		streamWrite(contract.DocsStream),
-		[]string{contract.DocsSubjectPrefix + ">"},
+		streamWrite(contract.EventsStream),
+		[]string{api + "STREAM.INFO." + contract.DocsStream, api + "STREAM.INFO." + contract.EventsStream},
+		[]string{contract.DocsSubjectPrefix + ">", contract.EventsSubjectPrefix + ">"},
 	)
 }
 
@@ -80,12 +84,17 @@ func Projector(name string) *server.Permissions {
 	)
 }
 
-// Notifier may consume the documents' stream with its durable consumer
-// (name), acknowledge, dead-letter to converge.dlq.<name>, and own its
-// dedup bucket whole.
+// Notifier may consume the effects' stream with its durable consumer
+// (name), after reading the stream's info; acknowledge, dead-letter to
+// converge.dlq.<name>, and own its dedup bucket whole. On the documents'
+// stream it may finish and delete its own consumer of an older deployment
+// (notifier.Migrate), and nothing else.
 func Notifier(name, bucket string) *server.Permissions {
 	return perms(
+		[]string{api + "STREAM.INFO." + contract.EventsStream},
+		consume(contract.EventsStream, name),
 		consume(contract.DocsStream, name),
+		[]string{api + "CONSUMER.DELETE." + contract.DocsStream + "." + name},
 		deadLetters(name),
 		bucketCreate(bucket),
 		bucketKey(bucket, ">"),
@@ -126,17 +135,18 @@ func Producer() *server.Permissions {
 // redrive of a dead letter of CONVERGE_DOCS's consumers asks the writer
 // (over HTTP) to re-emit the document, which the relay then publishes.
 func Operator() *server.Permissions {
-	docs, ingest, dlq := contract.DocsStream, IngestStream, deadletter.Stream
+	docs, events, ingest, dlq := contract.DocsStream, contract.EventsStream, IngestStream, deadletter.Stream
 	kv := "KV_" + RebuildBucket
 	p := []string{
 		// status: the streams' info, and the message at a consumer's
-		// acknowledgement floor; dlq: the dead letters by sequence and
+		// acknowledgement floor (not of the effects' stream, a work queue
+		// that keeps none); dlq: the dead letters by sequence and
 		// subject. The documents' stream allows direct gets (the relay's
 		// configuration), which its readers use; the others do not.
-		api + "STREAM.INFO." + docs, api + "STREAM.INFO." + ingest, api + "STREAM.INFO." + dlq,
+		api + "STREAM.INFO." + docs, api + "STREAM.INFO." + events, api + "STREAM.INFO." + ingest, api + "STREAM.INFO." + dlq,
 		api + "DIRECT.GET." + docs, api + "STREAM.MSG.GET." + ingest, api + "STREAM.MSG.GET." + dlq,
 	}
-	for _, s := range []string{docs, ingest} {
+	for _, s := range []string{docs, events, ingest} {
 		p = append(p, api+"CONSUMER.LIST."+s)
 	}
 	p = append(p,

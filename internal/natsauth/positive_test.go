@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -41,6 +42,16 @@ func TestRelayDoesItsJob(t *testing.T) {
 	}
 	ack := publishEvent(t, r.js, upsert(t, "doc-1", 1))
 	if ack.Stream != contract.DocsStream || ack.Sequence != 1 {
+		t.Errorf("ack %+v", ack)
+	}
+	effects := relay.Config{Effects: relay.EffectsConfig{Enabled: true}}
+	for range 2 { // creates, then updates
+		if _, err := relay.EnsureEffectsStream(ctx(t), r.js, effects); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ack = publishEventTo(t, r.js, contract.EventsSubject, upsert(t, "doc-1", 2))
+	if ack.Stream != contract.EventsStream || ack.Sequence != 1 {
 		t.Errorf("ack %+v", ack)
 	}
 	e.used(r)
@@ -186,15 +197,27 @@ func testProjectorRebuilds(t *testing.T, name string) {
 	p.allowed(t)
 }
 
-// The notifier keeps its effects in its own bucket while it sends.
+// The notifier keeps its effects in its own bucket while it sends; it
+// finishes and deletes its consumer of the documents' stream left by an
+// older deployment, then consumes the effects' stream.
 func TestNotifierDoesItsJob(t *testing.T) {
 	e := newEnv(t)
 	a := e.connect(admin)
 	docsStream(t, a.js)
+	// The older deployment: its consumer on the documents' stream has an
+	// event and a poison message to deliver.
+	if _, err := a.js.CreateOrUpdateConsumer(ctx(t), contract.DocsStream, jetstream.ConsumerConfig{Durable: natsauth.NotifierName,
+		AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: contract.DocsSubjectPrefix + ">"}); err != nil {
+		t.Fatal(err)
+	}
 	publishEvent(t, a.js, upsert(t, "doc-1", 1))
 	if _, err := a.js.Publish(context.Background(), "converge.docs.garbage", []byte("not an event")); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := relay.EnsureEffectsStream(ctx(t), a.js, relay.Config{Effects: relay.EffectsConfig{Enabled: true}}); err != nil {
+		t.Fatal(err)
+	}
+	publishEventTo(t, a.js, contract.EventsSubject, upsert(t, "doc-2", 1))
 	var hooks atomic.Int32
 	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		hooks.Add(1)
@@ -208,7 +231,15 @@ func TestNotifierDoesItsJob(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = nt.Close() }()
-	rt, err := projector.New(n.js, nt, projector.Config{Name: natsauth.NotifierName, EveryEvent: true, StopWhenCaughtUp: true}, nil, nil)
+	rc := notifier.RuntimeConfig(projector.Config{Name: natsauth.NotifierName, StopWhenCaughtUp: true})
+	info, err := notifier.WaitForStream(ctx(t), n.js, notifier.DefaultWindow, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if left, err := notifier.Migrate(ctx(t), n.js, nt, rc, info, slog.New(slog.DiscardHandler)); err != nil || left != 2 {
+		t.Fatalf("move from the documents' stream: %d left, %v; want 2", left, err)
+	}
+	rt, err := projector.New(n.js, nt, rc, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,16 +249,16 @@ func TestNotifierDoesItsJob(t *testing.T) {
 		t.Fatalf("run: %v, %v", err, rctx.Err())
 	}
 	e.used(n)
-	if got := hooks.Load(); got != 1 {
-		t.Errorf("%d webhook requests, want 1", got)
+	if got := hooks.Load(); got != 2 {
+		t.Errorf("%d webhook requests, want 2", got)
 	}
 	kv, err := a.js.KeyValue(context.Background(), natsauth.NotifierBucket)
 	if err != nil {
 		t.Fatal(err)
 	}
 	keys, err := kv.Keys(context.Background())
-	if err != nil || len(keys) != 1 {
-		t.Errorf("effects recorded: %v, %v; want one", keys, err)
+	if err != nil || len(keys) != 2 {
+		t.Errorf("effects recorded: %v, %v; want two", keys, err)
 	}
 	n.allowed(t)
 }
@@ -320,6 +351,9 @@ func TestOperatorDoesItsJob(t *testing.T) {
 		t.Fatal(err)
 	}
 	deadLetter(t, a, natsauth.IngestConsumer, natsauth.IngestDLQName, natsauth.IngestStream)
+	if _, err := relay.EnsureEffectsStream(bg, a.js, relay.Config{Effects: relay.EffectsConfig{Enabled: true}}); err != nil {
+		t.Fatal(err)
+	}
 	kv, err := a.js.CreateOrUpdateKeyValue(bg, jetstream.KeyValueConfig{Bucket: natsauth.RebuildBucket})
 	if err != nil {
 		t.Fatal(err)
@@ -331,7 +365,7 @@ func TestOperatorDoesItsJob(t *testing.T) {
 	o := e.connect(natsauth.UserOperator)
 	e.record(natsauth.UserOperator)
 	// status
-	for _, name := range []string{contract.DocsStream, natsauth.IngestStream, deadletter.Stream} {
+	for _, name := range []string{contract.DocsStream, contract.EventsStream, natsauth.IngestStream, deadletter.Stream} {
 		s, err := o.js.Stream(ctx(t), name)
 		if err != nil {
 			t.Fatalf("stream %s: %v", name, err)
@@ -344,6 +378,9 @@ func TestOperatorDoesItsJob(t *testing.T) {
 		}
 		if err := lister.Err(); err != nil {
 			t.Fatalf("consumers of %s: %v", name, err)
+		}
+		if name == contract.EventsStream {
+			continue // a work queue whose floor status does not read
 		}
 		// The ingest stream is a work queue: its acknowledged message is
 		// gone, which the answer says.

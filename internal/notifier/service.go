@@ -7,6 +7,8 @@ import (
 	"os"
 	"strings"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/service"
@@ -164,13 +166,21 @@ func Run(ctx context.Context, cfg ServiceConfig, deps service.Deps) error {
 		return err
 	}
 	defer func() { _ = n.Close() }()
-	sc.Runtime.EveryEvent = true
+	sc.Runtime = RuntimeConfig(sc.Runtime)
+	sc.Prepare = func(ctx context.Context, js jetstream.JetStream) error {
+		info, err := WaitForStream(ctx, js, cfg.Notifier.Window, log)
+		if err != nil {
+			return err
+		}
+		_, err = Migrate(ctx, js, n, sc.Runtime, info, log)
+		return err
+	}
 	targets := make([]string, len(n.targets))
 	for i, t := range n.targets {
 		targets[i] = t.name
 	}
 	c := cfg.Notifier
-	log.Info("notifier", "targets", targets, "window", c.Window, "notify_replayed", c.NotifyReplayed,
+	log.Info("notifier", "stream", sc.Runtime.Stream, "targets", targets, "window", c.Window, "notify_replayed", c.NotifyReplayed,
 		"bucket", c.Bucket, "concurrency", c.Concurrency, "max_attempts", c.MaxAttempts)
 	return projector.RunService(ctx, sc, n, nil, deps)
 }

@@ -13,10 +13,10 @@ import (
 	"github.com/converge-sync/converge/internal/testenv"
 )
 
-// Run, as the notifier command runs it: it notifies, and /metrics serves
-// the notifier's metrics beside the runtime's.
+// Run, as the notifier command runs it: it notifies from the effects'
+// stream, and /metrics serves the notifier's metrics beside the runtime's.
 func TestRunServesMetrics(t *testing.T) {
-	e := newEnv(t)
+	e := newRelayedEnv(t, 1, -1)
 	rcv := newReceiver(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -28,8 +28,8 @@ func TestRunServesMetrics(t *testing.T) {
 		Projector: projector.ServiceConfig{NATSURL: e.n.URL, MetricsAddr: addr, Runtime: projector.Config{Name: "notifier"}},
 		Notifier:  testConfig(rcv.url("/hook")),
 	}, Run)
-	e.publish(upsert("doc", 1), time.Now())
-	e.publish(upsert("doc", 2), time.Now())
+	e.relayPublish(upsert("doc", 1), true)
+	e.relayPublish(upsert("doc", 2), true)
 	testenv.Eventually(t, "both versions to be notified", 20*time.Second, func() bool { return len(rcv.requests()) == 2 })
 	var metrics string
 	testenv.Eventually(t, "/metrics to count them", 20*time.Second, func() bool {

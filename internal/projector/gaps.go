@@ -10,12 +10,15 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// Gaps: a runtime with Config.EveryEvent needs every event, and the stream
-// keeps only the last few versions of each document (MaxMsgsPerSubject).
-// A version the runtime had not read yet when a newer one pushed it out is
-// never delivered: the server steps over it. The runtime sees that as a
-// stream sequence it never received, since its filter (converge.docs.>) is
-// the whole stream and every sequence is one of its events.
+// Gaps: a runtime with Config.EveryEvent needs every event, and a stream's
+// limits can remove one before it is read: the documents' stream keeps
+// only the last few versions of each document (MaxMsgsPerSubject), the
+// effects' stream (the notifier's) keeps an event until it is acknowledged
+// but no longer than its age limit, and within its size limit. An event
+// removed before the runtime read it is never delivered: the server steps
+// over it. The runtime sees that as a stream sequence it never received,
+// since its filter (converge.docs.> or converge.events.>) is the whole
+// stream and every sequence is one of its events.
 //
 // The rule: the runtime owes itself the sequences after the last one its
 // consumer delivered when the runtime (re)starts (ConsumerInfo.Delivered,
@@ -94,7 +97,7 @@ func (r *Runtime) checkGaps(ctx context.Context, msgs []jetstream.Msg) {
 		found = true
 		n := to - from + 1
 		r.metrics.Missed.Add(float64(n))
-		r.log.Error(fmt.Sprintf("events with stream sequences %d..%d were never delivered: purged by the stream's per-subject limit before this consumer read them", from, to),
+		r.log.Error(fmt.Sprintf("events with stream sequences %d..%d were never delivered: the stream's limits (its per-subject history, age or size) removed them before this consumer read them", from, to),
 			"missed", n, "from", from, "to", to, "stream", r.cfg.Stream)
 		r.gapMu.Lock()
 		r.gapRecord.Missed += n

@@ -70,7 +70,7 @@ func TestGapIsReported(t *testing.T) {
 	if n := testutil.ToFloat64(metrics.Missed); n != 3 {
 		t.Fatalf("%v missed, want 3", n)
 	}
-	if want := "events with stream sequences 2..4 were never delivered: purged by the stream's per-subject limit before this consumer read them"; !logs.Contains(want) {
+	if want := "events with stream sequences 2..4 were never delivered: the stream's limits (its per-subject history, age or size) removed them before this consumer read them"; !logs.Contains(want) {
 		t.Fatalf("the log does not name the range: want %q in\n%s", want, logs.String())
 	}
 	if !logs.Contains("level=ERROR") {

@@ -12,7 +12,7 @@ type Metrics struct {
 	CommitToApplied prometheus.Histogram
 	Pending         prometheus.Gauge
 	// Missed counts the events never delivered (Config.EveryEvent): purged
-	// by the stream's per-subject limit before the runtime read them.
+	// by the stream's limits (per-subject history, age, size) before the runtime read them.
 	Missed prometheus.Counter
 }
 
@@ -48,7 +48,7 @@ func NewMetrics(reg prometheus.Registerer, name ...string) *Metrics {
 		Pending: prometheus.NewGauge(prometheus.GaugeOpts{Name: "converge_projector_consumer_pending", ConstLabels: labels,
 			Help: "Messages of the stream not yet acknowledged by this projector (consumer lag)."}),
 		Missed: prometheus.NewCounter(prometheus.CounterOpts{Name: "converge_projector_missed_events_total", ConstLabels: labels,
-			Help: "Events this projector never received (it needs every event): stream sequences purged by the stream's per-subject limit before it read them."}),
+			Help: "Events this projector never received (it needs every event): stream sequences the stream's limits (per-subject history, age, size) removed before it read them."}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.Events, m.DeadLetters, m.Retries, m.BatchSeconds, m.CommitToApplied, m.Pending, m.Missed)

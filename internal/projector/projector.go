@@ -203,6 +203,16 @@ type Config struct {
 	Name string
 	// Stream consumed; default CONVERGE_DOCS.
 	Stream string
+	// SubjectPrefix is the prefix of the stream's subjects, each followed
+	// by a document's token (contract.SubjectToken): the consumer's filter
+	// is SubjectPrefix + ">", and an event on another document's subject is
+	// dead-lettered. Default contract.DocsSubjectPrefix.
+	SubjectPrefix string
+	// StopAtSeq, when not 0, ends Run once every message of the stream up
+	// to this sequence has been acknowledged (or nothing is pending): the
+	// end of a consumer that another replaces from there on (the
+	// notifier's move to the effects' stream).
+	StopAtSeq uint64
 	// BatchSize is the most messages fetched and applied at once; default 256.
 	BatchSize int
 	// MaxWait is how long a fetch waits to fill a batch; default 200ms.
@@ -249,6 +259,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.Stream == "" {
 		c.Stream = contract.DocsStream
+	}
+	if c.SubjectPrefix == "" {
+		c.SubjectPrefix = contract.DocsSubjectPrefix
 	}
 	if c.BatchSize <= 0 {
 		c.BatchSize = 256
@@ -358,7 +371,7 @@ func (r *Runtime) consume(ctx context.Context) (done bool, err error) {
 		AckWait:       r.cfg.AckWait,
 		MaxAckPending: 4 * r.cfg.BatchSize,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
-		FilterSubject: contract.DocsSubjectPrefix + ">",
+		FilterSubject: r.cfg.SubjectPrefix + ">",
 		MaxDeliver:    -1, // dead letters are the runtime's decision
 	}
 	switch existing, err := r.js.Consumer(ctx, r.cfg.Stream, r.cfg.Name); {
@@ -408,6 +421,14 @@ func (r *Runtime) consume(ctx context.Context) (done bool, err error) {
 		}
 		if r.cfg.StopWhenCaughtUp && len(msgs) < r.cfg.BatchSize {
 			done, err := caughtUp(ctx, cons)
+			if err != nil {
+				r.log.Warn("consumer info failed", "err", err)
+			} else if done {
+				return true, nil
+			}
+		}
+		if r.cfg.StopAtSeq > 0 {
+			done, err := reached(ctx, cons, r.cfg.StopAtSeq)
 			if err != nil {
 				r.log.Warn("consumer info failed", "err", err)
 			} else if done {
@@ -487,6 +508,16 @@ func caughtUp(ctx context.Context, cons jetstream.Consumer) (bool, error) {
 	return info.NumPending == 0 && info.NumAckPending == 0, nil
 }
 
+// reached reports whether cons acknowledged every message up to seq, or
+// has nothing pending.
+func reached(ctx context.Context, cons jetstream.Consumer, seq uint64) (bool, error) {
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return false, err
+	}
+	return info.AckFloor.Stream >= seq || (info.NumPending == 0 && info.NumAckPending == 0), nil
+}
+
 func (r *Runtime) watchLag(ctx context.Context, cons jetstream.Consumer) {
 	t := time.NewTicker(r.cfg.LagInterval)
 	defer t.Stop()
@@ -533,7 +564,7 @@ func (r *Runtime) process(ctx context.Context, msgs []jetstream.Msg) {
 			r.deadLetter(ctx, m, "undecodable", err)
 			continue
 		}
-		if want := contract.Subject(ev.Key); m.Subject() != want {
+		if want := r.cfg.SubjectPrefix + contract.SubjectToken(ev.Key); m.Subject() != want {
 			r.deadLetter(ctx, m, "wrong_subject", fmt.Errorf("event for key %q arrived on %s, want %s", ev.Key, m.Subject(), want))
 			continue
 		}

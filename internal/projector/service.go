@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/converge-sync/converge/internal/auth"
@@ -29,6 +30,11 @@ type ServiceConfig struct {
 	// beyond loopback without tokens. /metrics, /healthz and /readyz stay
 	// open.
 	Security auth.Settings
+	// Prepare, when set, runs before the runtime consumes (its error ends
+	// the service), while /healthz is already served and /readyz says the
+	// consumer is not created yet: the notifier waits there for its stream
+	// and finishes the consumer of an older deployment.
+	Prepare func(ctx context.Context, js jetstream.JetStream) error
 }
 
 // Validate reports a configuration that cannot work.
@@ -129,7 +135,14 @@ func RunService(ctx context.Context, sc ServiceConfig, store Store, routes map[s
 		return err
 	}
 	g, ctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return r.Run(ctx) })
+	g.Go(func() error {
+		if sc.Prepare != nil {
+			if err := sc.Prepare(ctx, js); err != nil {
+				return err
+			}
+		}
+		return r.Run(ctx)
+	})
 	if tokens.Enabled() {
 		g.Go(func() error { tokens.Watch(ctx, deps.Log.With("component", "auth")); return nil })
 	}

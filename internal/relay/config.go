@@ -46,6 +46,36 @@ type Config struct {
 	ShutdownTimeout time.Duration
 
 	Stream StreamConfig
+	// Effects, when enabled, publishes every event to the effects' stream
+	// too (CONVERGE_EVENTS), which keeps each one until the notifier
+	// handled it; see [EffectsConfig].
+	Effects EffectsConfig
+}
+
+// DefaultEffectsMaxAge is the effects' stream's default age limit: the
+// notifier's default window (notifier.DefaultWindow), beyond which it
+// would not notify an event anyway.
+const DefaultEffectsMaxAge = 7 * 24 * time.Hour
+
+// EffectsConfig is the effects' stream, contract.EventsStream: every
+// event, in commit order, on converge.events.<token>, for the consumers
+// that must see each one. Its retention is a work queue: an event stays
+// until its one consumer (the notifier) acknowledged it, or until MaxAge or
+// MaxBytes removes it, which that consumer then reports as missed. The
+// relay publishes each event to both streams and confirms a transaction
+// only once both acknowledged all its events.
+type EffectsConfig struct {
+	Enabled bool
+	Name    string // default "CONVERGE_EVENTS"
+	// MaxAge removes an event not acknowledged this long after it was
+	// stored; it should be the notifier's window. Default 7 days.
+	MaxAge time.Duration
+	// MaxBytes bounds the stream's size (the oldest events are removed
+	// first); -1 or 0: unlimited (a notifier that is down for long then
+	// holds a window's events on disk).
+	MaxBytes int64
+	// Replicas; default the documents' stream's.
+	Replicas int
 }
 
 // TuneGC sets the collector for a relay process: the relay's garbage is
@@ -114,6 +144,18 @@ func (c *Config) setDefaults() {
 		c.ShutdownTimeout = 30 * time.Second
 	}
 	c.Stream.setDefaults()
+	if c.Effects.Name == "" {
+		c.Effects.Name = contract.EventsStream
+	}
+	if c.Effects.MaxAge <= 0 {
+		c.Effects.MaxAge = DefaultEffectsMaxAge
+	}
+	if c.Effects.MaxBytes <= 0 {
+		c.Effects.MaxBytes = -1
+	}
+	if c.Effects.Replicas <= 0 {
+		c.Effects.Replicas = c.Stream.Replicas
+	}
 }
 
 func (s *StreamConfig) setDefaults() {
@@ -145,6 +187,12 @@ func (c Config) Validate() error {
 	}
 	if c.Stream.Storage != jetstream.FileStorage && c.Stream.Storage != jetstream.MemoryStorage {
 		return fmt.Errorf("relay: unknown stream storage %v", c.Stream.Storage)
+	}
+	if c.Effects.Enabled && c.Window < 2 {
+		return fmt.Errorf("relay: a window of %d publishes cannot hold an event's two (the effects' stream is on): give it at least 2", c.Window)
+	}
+	if c.Effects.Enabled && c.Effects.Name == c.Stream.Name {
+		return fmt.Errorf("relay: the effects' stream needs a name of its own, not %q", c.Stream.Name)
 	}
 	return nil
 }

@@ -141,3 +141,9 @@ func subjectOf(key []byte) string {
 	hex.Encode(buf[n:], sum[:contract.TokenLength/2])
 	return string(buf[:])
 }
+
+// eventsSubjectOf is contract.EventsSubject for the subject of the same key
+// in the documents' stream: the token is taken from it, not hashed again.
+func eventsSubjectOf(docsSubject string) string {
+	return contract.EventsSubjectPrefix + docsSubject[len(contract.DocsSubjectPrefix):]
+}

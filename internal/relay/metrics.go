@@ -4,17 +4,21 @@ import "github.com/prometheus/client_golang/prometheus"
 
 // Metrics of the relay.
 type Metrics struct {
-	Published     prometheus.Counter
-	Duplicates    prometheus.Counter
-	Reemissions   prometheus.Counter
-	Transactions  prometheus.Counter
-	PublishTime   prometheus.Histogram
-	CommitToAck   prometheus.Histogram
-	InFlight      prometheus.Gauge
-	ConfirmedLSN  prometheus.Gauge
-	SlotLagBytes  prometheus.Gauge
-	Active        prometheus.Gauge
-	SessionErrors *prometheus.CounterVec
+	Published  prometheus.Counter
+	Duplicates prometheus.Counter
+	// EffectsPublished and EffectsDuplicates are the same of the effects'
+	// stream (EffectsConfig).
+	EffectsPublished  prometheus.Counter
+	EffectsDuplicates prometheus.Counter
+	Reemissions       prometheus.Counter
+	Transactions      prometheus.Counter
+	PublishTime       prometheus.Histogram
+	CommitToAck       prometheus.Histogram
+	InFlight          prometheus.Gauge
+	ConfirmedLSN      prometheus.Gauge
+	SlotLagBytes      prometheus.Gauge
+	Active            prometheus.Gauge
+	SessionErrors     *prometheus.CounterVec
 }
 
 // NewMetrics creates the relay's metrics and registers them with reg (nil:
@@ -26,6 +30,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Events acknowledged by JetStream (rate: events/s)."}),
 		Duplicates: prometheus.NewCounter(prometheus.CounterOpts{Name: "converge_relay_duplicates_total",
 			Help: "Republished events JetStream dropped as duplicates (after a restart)."}),
+		EffectsPublished: prometheus.NewCounter(prometheus.CounterOpts{Name: "converge_relay_effects_published_total",
+			Help: "Events acknowledged by the effects' stream (CONVERGE_EVENTS), when the relay publishes to it."}),
+		EffectsDuplicates: prometheus.NewCounter(prometheus.CounterOpts{Name: "converge_relay_effects_duplicates_total",
+			Help: "Republished events the effects' stream dropped as duplicates."}),
 		Reemissions: prometheus.NewCounter(prometheus.CounterOpts{Name: "converge_relay_reemissions_total",
 			Help: "Re-emitted events (converge backfill, verify --repair) acknowledged by JetStream; also counted in events_published_total."}),
 		Transactions: prometheus.NewCounter(prometheus.CounterOpts{Name: "converge_relay_transactions_total",
@@ -46,7 +54,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Replication sessions that failed to start or ended with an error, by cause (postgres, publish)."}, []string{"cause"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Published, m.Duplicates, m.Reemissions, m.Transactions, m.PublishTime, m.CommitToAck, m.InFlight,
+		reg.MustRegister(m.Published, m.Duplicates, m.EffectsPublished, m.EffectsDuplicates, m.Reemissions, m.Transactions, m.PublishTime, m.CommitToAck, m.InFlight,
 			m.ConfirmedLSN, m.SlotLagBytes, m.Active, m.SessionErrors)
 	}
 	return m

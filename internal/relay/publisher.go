@@ -30,8 +30,11 @@ import (
 // acknowledgements in publish order; a slot is reused only after the
 // acknowledgement of its previous publish was consumed.
 type publisher struct {
-	nc      *nats.Conn
+	nc *nats.Conn
+	// stream acknowledges the publishes to converge.docs.>, effects (when
+	// not empty) those to converge.events.>.
 	stream  string
+	effects string
 	sub     *nats.Subscription
 	prefix  string // the inbox, with a trailing dot
 	replies []string
@@ -50,9 +53,10 @@ type publisher struct {
 // ackSlot is the outcome of one publish: set by the subscription's
 // goroutine, read by the session after state is no longer ackWaiting.
 type ackSlot struct {
-	state atomic.Uint32
-	err   error     // written before state is set to ackFailed
-	at    time.Time // when the acknowledgement arrived (with its monotonic reading), written before state
+	state   atomic.Uint32
+	effects bool      // a publish to the effects' stream; written before the publish
+	err     error     // written before state is set to ackFailed
+	at      time.Time // when the acknowledgement arrived (with its monotonic reading), written before state
 }
 
 const (
@@ -62,9 +66,9 @@ const (
 	ackFailed
 )
 
-func newPublisher(nc *nats.Conn, stream string, window int) (*publisher, error) {
+func newPublisher(nc *nats.Conn, stream, effects string, window int) (*publisher, error) {
 	p := &publisher{
-		nc: nc, stream: stream,
+		nc: nc, stream: stream, effects: effects,
 		prefix:  nats.NewInbox() + ".",
 		replies: make([]string, window),
 		slots:   make([]ackSlot, window),
@@ -97,11 +101,12 @@ func (p *publisher) close() { _ = p.sub.Unsubscribe() }
 // publish sends one message and returns its sequence. msgID is its
 // Nats-Msg-Id; commitTimeHdr is the value of the commit-time header, shared
 // by a transaction's messages; reemission, when not nil, the value of the
-// re-emission header.
-func (p *publisher) publish(subject, msgID string, commitTimeHdr, reemission []string, data []byte) (uint64, error) {
+// re-emission header; effects says the subject is the effects' stream's.
+func (p *publisher) publish(subject, msgID string, commitTimeHdr, reemission []string, data []byte, effects bool) (uint64, error) {
 	seq := p.next
 	i := seq % uint64(len(p.slots))
 	p.slots[i].err = nil
+	p.slots[i].effects = effects
 	p.slots[i].state.Store(ackWaiting)
 	p.id[0] = msgID
 	p.msg.Header[contract.HeaderCommitTime] = commitTimeHdr
@@ -146,7 +151,11 @@ func (p *publisher) onAck(m *nats.Msg) {
 	}
 	s := &p.slots[i]
 	s.at = time.Now()
-	state, ackErr := p.parseAck(m)
+	stream := p.stream
+	if s.effects {
+		stream = p.effects
+	}
+	state, ackErr := parseAck(m, stream)
 	if ackErr != nil {
 		s.err = ackErr
 	}
@@ -163,15 +172,15 @@ var (
 	ackDuplicated = []byte(`"duplicate"`)
 )
 
-// parseAck reads a JetStream publish acknowledgement: a JSON PubAck, an API
+// parseAck reads a JetStream publish acknowledgement from stream: a JSON PubAck, an API
 // error, or a no-responders status when no stream listens on the subject.
-func (p *publisher) parseAck(m *nats.Msg) (uint32, error) {
+func parseAck(m *nats.Msg, stream string) (uint32, error) {
 	d := m.Data
 	// The common case, a plain PubAck in the server's own encoding, is
 	// checked without decoding it; anything else (a duplicate, an error) is
 	// decoded.
-	if bytes.HasPrefix(d, ackPrefix) && bytes.HasPrefix(d[len(ackPrefix):], []byte(p.stream)) &&
-		len(d) > len(ackPrefix)+len(p.stream) && d[len(ackPrefix)+len(p.stream)] == '"' &&
+	if bytes.HasPrefix(d, ackPrefix) && bytes.HasPrefix(d[len(ackPrefix):], []byte(stream)) &&
+		len(d) > len(ackPrefix)+len(stream) && d[len(ackPrefix)+len(stream)] == '"' &&
 		!bytes.Contains(d, ackError) && !bytes.Contains(d, ackDuplicated) {
 		return ackStored, nil
 	}
@@ -193,8 +202,8 @@ func (p *publisher) parseAck(m *nats.Msg) (uint32, error) {
 	switch {
 	case ack.Error != nil:
 		return ackFailed, fmt.Errorf("stream refused the message: %s (code %d, error code %d)", ack.Error.Description, ack.Error.Code, ack.Error.ErrCode)
-	case ack.Stream != p.stream:
-		return ackFailed, fmt.Errorf("acknowledged by stream %q, not %q: another stream listens on the subject", ack.Stream, p.stream)
+	case ack.Stream != stream:
+		return ackFailed, fmt.Errorf("acknowledged by stream %q, not %q: another stream listens on the subject", ack.Stream, stream)
 	case ack.Duplicate:
 		return ackDuplicate, nil
 	}

@@ -47,7 +47,7 @@ func TestPublisherOutcomes(t *testing.T) {
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "OTHER", Subjects: []string{"other.>"}}); err != nil {
 		t.Fatal(err)
 	}
-	p, err := newPublisher(nc, "DOCS", 4)
+	p, err := newPublisher(nc, "DOCS", "", 4)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +58,7 @@ func TestPublisherOutcomes(t *testing.T) {
 	// must not change what is stored.
 	buf := []byte("first payload")
 	sent := time.Now()
-	seq, err := p.publish("docs.a", "id-1", hdr, nil, buf)
+	seq, err := p.publish("docs.a", "id-1", hdr, nil, buf, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +111,7 @@ func TestPublisherOutcomes(t *testing.T) {
 		{"and again", "docs.d", "id-6", nil, []byte("z"), ackStored, ""},
 	}
 	for _, c := range cases {
-		seq, err := p.publish(c.subject, c.id, hdr, c.reemission, c.data)
+		seq, err := p.publish(c.subject, c.id, hdr, c.reemission, c.data, false)
 		if err != nil {
 			t.Fatalf("%s: %v", c.name, err)
 		}
@@ -166,7 +166,7 @@ func TestPublisherParseAck(t *testing.T) {
 		{``, ackFailed},
 	}
 	for _, c := range cases {
-		got, err := p.parseAck(&nats.Msg{Subject: "_INBOX.x.1", Data: []byte(c.data)})
+		got, err := parseAck(&nats.Msg{Subject: "_INBOX.x.1", Data: []byte(c.data)}, p.stream)
 		if got != c.want || (got == ackFailed) != (err != nil) {
 			t.Errorf("parseAck(%q) = %d, %v; want %d", c.data, got, err, c.want)
 		}

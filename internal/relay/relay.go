@@ -141,6 +141,13 @@ func (r *Relay) session(ctx context.Context) error {
 	if _, err := EnsureStream(ctx, r.js, r.cfg.Stream); err != nil {
 		return &publishError{err: err}
 	}
+	effects := ""
+	if r.cfg.Effects.Enabled {
+		if _, err := EnsureEffectsStream(ctx, r.js, r.cfg); err != nil {
+			return &publishError{err: err}
+		}
+		effects = r.cfg.Effects.Name
+	}
 	dsn, err := replicationURL(r.cfg.PostgresURL)
 	if err != nil {
 		return err
@@ -177,7 +184,7 @@ func (r *Relay) session(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("relay: start replication on slot %s: %w", r.cfg.Slot, err)
 	}
-	pub, err := newPublisher(r.nc, r.cfg.Stream.Name, r.cfg.Window)
+	pub, err := newPublisher(r.nc, r.cfg.Stream.Name, effects, r.cfg.Window)
 	if err != nil {
 		return &publishError{err: err}
 	}
@@ -189,7 +196,7 @@ func (r *Relay) session(ctx context.Context) error {
 	r.metrics.ConfirmedLSN.Set(float64(start))
 	r.active.Store(true)
 	r.metrics.Active.Set(1)
-	r.log.Info("relaying", "slot", r.cfg.Slot, "from_lsn", start.String())
+	r.log.Info("relaying", "slot", r.cfg.Slot, "from_lsn", start.String(), "stream", r.cfg.Stream.Name, "effects_stream", effects)
 	return s.loop(ctx)
 }
 
@@ -269,6 +276,7 @@ func (e *publishError) Unwrap() error { return e.err }
 // transaction, confirmable once everything before it is acknowledged.
 type pending struct {
 	pub        bool   // a publish, not the end of a transaction
+	effects    bool   // the publish to the effects' stream of the event before it
 	seq        uint64 // the publisher's sequence of the publish
 	sent       time.Time
 	commitTime time.Time
@@ -474,24 +482,36 @@ func (s *session) handleWAL(ctx context.Context, xld pglogrepl.XLogData) error {
 }
 
 func (s *session) publish(ctx context.Context, v *insertView) error {
-	for s.inflight >= s.relay.cfg.Window || (s.inflight > 0 && s.inflightBytes+len(v.payload) > s.relay.cfg.WindowBytes) {
+	n := 1 // publishes of the event
+	if s.pub.effects != "" {
+		n = 2
+	}
+	for s.inflight+n > s.relay.cfg.Window || (s.inflight > 0 && s.inflightBytes+n*len(v.payload) > s.relay.cfg.WindowBytes) {
 		if err := s.drain(ctx, true); err != nil {
 			return err
 		}
 	}
 	msgID, reemission := v.messageID()
-	// Taken before the publish: its acknowledgement may be handled before
-	// publish returns.
-	now := time.Now()
-	// The payload points into the receive buffer, which the next read
-	// reuses: publish copies it into the connection's buffer.
-	seq, err := s.pub.publish(subjectOf(v.key), msgID, s.commitTimeHdr, reemission, v.payload)
-	if err != nil {
-		return &publishError{err: err}
+	subject := subjectOf(v.key)
+	for i := range n {
+		effects := i == 1
+		if effects {
+			subject = eventsSubjectOf(subject)
+		}
+		// Taken before the publish: its acknowledgement may be handled
+		// before publish returns.
+		now := time.Now()
+		// The payload points into the receive buffer, which the next read
+		// reuses: publish copies it into the connection's buffer.
+		seq, err := s.pub.publish(subject, msgID, s.commitTimeHdr, reemission, v.payload, effects)
+		if err != nil {
+			return &publishError{err: err}
+		}
+		s.queue = append(s.queue, pending{pub: true, effects: effects, seq: seq, sent: now, commitTime: s.commitTime,
+			size: len(v.payload), reemission: reemission != nil})
+		s.inflight++
+		s.inflightBytes += len(v.payload)
 	}
-	s.queue = append(s.queue, pending{pub: true, seq: seq, sent: now, commitTime: s.commitTime, size: len(v.payload), reemission: reemission != nil})
-	s.inflight++
-	s.inflightBytes += len(v.payload)
 	return nil
 }
 
@@ -525,15 +545,23 @@ func (s *session) drain(ctx context.Context, block bool) error {
 		// Timed by the acknowledgement's arrival, not by when it is
 		// consumed here (after the next read from Postgres, at low rates).
 		acked := s.pub.ackedAt(p.seq)
-		s.relay.metrics.Published.Inc()
-		if state == ackDuplicate {
-			s.relay.metrics.Duplicates.Inc()
+		switch {
+		case p.effects:
+			s.relay.metrics.EffectsPublished.Inc()
+			if state == ackDuplicate {
+				s.relay.metrics.EffectsDuplicates.Inc()
+			}
+		default:
+			s.relay.metrics.Published.Inc()
+			if state == ackDuplicate {
+				s.relay.metrics.Duplicates.Inc()
+			}
+			if p.reemission {
+				s.relay.metrics.Reemissions.Inc()
+			}
+			s.relay.metrics.PublishTime.Observe(acked.Sub(p.sent).Seconds())
+			s.relay.metrics.CommitToAck.Observe(acked.Sub(p.commitTime).Seconds())
 		}
-		if p.reemission {
-			s.relay.metrics.Reemissions.Inc()
-		}
-		s.relay.metrics.PublishTime.Observe(acked.Sub(p.sent).Seconds())
-		s.relay.metrics.CommitToAck.Observe(acked.Sub(p.commitTime).Seconds())
 		s.inflight--
 		s.inflightBytes -= p.size
 		s.pop()

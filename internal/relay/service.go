@@ -14,6 +14,7 @@ import (
 	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/service"
 	"github.com/converge-sync/converge/internal/telemetry"
+	"github.com/converge-sync/converge/pkg/contract"
 )
 
 // ServiceConfig is the relay service's configuration: the relay's own
@@ -71,6 +72,9 @@ func Flags(f *config.Flags) func() (ServiceConfig, error) {
 	replicas := f.Int("stream-replicas", "CONVERGE_STREAM_REPLICAS", 1, "stream replicas")
 	dupes := f.Duration("stream-duplicates", "CONVERGE_STREAM_DUPLICATE_WINDOW", 10*time.Minute, "duplicate window; must exceed the longest relay outage plus catch-up")
 	perSubject := f.Int("stream-history", "CONVERGE_STREAM_HISTORY", 4, "events kept per document (-1: all)")
+	effects := f.Bool("effects", "CONVERGE_RELAY_EFFECTS", false, "publish every event to the effects' stream "+contract.EventsStream+" too, which keeps each until the notifier handled it: on wherever a notifier runs")
+	effectsAge := f.Duration("effects-max-age", "CONVERGE_RELAY_EFFECTS_MAX_AGE", DefaultEffectsMaxAge, "age at which an event the notifier has not handled leaves the effects' stream (the notifier's window)")
+	effectsBytes := f.Int("effects-max-bytes", "CONVERGE_RELAY_EFFECTS_MAX_BYTES", -1, "size bound of the effects' stream, the oldest events leaving first (-1: unlimited)")
 	gogc := f.Int("gogc", "CONVERGE_RELAY_GOGC", 300, "garbage collector target percentage (GOGC); the memory limit below bounds the heap")
 	memLimit := f.Int("memory-limit-mib", "CONVERGE_RELAY_MEMORY_LIMIT_MIB", 48, "soft heap limit in MiB (GOMEMLIMIT)")
 	natsAuth := natsauth.Flags(f)
@@ -99,6 +103,7 @@ func Flags(f *config.Flags) func() (ServiceConfig, error) {
 		r.PostgresURL, r.Slot, r.Window, r.WindowBytes, r.AckTimeout = *pg, *slot, *window, *windowBytes, *ackTimeout
 		r.HeartbeatInterval, r.StandbyRetry, r.LagAlarmBytes = *heartbeat, *standby, int64(*lagAlarm)
 		r.Stream.Replicas, r.Stream.Duplicates, r.Stream.MaxMsgsPerSubject = *replicas, *dupes, int64(*perSubject)
+		r.Effects.Enabled, r.Effects.MaxAge, r.Effects.MaxBytes = *effects, *effectsAge, int64(*effectsBytes)
 		return c, nil
 	}
 }

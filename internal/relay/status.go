@@ -157,6 +157,9 @@ func ReadConsumers(ctx context.Context, js jetstream.JetStream, streams ...Consu
 		if err != nil {
 			return out, fmt.Errorf("relay: stream %s: %w", cs.Stream, err)
 		}
+		// A work queue (the effects' stream) removes what was acknowledged:
+		// there is no message at the floor to read.
+		workQueue := s.CachedInfo().Config.Retention == jetstream.WorkQueuePolicy
 		lister := s.ListConsumers(ctx)
 		for info := range lister.Info() {
 			c := ConsumerStatus{Stream: cs.Stream, Name: info.Name, Pending: info.NumPending, AckPending: info.NumAckPending,
@@ -164,7 +167,7 @@ func ReadConsumers(ctx context.Context, js jetstream.JetStream, streams ...Consu
 			if rec, ok := projector.ReadGapRecord(info.Config.Metadata); ok {
 				c.Missed, c.LastGap = rec.Missed, &rec
 			}
-			if info.AckFloor.Stream > 0 {
+			if info.AckFloor.Stream > 0 && !workQueue {
 				// The acknowledged message may be gone (history limits):
 				// then its commit time is unknown, not an error.
 				if m, err := s.GetMsg(ctx, info.AckFloor.Stream); err == nil {

@@ -2,7 +2,9 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -28,6 +30,52 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("relay: ensure stream %s: %w", cfg.Name, err)
+	}
+	return s, nil
+}
+
+// EnsureEffectsStream creates the effects' stream (see [EffectsConfig]), or
+// updates it to cfg, keeping the sequence of the documents' stream it
+// started at (contract.MetaEventsDocsSeq).
+func EnsureEffectsStream(ctx context.Context, js jetstream.JetStream, cfg Config) (jetstream.Stream, error) {
+	cfg.setDefaults()
+	e := cfg.Effects
+	sc := jetstream.StreamConfig{
+		Name:        e.Name,
+		Description: "converge document events for effects (the notifier): every event, kept until acknowledged or MaxAge, published by the relay",
+		Subjects:    []string{contract.EventsSubjectPrefix + ">"},
+		Retention:   jetstream.WorkQueuePolicy,
+		Discard:     jetstream.DiscardOld,
+		Storage:     cfg.Stream.Storage,
+		Replicas:    e.Replicas,
+		Duplicates:  cfg.Stream.Duplicates,
+		MaxAge:      e.MaxAge,
+		MaxBytes:    e.MaxBytes,
+		MaxMsgSize:  contract.MaxMessageBytes,
+	}
+	switch s, err := js.Stream(ctx, e.Name); {
+	case err == nil:
+		sc.Metadata = s.CachedInfo().Config.Metadata
+		s, err = js.UpdateStream(ctx, sc)
+		if err != nil {
+			return nil, fmt.Errorf("relay: update stream %s: %w", e.Name, err)
+		}
+		return s, nil
+	case !errors.Is(err, jetstream.ErrStreamNotFound):
+		return nil, fmt.Errorf("relay: stream %s: %w", e.Name, err)
+	}
+	docs, err := js.Stream(ctx, cfg.Stream.Name)
+	if err != nil {
+		return nil, fmt.Errorf("relay: stream %s: %w", cfg.Stream.Name, err)
+	}
+	sc.Metadata = map[string]string{contract.MetaEventsDocsSeq: strconv.FormatUint(docs.CachedInfo().State.LastSeq, 10)}
+	s, err := js.CreateStream(ctx, sc)
+	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		// Created meanwhile by another relay.
+		return js.Stream(ctx, e.Name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("relay: create stream %s: %w", e.Name, err)
 	}
 	return s, nil
 }

@@ -229,7 +229,10 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 	}
 	relays := make(chan *relay.Relay, 1)
 	g.Go(func() error {
-		c := relay.ServiceConfig{Relay: relay.Config{PostgresURL: s.RelayURL}, NATSURL: s.NATSURL,
+		// The notifier's stream, published by the relay, where a notifier
+		// runs.
+		effects := relay.EffectsConfig{Enabled: cfg.Notifier != nil}
+		c := relay.ServiceConfig{Relay: relay.Config{PostgresURL: s.RelayURL, Effects: effects}, NATSURL: s.NATSURL,
 			NATSAuth: s.NATSAuth(natsauth.UserRelay), MetricsAddr: cfg.RelayAddr, OnStart: func(r *relay.Relay) { relays <- r }}
 		return service.Run(runCtx, c, cfg.Log.With("service", "relay"), relay.Run)
 	})

@@ -9,6 +9,7 @@ import (
 // wildcards), so a subject carries a fixed-length token of the key's hash.
 const (
 	DocsSubjectPrefix   = "converge.docs."
+	EventsSubjectPrefix = "converge.events."
 	IngestSubjectPrefix = "converge.ingest."
 	DLQSubjectPrefix    = "converge.dlq."
 	// TokenLength is the length of a subject token in characters.
@@ -19,6 +20,23 @@ const (
 // converge.docs.>: the relay is its only publisher, every projection
 // consumes it.
 const DocsStream = "CONVERGE_DOCS"
+
+// EventsStream is the JetStream stream of every document event for the
+// consumers that must see each one (effects: the notifier), on
+// converge.events.>. The relay publishes each event to it as well as to
+// DocsStream (when it runs with effects on), and stays its only publisher.
+// Its retention is a work queue: an event stays until its consumer
+// acknowledged it, or until the stream's age limit (the effects' window)
+// passed, whatever the consumer's lag. DocsStream's per-subject history
+// bounds what a projection replays; this stream bounds nothing by subject.
+const EventsStream = "CONVERGE_EVENTS"
+
+// MetaEventsDocsSeq is the key, in [EventsStream]'s metadata, of the last
+// sequence [DocsStream] had when the relay created EventsStream: every
+// later event of DocsStream is in EventsStream too. A notifier that
+// consumed DocsStream before (an older deployment) finishes its consumer
+// there up to that sequence, then consumes EventsStream.
+const MetaEventsDocsSeq = "converge.docs_last_seq"
 
 // KeyHash is the SHA-256 of a document key. Subject tokens and verification
 // buckets derive from it.
@@ -37,6 +55,10 @@ func SubjectToken(key string) string {
 // "converge.docs.<token>". All versions of one document share it, so they
 // are ordered.
 func Subject(key string) string { return DocsSubjectPrefix + SubjectToken(key) }
+
+// EventsSubject is the subject of a document's events in [EventsStream]:
+// "converge.events.<token>", the token of [Subject].
+func EventsSubject(key string) string { return EventsSubjectPrefix + SubjectToken(key) }
 
 // IngestSubject is the subject a producer publishes a document to when it
 // uses the queue path into the writer: "converge.ingest.<token>".

@@ -1,0 +1,176 @@
+package relay_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/converge-sync/converge/internal/relay"
+	"github.com/converge-sync/converge/internal/testenv"
+	"github.com/converge-sync/converge/pkg/contract"
+)
+
+func streamInfo(t *testing.T, js jetstream.JetStream, name string) *jetstream.StreamInfo {
+	t.Helper()
+	s, err := js.Stream(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s.CachedInfo()
+}
+
+// readEvents reads every message of the effects' stream, in order.
+func readEvents(t *testing.T, js jetstream.JetStream) []*jetstream.RawStreamMsg {
+	t.Helper()
+	s, err := js.Stream(context.Background(), contract.EventsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := s.CachedInfo().State
+	var out []*jetstream.RawStreamMsg
+	for seq := st.FirstSeq; seq <= st.LastSeq && st.Msgs > 0; seq++ {
+		m, err := s.GetMsg(context.Background(), seq)
+		if err != nil {
+			t.Fatalf("effects' stream message %d: %v", seq, err)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// With effects on, the relay publishes every event to the effects' stream
+// too, in commit order, with the documents' stream's message id and
+// headers; the documents' stream keeps its bounded history, the effects'
+// stream every event, and a restart republishes nothing.
+func TestRelayPublishesEveryEventToTheEffectsStream(t *testing.T) {
+	f := newFixture(t)
+	metrics := relay.NewMetrics(nil)
+	cfg := relay.Config{PostgresURL: f.dbURL, StatusInterval: 50 * time.Millisecond,
+		Stream: relay.StreamConfig{MaxMsgsPerSubject: 2}, Effects: relay.EffectsConfig{Enabled: true}}
+	r, err := relay.New(f.nats.Connect(t), cfg, metrics, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	f.waitSlot(t)
+	const docs, versions = 100, 5
+	for v := int64(1); v <= versions; v++ {
+		f.write(t, 0, docs, v)
+	}
+	testenv.Eventually(t, "every event in the effects' stream", 20*time.Second, func() bool {
+		return streamInfo(t, f.js, contract.EventsStream).State.Msgs == docs*versions
+	})
+	waitConfirmedPastNow(t, f.pool, "converge_relay", 10*time.Second)
+	if n := streamInfo(t, f.js, contract.DocsStream).State.Msgs; n != docs*2 {
+		t.Fatalf("the documents' stream holds %d messages, want its history of 2 per document: %d", n, docs*2)
+	}
+	info := streamInfo(t, f.js, contract.EventsStream)
+	if info.Config.Retention != jetstream.WorkQueuePolicy || info.Config.MaxAge != relay.DefaultEffectsMaxAge ||
+		info.Config.Metadata[contract.MetaEventsDocsSeq] != "0" {
+		t.Fatalf("effects' stream: retention %v, max age %v, metadata %v", info.Config.Retention, info.Config.MaxAge, info.Config.Metadata)
+	}
+	last := map[string]int64{}
+	for i, m := range readEvents(t, f.js) {
+		ev, err := contract.DecodeEvent(m.Data)
+		if err != nil {
+			t.Fatalf("message %d: %v", i, err)
+		}
+		if m.Subject != contract.EventsSubject(ev.Key) || m.Header.Get(jetstream.MsgIDHeader) != ev.ID.String() ||
+			m.Header.Get(contract.HeaderCommitTime) == "" {
+			t.Fatalf("message %d: subject %s, id %q, commit time %q, for event %s of %s", i, m.Subject,
+				m.Header.Get(jetstream.MsgIDHeader), m.Header.Get(contract.HeaderCommitTime), ev.ID, ev.Key)
+		}
+		if ev.Version != last[ev.Key]+1 {
+			t.Fatalf("message %d: %s version %d after %d: not in commit order", i, ev.Key, ev.Version, last[ev.Key])
+		}
+		last[ev.Key] = ev.Version
+	}
+	if got := testutil.ToFloat64(metrics.EffectsPublished); got != docs*versions {
+		t.Fatalf("effects published: %v, want %d", got, docs*versions)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+
+	again := relay.NewMetrics(nil)
+	r, err = relay.New(f.nats.Connect(t), cfg, again, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel = context.WithCancel(context.Background())
+	go func() { done <- r.Run(ctx) }()
+	f.write(t, 0, 1, versions+1)
+	testenv.Eventually(t, "the new event in the effects' stream", 20*time.Second, func() bool {
+		return streamInfo(t, f.js, contract.EventsStream).State.Msgs == docs*versions+1
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if d := testutil.ToFloat64(again.EffectsDuplicates) + testutil.ToFloat64(again.Duplicates); d != 0 {
+		t.Fatalf("the restart republished %v events", d)
+	}
+}
+
+// A transaction is confirmed only once both streams stored all its events:
+// when the effects' stream refuses events (here a limit an operator set
+// on it), the session ends, the relay resumes from the confirmed position,
+// and every refused event reaches the effects' stream once the stream
+// takes it again (the relay restores its configuration at the next
+// session), none lost and none twice.
+func TestRelayConfirmsOnlyWhatBothStreamsStored(t *testing.T) {
+	f := newFixture(t)
+	metrics := relay.NewMetrics(nil)
+	cfg := relay.Config{PostgresURL: f.dbURL, StandbyRetry: 100 * time.Millisecond,
+		Stream: relay.StreamConfig{MaxMsgsPerSubject: -1}, Effects: relay.EffectsConfig{Enabled: true}}
+	r, err := relay.New(f.nats.Connect(t), cfg, metrics, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	f.waitSlot(t)
+	f.write(t, 0, 50, 1)
+	testenv.Eventually(t, "50 events in the effects' stream", 20*time.Second, func() bool {
+		return streamInfo(t, f.js, contract.EventsStream).State.Msgs == 50
+	})
+	// The operator caps the effects' stream at 60 messages, refusing more.
+	sc := streamInfo(t, f.js, contract.EventsStream).Config
+	sc.MaxMsgs, sc.Discard = 60, jetstream.DiscardNew
+	if _, err := f.js.UpdateStream(context.Background(), sc); err != nil {
+		t.Fatal(err)
+	}
+	f.write(t, 50, 300, 1)
+	testenv.Eventually(t, "the relay to end a session on the refusal", 20*time.Second, func() bool {
+		return testutil.ToFloat64(metrics.SessionErrors.WithLabelValues("publish")) > 0
+	})
+	testenv.Eventually(t, "all 300 events in both streams", 30*time.Second, func() bool {
+		return streamInfo(t, f.js, contract.EventsStream).State.Msgs == 300 && streamInfo(t, f.js, contract.DocsStream).State.Msgs == 300
+	})
+	waitConfirmedPastNow(t, f.pool, "converge_relay", 10*time.Second)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, m := range readEvents(t, f.js) {
+		id := m.Header.Get(jetstream.MsgIDHeader)
+		if seen[id] {
+			t.Fatalf("event %s stored twice in the effects' stream", id)
+		}
+		seen[id] = true
+	}
+	if len(seen) != 300 {
+		t.Fatalf("%d distinct events in the effects' stream, want 300", len(seen))
+	}
+	if sc := streamInfo(t, f.js, contract.EventsStream).Config; sc.MaxMsgs != -1 || sc.Discard != jetstream.DiscardOld {
+		t.Fatalf("the relay did not restore the effects' stream's limits: max msgs %d, discard %v", sc.MaxMsgs, sc.Discard)
+	}
+}
