@@ -2,8 +2,13 @@
 // signed JSON notification to each configured webhook URL when a document
 // version is upserted or withdrawn. It runs over the projector runtime
 // (package projector) as a [projector.DeliveryStore], consuming every event
-// of CONVERGE_DOCS (Config.EveryEvent: each version is notified, not only
-// the newest of a batch).
+// of CONVERGE_EVENTS ([RuntimeConfig]: each version is notified, not only
+// the newest of a batch). That stream, published by the relay beside
+// CONVERGE_DOCS, keeps each event until the notifier acknowledged it (a work
+// queue, bounded by the window's age), so the notifier's lag and outages
+// do not decide what it sees, as CONVERGE_DOCS's per-document history
+// would; what the stream's limits remove unread is reported as missed.
+// [Migrate] moves a notifier of an older deployment off CONVERGE_DOCS.
 //
 // # Effects and their identity
 //
