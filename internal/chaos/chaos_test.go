@@ -8,6 +8,8 @@ import (
 	"encoding/binary"
 	"flag"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -28,6 +30,7 @@ var (
 	flagRecovery  = flag.Duration("chaos.recovery", 2*time.Minute, "how long the pipeline may take to recover from one fault")
 	flagSettle    = flag.Duration("chaos.settle", 5*time.Minute, "how long the stores may take to agree once the load ends")
 	flagFailures  = flag.Float64("chaos.receiver-failures", 0.01, "fraction of webhook requests the receiver answers 503")
+	flagKinds     = flag.String("chaos.kinds", "", "the faults to choose from, comma-separated (default all): "+strings.Join(choices, ", "))
 	flagLogs      = flag.String("chaos.logs", "", "keep every process's log in this directory (default: a temporary one)")
 )
 
@@ -42,6 +45,7 @@ type runConfig struct {
 	history          int
 	recovery, settle time.Duration
 	receiverFailures float64
+	kinds            []string // the choices to pick from
 	logDir           string
 }
 
@@ -53,6 +57,10 @@ func configFromFlags() runConfig {
 		var b [8]byte
 		_, _ = cryptorand.Read(b[:])
 		c.seed = binary.LittleEndian.Uint64(b[:]) | 1
+	}
+	c.kinds = choices
+	if *flagKinds != "" {
+		c.kinds = strings.Split(*flagKinds, ",")
 	}
 	if c.faults == 0 && c.duration == 0 {
 		c.duration = 60 * time.Second
@@ -70,6 +78,11 @@ func TestChaos(t *testing.T) {
 		t.Skip("runs every service as a process of its own, with faults")
 	}
 	cfg := configFromFlags()
+	for _, k := range cfg.kinds {
+		if !slices.Contains(choices, k) {
+			t.Fatalf("-chaos.kinds: no fault %q among %q", k, choices)
+		}
+	}
 	t.Logf("chaos: seed %d (replay the faults with -chaos.seed=%d), %d faults, %d producers, %d documents, %.0f writes/s",
 		cfg.seed, cfg.seed, cfg.faults, cfg.producers, cfg.docs, cfg.rate)
 	p := startPipeline(t, cfg)
@@ -90,13 +103,16 @@ func TestChaos(t *testing.T) {
 	defer stopLoad()
 	var loading sync.WaitGroup
 	loading.Go(func() { l.run(loadCtx) })
+	tapCtx, stopTap := context.WithCancel(ctx)
+	defer stopTap()
+	docsTap, tapDone := p.startTap(tapCtx, contract.DocsStream)
 	start := time.Now()
 
 	rng := rand.New(rand.NewPCG(cfg.seed, 0xfa17))
 	var faults []*fault
 	for n := 1; n <= cfg.faults; n++ {
 		time.Sleep(time.Duration(float64(cfg.interval) * (0.5 + rng.Float64())))
-		f := p.inject(ctx, rng, n)
+		f := p.inject(ctx, rng, cfg.kinds, n)
 		p.recovered(ctx, f, l, cfg.recovery)
 		faults = append(faults, f)
 		t.Logf("fault %3d %-26s %-40s ready %6s  writes %6s  stream %6s  %s", n, f.Kind, f.Detail,
@@ -140,7 +156,19 @@ func TestChaos(t *testing.T) {
 	if err != nil {
 		t.Errorf("read %s: %v", contract.DocsStream, err)
 	}
-	sr := compareStream(msgs, st, faults, cfg.history == -1)
+	lastSeq := uint64(0)
+	if info, err := p.streamInfo(ctx, contract.DocsStream); err == nil {
+		lastSeq = info.State.LastSeq
+	}
+	testenv.Eventually(t, "the tap to read the stream to its end", time.Minute, func() bool {
+		_, last, _ := docsTap.seen()
+		return last >= lastSeq
+	})
+	stopTap()
+	tapDone()
+	tapped, _, unread := docsTap.seen()
+	sr := compareStream(msgs, tapped, st, faults, cfg.history == -1)
+	sr.EverStored, sr.Unread = lastSeq, unread
 	if sr.Phantoms > 0 || sr.MissingNewest > 0 || sr.Gaps > 0 || sr.MissingAll > 0 {
 		t.Errorf("the stream and the outbox disagree: %d stored events not in the outbox, %d keys without their newest event, %d keys with a version skipped, %d outbox events not stored; e.g. %v",
 			sr.Phantoms, sr.MissingNewest, sr.Gaps, sr.MissingAll, sr.Examples)

@@ -226,34 +226,37 @@ func (p *pipeline) readStream(ctx context.Context, name string) ([]stored, error
 // streamReport is how the stream and the outbox compare.
 type streamReport struct {
 	Stored, Distinct int
+	EverStored       uint64         // messages the stream stored over the run (its last sequence)
+	Unread           uint64         // of those, purged before the tap read them
 	Phantoms         int            // stored messages whose event is not in the outbox
 	MissingNewest    int            // keys whose newest outbox event is not stored
 	Gaps             int            // keys where a stored version has a newer outbox version not stored
 	MissingAll       int            // outbox events not stored (meaningful when history keeps all)
-	Duplicates       int            // stored copies beyond the first of an event
+	Duplicates       int            // stored copies beyond the first of an event, over the run (the tap's)
 	DuplicateEvents  int            // events stored more than once
 	ByCause          map[string]int // duplicates by the fault that preceded them
 	Examples         []string
 }
 
 // publishingFaults are the faults that can make the relay publish an
-// event again: its own death or pause, a Postgres crash (the slot
-// rewinds to its last checkpoint), a NATS server restart.
-var publishingFaults = []string{kindKillRelayA, kindKillRelayS, kindPauseRelayA, kindPauseRelayS, kindCrashPostgres, kindKillNATS}
+// event again: the active relay's death or pause, a Postgres crash (the
+// slot rewinds to its last checkpoint), a NATS server restart. A
+// standby publishes nothing.
+var publishingFaults = []string{kindKillRelayA, kindPauseRelayA, kindCrashPostgres, kindKillNATS}
 
 // compareStream compares the stream's messages with the outbox, event by
 // event: every stored message is an outbox event; of each key, the stored
 // events are the newest of the outbox with none skipped (the stream keeps
 // a bounded history per subject), the newest always among them, and with
-// keepsAll every outbox event is stored. Each stored copy beyond an
-// event's first is attributed to the last fault that can make the relay
+// keepsAll every outbox event is stored. Of what the tap read over the
+// run (tapped), each stored copy beyond an event's first is attributed to the last fault that can make the relay
 // publish again, before the copy was stored.
-func compareStream(msgs []stored, st *postgresState, faults []*fault, keepsAll bool) streamReport {
+func compareStream(msgs, tapped []stored, st *postgresState, faults []*fault, keepsAll bool) streamReport {
 	r := streamReport{Stored: len(msgs), ByCause: map[string]int{}}
-	copies := map[string][]stored{}
 	storedByKey := map[string]map[int64]bool{}
+	distinct := map[string]bool{}
 	for _, m := range msgs {
-		copies[m.MsgID] = append(copies[m.MsgID], m)
+		distinct[m.MsgID] = true
 		id, err := uuid.Parse(m.MsgID)
 		e, ok := st.byID[id]
 		if err != nil || !ok {
@@ -268,7 +271,11 @@ func compareStream(msgs []stored, st *postgresState, faults []*fault, keepsAll b
 		}
 		storedByKey[e.Key][e.Version] = true
 	}
-	r.Distinct = len(copies)
+	r.Distinct = len(distinct)
+	copies := map[string][]stored{}
+	for _, m := range tapped {
+		copies[m.MsgID] = append(copies[m.MsgID], m)
+	}
 	for _, cs := range copies {
 		if len(cs) < 2 {
 			continue
@@ -284,6 +291,14 @@ func compareStream(msgs []stored, st *postgresState, faults []*fault, keepsAll b
 	for _, e := range st.events {
 		if e.Emission == 0 {
 			byKey[e.Key] = append(byKey[e.Key], e)
+		}
+	}
+	order := map[string][]string{} // each key's stored versions, in stream order
+	for _, m := range msgs {
+		if id, err := uuid.Parse(m.MsgID); err == nil {
+			if e, ok := st.byID[id]; ok {
+				order[e.Key] = append(order[e.Key], fmt.Sprint(e.Version))
+			}
 		}
 	}
 	for key, es := range byKey { // in version order (the query's)
@@ -303,7 +318,8 @@ func compareStream(msgs []stored, st *postgresState, faults []*fault, keepsAll b
 				if seen {
 					r.Gaps++
 					if len(r.Examples) < 10 {
-						r.Examples = append(r.Examples, fmt.Sprintf("%s: version %d not stored, an older one is", key, e.Version))
+						r.Examples = append(r.Examples, fmt.Sprintf("%s: version %d not stored, an older one is (stored in stream order: %s)",
+							key, e.Version, strings.Join(order[key], ", ")))
 					}
 				}
 			}

@@ -61,8 +61,8 @@ type fault struct {
 	Failed string        // a check that did not hold in time
 }
 
-// inject picks and injects fault n, and brings back what it stopped.
-func (p *pipeline) inject(ctx context.Context, rng *rand.Rand, n int) *fault {
+// inject picks fault n among choices, injects it, and brings back what it stopped.
+func (p *pipeline) inject(ctx context.Context, rng *rand.Rand, choices []string, n int) *fault {
 	choice := choices[rng.IntN(len(choices))]
 	verb, target, _ := strings.Cut(choice, " ")
 	f := &fault{N: n, Start: time.Now()}

@@ -130,7 +130,9 @@ func summary(s summaryFigures) string {
 	row("documents / outbox events", "%d / %d", s.docs, s.outbox)
 	row("load end -> converge verify exit 0", "%s%s", short(s.toVerify), failedIf(!s.verified))
 	row("load end -> every consumer drained", "%s%s", short(s.toDrain), failedIf(!s.drained))
-	row("stream messages stored / distinct events", "%d / %d", s.stream.Stored, s.stream.Distinct)
+	row("stream messages stored at the end / distinct events", "%d / %d", s.stream.Stored, s.stream.Distinct)
+	row("messages stored over the run / outbox events", "%d / %d (%+d); %d purged before the tap read them",
+		s.stream.EverStored, s.outbox, int64(s.stream.EverStored)-int64(s.outbox), s.stream.Unread)
 	row("stored duplicates (copies beyond the first)", "%d, of %d events; by cause %s", s.stream.Duplicates, s.stream.DuplicateEvents, causes(s.stream.ByCause))
 	row("stored events not in the outbox", "%d", s.stream.Phantoms)
 	row("keys without their newest event stored", "%d", s.stream.MissingNewest)
