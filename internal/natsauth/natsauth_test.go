@@ -13,6 +13,7 @@ import (
 	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/notifier"
 	"github.com/converge-sync/converge/internal/rebuild"
+	"github.com/converge-sync/converge/internal/relay"
 	"github.com/converge-sync/converge/internal/writer"
 )
 
@@ -25,6 +26,7 @@ func TestNamesAreTheOwners(t *testing.T) {
 		{"IngestDLQName", natsauth.IngestDLQName, writer.IngestDLQName},
 		{"RebuildBucket", natsauth.RebuildBucket, rebuild.Bucket},
 		{"NotifierBucket", natsauth.NotifierBucket, notifier.DefaultBucket},
+		{"PositionBucket", natsauth.PositionBucket, relay.PositionBucket},
 		{"RebuildConsumer", natsauth.RebuildConsumer("index"), rebuild.ConsumerName("index")},
 	} {
 		if c.got != c.want {

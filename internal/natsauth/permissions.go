@@ -23,6 +23,9 @@ const (
 	IngestDLQName = "ingest"
 	// RebuildBucket is rebuild.Bucket.
 	RebuildBucket = "CONVERGE_REBUILDS"
+	// PositionBucket is relay.PositionBucket: the relay's record of its
+	// confirmed position.
+	PositionBucket = "CONVERGE_RELAY"
 	// NotifierBucket is notifier.DefaultBucket.
 	NotifierBucket = "CONVERGE_EFFECTS"
 	// NotifierName is the notifier's default durable consumer.
@@ -53,14 +56,17 @@ const (
 // Relay may ensure the documents' stream and the effects' stream and
 // publish their events: the only publisher of converge.docs.> and
 // converge.events.>. It reads both streams' info (the effects' stream
-// records where in the documents' stream it began). It may not delete or
-// purge a stream, nor touch a consumer.
+// records where in the documents' stream it began), and owns the bucket
+// of its confirmed positions whole. It may not delete or purge a stream,
+// nor touch a consumer.
 func Relay() *server.Permissions {
 	return perms(
 		streamWrite(contract.DocsStream),
 		streamWrite(contract.EventsStream),
 		[]string{api + "STREAM.INFO." + contract.DocsStream, api + "STREAM.INFO." + contract.EventsStream},
 		[]string{contract.DocsSubjectPrefix + ">", contract.EventsSubjectPrefix + ">"},
+		bucketCreate(PositionBucket),
+		bucketKey(PositionBucket, ">"),
 	)
 }
 

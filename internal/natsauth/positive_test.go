@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/internal/deadletter"
@@ -53,6 +54,18 @@ func TestRelayDoesItsJob(t *testing.T) {
 	ack = publishEventTo(t, r.js, contract.EventsSubject, upsert(t, "doc-1", 2))
 	if ack.Stream != contract.EventsStream || ack.Sequence != 1 {
 		t.Errorf("ack %+v", ack)
+	}
+	for i := range 2 { // creates, then updates
+		pos, err := relay.OpenPositions(ctx(t), r.js, "converge_relay", 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := pos.Record(ctx(t), pglogrepl.LSN(0x1000+i)); err != nil {
+			t.Fatal(err)
+		}
+		if rec, ok, err := pos.Read(ctx(t)); err != nil || !ok || rec.LSN != pglogrepl.LSN(0x1000+i).String() {
+			t.Errorf("position record %+v, %v, %v", rec, ok, err)
+		}
 	}
 	e.used(r)
 	r.allowed(t)

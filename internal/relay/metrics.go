@@ -10,15 +10,18 @@ type Metrics struct {
 	// stream (EffectsConfig).
 	EffectsPublished  prometheus.Counter
 	EffectsDuplicates prometheus.Counter
-	Reemissions       prometheus.Counter
-	Transactions      prometheus.Counter
-	PublishTime       prometheus.Histogram
-	CommitToAck       prometheus.Histogram
-	InFlight          prometheus.Gauge
-	ConfirmedLSN      prometheus.Gauge
-	SlotLagBytes      prometheus.Gauge
-	Active            prometheus.Gauge
-	SessionErrors     *prometheus.CounterVec
+	// Skipped counts the events a session did not publish again because
+	// the recorded position shows them stored (see PositionBucket).
+	Skipped       prometheus.Counter
+	Reemissions   prometheus.Counter
+	Transactions  prometheus.Counter
+	PublishTime   prometheus.Histogram
+	CommitToAck   prometheus.Histogram
+	InFlight      prometheus.Gauge
+	ConfirmedLSN  prometheus.Gauge
+	SlotLagBytes  prometheus.Gauge
+	Active        prometheus.Gauge
+	SessionErrors *prometheus.CounterVec
 }
 
 // NewMetrics creates the relay's metrics and registers them with reg (nil:
@@ -34,6 +37,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Events acknowledged by the effects' stream (CONVERGE_EVENTS), when the relay publishes to it."}),
 		EffectsDuplicates: prometheus.NewCounter(prometheus.CounterOpts{Name: "converge_relay_effects_duplicates_total",
 			Help: "Republished events the effects' stream dropped as duplicates."}),
+		Skipped: prometheus.NewCounter(prometheus.CounterOpts{Name: "converge_relay_skipped_total",
+			Help: "Events a rewound slot resent that the relay did not publish again: its recorded position shows them stored (after a Postgres restart)."}),
 		Reemissions: prometheus.NewCounter(prometheus.CounterOpts{Name: "converge_relay_reemissions_total",
 			Help: "Re-emitted events (converge backfill, verify --repair) acknowledged by JetStream; also counted in events_published_total."}),
 		Transactions: prometheus.NewCounter(prometheus.CounterOpts{Name: "converge_relay_transactions_total",
@@ -54,7 +59,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Replication sessions that failed to start or ended with an error, by cause (postgres, publish)."}, []string{"cause"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Published, m.Duplicates, m.EffectsPublished, m.EffectsDuplicates, m.Reemissions, m.Transactions, m.PublishTime, m.CommitToAck, m.InFlight,
+		reg.MustRegister(m.Published, m.Duplicates, m.EffectsPublished, m.EffectsDuplicates, m.Skipped, m.Reemissions, m.Transactions, m.PublishTime, m.CommitToAck, m.InFlight,
 			m.ConfirmedLSN, m.SlotLagBytes, m.Active, m.SessionErrors)
 	}
 	return m

@@ -174,6 +174,25 @@ func (r *Relay) session(ctx context.Context) error {
 	if created {
 		r.warnUnrelayed(ctx, conn)
 	}
+	pos, err := OpenPositions(ctx, r.js, r.cfg.Slot, r.cfg.Stream.Replicas)
+	if err != nil {
+		return &publishError{err: err}
+	}
+	sys, err := pglogrepl.IdentifySystem(ctx, conn)
+	if err != nil {
+		return fmt.Errorf("relay: identify system: %w", err)
+	}
+	pos.systemID, pos.timeline = sys.SystemID, sys.Timeline
+	var skipUntil pglogrepl.LSN
+	if !created {
+		if skipUntil, err = pos.resumeAfter(ctx, start); err != nil {
+			return &publishError{err: err}
+		}
+		if skipUntil > 0 {
+			r.log.Warn("the slot is behind the position this relay recorded (Postgres saved the slot before its last confirmation, then restarted): transactions committed before the recorded position are already in the streams and are not published again",
+				"slot", r.cfg.Slot, "slot_lsn", start.String(), "recorded_lsn", skipUntil.String())
+		}
+	}
 	err = pglogrepl.StartReplication(ctx, conn, r.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
 		PluginArgs: []string{"proto_version '1'", "publication_names '" + r.cfg.Publication + "'", "messages 'true'"},
 	})
@@ -189,7 +208,7 @@ func (r *Relay) session(ctx context.Context) error {
 		return &publishError{err: err}
 	}
 	defer pub.close()
-	s := &session{relay: r, conn: conn, pub: pub, confirmed: start, relations: map[uint32]relation{}}
+	s := &session{relay: r, conn: conn, pub: pub, confirmed: start, relations: map[uint32]relation{}, pos: pos, skipUntil: skipUntil}
 	// The slot's position is the truth at the start of a session, even
 	// when a Postgres crash moved it back behind what was reported before.
 	r.confirmed.Store(uint64(start))
@@ -197,7 +216,31 @@ func (r *Relay) session(ctx context.Context) error {
 	r.active.Store(true)
 	r.metrics.Active.Set(1)
 	r.log.Info("relaying", "slot", r.cfg.Slot, "from_lsn", start.String(), "stream", r.cfg.Stream.Name, "effects_stream", effects)
-	return s.loop(ctx)
+	err = s.loop(ctx)
+	if err != nil && ctx.Err() == nil {
+		s.recordOnError()
+	}
+	return err
+}
+
+// recordOnError records, when a session fails (Postgres went away), the
+// transactions acknowledged since the last status update: the slot will
+// resend them, and the next session need not publish them again.
+func (s *session) recordOnError() {
+	// The acknowledgements on their way, for a second at most; a failed
+	// publish ends the wait.
+	deadline := time.Now().Add(time.Second)
+	for s.drain(context.Background(), false) == nil && s.head < len(s.queue) && time.Now().Before(deadline) {
+		select {
+		case <-s.pub.wake:
+		case <-time.After(time.Until(deadline)):
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := s.pos.Record(ctx, s.confirmed); err != nil {
+		s.relay.log.Warn("recording the confirmed position failed", "err", err)
+	}
 }
 
 // ensureSlot creates the slot on first start and returns its confirmed
@@ -306,6 +349,14 @@ type session struct {
 
 	confirmed  pglogrepl.LSN
 	nextStatus time.Time
+
+	// pos records the confirmed position in JetStream; transactions whose
+	// commit precedes skipUntil (the recorded position, when the slot
+	// resumed behind it) are already in the streams: skipping marks the
+	// events of such a transaction, which are not published again.
+	pos       *Positions
+	skipUntil pglogrepl.LSN
+	skipping  bool
 }
 
 func (s *session) confirm(lsn pglogrepl.LSN) {
@@ -336,6 +387,12 @@ func (s *session) sendStatus(ctx context.Context) error {
 	})
 	if err != nil {
 		return fmt.Errorf("relay: standby status update: %w", err)
+	}
+	if s.pos != nil && ctx.Err() == nil {
+		// Best effort: without it a Postgres crash only costs duplicates.
+		if err := s.pos.Record(ctx, s.confirmed); err != nil {
+			s.relay.log.Warn("recording the confirmed position failed", "err", err)
+		}
 	}
 	return nil
 }
@@ -445,6 +502,10 @@ func (s *session) handleWAL(ctx context.Context, xld pglogrepl.XLogData) error {
 		if !ok {
 			return nil // not the outbox
 		}
+		if s.skipping {
+			s.relay.metrics.Skipped.Inc()
+			return nil
+		}
 		if err := rel.decodeInsertFast(d, &s.view); err != nil {
 			return err
 		}
@@ -466,6 +527,9 @@ func (s *session) handleWAL(ctx context.Context, xld pglogrepl.XLogData) error {
 		s.relations[m.RelationID] = rel
 	case *pglogrepl.BeginMessage:
 		s.inTx = true
+		// A commit record that starts before a confirmed position ends at
+		// or before it: the transaction was published whole.
+		s.skipping = m.FinalLSN < s.skipUntil
 		s.commitTime = m.CommitTime
 		// Shared by every message of the transaction; never modified.
 		s.commitTimeHdr = []string{m.CommitTime.UTC().Format(time.RFC3339Nano)}

@@ -362,9 +362,10 @@ func TestPostgresRestartMidStream(t *testing.T) {
 	if !r.Active() {
 		t.Error("the relay does not hold the slot after the restart")
 	}
-	t.Logf("%d events (%d in the stream at the crash), %d stored duplicates; %v republished after the crash and dropped by the duplicate window; "+
+	t.Logf("%d events (%d in the stream at the crash), %d stored duplicates; %v resent by the slot and not published again (the recorded position), "+
+		"%v republished after the crash and dropped by the duplicate window; "+
 		"%d failed write attempts, %d batches found already committed on retry; %v replication sessions lost",
-		events, beforeCrash, surplus, testutil.ToFloat64(metrics.Duplicates), w.failures.Load(), w.recovered.Load(), sessionErrors)
+		events, beforeCrash, surplus, testutil.ToFloat64(metrics.Skipped), testutil.ToFloat64(metrics.Duplicates), w.failures.Load(), w.recovered.Load(), sessionErrors)
 }
 
 // The NATS server (file store) restarts on the same port and store while

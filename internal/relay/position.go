@@ -1,0 +1,124 @@
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// PositionBucket is the JetStream key-value bucket where the relay records,
+// per slot, the position it confirmed to Postgres: everything before it is
+// stored in every stream it publishes to.
+//
+// Why: Postgres saves a slot's confirmed position only at checkpoints, so
+// after a Postgres crash the slot resumes behind what the relay had
+// confirmed, and resends transactions that are already in the streams.
+// JetStream drops such a republish by its message id within the duplicate
+// window, but a restarted NATS server remembers only the ids of messages it
+// still stores: the versions the documents' stream's history has removed,
+// and the events the notifier has acknowledged out of the effects' stream,
+// would be stored again. The record tells a relay where it had got to,
+// whatever the slot or the duplicate window remember: a transaction whose
+// commit lies before it is not published again.
+//
+// The record is written after the confirmation (never ahead of what both
+// streams acknowledged), at most once per status interval, and trusted only
+// for the same cluster and timeline (Postgres's system identifier and
+// timeline): after a failover to a standby, whose WAL may end before the
+// old primary's, positions are not comparable, and a slot created anew
+// has no past.
+const PositionBucket = "CONVERGE_RELAY"
+
+// Position is the record of [PositionBucket], JSON under the slot's name.
+type Position struct {
+	LSN      string    `json:"confirmed_lsn"`
+	SystemID string    `json:"system_id"`
+	Timeline int32     `json:"timeline"`
+	At       time.Time `json:"at"`
+}
+
+// Positions reads and writes the relay's record of one slot.
+type Positions struct {
+	kv       jetstream.KeyValue
+	key      string
+	systemID string
+	timeline int32
+	written  pglogrepl.LSN
+}
+
+// OpenPositions creates (or updates) the bucket and returns slot's record;
+// a relay's session sets the system and timeline it writes.
+func OpenPositions(ctx context.Context, js jetstream.JetStream, slot string, replicas int) (*Positions, error) {
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      PositionBucket,
+		Description: "converge relay: per slot, the position confirmed to Postgres once every stream stored what precedes it",
+		History:     1,
+		Storage:     jetstream.FileStorage,
+		Replicas:    replicas,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("relay: position bucket %s: %w", PositionBucket, err)
+	}
+	return &Positions{kv: kv, key: slot}, nil
+}
+
+// Read returns the record; false when there is none.
+func (p *Positions) Read(ctx context.Context) (Position, bool, error) {
+	return readPosition(ctx, p.kv, p.key)
+}
+
+func readPosition(ctx context.Context, kv jetstream.KeyValue, slot string) (Position, bool, error) {
+	e, err := kv.Get(ctx, slot)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return Position{}, false, nil
+	}
+	if err != nil {
+		return Position{}, false, err
+	}
+	var p Position
+	if err := json.Unmarshal(e.Value(), &p); err != nil {
+		return Position{}, false, fmt.Errorf("relay: position record of %s: %w", slot, err)
+	}
+	return p, true, nil
+}
+
+// resumeAfter returns the recorded position when it is ahead of the slot's
+// start and comparable with it (same system and timeline), else 0.
+func (p *Positions) resumeAfter(ctx context.Context, start pglogrepl.LSN) (pglogrepl.LSN, error) {
+	rec, ok, err := readPosition(ctx, p.kv, p.key)
+	if err != nil || !ok || rec.SystemID != p.systemID || rec.Timeline != p.timeline {
+		return 0, err
+	}
+	lsn, err := pglogrepl.ParseLSN(rec.LSN)
+	if err != nil {
+		return 0, fmt.Errorf("relay: position record of %s: %w", p.key, err)
+	}
+	p.written = lsn
+	if lsn <= start {
+		return 0, nil
+	}
+	return lsn, nil
+}
+
+// Record writes lsn when it moved since the last write.
+func (p *Positions) Record(ctx context.Context, lsn pglogrepl.LSN) error {
+	if lsn <= p.written {
+		return nil
+	}
+	b, err := json.Marshal(Position{LSN: lsn.String(), SystemID: p.systemID, Timeline: p.timeline, At: time.Now().UTC()})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if _, err := p.kv.Put(ctx, p.key, b); err != nil {
+		return fmt.Errorf("relay: record the confirmed position: %w", err)
+	}
+	p.written = lsn
+	return nil
+}
