@@ -305,7 +305,7 @@ func plainPosts(b *testing.B, hookURL string, recv *benchReceiver, evs []contrac
 		b.Fatal(err)
 	}
 	// A Notifier without New: no dedup store, only what post uses.
-	n := &Notifier{cfg: cfg, client: newClient(), metrics: NewMetrics(nil), log: discardLogger()}
+	n := &Notifier{cfg: cfg, client: newClient(cfg.Concurrency), metrics: NewMetrics(nil), log: discardLogger()}
 	t := &target{url: hookURL, name: redact(hookURL), effect: effectName(hookURL)}
 	var next atomic.Int64
 	var errOnce sync.Once

@@ -104,7 +104,7 @@ func New(ctx context.Context, js jetstream.JetStream, cfg Config, metrics *Metri
 	n := &Notifier{cfg: cfg, kv: kv, client: cfg.Client, metrics: metrics, log: log,
 		stopping: make(chan struct{}), inflight: map[uuid.UUID]*job{}, unmarked: map[uuid.UUID]uint64{}}
 	if n.client == nil {
-		n.client = newClient()
+		n.client = newClient(cfg.Concurrency)
 	}
 	names := map[string]int{}
 	for _, u := range cfg.URLs {
