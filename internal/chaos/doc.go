@@ -1,17 +1,34 @@
 // Package chaos is converge's chaos suite: every service runs as a real
 // binary of its own (the writer, two relays of which one stands by, both
-// projectors, the notifier), with its own credentials, against a
+// projectors on the embedded stores, the notifier to a local receiver),
+// each with its own Postgres role, NATS user and tokens, against a
 // PostgreSQL cluster and a nats-server process that the suite crashes and
 // restarts, while producers write and withdraw documents. Faults are chosen
-// from a seeded random source (a run is replayed with its seed): SIGKILLs
-// and SIGSTOP/SIGCONT pauses of each service, `converge replay` of a
-// projector from a random sequence, immediate stops of Postgres and
-// SIGKILLs of the NATS server. Once the load ends the suite checks that
-// every acknowledged write is in Postgres, that `converge verify` agrees,
-// that the stream and the outbox agree event by event (and explains each
-// stored duplicate by the fault that preceded it), and that the webhook
-// receiver saw each event once; it prints a fault matrix and the figures.
+// from a seeded random source (a run's faults are replayed with its seed):
+// SIGKILLs and SIGSTOP/SIGCONT pauses of each service, `converge replay` of
+// a projector from a random sequence, immediate stops of Postgres and
+// SIGKILLs of the NATS server, each restarted on its data.
 //
-// The package holds tests only: `make chaos` runs 200 faults, `make test`
-// a short form (see chaos_test.go for the flags).
+// After each fault the suite waits until every service is ready, a relay
+// holds the slot, a write is acknowledged and the stream grows. Once the
+// load ends it checks that every acknowledged write is in Postgres at its
+// version (or a newer one), that `converge verify` exits 0 (and how long
+// after the load that took), that the stream and the outbox agree event by
+// event, that the receiver saw one Idempotency-Key per event, every event,
+// and no effect answered 2xx twice; it counts the duplicates the stream
+// stored over the run (read as they are stored, since the per-subject
+// history purges them) by the fault that preceded them, and prints a fault
+// matrix and a summary.
+//
+// The package holds tests only (TestChaos, skipped with -short):
+//
+//	make chaos                                    # 200 faults (CHAOS_FAULTS, CHAOS_SEED, CHAOS_FLAGS)
+//	go test ./internal/chaos -run TestChaos -v    # the short form of make test: 20 faults
+//	go test ./internal/chaos -run TestChaos -v -chaos.faults=0 -chaos.duration=60s
+//	                                              # the load alone: notifications received / events
+//
+// Flags: -chaos.faults, -chaos.seed, -chaos.duration, -chaos.interval,
+// -chaos.kinds, -chaos.docs, -chaos.producers, -chaos.rate,
+// -chaos.history (-1: the stream keeps every event, checked one by one),
+// -chaos.recovery, -chaos.settle, -chaos.receiver-failures, -chaos.logs.
 package chaos
