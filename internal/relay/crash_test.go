@@ -56,6 +56,8 @@ type relayChild struct {
 type relayChildren struct {
 	mu   sync.Mutex
 	list []*relayChild
+	// effects runs the children with the effects' stream on.
+	effects bool
 }
 
 func newRelayChildren(t *testing.T) *relayChildren {
@@ -88,7 +90,8 @@ func (cs *relayChildren) start(t *testing.T, f *fixture, name, natsURL string, w
 	cmd.Env = append(os.Environ(), childEnv+"=1",
 		"CONVERGE_POSTGRES_URL="+f.dbURL,
 		"CONVERGE_NATS_URL="+natsURL,
-		"CONVERGE_RELAY_WINDOW="+strconv.Itoa(window))
+		"CONVERGE_RELAY_WINDOW="+strconv.Itoa(window),
+		"CONVERGE_RELAY_EFFECTS="+strconv.FormatBool(cs.effects))
 	out := &testenv.LockedBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	// Should the test binary die without running its cleanups, the kernel
@@ -362,10 +365,17 @@ type streamStats struct {
 	outbox, msgs, storedDuplicates int
 }
 
-// checkStream compares the stream with the outbox: every committed event
-// stored, exactly once, on its document's subject, nothing else stored,
-// and each subject's versions in commit order.
+// checkStream compares the documents' stream with the outbox: every
+// committed event stored, exactly once, on its document's subject, nothing
+// else stored, and each subject's versions in commit order.
 func checkStream(t *testing.T, f *fixture) streamStats {
+	t.Helper()
+	return checkStreamOf(t, f, contract.DocsStream, contract.Subject)
+}
+
+// checkStreamOf is checkStream of stream, whose subject of a key is
+// subject(key).
+func checkStreamOf(t *testing.T, f *fixture, stream string, subject func(string) string) streamStats {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -390,7 +400,7 @@ func checkStream(t *testing.T, f *fixture) streamStats {
 		t.Fatal(err)
 	}
 
-	s, err := f.js.Stream(ctx, contract.DocsStream)
+	s, err := f.js.Stream(ctx, stream)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -401,15 +411,41 @@ func checkStream(t *testing.T, f *fixture) streamStats {
 	if info.Config.MaxMsgsPerSubject != -1 {
 		t.Fatalf("stream keeps %d messages per subject; the checks need every message (-1)", info.Config.MaxMsgsPerSubject)
 	}
-	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
-	if err != nil {
-		t.Fatal(err)
+	// Every message in order: an ordered consumer, or (a work queue admits
+	// no consumer that does not acknowledge) a get by sequence.
+	var next func() (subject string, header nats.Header, data []byte, seq uint64, err error)
+	if info.Config.Retention == jetstream.WorkQueuePolicy {
+		seq := info.State.FirstSeq
+		next = func() (string, nats.Header, []byte, uint64, error) {
+			m, err := s.GetMsg(ctx, seq)
+			seq++
+			if err != nil {
+				return "", nil, nil, 0, err
+			}
+			return m.Subject, m.Header, m.Data, m.Sequence, nil
+		}
+	} else {
+		cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		it, err := cons.Messages()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer it.Stop()
+		next = func() (string, nats.Header, []byte, uint64, error) {
+			m, err := it.Next(jetstream.NextMaxWait(10 * time.Second))
+			if err != nil {
+				return "", nil, nil, 0, err
+			}
+			md, err := m.Metadata()
+			if err != nil {
+				return "", nil, nil, 0, err
+			}
+			return m.Subject(), m.Headers(), m.Data(), md.Sequence.Stream, nil
+		}
 	}
-	it, err := cons.Messages()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer it.Stop()
 
 	var (
 		stored                   = map[string]int{}
@@ -418,39 +454,34 @@ func checkStream(t *testing.T, f *fixture) streamStats {
 		dups                     int
 	)
 	for read := uint64(0); read < info.State.Msgs; read++ {
-		m, err := it.Next(jetstream.NextMaxWait(10 * time.Second))
+		subj, header, data, seq, err := next()
 		if err != nil {
-			t.Fatalf("read stream message %d of %d: %v", read+1, info.State.Msgs, err)
+			t.Fatalf("read %s message %d of %d: %v", stream, read+1, info.State.Msgs, err)
 		}
-		md, err := m.Metadata()
-		if err != nil {
-			t.Fatal(err)
-		}
-		seq := md.Sequence.Stream
-		id := m.Headers().Get(jetstream.MsgIDHeader)
+		id := header.Get(jetstream.MsgIDHeader)
 		stored[id]++
 		if stored[id] > 1 {
 			dups++
 		}
 		// The payload names its event too: a Nats-Msg-Id that differs
 		// would defeat deduplication.
-		dec, err := contract.DecodeEvent(m.Data())
+		dec, err := contract.DecodeEvent(data)
 		if err != nil || dec.ID.String() != id {
 			badMsgs = append(badMsgs, fmt.Sprintf("seq %d: Nats-Msg-Id %q, payload event %s (%v)", seq, id, dec.ID, err))
 		}
 		ev, ok := outbox[id]
 		if !ok {
-			extra = append(extra, fmt.Sprintf("seq %d: Nats-Msg-Id %q on subject %s", seq, id, m.Subject()))
+			extra = append(extra, fmt.Sprintf("seq %d: Nats-Msg-Id %q on subject %s", seq, id, subj))
 			continue
 		}
-		if m.Subject() != contract.Subject(ev.key) || dec.Key != ev.key || dec.Version != ev.version {
+		if subj != subject(ev.key) || dec.Key != ev.key || dec.Version != ev.version {
 			badMsgs = append(badMsgs, fmt.Sprintf("seq %d: outbox event %s (%s v%d) on subject %s with payload %s v%d",
-				seq, id, ev.key, ev.version, m.Subject(), dec.Key, dec.Version))
+				seq, id, ev.key, ev.version, subj, dec.Key, dec.Version))
 		}
-		if last, seen := lastVersion[m.Subject()]; seen && ev.version <= last {
+		if last, seen := lastVersion[subj]; seen && ev.version <= last {
 			disorder = append(disorder, fmt.Sprintf("seq %d: %s v%d after v%d", seq, ev.key, ev.version, last))
 		}
-		lastVersion[m.Subject()] = max(lastVersion[m.Subject()], ev.version)
+		lastVersion[subj] = max(lastVersion[subj], ev.version)
 	}
 
 	var missing []string
@@ -464,12 +495,12 @@ func checkStream(t *testing.T, f *fixture) streamStats {
 			t.Errorf("%d %s, e.g.:\n  %s", len(list), what, strings.Join(list[:min(len(list), 10)], "\n  "))
 		}
 	}
-	report("committed events missing from the stream", missing)
-	report("stream messages that are no outbox event", extra)
-	report("messages out of commit order on their subject", disorder)
-	report("messages with a wrong subject or payload", badMsgs)
+	report("committed events missing from "+stream, missing)
+	report(stream+" messages that are no outbox event", extra)
+	report(stream+" messages out of commit order on their subject", disorder)
+	report(stream+" messages with a wrong subject or payload", badMsgs)
 	if dups != 0 {
-		t.Errorf("%d duplicates stored (same Nats-Msg-Id more than once in the stream)", dups)
+		t.Errorf("%d duplicates stored (same Nats-Msg-Id more than once in %s)", dups, stream)
 	}
 	return streamStats{outbox: len(outbox), msgs: int(info.State.Msgs), storedDuplicates: dups}
 }
@@ -519,6 +550,9 @@ func TestRelaySurvivesRepeatedSIGKILL(t *testing.T) {
 	requireNoSlot(t, f)
 	releaseSlotOnCleanup(t, f)
 	cs := newRelayChildren(t)
+	// Both streams, as where a notifier runs: each transaction is
+	// confirmed only once both stored it.
+	cs.effects = true
 	pc := countPublishes(t, f)
 
 	link := startLossyLink(t, f.nats.URL)
@@ -529,7 +563,7 @@ func TestRelaySurvivesRepeatedSIGKILL(t *testing.T) {
 	w := startWriter(t, f.store, rand.New(rand.NewPCG(seed, 2)), 200)
 	killsStart := time.Now()
 
-	windows := []int{1, 4, 64, 0}
+	windows := []int{2, 4, 64, 0} // 2: one event (its two publishes) at a time
 	activeKills, frozenKills := 0, 0
 	for i := range kills {
 		if i > 0 {
@@ -586,13 +620,14 @@ func TestRelaySurvivesRepeatedSIGKILL(t *testing.T) {
 	catchUp := time.Since(catchUpStart)
 	checkStart := time.Now()
 	st := checkStream(t, f)
+	ev := checkStreamOf(t, f, contract.EventsStream, contract.EventsSubject)
 	check := time.Since(checkStart)
 	published, again := pc.republished()
 
-	t.Logf("kills %d (%d while relaying, %d of them with publishes stuck in transit); writer %d transactions, %d events; outbox %d rows; stream %d messages; "+
-		"duplicates stored %d; publishes seen %d, of which %d republished and dropped as duplicates; caught up %v; "+
+	t.Logf("kills %d (%d while relaying, %d of them with publishes stuck in transit); writer %d transactions, %d events; outbox %d rows; stream %d messages, effects' stream %d; "+
+		"duplicates stored %d and %d; publishes seen %d, of which %d republished and dropped as duplicates; caught up %v; "+
 		"kill phase %v, catch-up %v, check %v, total %v",
-		kills, activeKills, frozenKills, w.txs, w.events, st.outbox, st.msgs, st.storedDuplicates, published, again, caughtUp,
+		kills, activeKills, frozenKills, w.txs, w.events, st.outbox, st.msgs, ev.msgs, st.storedDuplicates, ev.storedDuplicates, published, again, caughtUp,
 		killPhase.Round(time.Millisecond), catchUp.Round(time.Millisecond), check.Round(time.Millisecond),
 		time.Since(begin).Round(time.Millisecond))
 	if st.outbox != w.events {

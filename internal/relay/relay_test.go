@@ -74,6 +74,7 @@ func runChild() int {
 	cfg := relay.Config{PostgresURL: os.Getenv("CONVERGE_POSTGRES_URL"), Window: window,
 		StandbyRetry: 200 * time.Millisecond, HeartbeatInterval: 500 * time.Millisecond,
 		Stream: relay.StreamConfig{MaxMsgsPerSubject: -1}}
+	cfg.Effects.Enabled, _ = strconv.ParseBool(os.Getenv("CONVERGE_RELAY_EFFECTS"))
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	r, err := relay.New(nc, cfg, nil, log)
 	if err != nil {
