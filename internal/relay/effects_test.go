@@ -2,6 +2,8 @@ package relay_test
 
 import (
 	"context"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -172,5 +174,33 @@ func TestRelayConfirmsOnlyWhatBothStreamsStored(t *testing.T) {
 	}
 	if sc := streamInfo(t, f.js, contract.EventsStream).Config; sc.MaxMsgs != -1 || sc.Discard != jetstream.DiscardOld {
 		t.Fatalf("the relay did not restore the effects' stream's limits: max msgs %d, discard %v", sc.MaxMsgs, sc.Discard)
+	}
+}
+
+// A relay without -effects over a deployment whose effects' stream exists
+// (a standby configured apart from the active relay) says so at error
+// level: the notifier would not see the events it publishes.
+func TestRelayWithoutEffectsWarnsWhenTheStreamExists(t *testing.T) {
+	f := newFixture(t)
+	if _, err := relay.EnsureStream(context.Background(), f.js, relay.StreamConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := relay.EnsureEffectsStream(context.Background(), f.js, relay.Config{Effects: relay.EffectsConfig{Enabled: true}}); err != nil {
+		t.Fatal(err)
+	}
+	var logs testenv.LockedBuffer
+	r, err := relay.New(f.nats.Connect(t), relay.Config{PostgresURL: f.dbURL}, nil, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	testenv.Eventually(t, "the warning", 10*time.Second, func() bool {
+		return strings.Contains(logs.String(), "the effects' stream exists but this relay runs without -effects")
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }

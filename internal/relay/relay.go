@@ -147,6 +147,10 @@ func (r *Relay) session(ctx context.Context) error {
 			return &publishError{err: err}
 		}
 		effects = r.cfg.Effects.Name
+	} else if _, err := r.js.Stream(ctx, r.cfg.Effects.Name); err == nil {
+		// Another relay of this slot, or an earlier run, publishes it.
+		r.log.Error("the effects' stream exists but this relay runs without -effects: the notifier will not see the events it publishes; run every relay of the slot with -effects (CONVERGE_RELAY_EFFECTS=true)",
+			"stream", r.cfg.Effects.Name, "slot", r.cfg.Slot)
 	}
 	dsn, err := replicationURL(r.cfg.PostgresURL)
 	if err != nil {
