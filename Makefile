@@ -93,6 +93,7 @@ bench: deps ## benchmarks; each comparison runs both sides in one run and prints
 .PHONY: bench-run
 bench-run: ## the benchmarks of make bench, on the Neo4j server of CONVERGE_TEST_NEO4J_URL (or one each package starts)
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -count 1 ./internal/docstore ./internal/chunking ./pkg/contract
+	$(GO) test -run '^$$' -bench '^BenchmarkNotifier$$' -benchtime 1x -count 3 ./internal/notifier
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count $${RELAY_RUNS:-3} ./internal/relay
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count 3 ./internal/index ./internal/graph
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -count 1 ./internal/index/embedded ./internal/graph/embedded ./internal/index/qdrant ./internal/embed ./internal/storage/wal
@@ -108,7 +109,7 @@ lint: ## golangci-lint (.golangci.yml) when installed, else go vet
 .PHONY: up
 up: ## with Docker: make the local secrets (deploy/secrets.sh), build the image and start the whole stack (docker-compose.yml), waiting until it is healthy; NOTIFIER=1 adds the webhook notifier
 	sh deploy/secrets.sh
-	docker compose $(if $(NOTIFIER),--profile notifier) up -d --build --wait
+	$(if $(NOTIFIER),CONVERGE_RELAY_EFFECTS=true) docker compose $(if $(NOTIFIER),--profile notifier) up -d --build --wait
 
 .PHONY: down
 down: ## with Docker: stop the stack started by `make up` (its volumes stay)
