@@ -10,8 +10,10 @@
 //     With Config.EveryEvent, a stream sequence the fetch stepped over (an
 //     event purged before it was read) is counted and logged as a gap
 //     (see [GapRecord]), in fetch order, before the batch is sharded;
-//  2. decode each message; one that is not a valid event is dead-lettered
-//     to converge.dlq.<name> at once (it can never apply);
+//  2. decode each message (by Parallel workers, while the batch before is
+//     still being applied: batches are fetched and decoded one ahead, and
+//     applied one after another); one that is not a valid event is
+//     dead-lettered to converge.dlq.<name> at once (it can never apply);
 //  3. keep only the newest version of each document (older versions of it
 //     in the batch share the newest one's fate), unless Config.EveryEvent
 //     asks for every event;
@@ -411,32 +413,132 @@ func (r *Runtime) consume(ctx context.Context) (done bool, err error) {
 	r.once.Do(func() { close(r.ready) })
 	r.log.Info("projecting", "stream", r.cfg.Stream, "batch", r.cfg.BatchSize, "parallel", r.cfg.Parallel)
 
-	for ctx.Err() == nil {
-		msgs, err := r.gather(ctx, it)
-		if err != nil {
-			return false, err
-		}
-		if len(msgs) > 0 {
-			r.process(ctx, msgs)
-		}
-		if r.cfg.StopWhenCaughtUp && len(msgs) < r.cfg.BatchSize {
-			done, err := caughtUp(ctx, cons)
-			if err != nil {
-				r.log.Warn("consumer info failed", "err", err)
-			} else if done {
-				return true, nil
+	return r.loop(ctx, cons, it)
+}
+
+// prepared is a fetched batch, decoded and sorted into items, with its
+// messages' acknowledgement deadlines kept alive until it is finished.
+type prepared struct {
+	fetched  int // messages fetched, dead-lettered ones included
+	items    []*item
+	stopKeep func()
+	err      error // the fetch failed: the consumer must start again
+}
+
+// loop applies batches one after another while the next one is fetched
+// and decoded, until ctx ends or a stop condition holds (done true). The
+// fetching goroutine runs at most one batch ahead, so a batch is decoded
+// while the one before it is written; batches are still applied in fetch
+// order, one at a time, and each message acknowledged after its write.
+func (r *Runtime) loop(ctx context.Context, cons jetstream.Consumer, it jetstream.MessagesContext) (done bool, err error) {
+	stopCtx, stopFetch := context.WithCancel(ctx)
+	batches := make(chan prepared) // unbuffered: the fetcher holds the one batch ahead
+	fetched := make(chan struct{})
+	go func() {
+		defer close(fetched)
+		for stopCtx.Err() == nil {
+			msgs, err := r.gather(stopCtx, it)
+			b := prepared{fetched: len(msgs), err: err}
+			if err == nil && len(msgs) > 0 {
+				b = r.prepare(ctx, msgs)
+			}
+			select {
+			case batches <- b:
+				if err != nil {
+					return
+				}
+			case <-stopCtx.Done():
+				r.releaseBatch(b)
+				return
 			}
 		}
-		if r.cfg.StopAtSeq > 0 {
-			done, err := reached(ctx, cons, r.cfg.StopAtSeq)
-			if err != nil {
-				r.log.Warn("consumer info failed", "err", err)
-			} else if done {
-				return true, nil
+	}()
+	defer func() {
+		// The iterator is released after the fetcher stopped using it.
+		stopFetch()
+		<-fetched
+	}()
+
+	settle := time.Duration(0) // > 0: the stop condition is checked again after it
+	again := time.NewTimer(time.Hour)
+	again.Stop()
+	defer again.Stop()
+	for {
+		var recheck <-chan time.Time
+		if settle > 0 {
+			again.Reset(settle)
+			recheck = again.C
+		}
+		select {
+		case <-ctx.Done():
+			return true, nil
+		case b := <-batches:
+			again.Stop()
+			if b.err != nil {
+				return false, b.err
 			}
+			r.finish(ctx, b)
+			settle = 0
+			if !(r.cfg.StopWhenCaughtUp && b.fetched < r.cfg.BatchSize) && r.cfg.StopAtSeq == 0 {
+				continue
+			}
+		case <-recheck:
+		}
+		stop, settling := r.stopCondition(ctx, cons)
+		if stop {
+			return true, nil
+		}
+		// Nothing is left to deliver, but acknowledgements are still
+		// counted pending: those just sent, which the server takes in a
+		// moment, or messages waiting for their redelivery. Look again
+		// soon rather than after a whole fetch wait.
+		switch {
+		case !settling:
+			settle = 0
+		case settle == 0:
+			settle = time.Millisecond
+		default:
+			settle = min(2*settle, r.cfg.MaxWait)
 		}
 	}
-	return true, nil
+}
+
+// stopCondition reports whether Run should end (StopWhenCaughtUp, StopAtSeq),
+// and whether what keeps it from ending is only acknowledgements pending:
+// nothing is left to deliver.
+func (r *Runtime) stopCondition(ctx context.Context, cons jetstream.Consumer) (stop, settling bool) {
+	if r.cfg.StopWhenCaughtUp {
+		info, err := cons.Info(ctx)
+		if err != nil {
+			r.log.Warn("consumer info failed", "err", err)
+		} else if info.NumPending == 0 && info.NumAckPending == 0 {
+			return true, false
+		} else {
+			settling = info.NumPending == 0
+		}
+	}
+	if r.cfg.StopAtSeq > 0 {
+		info, err := cons.Info(ctx)
+		if err != nil {
+			r.log.Warn("consumer info failed", "err", err)
+		} else if info.AckFloor.Stream >= r.cfg.StopAtSeq || (info.NumPending == 0 && info.NumAckPending == 0) {
+			return true, false
+		} else {
+			settling = settling || info.NumPending == 0 || info.Delivered.Stream >= r.cfg.StopAtSeq
+		}
+	}
+	return false, settling
+}
+
+// releaseBatch hands a prepared batch that will not be applied back to the
+// server for prompt redelivery.
+func (r *Runtime) releaseBatch(b prepared) {
+	if b.stopKeep != nil {
+		b.stopKeep()
+	}
+	for _, it := range b.items {
+		r.nak(it, 0)
+	}
 }
 
 // release stops the iterator and hands the messages it had buffered back
@@ -474,7 +576,7 @@ func (r *Runtime) gather(ctx context.Context, it jetstream.MessagesContext) ([]j
 	var closeBy time.Time // once the first message is in
 	wait := r.cfg.MaxWait
 	for len(msgs) < r.cfg.BatchSize && ctx.Err() == nil {
-		m, err := it.Next(jetstream.NextMaxWait(wait))
+		m, err := next(ctx, it, wait)
 		switch {
 		case err == nil:
 			msgs = append(msgs, m)
@@ -500,22 +602,20 @@ func (r *Runtime) gather(ctx context.Context, it jetstream.MessagesContext) ([]j
 	return msgs, nil
 }
 
-func caughtUp(ctx context.Context, cons jetstream.Consumer) (bool, error) {
-	info, err := cons.Info(ctx)
-	if err != nil {
-		return false, err
+// next waits up to wait for the iterator's next message; a wait longer
+// than a linger also ends when ctx does, so that stopping does not wait
+// for a whole fetch wait. Both ends of a wait are nats.ErrTimeout.
+func next(ctx context.Context, it jetstream.MessagesContext, wait time.Duration) (jetstream.Msg, error) {
+	if wait <= linger {
+		return it.Next(jetstream.NextMaxWait(wait))
 	}
-	return info.NumPending == 0 && info.NumAckPending == 0, nil
-}
-
-// reached reports whether cons acknowledged every message up to seq, or
-// has nothing pending.
-func reached(ctx context.Context, cons jetstream.Consumer, seq uint64) (bool, error) {
-	info, err := cons.Info(ctx)
-	if err != nil {
-		return false, err
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	m, err := it.Next(jetstream.NextContext(wctx))
+	if err != nil && wctx.Err() != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
+		return nil, nats.ErrTimeout
 	}
-	return info.AckFloor.Stream >= seq || (info.NumPending == 0 && info.NumAckPending == 0), nil
+	return m, err
 }
 
 func (r *Runtime) watchLag(ctx context.Context, cons jetstream.Consumer) {
@@ -552,51 +652,105 @@ func (it *item) supersedes(prev *item) bool {
 	return it.ev.Version > prev.ev.Version || (it.ev.Version == prev.ev.Version && it.repair && !prev.repair)
 }
 
-func (r *Runtime) process(ctx context.Context, msgs []jetstream.Msg) {
-	start := time.Now()
+// decoded is one message of a batch as the decoding workers leave it: an
+// item, or why the message is dead-lettered.
+type decoded struct {
+	it     *item
+	code   string
+	reason error
+}
+
+// minParallelDecode is the smallest batch decoded by several workers.
+const minParallelDecode = 32
+
+// prepare decodes a fetched batch (Parallel workers share a large one),
+// dead-letters what is not a valid event, keeps the newest version of each
+// document (unless Config.EveryEvent), and keeps the messages'
+// acknowledgement deadlines alive until the batch is finished.
+func (r *Runtime) prepare(ctx context.Context, msgs []jetstream.Msg) prepared {
+	b := prepared{fetched: len(msgs)}
 	// In fetch order, which is the stream's, before the batch is sharded.
 	r.checkGaps(ctx, msgs)
+	out := make([]decoded, len(msgs))
+	workers := min(r.cfg.Parallel, len(msgs)/minParallelDecode)
+	if workers <= 1 {
+		for i, m := range msgs {
+			out[i] = r.decode(m)
+		}
+	} else {
+		var wg sync.WaitGroup
+		per := (len(msgs) + workers - 1) / workers
+		for lo := 0; lo < len(msgs); lo += per {
+			hi := min(lo+per, len(msgs))
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := lo; i < hi; i++ {
+					out[i] = r.decode(msgs[i])
+				}
+			}()
+		}
+		wg.Wait()
+	}
 	byKey := make(map[string]*item, len(msgs))
-	var items []*item
-	for _, m := range msgs {
-		ev, err := contract.DecodeEvent(m.Data())
-		if err != nil {
-			r.deadLetter(ctx, m, "undecodable", err)
+	for i, d := range out {
+		if d.it == nil {
+			r.deadLetter(ctx, msgs[i], d.code, d.reason)
 			continue
 		}
-		if want := r.cfg.SubjectPrefix + contract.SubjectToken(ev.Key); m.Subject() != want {
-			r.deadLetter(ctx, m, "wrong_subject", fmt.Errorf("event for key %q arrived on %s, want %s", ev.Key, m.Subject(), want))
-			continue
-		}
-		it := &item{msg: m, ev: &ev, repair: m.Headers().Get(contract.HeaderReemission) != ""}
-		if meta, err := m.Metadata(); err == nil {
-			it.delivered, it.stored = meta.NumDelivered, meta.Timestamp
-		}
-		if ct, err := time.Parse(time.RFC3339Nano, m.Headers().Get(contract.HeaderCommitTime)); err == nil {
-			it.commitTime = ct
-		}
-		prev, ok := byKey[ev.Key]
+		it := d.it
+		prev, ok := byKey[it.ev.Key]
 		switch {
 		case r.cfg.EveryEvent:
-			items = append(items, it)
+			b.items = append(b.items, it)
 		case !ok:
-			byKey[ev.Key] = it
-			items = append(items, it)
+			byKey[it.ev.Key] = it
+			b.items = append(b.items, it)
 		case it.supersedes(prev):
 			it.superseded = append(prev.superseded, prev.msg)
 			*prev = *it
 		default:
-			prev.superseded = append(prev.superseded, m)
+			prev.superseded = append(prev.superseded, it.msg)
 		}
 	}
-	if len(items) == 0 {
+	if len(b.items) > 0 {
+		// Keep the acknowledgement deadlines alive until the batch is
+		// finished: while it waits for the batch before it, and while it is
+		// applied (a slow store, transient retries).
+		b.stopKeep = r.keepAlive(msgs)
+	}
+	return b
+}
+
+// decode reads one message: its event, checked against its subject, and
+// what its headers and metadata tell.
+func (r *Runtime) decode(m jetstream.Msg) decoded {
+	ev, err := contract.DecodeEvent(m.Data())
+	if err != nil {
+		return decoded{code: "undecodable", reason: err}
+	}
+	if want := r.cfg.SubjectPrefix + contract.SubjectToken(ev.Key); m.Subject() != want {
+		return decoded{code: "wrong_subject", reason: fmt.Errorf("event for key %q arrived on %s, want %s", ev.Key, m.Subject(), want)}
+	}
+	it := &item{msg: m, ev: &ev, repair: m.Headers().Get(contract.HeaderReemission) != ""}
+	if meta, err := m.Metadata(); err == nil {
+		it.delivered, it.stored = meta.NumDelivered, meta.Timestamp
+	}
+	if ct, err := time.Parse(time.RFC3339Nano, m.Headers().Get(contract.HeaderCommitTime)); err == nil {
+		it.commitTime = ct
+	}
+	return decoded{it: it}
+}
+
+// finish applies a prepared batch and acknowledges, naks or dead-letters
+// each of its messages by the outcome.
+func (r *Runtime) finish(ctx context.Context, b prepared) {
+	if len(b.items) == 0 {
 		return
 	}
-	// Keep the acknowledgement deadlines alive while the batch is applied
-	// (a slow store, transient retries).
-	stopKeep := r.keepAlive(msgs)
-	defer stopKeep()
-
+	start := time.Now()
+	defer b.stopKeep()
+	items := b.items
 	results := r.applyWithRetry(ctx, items)
 	for i, it := range items {
 		res := results[i]
