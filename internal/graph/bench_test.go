@@ -3,17 +3,16 @@ package graph_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/internal/graph"
 	"github.com/converge-sync/converge/internal/graph/embedded"
-	"github.com/converge-sync/converge/internal/projector"
-	"github.com/converge-sync/converge/internal/testenv"
+	"github.com/converge-sync/converge/internal/projector/projectortest"
 	"github.com/converge-sync/converge/internal/testenv/corpus"
 	"github.com/converge-sync/converge/pkg/contract"
 )
@@ -42,24 +41,42 @@ func benchEvents(b *testing.B) []contract.Event {
 	return evs
 }
 
+// benchRounds is how many rounds of each side one iteration of
+// BenchmarkProjector measures, alternating their order.
+const benchRounds = 3
+
 // BenchmarkProjector measures, in one run, the graph projector end to end
-// (events in a JetStream stream -> runtime -> embedded graph) and the
-// embedded graph's raw Apply rate of the same documents in batches of 256
-// (the limit), and reports the ratio.
+// (events in a JetStream stream -> runtime -> decode and verify ->
+// embedded graph, with its guard, replacement and count fence) and the
+// embedded graph's raw Apply of the same documents in batches of 256 (the
+// limit), and reports the ratio.
 func BenchmarkProjector(b *testing.B) {
 	evs := benchEvents(b)
-	var rawTime, projTime time.Duration
-	for range b.N {
-		rawTime += rawApply(b, evs)
-		projTime += project(b, evs)
+	docs := make([]graph.Doc, len(evs))
+	for i := range evs {
+		docs[i] = graph.FromEvent(&evs[i])
 	}
-	n := float64(b.N) * benchDocs
-	raw, proj := n/rawTime.Seconds(), n/projTime.Seconds()
-	b.ReportMetric(proj, "docs/s")
-	b.ReportMetric(raw, "raw_docs/s")
-	b.ReportMetric(proj/raw, "ratio")
-	b.Logf("embedded graph: projector %.0f docs/s; raw Apply %.0f docs/s; ratio %.2f (%d documents, 4 chunks, 3 links, 2 tags each)",
-		proj, raw, proj/raw, benchDocs)
+	js := projectortest.Prefill(b, evs)
+	c := projectortest.Comparison{Name: "embedded graph", Unit: "docs", N: benchDocs}
+	run := 0
+	for range b.N {
+		for round := range benchRounds {
+			var r projectortest.Round
+			sides := []func(){
+				func() { r.Raw = rawApply(b, docs) },
+				func() { run++; r.Projector = project(b, js, fmt.Sprintf("bench-%d", run), evs) },
+			}
+			if round%2 == 1 {
+				slices.Reverse(sides)
+			}
+			for _, side := range sides {
+				side()
+			}
+			c.Add(r)
+		}
+	}
+	c.Report(b, "")
+	b.Logf("embedded graph: %d documents, 4 chunks, 3 links, 2 tags each", benchDocs)
 }
 
 func open(b *testing.B) *embedded.Store {
@@ -70,14 +87,10 @@ func open(b *testing.B) *embedded.Store {
 	return s
 }
 
-func rawApply(b *testing.B, evs []contract.Event) time.Duration {
+func rawApply(b *testing.B, docs []graph.Doc) time.Duration {
 	b.Helper()
 	s := open(b)
 	defer s.Close()
-	docs := make([]graph.Doc, len(evs))
-	for i := range evs {
-		docs[i] = graph.FromEvent(&evs[i])
-	}
 	start := time.Now()
 	for i := 0; i < len(docs); i += 256 {
 		if _, err := s.Apply(context.Background(), docs[i:min(i+256, len(docs))]); err != nil {
@@ -87,48 +100,16 @@ func rawApply(b *testing.B, evs []contract.Event) time.Duration {
 	return time.Since(start)
 }
 
-func project(b *testing.B, evs []contract.Event) time.Duration {
+func project(b *testing.B, js jetstream.JetStream, name string, evs []contract.Event) time.Duration {
 	b.Helper()
 	ctx := context.Background()
 	s := open(b)
 	defer s.Close()
-	n := testenv.StartNATS(b)
-	js, err := jetstream.New(n.Connect(b))
-	if err != nil {
-		b.Fatal(err)
-	}
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: contract.DocsStream, Subjects: []string{contract.DocsSubjectPrefix + ">"}}); err != nil {
-		b.Fatal(err)
-	}
-	for _, ev := range evs {
-		data, err := ev.Encode()
-		if err != nil {
-			b.Fatal(err)
-		}
-		m := nats.NewMsg(contract.Subject(ev.Key))
-		m.Data = data
-		if _, err := js.PublishMsgAsync(m); err != nil {
-			b.Fatal(err)
-		}
-	}
-	select {
-	case <-js.PublishAsyncComplete():
-	case <-time.After(time.Minute):
-		b.Fatal("publishing took over a minute")
-	}
 	p, err := graph.New(ctx, s)
 	if err != nil {
 		b.Fatal(err)
 	}
-	r, err := projector.New(js, p, projector.Config{Name: "bench", StopWhenCaughtUp: true}, nil, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	start := time.Now()
-	if err := r.Run(ctx); err != nil {
-		b.Fatal(err)
-	}
-	elapsed := time.Since(start)
+	elapsed := projectortest.Project(b, js, name, p)
 	if v, ok, err := s.Document(ctx, evs[len(evs)-1].Key); err != nil || !ok || v.Version != 1 {
 		b.Fatalf("after the run: %+v %v %v", v, ok, err)
 	}

@@ -2,10 +2,14 @@ package neo4j
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/converge-sync/converge/internal/graph"
+	"github.com/converge-sync/converge/internal/projector/projectortest"
+	"github.com/converge-sync/converge/pkg/contract"
 )
 
 // BenchmarkPlanBatch measures turning one batch of 100 documents (8
@@ -121,4 +125,92 @@ func BenchmarkApplyNeo4j(b *testing.B) {
 	b.ReportMetric(float64(docs)/applyTime.Seconds(), "apply-docs/s")
 	b.ReportMetric(float64(docs)/plainTime.Seconds(), "plain-docs/s")
 	b.ReportMetric(applyTime.Seconds()/plainTime.Seconds(), "plain/apply")
+}
+
+// benchEvents are n events of new documents under prefix, shaped as
+// benchDocs' documents: 4 chunks, 3 links (two within the set, one to the
+// document before), 2 tags.
+func benchEvents(b *testing.B, prefix string, n int) []contract.Event {
+	b.Helper()
+	key := func(i int) string { return fmt.Sprintf("%s-%06d", prefix, i) }
+	evs := make([]contract.Event, n)
+	for i := range evs {
+		chunks := []string{fmt.Sprintf("chunk a of %s ", key(i)), "chunk b ", "chunk c ", "chunk d"}
+		d, err := contract.Document{Key: key(i), Version: 1, Title: "bench", Body: strings.Join(chunks, ""),
+			Links: []string{key((i + 1) % n), key((i + 37) % n), key(max(i-1, 0))},
+			Tags:  []string{"common", fmt.Sprint("t", i%10)}}.Normalize()
+		if err != nil {
+			b.Fatal(err)
+		}
+		evs[i] = contract.NewUpsertedEvent(d, chunks)
+	}
+	return evs
+}
+
+// benchRounds is how many rounds of each side BenchmarkProjectorNeo4j
+// measures, alternating their order.
+const benchRounds = 3
+
+// BenchmarkProjectorNeo4j measures the graph projector end to end on the
+// test's real Neo4j server (events in a JetStream stream -> runtime ->
+// decode and verify -> Apply, with its guard, replacement, lock order and
+// count fence) against the same documents written by one plain UNWIND ...
+// MERGE statement per batch of 100 through the driver (cypherPlainMerge),
+// in rounds that alternate which goes first, on the same server. b.N
+// counts batches of 100 documents: each side writes 100*b.N documents in
+// all (at least 100 a round), each round new ones. The absolute figures
+// are of this machine and its load.
+func BenchmarkProjectorNeo4j(b *testing.B) {
+	be := newServerBackend(b, Config{})
+	if err := be.Ensure(ctx()); err != nil {
+		b.Fatal(err)
+	}
+	p, err := graph.New(ctx(), be)
+	if err != nil {
+		b.Fatal(err)
+	}
+	perRound := max(100, 100*b.N/benchRounds/100*100)
+	c := projectortest.Comparison{Name: "graph on Neo4j against a plain UNWIND ... MERGE", Unit: "docs", N: float64(perRound)}
+	for round := range benchRounds {
+		prefix := fmt.Sprintf("r%d-%d", b.N, round)
+		proj := benchEvents(b, "proj-"+prefix, perRound)
+		plain := make([]graph.Doc, perRound)
+		for i, ev := range benchEvents(b, "plain-"+prefix, perRound) {
+			plain[i] = graph.FromEvent(&ev)
+		}
+		js := projectortest.Prefill(b, proj)
+		var r projectortest.Round
+		sides := []func(){
+			func() {
+				r.Projector = projectortest.Project(b, js, "bench", p)
+				last := proj[len(proj)-1]
+				if v, ok, err := be.Document(ctx(), last.Key); err != nil || !ok || v.Version != 1 || len(v.Chunks) != len(last.Chunks) {
+					b.Fatalf("after the run: %+v %v %v", v, ok, err)
+				}
+			},
+			func() {
+				start := time.Now()
+				for i := 0; i < len(plain); i += 100 {
+					err := be.run.ExecuteWrite(ctx(), func(t tx) error {
+						_, err := t.Run(ctx(), cypherPlainMerge, map[string]any{"rows": plainRows(plain[i:min(i+100, len(plain))])})
+						return err
+					})
+					if err != nil {
+						b.Fatal(err)
+					}
+				}
+				r.Raw = time.Since(start)
+			},
+		}
+		if round%2 == 1 {
+			slices.Reverse(sides)
+		}
+		for _, side := range sides {
+			side()
+		}
+		c.Add(r)
+	}
+	c.Report(b, "")
+	b.Logf("Neo4j: %d new documents a side a round (4 chunks, 3 links, 2 tags each); the projector's defaults (batches of 256 in 2 shards, %d documents a transaction)",
+		perRound, be.cfg.BatchSize)
 }
