@@ -8,9 +8,12 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -21,6 +24,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/converge-sync/converge/internal/pgcluster"
 	"github.com/converge-sync/converge/internal/testenv"
 
 	"github.com/converge-sync/converge/pkg/contract"
@@ -31,50 +35,87 @@ const (
 	backlogTxRows  = 100
 	backlogKeys    = 50_000
 	benchSlot      = "converge_bench_decode"
+	benchRecvSlot  = "converge_bench_recvlogical"
 	benchRelaySlot = "converge_relay" // the relay's default, which it resumes from
 	backlogTimeout = 5 * time.Minute
 )
 
 // BenchmarkRelayBacklog compares, in one run, the relay end to end (a child
-// process publishing into a file-backed stream) with the decode limit (a
-// pglogrepl loop doing the relay's decoding without publishing) on the same
-// prefilled backlog of 200,000 1 KB events in 100-row transactions. Each
-// iteration is a full run on a fresh database; use -benchtime 1x.
+// process publishing into a file-backed stream) with two limits on the same
+// prefilled backlog of 200,000 1 KB events in 100-row transactions: the
+// decode limit (a pglogrepl loop doing the relay's decoding without
+// publishing) and PostgreSQL's own pg_recvlogical decoding the same WAL with
+// the same plugin and publication into /dev/null. Each iteration is a full
+// run on a fresh database, the sides in a rotating order; use -benchtime 1x
+// and -count 3 so that each side runs once in each position.
 func BenchmarkRelayBacklog(b *testing.B) {
-	var decodeTime, relayTime time.Duration
+	recvlogical := recvlogicalPath(b)
+	var decodeTime, relayTime, recvTime time.Duration
 	var peakRSS int64
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
 		it := newBacklogRun(b)
 		b.StartTimer()
-		d := it.decode(b)
-		r := it.relay(b)
+		var d, r, p sideResult
+		sides := []struct {
+			name string
+			run  func()
+		}{
+			{"decode", func() { d = it.decode(b) }},
+			{"pg_recvlogical", func() { p = it.recvlogical(b, recvlogical) }},
+			{"relay", func() { r = it.relay(b) }},
+		}
+		// Across the calls of -count too: each side takes each place in turn.
+		round := backlogRounds.Add(1) - 1
+		var order []string
+		for k := range sides {
+			side := sides[(int(round)+k)%len(sides)]
+			order = append(order, side.name)
+			side.run()
+		}
 		b.StopTimer()
 		if err := it.close(); err != nil {
 			b.Fatal(err)
 		}
 		decodeTime += d.elapsed
 		relayTime += r.elapsed
+		recvTime += p.elapsed
 		peakRSS = max(peakRSS, r.peakRSS)
-		b.Logf("iteration %d: decode %.0f events/s (%v), relay %.0f events/s (%v), ratio %.2f, relay peak RSS %.1f MiB",
-			i+1, eventsPerSecond(backlogEvents, d.elapsed), d.elapsed.Round(time.Millisecond), eventsPerSecond(backlogEvents, r.elapsed),
-			r.elapsed.Round(time.Millisecond), d.elapsed.Seconds()/r.elapsed.Seconds(), float64(r.peakRSS)/(1<<20))
+		b.Logf("iteration %d (order %s): pg_recvlogical %.0f events/s (%v), decode %.0f events/s (%v), relay %.0f events/s (%v); relay/pg_recvlogical %.2f, relay/decode %.2f, relay peak RSS %.1f MiB",
+			i+1, strings.Join(order, ", "), eventsPerSecond(backlogEvents, p.elapsed), p.elapsed.Round(time.Millisecond),
+			eventsPerSecond(backlogEvents, d.elapsed), d.elapsed.Round(time.Millisecond), eventsPerSecond(backlogEvents, r.elapsed),
+			r.elapsed.Round(time.Millisecond), p.elapsed.Seconds()/r.elapsed.Seconds(), d.elapsed.Seconds()/r.elapsed.Seconds(),
+			float64(r.peakRSS)/(1<<20))
 		// CPU per event tells a starved pipeline (the sum near cores x
 		// elapsed) from one waiting on itself.
-		b.Logf("iteration %d: CPU µs/event: decode side: walsender %.1f, decode loop %.1f; relay side: walsender %.1f, relay %.1f, nats-server %.1f",
-			i+1, perEvent(d.walsenderCPU), perEvent(d.clientCPU), perEvent(r.walsenderCPU), perEvent(r.clientCPU), perEvent(r.natsCPU))
+		b.Logf("iteration %d: CPU µs/event: pg_recvlogical side: walsender %.1f, pg_recvlogical %.1f; decode side: walsender %.1f, decode loop %.1f; relay side: walsender %.1f, relay %.1f, nats-server %.1f",
+			i+1, perEvent(p.walsenderCPU), perEvent(p.clientCPU), perEvent(d.walsenderCPU), perEvent(d.clientCPU),
+			perEvent(r.walsenderCPU), perEvent(r.clientCPU), perEvent(r.natsCPU))
 	}
 	decodeRate := eventsPerSecond(b.N*backlogEvents, decodeTime)
 	relayRate := eventsPerSecond(b.N*backlogEvents, relayTime)
+	recvRate := eventsPerSecond(b.N*backlogEvents, recvTime)
 	ratio := relayRate / decodeRate
+	recvRatio := relayRate / recvRate
 	rssMiB := float64(peakRSS) / (1 << 20)
+	b.ReportMetric(recvRate, "recvlogical_events/s")
 	b.ReportMetric(decodeRate, "decode_events/s")
 	b.ReportMetric(relayRate, "relay_events/s")
+	b.ReportMetric(recvRatio, "ratio_recvlogical")
 	b.ReportMetric(ratio, "ratio")
 	b.ReportMetric(rssMiB, "relay_peak_rss_MiB")
+	b.Logf("relay backlog of %d 1 KB events: pg_recvlogical %.0f events/s, relay %.0f events/s, relay/pg_recvlogical %.2f (target >= 0.70)",
+		backlogEvents, recvRate, relayRate, recvRatio)
 	b.Logf("relay backlog of %d 1 KB events: decode limit %.0f events/s, relay %.0f events/s, ratio %.2f (target >= 0.60), relay peak RSS %.1f MiB (target < 100)",
 		backlogEvents, decodeRate, relayRate, ratio, rssMiB)
 }
+
+// backlogRounds counts the iterations of every call of
+// BenchmarkRelayBacklog in this process: it rotates the order of the sides.
+var backlogRounds atomic.Int64
+
+// backlogProfiles numbers the relay sides' profiles.
+var backlogProfiles atomic.Int64
 
 func eventsPerSecond(events int, d time.Duration) float64 { return float64(events) / d.Seconds() }
 
@@ -96,7 +137,8 @@ type sideResult struct {
 type backlogRun struct {
 	dbURL     string
 	dbName    string
-	monitor   *pgx.Conn // finds walsender pids
+	endLSN    pglogrepl.LSN // the WAL position after the prefill
+	monitor   *pgx.Conn     // finds walsender pids
 	nats      *testenv.NATS
 	storeDir  string
 	closeOnce sync.Once
@@ -126,8 +168,8 @@ func newBacklogRun(b *testing.B) *backlogRun {
 		b.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	// Both slots exist before the backlog is written, so both see all of it.
-	for _, slot := range []string{benchSlot, benchRelaySlot} {
+	// Every slot exists before the backlog is written, so each sees all of it.
+	for _, slot := range []string{benchSlot, benchRecvSlot, benchRelaySlot} {
 		if _, err := conn.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, slot); err != nil {
 			b.Fatalf("create slot %s: %v", slot, err)
 		}
@@ -151,6 +193,13 @@ END $$`, backlogEvents/backlogTxRows, backlogTxRows, backlogKeys)
 	start := time.Now()
 	if _, err := conn.PgConn().Exec(ctx, prefill).ReadAll(); err != nil {
 		b.Fatalf("prefill: %v", err)
+	}
+	var end string
+	if err := conn.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&end); err != nil {
+		b.Fatal(err)
+	}
+	if it.endLSN, err = pglogrepl.ParseLSN(end); err != nil {
+		b.Fatal(err)
 	}
 	var rows int
 	var avg float64
@@ -196,7 +245,7 @@ func (it *backlogRun) close() error {
 			return
 		}
 		defer admin.Close(context.Background())
-		for _, slot := range []string{benchSlot, benchRelaySlot} {
+		for _, slot := range []string{benchSlot, benchRecvSlot, benchRelaySlot} {
 			if err := dropSlotWhenInactive(ctx, admin, it.dbName, slot); err != nil {
 				it.closeErr = errors.Join(it.closeErr, err)
 			}
@@ -372,6 +421,95 @@ func (it *backlogRun) decode(b *testing.B) sideResult {
 	return res
 }
 
+// recvlogicalPath is PostgreSQL's pg_recvlogical, beside the server
+// binaries the test cluster runs.
+func recvlogicalPath(b *testing.B) string {
+	b.Helper()
+	dir, err := pgcluster.FindBinDir("")
+	if err != nil {
+		b.Fatal(err)
+	}
+	path := filepath.Join(dir, "pg_recvlogical")
+	if _, err := os.Stat(path); err != nil {
+		b.Fatalf("pg_recvlogical: %v", err)
+	}
+	return path
+}
+
+// recvlogical runs pg_recvlogical on its own slot, with the relay's plugin
+// arguments, writing what it decodes to /dev/null and stopping by itself at
+// the WAL position after the prefill. It returns the time from starting it
+// until it exited, its CPU time and its walsender's.
+func (it *backlogRun) recvlogical(b *testing.B, path string) sideResult {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), backlogTimeout)
+	defer cancel()
+	var stderr testenv.Buffer
+	cmd := exec.CommandContext(ctx, path, "--dbname", it.dbURL, "--slot", benchRecvSlot, "--start",
+		"--file", "/dev/null", "--endpos", it.endLSN.String(), "--no-loop",
+		"-o", "proto_version=1", "-o", "publication_names=converge_outbox", "-o", "messages=true")
+	cmd.Stderr = &stderr
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	// The walsender exits with its client: its CPU is read until then.
+	var walsender int
+	var walsenderCPU time.Duration
+	poll := time.NewTicker(10 * time.Millisecond)
+	defer poll.Stop()
+	for {
+		select {
+		case err := <-exited:
+			elapsed := time.Since(start)
+			if err != nil {
+				b.Fatalf("pg_recvlogical: %v\n%s", err, stderr.String())
+			}
+			if walsender == 0 {
+				b.Logf("pg_recvlogical: walsender not seen")
+			}
+			if err := it.checkSlotAt(ctx, benchRecvSlot); err != nil {
+				b.Fatal(err)
+			}
+			return sideResult{elapsed: elapsed, walsenderCPU: walsenderCPU,
+				clientCPU: cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()}
+		case <-poll.C:
+			if walsender == 0 {
+				pid, err := it.walsenderPID(ctx, benchRecvSlot)
+				if err != nil {
+					b.Fatal(err)
+				}
+				walsender = pid
+			}
+			if walsender != 0 {
+				if cpu, err := procCPU(walsender); err == nil {
+					walsenderCPU = cpu
+				}
+			}
+		}
+	}
+}
+
+// checkSlotAt fails unless the slot has confirmed the WAL position after the
+// prefill: the whole backlog was received.
+func (it *backlogRun) checkSlotAt(ctx context.Context, slot string) error {
+	var confirmed string
+	if err := it.monitor.QueryRow(ctx, `SELECT coalesce(confirmed_flush_lsn::text, '0/0') FROM pg_replication_slots WHERE slot_name = $1 AND database = $2`,
+		slot, it.dbName).Scan(&confirmed); err != nil {
+		return fmt.Errorf("slot %s: %w", slot, err)
+	}
+	lsn, err := pglogrepl.ParseLSN(confirmed)
+	if err != nil {
+		return fmt.Errorf("slot %s: %w", slot, err)
+	}
+	if lsn < it.endLSN {
+		return fmt.Errorf("slot %s confirmed %s, before the end of the backlog %s", slot, lsn, it.endLSN)
+	}
+	return nil
+}
+
 // walsenderPID is the pid of the walsender streaming the slot.
 func (it *backlogRun) walsenderPID(ctx context.Context, slot string) (int, error) {
 	var pid *int32
@@ -403,9 +541,25 @@ func (it *backlogRun) relay(b *testing.B) sideResult {
 
 	var stderr testenv.LockedBuffer
 	cmd := exec.Command(os.Args[0])
-	// CONVERGE_RELAY_WINDOW, when set, passes through to the child.
+	// CONVERGE_RELAY_WINDOW and CONVERGE_RELAY_STREAM_HISTORY, when set,
+	// pass through to the child.
 	cmd.Env = append(os.Environ(), childEnv+"=1", "CONVERGE_POSTGRES_URL="+it.dbURL, "CONVERGE_NATS_URL="+it.nats.URL)
 	cmd.Stderr = &stderr
+	// With CONVERGE_BENCH_PROFILE_DIR set, the relay side writes CPU
+	// profiles of the relay child and of this process (the nats-server,
+	// mostly) while the relay runs.
+	if dir := os.Getenv("CONVERGE_BENCH_PROFILE_DIR"); dir != "" {
+		n := backlogProfiles.Add(1)
+		cmd.Env = append(cmd.Env, "CONVERGE_RELAY_CPUPROFILE="+filepath.Join(dir, fmt.Sprintf("relay-%d.pprof", n)))
+		f, err := os.Create(filepath.Join(dir, fmt.Sprintf("nats-%d.pprof", n)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			b.Fatal(err)
+		}
+		defer func() { pprof.StopCPUProfile(); _ = f.Close() }()
+	}
 	selfStart := selfCPU()
 	start := time.Now()
 	if err := cmd.Start(); err != nil {

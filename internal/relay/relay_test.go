@@ -39,8 +39,9 @@ func TestMain(m *testing.M) {
 // childEnv makes the test binary run a relay instead of the tests, so crash
 // tests can start it as a real process and SIGKILL it. The child reads
 // CONVERGE_POSTGRES_URL and CONVERGE_NATS_URL, and CONVERGE_RELAY_WINDOW,
-// CONVERGE_RELAY_GOGC and CONVERGE_RELAY_CPUPROFILE (a file to write a CPU
-// profile of the child to) when set.
+// CONVERGE_RELAY_STREAM_HISTORY (the stream's messages per subject; default
+// -1, all), CONVERGE_RELAY_GOGC and CONVERGE_RELAY_CPUPROFILE (a file to
+// write a CPU profile of the child to) when set.
 const childEnv = "CONVERGE_RELAY_TEST_CHILD"
 
 func runChild() int {
@@ -71,9 +72,13 @@ func runChild() int {
 	}
 	defer nc.Close()
 	window, _ := strconv.Atoi(os.Getenv("CONVERGE_RELAY_WINDOW"))
+	history := int64(-1)
+	if v, err := strconv.ParseInt(os.Getenv("CONVERGE_RELAY_STREAM_HISTORY"), 10, 64); err == nil {
+		history = v
+	}
 	cfg := relay.Config{PostgresURL: os.Getenv("CONVERGE_POSTGRES_URL"), Window: window,
 		StandbyRetry: 200 * time.Millisecond, HeartbeatInterval: 500 * time.Millisecond,
-		Stream: relay.StreamConfig{MaxMsgsPerSubject: -1}}
+		Stream: relay.StreamConfig{MaxMsgsPerSubject: history}}
 	cfg.Effects.Enabled, _ = strconv.ParseBool(os.Getenv("CONVERGE_RELAY_EFFECTS"))
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	r, err := relay.New(nc, cfg, nil, log)
