@@ -30,6 +30,7 @@ var (
 	flagRecovery  = flag.Duration("chaos.recovery", 2*time.Minute, "how long the pipeline may take to recover from one fault")
 	flagSettle    = flag.Duration("chaos.settle", 5*time.Minute, "how long the stores may take to agree once the load ends")
 	flagFailures  = flag.Float64("chaos.receiver-failures", 0.01, "fraction of webhook requests the receiver answers 503")
+	flagDelay     = flag.Duration("chaos.receiver-delay", 0, "how long the receiver takes to answer each request (a slow receiver makes the notifier lag)")
 	flagKinds     = flag.String("chaos.kinds", "", "the faults to choose from, comma-separated (default all): "+strings.Join(choices, ", "))
 	flagLogs      = flag.String("chaos.logs", "", "keep every process's log in this directory (default: a temporary one)")
 )
@@ -45,6 +46,7 @@ type runConfig struct {
 	history          int
 	recovery, settle time.Duration
 	receiverFailures float64
+	receiverDelay    time.Duration
 	kinds            []string // the choices to pick from
 	logDir           string
 }
@@ -52,7 +54,7 @@ type runConfig struct {
 func configFromFlags() runConfig {
 	c := runConfig{faults: *flagFaults, seed: *flagSeed, duration: *flagDuration, interval: *flagInterval,
 		docs: *flagDocs, producers: *flagProducers, rate: *flagRate, history: *flagHistory,
-		recovery: *flagRecovery, settle: *flagSettle, receiverFailures: *flagFailures, logDir: *flagLogs}
+		recovery: *flagRecovery, settle: *flagSettle, receiverFailures: *flagFailures, receiverDelay: *flagDelay, logDir: *flagLogs}
 	if c.seed == 0 {
 		var b [8]byte
 		_, _ = cryptorand.Read(b[:])

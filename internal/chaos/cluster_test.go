@@ -169,7 +169,7 @@ func startPipeline(t *testing.T, cfg runConfig) *pipeline {
 		}
 	}
 	secret := rand.Text()
-	p.recv, err = startReceiver([]byte(secret), cfg.seed, cfg.receiverFailures)
+	p.recv, err = startReceiver([]byte(secret), cfg.seed, cfg.receiverFailures, cfg.receiverDelay)
 	if err != nil {
 		t.Fatal(err)
 	}

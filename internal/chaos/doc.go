@@ -30,5 +30,6 @@
 // Flags: -chaos.faults, -chaos.seed, -chaos.duration, -chaos.interval,
 // -chaos.kinds, -chaos.docs, -chaos.producers, -chaos.rate,
 // -chaos.history (-1: the stream keeps every event, checked one by one),
-// -chaos.recovery, -chaos.settle, -chaos.receiver-failures, -chaos.logs.
+// -chaos.recovery, -chaos.settle, -chaos.receiver-failures,
+// -chaos.receiver-delay, -chaos.logs.
 package chaos

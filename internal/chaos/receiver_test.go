@@ -31,11 +31,14 @@ type delivery struct {
 // records every request, and answers 503 to a seeded fraction of them so
 // that retries are exercised; every other request gets 200, a repeat of
 // an effect already answered 2xx too (a receiver that deduplicates on the
-// key answers a repeat as it answered the first).
+// key answers a repeat as it answered the first). With a delay it is a
+// slow receiver, which makes the notifier fall behind the writers.
 type receiver struct {
 	srv    *http.Server
 	url    string
 	secret []byte
+
+	delay time.Duration // before each answer
 
 	mu   sync.Mutex
 	rng  *rand.Rand
@@ -43,12 +46,12 @@ type receiver struct {
 	reqs []delivery
 }
 
-func startReceiver(secret []byte, seed uint64, fail float64) (*receiver, error) {
+func startReceiver(secret []byte, seed uint64, fail float64, delay time.Duration) (*receiver, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
-	r := &receiver{secret: secret, rng: rand.New(rand.NewPCG(seed, 0x5eed)), fail: fail, url: "http://" + ln.Addr().String() + "/hook"}
+	r := &receiver{secret: secret, rng: rand.New(rand.NewPCG(seed, 0x5eed)), fail: fail, delay: delay, url: "http://" + ln.Addr().String() + "/hook"}
 	r.srv = &http.Server{Handler: r, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = r.srv.Serve(ln) }()
 	return r, nil
@@ -56,6 +59,9 @@ func startReceiver(secret []byte, seed uint64, fail float64) (*receiver, error) 
 
 func (r *receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	body, err := io.ReadAll(req.Body)
+	if r.delay > 0 {
+		time.Sleep(r.delay)
+	}
 	d := delivery{At: time.Now(), Key: req.Header.Get("Idempotency-Key")}
 	var n notifier.Notification
 	if err == nil && json.Unmarshal(body, &n) == nil {
