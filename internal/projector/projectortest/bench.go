@@ -112,7 +112,7 @@ func (c *Comparison) Report(b *testing.B, prefix string) {
 	if q < Target {
 		verdict = "MISSED"
 	}
-	b.Logf("%s: projector %.0f %s/s, raw write %.0f %s/s, ratio %.2f (target >= %.1f: %s); medians of %d rounds, ratios %s",
+	b.Logf("%s: projector %.0f %s/s, raw write %.0f %s/s, ratio %.3f (target >= %.1f: %s); medians of %d rounds, ratios %s",
 		c.Name, p, c.Unit, w, c.Unit, q, Target, verdict, len(c.rounds), fmtRatios(ratio))
 }
 
