@@ -2,12 +2,12 @@ package notifier
 
 import (
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/converge-sync/converge/internal/localaddr"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/stack/stacktest"
 	"github.com/converge-sync/converge/internal/testenv"
@@ -18,12 +18,10 @@ import (
 func TestRunServesMetrics(t *testing.T) {
 	e := newRelayedEnv(t, 1, -1)
 	rcv := newReceiver(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := localaddr.Free()
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
 	svc := stacktest.Start(t, ServiceConfig{
 		Projector: projector.ServiceConfig{NATSURL: e.n.URL, MetricsAddr: addr, Runtime: projector.Config{Name: "notifier"}},
 		Notifier:  testConfig(rcv.url("/hook")),

@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"maps"
-	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -21,6 +20,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/converge-sync/converge/internal/localaddr"
 )
 
 // Config describes the cluster to start. The zero value is usable.
@@ -618,13 +619,14 @@ func isBindError(err error) bool {
 	return false
 }
 
+// freePort is a port the cluster keeps across restarts (see
+// localaddr.Free: no outgoing connection is given it while it is down).
 func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := localaddr.FreePort()
 	if err != nil {
 		return 0, fmt.Errorf("pgcluster: pick a free port: %w", err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return port, nil
 }
 
 func fileSize(path string) int64 {

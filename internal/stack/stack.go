@@ -40,7 +40,6 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -54,6 +53,7 @@ import (
 	"github.com/converge-sync/converge/internal/config"
 	gbackends "github.com/converge-sync/converge/internal/graph/backends"
 	ibackends "github.com/converge-sync/converge/internal/index/backends"
+	"github.com/converge-sync/converge/internal/localaddr"
 	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/natsserver"
 	"github.com/converge-sync/converge/internal/notifier"
@@ -554,15 +554,9 @@ func WaitUntil(ctx, run context.Context, timeout time.Duration, cond func() bool
 	return nil
 }
 
-// FreeAddr returns a free 127.0.0.1 address.
-func FreeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer ln.Close()
-	return "127.0.0.1:" + strconv.Itoa(ln.Addr().(*net.TCPAddr).Port), nil
-}
+// FreeAddr returns a free 127.0.0.1 address for a service to listen on
+// later (see [localaddr.Free]).
+func FreeAddr() (string, error) { return localaddr.Free() }
 
 // Done is closed when a service of the stack has stopped (each runs until
 // Stop, so: failed).

@@ -3,7 +3,6 @@ package testenv
 import (
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/converge-sync/converge/internal/localaddr"
 	"github.com/converge-sync/converge/internal/proc"
 	"github.com/converge-sync/converge/pkg/contract"
 )
@@ -212,11 +212,6 @@ func natsConf(port, monitor int, storeDir string, users []*server.User) string {
 	return b.String()
 }
 
-func freeTCPPort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
-}
+// freeTCPPort is a port the server keeps across its restarts: one that
+// no outgoing connection of the machine is given while it is down.
+func freeTCPPort() (int, error) { return localaddr.FreePort() }

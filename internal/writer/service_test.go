@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/converge-sync/converge/internal/localaddr"
 	"github.com/converge-sync/converge/internal/stack/stacktest"
 	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/internal/writer"
@@ -19,12 +20,11 @@ import (
 
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := localaddr.Free()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return addr
 }
 
 func get(t *testing.T, url string) (int, string) {
