@@ -87,8 +87,11 @@ fuzz: ## run every fuzz target for FUZZTIME each (default 30s)
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeNodes$$' -fuzztime $${FUZZTIME:-30s} ./internal/graph/embedded
 
 .PHONY: bench
-bench: deps ## benchmarks; each comparison runs both sides in one run and prints the ratio (starts a Neo4j server for the graph's)
-	NEO4J_HEAP=$${NEO4J_HEAP:-2g} bash scripts/neo4j-server.sh run -- $(MAKE) --no-print-directory bench-run
+bench: deps ## benchmarks; each comparison runs both sides in one run and prints the ratio, then one summary table (starts a Neo4j server for the graph's)
+	@mkdir -p $(BIN)
+	@bash -o pipefail -c 'NEO4J_HEAP=$${NEO4J_HEAP:-2g} bash scripts/neo4j-server.sh run -- $(MAKE) --no-print-directory bench-run 2>&1 | tee $(BIN)/bench.out'; \
+	status=$$?; echo; echo "make bench: summary (this machine's figures; the ratios are the targets)"; \
+	bash scripts/bench-summary.sh $(BIN)/bench.out; exit $$status
 
 .PHONY: bench-run
 bench-run: ## the benchmarks of make bench, on the Neo4j server of CONVERGE_TEST_NEO4J_URL (or one each package starts)
@@ -97,7 +100,7 @@ bench-run: ## the benchmarks of make bench, on the Neo4j server of CONVERGE_TEST
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count $${RELAY_RUNS:-3} ./internal/relay
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count 3 ./internal/index ./internal/graph
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -count 1 ./internal/index/embedded ./internal/graph/embedded ./internal/index/qdrant ./internal/embed ./internal/storage/wal
-	$(GO) test -run '^$$' -bench BenchmarkApplyNeo4j -benchtime 50x -count 3 ./internal/graph/neo4j
+	$(GO) test -run '^$$' -bench 'BenchmarkApplyNeo4j|BenchmarkProjectorNeo4j' -benchtime 50x -count 3 ./internal/graph/neo4j
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 15m ./cmd/converge
 
 .PHONY: lint

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/converge-sync/converge/internal/benchsummary"
 	"github.com/converge-sync/converge/internal/chunking"
 	"github.com/converge-sync/converge/internal/docstore"
 	"github.com/converge-sync/converge/pkg/contract"
@@ -26,6 +27,9 @@ import (
 // same key-lock statement, in one pipeline, as Store.Apply does, so it
 // measures the database cost of exactly what the store sends.
 const rawApplySQL = docstore.ApplySQL
+
+// writerTarget is the writer's rate over its raw statement's, at least.
+const writerTarget = 0.8
 
 // applyShape is one way of writing: documents per statement, concurrent
 // connections, and statements per side in one measured phase.
@@ -175,7 +179,10 @@ func benchApply(b *testing.B, sh applyShape) {
 	b.ReportMetric(wRate, "writer_docs/s")
 	b.ReportMetric(rRate, "raw_docs/s")
 	b.ReportMetric(wRate/rRate, "ratio")
-	b.Logf("%s: writer %.0f docs/s, raw %.0f docs/s, ratio %.2f", sh.name, wRate, rRate, wRate/rRate)
+	b.Logf("%s: writer %.0f docs/s, raw %.0f docs/s, ratio %.2f (target >= %.1f)", sh.name, wRate, rRate, wRate/rRate, writerTarget)
+	benchsummary.Log(b, benchsummary.Row{Target: "writer / its raw statement, " + sh.name,
+		Figure: fmt.Sprintf("%.0f docs/s", wRate), Limit: fmt.Sprintf("%.0f docs/s", rRate), Ratio: wRate / rRate,
+		Goal: fmt.Sprintf(">= %.1f", writerTarget), Met: wRate/rRate >= writerTarget})
 	b.Logf("%s: %d phases per side, %d docs per statement, %d connections, bodies %d bytes and %.2f chunks on average",
 		sh.name, round, sh.docsPerStmt, sh.workers, gen.bodyBytes/gen.n, float64(rawChunks)/float64(rDocs))
 }

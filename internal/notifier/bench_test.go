@@ -27,6 +27,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/converge-sync/converge/internal/benchsummary"
 	"github.com/converge-sync/converge/internal/chunking"
 	"github.com/converge-sync/converge/internal/docstore"
 	"github.com/converge-sync/converge/internal/projector"
@@ -148,6 +149,9 @@ func BenchmarkNotifier(b *testing.B) {
 	b.Logf("notifier: %.0f effects/s through claim, send and mark; the same POSTs without the protocol %.0f/s (ratio %.2f); "+
 		"writer %.0f single-document PUTs/s (keeps_up %.2f); %d round(s) of %d effects, %d PUTs",
 		effectRate, plainRate, effectRate/plainRate, writerRate, effectRate/writerRate, round, n, writerBenchDocs)
+	benchsummary.Log(b, benchsummary.Row{Target: "notifier effects / the writer's single-document PUTs",
+		Figure: fmt.Sprintf("%.0f effects/s", effectRate), Limit: fmt.Sprintf("%.0f PUTs/s", writerRate), Ratio: effectRate / writerRate,
+		Goal: ">= 1 (keeps up)", Met: effectRate >= writerRate})
 }
 
 // benchNATS is an embedded JetStream server holding the streams as the

@@ -24,6 +24,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/converge-sync/converge/internal/benchsummary"
 	"github.com/converge-sync/converge/internal/pgcluster"
 	"github.com/converge-sync/converge/internal/testenv"
 
@@ -108,6 +109,11 @@ func BenchmarkRelayBacklog(b *testing.B) {
 		backlogEvents, recvRate, relayRate, recvRatio)
 	b.Logf("relay backlog of %d 1 KB events: decode limit %.0f events/s, relay %.0f events/s, ratio %.2f (target >= 0.60), relay peak RSS %.1f MiB (target < 100)",
 		backlogEvents, decodeRate, relayRate, ratio, rssMiB)
+	benchsummary.Log(b, benchsummary.Row{Target: "relay / pg_recvlogical, backlog of 200,000 1 KB events",
+		Figure: fmt.Sprintf("%.0f events/s", relayRate), Limit: fmt.Sprintf("%.0f events/s", recvRate), Ratio: recvRatio,
+		Goal: ">= 0.70", Met: recvRatio >= 0.7})
+	benchsummary.Log(b, benchsummary.Row{Target: "relay peak RSS over the backlog (flat: bounded by the window)",
+		Figure: fmt.Sprintf("%.1f MiB", rssMiB), Limit: "100 MiB", Ratio: rssMiB / 100, Goal: "< 1", Met: rssMiB < 100})
 }
 
 // backlogRounds counts the iterations of every call of

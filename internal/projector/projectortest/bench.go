@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/converge-sync/converge/internal/benchsummary"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/pkg/contract"
@@ -114,6 +115,9 @@ func (c *Comparison) Report(b *testing.B, prefix string) {
 	}
 	b.Logf("%s: projector %.0f %s/s, raw write %.0f %s/s, ratio %.3f (target >= %.1f: %s); medians of %d rounds, ratios %s",
 		c.Name, p, c.Unit, w, c.Unit, q, Target, verdict, len(c.rounds), fmtRatios(ratio))
+	benchsummary.Log(b, benchsummary.Row{Target: "projector / its store's raw write, " + c.Name,
+		Figure: fmt.Sprintf("%.0f %s/s", p, c.Unit), Limit: fmt.Sprintf("%.0f %s/s", w, c.Unit), Ratio: q,
+		Goal: fmt.Sprintf(">= %.1f", Target), Met: q >= Target})
 }
 
 func median(xs []float64) float64 {
