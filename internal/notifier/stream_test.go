@@ -24,20 +24,26 @@ import (
 // effects' stream bounded by maxBytes (-1: unbounded).
 func newRelayedEnv(t *testing.T, history, maxBytes int64) *env {
 	t.Helper()
+	e := newBareEnv(t)
+	cfg := relay.Config{Stream: relay.StreamConfig{MaxMsgsPerSubject: history},
+		Effects: relay.EffectsConfig{Enabled: true, MaxBytes: maxBytes}}
+	if _, err := relay.EnsureStream(context.Background(), e.js, cfg.Stream); err != nil {
+		t.Fatal(err)
+	}
+	e.effectsStream(cfg)
+	return e
+}
+
+// newBareEnv is a NATS server without any stream.
+func newBareEnv(t *testing.T) *env {
+	t.Helper()
 	n := testenv.StartNATS(t)
 	nc := n.Connect(t)
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &env{t: t, n: n, nc: nc, js: js}
-	cfg := relay.Config{Stream: relay.StreamConfig{MaxMsgsPerSubject: history},
-		Effects: relay.EffectsConfig{Enabled: true, MaxBytes: maxBytes}}
-	if _, err := relay.EnsureStream(context.Background(), js, cfg.Stream); err != nil {
-		t.Fatal(err)
-	}
-	e.effectsStream(cfg)
-	return e
+	return &env{t: t, n: n, nc: nc, js: js}
 }
 
 // effectsStream creates (or updates) the effects' stream as the relay does.
@@ -215,13 +221,8 @@ func TestEventsTheEffectsStreamDropsAreReported(t *testing.T) {
 // effects' stream began, deletes it, then consumes the effects' stream;
 // the events in both are sent once.
 func TestMigrationFinishesTheOldConsumerThenMoves(t *testing.T) {
-	n := testenv.StartNATS(t)
-	nc := n.Connect(t)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &env{t: t, n: n, nc: nc, js: js}
+	e := newBareEnv(t)
+	js := e.js
 	cfg := relay.Config{Stream: relay.StreamConfig{MaxMsgsPerSubject: -1}, Effects: relay.EffectsConfig{Enabled: true}}
 	if _, err := relay.EnsureStream(context.Background(), js, cfg.Stream); err != nil {
 		t.Fatal(err)
@@ -295,11 +296,7 @@ func TestMigrationFinishesTheOldConsumerThenMoves(t *testing.T) {
 // Without the effects' stream the notifier waits, saying what to do; it
 // refuses a stream of that name that is not a work queue.
 func TestWaitForTheEffectsStream(t *testing.T) {
-	n := testenv.StartNATS(t)
-	js, err := jetstream.New(n.Connect(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := newBareEnv(t).js
 	saved := StreamWait
 	StreamWait = 20 * time.Millisecond
 	t.Cleanup(func() { StreamWait = saved })

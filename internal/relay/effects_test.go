@@ -50,15 +50,9 @@ func readEvents(t *testing.T, js jetstream.JetStream) []*jetstream.RawStreamMsg 
 func TestRelayPublishesEveryEventToTheEffectsStream(t *testing.T) {
 	f := newFixture(t)
 	metrics := relay.NewMetrics(nil)
-	cfg := relay.Config{PostgresURL: f.dbURL, StatusInterval: 50 * time.Millisecond,
+	cfg := relay.Config{StatusInterval: 50 * time.Millisecond,
 		Stream: relay.StreamConfig{MaxMsgsPerSubject: 2}, Effects: relay.EffectsConfig{Enabled: true}}
-	r, err := relay.New(f.nats.Connect(t), cfg, metrics, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
+	stop := runUntilStopped(t, f, cfg, metrics)
 	f.waitSlot(t)
 	const docs, versions = 100, 5
 	for v := int64(1); v <= versions; v++ {
@@ -95,26 +89,15 @@ func TestRelayPublishesEveryEventToTheEffectsStream(t *testing.T) {
 	if got := testutil.ToFloat64(metrics.EffectsPublished); got != docs*versions {
 		t.Fatalf("effects published: %v, want %d", got, docs*versions)
 	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	stop()
 
 	again := relay.NewMetrics(nil)
-	r, err = relay.New(f.nats.Connect(t), cfg, again, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel = context.WithCancel(context.Background())
-	go func() { done <- r.Run(ctx) }()
+	stop = runUntilStopped(t, f, cfg, again)
 	f.write(t, 0, 1, versions+1)
 	testenv.Eventually(t, "the new event in the effects' stream", 20*time.Second, func() bool {
 		return streamInfo(t, f.js, contract.EventsStream).State.Msgs == docs*versions+1
 	})
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	stop()
 	if d := testutil.ToFloat64(again.EffectsDuplicates) + testutil.ToFloat64(again.Duplicates); d != 0 {
 		t.Fatalf("the restart republished %v events", d)
 	}
@@ -129,15 +112,9 @@ func TestRelayPublishesEveryEventToTheEffectsStream(t *testing.T) {
 func TestRelayConfirmsOnlyWhatBothStreamsStored(t *testing.T) {
 	f := newFixture(t)
 	metrics := relay.NewMetrics(nil)
-	cfg := relay.Config{PostgresURL: f.dbURL, StandbyRetry: 100 * time.Millisecond,
+	cfg := relay.Config{StandbyRetry: 100 * time.Millisecond,
 		Stream: relay.StreamConfig{MaxMsgsPerSubject: -1}, Effects: relay.EffectsConfig{Enabled: true}}
-	r, err := relay.New(f.nats.Connect(t), cfg, metrics, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
+	stop := runUntilStopped(t, f, cfg, metrics)
 	f.waitSlot(t)
 	f.write(t, 0, 50, 1)
 	testenv.Eventually(t, "50 events in the effects' stream", 20*time.Second, func() bool {
@@ -157,10 +134,7 @@ func TestRelayConfirmsOnlyWhatBothStreamsStored(t *testing.T) {
 		return streamInfo(t, f.js, contract.EventsStream).State.Msgs == 300 && streamInfo(t, f.js, contract.DocsStream).State.Msgs == 300
 	})
 	waitConfirmedPastNow(t, f.pool, "converge_relay", 10*time.Second)
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	stop()
 	seen := map[string]bool{}
 	for _, m := range readEvents(t, f.js) {
 		id := m.Header.Get(jetstream.MsgIDHeader)
@@ -193,14 +167,35 @@ func TestRelayWithoutEffectsWarnsWhenTheStreamExists(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
+	stop := run(t, r)
 	testenv.Eventually(t, "the warning", 10*time.Second, func() bool {
 		return strings.Contains(logs.String(), "the effects' stream exists but this relay runs without -effects")
 	})
-	cancel()
-	if err := <-done; err != nil {
+	stop()
+}
+
+// runUntilStopped runs a relay with cfg over the fixture's database and
+// server until the returned stop, which checks that Run ended cleanly.
+func runUntilStopped(t *testing.T, f *fixture, cfg relay.Config, metrics *relay.Metrics) (stop func()) {
+	t.Helper()
+	cfg.PostgresURL = f.dbURL
+	r, err := relay.New(f.nats.Connect(t), cfg, metrics, nil)
+	if err != nil {
 		t.Fatal(err)
+	}
+	return run(t, r)
+}
+
+// run runs r until the returned stop.
+func run(t *testing.T, r *relay.Relay) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	return func() {
+		t.Helper()
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
 	}
 }
