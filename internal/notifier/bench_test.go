@@ -311,37 +311,17 @@ func plainPosts(b *testing.B, hookURL string, recv *benchReceiver, evs []contrac
 	// A Notifier without New: no dedup store, only what post uses.
 	n := &Notifier{cfg: cfg, client: newClient(cfg.Concurrency), metrics: NewMetrics(nil), log: discardLogger()}
 	t := &target{url: hookURL, name: redact(hookURL), effect: effectName(hookURL)}
-	var next atomic.Int64
-	var errOnce sync.Once
-	var firstErr error
-	var wg sync.WaitGroup
-	start := time.Now()
-	pprof.Do(context.Background(), pprof.Labels("side", "plain"), func(ctx context.Context) {
-		for range cfg.Concurrency {
-			wg.Go(func() {
-				for {
-					i := int(next.Add(1) - 1)
-					if i >= len(evs) {
-						return
-					}
-					ev := &evs[i]
-					effect := contract.EffectID(t.effect, ev.ID)
-					body, err := encodeNotification(effect, ev)
-					if err == nil {
-						err = n.post(ctx, t, effect, ev, body, 1)
-					}
-					if err != nil {
-						errOnce.Do(func() { firstErr = err })
-						return
-					}
-				}
-			})
+	took, err := inParallel(context.Background(), "plain", cfg.Concurrency, len(evs), func(ctx context.Context, i int) error {
+		ev := &evs[i]
+		effect := contract.EffectID(t.effect, ev.ID)
+		body, err := encodeNotification(effect, ev)
+		if err != nil {
+			return err
 		}
-		wg.Wait()
+		return n.post(ctx, t, effect, ev, body, 1)
 	})
-	took := time.Since(start)
-	if firstErr != nil {
-		b.Fatal(firstErr)
+	if err != nil {
+		b.Fatal(err)
 	}
 	recv.expectOnce(b, hookURL, evs)
 	return took
@@ -524,31 +504,11 @@ func (w *benchWriter) putSingles(ctx context.Context, b *testing.B, run string, 
 		}
 		bodies[i], keys[i] = body, w.srv.URL+"/v1/documents/"+url.PathEscape(d.Key)
 	}
-	var next atomic.Int64
-	var errOnce sync.Once
-	var firstErr error
-	var wg sync.WaitGroup
-	start := time.Now()
-	pprof.Do(ctx, pprof.Labels("side", "writer"), func(ctx context.Context) {
-		for range writerBenchClients {
-			wg.Go(func() {
-				for {
-					i := int(next.Add(1) - 1)
-					if i >= n {
-						return
-					}
-					if err := w.put(ctx, keys[i], bodies[i]); err != nil {
-						errOnce.Do(func() { firstErr = err })
-						return
-					}
-				}
-			})
-		}
-		wg.Wait()
+	took, err := inParallel(ctx, "writer", writerBenchClients, n, func(ctx context.Context, i int) error {
+		return w.put(ctx, keys[i], bodies[i])
 	})
-	took := time.Since(start)
-	if firstErr != nil {
-		b.Fatal(firstErr)
+	if err != nil {
+		b.Fatal(err)
 	}
 	return took
 }
@@ -569,4 +529,33 @@ func (w *benchWriter) put(ctx context.Context, u string, body []byte) error {
 		return fmt.Errorf("writer: PUT %s: %s, result %q, %v", u, resp.Status, r.Result, err)
 	}
 	return nil
+}
+
+// inParallel calls do for 0..n-1 from workers goroutines carrying the
+// pprof label side (so that a profile splits by side), stopping at the
+// first error, and returns how long it took.
+func inParallel(ctx context.Context, side string, workers, n int, do func(ctx context.Context, i int) error) (time.Duration, error) {
+	var next atomic.Int64
+	var errOnce sync.Once
+	var firstErr error
+	var wg sync.WaitGroup
+	start := time.Now()
+	pprof.Do(ctx, pprof.Labels("side", side), func(ctx context.Context) {
+		for range workers {
+			wg.Go(func() {
+				for {
+					i := int(next.Add(1) - 1)
+					if i >= n {
+						return
+					}
+					if err := do(ctx, i); err != nil {
+						errOnce.Do(func() { firstErr = err })
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+	})
+	return time.Since(start), firstErr
 }
