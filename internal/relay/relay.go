@@ -221,15 +221,19 @@ func (r *Relay) session(ctx context.Context) error {
 	r.metrics.Active.Set(1)
 	r.log.Info("relaying", "slot", r.cfg.Slot, "from_lsn", start.String(), "stream", r.cfg.Stream.Name, "effects_stream", effects)
 	err = s.loop(ctx)
-	if err != nil && ctx.Err() == nil {
+	var pe *publishError
+	if err != nil && ctx.Err() == nil && !errors.As(err, &pe) {
 		s.recordOnError()
 	}
 	return err
 }
 
-// recordOnError records, when a session fails (Postgres went away), the
-// transactions acknowledged since the last status update: the slot will
-// resend them, and the next session need not publish them again.
+// recordOnError records, when a session fails because Postgres went away,
+// the transactions acknowledged since the last status update: the slot
+// will resend them, and the next session need not publish them again. Not
+// when publishing failed: a NATS server that died may not have written the
+// messages it acknowledged last (it acknowledges before its file store
+// writes them out), and those must be published again.
 func (s *session) recordOnError() {
 	// The acknowledgements on their way, for a second at most; a failed
 	// publish ends the wait.
