@@ -118,9 +118,9 @@ func parseInterspersed(f *config.Flags, args []string) ([]string, error) {
 	}
 }
 
-// openDLQ connects to NATS and opens the dead-letter queue. The caller
-// closes the connection.
-func openDLQ(ctx context.Context, url string, credentials func() (natsauth.ClientConfig, error)) (*nats.Conn, *deadletter.Queue, error) {
+// connectJetStream connects to NATS at url, named name, with the
+// credentials the command's flags gave. The caller closes the connection.
+func connectJetStream(url, name string, credentials func() (natsauth.ClientConfig, error)) (*nats.Conn, jetstream.JetStream, error) {
 	na, err := credentials()
 	if err != nil {
 		return nil, nil, err
@@ -129,13 +129,23 @@ func openDLQ(ctx context.Context, url string, credentials func() (natsauth.Clien
 	if err != nil {
 		return nil, nil, err
 	}
-	nc, err := nats.Connect(url, append(opts, nats.Name("converge-dlq"))...)
+	nc, err := nats.Connect(url, append(opts, nats.Name(name))...)
 	if err != nil {
-		return nil, nil, fmt.Errorf("dlq: connect nats: %w", err)
+		return nil, nil, fmt.Errorf("connect nats: %w", err)
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		nc.Close()
+		return nil, nil, err
+	}
+	return nc, js, nil
+}
+
+// openDLQ connects to NATS and opens the dead-letter queue. The caller
+// closes the connection.
+func openDLQ(ctx context.Context, url string, credentials func() (natsauth.ClientConfig, error)) (*nats.Conn, *deadletter.Queue, error) {
+	nc, js, err := connectJetStream(url, "converge-dlq", credentials)
+	if err != nil {
 		return nil, nil, fmt.Errorf("dlq: %w", err)
 	}
 	q, err := deadletter.Open(ctx, js)

@@ -7,9 +7,6 @@ import (
 	"io"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/projector"
@@ -52,23 +49,11 @@ func replay(ctx context.Context, args []string, out io.Writer) error {
 	case *fromSeq == 0:
 		return errors.New("replay: give --from-seq N or --from-time T")
 	}
-	na, err := natsAuth()
+	nc, js, err := connectJetStream(*natsURL, "converge-replay", natsAuth)
 	if err != nil {
 		return err
-	}
-	natsOpts, err := na.Options()
-	if err != nil {
-		return err
-	}
-	nc, err := nats.Connect(*natsURL, append(natsOpts, nats.Name("converge-replay"))...)
-	if err != nil {
-		return fmt.Errorf("connect nats: %w", err)
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
 	pending, err := projector.Replay(ctx, js, *stream, names[0], projector.ReplayFrom{Seq: uint64(*fromSeq), Time: start})
 	if err != nil {
 		return err

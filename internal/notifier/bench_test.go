@@ -3,9 +3,6 @@ package notifier
 import (
 	"bytes"
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -354,9 +351,7 @@ func (r *benchReceiver) serve(w http.ResponseWriter, req *http.Request) {
 		w.WriteHeader(http.StatusBadRequest)
 		return
 	}
-	mac := hmac.New(sha256.New, testSecret)
-	mac.Write([]byte(req.Header.Get(HeaderTimestamp) + "." + string(body)))
-	signed := req.Header.Get(HeaderSignature) == "sha256="+hex.EncodeToString(mac.Sum(nil))
+	signed := signedRight(testSecret, req.Header, body)
 	key := req.Header.Get(HeaderIdempotencyKey)
 	r.mu.Lock()
 	r.seen[req.URL.Path+" "+key]++

@@ -340,3 +340,39 @@ func TestWaitForTheEffectsStream(t *testing.T) {
 		t.Fatalf("a limits stream named %s: %v", contract.EventsStream, err)
 	}
 }
+
+// An effects' stream that does not say where in the documents' stream it
+// began (not made by the relay) leaves the old consumer alone: finishing
+// it up to an unknown sequence could skip or repeat events, so Migrate
+// refuses, naming what to do, and deletes nothing.
+func TestMigrationRefusesAStreamThatDoesNotSayWhereItBegan(t *testing.T) {
+	e := newBareEnv(t)
+	ctx := context.Background()
+	if _, err := relay.EnsureStream(ctx, e.js, relay.StreamConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.js.CreateOrUpdateConsumer(ctx, contract.DocsStream, jetstream.ConsumerConfig{Durable: "notifier",
+		AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: contract.DocsSubjectPrefix + ">"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.js.CreateStream(ctx, jetstream.StreamConfig{Name: contract.EventsStream, Retention: jetstream.WorkQueuePolicy,
+		Subjects: []string{contract.EventsSubjectPrefix + ">"}}); err != nil {
+		t.Fatal(err)
+	}
+	info, err := WaitForStream(ctx, e.js, DefaultWindow, discardLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := New(ctx, e.js, testConfig("http://127.0.0.1:9/hook"), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = n.Close() }()
+	_, err = Migrate(ctx, e.js, n, RuntimeConfig(projector.Config{Name: "notifier"}), info, discardLogger())
+	if err == nil || !strings.Contains(err.Error(), "cannot be finished safely") || !strings.Contains(err.Error(), "nats consumer rm") {
+		t.Fatalf("Migrate over a stream without %s: %v", contract.MetaEventsDocsSeq, err)
+	}
+	if _, err := e.js.Consumer(ctx, contract.DocsStream, "notifier"); err != nil {
+		t.Fatalf("the old consumer after the refusal: %v, want it kept", err)
+	}
+}
