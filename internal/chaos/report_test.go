@@ -136,7 +136,7 @@ func summary(s summaryFigures) string {
 	row("stored duplicates (copies beyond the first)", "%d, of %d events; by cause %s", s.stream.Duplicates, s.stream.DuplicateEvents, causes(s.stream.ByCause))
 	row("stored events not in the outbox", "%d", s.stream.Phantoms)
 	row("keys without their newest event stored", "%d", s.stream.MissingNewest)
-	row("keys with a version skipped in the stream", "%d", s.stream.Gaps)
+	row("keys with a version skipped in the stream", "%d out of commit order; %d pushed out of the history by an older version stored again (a duplicate)", s.stream.Gaps, s.stream.GapsByDuplicate)
 	if s.stream.MissingAll >= 0 {
 		row("outbox events not stored", "%d", s.stream.MissingAll)
 	}

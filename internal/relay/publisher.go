@@ -45,6 +45,17 @@ type publisher struct {
 	// began: a publish in flight across a reconnect may be lost with the old
 	// connection, so its acknowledgement is not waited for.
 	reconnects uint64
+	// status hears every change of the connection's state after the
+	// session began, synchronously (the connection sends it under its lock
+	// before the change takes effect). Once the connection was lost, the
+	// session publishes nothing more: what the old connection had not
+	// delivered is lost, and a later message reaching the new server
+	// first would be stored out of commit order, before an older version
+	// of its document that the next session publishes again.
+	status chan nats.Status
+	lost   bool
+	// last is when the newest acknowledgement arrived (unix nanoseconds).
+	last atomic.Int64
 
 	msg nats.Msg // reused: PublishMsg encodes it before returning
 	id  []string // the Nats-Msg-Id header's value
@@ -79,15 +90,22 @@ func newPublisher(nc *nats.Conn, stream, effects string, window int) (*publisher
 		p.replies[i] = p.prefix + strconv.Itoa(i)
 	}
 	p.msg.Header = nats.Header{jetstream.MsgIDHeader: p.id}
+	p.status = nc.StatusChanged(nats.DISCONNECTED, nats.RECONNECTING, nats.CONNECTED, nats.CLOSED)
 	p.reconnects = nc.Stats().Reconnects
+	if st := nc.Status(); st != nats.CONNECTED {
+		nc.RemoveStatusListener(p.status)
+		return nil, fmt.Errorf("relay: the NATS connection is %v", st)
+	}
 	sub, err := nc.Subscribe(p.prefix+"*", p.onAck)
 	if err != nil {
+		nc.RemoveStatusListener(p.status)
 		return nil, fmt.Errorf("relay: subscribe to acknowledgements: %w", err)
 	}
 	// The window bounds what can be pending on it; never drop an ack as a
 	// slow consumer.
 	if err := sub.SetPendingLimits(-1, -1); err != nil {
 		_ = sub.Unsubscribe()
+		nc.RemoveStatusListener(p.status)
 		return nil, fmt.Errorf("relay: acknowledgement subscription: %w", err)
 	}
 	p.sub = sub
@@ -96,13 +114,34 @@ func newPublisher(nc *nats.Conn, stream, effects string, window int) (*publisher
 
 // close stops listening: acknowledgements of this session that are still
 // on their way are dropped, and the next session republishes.
-func (p *publisher) close() { _ = p.sub.Unsubscribe() }
+func (p *publisher) close() {
+	_ = p.sub.Unsubscribe()
+	p.nc.RemoveStatusListener(p.status)
+}
+
+// connectionLost reports whether the connection's state changed since the
+// session began (a disconnect, a reconnect, a close): a channel receive,
+// not a lock of the connection.
+func (p *publisher) connectionLost() bool {
+	if p.lost {
+		return true
+	}
+	select {
+	case <-p.status:
+		p.lost = true
+	default:
+	}
+	return p.lost
+}
 
 // publish sends one message and returns its sequence. msgID is its
 // Nats-Msg-Id; commitTimeHdr is the value of the commit-time header, shared
 // by a transaction's messages; reemission, when not nil, the value of the
 // re-emission header; effects says the subject is the effects' stream's.
 func (p *publisher) publish(subject, msgID string, commitTimeHdr, reemission []string, data []byte, effects bool) (uint64, error) {
+	if p.connectionLost() {
+		return 0, errReconnected
+	}
 	seq := p.next
 	i := seq % uint64(len(p.slots))
 	p.slots[i].err = nil
@@ -122,6 +161,14 @@ func (p *publisher) publish(subject, msgID string, commitTimeHdr, reemission []s
 		return 0, err
 	}
 	p.next++
+	// Lost while this one was written: it may be in the reconnect buffer,
+	// bound for the new server after messages the old one never got. The
+	// relay's own connection has no such buffer (such a publish fails);
+	// one shared with other services has, and this ends the session before
+	// anything newer follows it.
+	if p.connectionLost() {
+		return seq, errReconnected
+	}
 	return seq, nil
 }
 
@@ -139,9 +186,14 @@ func (p *publisher) outcome(seq uint64) (uint32, error) {
 // outcome reported it no longer waiting.
 func (p *publisher) ackedAt(seq uint64) time.Time { return p.slots[seq%uint64(len(p.slots))].at }
 
+// lastAck is when the newest acknowledgement of the session arrived.
+func (p *publisher) lastAck() time.Time { return time.Unix(0, p.last.Load()) }
+
 // reconnected reports whether the connection was re-established since the
 // session began.
-func (p *publisher) reconnected() bool { return p.nc.Stats().Reconnects != p.reconnects }
+func (p *publisher) reconnected() bool {
+	return p.connectionLost() || p.nc.Stats().Reconnects != p.reconnects
+}
 
 // onAck records an acknowledgement: runs on the subscription's goroutine.
 func (p *publisher) onAck(m *nats.Msg) {
@@ -151,6 +203,7 @@ func (p *publisher) onAck(m *nats.Msg) {
 	}
 	s := &p.slots[i]
 	s.at = time.Now()
+	p.last.Store(s.at.UnixNano())
 	stream := p.stream
 	if s.effects {
 		stream = p.effects
@@ -221,7 +274,7 @@ func truncate(b []byte, n int) []byte {
 // the message or its reply was lost (a NATS restart, a partition).
 var errAckTimeout = errors.New("no acknowledgement in time")
 
-// errReconnected is a publish awaiting its acknowledgement when the NATS
-// connection was re-established: the message or its acknowledgement may
-// have been lost with the old connection.
-var errReconnected = errors.New("the NATS connection was re-established while publishes awaited acknowledgement")
+// errReconnected is a publish awaiting its acknowledgement, or about to
+// be sent, when the NATS connection was lost: the message or its
+// acknowledgement may have been lost with the old connection.
+var errReconnected = errors.New("the NATS connection was lost while publishes awaited acknowledgement")

@@ -182,3 +182,96 @@ func TestPublisherParseAck(t *testing.T) {
 		t.Fatal("the reply for slot 1 was not recorded")
 	}
 }
+
+// Once the connection was lost, a session's publisher sends nothing more,
+// even after the connection is back: what the old connection had not
+// delivered is lost, and a newer message reaching the new server first
+// would be stored before an older one the next session publishes again.
+// A publish while reconnecting fails on the relay's own connection (no
+// reconnect buffer) rather than waiting in a buffer for the new server.
+func TestPublisherStopsOnceTheConnectionWasLost(t *testing.T) {
+	n, err := testenv.StartNATSAt(t.TempDir(), -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	current := n
+	t.Cleanup(func() { current.Shutdown() })
+	reconnected := make(chan struct{}, 1)
+	nc, err := nats.Connect(n.URL, nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond), nats.ReconnectBufSize(-1),
+		nats.ReconnectHandler(func(*nats.Conn) { reconnected <- struct{}{} }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "DOCS", Subjects: []string{"docs.>"}, Duplicates: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := newPublisher(nc, "DOCS", "", 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	hdr := []string{"2026-01-02T03:04:05Z"}
+	seq, err := p.publish("docs.a", "id-1", hdr, nil, []byte("v1"), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := awaitOutcome(t, p, seq); st != ackStored {
+		t.Fatalf("before the restart: state %d, err %v", st, err)
+	}
+
+	n.Shutdown()
+	testenv.Eventually(t, "the connection to notice", 5*time.Second, func() bool { return nc.Status() != nats.CONNECTED })
+	if _, err := p.publish("docs.a", "id-2", hdr, nil, []byte("v2"), false); !errors.Is(err, errReconnected) {
+		t.Fatalf("publish while reconnecting: %v, want %v", err, errReconnected)
+	}
+	// Not the publisher's own check: the connection itself refuses.
+	if err := nc.Publish("docs.a", []byte("v2")); !errors.Is(err, nats.ErrReconnectBufExceeded) {
+		t.Fatalf("a plain publish while reconnecting: %v, want %v", err, nats.ErrReconnectBufExceeded)
+	}
+	restarted, err := testenv.StartNATSAt(n.StoreDir, n.Port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	current = restarted
+	select {
+	case <-reconnected:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no reconnect within 10s")
+	}
+	if !p.reconnected() {
+		t.Fatal("the publisher does not know the connection was re-established")
+	}
+	if _, err := p.publish("docs.a", "id-3", hdr, nil, []byte("v3"), false); !errors.Is(err, errReconnected) {
+		t.Fatalf("publish after the reconnect, same session: %v, want %v", err, errReconnected)
+	}
+	// The next session's publisher publishes again.
+	p2, err := newPublisher(nc, "DOCS", "", 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p2.close()
+	seq, err = p2.publish("docs.a", "id-3", hdr, nil, []byte("v3"), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := awaitOutcome(t, p2, seq); st != ackStored {
+		t.Fatalf("next session: state %d, err %v", st, err)
+	}
+	stream, err := js.Stream(ctx, "DOCS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 2 {
+		t.Fatalf("stream holds %d messages, want 2 (v1, then v3 from the next session)", info.State.Msgs)
+	}
+}

@@ -42,6 +42,33 @@ type Relay struct {
 
 	active    atomic.Bool
 	confirmed atomic.Uint64
+
+	// stored is, after a session that publishing ended, where the
+	// transactions the server had surely written end (see
+	// [session.storedUpTo]); the next session of this process does not
+	// publish them again. Only the sessions' goroutine uses it.
+	stored storedPosition
+}
+
+// storedPosition is a position in one Postgres system's WAL.
+type storedPosition struct {
+	lsn      pglogrepl.LSN
+	systemID string
+	timeline int32
+}
+
+// flushMargin is how long after acknowledging a message a live NATS server
+// has surely written it to its file store: it acknowledges before it
+// writes (within milliseconds, measured). A transaction whose every
+// acknowledgement arrived this long before the last acknowledgement of a
+// session is stored even if the server died right after that last one.
+const flushMargin = 500 * time.Millisecond
+
+// txAck is a confirmed transaction's end and when the newest
+// acknowledgement consumed by then arrived.
+type txAck struct {
+	end pglogrepl.LSN
+	at  time.Time
 }
 
 // New returns a relay publishing over nc.
@@ -136,6 +163,9 @@ func replicationURL(dsn string) (string, error) {
 }
 
 func (r *Relay) session(ctx context.Context) error {
+	if err := r.awaitConnection(ctx); err != nil {
+		return err
+	}
 	// Ensured at every session, not once: a NATS outage at start, or a
 	// deleted stream, is a reason to retry, not to exit.
 	if _, err := EnsureStream(ctx, r.js, r.cfg.Stream); err != nil {
@@ -196,7 +226,13 @@ func (r *Relay) session(ctx context.Context) error {
 			r.log.Warn("the slot is behind the position this relay recorded (Postgres saved the slot before its last confirmation, then restarted): transactions committed before the recorded position are already in the streams and are not published again",
 				"slot", r.cfg.Slot, "slot_lsn", start.String(), "recorded_lsn", skipUntil.String())
 		}
+		if st := r.stored; st.lsn > start && st.lsn > skipUntil && st.systemID == sys.SystemID && st.timeline == sys.Timeline {
+			skipUntil = st.lsn
+			r.log.Info("resuming after a publishing failure: transactions the NATS server surely stored are not published again",
+				"slot", r.cfg.Slot, "slot_lsn", start.String(), "stored_lsn", st.lsn.String())
+		}
 	}
+	r.stored = storedPosition{}
 	err = pglogrepl.StartReplication(ctx, conn, r.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
 		PluginArgs: []string{"proto_version '1'", "publication_names '" + r.cfg.Publication + "'", "messages 'true'"},
 	})
@@ -222,10 +258,68 @@ func (r *Relay) session(ctx context.Context) error {
 	r.log.Info("relaying", "slot", r.cfg.Slot, "from_lsn", start.String(), "stream", r.cfg.Stream.Name, "effects_stream", effects)
 	err = s.loop(ctx)
 	var pe *publishError
-	if err != nil && ctx.Err() == nil && !errors.As(err, &pe) {
+	switch {
+	case err == nil || ctx.Err() != nil:
+	case errors.As(err, &pe):
+		if lsn := s.storedUpTo(); lsn > start {
+			r.stored = storedPosition{lsn: lsn, systemID: sys.SystemID, timeline: sys.Timeline}
+			// The slot too, so that a standby taking it over starts
+			// there; best effort (this process remembers it anyway).
+			if lsn > s.reported {
+				sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				_ = pglogrepl.SendStandbyStatusUpdate(sctx, conn, pglogrepl.StandbyStatusUpdate{
+					WALWritePosition: lsn, WALFlushPosition: lsn, WALApplyPosition: lsn, ClientTime: time.Now()})
+				cancel()
+			}
+		}
+	default:
 		s.recordOnError()
 	}
 	return err
+}
+
+// awaitConnection returns once the NATS connection is up: a session is
+// not begun, and Postgres not asked for the slot, while it reconnects (the
+// relay's connection fails every request meanwhile, buffering none).
+func (r *Relay) awaitConnection(ctx context.Context) error {
+	if r.nc.IsConnected() {
+		return nil
+	}
+	status := r.nc.StatusChanged(nats.CONNECTED, nats.CLOSED)
+	defer r.nc.RemoveStatusListener(status)
+	for {
+		switch st := r.nc.Status(); st {
+		case nats.CONNECTED:
+			return nil
+		case nats.CLOSED:
+			return &publishError{err: errors.New("the NATS connection is closed")}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-status:
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// storedUpTo is, once publishing failed, the end of the newest
+// transaction whose acknowledgements all arrived flushMargin or more
+// before the session's last acknowledgement: the server was alive that
+// long after acknowledging it, so it wrote it out. What came later may
+// have died with the server and is published again; what the server
+// stored of it, the duplicate window drops.
+func (s *session) storedUpTo() pglogrepl.LSN {
+	_ = s.drain(context.Background(), false) // what arrived before the failure
+	last := s.pub.lastAck()
+	stored := s.storedEnd
+	for _, a := range s.acks[s.acksHead:] {
+		if a.at.After(last.Add(-flushMargin)) {
+			break
+		}
+		stored = a.end
+	}
+	return stored
 }
 
 // recordOnError records, when a session fails because Postgres went away,
@@ -356,6 +450,7 @@ type session struct {
 	finishBy      time.Time // when finishing gives up
 
 	confirmed  pglogrepl.LSN
+	reported   pglogrepl.LSN // the last position sent to Postgres
 	nextStatus time.Time
 
 	// pos records the confirmed position in JetStream; transactions whose
@@ -365,6 +460,30 @@ type session struct {
 	pos       *Positions
 	skipUntil pglogrepl.LSN
 	skipping  bool
+
+	// acks are the transactions confirmed within flushMargin of the newest
+	// acknowledgement (from acksHead on), storedEnd the end of the newest
+	// one older than that; newestAck is when the newest acknowledgement
+	// consumed arrived.
+	acks      []txAck
+	acksHead  int
+	storedEnd pglogrepl.LSN
+	newestAck time.Time
+}
+
+// confirmedAt notes that the transaction ending at end was confirmed, its
+// acknowledgements having arrived by s.newestAck.
+func (s *session) confirmedAt(end pglogrepl.LSN) {
+	s.acks = append(s.acks, txAck{end: end, at: s.newestAck})
+	horizon := s.newestAck.Add(-flushMargin)
+	for s.acksHead < len(s.acks) && !s.acks[s.acksHead].at.After(horizon) {
+		s.storedEnd = s.acks[s.acksHead].end
+		s.acksHead++
+	}
+	if s.acksHead > 1024 && s.acksHead*2 > len(s.acks) {
+		s.acks = s.acks[:copy(s.acks, s.acks[s.acksHead:])]
+		s.acksHead = 0
+	}
 }
 
 func (s *session) confirm(lsn pglogrepl.LSN) {
@@ -396,6 +515,7 @@ func (s *session) sendStatus(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("relay: standby status update: %w", err)
 	}
+	s.reported = s.confirmed
 	if s.pos != nil && ctx.Err() == nil {
 		// Best effort: without it a Postgres crash only costs duplicates.
 		if err := s.pos.Record(ctx, s.confirmed); err != nil {
@@ -596,6 +716,7 @@ func (s *session) drain(ctx context.Context, block bool) error {
 		p := &s.queue[s.head]
 		if !p.pub {
 			s.confirm(p.endLSN)
+			s.confirmedAt(p.endLSN)
 			s.relay.metrics.Transactions.Inc()
 			s.pop()
 			continue
@@ -617,6 +738,9 @@ func (s *session) drain(ctx context.Context, block bool) error {
 		// Timed by the acknowledgement's arrival, not by when it is
 		// consumed here (after the next read from Postgres, at low rates).
 		acked := s.pub.ackedAt(p.seq)
+		if acked.After(s.newestAck) {
+			s.newestAck = acked
+		}
 		switch {
 		case p.effects:
 			s.relay.metrics.EffectsPublished.Inc()

@@ -226,6 +226,12 @@ func storedEvents(t *testing.T, js jetstream.JetStream) map[string]int {
 	}
 	total := int(info.State.Msgs)
 	ids := make(map[string]int, total)
+	// The relay publishes in commit order: of each document, the first
+	// copy of every version is stored after the older versions' (a message
+	// lost with a NATS connection, then published again after newer ones
+	// reached the new server, breaks it).
+	newest := map[string]int64{}
+	outOfOrder := 0
 	for read := 0; read < total; {
 		// Ask for no more than remains, so the last fetch does not wait out
 		// its expiry.
@@ -244,6 +250,15 @@ func storedEvents(t *testing.T, js jetstream.JetStream) map[string]int {
 			if ev.ID.String() != id || m.Subject() != contract.Subject(ev.Key) {
 				t.Fatalf("message on %s with id %s holds event %s of %s", m.Subject(), id, ev.ID, ev.Key)
 			}
+			if ids[id] == 0 {
+				if ev.Version < newest[ev.Key] {
+					outOfOrder++
+					if outOfOrder <= 5 {
+						t.Errorf("%s: version %d stored after version %d", ev.Key, ev.Version, newest[ev.Key])
+					}
+				}
+				newest[ev.Key] = max(newest[ev.Key], ev.Version)
+			}
 			ids[id]++
 		}
 		if err := batch.Error(); err != nil {
@@ -253,6 +268,9 @@ func storedEvents(t *testing.T, js jetstream.JetStream) map[string]int {
 			t.Fatalf("stream read stalled after %d of %d messages", read, total)
 		}
 		read += got
+	}
+	if outOfOrder > 0 {
+		t.Errorf("%d events stored after a newer version of their document", outOfOrder)
 	}
 	return ids
 }

@@ -52,7 +52,7 @@ func (c ServiceConfig) Validate() error {
 // replication connection is the relay's own, from Relay.PostgresURL).
 func (c ServiceConfig) Connections() service.Conns {
 	return service.Conns{Client: "converge-relay", NATSURL: c.NATSURL, PostgresURL: c.Relay.PostgresURL, PostgresMaxConns: 2,
-		NATSAuth: c.NATSAuth}
+		NATSAuth: c.NATSAuth, NATSUnbuffered: true}
 }
 
 // Flags binds the relay's settings to flags and their environment

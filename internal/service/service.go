@@ -84,6 +84,11 @@ type Conns struct {
 	// NATSAuth is how the service authenticates to NATS (its own user)
 	// and trusts the server's TLS certificate.
 	NATSAuth natsauth.ClientConfig
+	// NATSUnbuffered makes a publish fail while the connection is being
+	// re-established, instead of buffering it for the new server: the
+	// relay's, which publishes in commit order and must not have a newer
+	// message stored before an older one the old connection lost.
+	NATSUnbuffered bool
 }
 
 // Config is what every service's configuration provides besides its own
@@ -129,6 +134,9 @@ func Dial(ctx context.Context, c Conns, log *slog.Logger) (Deps, func(), error) 
 		// service's configuration, not a transient failure.
 		opts = append(opts, nats.Name(c.Client), nats.MaxReconnects(-1),
 			nats.ErrorHandler(natsauth.ErrorHandler(log, natsauth.DeniedCounter(d.Registry))))
+		if c.NATSUnbuffered {
+			opts = append(opts, nats.ReconnectBufSize(-1))
+		}
 		nc, err := nats.Connect(c.NATSURL, opts...)
 		if err != nil {
 			return fail(fmt.Errorf("connect nats: %w", err))
