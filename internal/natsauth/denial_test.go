@@ -15,6 +15,7 @@ import (
 
 	"github.com/converge-sync/converge/internal/deadletter"
 	"github.com/converge-sync/converge/internal/docstore"
+	"github.com/converge-sync/converge/internal/lease"
 	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/writer"
 	"github.com/converge-sync/converge/pkg/contract"
@@ -374,4 +375,52 @@ func TestProjectorCannotReconfigureSharedStreams(t *testing.T) {
 	if s.CachedInfo().Config.MaxMsgs != -1 {
 		t.Errorf("the dead letters' stream now keeps at most %d messages", s.CachedInfo().Config.MaxMsgs)
 	}
+}
+
+// A projector holds its own lease and resets its own consumer, and can do
+// neither for another projector: it cannot take over the graph's store.
+func TestProjectorHoldsOnlyItsOwnLease(t *testing.T) {
+	e := newEnv(t)
+	a := e.connect(admin)
+	bg := context.Background()
+	if _, err := a.js.CreateOrUpdateStream(bg, jetstream.StreamConfig{Name: contract.DocsStream, Subjects: []string{contract.DocsSubjectPrefix + ">"}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"index", "graph"} {
+		if _, err := a.js.CreateOrUpdateConsumer(bg, contract.DocsStream, jetstream.ConsumerConfig{Durable: name, AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := e.connect(natsauth.UserIndex)
+	own, err := lease.Open(ctx(t), p.js, lease.Config{Name: "index", TTL: time.Second}, nil)
+	if err != nil {
+		t.Fatalf("the index projector cannot open its lease: %v", err)
+	}
+	term, err := own.Acquire(ctx(t), nil)
+	if err != nil {
+		t.Fatalf("the index projector cannot take its lease: %v", err)
+	}
+	defer term.Release()
+	if _, err := p.js.ResetConsumer(ctx(t), contract.DocsStream, "index"); err != nil {
+		t.Fatalf("the index projector cannot reset its own consumer: %v", err)
+	}
+
+	other, err := lease.Open(ctx(t), p.js, lease.Config{Name: "graph", TTL: time.Second}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(bg, 2*time.Second)
+	defer cancel()
+	if _, err := other.Acquire(short, nil); err == nil {
+		t.Fatal("the index projector took the graph projector's lease")
+	}
+	p.refused(t, "Publish to", "$JS.API.DIRECT.GET.KV_CONVERGE_LEASES.$KV.CONVERGE_LEASES.graph")
+	if err := p.nc.Publish("$KV.CONVERGE_LEASES.graph", []byte(`{"holder":"index"}`)); err != nil {
+		t.Fatal(err)
+	}
+	p.refused(t, "Publish to", "$KV.CONVERGE_LEASES.graph")
+	if _, err := p.js.ResetConsumer(ctx(t), contract.DocsStream, "graph"); err == nil {
+		t.Fatal("the index projector reset the graph projector's consumer")
+	}
+	p.refused(t, "Publish to", "$JS.API.CONSUMER.RESET."+contract.DocsStream+".graph")
 }

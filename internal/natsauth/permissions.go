@@ -6,6 +6,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/converge-sync/converge/internal/deadletter"
+	"github.com/converge-sync/converge/internal/lease"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
@@ -75,13 +76,16 @@ func Relay() *server.Permissions {
 // alone it may delete; acknowledge their messages; dead-letter to
 // converge.dlq.<name> and converge.dlq.<name>-rebuild; read the stream's
 // info (a rebuild's target); and keep its own key, name, in the rebuilds'
-// bucket. It publishes nothing to converge.docs.> and reads no other
-// consumer and no other bucket or key.
+// bucket. It holds its own lease, name, in the leases' bucket, and resets
+// its own consumer when it takes the lease (what the previous instance
+// held is delivered again). It publishes nothing to converge.docs.> and
+// reads no other consumer and no other bucket or key.
 func Projector(name string) *server.Permissions {
 	rb := RebuildConsumer(name)
 	return perms(
 		[]string{api + "STREAM.INFO." + contract.DocsStream},
 		consume(contract.DocsStream, name),
+		leaseOf(contract.DocsStream, name),
 		consume(contract.DocsStream, rb),
 		[]string{api + "CONSUMER.DELETE." + contract.DocsStream + "." + rb},
 		deadLetters(name, rb),
@@ -92,13 +96,15 @@ func Projector(name string) *server.Permissions {
 
 // Notifier may consume the effects' stream with its durable consumer
 // (name), after reading the stream's info; acknowledge, dead-letter to
-// converge.dlq.<name>, and own its dedup bucket whole. On the documents'
-// stream it may finish and delete its own consumer of an older deployment
-// (notifier.Migrate), and nothing else.
+// converge.dlq.<name>, own its dedup bucket whole, and hold its lease (as
+// a projector does). On the documents' stream it may finish and delete
+// its own consumer of an older deployment (notifier.Migrate), and nothing
+// else.
 func Notifier(name, bucket string) *server.Permissions {
 	return perms(
 		[]string{api + "STREAM.INFO." + contract.EventsStream},
 		consume(contract.EventsStream, name),
+		leaseOf(contract.EventsStream, name),
 		consume(contract.DocsStream, name),
 		[]string{api + "CONSUMER.DELETE." + contract.DocsStream + "." + name},
 		deadLetters(name),
@@ -176,6 +182,13 @@ func Operator() *server.Permissions {
 		api+"DIRECT.GET."+kv+".>",
 	)
 	return perms(p)
+}
+
+// leaseOf: hold lease name (its key in the shared leases' bucket) and
+// reset consumer name of stream when taking it.
+func leaseOf(stream, name string) []string {
+	return slices.Concat(sharedBucketCreate(lease.Bucket), bucketKey(lease.Bucket, name),
+		[]string{api + "CONSUMER.RESET." + stream + "." + name})
 }
 
 // streamWrite: create the stream or update its configuration; the dead

@@ -17,6 +17,7 @@ import (
 
 	"github.com/converge-sync/converge/internal/deadletter"
 	"github.com/converge-sync/converge/internal/docstore"
+	"github.com/converge-sync/converge/internal/lease"
 	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/notifier"
 	"github.com/converge-sync/converge/internal/projector"
@@ -133,6 +134,7 @@ func testProjectorDoesItsJob(t *testing.T, name string) {
 	if err := rt.Run(rctx); err != nil || rctx.Err() != nil {
 		t.Fatalf("run: %v, %v", err, rctx.Err())
 	}
+	holdLease(t, p.js, contract.DocsStream, name)
 	e.used(p)
 	if n := store.len(); n != 3 {
 		t.Errorf("applied %d documents, want 3", n)
@@ -152,6 +154,38 @@ func testProjectorDoesItsJob(t *testing.T, name string) {
 		t.Errorf("dead letters of %s: %d, %v; want 2", name, n, err)
 	}
 	p.allowed(t)
+}
+
+// holdLease does what a projector or the notifier does with its lease:
+// opens the shared bucket (creating it, then as one that exists), takes its
+// key, renews it, releases it, and resets its consumer as a new writer
+// does.
+func holdLease(t *testing.T, js jetstream.JetStream, stream, name string) {
+	t.Helper()
+	for range 2 {
+		if _, err := lease.Open(ctx(t), js, lease.Config{Name: name, TTL: 600 * time.Millisecond}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := js.KeyValue(ctx(t), lease.Bucket); err != nil {
+		t.Fatal(err)
+	}
+	l, err := lease.Open(ctx(t), js, lease.Config{Name: name, TTL: 600 * time.Millisecond}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	term, err := l.Acquire(ctx(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(400 * time.Millisecond) // a renewal
+	if err := term.Check(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	term.Release()
+	if _, err := js.ResetConsumer(ctx(t), stream, name); err != nil {
+		t.Fatalf("reset consumer %s: %v", name, err)
+	}
 }
 
 // inPlaceStores is one generation, the live one, rebuilt in place.
@@ -261,6 +295,7 @@ func TestNotifierDoesItsJob(t *testing.T) {
 	if err := rt.Run(rctx); err != nil || rctx.Err() != nil {
 		t.Fatalf("run: %v, %v", err, rctx.Err())
 	}
+	holdLease(t, n.js, contract.EventsStream, rc.Name)
 	e.used(n)
 	if got := hooks.Load(); got != 2 {
 		t.Errorf("%d webhook requests, want 2", got)

@@ -14,6 +14,12 @@ type Metrics struct {
 	// Missed counts the events never delivered (Config.EveryEvent): purged
 	// by the stream's limits (per-subject history, age, size) before the runtime read them.
 	Missed prometheus.Counter
+	// Fenced counts events not written because another instance holds the
+	// store's lease; Standby is 1 while this instance waits for it, and
+	// Takeovers counts the terms this instance began.
+	Fenced    prometheus.Counter
+	Standby   prometheus.Gauge
+	Takeovers prometheus.Counter
 }
 
 // latencyBuckets are the bounds (seconds) of the commit -> applied
@@ -49,9 +55,16 @@ func NewMetrics(reg prometheus.Registerer, name ...string) *Metrics {
 			Help: "Messages of the stream not yet acknowledged by this projector (consumer lag)."}),
 		Missed: prometheus.NewCounter(prometheus.CounterOpts{Name: "converge_projector_missed_events_total", ConstLabels: labels,
 			Help: "Events this projector never received (it needs every event): stream sequences the stream's limits (per-subject history, age, size) removed before it read them."}),
+		Fenced: prometheus.NewCounter(prometheus.CounterOpts{Name: "converge_projector_fenced_events_total", ConstLabels: labels,
+			Help: "Events neither written nor acknowledged because another instance took the store's lease (this one was paused or cut off)."}),
+		Standby: prometheus.NewGauge(prometheus.GaugeOpts{Name: "converge_projector_standby", ConstLabels: labels,
+			Help: "1 while this instance stands by: another holds the store's lease."}),
+		Takeovers: prometheus.NewCounter(prometheus.CounterOpts{Name: "converge_projector_lease_terms_total", ConstLabels: labels,
+			Help: "Times this instance took the store's lease (its first start included)."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Events, m.DeadLetters, m.Retries, m.BatchSeconds, m.CommitToApplied, m.Pending, m.Missed)
+		reg.MustRegister(m.Events, m.DeadLetters, m.Retries, m.BatchSeconds, m.CommitToApplied, m.Pending, m.Missed,
+			m.Fenced, m.Standby, m.Takeovers)
 	}
 	return m
 }

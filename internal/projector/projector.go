@@ -51,6 +51,7 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -195,7 +196,8 @@ func (e *DeadLetterError) Unwrap() error { return e.Err }
 func retryInPlace(err error) bool {
 	var rd *RedeliverError
 	var dl *DeadLetterError
-	return err != nil && !IsPermanent(err) && !errors.As(err, &rd) && !errors.As(err, &dl)
+	var fe *FencedError
+	return err != nil && !IsPermanent(err) && !errors.As(err, &rd) && !errors.As(err, &dl) && !errors.As(err, &fe)
 }
 
 // Config of a [Runtime]. Zero fields take the defaults documented on them.
@@ -253,7 +255,21 @@ type Config struct {
 	// with EveryEvent also reports every event it never received (see
 	// [GapRecord]).
 	EveryEvent bool
+	// Fence, when set, is asked before every store write: an error means
+	// this instance may no longer write (another holds its lease). The
+	// batch is then neither written nor acknowledged (the instance that
+	// took over gets its messages again), and Run returns the error
+	// wrapped in [FencedError].
+	Fence func(ctx context.Context) error
 }
+
+// FencedError is Run's end when Config.Fence refused a write.
+type FencedError struct{ Err error }
+
+func (e *FencedError) Error() string {
+	return "projector: no longer the writer of its store: " + e.Err.Error()
+}
+func (e *FencedError) Unwrap() error { return e.Err }
 
 func (c *Config) setDefaults() error {
 	if c.Name == "" {
@@ -309,6 +325,8 @@ type Runtime struct {
 	gaps      gapDetector
 	gapMu     sync.Mutex
 	gapRecord GapRecord
+	// fenced is the refusal of Config.Fence that ends Run.
+	fenced atomic.Pointer[FencedError]
 }
 
 // ConsumerGrace is how long a runtime whose consumer was deleted waits for
@@ -341,6 +359,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 	if err := deadletter.EnsureStream(ctx, r.js, 1); err != nil {
 		return fmt.Errorf("projector %s: %w", r.cfg.Name, err)
 	}
+	r.fenced.Store(nil)
 	failures := 0
 	for ctx.Err() == nil {
 		done, err := r.consume(ctx)
@@ -478,6 +497,10 @@ func (r *Runtime) loop(ctx context.Context, cons jetstream.Consumer, it jetstrea
 				return false, b.err
 			}
 			r.finish(ctx, b)
+			if f := r.fenced.Load(); f != nil {
+				r.log.Error("the store's lease is another instance's: writing nothing more, standing by", "err", f.Err)
+				return true, f
+			}
 			settle = 0
 			if !(r.cfg.StopWhenCaughtUp && b.fetched < r.cfg.BatchSize) && r.cfg.StopAtSeq == 0 {
 				continue
@@ -756,7 +779,12 @@ func (r *Runtime) finish(ctx context.Context, b prepared) {
 		res := results[i]
 		var redeliver *RedeliverError
 		var dead *DeadLetterError
+		var fenced *FencedError
 		switch {
+		case errors.As(res.Err, &fenced):
+			// Neither written nor acknowledged: the new writer has it.
+			r.fenced.CompareAndSwap(nil, fenced)
+			r.metrics.Fenced.Inc()
 		case errors.As(res.Err, &dead):
 			if r.deadLetter(ctx, it.msg, dead.Code, res.Err) {
 				for _, m := range it.superseded {
@@ -899,6 +927,15 @@ func (r *Runtime) applyShard(ctx context.Context, items []*item) []Result {
 // safeApply calls the store, turning a malformed answer into errors.
 func (r *Runtime) safeApply(ctx context.Context, items []*item) []Result {
 	var res []Result
+	if r.cfg.Fence != nil {
+		if err := r.cfg.Fence(ctx); err != nil {
+			res = make([]Result, len(items))
+			for i := range res {
+				res[i].Err = &FencedError{Err: err}
+			}
+			return res
+		}
+	}
 	if ds, ok := r.store.(DeliveryStore); ok {
 		deliveries := make([]Delivery, len(items))
 		for i, it := range items {

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -13,9 +15,12 @@ import (
 
 	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/config"
+	"github.com/converge-sync/converge/internal/lease"
 	"github.com/converge-sync/converge/internal/natsauth"
+	"github.com/converge-sync/converge/internal/retry"
 	"github.com/converge-sync/converge/internal/service"
 	"github.com/converge-sync/converge/internal/telemetry"
+	"github.com/converge-sync/converge/pkg/contract"
 )
 
 // ServiceConfig is what a projector process needs besides its store.
@@ -35,6 +40,24 @@ type ServiceConfig struct {
 	// consumer is not created yet: the notifier waits there for its stream
 	// and finishes the consumer of an older deployment.
 	Prepare func(ctx context.Context, js jetstream.JetStream) error
+	// Alongside, when set, runs beside the runtime while this instance
+	// holds the store's lease, and is cancelled when it loses it: the
+	// rebuilds, which write the store too.
+	Alongside func(ctx context.Context, js jetstream.JetStream) error
+	// Lease makes this instance the store's only writer while others of
+	// the same name stand by (see internal/lease).
+	Lease LeaseConfig
+}
+
+// LeaseConfig is how instances of one projector share its store.
+type LeaseConfig struct {
+	// TTL is how long a standby waits for the writer's renewal before it
+	// takes over; default lease.DefaultTTL.
+	TTL time.Duration
+	// Replicas of the leases' bucket; default 1.
+	Replicas int
+	// Holder names this instance; default host-pid-random.
+	Holder string
 }
 
 // Validate reports a configuration that cannot work.
@@ -74,7 +97,10 @@ func ServiceFlags(f *config.Flags, name, metricsAddr string) func() (ServiceConf
 	parallel := f.Int("parallel", "CONVERGE_PROJECTOR_PARALLEL", 2, "shards of a batch applied at once")
 	maxDeliver := f.Int("max-deliver", "CONVERGE_PROJECTOR_MAX_DELIVER", 5, "deliveries after which an event the store rejects is dead-lettered")
 	ackWait := f.Duration("ack-wait", "CONVERGE_PROJECTOR_ACK_WAIT", 60*time.Second,
-		"the consumer's redelivery timeout: how long events delivered to a process that died wait before they are delivered again (extended while a batch is applied)")
+		"the consumer's redelivery timeout (extended while a batch is applied); an instance taking over, or restarted, has what the last one held delivered again at once")
+	leaseTTL := f.Duration("lease-ttl", "CONVERGE_LEASE_TTL", lease.DefaultTTL,
+		"how long a standby instance of this projector waits for the writer's lease renewal before it takes over")
+	replicas := f.Int("replicas", "CONVERGE_REPLICAS", 1, "replicas of the buckets this service creates (3 on a NATS cluster)")
 	natsAuth := natsauth.Flags(f)
 	security := auth.BindFlags(f)
 	return func() (ServiceConfig, error) {
@@ -89,7 +115,8 @@ func ServiceFlags(f *config.Flags, name, metricsAddr string) func() (ServiceConf
 			return ServiceConfig{}, err
 		}
 		return ServiceConfig{NATSURL: *natsURL, MetricsAddr: *addr, NATSAuth: na, Security: security(),
-			Runtime: Config{Name: *durable, BatchSize: *batch, Parallel: *parallel, MaxDeliver: *maxDeliver, AckWait: *ackWait}}, nil
+			Runtime: Config{Name: *durable, BatchSize: *batch, Parallel: *parallel, MaxDeliver: *maxDeliver, AckWait: *ackWait},
+			Lease:   LeaseConfig{TTL: *leaseTTL, Replicas: *replicas}}, nil
 	}
 }
 
@@ -130,19 +157,23 @@ func RunService(ctx context.Context, sc ServiceConfig, store Store, routes map[s
 	if err != nil {
 		return err
 	}
-	r, err := New(js, store, sc.Runtime, NewMetrics(deps.Registry, sc.Runtime.Name), deps.Log)
+	var term atomic.Pointer[lease.Term]
+	rc := sc.Runtime
+	rc.Fence = func(ctx context.Context) error {
+		t := term.Load()
+		if t == nil {
+			return lease.ErrLost
+		}
+		return t.Check(ctx)
+	}
+	metrics := NewMetrics(deps.Registry, sc.Runtime.Name)
+	r, err := New(js, store, rc, metrics, deps.Log)
 	if err != nil {
 		return err
 	}
+	h := &holder{sc: sc, js: js, r: r, metrics: metrics, term: &term, log: deps.Log.With("projector", sc.Runtime.Name)}
 	g, ctx := errgroup.WithContext(ctx)
-	g.Go(func() error {
-		if sc.Prepare != nil {
-			if err := sc.Prepare(ctx, js); err != nil {
-				return err
-			}
-		}
-		return r.Run(ctx)
-	})
+	g.Go(func() error { return h.run(ctx) })
 	if tokens.Enabled() {
 		g.Go(func() error { tokens.Watch(ctx, deps.Log.With("component", "auth")); return nil })
 	}
@@ -150,6 +181,9 @@ func RunService(ctx context.Context, sc ServiceConfig, store Store, routes map[s
 		checks := []telemetry.Check{
 			service.NATSCheck(deps.NATS),
 			{Name: "consumer", Func: func(context.Context) error {
+				if h.standby.Load() {
+					return nil // ready to take over
+				}
 				select {
 				case <-r.Ready():
 					return nil
@@ -169,4 +203,116 @@ func RunService(ctx context.Context, sc ServiceConfig, store Store, routes map[s
 		})
 	}
 	return g.Wait()
+}
+
+// holder runs the runtime while this instance holds the store's lease, and
+// stands by while another does.
+type holder struct {
+	sc      ServiceConfig
+	js      jetstream.JetStream
+	r       *Runtime
+	metrics *Metrics
+	term    *atomic.Pointer[lease.Term]
+	log     *slog.Logger
+	standby atomic.Bool
+}
+
+func (h *holder) run(ctx context.Context) error {
+	name := h.sc.Runtime.Name
+	var l *lease.Lease
+	for attempt := 1; ; attempt++ {
+		var err error
+		l, err = lease.Open(ctx, h.js, lease.Config{Name: name, TTL: h.sc.Lease.TTL, Replicas: h.sc.Lease.Replicas, Holder: h.sc.Lease.Holder}, h.log)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		h.log.Warn("opening the leases' bucket failed; trying again", "err", err)
+		_ = retry.Sleep(ctx, retry.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}.Delay(attempt))
+	}
+	prepared := false
+	for {
+		t, err := l.Acquire(ctx, func(v lease.Value) {
+			h.standby.Store(true)
+			h.metrics.Standby.Set(1)
+			h.log.Info("standing by: another instance writes the store", "writer", v.Holder, "since", v.Since)
+		})
+		if err != nil {
+			return nil // ctx ended
+		}
+		h.standby.Store(false)
+		h.metrics.Standby.Set(0)
+		h.metrics.Takeovers.Inc()
+		h.term.Store(t)
+		began := time.Now()
+		err = h.hold(ctx, t, &prepared)
+		h.term.Store(nil)
+		t.Release()
+		if ctx.Err() != nil {
+			return nil
+		}
+		var fe *FencedError
+		switch {
+		case errors.As(err, &fe), errors.Is(err, lease.ErrLost):
+			h.log.Error("lost the store's lease; standing by", "held_for", time.Since(began).Round(time.Millisecond), "err", err)
+		case err != nil:
+			return err
+		}
+	}
+}
+
+// hold is one term: the previous writer's unacknowledged messages are
+// delivered again at once, then the runtime (and Alongside) run until ctx
+// ends or the term is lost.
+func (h *holder) hold(ctx context.Context, t *lease.Term, prepared *bool) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go func() {
+		select {
+		case <-t.Lost():
+			cancel(lease.ErrLost)
+		case <-ctx.Done():
+		}
+	}()
+	if h.sc.Prepare != nil && !*prepared {
+		if err := h.sc.Prepare(ctx, h.js); err != nil {
+			if c := context.Cause(ctx); errors.Is(c, lease.ErrLost) {
+				return c
+			}
+			return err
+		}
+		*prepared = true
+	}
+	h.resetConsumer(ctx)
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return h.r.Run(gctx) })
+	if h.sc.Alongside != nil {
+		g.Go(func() error { return h.sc.Alongside(gctx, h.js) })
+	}
+	err := g.Wait()
+	if c := context.Cause(ctx); err == nil && errors.Is(c, lease.ErrLost) {
+		return c
+	}
+	return err
+}
+
+// resetConsumer has the server deliver again, at once, every message of
+// the consumer not acknowledged yet: those the previous writer held when
+// it died or was fenced would otherwise wait for their ack wait. The
+// versions guards skip what was written already.
+func (h *holder) resetConsumer(ctx context.Context) {
+	stream := h.sc.Runtime.Stream
+	if stream == "" {
+		stream = contract.DocsStream
+	}
+	resp, err := h.js.ResetConsumer(ctx, stream, h.sc.Runtime.Name)
+	switch {
+	case errors.Is(err, jetstream.ErrConsumerNotFound), errors.Is(err, jetstream.ErrStreamNotFound):
+	case err != nil:
+		h.log.Warn("resetting the consumer failed: what the previous writer held is delivered again after its ack wait", "err", err)
+	default:
+		h.log.Info("took the store's lease: the consumer delivers again from its acknowledgement floor", "from_seq", resp.ResetSeq)
+	}
 }

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"maps"
 
-	"golang.org/x/sync/errgroup"
-
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/service"
 )
@@ -35,16 +33,12 @@ func RunService(ctx context.Context, sc projector.ServiceConfig, stores Stores, 
 	if err != nil {
 		return err
 	}
-	js, err := deps.JetStream()
-	if err != nil {
-		return err
-	}
 	routes := sw.Routes()
 	maps.Copy(routes, m.Routes())
-	eg, ctx := errgroup.WithContext(ctx)
-	eg.Go(func() error { return m.Run(ctx, js) })
-	eg.Go(func() error { return projector.RunService(ctx, sc, sw, routes, deps) })
-	return eg.Wait()
+	// Rebuilds write the store too: they run while this instance holds
+	// its lease, and resume on the instance that takes it over.
+	sc.Alongside = m.Run
+	return projector.RunService(ctx, sc, sw, routes, deps)
 }
 
 // stopped is nil when ctx was canceled while starting (a stop is not a

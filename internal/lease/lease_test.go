@@ -1,0 +1,191 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/converge-sync/converge/internal/testenv"
+)
+
+func jetStream(t *testing.T) jetstream.JetStream {
+	t.Helper()
+	js, err := jetstream.New(testenv.StartNATS(t).Connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+func openLease(t *testing.T, js jetstream.JetStream, holder string, ttl time.Duration) *Lease {
+	t.Helper()
+	l, err := Open(context.Background(), js, Config{Name: "graph", Holder: holder, TTL: ttl}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+type acquired struct {
+	term *Term
+	at   time.Time
+	err  error
+}
+
+func acquireAsync(ctx context.Context, l *Lease, standby chan<- Value) <-chan acquired {
+	out := make(chan acquired, 1)
+	go func() {
+		t, err := l.Acquire(ctx, func(v Value) { standby <- v })
+		out <- acquired{t, time.Now(), err}
+	}()
+	return out
+}
+
+// A holder that stops cleanly hands the lease to the standby at once.
+func TestReleaseHandsOverAtOnce(t *testing.T) {
+	js := jetStream(t)
+	a, b := openLease(t, js, "a", 3*time.Second), openLease(t, js, "b", 3*time.Second)
+	ta, err := a.Acquire(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	standby := make(chan Value, 1)
+	got := acquireAsync(context.Background(), b, standby)
+	select {
+	case v := <-standby:
+		if v.Holder != "a" {
+			t.Fatalf("b stands by behind %q, want a", v.Holder)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("b never reported standing by")
+	}
+	// a keeps it for longer than a TTL: its renewals keep b out.
+	select {
+	case r := <-got:
+		t.Fatalf("b took a renewed lease: %+v", r)
+	case <-time.After(4 * time.Second):
+	}
+	if !ta.Valid() {
+		t.Fatal("a's renewed term is not valid")
+	}
+	released := time.Now()
+	ta.Release()
+	r := <-got
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	defer r.term.Release()
+	if took := r.at.Sub(released); took > time.Second {
+		t.Fatalf("b took a released lease after %v, want under a second", took)
+	}
+	if r.term.Epoch() <= ta.Epoch() {
+		t.Fatalf("b's epoch %d is not after a's %d", r.term.Epoch(), ta.Epoch())
+	}
+	if ta.Valid() {
+		t.Fatal("a's released term is still valid")
+	}
+}
+
+// A holder paused past its validity writes nothing: once the standby took
+// over, the paused one's next renewal fails and its Check says ErrLost; the
+// two terms never overlap in validity.
+func TestPausedHolderIsFencedAfterTakeover(t *testing.T) {
+	js := jetStream(t)
+	const ttl = 1500 * time.Millisecond
+	a, b := openLease(t, js, "a", ttl), openLease(t, js, "b", ttl)
+	paused := make(chan struct{})
+	resume := make(chan struct{})
+	first := true
+	a.beforeRenew = func() {
+		if first {
+			first = false
+			close(paused)
+			<-resume
+		}
+	}
+	ta, err := a.Acquire(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-paused
+	pausedAt := time.Now()
+	got := acquireAsync(context.Background(), b, make(chan Value, 1))
+	var r acquired
+	select {
+	case r = <-got:
+	case <-time.After(10 * ttl):
+		t.Fatal("b never took over from a paused holder")
+	}
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	defer r.term.Release()
+	took := r.at.Sub(pausedAt)
+	t.Logf("takeover %v after the holder's renewals stopped (TTL %v, validity %v)", took.Round(time.Millisecond), ttl, a.cfg.Validity())
+	if took < a.cfg.Validity() {
+		t.Fatalf("b took over %v after a's last renewal, before a's validity (%v) ran out", took, a.cfg.Validity())
+	}
+	if ta.Valid() {
+		t.Fatal("a's term is valid while b holds the lease")
+	}
+	// a wakes: a write asks Check, which waits for a's renewal, which
+	// finds b's revision.
+	checked := make(chan error, 1)
+	go func() { checked <- ta.Check(context.Background()) }()
+	select {
+	case err := <-checked:
+		t.Fatalf("a's Check answered %v before its renewal ran", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(resume)
+	select {
+	case err := <-checked:
+		if !errors.Is(err, ErrLost) {
+			t.Fatalf("a's Check after the takeover: %v, want ErrLost", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a's Check never answered")
+	}
+	if err := r.term.Check(context.Background()); err != nil {
+		t.Fatalf("b's term: %v", err)
+	}
+	v, _, held, err := b.Current(context.Background())
+	if err != nil || !held || v.Holder != "b" {
+		t.Fatalf("the lease holds %+v (held %v, err %v), want b", v, held, err)
+	}
+}
+
+// A holder whose renewals fail for a while (NATS restarting) but that
+// nobody replaced keeps its term: Check waits, then lets it write again.
+func TestHolderOutlivesAnOutageNobodyUsed(t *testing.T) {
+	js := jetStream(t)
+	const ttl = 900 * time.Millisecond
+	a := openLease(t, js, "a", ttl)
+	block := make(chan struct{})
+	n := 0
+	a.beforeRenew = func() {
+		if n++; n == 1 {
+			<-block
+		}
+	}
+	ta, err := a.Acquire(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ta.Release()
+	testenv.Eventually(t, "a's validity to run out", 5*time.Second, func() bool { return !ta.Valid() })
+	checked := make(chan error, 1)
+	go func() { checked <- ta.Check(context.Background()) }()
+	close(block)
+	select {
+	case err := <-checked:
+		if err != nil {
+			t.Fatalf("Check after a renewal nobody contested: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Check never answered")
+	}
+}
