@@ -49,6 +49,10 @@ type runConfig struct {
 	receiverDelay    time.Duration
 	kinds            []string // the choices to pick from
 	logDir           string
+	// standby runs the graph projector on neo4j and the notifier twice
+	// each (projector-graph-b, notifier-b), one writing, one standing by.
+	standby bool
+	neo4j   testenv.Neo4j
 }
 
 func configFromFlags() runConfig {

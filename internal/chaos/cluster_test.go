@@ -191,10 +191,24 @@ func startPipeline(t *testing.T, cfg runConfig) *pipeline {
 	p.add("relay-a", natsauth.UserRelay, relayEnv, relayArgs...)
 	p.add("relay-b", natsauth.UserRelay, relayEnv, relayArgs...)
 	p.add("projector-index", natsauth.UserIndex, nil, "-data-dir", data, "-ack-wait", "5s", "-tokens-file", p.serviceTokens)
-	p.add("projector-graph", natsauth.UserGraph, nil, "-data-dir", data, "-ack-wait", "5s", "-tokens-file", p.serviceTokens)
-	p.add("notifier", natsauth.UserNotifier, []string{"CONVERGE_WEBHOOK_SECRET=" + secret},
-		"-webhook-urls", p.recv.url, "-ack-wait", "5s", "-claim-timeout", "10s", "-http-timeout", "5s",
-		"-retry-min", "200ms", "-retry-max", "2s", "-tokens-file", p.serviceTokens)
+	notifierArgs := []string{"-webhook-urls", p.recv.url, "-claim-timeout", "10s", "-http-timeout", "5s",
+		"-retry-min", "200ms", "-retry-max", "2s", "-tokens-file", p.serviceTokens}
+	notifierEnv := []string{"CONVERGE_WEBHOOK_SECRET=" + secret}
+	if cfg.standby {
+		// The stores shared by two instances: Neo4j, the notifier's
+		// bucket. The ack wait stays at its default: a takeover does not
+		// wait for it.
+		graphEnv := []string{"CONVERGE_NEO4J_URL=" + cfg.neo4j.URL, "CONVERGE_NEO4J_USER=" + cfg.neo4j.User, "CONVERGE_NEO4J_PASSWORD=" + cfg.neo4j.Password}
+		graphArgs := []string{"-lease-ttl", standbyTTL.String(), "-tokens-file", p.serviceTokens}
+		p.add("projector-graph", natsauth.UserGraph, graphEnv, graphArgs...)
+		p.add("projector-graph-b", natsauth.UserGraph, graphEnv, graphArgs...)
+		notifierArgs = append(notifierArgs, "-lease-ttl", standbyTTL.String())
+		p.add("notifier", natsauth.UserNotifier, notifierEnv, notifierArgs...)
+		p.add("notifier-b", natsauth.UserNotifier, notifierEnv, notifierArgs...)
+	} else {
+		p.add("projector-graph", natsauth.UserGraph, nil, "-data-dir", data, "-ack-wait", "5s", "-tokens-file", p.serviceTokens)
+		p.add("notifier", natsauth.UserNotifier, notifierEnv, append(notifierArgs, "-ack-wait", "5s")...)
+	}
 	t.Cleanup(func() {
 		for _, s := range p.services {
 			s.resume()
@@ -215,7 +229,7 @@ func startPipeline(t *testing.T, cfg runConfig) *pipeline {
 // run the relay), connecting to NATS as natsUser with its password in the
 // environment, never on the command line.
 func (p *pipeline) add(name, natsUser string, env []string, args ...string) {
-	bin := name
+	bin := strings.TrimSuffix(name, "-b")
 	if strings.HasPrefix(name, "relay") {
 		bin = "relay"
 	}

@@ -423,4 +423,8 @@ func TestProjectorHoldsOnlyItsOwnLease(t *testing.T) {
 		t.Fatal("the index projector reset the graph projector's consumer")
 	}
 	p.refused(t, "Publish to", "$JS.API.CONSUMER.RESET."+contract.DocsStream+".graph")
+	if err := p.nc.PublishRequest("$JS.API.CONSUMER.UNPIN."+contract.DocsStream+".graph", p.nc.NewRespInbox(), []byte(`{"group":"writer"}`)); err != nil {
+		t.Fatal(err)
+	}
+	p.refused(t, "Publish to", "$JS.API.CONSUMER.UNPIN."+contract.DocsStream+".graph")
 }

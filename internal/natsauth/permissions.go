@@ -200,13 +200,15 @@ func streamWrite(stream string) []string {
 }
 
 // consume: create (with a filter subject), read and pull from consumer,
-// and acknowledge its messages.
+// unpin its previous client (a runtime starting), and acknowledge its
+// messages.
 func consume(stream, consumer string) []string {
 	c := stream + "." + consumer
 	return []string{
 		api + "CONSUMER.CREATE." + c + ".>",
 		api + "CONSUMER.INFO." + c,
 		api + "CONSUMER.MSG.NEXT." + c,
+		api + "CONSUMER.UNPIN." + c,
 		"$JS.ACK." + c + ".>",
 	}
 }

@@ -46,6 +46,7 @@ package projector
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -263,6 +264,31 @@ type Config struct {
 	Fence func(ctx context.Context) error
 }
 
+// unpin releases the consumer's pinned client. (A request of its own:
+// jetstream's UnpinConsumer reads the stream's info first, which the
+// notifier may not do on the documents' stream.)
+func (r *Runtime) unpin(ctx context.Context) error {
+	req, _ := json.Marshal(map[string]string{"group": PinGroup})
+	m, err := r.js.Conn().RequestWithContext(ctx, fmt.Sprintf("$JS.API.CONSUMER.UNPIN.%s.%s", r.cfg.Stream, r.cfg.Name), req)
+	if err != nil {
+		return err
+	}
+	var resp struct {
+		Error *jetstream.APIError `json:"error"`
+	}
+	if err := json.Unmarshal(m.Data, &resp); err != nil {
+		return fmt.Errorf("unpin: unreadable answer %q: %w", m.Data, err)
+	}
+	if resp.Error != nil && resp.Error.ErrorCode != jetstream.JSErrCodeConsumerNotFound {
+		return resp.Error
+	}
+	return nil
+}
+
+// PinGroup is the priority group of every runtime's consumer: the server
+// delivers to one pinned client of it.
+const PinGroup = "writer"
+
 // FencedError is Run's end when Config.Fence refused a write.
 type FencedError struct{ Err error }
 
@@ -394,6 +420,12 @@ func (r *Runtime) consume(ctx context.Context) (done bool, err error) {
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 		FilterSubject: r.cfg.SubjectPrefix + ">",
 		MaxDeliver:    -1, // dead letters are the runtime's decision
+		// One pinned client: a process that stopped pulling (killed,
+		// paused, fenced) gets nothing more once the next one unpins it,
+		// even through the pull requests it left waiting on the server.
+		PriorityPolicy: jetstream.PriorityPolicyPinned,
+		PriorityGroups: []string{PinGroup},
+		PinnedTTL:      r.cfg.AckWait,
 	}
 	switch existing, err := r.js.Consumer(ctx, r.cfg.Stream, r.cfg.Name); {
 	case err == nil:
@@ -417,9 +449,14 @@ func (r *Runtime) consume(ctx context.Context) (done bool, err error) {
 	if err != nil {
 		return false, fmt.Errorf("projector %s: consumer on stream %s: %w", r.cfg.Name, r.cfg.Stream, err)
 	}
+	// This runtime is the consumer's only client (the lease says so, where
+	// instances stand by): whoever was pinned before is not any more.
+	if err := r.unpin(ctx); err != nil {
+		r.log.Warn("unpinning the consumer's previous client failed", "err", err)
+	}
 	// Two batches buffered in the client: the next batch is on its way
 	// while one is applied.
-	it, err := cons.Messages(jetstream.PullMaxMessages(2 * r.cfg.BatchSize))
+	it, err := cons.Messages(jetstream.PullMaxMessages(2*r.cfg.BatchSize), jetstream.PullPriorityGroup(PinGroup))
 	if err != nil {
 		return false, fmt.Errorf("projector %s: %w", r.cfg.Name, err)
 	}

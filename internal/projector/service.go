@@ -285,6 +285,13 @@ func (h *holder) hold(ctx context.Context, t *lease.Term, prepared *bool) error 
 		}
 		*prepared = true
 	}
+	// First unpin the previous writer (its pull requests left on the server
+	// are refused from now on), then have everything it did not
+	// acknowledge delivered again: to this instance, whose pulls get the
+	// new pin.
+	if err := h.r.unpin(ctx); err != nil {
+		h.log.Warn("unpinning the previous writer failed", "err", err)
+	}
 	h.resetConsumer(ctx)
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return h.r.Run(gctx) })

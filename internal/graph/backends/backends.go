@@ -4,6 +4,7 @@ package backends
 
 import (
 	"context"
+	"time"
 
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/projector"
@@ -25,7 +26,9 @@ type Config struct {
 	Neo4jPassword string
 	Neo4jDatabase string
 	Neo4jBatch    int
-	DataDir       string // the embedded graph lives in DataDir/graph
+	// Neo4jTxTimeout bounds each write transaction (neo4j.Config.TxTimeout).
+	Neo4jTxTimeout time.Duration
+	DataDir        string // the embedded graph lives in DataDir/graph
 }
 
 // Flags binds the settings to flags (each with its environment variable);
@@ -36,10 +39,12 @@ func Flags(f *config.Flags) func() *Config {
 	password := f.String("neo4j-password", EnvNeo4jPassword, "", "Neo4j password")
 	database := f.String("neo4j-database", "CONVERGE_NEO4J_DATABASE", "neo4j", "Neo4j database")
 	batch := f.Int("neo4j-batch", "CONVERGE_NEO4J_BATCH", 100, "documents per Neo4j transaction")
+	txTimeout := f.Duration("neo4j-tx-timeout", "CONVERGE_NEO4J_TX_TIMEOUT", 10*time.Second,
+		"bound of each Neo4j write transaction: how long a writer that stopped mid-transaction (paused, cut off) can hold its locks")
 	dataDir := f.String("data-dir", config.EnvDataDir, "./.converge", "directory of the embedded stores")
 	return func() *Config {
 		return &Config{Neo4jURL: *url, Neo4jUser: *user, Neo4jPassword: *password, Neo4jDatabase: *database,
-			Neo4jBatch: *batch, DataDir: *dataDir}
+			Neo4jBatch: *batch, Neo4jTxTimeout: *txTimeout, DataDir: *dataDir}
 	}
 }
 

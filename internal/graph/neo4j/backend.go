@@ -53,7 +53,7 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 		_ = driver.Close(ctx)
 		return nil, err
 	}
-	return &Backend{cfg: cfg, run: driverRunner{driver: driver, database: cfg.Database}, driver: driver}, nil
+	return &Backend{cfg: cfg, run: driverRunner{driver: driver, database: cfg.Database, txTimeout: cfg.TxTimeout}, driver: driver}, nil
 }
 
 // checkServer verifies connectivity and the server's version: the count

@@ -33,6 +33,11 @@ type Config struct {
 	// transient failures (deadlocks, leader changes, lost connections).
 	// Default 30s.
 	MaxRetryTime time.Duration
+	// TxTimeout bounds each write transaction on the server: a writer
+	// that stops mid-transaction (a paused process, a cut connection)
+	// holds its locks no longer than this, so an instance taking over is
+	// not blocked behind it. Default 10s; a timed-out batch is retried.
+	TxTimeout time.Duration
 }
 
 // MaxBatchSize is the largest Config.BatchSize.
@@ -42,6 +47,7 @@ const (
 	defaultDatabase     = "neo4j"
 	defaultBatchSize    = 100
 	defaultMaxRetryTime = 30 * time.Second
+	defaultTxTimeout    = 10 * time.Second
 )
 
 // schemes maps the URL schemes accepted to whether they use TLS.
@@ -59,6 +65,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxRetryTime == 0 {
 		c.MaxRetryTime = defaultMaxRetryTime
+	}
+	if c.TxTimeout == 0 {
+		c.TxTimeout = defaultTxTimeout
 	}
 }
 

@@ -2,6 +2,7 @@ package neo4j
 
 import (
 	"context"
+	"time"
 
 	"github.com/neo4j/neo4j-go-driver/v5/neo4j"
 )
@@ -27,8 +28,9 @@ type runner interface {
 // bookmark manager, so a read follows the writes before it even when a
 // cluster routes it to another member.
 type driverRunner struct {
-	driver   neo4j.DriverWithContext
-	database string
+	driver    neo4j.DriverWithContext
+	database  string
+	txTimeout time.Duration // of write transactions
 }
 
 func (r driverRunner) ExecuteWrite(ctx context.Context, work func(tx) error) error {
@@ -51,7 +53,7 @@ func (r driverRunner) execute(ctx context.Context, mode neo4j.AccessMode, work f
 	fn := func(mtx neo4j.ManagedTransaction) (any, error) { return nil, work(managedTx{mtx}) }
 	var err error
 	if mode == neo4j.AccessModeWrite {
-		_, err = session.ExecuteWrite(ctx, fn)
+		_, err = session.ExecuteWrite(ctx, fn, neo4j.WithTxTimeout(r.txTimeout))
 	} else {
 		_, err = session.ExecuteRead(ctx, fn)
 	}
