@@ -18,6 +18,11 @@
 //   - A holder that stops cleanly deletes the key (compare-and-set too),
 //     and a standby takes it at once.
 //
+// A restarted instance (the same Config.Holder, another run) takes the key
+// at once: a supervisor restarts a process it killed. Were the earlier run
+// alive after all, it could still write for what remains of its validity
+// (at most 4/5 of the TTL), until its next renewal fails.
+//
 // A process paused (SIGSTOP, a long GC, a frozen VM) finds on waking that
 // its term is past its validity; it writes nothing until a renewal
 // succeeds, which it cannot once another instance has taken the key.
@@ -54,9 +59,14 @@ type Config struct {
 	// Name is the lease's key: the service it makes single-writer (a
 	// projector's or the notifier's durable consumer name). Required.
 	Name string
-	// Holder names this instance in the lease's value (logs, status);
-	// default host-pid-random.
+	// Holder names this instance: the same across its restarts (a host and
+	// an address), different for each instance. A process that finds the
+	// lease held by an earlier run of its own instance takes it at once:
+	// that run is dead (or, paused, fenced by the takeover). Default
+	// host-pid, which never matches a restart.
 	Holder string
+	// incarnation tells this run from earlier runs of the same Holder.
+	incarnation string
 	// TTL is how long a standby waits for a renewal before it takes over;
 	// default DefaultTTL. Renewals are every TTL/3.
 	TTL time.Duration
@@ -70,11 +80,12 @@ func (c *Config) setDefaults() error {
 	if c.Name == "" {
 		return errors.New("lease: a name is required")
 	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	c.incarnation = fmt.Sprintf("%d-%s", os.Getpid(), hex.EncodeToString(b[:]))
 	if c.Holder == "" {
 		host, _ := os.Hostname()
-		var b [4]byte
-		_, _ = rand.Read(b[:])
-		c.Holder = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+		c.Holder = fmt.Sprintf("%s-%d", host, os.Getpid())
 	}
 	if c.TTL <= 0 {
 		c.TTL = DefaultTTL
@@ -94,10 +105,11 @@ func (c Config) Validity() time.Duration { return c.TTL - c.TTL/5 }
 
 // Value is what the key holds.
 type Value struct {
-	Holder  string    `json:"holder"`
-	Since   time.Time `json:"since"` // when this holder took the lease
-	Renewed time.Time `json:"renewed"`
-	TTLms   int64     `json:"ttl_ms"`
+	Holder      string    `json:"holder"`
+	Incarnation string    `json:"incarnation,omitempty"`
+	Since       time.Time `json:"since"` // when this holder took the lease
+	Renewed     time.Time `json:"renewed"`
+	TTLms       int64     `json:"ttl_ms"`
 }
 
 // Lease is one service's lease, as seen by this instance.
@@ -178,6 +190,14 @@ func (l *Lease) Acquire(ctx context.Context, standby func(holder Value)) (*Term,
 				l.log.Warn("taking the lease failed; trying again", "err", err)
 			}
 		default:
+			if v.Holder == l.cfg.Holder && v.Incarnation != l.cfg.incarnation {
+				// An earlier run of this instance: restarted, it is gone.
+				if t, err := l.take(ctx, sent, rev); err == nil {
+					l.log.Info("took the lease over from an earlier run of this instance", "previous", v.Incarnation)
+					return t, nil
+				}
+				break
+			}
 			if rev != seenRev {
 				seenRev, seenAt = rev, time.Now()
 				if !told && standby != nil {
@@ -212,7 +232,7 @@ func (l *Lease) Acquire(ctx context.Context, standby func(holder Value)) (*Term,
 // absent or deleted).
 func (l *Lease) take(ctx context.Context, sent time.Time, rev uint64) (*Term, error) {
 	now := time.Now().UTC()
-	b, _ := json.Marshal(Value{Holder: l.cfg.Holder, Since: now, Renewed: now, TTLms: l.cfg.TTL.Milliseconds()})
+	b, _ := json.Marshal(Value{Holder: l.cfg.Holder, Incarnation: l.cfg.incarnation, Since: now, Renewed: now, TTLms: l.cfg.TTL.Milliseconds()})
 	var err error
 	var got uint64
 	if rev == 0 {
@@ -317,7 +337,7 @@ func (t *Term) renew(ctx context.Context) {
 		rev := t.rev
 		t.mu.Unlock()
 		sent := time.Now()
-		b, _ := json.Marshal(Value{Holder: l.cfg.Holder, Since: t.since, Renewed: sent.UTC(), TTLms: l.cfg.TTL.Milliseconds()})
+		b, _ := json.Marshal(Value{Holder: l.cfg.Holder, Incarnation: l.cfg.incarnation, Since: t.since, Renewed: sent.UTC(), TTLms: l.cfg.TTL.Milliseconds()})
 		rctx, cancel := context.WithTimeout(ctx, every)
 		got, err := l.kv.Update(rctx, l.cfg.Name, b, rev)
 		cancel()

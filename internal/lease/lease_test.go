@@ -189,3 +189,44 @@ func TestHolderOutlivesAnOutageNobodyUsed(t *testing.T) {
 		t.Fatal("Check never answered")
 	}
 }
+
+// A restarted instance (the same Holder, another run) takes its lease at
+// once instead of waiting out its dead run's TTL; that run, were it only
+// paused, is fenced.
+func TestRestartedInstanceTakesItsLeaseAtOnce(t *testing.T) {
+	js := jetStream(t)
+	const ttl = 3 * time.Second
+	old := openLease(t, js, "host/127.0.0.1:9104", ttl)
+	block := make(chan struct{})
+	old.beforeRenew = func() { <-block }
+	to, err := old.Acquire(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	restarted := openLease(t, js, "host/127.0.0.1:9104", ttl)
+	start := time.Now()
+	tn, err := restarted.Acquire(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tn.Release()
+	if took := time.Since(start); took > ttl/2 {
+		t.Fatalf("the restarted run took its lease after %v, want at once (TTL %v)", took, ttl)
+	}
+	close(block)
+	select {
+	case <-to.Lost():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the earlier run never learnt its lease was taken")
+	}
+	if err := to.Check(context.Background()); !errors.Is(err, ErrLost) {
+		t.Fatalf("the earlier run's Check: %v, want ErrLost", err)
+	}
+	// Another instance does wait.
+	other := openLease(t, js, "host/127.0.0.1:9204", ttl)
+	short, cancel := context.WithTimeout(context.Background(), ttl/2)
+	defer cancel()
+	if _, err := other.Acquire(short, nil); err == nil {
+		t.Fatal("another instance took a renewed lease")
+	}
+}

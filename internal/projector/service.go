@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"os"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -56,7 +57,8 @@ type LeaseConfig struct {
 	TTL time.Duration
 	// Replicas of the leases' bucket; default 1.
 	Replicas int
-	// Holder names this instance; default host-pid-random.
+	// Holder names this instance, the same across its restarts; default
+	// the host and the metrics address (see lease.Config.Holder).
 	Holder string
 }
 
@@ -217,12 +219,23 @@ type holder struct {
 	standby atomic.Bool
 }
 
+// holderName is this instance's name in the lease: the configured one, or
+// the host and the metrics address, the same across restarts and
+// different for two instances on one host.
+func (h *holder) holderName() string {
+	if h.sc.Lease.Holder != "" || h.sc.MetricsAddr == "" {
+		return h.sc.Lease.Holder
+	}
+	host, _ := os.Hostname()
+	return host + "/" + h.sc.MetricsAddr
+}
+
 func (h *holder) run(ctx context.Context) error {
 	name := h.sc.Runtime.Name
 	var l *lease.Lease
 	for attempt := 1; ; attempt++ {
 		var err error
-		l, err = lease.Open(ctx, h.js, lease.Config{Name: name, TTL: h.sc.Lease.TTL, Replicas: h.sc.Lease.Replicas, Holder: h.sc.Lease.Holder}, h.log)
+		l, err = lease.Open(ctx, h.js, lease.Config{Name: name, TTL: h.sc.Lease.TTL, Replicas: h.sc.Lease.Replicas, Holder: h.holderName()}, h.log)
 		if err == nil {
 			break
 		}
@@ -313,6 +326,9 @@ func (h *holder) resetConsumer(ctx context.Context) {
 	stream := h.sc.Runtime.Stream
 	if stream == "" {
 		stream = contract.DocsStream
+	}
+	if _, err := h.js.Consumer(ctx, stream, h.sc.Runtime.Name); err != nil {
+		return // none yet (the runtime creates it), or unreadable: nothing to reset
 	}
 	resp, err := h.js.ResetConsumer(ctx, stream, h.sc.Runtime.Name)
 	switch {

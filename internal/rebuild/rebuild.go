@@ -170,10 +170,11 @@ type Manager struct {
 	log     *slog.Logger
 	backoff retry.Backoff // between attempts of a failed step
 
-	js    jetstream.JetStream
-	kv    jetstream.KeyValue
-	ready chan struct{}
-	wake  chan struct{}
+	js        jetstream.JetStream
+	kv        jetstream.KeyValue
+	ready     chan struct{}
+	readyOnce sync.Once
+	wake      chan struct{}
 
 	mu     sync.Mutex
 	status Status
@@ -238,7 +239,7 @@ func (m *Manager) Run(ctx context.Context, js jetstream.JetStream) error {
 			return nil
 		}
 	}
-	close(m.ready)
+	m.readyOnce.Do(func() { close(m.ready) }) // Run runs once per term of the lease
 	for {
 		st, err := m.load(ctx)
 		switch {
