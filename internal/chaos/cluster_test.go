@@ -199,7 +199,7 @@ func startPipeline(t *testing.T, cfg runConfig) *pipeline {
 		// bucket. The ack wait stays at its default: a takeover does not
 		// wait for it.
 		graphEnv := []string{"CONVERGE_NEO4J_URL=" + cfg.neo4j.URL, "CONVERGE_NEO4J_USER=" + cfg.neo4j.User, "CONVERGE_NEO4J_PASSWORD=" + cfg.neo4j.Password}
-		graphArgs := []string{"-lease-ttl", standbyTTL.String(), "-tokens-file", p.serviceTokens}
+		graphArgs := []string{"-lease-ttl", standbyTTL.String(), "-neo4j-tx-timeout", "3s", "-tokens-file", p.serviceTokens}
 		p.add("projector-graph", natsauth.UserGraph, graphEnv, graphArgs...)
 		p.add("projector-graph-b", natsauth.UserGraph, graphEnv, graphArgs...)
 		notifierArgs = append(notifierArgs, "-lease-ttl", standbyTTL.String())

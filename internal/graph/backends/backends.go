@@ -39,7 +39,7 @@ func Flags(f *config.Flags) func() *Config {
 	password := f.String("neo4j-password", EnvNeo4jPassword, "", "Neo4j password")
 	database := f.String("neo4j-database", "CONVERGE_NEO4J_DATABASE", "neo4j", "Neo4j database")
 	batch := f.Int("neo4j-batch", "CONVERGE_NEO4J_BATCH", 100, "documents per Neo4j transaction")
-	txTimeout := f.Duration("neo4j-tx-timeout", "CONVERGE_NEO4J_TX_TIMEOUT", 10*time.Second,
+	txTimeout := f.Duration("neo4j-tx-timeout", "CONVERGE_NEO4J_TX_TIMEOUT", 5*time.Second,
 		"bound of each Neo4j write transaction: how long a writer that stopped mid-transaction (paused, cut off) can hold its locks")
 	dataDir := f.String("data-dir", config.EnvDataDir, "./.converge", "directory of the embedded stores")
 	return func() *Config {

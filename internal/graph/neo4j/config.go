@@ -36,7 +36,7 @@ type Config struct {
 	// TxTimeout bounds each write transaction on the server: a writer
 	// that stops mid-transaction (a paused process, a cut connection)
 	// holds its locks no longer than this, so an instance taking over is
-	// not blocked behind it. Default 10s; a timed-out batch is retried.
+	// not blocked behind it. Default 5s; a timed-out batch is retried.
 	TxTimeout time.Duration
 }
 
@@ -47,7 +47,7 @@ const (
 	defaultDatabase     = "neo4j"
 	defaultBatchSize    = 100
 	defaultMaxRetryTime = 30 * time.Second
-	defaultTxTimeout    = 10 * time.Second
+	defaultTxTimeout    = 5 * time.Second
 )
 
 // schemes maps the URL schemes accepted to whether they use TLS.
