@@ -56,8 +56,8 @@ chaos: deps ## the chaos suite: every service a process, 200+ random faults unde
 		-chaos.faults=$${CHAOS_FAULTS:-200} $(if $(CHAOS_SEED),-chaos.seed=$(CHAOS_SEED)) $(CHAOS_FLAGS)
 
 .PHONY: test-ha
-test-ha: deps ## the standby suite alone, verbose (make test runs it too): two instances of the graph projector (on Neo4j) and of the notifier, the writer SIGKILLed and SIGSTOPped under load
-	NEO4J_INSTANCES=1 bash scripts/neo4j-server.sh run -- $(GO) test -count=1 -v -timeout 20m -run '^TestStandbyTakesOver$$' ./internal/chaos
+test-ha: deps ## the high-availability suites, verbose: standby instances (also in make test) and a 3-node NATS cluster losing its stream leader under load
+	NEO4J_INSTANCES=1 bash scripts/neo4j-server.sh run -- env CONVERGE_TEST_CLUSTER=1 $(GO) test -count=1 -v -timeout 30m -run '^(TestStandbyTakesOver|TestNATSClusterLosesItsStreamLeader)$$' ./internal/chaos
 
 .PHONY: test-short
 test-short: deps ## the tests without the race detector

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -122,7 +123,7 @@ func printStatus(out io.Writer, rep statusReport) {
 	fmt.Fprintf(tw, "OUTBOX\t%d rows\toldest %s\n", rep.Outbox.Rows, oldest)
 	if len(rep.Streams) > 0 {
 		fmt.Fprintln(tw)
-		fmt.Fprintln(tw, "STREAM\tMESSAGES\tBYTES\tSEQ\tSUBJECTS\tCONSUMERS\tLAST")
+		fmt.Fprintln(tw, "STREAM\tMESSAGES\tBYTES\tSEQ\tSUBJECTS\tCONSUMERS\tREPLICAS\tLAST")
 		for _, s := range rep.Streams {
 			if !s.Exists {
 				why := ""
@@ -136,7 +137,7 @@ func printStatus(out io.Writer, rep statusReport) {
 			if !s.LastTime.IsZero() {
 				last = s.LastTime.Format(time.RFC3339)
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%d..%d\t%d\t%d\t%s\n", s.Name, s.Messages, bytesHuman(int64(s.Bytes)), s.FirstSeq, s.LastSeq, s.Subjects, s.Consumers, last)
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%d..%d\t%d\t%d\t%s\t%s\n", s.Name, s.Messages, bytesHuman(int64(s.Bytes)), s.FirstSeq, s.LastSeq, s.Subjects, s.Consumers, replicasText(s), last)
 		}
 	}
 	if len(rep.Consumers) > 0 {
@@ -185,4 +186,24 @@ func bytesHuman(n int64) string {
 		exp++
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// replicasText is a stream's replication: its count, and on a cluster its
+// leader and each follower (current, or how far behind, or offline).
+func replicasText(s relay.StreamStatus) string {
+	if s.Leader == "" {
+		return fmt.Sprint(s.Replicas)
+	}
+	parts := []string{fmt.Sprintf("%d, leader %s", s.Replicas, s.Leader)}
+	for _, f := range s.Followers {
+		state := "current"
+		switch {
+		case f.Offline:
+			state = "offline"
+		case !f.Current:
+			state = fmt.Sprintf("%d behind", f.Lag)
+		}
+		parts = append(parts, f.Name+" "+state)
+	}
+	return strings.Join(parts, "; ")
 }

@@ -53,6 +53,9 @@ type runConfig struct {
 	// each (projector-graph-b, notifier-b), one writing, one standing by.
 	standby bool
 	neo4j   testenv.Neo4j
+	// cluster runs NATS as a cluster of three, every stream and bucket
+	// with three replicas.
+	cluster bool
 }
 
 func configFromFlags() runConfig {

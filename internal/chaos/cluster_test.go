@@ -49,8 +49,10 @@ type pipeline struct {
 	dbURL    string        // the pipeline's database as the superuser (the suite's checks)
 	db       *pgxpool.Pool // on dbURL
 
-	nats   *testenv.NATSProcess
-	natsPW map[string]string // NATS user -> password
+	nats    *testenv.NATSProcess // the server; nil on a cluster
+	cluster *testenv.NATSCluster // the cluster (runConfig.cluster); nil on a server
+	natsURL string               // what the services connect to
+	natsPW  map[string]string    // NATS user -> password
 	nc     *nats.Conn        // the suite's admin connection
 	js     jetstream.JetStream
 
@@ -144,8 +146,14 @@ func startPipeline(t *testing.T, cfg runConfig) *pipeline {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = natsLog.Close() })
-	p.nats = testenv.StartNATSProcess(t, natsBin, testenv.NATSProcessOptions{Users: users, Out: natsLog})
-	p.nc, err = nats.Connect(p.nats.URL, nats.UserInfo(adminUser, users[len(users)-1].Password),
+	if cfg.cluster {
+		p.cluster = testenv.StartNATSCluster(t, natsBin, 3, testenv.NATSProcessOptions{Users: users, Out: natsLog})
+		p.natsURL = p.cluster.URL
+	} else {
+		p.nats = testenv.StartNATSProcess(t, natsBin, testenv.NATSProcessOptions{Users: users, Out: natsLog})
+		p.natsURL = p.nats.URL
+	}
+	p.nc, err = nats.Connect(p.natsURL, nats.UserInfo(adminUser, users[len(users)-1].Password),
 		nats.Name("chaos"), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
@@ -179,6 +187,13 @@ func startPipeline(t *testing.T, cfg runConfig) *pipeline {
 	httpAddr := freeAddr(t)
 	p.api = "http://" + httpAddr
 	relayArgs := []string{"-standby-retry", "200ms"}
+	// On a cluster every stream and bucket the services create has three
+	// replicas.
+	var replicated []string
+	if cfg.cluster {
+		relayArgs = append(relayArgs, "-stream-replicas", "3")
+		replicated = []string{"-replicas", "3"}
+	}
 	if cfg.history != 0 {
 		relayArgs = append(relayArgs, "-stream-history", fmt.Sprint(cfg.history))
 	}
@@ -190,7 +205,7 @@ func startPipeline(t *testing.T, cfg runConfig) *pipeline {
 	p.add("writer", natsauth.UserWriter, p.postgresEnv(roles.Writer), "-http-addr", httpAddr, "-tokens-file", p.writerTokens)
 	p.add("relay-a", natsauth.UserRelay, relayEnv, relayArgs...)
 	p.add("relay-b", natsauth.UserRelay, relayEnv, relayArgs...)
-	p.add("projector-index", natsauth.UserIndex, nil, "-data-dir", data, "-ack-wait", "5s", "-tokens-file", p.serviceTokens)
+	p.add("projector-index", natsauth.UserIndex, nil, append([]string{"-data-dir", data, "-ack-wait", "5s", "-tokens-file", p.serviceTokens}, replicated...)...)
 	notifierArgs := []string{"-webhook-urls", p.recv.url, "-claim-timeout", "10s", "-http-timeout", "5s",
 		"-retry-min", "200ms", "-retry-max", "2s", "-tokens-file", p.serviceTokens}
 	notifierEnv := []string{"CONVERGE_WEBHOOK_SECRET=" + secret}
@@ -206,8 +221,8 @@ func startPipeline(t *testing.T, cfg runConfig) *pipeline {
 		p.add("notifier", natsauth.UserNotifier, notifierEnv, notifierArgs...)
 		p.add("notifier-b", natsauth.UserNotifier, notifierEnv, notifierArgs...)
 	} else {
-		p.add("projector-graph", natsauth.UserGraph, nil, "-data-dir", data, "-ack-wait", "5s", "-tokens-file", p.serviceTokens)
-		p.add("notifier", natsauth.UserNotifier, notifierEnv, append(notifierArgs, "-ack-wait", "5s")...)
+		p.add("projector-graph", natsauth.UserGraph, nil, append([]string{"-data-dir", data, "-ack-wait", "5s", "-tokens-file", p.serviceTokens}, replicated...)...)
+		p.add("notifier", natsauth.UserNotifier, notifierEnv, append(append(notifierArgs, "-ack-wait", "5s"), replicated...)...)
 	}
 	t.Cleanup(func() {
 		for _, s := range p.services {
@@ -239,7 +254,7 @@ func (p *pipeline) add(name, natsUser string, env []string, args ...string) {
 	}
 	p.t.Cleanup(func() { _ = log.Close() })
 	addr := freeAddr(p.t)
-	args = append(append([]string{}, args...), "-metrics-addr", addr, "-nats-url", p.nats.URL, "-nats-user", natsUser)
+	args = append(append([]string{}, args...), "-metrics-addr", addr, "-nats-url", p.natsURL, "-nats-user", natsUser)
 	env = append(append([]string{}, env...), natsauth.EnvPassword+"="+p.natsPW[natsUser])
 	p.services = append(p.services, &service{t: p.t, name: name, bin: p.bin.Path(bin), args: args, env: env, addr: addr, log: log})
 }

@@ -59,6 +59,9 @@ type fault struct {
 	Writes time.Duration // from End until the writer acknowledged a write again
 	Stream time.Duration // from End until the stream grew again
 	Failed string        // a check that did not hold in time
+	// Slowest names what was still not ready a second before every
+	// service was: where the time to ready went.
+	Slowest string
 }
 
 // inject picks fault n among choices, injects it, and brings back what it stopped.
@@ -140,7 +143,7 @@ func (p *pipeline) replay(ctx context.Context, projector string, from float64) s
 	first, last := info.State.FirstSeq, info.State.LastSeq
 	seq := first + uint64(from*float64(last-first+1))
 	seq = max(seq, 1)
-	args := []string{"replay", projector, "--from-seq", fmt.Sprint(seq), "-nats-url", p.nats.URL, "-nats-user", natsauth.UserOperator}
+	args := []string{"replay", projector, "--from-seq", fmt.Sprint(seq), "-nats-url", p.natsURL, "-nats-user", natsauth.UserOperator}
 	cctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	out, err := p.converge(cctx, p.operatorEnv(), args...)
@@ -190,14 +193,26 @@ func (p *pipeline) recovered(ctx context.Context, f *fault, l *load, timeout tim
 		}
 		return time.Since(f.End)
 	}
+	var notReady []string
+	var notReadyAt time.Time
 	f.Ready = wait("every service ready", func() bool {
+		var now []string
 		for _, s := range p.services {
 			if !s.ready() {
-				return false
+				now = append(now, s.name)
 			}
 		}
-		return p.activeRelay() != nil
+		if p.activeRelay() == nil {
+			now = append(now, "no relay holding the slot")
+		}
+		if len(now) > 0 {
+			notReady, notReadyAt = now, time.Now()
+		}
+		return len(now) == 0
 	})
+	if len(notReady) > 0 && time.Since(notReadyAt) < 2*time.Second && f.Ready > time.Second {
+		f.Slowest = strings.Join(notReady, ", ")
+	}
 	f.Writes = wait("a write acknowledged", func() bool { return l.acked.Load() > acked })
 	f.Stream = wait("the stream growing", func() bool {
 		info, err := p.streamInfo(ctx, contract.DocsStream)

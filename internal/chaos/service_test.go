@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -150,4 +151,15 @@ func (s *service) exits() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return append([]string(nil), s.selfExit...)
+}
+
+// dumpGoroutines has the process write every goroutine's stack to its log
+// (SIGQUIT, which also ends it; the suite restarts it unless stopped).
+func (s *service) dumpGoroutines() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.child != nil {
+		s.logf("SIGQUIT: goroutine dump")
+		_ = syscall.Kill(s.child.Pid(), syscall.SIGQUIT)
+	}
 }

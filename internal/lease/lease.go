@@ -351,6 +351,15 @@ func (t *Term) renew(ctx context.Context) {
 			timer.Reset(every)
 		case errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) ||
 			errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted):
+			// A renewal whose answer was lost (a stream leader change) may
+			// have been stored: the key then holds this very run.
+			if v, rev, held, gerr := l.Current(ctx); gerr == nil && held && v.Holder == l.cfg.Holder && v.Incarnation == l.cfg.incarnation {
+				t.mu.Lock()
+				t.rev = rev
+				t.mu.Unlock()
+				timer.Reset(0)
+				continue
+			}
 			l.log.Error("the lease was taken by another instance; this one stops writing", "err", err)
 			t.markLost()
 			return

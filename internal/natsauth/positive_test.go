@@ -47,7 +47,10 @@ func TestRelayDoesItsJob(t *testing.T) {
 		t.Errorf("ack %+v", ack)
 	}
 	effects := relay.Config{Effects: relay.EffectsConfig{Enabled: true}}
-	for range 2 { // creates, then updates
+	for i := range 3 { // creates, reads it unchanged, updates a changed limit
+		if i == 2 {
+			effects.Effects.MaxAge = 48 * time.Hour
+		}
 		if _, err := relay.EnsureEffectsStream(ctx(t), r.js, effects); err != nil {
 			t.Fatal(err)
 		}

@@ -161,6 +161,9 @@ func Run(ctx context.Context, cfg ServiceConfig, deps service.Deps) error {
 	}
 	sc := cfg.Projector
 	log := deps.Log
+	if cfg.Notifier.Replicas <= 0 {
+		cfg.Notifier.Replicas = sc.Runtime.Replicas
+	}
 	n, err := New(ctx, js, cfg.Notifier, NewMetrics(deps.Registry), log.With("projector", sc.Runtime.Name))
 	if err != nil {
 		return err

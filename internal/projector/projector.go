@@ -256,6 +256,9 @@ type Config struct {
 	// with EveryEvent also reports every event it never received (see
 	// [GapRecord]).
 	EveryEvent bool
+	// Replicas of the dead letters' stream when this runtime creates it
+	// (3 on a NATS cluster); default 1.
+	Replicas int
 	// Fence, when set, is asked before every store write: an error means
 	// this instance may no longer write (another holds its lease). The
 	// batch is then neither written nor acknowledged (the instance that
@@ -382,7 +385,7 @@ func (r *Runtime) Ready() <-chan struct{} { return r.ready }
 // Run returns: messages are acknowledged or, if ctx ended during a retry,
 // released for redelivery.
 func (r *Runtime) Run(ctx context.Context) error {
-	if err := deadletter.EnsureStream(ctx, r.js, 1); err != nil {
+	if err := deadletter.EnsureStream(ctx, r.js, max(r.cfg.Replicas, 1)); err != nil {
 		return fmt.Errorf("projector %s: %w", r.cfg.Name, err)
 	}
 	r.fenced.Store(nil)
@@ -465,12 +468,22 @@ func (r *Runtime) consume(ctx context.Context) (done bool, err error) {
 	r.consumed = true
 	lagCtx, stopLag := context.WithCancel(ctx)
 	defer stopLag()
-	go r.watchLag(lagCtx, cons)
+	loopCtx, stall := context.WithCancelCause(ctx)
+	defer stall(nil)
+	go r.watchLag(lagCtx, cons, func() { stall(errStalled) })
 	r.once.Do(func() { close(r.ready) })
 	r.log.Info("projecting", "stream", r.cfg.Stream, "batch", r.cfg.BatchSize, "parallel", r.cfg.Parallel)
 
-	return r.loop(ctx, cons, it)
+	done, err = r.loop(loopCtx, cons, it)
+	if ctx.Err() == nil && errors.Is(context.Cause(loopCtx), errStalled) {
+		return false, errStalled
+	}
+	return done, err
 }
+
+// errStalled ends a consume whose consumer delivers nothing while it has
+// messages to deliver: Run starts it again.
+var errStalled = errors.New("the consumer delivered nothing while it had messages pending")
 
 // prepared is a fetched batch, decoded and sorted into items, with its
 // messages' acknowledgement deadlines kept alive until it is finished.
@@ -678,12 +691,30 @@ func next(ctx context.Context, it jetstream.MessagesContext, wait time.Duration)
 	return m, err
 }
 
-func (r *Runtime) watchLag(ctx context.Context, cons jetstream.Consumer) {
+func (r *Runtime) watchLag(ctx context.Context, cons jetstream.Consumer, stalled func()) {
 	t := time.NewTicker(r.cfg.LagInterval)
 	defer t.Stop()
+	var lastDelivered uint64
+	idle := 0
 	for {
 		if info, err := cons.Info(ctx); err == nil {
 			r.metrics.Pending.Set(float64(info.NumPending + uint64(info.NumAckPending)))
+			// Messages to deliver, none in flight, and nothing delivered
+			// since the last look, twice running: the pull requests are
+			// not being served (a pin lost in a consumer leader change on
+			// a cluster). Starting again unpins and pulls anew.
+			switch {
+			case info.NumPending > 0 && info.NumAckPending == 0 && info.Delivered.Stream == lastDelivered:
+				idle++
+			default:
+				idle = 0
+			}
+			lastDelivered = info.Delivered.Stream
+			if idle >= 2 {
+				r.log.Warn("the consumer has messages to deliver but delivers none; pulling again", "pending", info.NumPending)
+				stalled()
+				return
+			}
 		}
 		select {
 		case <-ctx.Done():

@@ -102,7 +102,7 @@ func ServiceFlags(f *config.Flags, name, metricsAddr string) func() (ServiceConf
 		"the consumer's redelivery timeout (extended while a batch is applied); an instance taking over, or restarted, has what the last one held delivered again at once")
 	leaseTTL := f.Duration("lease-ttl", "CONVERGE_LEASE_TTL", lease.DefaultTTL,
 		"how long a standby instance of this projector waits for the writer's lease renewal before it takes over")
-	replicas := f.Int("replicas", "CONVERGE_REPLICAS", 1, "replicas of the buckets this service creates (3 on a NATS cluster)")
+	replicas := f.Int("replicas", "CONVERGE_REPLICAS", 1, "replicas of the streams and buckets this service creates: the leases, the dead letters, the rebuilds' state, the notifier's dedup store (3 on a NATS cluster)")
 	natsAuth := natsauth.Flags(f)
 	security := auth.BindFlags(f)
 	return func() (ServiceConfig, error) {
@@ -117,7 +117,7 @@ func ServiceFlags(f *config.Flags, name, metricsAddr string) func() (ServiceConf
 			return ServiceConfig{}, err
 		}
 		return ServiceConfig{NATSURL: *natsURL, MetricsAddr: *addr, NATSAuth: na, Security: security(),
-			Runtime: Config{Name: *durable, BatchSize: *batch, Parallel: *parallel, MaxDeliver: *maxDeliver, AckWait: *ackWait},
+			Runtime: Config{Name: *durable, BatchSize: *batch, Parallel: *parallel, MaxDeliver: *maxDeliver, AckWait: *ackWait, Replicas: *replicas},
 			Lease:   LeaseConfig{TTL: *leaseTTL, Replicas: *replicas}}, nil
 	}
 }

@@ -222,6 +222,7 @@ func (m *Manager) Run(ctx context.Context, js jetstream.JetStream) error {
 			Description: "converge: rebuilds in progress, by projector",
 			History:     1,
 			Storage:     jetstream.FileStorage,
+			Replicas:    max(m.cfg.Runtime.Replicas, 1),
 		})
 		if errors.Is(err, jetstream.ErrBucketExists) {
 			kv, err = js.KeyValue(ctx, Bucket)

@@ -25,7 +25,8 @@ type Config struct {
 	WindowBytes int
 	// AckTimeout is how long a publish may wait for its acknowledgement
 	// before the session ends and resumes from the confirmed position (the
-	// message or its acknowledgement was lost). Default 30s.
+	// message or its acknowledgement was lost: a NATS restart, a stream
+	// leader change on a cluster). Default 5s.
 	AckTimeout time.Duration
 	// StatusInterval is how often the confirmed position is reported to
 	// Postgres, well within wal_sender_timeout. Default 1s.
@@ -138,7 +139,7 @@ func (c *Config) setDefaults() {
 		c.StandbyRetry = 2 * time.Second
 	}
 	if c.AckTimeout <= 0 {
-		c.AckTimeout = 30 * time.Second
+		c.AckTimeout = 5 * time.Second
 	}
 	if c.ShutdownTimeout <= 0 {
 		c.ShutdownTimeout = 30 * time.Second

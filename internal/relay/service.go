@@ -64,7 +64,7 @@ func Flags(f *config.Flags) func() (ServiceConfig, error) {
 	slot := f.String("slot", "CONVERGE_RELAY_SLOT", "converge_relay", "logical replication slot")
 	window := f.Int("window", "CONVERGE_RELAY_WINDOW", 4096, "publishes awaiting acknowledgement at most")
 	windowBytes := f.Int("window-bytes", "CONVERGE_RELAY_WINDOW_BYTES", 32<<20, "payload bytes awaiting acknowledgement at most")
-	ackTimeout := f.Duration("ack-timeout", "CONVERGE_RELAY_ACK_TIMEOUT", 30*time.Second, "how long a publish may await its acknowledgement before the session resumes from the confirmed position")
+	ackTimeout := f.Duration("ack-timeout", "CONVERGE_RELAY_ACK_TIMEOUT", 5*time.Second, "how long a publish may await its acknowledgement before the session resumes from the confirmed position (a message lost in a stream leader change on a cluster is never answered)")
 	heartbeat := f.Duration("heartbeat", "CONVERGE_RELAY_HEARTBEAT", 10*time.Second, "interval of the logical heartbeat that advances an idle slot (negative: off)")
 	standby := f.Duration("standby-retry", "CONVERGE_RELAY_STANDBY_RETRY", 2*time.Second, "how often a standby retries the slot, and the delay before reconnecting after an error")
 	lagAlarm := f.Int("lag-alarm-bytes", "CONVERGE_RELAY_LAG_ALARM_BYTES", 1<<30, "log an alarm while the slot's lag exceeds this")

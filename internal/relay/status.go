@@ -50,6 +50,20 @@ type StreamStatus struct {
 	LastTime  time.Time `json:"last_time,omitzero"`
 	Subjects  uint64    `json:"subjects"`
 	Consumers int       `json:"consumers"`
+	// Replicas is the stream's configured replica count; Leader the server
+	// that leads it on a cluster ("" on a single server), Replicas its
+	// followers, each with whether it is current.
+	Replicas  int             `json:"replicas"`
+	Leader    string          `json:"leader,omitempty"`
+	Followers []ReplicaStatus `json:"followers,omitempty"`
+}
+
+// ReplicaStatus is a follower of a replicated stream.
+type ReplicaStatus struct {
+	Name    string `json:"name"`
+	Current bool   `json:"current"`
+	Offline bool   `json:"offline,omitempty"`
+	Lag     uint64 `json:"lag,omitempty"` // operations behind the leader
 }
 
 // ConsumerStatus is a durable consumer of a stream: a projector's, or the
@@ -135,6 +149,13 @@ func ReadStreams(ctx context.Context, js jetstream.StreamManager, names ...strin
 		st.Exists = true
 		st.Messages, st.Bytes, st.FirstSeq, st.LastSeq = info.State.Msgs, info.State.Bytes, info.State.FirstSeq, info.State.LastSeq
 		st.LastTime, st.Subjects, st.Consumers = info.State.LastTime, info.State.NumSubjects, info.State.Consumers
+		st.Replicas = max(info.Config.Replicas, 1)
+		if c := info.Cluster; c != nil {
+			st.Leader = c.Leader
+			for _, r := range c.Replicas {
+				st.Followers = append(st.Followers, ReplicaStatus{Name: r.Name, Current: r.Current, Offline: r.Offline, Lag: r.Lag})
+			}
+		}
 		out = append(out, st)
 	}
 	return out, nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -14,7 +15,7 @@ import (
 // EnsureStream creates the document stream, or updates it to cfg.
 func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (jetstream.Stream, error) {
 	cfg.setDefaults()
-	s, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	want := jetstream.StreamConfig{
 		Name:              cfg.Name,
 		Description:       "converge document events, one subject per document, published by the relay",
 		Subjects:          []string{contract.DocsSubjectPrefix + ">"},
@@ -27,11 +28,36 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig)
 		MaxAge:            cfg.MaxAge,
 		MaxMsgSize:        contract.MaxMessageBytes,
 		AllowDirect:       true,
-	})
+	}
+	// Read first, and change only what differs: every session ensures the
+	// stream, and an update goes through the cluster's meta leader, which
+	// a server's loss takes seconds to elect again.
+	if s, err := js.Stream(ctx, cfg.Name); err == nil && sameStreamConfig(s.CachedInfo().Config, want) {
+		return s, nil
+	}
+	s, err := js.CreateOrUpdateStream(ctx, want)
 	if err != nil {
 		return nil, fmt.Errorf("relay: ensure stream %s: %w", cfg.Name, err)
 	}
 	return s, nil
+}
+
+// sameStreamConfig reports whether have already is want in every setting
+// the relay manages (the server fills in the others).
+func sameStreamConfig(have, want jetstream.StreamConfig) bool {
+	return have.Description == want.Description && slices.Equal(have.Subjects, want.Subjects) &&
+		have.Retention == want.Retention && have.Discard == want.Discard && have.Storage == want.Storage &&
+		max(have.Replicas, 1) == max(want.Replicas, 1) && (want.Duplicates == 0 || have.Duplicates == want.Duplicates) &&
+		limit(have.MaxMsgsPerSubject) == limit(want.MaxMsgsPerSubject) && have.MaxAge == want.MaxAge &&
+		limit(have.MaxBytes) == limit(want.MaxBytes) && have.MaxMsgSize == want.MaxMsgSize && have.AllowDirect == want.AllowDirect
+}
+
+// limit is a stream limit as the server keeps it: 0, unset, is -1.
+func limit(v int64) int64 {
+	if v == 0 {
+		return -1
+	}
+	return v
 }
 
 // EnsureEffectsStream creates the effects' stream (see [EffectsConfig]), or
@@ -56,6 +82,9 @@ func EnsureEffectsStream(ctx context.Context, js jetstream.JetStream, cfg Config
 	switch s, err := js.Stream(ctx, e.Name); {
 	case err == nil:
 		sc.Metadata = s.CachedInfo().Config.Metadata
+		if sameStreamConfig(s.CachedInfo().Config, sc) {
+			return s, nil
+		}
 		s, err = js.UpdateStream(ctx, sc)
 		if err != nil {
 			return nil, fmt.Errorf("relay: update stream %s: %w", e.Name, err)

@@ -52,6 +52,12 @@ type NATSProcessOptions struct {
 	Users []*server.User
 	// Out receives the server's log; nil: discarded.
 	Out io.Writer
+
+	// name, clusterPort and routes make the server a node of a cluster
+	// (StartNATSCluster).
+	name        string
+	clusterPort int
+	routes      []int
 }
 
 // NATSProcess is a nats-server with JetStream running as a child process
@@ -61,6 +67,7 @@ type NATSProcess struct {
 	URL      string // nats://127.0.0.1:PORT
 	Port     int
 	StoreDir string
+	Name     string // the server's name in a cluster; "" for a single server
 
 	bin, conf   string
 	monitorPort int
@@ -86,16 +93,95 @@ func StartNATSProcess(t testing.TB, bin string, o NATSProcessOptions) *NATSProce
 	if err != nil {
 		t.Fatalf("testenv: %v", err)
 	}
-	n := &NATSProcess{URL: fmt.Sprintf("nats://127.0.0.1:%d", port), Port: port, StoreDir: o.StoreDir,
+	n := &NATSProcess{URL: fmt.Sprintf("nats://127.0.0.1:%d", port), Port: port, StoreDir: o.StoreDir, Name: o.name,
 		bin: bin, conf: filepath.Join(t.TempDir(), "nats-server.conf"), monitorPort: monitor, out: o.Out}
-	if err := os.WriteFile(n.conf, []byte(natsConf(port, monitor, o.StoreDir, o.Users)), 0o600); err != nil {
+	conf := natsConf(port, monitor, o.StoreDir, o.Users)
+	if o.name != "" {
+		conf = clusterConf(o.name, o.clusterPort, o.routes) + conf
+	}
+	if err := os.WriteFile(n.conf, []byte(conf), 0o600); err != nil {
 		t.Fatalf("testenv: %v", err)
 	}
 	t.Cleanup(n.Kill)
+	if o.name != "" {
+		return n // StartNATSCluster starts the nodes together
+	}
 	if err := n.Start(); err != nil {
 		t.Fatalf("testenv: %v", err)
 	}
 	return n
+}
+
+// NATSCluster is a JetStream cluster of nats-server processes on
+// 127.0.0.1, each on its own store: a node's Kill and Start are a crash
+// and a restart of that server.
+type NATSCluster struct {
+	Nodes []*NATSProcess
+	// URL lists every node's client URL, comma-separated: what a client
+	// connects to.
+	URL string
+}
+
+// StartNATSCluster starts a cluster of size nodes (3 for quorum with one
+// down) with o's users and log, and returns once every node is ready.
+func StartNATSCluster(t testing.TB, bin string, size int, o NATSProcessOptions) *NATSCluster {
+	t.Helper()
+	ports := make([]int, size)
+	for i := range ports {
+		p, err := freeTCPPort()
+		if err != nil {
+			t.Fatalf("testenv: %v", err)
+		}
+		ports[i] = p
+	}
+	c := &NATSCluster{}
+	urls := make([]string, size)
+	for i := range size {
+		no := o
+		no.StoreDir = t.TempDir()
+		no.name, no.clusterPort = fmt.Sprintf("n%d", i+1), ports[i]
+		for j, p := range ports {
+			if j != i {
+				no.routes = append(no.routes, p)
+			}
+		}
+		n := StartNATSProcess(t, bin, no)
+		c.Nodes = append(c.Nodes, n)
+		urls[i] = n.URL
+	}
+	c.URL = strings.Join(urls, ",")
+	errs := make(chan error, size)
+	for _, n := range c.Nodes {
+		go func() { errs <- n.Start() }()
+	}
+	for range size {
+		if err := <-errs; err != nil {
+			t.Fatalf("testenv: cluster: %v", err)
+		}
+	}
+	return c
+}
+
+// Node is the node called name, nil when none is.
+func (c *NATSCluster) Node(name string) *NATSProcess {
+	for _, n := range c.Nodes {
+		if n.Name == name {
+			return n
+		}
+	}
+	return nil
+}
+
+// clusterConf is the part of a node's configuration that makes it one of
+// the cluster: its name, its route port and the others'.
+func clusterConf(name string, port int, routes []int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "server_name: %s\ncluster {\n  name: converge\n  listen: \"127.0.0.1:%d\"\n  routes: [\n", strconv.Quote(name), port)
+	for _, r := range routes {
+		fmt.Fprintf(&b, "    \"nats-route://127.0.0.1:%d\"\n", r)
+	}
+	b.WriteString("  ]\n}\n")
+	return b.String()
 }
 
 // Start starts the server (again, after Kill) on its store and port and

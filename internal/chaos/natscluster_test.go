@@ -1,0 +1,177 @@
+//go:build linux
+
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/converge-sync/converge/internal/natsauth"
+	"github.com/converge-sync/converge/internal/testenv"
+	"github.com/converge-sync/converge/pkg/contract"
+)
+
+// TestNATSClusterLosesItsStreamLeader runs the pipeline on a cluster of
+// three NATS servers, every stream and bucket with three replicas, under
+// load. It SIGKILLs the server leading the documents' stream, measures the
+// pause (until every service is ready, a write is acknowledged and the
+// stream grows again, with two servers left), restarts it on its store,
+// and does the same to the next leader. At the end nothing acknowledged is
+// lost, the stream and the outbox agree, converge verify agrees, every
+// event was notified, and converge status shows the replicas and the
+// leader.
+func TestNATSClusterLosesItsStreamLeader(t *testing.T) {
+	if testing.Short() || os.Getenv("CONVERGE_TEST_CLUSTER") == "" {
+		t.Skip("the NATS cluster suite: CONVERGE_TEST_CLUSTER=1 (make test-ha)")
+	}
+	cfg := configFromFlags()
+	cfg.cluster = true
+	cfg.rate = 200
+	p := startPipeline(t, cfg)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("logs of every process: %s", p.logDir)
+		}
+	})
+	ctx := context.Background()
+	l := &load{api: p.api, token: p.writeToken, docs: cfg.docs, producers: cfg.producers, rate: cfg.rate, seed: cfg.seed}
+	loadCtx, stopLoad := context.WithCancel(ctx)
+	defer stopLoad()
+	var loading sync.WaitGroup
+	loading.Go(func() { l.run(loadCtx) })
+	tapCtx, stopTap := context.WithCancel(ctx)
+	defer stopTap()
+	docsTap, tapDone := p.startTap(tapCtx, contract.DocsStream)
+
+	var faults []*fault
+	killed := map[string]bool{}
+	for n := 1; n <= 2; n++ {
+		time.Sleep(3 * time.Second)
+		info, err := p.streamInfo(ctx, contract.DocsStream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Config.Replicas != 3 || info.Cluster == nil || info.Cluster.Leader == "" {
+			t.Fatalf("%s: %d replicas, cluster %+v; want 3 replicas and a leader", contract.DocsStream, info.Config.Replicas, info.Cluster)
+		}
+		leader := info.Cluster.Leader
+		if killed[leader] {
+			t.Logf("the leader %s was killed before: the stream moved back to it", leader)
+		}
+		killed[leader] = true
+		node := p.cluster.Node(leader)
+		f := &fault{N: n, Kind: "SIGKILL stream leader", Start: time.Now()}
+		node.Kill()
+		f.End = f.Start
+		p.recovered(ctx, f, l, 2*time.Minute)
+		after, err := p.streamInfo(ctx, contract.DocsStream)
+		newLeader := "?"
+		if err == nil && after.Cluster != nil {
+			newLeader = after.Cluster.Leader
+		}
+		f.Detail = fmt.Sprintf("%s killed; %s leads", leader, newLeader)
+		t.Logf("fault %d %-22s %-26s ready %6s (last: %s)  writes %6s  stream %6s  %s", n, f.Kind, f.Detail,
+			short(f.Ready), f.Slowest, short(f.Writes), short(f.Stream), f.Failed)
+		if f.Failed != "" {
+			t.Fatalf("fault %d (%s): %s", n, f.Detail, f.Failed)
+		}
+		if newLeader == leader {
+			t.Errorf("the stream is led by %s, the server killed", leader)
+		}
+		restart := time.Now()
+		if err := node.Start(); err != nil {
+			t.Fatalf("restart %s: %v", leader, err)
+		}
+		testenv.Eventually(t, leader+" to be a current replica again", 2*time.Minute, func() bool {
+			info, err := p.streamInfo(ctx, contract.DocsStream)
+			if err != nil || info.Cluster == nil {
+				return false
+			}
+			for _, r := range info.Cluster.Replicas {
+				if r.Name == leader {
+					return r.Current && !r.Offline
+				}
+			}
+			return info.Cluster.Leader == leader
+		})
+		t.Logf("fault %d: %s restarted on its store and current again after %s", n, leader, short(time.Since(restart)))
+		faults = append(faults, f)
+	}
+
+	stopLoad()
+	loading.Wait()
+	loadEnd := time.Now()
+	for _, s := range p.services {
+		testenv.Eventually(t, s.name+" to be ready after the load", 2*time.Minute, s.ready)
+	}
+	toVerify, out, err := p.verifyAgrees(ctx, loadEnd, 2*time.Minute)
+	if err != nil {
+		t.Errorf("%v\n%s", err, out)
+	}
+	toDrain, err := p.drained(ctx, loadEnd, 2*time.Minute)
+	if err != nil {
+		t.Error(err)
+		// Where each service is stuck: a goroutine dump in its log.
+		for _, s := range p.services {
+			s.dumpGoroutines()
+		}
+	}
+	st, err := p.readPostgres(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lost, n := checkWrites(l.acknowledged(), st); n > 0 {
+		t.Errorf("%d acknowledged writes are not in Postgres at their version: %v", n, lost)
+	}
+	msgs, err := p.readStream(ctx, contract.DocsStream)
+	if err != nil {
+		t.Fatalf("read %s: %v", contract.DocsStream, err)
+	}
+	lastSeq := p.lastSeq(ctx, contract.DocsStream)
+	testenv.Eventually(t, "the tap to read the stream to its end", time.Minute, func() bool {
+		_, last, _ := docsTap.seen()
+		return last >= lastSeq
+	})
+	stopTap()
+	tapDone()
+	tapped, _, _ := docsTap.seen()
+	sr := compareStream(msgs, tapped, st, faults, false)
+	if sr.Phantoms > 0 || sr.MissingNewest > 0 {
+		t.Errorf("the stream and the outbox disagree: %d stored events not in the outbox, %d keys without their newest event; e.g. %v",
+			sr.Phantoms, sr.MissingNewest, sr.Examples)
+	}
+	// A leader change can lose a publish in flight while the relay's
+	// connection stays up: the publishes after it reach the new leader,
+	// and the lost one, published again, is stored after them. Counted
+	// and shown, not failed: every key's newest version is stored (above)
+	// and the projections' guards keep the newest.
+	if sr.Gaps > 0 {
+		t.Logf("%d keys with a version stored out of commit order after a leader change; e.g. %v", sr.Gaps, sr.Examples)
+	}
+	er := compareEffects(p.recv.deliveries(), st, p.recv.url, faults)
+	if er.Missing > 0 {
+		t.Errorf("the receiver was never notified of %d of %d events; e.g. %v", er.Missing, er.Events, er.Examples)
+	}
+	if dead := p.deadLetters(ctx); dead > 0 {
+		t.Errorf("%d dead letters", dead)
+	}
+	status, err := p.converge(ctx, p.operatorEnv(), "status", "-nats-url", p.natsURL, "-nats-user", natsauth.UserOperator)
+	if err != nil {
+		t.Errorf("converge status: %v\n%s", err, status)
+	}
+	for _, line := range strings.Split(status, "\n") {
+		if strings.HasPrefix(line, contract.DocsStream) {
+			if !strings.Contains(line, "3, leader n") {
+				t.Errorf("converge status does not show the replicas and the leader: %q", line)
+			}
+			t.Logf("converge status: %s", strings.Join(strings.Fields(line), " "))
+		}
+	}
+	t.Logf("load end -> converge verify exit 0: %s; -> every consumer drained: %s; stored duplicates %d (by cause %v); notified %d / %d",
+		short(toVerify), short(toDrain), sr.Duplicates, sr.ByCause, er.Notified, er.Events)
+}
