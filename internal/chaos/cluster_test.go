@@ -53,8 +53,8 @@ type pipeline struct {
 	cluster *testenv.NATSCluster // the cluster (runConfig.cluster); nil on a server
 	natsURL string               // what the services connect to
 	natsPW  map[string]string    // NATS user -> password
-	nc     *nats.Conn        // the suite's admin connection
-	js     jetstream.JetStream
+	nc      *nats.Conn           // the suite's admin connection
+	js      jetstream.JetStream
 
 	rolePW                      map[string]string // Postgres role -> password
 	writeToken, operatorToken   string
