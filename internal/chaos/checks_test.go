@@ -161,6 +161,9 @@ func (p *pipeline) consumersIdle(ctx context.Context) (bool, string) {
 		}
 		cs := s.ListConsumers(ctx)
 		for c := range cs.Info() {
+			if c.Config.Durable == "" {
+				continue // the suite's own readers, not a service's
+			}
 			if c.NumPending > 0 || c.NumAckPending > 0 {
 				return false, fmt.Sprintf("%s/%s: %d pending, %d awaiting an ack", name, c.Name, c.NumPending, c.NumAckPending)
 			}

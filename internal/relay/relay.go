@@ -48,7 +48,19 @@ type Relay struct {
 	// [session.storedUpTo]); the next session of this process does not
 	// publish them again. Only the sessions' goroutine uses it.
 	stored storedPosition
+
+	// ensured: the streams were ensured by a session of this process;
+	// noStreamSince is when sessions began to find no stream listening,
+	// after which ensureAgain they ensure the streams again. positions is
+	// the bucket of recorded positions, opened once.
+	ensured, everEnsured bool
+	noStreamSince        time.Time
+	positions            *Positions
 }
+
+// ensureAgain is how long sessions may find no stream before they create
+// it again (a stream deleted meanwhile, or a cluster that lost it).
+const ensureAgain = 10 * time.Second
 
 // storedPosition is a position in one Postgres system's WAL.
 type storedPosition struct {
@@ -166,21 +178,37 @@ func (r *Relay) session(ctx context.Context) error {
 	if err := r.awaitConnection(ctx); err != nil {
 		return err
 	}
-	// Ensured at every session, not once: a NATS outage at start, or a
-	// deleted stream, is a reason to retry, not to exit.
-	if _, err := EnsureStream(ctx, r.js, r.cfg.Stream); err != nil {
-		return &publishError{err: err}
-	}
+	// Ensured by the first session, and again after a session that found
+	// no stream (deleted) for a while: a NATS outage at start is a reason
+	// to retry, not to exit. Not at every session: on a cluster, right
+	// after a stream leader's loss, the stream's API answers nothing for
+	// seconds while publishes already fail fast.
 	effects := ""
 	if r.cfg.Effects.Enabled {
-		if _, err := EnsureEffectsStream(ctx, r.js, r.cfg); err != nil {
+		effects = r.cfg.Effects.Name
+	}
+	if !r.ensured {
+		ectx := ctx
+		if r.everEnsured {
+			// The streams existed: an answer that takes longer is a
+			// cluster electing a leader; the next session asks again.
+			var cancel context.CancelFunc
+			ectx, cancel = context.WithTimeout(ctx, 2*time.Second)
+			defer cancel()
+		}
+		if _, err := EnsureStream(ectx, r.js, r.cfg.Stream); err != nil {
 			return &publishError{err: err}
 		}
-		effects = r.cfg.Effects.Name
-	} else if _, err := r.js.Stream(ctx, r.cfg.Effects.Name); err == nil {
-		// Another relay of this slot, or an earlier run, publishes it.
-		r.log.Error("the effects' stream exists but this relay runs without -effects: the notifier will not see the events it publishes; run every relay of the slot with -effects (CONVERGE_RELAY_EFFECTS=true)",
-			"stream", r.cfg.Effects.Name, "slot", r.cfg.Slot)
+		if r.cfg.Effects.Enabled {
+			if _, err := EnsureEffectsStream(ectx, r.js, r.cfg); err != nil {
+				return &publishError{err: err}
+			}
+		} else if _, err := r.js.Stream(ctx, r.cfg.Effects.Name); err == nil {
+			// Another relay of this slot, or an earlier run, publishes it.
+			r.log.Error("the effects' stream exists but this relay runs without -effects: the notifier will not see the events it publishes; run every relay of the slot with -effects (CONVERGE_RELAY_EFFECTS=true)",
+				"stream", r.cfg.Effects.Name, "slot", r.cfg.Slot)
+		}
+		r.ensured, r.everEnsured = true, true
 	}
 	dsn, err := replicationURL(r.cfg.PostgresURL)
 	if err != nil {
@@ -208,10 +236,14 @@ func (r *Relay) session(ctx context.Context) error {
 	if created {
 		r.warnUnrelayed(ctx, conn)
 	}
-	pos, err := OpenPositions(ctx, r.js, r.cfg.Slot, r.cfg.Stream.Replicas)
-	if err != nil {
-		return &publishError{err: err}
+	if r.positions == nil {
+		pos, err := OpenPositions(ctx, r.js, r.cfg.Slot, r.cfg.Stream.Replicas)
+		if err != nil {
+			return &publishError{err: err}
+		}
+		r.positions = pos
 	}
+	pos := r.positions
 	sys, err := pglogrepl.IdentifySystem(ctx, conn)
 	if err != nil {
 		return fmt.Errorf("relay: identify system: %w", err)
@@ -258,6 +290,21 @@ func (r *Relay) session(ctx context.Context) error {
 	r.log.Info("relaying", "slot", r.cfg.Slot, "from_lsn", start.String(), "stream", r.cfg.Stream.Name, "effects_stream", effects)
 	err = s.loop(ctx)
 	var pe *publishError
+	// The next session ensures the streams again, unless this one ended
+	// on a lost connection, or found no stream listening for less than
+	// ensureAgain (a leader being elected): after a refusal (an operator
+	// changed a limit), a lost acknowledgement, a stream gone for longer.
+	switch {
+	case errors.Is(err, nats.ErrNoResponders):
+		if r.noStreamSince.IsZero() {
+			r.noStreamSince = time.Now()
+		}
+		r.ensured = time.Since(r.noStreamSince) < ensureAgain
+	case errors.Is(err, errReconnected):
+		r.noStreamSince = time.Time{}
+	default:
+		r.ensured, r.noStreamSince = false, time.Time{}
+	}
 	switch {
 	case err == nil || ctx.Err() != nil:
 	case errors.As(err, &pe):
