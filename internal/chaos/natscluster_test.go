@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -140,6 +141,25 @@ func TestNATSClusterLosesItsStreamLeader(t *testing.T) {
 	stopTap()
 	tapDone()
 	tapped, _, _ := docsTap.seen()
+	// The pause each kill caused: the longest time without a message
+	// stored, and without a write acknowledged, in the minute after it
+	// (the suite's own requests to the cluster wait out the election too,
+	// so the pause is read off the timestamps afterwards).
+	var storedAt, ackedAt []time.Time
+	for _, m := range tapped {
+		storedAt = append(storedAt, m.At)
+	}
+	for _, w := range l.acknowledged() {
+		ackedAt = append(ackedAt, w.At)
+	}
+	for i, f := range faults {
+		until := loadEnd
+		if i+1 < len(faults) {
+			until = faults[i+1].Start
+		}
+		t.Logf("fault %d (%s): longest gap in the stream %s, in acknowledged writes %s",
+			f.N, f.Detail, short(longestGap(storedAt, f.Start, until)), short(longestGap(ackedAt, f.Start, until)))
+	}
 	sr := compareStream(msgs, tapped, st, faults, false)
 	if sr.Phantoms > 0 || sr.MissingNewest > 0 {
 		t.Errorf("the stream and the outbox disagree: %d stored events not in the outbox, %d keys without their newest event; e.g. %v",
@@ -174,4 +194,19 @@ func TestNATSClusterLosesItsStreamLeader(t *testing.T) {
 	}
 	t.Logf("load end -> converge verify exit 0: %s; -> every consumer drained: %s; stored duplicates %d (by cause %v); notified %d / %d",
 		short(toVerify), short(toDrain), sr.Duplicates, sr.ByCause, er.Notified, er.Events)
+}
+
+// longestGap is the longest interval between consecutive times (sorted
+// here) that ends after from and before until.
+func longestGap(times []time.Time, from, until time.Time) time.Duration {
+	ts := slices.Clone(times)
+	slices.SortFunc(ts, func(a, b time.Time) int { return a.Compare(b) })
+	var longest time.Duration
+	for i := 1; i < len(ts); i++ {
+		if ts[i].Before(from) || ts[i].After(until) {
+			continue
+		}
+		longest = max(longest, ts[i].Sub(ts[i-1]))
+	}
+	return longest
 }
