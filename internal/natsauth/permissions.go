@@ -57,7 +57,8 @@ const (
 // Relay may ensure the documents' stream and the effects' stream and
 // publish their events: the only publisher of converge.docs.> and
 // converge.events.>. It reads both streams' info (the effects' stream
-// records where in the documents' stream it began), and owns the bucket
+// records where in the documents' stream it began), reads the documents'
+// stream's newest message (a catch-up's start), and owns the bucket
 // of its confirmed positions whole. It may not delete or purge a stream,
 // nor touch a consumer.
 func Relay() *server.Permissions {
@@ -65,6 +66,9 @@ func Relay() *server.Permissions {
 		streamWrite(contract.DocsStream),
 		streamWrite(contract.EventsStream),
 		[]string{api + "STREAM.INFO." + contract.DocsStream, api + "STREAM.INFO." + contract.EventsStream},
+		// The newest stored event, where a catch-up after a Postgres
+		// failover starts.
+		[]string{api + "DIRECT.GET." + contract.DocsStream},
 		[]string{contract.DocsSubjectPrefix + ">", contract.EventsSubjectPrefix + ">"},
 		bucketCreate(PositionBucket),
 		bucketKey(PositionBucket, ">"),

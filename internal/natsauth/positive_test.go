@@ -46,6 +46,14 @@ func TestRelayDoesItsJob(t *testing.T) {
 	if ack.Stream != contract.DocsStream || ack.Sequence != 1 {
 		t.Errorf("ack %+v", ack)
 	}
+	// A catch-up reads the newest stored message.
+	docs, err := r.js.Stream(ctx(t), contract.DocsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, err := docs.GetMsg(ctx(t), ack.Sequence); err != nil || m.Sequence != ack.Sequence {
+		t.Fatalf("the relay reads the stream's last message: %v, %v", m, err)
+	}
 	effects := relay.Config{Effects: relay.EffectsConfig{Enabled: true}}
 	for i := range 3 { // creates, reads it unchanged, updates a changed limit
 		if i == 2 {

@@ -13,6 +13,10 @@ type Metrics struct {
 	// Skipped counts the events a session did not publish again because
 	// the recorded position shows them stored (see PositionBucket).
 	Skipped       prometheus.Counter
+	// CatchUp counts the events published from the outbox table when the
+	// slot was found missing (a Postgres failover), by outcome: stored
+	// or duplicate.
+	CatchUp       *prometheus.CounterVec
 	Reemissions   prometheus.Counter
 	Transactions  prometheus.Counter
 	PublishTime   prometheus.Histogram
@@ -37,6 +41,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Events acknowledged by the effects' stream (CONVERGE_EVENTS), when the relay publishes to it."}),
 		EffectsDuplicates: prometheus.NewCounter(prometheus.CounterOpts{Name: "converge_relay_effects_duplicates_total",
 			Help: "Republished events the effects' stream dropped as duplicates."}),
+		CatchUp: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "converge_relay_catchup_events_total",
+			Help: "Events published from the outbox table after the slot was found missing (a Postgres failover), by outcome: stored, or duplicate (the stream had it)."},
+			[]string{"outcome"}),
 		Skipped: prometheus.NewCounter(prometheus.CounterOpts{Name: "converge_relay_skipped_total",
 			Help: "Events a rewound slot resent that the relay did not publish again: its recorded position shows them stored (after a Postgres restart)."}),
 		Reemissions: prometheus.NewCounter(prometheus.CounterOpts{Name: "converge_relay_reemissions_total",
@@ -59,7 +66,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Replication sessions that failed to start or ended with an error, by cause (postgres, publish)."}, []string{"cause"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Published, m.Duplicates, m.EffectsPublished, m.EffectsDuplicates, m.Skipped, m.Reemissions, m.Transactions, m.PublishTime, m.CommitToAck, m.InFlight,
+		reg.MustRegister(m.CatchUp, m.Published, m.Duplicates, m.EffectsPublished, m.EffectsDuplicates, m.Skipped, m.Reemissions, m.Transactions, m.PublishTime, m.CommitToAck, m.InFlight,
 			m.ConfirmedLSN, m.SlotLagBytes, m.Active, m.SessionErrors)
 	}
 	return m

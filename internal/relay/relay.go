@@ -234,7 +234,21 @@ func (r *Relay) session(ctx context.Context) error {
 		return err
 	}
 	if created {
-		r.warnUnrelayed(ctx, conn)
+		cu, needed, err := r.catchUp(ctx, conn)
+		switch {
+		case err != nil:
+			// Nothing was streamed from the new slot yet: dropped, the
+			// next session creates it again and catches up again.
+			if derr := pglogrepl.DropReplicationSlot(ctx, conn, r.cfg.Slot, pglogrepl.DropReplicationSlotOptions{}); derr != nil {
+				r.log.Error("dropping the slot after a failed catch-up failed: drop it by hand (SELECT pg_drop_replication_slot('"+r.cfg.Slot+"')) so that the next start catches up", "err", derr)
+			}
+			return &publishError{err: err}
+		case needed:
+			r.log.Warn("the slot was missing while the stream holds events (a Postgres failover: PostgreSQL 15 has no failover slots); published the outbox's events committed since the newest one the stream holds, then streaming from the new slot",
+				"slot", r.cfg.Slot, "outbox_from", cu.From, "published", cu.Stored, "already_stored", cu.Duplicates)
+		default:
+			r.warnUnrelayed(ctx, conn)
+		}
 	}
 	if r.positions == nil {
 		pos, err := OpenPositions(ctx, r.js, r.cfg.Slot, r.cfg.Stream.Replicas)
