@@ -12,7 +12,7 @@ type Metrics struct {
 	EffectsDuplicates prometheus.Counter
 	// Skipped counts the events a session did not publish again because
 	// the recorded position shows them stored (see PositionBucket).
-	Skipped       prometheus.Counter
+	Skipped prometheus.Counter
 	// CatchUp counts the events published from the outbox table when the
 	// slot was found missing (a Postgres failover), by outcome: stored
 	// or duplicate.
