@@ -30,6 +30,9 @@ type statusReport struct {
 	// Rebuilds are those in progress, or interrupted and resumed when
 	// their projector starts.
 	Rebuilds []rebuild.State `json:"rebuilds,omitempty"`
+	// CatchUp is the slot's last catch-up from the outbox (the slot found
+	// missing after a Postgres failover), nil when none ever happened.
+	CatchUp *relay.CatchUpRecord `json:"catch_up,omitempty"`
 }
 
 func status(ctx context.Context, args []string, out io.Writer) error {
@@ -100,8 +103,13 @@ func collectStatus(ctx context.Context, pgURL, natsURL, slot string, natsOpts ..
 		relay.ConsumedStream{Stream: writer.IngestStream, DeadLetters: writer.IngestDLQName}); err != nil {
 		return rep, err
 	}
-	rep.Rebuilds, err = rebuild.InProgress(ctx, js)
-	return rep, err
+	if rep.Rebuilds, err = rebuild.InProgress(ctx, js); err != nil {
+		return rep, err
+	}
+	if cu, ok, err := relay.ReadCatchUp(ctx, js, rep.Slot.Name); err == nil && ok {
+		rep.CatchUp = &cu
+	}
+	return rep, nil
 }
 
 func printStatus(out io.Writer, rep statusReport) {
@@ -115,6 +123,10 @@ func printStatus(out io.Writer, rep statusReport) {
 		}
 	}
 	fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", rep.Slot.Name, state, rep.Slot.ConfirmedLSN, bytesHuman(rep.Slot.LagBytes), rep.Slot.WALStatus)
+	if cu := rep.CatchUp; cu != nil {
+		fmt.Fprintf(tw, "CATCH-UP\t%s: the slot was missing (a Postgres failover); published %d events from the outbox (%d already stored), rows from %s\n",
+			cu.At.Format(time.RFC3339), cu.Stored, cu.Duplicates, cu.From.Format(time.RFC3339))
+	}
 	fmt.Fprintln(tw)
 	oldest := "-"
 	if rep.Outbox.Oldest != nil {

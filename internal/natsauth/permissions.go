@@ -184,6 +184,9 @@ func Operator() *server.Permissions {
 		api+"CONSUMER.DELETE."+kv+".*",
 		"$JS.FC."+kv+".>",
 		api+"DIRECT.GET."+kv+".>",
+		// status: the relay's last catch-up after a Postgres failover.
+		api+"STREAM.INFO.KV_"+PositionBucket,
+		api+"DIRECT.GET.KV_"+PositionBucket+".$KV."+PositionBucket+".*.catchup",
 	)
 	return perms(p)
 }

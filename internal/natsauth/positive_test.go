@@ -451,6 +451,20 @@ func TestOperatorDoesItsJob(t *testing.T) {
 	if err != nil || len(states) != 1 || states[0].ID != "r1" {
 		t.Errorf("rebuilds in progress: %+v, %v", states, err)
 	}
+	// status: the relay's last catch-up, none here, then one.
+	if _, ok, err := relay.ReadCatchUp(ctx(t), o.js, "converge_relay"); err != nil || ok {
+		t.Errorf("catch-up record: %v, %v; want none", ok, err)
+	}
+	pos, err := a.js.CreateKeyValue(bg, jetstream.KeyValueConfig{Bucket: relay.PositionBucket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pos.Put(bg, relay.CatchUpKey("converge_relay"), []byte(`{"published":3}`)); err != nil {
+		t.Fatal(err)
+	}
+	if cu, ok, err := relay.ReadCatchUp(ctx(t), o.js, "converge_relay"); err != nil || !ok || cu.Stored != 3 {
+		t.Errorf("catch-up record: %+v, %v, %v; want 3 published", cu, ok, err)
+	}
 	// replay
 	if pending, err := projector.Replay(ctx(t), o.js, contract.DocsStream, "index", projector.ReplayFrom{Seq: 2}); err != nil || pending != 1 {
 		t.Errorf("replay from 2: %d pending, %v", pending, err)

@@ -2,6 +2,8 @@ package relay
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -100,4 +102,59 @@ func (r *Relay) catchUp(ctx context.Context, conn *pgconn.PgConn) (CatchUp, bool
 		}
 	}
 	return cu, true, nil
+}
+
+// CatchUpRecord is the last catch-up of a slot, kept in [PositionBucket]
+// under "<slot>.catchup" for converge status.
+type CatchUpRecord struct {
+	At         time.Time `json:"at"`
+	From       time.Time `json:"outbox_from"`
+	Stored     int       `json:"published"`
+	Duplicates int       `json:"already_stored"`
+	SystemID   string    `json:"system_id"`
+}
+
+// CatchUpKey is the key of slot's catch-up record.
+func CatchUpKey(slot string) string { return slot + ".catchup" }
+
+// recordCatchUp keeps cu for converge status; best effort.
+func (p *Positions) recordCatchUp(ctx context.Context, slot string, cu CatchUp) error {
+	b, err := json.Marshal(CatchUpRecord{At: time.Now().UTC(), From: cu.From.UTC(), Stored: cu.Stored, Duplicates: cu.Duplicates, SystemID: p.systemID})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	_, err = p.kv.Put(ctx, CatchUpKey(slot), b)
+	return err
+}
+
+// ReadCatchUp reads slot's last catch-up with a direct get (ok false:
+// none ever happened): what converge status shows.
+func ReadCatchUp(ctx context.Context, js jetstream.JetStream, slot string) (CatchUpRecord, bool, error) {
+	// A direct get from a stream that does not exist is never answered.
+	if _, err := js.Stream(ctx, "KV_"+PositionBucket); errors.Is(err, jetstream.ErrStreamNotFound) {
+		return CatchUpRecord{}, false, nil // no relay ever ran
+	} else if err != nil {
+		return CatchUpRecord{}, false, err
+	}
+	nc := js.Conn()
+	subject := "$KV." + PositionBucket + "." + CatchUpKey(slot)
+	m, err := nc.RequestWithContext(ctx, "$JS.API.DIRECT.GET.KV_"+PositionBucket+"."+subject, nil)
+	if errors.Is(err, nats.ErrNoResponders) {
+		return CatchUpRecord{}, false, nil // no bucket: no relay ever ran
+	}
+	if err != nil {
+		return CatchUpRecord{}, false, err
+	}
+	if status := m.Header.Get("Status"); status == "404" {
+		return CatchUpRecord{}, false, nil
+	} else if status != "" {
+		return CatchUpRecord{}, false, fmt.Errorf("relay: catch-up record: status %s %s", status, m.Header.Get("Description"))
+	}
+	var rec CatchUpRecord
+	if err := json.Unmarshal(m.Data, &rec); err != nil {
+		return CatchUpRecord{}, false, fmt.Errorf("relay: catch-up record: %w", err)
+	}
+	return rec, true, nil
 }

@@ -62,6 +62,7 @@ func TestFailoverCatchesUpFromTheOutbox(t *testing.T) {
 	func() {
 		r := runRelayUntil(t, f, slot)
 		defer r.stop()
+		waitSlotActive(t, f.pool, slot) // what is written before the slot exists is not relayed
 		f.write(t, 0, 200, 1)
 		testenv.Eventually(t, "200 events relayed", 30*time.Second, func() bool { return streamMsgs(t, f.js) == 200 })
 	}()
@@ -98,6 +99,11 @@ func TestFailoverCatchesUpFromTheOutbox(t *testing.T) {
 	if stored != 300 {
 		t.Errorf("the catch-up stored %v events, want the 300 committed after the last relayed", stored)
 	}
+	// converge status reads the record of it.
+	testenv.Eventually(t, "the catch-up recorded", 10*time.Second, func() bool {
+		cu, ok, err := relay.ReadCatchUp(ctx, f.js, slot)
+		return err == nil && ok && cu.Stored == 300 && cu.Duplicates == int(dups)
+	})
 	// Then the new slot streams what comes next.
 	g.write(t, 500, 600, 1)
 	testenv.Eventually(t, "events written after the failover", 30*time.Second, func() bool { return streamMsgs(t, f.js) >= 600 })

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -233,6 +234,7 @@ func (r *Relay) session(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	var caughtUp *CatchUp
 	if created {
 		cu, needed, err := r.catchUp(ctx, conn)
 		switch {
@@ -246,6 +248,7 @@ func (r *Relay) session(ctx context.Context) error {
 		case needed:
 			r.log.Warn("the slot was missing while the stream holds events (a Postgres failover: PostgreSQL 15 has no failover slots); published the outbox's events committed since the newest one the stream holds, then streaming from the new slot",
 				"slot", r.cfg.Slot, "outbox_from", cu.From, "published", cu.Stored, "already_stored", cu.Duplicates)
+			caughtUp = &cu
 		default:
 			r.warnUnrelayed(ctx, conn)
 		}
@@ -263,6 +266,11 @@ func (r *Relay) session(ctx context.Context) error {
 		return fmt.Errorf("relay: identify system: %w", err)
 	}
 	pos.systemID, pos.timeline = sys.SystemID, sys.Timeline
+	if caughtUp != nil {
+		if err := pos.recordCatchUp(ctx, r.cfg.Slot, *caughtUp); err != nil {
+			r.log.Warn("recording the catch-up for converge status failed", "err", err)
+		}
+	}
 	var skipUntil pglogrepl.LSN
 	if !created {
 		if skipUntil, err = pos.resumeAfter(ctx, start); err != nil {
@@ -406,6 +414,17 @@ func (s *session) recordOnError() {
 	}
 }
 
+// failoverSlots reports whether the server creates failover slots
+// (PostgreSQL 17 and later).
+func failoverSlots(ctx context.Context, conn *pgconn.PgConn) bool {
+	res, err := conn.Exec(ctx, "SHOW server_version_num").ReadAll()
+	if err != nil || len(res) == 0 || len(res[0].Rows) == 0 {
+		return false
+	}
+	v, err := strconv.Atoi(string(res[0].Rows[0][0]))
+	return err == nil && v >= 170000
+}
+
 // ensureSlot creates the slot on first start and returns its confirmed
 // position.
 func ensureSlot(ctx context.Context, conn *pgconn.PgConn, slot string) (pglogrepl.LSN, bool, error) {
@@ -413,8 +432,14 @@ func ensureSlot(ctx context.Context, conn *pgconn.PgConn, slot string) (pglogrep
 	if err != nil || ok {
 		return lsn, false, err
 	}
-	_, err = pglogrepl.CreateReplicationSlot(ctx, conn, slot, "pgoutput",
-		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication})
+	if failoverSlots(ctx, conn) {
+		// PostgreSQL 17+: the slot is synchronised to standbys that have
+		// sync_replication_slots on, and survives their promotion.
+		_, err = conn.Exec(ctx, `CREATE_REPLICATION_SLOT "`+slot+`" LOGICAL pgoutput (FAILOVER true)`).ReadAll()
+	} else {
+		_, err = pglogrepl.CreateReplicationSlot(ctx, conn, slot, "pgoutput",
+			pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication})
+	}
 	var pgErr *pgconn.PgError
 	created := err == nil
 	if err != nil && (!errors.As(err, &pgErr) || pgErr.Code != "42710") { // 42710: created meanwhile by another relay
