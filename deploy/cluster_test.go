@@ -1,0 +1,72 @@
+package deploy
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/converge-sync/converge/internal/testenv"
+)
+
+// The cluster profile (docker-compose.cluster.yml over docker-compose.yml):
+// three NATS nodes, every service of the stack that uses NATS connecting to
+// all three, and three replicas for what the relay, the projectors and the
+// notifier create. Each node's configuration is one nats-server accepts.
+func TestClusterProfile(t *testing.T) {
+	base := loadCompose(t)
+	var c composeFile
+	if err := yaml.Unmarshal([]byte(readFile(t, "docker-compose.cluster.yml")), &c); err != nil {
+		t.Fatalf("docker-compose.cluster.yml: %v", err)
+	}
+	nodes := []string{"nats", "nats-2", "nats-3"}
+	for _, n := range nodes {
+		if _, ok := c.Services[n]; !ok {
+			t.Errorf("the cluster profile has no NATS node %s", n)
+		}
+	}
+	for name, s := range base.Services {
+		url, ok := s.Environment["CONVERGE_NATS_URL"]
+		if !ok {
+			continue
+		}
+		o, ok := c.Services[name]
+		if !ok {
+			t.Errorf("%s connects to NATS (%s) and the cluster profile leaves it on one server", name, url)
+			continue
+		}
+		got := o.Environment["CONVERGE_NATS_URL"]
+		for _, n := range nodes {
+			if !strings.Contains(got, "nats://"+n+":4222") {
+				t.Errorf("%s: CONVERGE_NATS_URL %q does not name node %s", name, got, n)
+			}
+		}
+	}
+	for name, v := range map[string]string{"relay": "CONVERGE_STREAM_REPLICAS", "projector-index": "CONVERGE_REPLICAS",
+		"projector-graph": "CONVERGE_REPLICAS", "notifier": "CONVERGE_REPLICAS"} {
+		if got := c.Services[name].Environment[v]; got != "3" {
+			t.Errorf("%s: %s is %q in the cluster profile, want 3", name, v, got)
+		}
+	}
+
+	bin := testenv.BuildNATSServer(t)
+	dir := t.TempDir()
+	conf := strings.Replace(readFile(t, "deploy/nats/converge.conf"), "store_dir: /data", "store_dir: "+filepath.Join(dir, "data"), 1)
+	if err := os.WriteFile(filepath.Join(dir, "converge.conf"), []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "cluster.conf"), []byte(readFile(t, "deploy/nats/cluster.conf")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"nats-1", "nats-2", "nats-3"} {
+		cmd := exec.Command(bin, "-t", "-c", "cluster.conf")
+		cmd.Dir = dir
+		cmd.Env = append(os.Environ(), "NATS_SERVER_NAME="+name)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("node %s: nats-server refuses deploy/nats/cluster.conf: %v\n%s", name, err, out)
+		}
+	}
+}
