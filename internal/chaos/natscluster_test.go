@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/pkg/contract"
@@ -140,7 +142,8 @@ func TestNATSClusterLosesItsStreamLeader(t *testing.T) {
 	})
 	stopTap()
 	tapDone()
-	tapped, _, _ := docsTap.seen()
+	tapped, _, unread := docsTap.seen()
+	t.Logf("the tap read %d messages over the run, %d sequences never read (removed before it read them)", len(tapped), unread)
 	// The pause each kill caused: the longest time without a message
 	// stored, and without a write acknowledged, in the minute after it
 	// (the suite's own requests to the cluster wait out the election too,
@@ -164,6 +167,17 @@ func TestNATSClusterLosesItsStreamLeader(t *testing.T) {
 	if sr.Phantoms > 0 || sr.MissingNewest > 0 {
 		t.Errorf("the stream and the outbox disagree: %d stored events not in the outbox, %d keys without their newest event; e.g. %v",
 			sr.Phantoms, sr.MissingNewest, sr.Examples)
+		// Each such key's messages over the run, as the tap read them: which
+		// copy came when.
+		shown := 0
+		for _, ex := range sr.Examples {
+			key, _, _ := strings.Cut(ex, ":")
+			if shown == 3 {
+				break
+			}
+			shown++
+			t.Logf("%s over the run: %s", key, tapHistory(tapped, st, key))
+		}
 	}
 	// A leader change can lose a publish in flight while the relay's
 	// connection stays up: the publishes after it reach the new leader,
@@ -209,4 +223,20 @@ func longestGap(times []time.Time, from, until time.Time) time.Duration {
 		longest = max(longest, ts[i].Sub(ts[i-1]))
 	}
 	return longest
+}
+
+// tapHistory is key's messages as the tap read them: sequence, version,
+// and when the server stored it.
+func tapHistory(tapped []stored, st *postgresState, key string) string {
+	var b strings.Builder
+	for _, m := range tapped {
+		id, err := uuid.Parse(m.MsgID)
+		if err != nil {
+			continue
+		}
+		if e, ok := st.byID[id]; ok && e.Key == key {
+			fmt.Fprintf(&b, "seq %d v%d at %s; ", m.Seq, e.Version, m.At.Format("15:04:05.000"))
+		}
+	}
+	return b.String()
 }
