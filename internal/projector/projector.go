@@ -356,6 +356,8 @@ type Runtime struct {
 	gapRecord GapRecord
 	// fenced is the refusal of Config.Fence that ends Run.
 	fenced atomic.Pointer[FencedError]
+	// applying is true while a batch is being applied (finish).
+	applying atomic.Bool
 }
 
 // ConsumerGrace is how long a runtime whose consumer was deleted waits for
@@ -694,22 +696,27 @@ func next(ctx context.Context, it jetstream.MessagesContext, wait time.Duration)
 func (r *Runtime) watchLag(ctx context.Context, cons jetstream.Consumer, stalled func()) {
 	t := time.NewTicker(r.cfg.LagInterval)
 	defer t.Stop()
-	var lastDelivered uint64
+	var lastDelivered, lastFloor uint64
 	idle := 0
 	for {
 		if info, err := cons.Info(ctx); err == nil {
 			r.metrics.Pending.Set(float64(info.NumPending + uint64(info.NumAckPending)))
-			// Messages to deliver, none in flight, and nothing delivered
+			// Messages to deliver, room to deliver them (not held back by
+			// MaxAckPending: redeliveries waiting for a receiver), this
+			// runtime idle (no batch being applied), and neither a
+			// delivery nor an acknowledgement
 			// since the last look, twice running: the pull requests are
-			// not being served (a pin lost in a consumer leader change on
-			// a cluster). Starting again unpins and pulls anew.
+			// not being served (the pin held by requests the server no
+			// longer answers, after a consumer leader change on a
+			// cluster). Starting again unpins and pulls anew.
 			switch {
-			case info.NumPending > 0 && info.NumAckPending == 0 && info.Delivered.Stream == lastDelivered:
+			case info.NumPending > 0 && !r.applying.Load() && info.Delivered.Stream == lastDelivered && info.AckFloor.Stream == lastFloor &&
+				(info.Config.MaxAckPending <= 0 || info.NumAckPending < info.Config.MaxAckPending):
 				idle++
 			default:
 				idle = 0
 			}
-			lastDelivered = info.Delivered.Stream
+			lastDelivered, lastFloor = info.Delivered.Stream, info.AckFloor.Stream
 			if idle >= 2 {
 				r.log.Warn("the consumer has messages to deliver but delivers none; pulling again", "pending", info.NumPending)
 				stalled()
@@ -839,6 +846,8 @@ func (r *Runtime) finish(ctx context.Context, b prepared) {
 	if len(b.items) == 0 {
 		return
 	}
+	r.applying.Store(true)
+	defer r.applying.Store(false)
 	start := time.Now()
 	defer b.stopKeep()
 	items := b.items
