@@ -10,7 +10,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -107,11 +106,8 @@ func TestChaos(t *testing.T) {
 	})
 	ctx := context.Background()
 
-	l := &load{api: p.api, token: p.writeToken, docs: cfg.docs, producers: cfg.producers, rate: cfg.rate, seed: cfg.seed}
-	loadCtx, stopLoad := context.WithCancel(ctx)
+	l, stopLoad := p.startLoad(ctx, cfg)
 	defer stopLoad()
-	var loading sync.WaitGroup
-	loading.Go(func() { l.run(loadCtx) })
 	tapCtx, stopTap := context.WithCancel(ctx)
 	defer stopTap()
 	docsTap, tapDone := p.startTap(tapCtx, contract.DocsStream)
@@ -135,7 +131,6 @@ func TestChaos(t *testing.T) {
 		time.Sleep(rest)
 	}
 	stopLoad()
-	loading.Wait()
 	loadEnd := time.Now()
 	loadTime := loadEnd.Sub(start)
 

@@ -197,3 +197,13 @@ func (l *load) acknowledged() []write {
 	defer l.mu.Unlock()
 	return append([]write(nil), l.writes...)
 }
+
+// startLoad starts cfg's producers against the pipeline's writer; stop
+// ends them and waits until they have (it may be called again).
+func (p *pipeline) startLoad(ctx context.Context, cfg runConfig) (l *load, stop func()) {
+	l = &load{api: p.api, token: p.writeToken, docs: cfg.docs, producers: cfg.producers, rate: cfg.rate, seed: cfg.seed}
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { l.run(ctx) })
+	return l, func() { cancel(); wg.Wait() }
+}

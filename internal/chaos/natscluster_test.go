@@ -8,7 +8,6 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -42,11 +41,8 @@ func TestNATSClusterLosesItsStreamLeader(t *testing.T) {
 		}
 	})
 	ctx := context.Background()
-	l := &load{api: p.api, token: p.writeToken, docs: cfg.docs, producers: cfg.producers, rate: cfg.rate, seed: cfg.seed}
-	loadCtx, stopLoad := context.WithCancel(ctx)
+	l, stopLoad := p.startLoad(ctx, cfg)
 	defer stopLoad()
-	var loading sync.WaitGroup
-	loading.Go(func() { l.run(loadCtx) })
 	tapCtx, stopTap := context.WithCancel(ctx)
 	defer stopTap()
 	docsTap, tapDone := p.startTap(tapCtx, contract.DocsStream)
@@ -107,7 +103,6 @@ func TestNATSClusterLosesItsStreamLeader(t *testing.T) {
 	}
 
 	stopLoad()
-	loading.Wait()
 	loadEnd := time.Now()
 	for _, s := range p.services {
 		testenv.Eventually(t, s.name+" to be ready after the load", 2*time.Minute, s.ready)

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -95,11 +94,8 @@ func TestStandbyTakesOver(t *testing.T) {
 		}
 	})
 	ctx := context.Background()
-	l := &load{api: p.api, token: p.writeToken, docs: cfg.docs, producers: cfg.producers, rate: cfg.rate, seed: cfg.seed}
-	loadCtx, stopLoad := context.WithCancel(ctx)
+	l, stopLoad := p.startLoad(ctx, cfg)
 	defer stopLoad()
-	var loading sync.WaitGroup
-	loading.Go(func() { l.run(loadCtx) })
 
 	pairs := []pair{
 		{name: "graph", stream: contract.DocsStream, consumer: "graph", a: p.service("projector-graph"), b: p.service("projector-graph-b")},
@@ -182,7 +178,6 @@ func TestStandbyTakesOver(t *testing.T) {
 	}
 
 	stopLoad()
-	loading.Wait()
 	loadEnd := time.Now()
 	if _, out, err := p.verifyAgrees(ctx, loadEnd, 2*time.Minute); err != nil {
 		t.Errorf("%v\n%s", err, out)

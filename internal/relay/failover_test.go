@@ -46,16 +46,8 @@ func TestFailoverCatchesUpFromTheOutbox(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	pool, err := pgxpool.New(ctx, standby.URL("converge"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	store, err := docstore.New(pool, docstore.Config{}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := &fixture{dbURL: standby.URL("converge"), pool: pool, store: store, nats: f.nats, js: f.js}
+	g := newFixtureWith(t, standby.URL("converge"), f.nats)
+	pool := g.pool
 	var n int
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots").Scan(&n); err != nil || n != 0 {
 		t.Fatalf("the promoted standby has %d slots (%v); want none", n, err)

@@ -41,10 +41,6 @@ type publisher struct {
 	slots   []ackSlot
 	next    uint64        // sequence of the next publish; its slot is next % len(slots)
 	wake    chan struct{} // signalled (never blocking) on every acknowledgement
-	// reconnects is the connection's reconnect count when the session
-	// began: a publish in flight across a reconnect may be lost with the old
-	// connection, so its acknowledgement is not waited for.
-	reconnects uint64
 	// status hears every change of the connection's state after the
 	// session began, synchronously (the connection sends it under its lock
 	// before the change takes effect). Once the connection was lost, the
@@ -91,7 +87,6 @@ func newPublisher(nc *nats.Conn, stream, effects string, window int) (*publisher
 	}
 	p.msg.Header = nats.Header{jetstream.MsgIDHeader: p.id}
 	p.status = nc.StatusChanged(nats.DISCONNECTED, nats.RECONNECTING, nats.CONNECTED, nats.CLOSED)
-	p.reconnects = nc.Stats().Reconnects
 	if st := nc.Status(); st != nats.CONNECTED {
 		nc.RemoveStatusListener(p.status)
 		return nil, fmt.Errorf("relay: the NATS connection is %v", st)
@@ -191,9 +186,7 @@ func (p *publisher) lastAck() time.Time { return time.Unix(0, p.last.Load()) }
 
 // reconnected reports whether the connection was re-established since the
 // session began.
-func (p *publisher) reconnected() bool {
-	return p.connectionLost() || p.nc.Stats().Reconnects != p.reconnects
-}
+func (p *publisher) reconnected() bool { return p.connectionLost() }
 
 // onAck records an acknowledgement: runs on the subscription's goroutine.
 func (p *publisher) onAck(m *nats.Msg) {

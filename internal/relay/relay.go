@@ -44,12 +44,6 @@ type Relay struct {
 	active    atomic.Bool
 	confirmed atomic.Uint64
 
-	// stored is, after a session that publishing ended, where the
-	// transactions the server had surely written end (see
-	// [session.storedUpTo]); the next session of this process does not
-	// publish them again. Only the sessions' goroutine uses it.
-	stored storedPosition
-
 	// ensured: the streams were ensured by a session of this process;
 	// noStreamSince is when sessions began to find no stream listening,
 	// after which ensureAgain they ensure the streams again. positions is
@@ -62,13 +56,6 @@ type Relay struct {
 // ensureAgain is how long sessions may find no stream before they create
 // it again (a stream deleted meanwhile, or a cluster that lost it).
 const ensureAgain = 10 * time.Second
-
-// storedPosition is a position in one Postgres system's WAL.
-type storedPosition struct {
-	lsn      pglogrepl.LSN
-	systemID string
-	timeline int32
-}
 
 // flushMargin is how long after acknowledging a message a live NATS server
 // has surely written it to its file store: it acknowledges before it
@@ -280,13 +267,7 @@ func (r *Relay) session(ctx context.Context) error {
 			r.log.Warn("the slot is behind the position this relay recorded (Postgres saved the slot before its last confirmation, then restarted): transactions committed before the recorded position are already in the streams and are not published again",
 				"slot", r.cfg.Slot, "slot_lsn", start.String(), "recorded_lsn", skipUntil.String())
 		}
-		if st := r.stored; st.lsn > start && st.lsn > skipUntil && st.systemID == sys.SystemID && st.timeline == sys.Timeline {
-			skipUntil = st.lsn
-			r.log.Info("resuming after a publishing failure: transactions the NATS server surely stored are not published again",
-				"slot", r.cfg.Slot, "slot_lsn", start.String(), "stored_lsn", st.lsn.String())
-		}
 	}
-	r.stored = storedPosition{}
 	err = pglogrepl.StartReplication(ctx, conn, r.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
 		PluginArgs: []string{"proto_version '1'", "publication_names '" + r.cfg.Publication + "'", "messages 'true'"},
 	})
@@ -330,10 +311,9 @@ func (r *Relay) session(ctx context.Context) error {
 	switch {
 	case err == nil || ctx.Err() != nil:
 	case errors.As(err, &pe):
+		// The slot starts there, for this relay's next session or a
+		// standby's; best effort (without it, duplicates the window drops).
 		if lsn := s.storedUpTo(); lsn > start {
-			r.stored = storedPosition{lsn: lsn, systemID: sys.SystemID, timeline: sys.Timeline}
-			// The slot too, so that a standby taking it over starts
-			// there; best effort (this process remembers it anyway).
 			if lsn > s.reported {
 				sctx, cancel := context.WithTimeout(context.Background(), time.Second)
 				_ = pglogrepl.SendStandbyStatusUpdate(sctx, conn, pglogrepl.StandbyStatusUpdate{

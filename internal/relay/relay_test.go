@@ -111,6 +111,13 @@ func newFixture(t *testing.T) *fixture {
 // caller prepared.
 func newFixtureOn(t *testing.T, url string) *fixture {
 	t.Helper()
+	return newFixtureWith(t, url, testenv.StartNATS(t))
+}
+
+// newFixtureWith is a fixture over the database at url and the NATS
+// server n (another fixture's: a relay moved to a new primary).
+func newFixtureWith(t *testing.T, url string, n *testenv.NATS) *fixture {
+	t.Helper()
 	pool, err := pgxpool.New(context.Background(), url)
 	if err != nil {
 		t.Fatal(err)
@@ -120,7 +127,6 @@ func newFixtureOn(t *testing.T, url string) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := testenv.StartNATS(t)
 	js, err := jetstream.New(n.Connect(t))
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,65 @@
+package projector_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/converge-sync/converge/internal/projector"
+	"github.com/converge-sync/converge/pkg/contract"
+)
+
+// An instance whose lease is gone writes nothing more and acknowledges
+// nothing more: once Fence refuses, the batch in hand is neither applied
+// nor acknowledged, Run ends with a FencedError, and the next writer gets
+// every event the fenced one did not apply.
+func TestFencedRuntimeWritesAndAcknowledgesNothing(t *testing.T) {
+	e := newEnv(t)
+	for k := range 300 {
+		e.publish(t, upsert(fmt.Sprintf("doc-%d", k), 1))
+	}
+	lost := errors.New("the lease is another instance's")
+	var calls atomic.Int32
+	fenced := newMemStore()
+	metrics := projector.NewMetrics(nil)
+	r, err := projector.New(e.js, fenced, projector.Config{Name: "fenced", BatchSize: 100, Parallel: 1,
+		Fence: func(context.Context) error {
+			if calls.Add(1) > 1 { // the first batch is written, then the lease is lost
+				return lost
+			}
+			return nil
+		}}, metrics, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = r.Run(ctx)
+	var fe *projector.FencedError
+	if !errors.As(err, &fe) || !errors.Is(err, lost) {
+		t.Fatalf("Run ended with %v, want a FencedError wrapping the refusal", err)
+	}
+	if fenced.applied == 0 || fenced.applied > 100 {
+		t.Fatalf("the fenced instance applied %d events, want those of its one batch before the refusal", fenced.applied)
+	}
+	if n := testutil.ToFloat64(metrics.Fenced); n == 0 {
+		t.Error("no event counted fenced")
+	}
+	// The next writer (the same consumer) gets exactly what the fenced one
+	// did not apply: it acknowledged its applied batch, and nothing else.
+	// Taking the lease, it resets the consumer, as RunService does: what
+	// the fenced one held comes back at once, not after the ack wait.
+	if _, err := e.js.ResetConsumer(context.Background(), contract.DocsStream, "fenced"); err != nil {
+		t.Fatal(err)
+	}
+	next := newMemStore()
+	run(t, e, next, projector.Config{Name: "fenced"}, nil)
+	if fenced.applied+next.applied != 300 {
+		t.Fatalf("the fenced instance applied %d, the next writer %d: want 300 together, each event once", fenced.applied, next.applied)
+	}
+}
