@@ -16,7 +16,11 @@ type Metrics struct {
 	// CatchUp counts the events published from the outbox table when the
 	// slot was found missing (a Postgres failover), by outcome: stored
 	// or duplicate.
-	CatchUp       *prometheus.CounterVec
+	CatchUp *prometheus.CounterVec
+	// Refused counts the publishes the documents' stream refused because
+	// its last sequence was not the one they expected (see
+	// publisher.chained).
+	Refused       prometheus.Counter
 	Reemissions   prometheus.Counter
 	Transactions  prometheus.Counter
 	PublishTime   prometheus.Histogram
@@ -46,6 +50,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			[]string{"outcome"}),
 		Skipped: prometheus.NewCounter(prometheus.CounterOpts{Name: "converge_relay_skipped_total",
 			Help: "Events a rewound slot resent that the relay did not publish again: its recorded position shows them stored (after a Postgres restart)."}),
+		Refused: prometheus.NewCounter(prometheus.CounterOpts{Name: "converge_relay_out_of_order_refused_total",
+			Help: "Publishes the documents' stream refused because its last sequence was not the one they expected: an earlier publish was lost (a stream leader's loss), or another publisher wrote to the stream; the next session publishes them again in commit order."}),
 		Reemissions: prometheus.NewCounter(prometheus.CounterOpts{Name: "converge_relay_reemissions_total",
 			Help: "Re-emitted events (converge backfill, verify --repair) acknowledged by JetStream; also counted in events_published_total."}),
 		Transactions: prometheus.NewCounter(prometheus.CounterOpts{Name: "converge_relay_transactions_total",
@@ -66,7 +72,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Replication sessions that failed to start or ended with an error, by cause (postgres, publish)."}, []string{"cause"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.CatchUp, m.Published, m.Duplicates, m.EffectsPublished, m.EffectsDuplicates, m.Skipped, m.Reemissions, m.Transactions, m.PublishTime, m.CommitToAck, m.InFlight,
+		reg.MustRegister(m.CatchUp, m.Published, m.Duplicates, m.EffectsPublished, m.EffectsDuplicates, m.Skipped, m.Refused, m.Reemissions, m.Transactions, m.PublishTime, m.CommitToAck, m.InFlight,
 			m.ConfirmedLSN, m.SlotLagBytes, m.Active, m.SessionErrors)
 	}
 	return m

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/converge-sync/converge/pkg/contract"
 )
@@ -55,6 +56,33 @@ type publisher struct {
 
 	msg nats.Msg // reused: PublishMsg encodes it before returning
 	id  []string // the Nats-Msg-Id header's value
+
+	// The documents' stream stores the session's publishes in publish
+	// order or not at all. A publish lost in flight while the connection
+	// stays up (a stream leader's loss on a cluster) must not let the
+	// publishes after it be stored before it is published again: a newer
+	// version of a document stored before an older one, which then pushes
+	// it out of the subject's history. So once the session knows the
+	// stream's last sequence, each publish carries
+	// Nats-Expected-Last-Sequence, the sequence its predecessor gets, and
+	// the stream refuses it when its last message is another; every
+	// publish after a lost one is refused. The session starts careful: one
+	// event at a time, without the header (events published again from the
+	// confirmed position are duplicates, which take no sequence), until
+	// one is stored; its sequence is the base (see chain). The header is
+	// checked by the stream's leader before it proposes the message, so no
+	// replica can disagree on it. (Nats-Expected-Last-Msg-Id is checked by
+	// every replica as it applies, and a replica that caught up after a
+	// restart does not know the id of its last message: it rejects the
+	// entry and stops.) Not on the effects' stream, whose order nothing
+	// reads.
+	chained bool
+	lastSeq uint64   // the sequence the previous chained publish gets
+	expect  []string // the header's value
+	// broken is set when the stream refused a publish because its last
+	// sequence was not the one expected: a publish before it is lost.
+	broken        atomic.Bool
+	refusedMetric prometheus.Counter // counts those refusals; may be nil
 }
 
 // ackSlot is the outcome of one publish: set by the subscription's
@@ -62,6 +90,7 @@ type publisher struct {
 type ackSlot struct {
 	state   atomic.Uint32
 	effects bool      // a publish to the effects' stream; written before the publish
+	seq     uint64    // the stream sequence acknowledged, written before state
 	err     error     // written before state is set to ackFailed
 	at      time.Time // when the acknowledgement arrived (with its monotonic reading), written before state
 }
@@ -81,6 +110,7 @@ func newPublisher(nc *nats.Conn, stream, effects string, window int) (*publisher
 		slots:   make([]ackSlot, window),
 		wake:    make(chan struct{}, 1),
 		id:      make([]string, 1),
+		expect:  make([]string, 1),
 	}
 	for i := range p.replies {
 		p.replies[i] = p.prefix + strconv.Itoa(i)
@@ -143,6 +173,12 @@ func (p *publisher) publish(subject, msgID string, commitTimeHdr, reemission []s
 	p.slots[i].effects = effects
 	p.slots[i].state.Store(ackWaiting)
 	p.id[0] = msgID
+	if !effects && p.chained {
+		p.expect[0] = strconv.FormatUint(p.lastSeq, 10)
+		p.msg.Header[jetstream.ExpectedLastSeqHeader] = p.expect
+	} else {
+		delete(p.msg.Header, jetstream.ExpectedLastSeqHeader)
+	}
 	p.msg.Header[contract.HeaderCommitTime] = commitTimeHdr
 	if reemission != nil {
 		p.msg.Header[contract.HeaderReemission] = reemission
@@ -156,6 +192,9 @@ func (p *publisher) publish(subject, msgID string, commitTimeHdr, reemission []s
 		return 0, err
 	}
 	p.next++
+	if !effects && p.chained {
+		p.lastSeq++
+	}
 	// Lost while this one was written: it may be in the reconnect buffer,
 	// bound for the new server after messages the old one never got. The
 	// relay's own connection has no such buffer (such a publish fails);
@@ -181,6 +220,13 @@ func (p *publisher) outcome(seq uint64) (uint32, error) {
 // outcome reported it no longer waiting.
 func (p *publisher) ackedAt(seq uint64) time.Time { return p.slots[seq%uint64(len(p.slots))].at }
 
+// chain starts the expectations after publish seq, the session's only
+// one to the documents' stream in flight, was stored: the next publish
+// expects its sequence as the stream's last.
+func (p *publisher) chain(seq uint64) {
+	p.chained, p.lastSeq = true, p.slots[seq%uint64(len(p.slots))].seq
+}
+
 // lastAck is when the newest acknowledgement of the session arrived.
 func (p *publisher) lastAck() time.Time { return time.Unix(0, p.last.Load()) }
 
@@ -201,9 +247,17 @@ func (p *publisher) onAck(m *nats.Msg) {
 	if s.effects {
 		stream = p.effects
 	}
-	state, ackErr := parseAck(m, stream)
+	state, seq, ackErr := parseAck(m, stream)
+	s.seq = seq
 	if ackErr != nil {
 		s.err = ackErr
+		var wl *wrongLastError
+		if errors.As(ackErr, &wl) {
+			p.broken.Store(true)
+			if p.refusedMetric != nil {
+				p.refusedMetric.Inc()
+			}
+		}
 	}
 	s.state.Store(state)
 	select {
@@ -218,9 +272,10 @@ var (
 	ackDuplicated = []byte(`"duplicate"`)
 )
 
-// parseAck reads a JetStream publish acknowledgement from stream: a JSON PubAck, an API
-// error, or a no-responders status when no stream listens on the subject.
-func parseAck(m *nats.Msg, stream string) (uint32, error) {
+// parseAck reads a JetStream publish acknowledgement from stream: a JSON
+// PubAck and the sequence it gives, an API error, or a no-responders
+// status when no stream listens on the subject.
+func parseAck(m *nats.Msg, stream string) (uint32, uint64, error) {
 	d := m.Data
 	// The common case, a plain PubAck in the server's own encoding, is
 	// checked without decoding it; anything else (a duplicate, an error) is
@@ -228,13 +283,14 @@ func parseAck(m *nats.Msg, stream string) (uint32, error) {
 	if bytes.HasPrefix(d, ackPrefix) && bytes.HasPrefix(d[len(ackPrefix):], []byte(stream)) &&
 		len(d) > len(ackPrefix)+len(stream) && d[len(ackPrefix)+len(stream)] == '"' &&
 		!bytes.Contains(d, ackError) && !bytes.Contains(d, ackDuplicated) {
-		return ackStored, nil
+		return ackStored, ackSeq(d[len(ackPrefix)+len(stream):]), nil
 	}
 	if len(d) == 0 && m.Header.Get("Status") == "503" {
-		return ackFailed, fmt.Errorf("no stream listens on %s (no responders): %w", m.Subject, nats.ErrNoResponders)
+		return ackFailed, 0, fmt.Errorf("no stream listens on %s (no responders): %w", m.Subject, nats.ErrNoResponders)
 	}
 	var ack struct {
 		Stream    string `json:"stream"`
+		Seq       uint64 `json:"seq"`
 		Duplicate bool   `json:"duplicate"`
 		Error     *struct {
 			Code        int    `json:"code"`
@@ -243,17 +299,58 @@ func parseAck(m *nats.Msg, stream string) (uint32, error) {
 		} `json:"error"`
 	}
 	if err := json.Unmarshal(d, &ack); err != nil {
-		return ackFailed, fmt.Errorf("unreadable acknowledgement %q: %w", truncate(d, 200), err)
+		return ackFailed, 0, fmt.Errorf("unreadable acknowledgement %q: %w", truncate(d, 200), err)
 	}
 	switch {
+	case ack.Stream != "" && ack.Stream != stream:
+		return ackFailed, 0, fmt.Errorf("acknowledged by stream %q, not %q: another stream listens on the subject", ack.Stream, stream)
+	case ack.Error != nil && (ack.Error.ErrCode == errCodeWrongLastSeq || ack.Error.ErrCode == errCodeWrongLastSeqConstant):
+		last, _ := strings.CutPrefix(ack.Error.Description, "wrong last sequence: ")
+		return ackFailed, 0, &wrongLastError{last: last}
 	case ack.Error != nil:
-		return ackFailed, fmt.Errorf("stream refused the message: %s (code %d, error code %d)", ack.Error.Description, ack.Error.Code, ack.Error.ErrCode)
-	case ack.Stream != stream:
-		return ackFailed, fmt.Errorf("acknowledged by stream %q, not %q: another stream listens on the subject", ack.Stream, stream)
+		return ackFailed, 0, fmt.Errorf("stream refused the message: %s (code %d, error code %d)", ack.Error.Description, ack.Error.Code, ack.Error.ErrCode)
 	case ack.Duplicate:
-		return ackDuplicate, nil
+		return ackDuplicate, ack.Seq, nil
 	}
-	return ackStored, nil
+	return ackStored, ack.Seq, nil
+}
+
+// ackSeq reads the value of "seq" in the rest of a PubAck (0 when there
+// is none).
+func ackSeq(d []byte) uint64 {
+	i := bytes.Index(d, ackSeqKey)
+	if i < 0 {
+		return 0
+	}
+	var seq uint64
+	for _, c := range d[i+len(ackSeqKey):] {
+		if c < '0' || c > '9' {
+			break
+		}
+		seq = seq*10 + uint64(c-'0')
+	}
+	return seq
+}
+
+var ackSeqKey = []byte(`"seq":`)
+
+// JetStream's error codes for a publish whose Nats-Expected-Last-Sequence
+// is not the stream's last sequence.
+const (
+	errCodeWrongLastSeq         = 10071
+	errCodeWrongLastSeqConstant = 10164
+)
+
+// wrongLastError is a publish the stream refused because its last
+// sequence (last, when it said) was not the one the publish expected.
+type wrongLastError struct{ last string }
+
+func (e *wrongLastError) Error() string {
+	last := e.last
+	if last == "" {
+		last = "another"
+	}
+	return fmt.Sprintf("stream refused the message: its last sequence (%s) is not the one the message follows", last)
 }
 
 func truncate(b []byte, n int) []byte {
@@ -271,3 +368,9 @@ var errAckTimeout = errors.New("no acknowledgement in time")
 // be sent, when the NATS connection was lost: the message or its
 // acknowledgement may have been lost with the old connection.
 var errReconnected = errors.New("the NATS connection was lost while publishes awaited acknowledgement")
+
+// errLostBefore ends a session whose oldest publish awaiting its
+// acknowledgement precedes one the stream refused for not following the
+// stream's last sequence: that publish never reached the stream (a stream
+// leader lost it), and nothing after it will be stored.
+var errLostBefore = errors.New("the stream refused a later publish for not following its last message: an earlier publish was lost")

@@ -150,25 +150,30 @@ func TestPublisherOutcomes(t *testing.T) {
 func TestPublisherParseAck(t *testing.T) {
 	p := &publisher{stream: "DOCS", prefix: "_INBOX.x.", slots: make([]ackSlot, 2), wake: make(chan struct{}, 1)}
 	cases := []struct {
-		data string
-		want uint32
+		data      string
+		want      uint32
+		seq       uint64
+		wrongLast bool
 	}{
-		{`{"stream":"DOCS","seq":7}`, ackStored},
-		{`{"stream":"DOCS","seq":7,"duplicate":true}`, ackDuplicate},
-		{`{"stream":"DOCS","seq":7,"duplicate": true}`, ackDuplicate}, // the server's spelling
-		{`{"stream":"DOCS","seq":7,"duplicate": false}`, ackStored},
-		{`{"stream":"DOCS","domain":"hub","seq":7}`, ackStored},
-		{`{"stream":"DOCS2","seq":7}`, ackFailed},
-		{`{"stream":"DOC","seq":7}`, ackFailed},
-		{`{"error":{"code":503,"err_code":10077,"description":"maximum messages exceeded"},"stream":"DOCS","seq":0}`, ackFailed},
-		{`{"stream":"DOCS","seq":0,"error":{"code":400,"description":"bad"}}`, ackFailed},
-		{`not json`, ackFailed},
-		{``, ackFailed},
+		{`{"stream":"DOCS","seq":7}`, ackStored, 7, false},
+		{`{"stream":"DOCS","seq":1234567}`, ackStored, 1234567, false},
+		{`{"stream":"DOCS","seq":7,"duplicate":true}`, ackDuplicate, 7, false},
+		{`{"stream":"DOCS","seq":7,"duplicate": true}`, ackDuplicate, 7, false}, // the server's spelling
+		{`{"stream":"DOCS","seq":7,"duplicate": false}`, ackStored, 7, false},
+		{`{"stream":"DOCS","domain":"hub","seq":7}`, ackStored, 7, false},
+		{`{"stream":"DOCS2","seq":7}`, ackFailed, 0, false},
+		{`{"stream":"DOC","seq":7}`, ackFailed, 0, false},
+		{`{"error":{"code":503,"err_code":10077,"description":"maximum messages exceeded"},"stream":"DOCS","seq":0}`, ackFailed, 0, false},
+		{`{"stream":"DOCS","seq":0,"error":{"code":400,"description":"bad"}}`, ackFailed, 0, false},
+		{`{"error":{"code":400,"err_code":10071,"description":"wrong last sequence: 41"},"stream":"DOCS","seq":0}`, ackFailed, 0, true},
+		{`not json`, ackFailed, 0, false},
+		{``, ackFailed, 0, false},
 	}
 	for _, c := range cases {
-		got, err := parseAck(&nats.Msg{Subject: "_INBOX.x.1", Data: []byte(c.data)}, p.stream)
-		if got != c.want || (got == ackFailed) != (err != nil) {
-			t.Errorf("parseAck(%q) = %d, %v; want %d", c.data, got, err, c.want)
+		got, seq, err := parseAck(&nats.Msg{Subject: "_INBOX.x.1", Data: []byte(c.data)}, p.stream)
+		var wl *wrongLastError
+		if got != c.want || seq != c.seq || (got == ackFailed) != (err != nil) || errors.As(err, &wl) != c.wrongLast {
+			t.Errorf("parseAck(%q) = %d, seq %d, %v; want %d, seq %d (a wrong last sequence: %v)", c.data, got, seq, err, c.want, c.seq, c.wrongLast)
 		}
 	}
 	for _, subj := range []string{"_INBOX.x.2", "_INBOX.x.-1", "_INBOX.x.a", "_INBOX.y.0"} {
@@ -273,5 +278,101 @@ func TestPublisherStopsOnceTheConnectionWasLost(t *testing.T) {
 	}
 	if info.State.Msgs != 2 {
 		t.Fatalf("stream holds %d messages, want 2 (v1, then v3 from the next session)", info.State.Msgs)
+	}
+}
+
+// TestPublisherKeepsTheStreamInPublishOrder: once chained, each publish
+// to the documents' stream expects the sequence its predecessor gets as
+// the stream's last. A publish lost in flight makes the stream refuse
+// every later one instead of storing it before the lost one; a session
+// publishing again from an older position, careful (unchained) until one
+// of its events is stored, has its copies dropped as duplicates, and
+// chains from the first it stores.
+func TestPublisherKeepsTheStreamInPublishOrder(t *testing.T) {
+	n := testenv.StartNATS(t)
+	nc := n.Connect(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "DOCS", Subjects: []string{"docs.>"}, Duplicates: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hdr := []string{"2026-01-02T03:04:05Z"}
+	publish := func(p *publisher, id string) (uint64, uint32, error) {
+		t.Helper()
+		seq, err := p.publish("docs."+id, id, hdr, nil, []byte(id), false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := awaitOutcome(t, p, seq)
+		return seq, st, err
+	}
+	first, err := newPublisher(nc, "DOCS", "", 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seq, st, err := publish(first, "e1")
+	if st != ackStored {
+		t.Fatalf("e1: state %d, err %v; want stored", st, err)
+	}
+	first.chain(seq)
+	if first.lastSeq != 1 {
+		t.Fatalf("chained after e1 at sequence %d, want 1", first.lastSeq)
+	}
+	if _, st, err := publish(first, "e2"); st != ackStored {
+		t.Fatalf("e2: state %d, err %v; want stored", st, err)
+	}
+	// e3 was lost on its way: the session believes it published it.
+	first.lastSeq++
+	_, st, err = publish(first, "e4")
+	var wl *wrongLastError
+	if st != ackFailed || !errors.As(err, &wl) || wl.last != "2" {
+		t.Fatalf("e4 after a lost e3: state %d, err %v; want refused, the stream's last sequence being 2", st, err)
+	}
+	if !first.broken.Load() {
+		t.Fatal("the refusal did not mark the session broken")
+	}
+	if _, st, err = publish(first, "e5"); st != ackFailed || !errors.As(err, &wl) {
+		t.Fatalf("e5: state %d, err %v; want refused too", st, err)
+	}
+	first.close()
+
+	// The next session publishes again from e2: careful, a duplicate,
+	// then e3 stored, and chained from it e4 and e5.
+	next, err := newPublisher(nc, "DOCS", "", 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer next.close()
+	if _, st, err := publish(next, "e2"); st != ackDuplicate {
+		t.Fatalf("e2 again: state %d, err %v; want a duplicate", st, err)
+	}
+	seq, st, err = publish(next, "e3")
+	if st != ackStored {
+		t.Fatalf("e3: state %d, err %v; want stored", st, err)
+	}
+	next.chain(seq)
+	for _, id := range []string{"e4", "e5"} {
+		if _, st, err := publish(next, id); st != ackStored {
+			t.Fatalf("next session, %s: state %d, err %v; want stored", id, st, err)
+		}
+	}
+	var got []string
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seq := uint64(1); seq <= info.State.LastSeq; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, string(m.Data))
+	}
+	if strings.Join(got, " ") != "e1 e2 e3 e4 e5" {
+		t.Fatalf("the stream holds %v; want e1 to e5 once each, in order", got)
 	}
 }

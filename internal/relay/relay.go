@@ -283,6 +283,7 @@ func (r *Relay) session(ctx context.Context) error {
 		return &publishError{err: err}
 	}
 	defer pub.close()
+	pub.refusedMetric = r.metrics.Refused
 	s := &session{relay: r, conn: conn, pub: pub, confirmed: start, relations: map[uint32]relation{}, pos: pos, skipUntil: skipUntil}
 	// The slot's position is the truth at the start of a session, even
 	// when a Postgres crash moved it back behind what was reported before.
@@ -303,7 +304,8 @@ func (r *Relay) session(ctx context.Context) error {
 			r.noStreamSince = time.Now()
 		}
 		r.ensured = time.Since(r.noStreamSince) < ensureAgain
-	case errors.Is(err, errReconnected):
+	case errors.Is(err, errReconnected), errors.Is(err, errLostBefore), errors.As(err, new(*wrongLastError)):
+		// The stream answered, or the connection is the cause.
 		r.noStreamSince = time.Time{}
 	default:
 		r.ensured, r.noStreamSince = false, time.Time{}
@@ -749,6 +751,13 @@ func (s *session) publish(ctx context.Context, v *insertView) error {
 			return err
 		}
 	}
+	// Careful until the documents' stream stored one of the session's
+	// events: one event in flight at a time (see publisher.chained).
+	for !s.pub.chained && s.inflight > 0 {
+		if err := s.drain(ctx, true); err != nil {
+			return err
+		}
+	}
 	msgID, reemission := v.messageID()
 	subject := subjectOf(v.key)
 	for i := range n {
@@ -794,6 +803,9 @@ func (s *session) drain(ctx context.Context, block bool) error {
 		}
 		switch state {
 		case ackWaiting:
+			if s.pub.broken.Load() {
+				return &publishError{err: errLostBefore}
+			}
 			// Whether it waits too long is checked once per status
 			// interval (checkHead), not at every commit.
 			s.relay.metrics.InFlight.Set(float64(s.inflight))
@@ -817,6 +829,8 @@ func (s *session) drain(ctx context.Context, block bool) error {
 			s.relay.metrics.Published.Inc()
 			if state == ackDuplicate {
 				s.relay.metrics.Duplicates.Inc()
+			} else if !s.pub.chained {
+				s.pub.chain(p.seq)
 			}
 			if p.reemission {
 				s.relay.metrics.Reemissions.Inc()
@@ -856,6 +870,9 @@ func (s *session) await(ctx context.Context, p *pending) (uint32, error) {
 	for {
 		if state, err := s.pub.outcome(p.seq); state != ackWaiting {
 			return state, err
+		}
+		if s.pub.broken.Load() {
+			return ackFailed, errLostBefore
 		}
 		now := time.Now()
 		if !now.Before(deadline) {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -457,4 +458,85 @@ func TestLostAcknowledgementsRepublish(t *testing.T) {
 		t.Fatalf("stream holds %d messages, want 100", n)
 	}
 	t.Logf("confirmed_flush_lsn before the loss %s; %v session(s) ended on lost acknowledgements", confirmedBefore, testutil.ToFloat64(errs))
+}
+
+// TestRelayKeepsCommitOrderWhenAPublishIsLost: a publish lost in flight
+// while the connection stays up (what a stream leader's loss does on a
+// cluster; here the server maps one document's subject to a subscriber
+// that never answers) must not let the events published after it be
+// stored before it. The stream refuses them (each expects the sequence
+// of the one before it), the session ends at the first refusal instead
+// of waiting for the lost publish's acknowledgement timeout, and the next
+// session publishes the lost event and those after it in commit order.
+func TestRelayKeepsCommitOrderWhenAPublishIsLost(t *testing.T) {
+	f := newFixture(t)
+	metrics := relay.NewMetrics(nil)
+	var logs testenv.Buffer
+	// An acknowledgement timeout longer than the waits below: only the
+	// refusal can end the session in time.
+	r, err := relay.New(f.nats.Connect(t), relay.Config{PostgresURL: f.dbURL, AckTimeout: 2 * time.Minute, StatusInterval: 200 * time.Millisecond,
+		StandbyRetry: 100 * time.Millisecond, Stream: relay.StreamConfig{MaxMsgsPerSubject: -1}}, metrics, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	f.waitSlot(t)
+	f.write(t, 0, 10, 1)
+	testenv.Eventually(t, "10 events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 10 })
+
+	docs := corpus.Sequential(20, corpus.Shape{Version: 1, Title: corpus.Fixed("t")})
+	hole, err := f.nats.Connect(t).Subscribe("lost.>", func(*nats.Msg) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = hole.Unsubscribe() }()
+	acc := f.nats.Server.Server.GlobalAccount()
+	lostSubject := contract.Subject(docs[10].Key)
+	if err := acc.AddMapping(lostSubject, "lost.one"); err != nil {
+		t.Fatal(err)
+	}
+	f.write(t, 10, 20, 1) // one transaction: the first of its events is lost
+	testenv.Eventually(t, "the stream to refuse the events after the lost one", 20*time.Second, func() bool {
+		return testutil.ToFloat64(metrics.Refused) >= 1
+	})
+	acc.RemoveMapping(lostSubject)
+	testenv.Eventually(t, "the 10 events of the transaction", 30*time.Second, func() bool { return streamMsgs(t, f.js) >= 20 })
+	waitConfirmedPastNow(t, f.pool, "converge_relay", 10*time.Second)
+	if n := streamMsgs(t, f.js); n != 20 {
+		t.Fatalf("stream holds %d messages, want 20", n)
+	}
+	if !logs.Contains("an earlier publish was lost") {
+		t.Errorf("no session ended on the refusal; the relay logged:\n%s", logs.String())
+	}
+	s, err := f.js.Stream(context.Background(), contract.DocsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys, want []string
+	for seq := uint64(1); seq <= 20; seq++ {
+		m, err := s.GetMsg(context.Background(), seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev, err := contract.DecodeEvent(m.Data)
+		if err != nil {
+			t.Fatalf("message %d: %v", seq, err)
+		}
+		keys = append(keys, ev.Key)
+	}
+	for _, d := range docs {
+		want = append(want, d.Key)
+	}
+	if !slices.Equal(keys, want) {
+		t.Fatalf("the events are stored as %v; want %v, in commit order", keys, want)
+	}
+	t.Logf("%v publishes refused after the lost one", testutil.ToFloat64(metrics.Refused))
 }
