@@ -3,9 +3,11 @@
 package chaos
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -125,6 +127,14 @@ func TestNATSClusterLosesItsStreamLeader(t *testing.T) {
 		for _, s := range p.services {
 			s.dumpGoroutines()
 		}
+	}
+	// Nothing limits the effects' stream here, so any gap the notifier
+	// reports is false: messages a consumer leader delivered to a pull
+	// request the notifier never read come again after their wait.
+	if b, err := os.ReadFile(filepath.Join(p.logDir, "notifier.log")); err != nil {
+		t.Error(err)
+	} else if i := bytes.Index(b, []byte("were never delivered")); i >= 0 {
+		t.Errorf("the notifier reported a gap in a stream that removes nothing unread: %s", b[max(0, i-200):min(len(b), i+100)])
 	}
 	st, err := p.readPostgres(ctx)
 	if err != nil {

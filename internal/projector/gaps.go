@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -28,8 +30,11 @@ import (
 // one converge replay recreated, has delivered nothing: the server places
 // it at the later of its start and the stream's first sequence, so the
 // events purged before it existed are not its gap. Any later message
-// whose sequence is more than one past the highest seen is a gap; a
-// redelivery (a sequence at or below it) is not. The messages the runtime
+// whose sequence is more than one past the highest seen makes suspects of
+// those between; a redelivery (a sequence at or below it) clears one. A
+// suspect not delivered within twice the acknowledgement wait is a gap
+// (see gapDetector): a message delivered to a pull request the runtime
+// never read comes again after that wait, one the limits removed never. The messages the runtime
 // hands back unread when it stops are checked too; a crash with messages
 // fetched but not yet checked can leave a gap among them unreported.
 
@@ -61,40 +66,122 @@ func ReadGapRecord(metadata map[string]string) (GapRecord, bool) {
 	return rec, true
 }
 
-// gapDetector follows the stream sequences delivered, in fetch order.
+// gapDetector follows the stream sequences delivered, in fetch order. A
+// sequence stepped over is a suspect, not yet a gap: the server may have
+// delivered it to a pull request this runtime never read (a consumer
+// leader lost it on a cluster, a connection dropped it as a slow
+// consumer), and then delivers it again once its acknowledgement wait
+// ends. A suspect still not delivered grace (twice the wait) after it was
+// stepped over was removed before this runtime read it: a gap. So is
+// every suspect left when the runtime stops, which cannot tell.
 type gapDetector struct {
-	highest uint64 // the highest stream sequence seen
+	mu       sync.Mutex
+	highest  uint64 // the highest stream sequence seen
+	suspects []gapSpan
+	grace    time.Duration
 }
 
-// observe takes the next delivered sequence and returns the gap before
-// it, if any: the sequences from..to never delivered.
-func (g *gapDetector) observe(seq uint64) (from, to uint64, gap bool) {
+// gapSpan is the stream sequences from..to, stepped over, due to be
+// reported at due unless delivered before.
+type gapSpan struct {
+	from, to uint64
+	due      time.Time
+}
+
+// observe takes the next delivered sequence: a redelivery clears its
+// suspicion, a sequence more than one past the highest makes suspects of
+// those between.
+func (g *gapDetector) observe(seq uint64, now time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	if seq <= g.highest {
-		return 0, 0, false // a redelivery
+		g.cleared(seq)
+		return
 	}
-	from, to, gap = g.highest+1, seq-1, seq > g.highest+1
+	if seq > g.highest+1 {
+		g.suspects = append(g.suspects, gapSpan{from: g.highest + 1, to: seq - 1, due: now.Add(g.grace)})
+	}
 	g.highest = seq
-	return from, to, gap
+}
+
+// cleared removes seq, delivered again, from the suspects.
+func (g *gapDetector) cleared(seq uint64) {
+	for i, s := range g.suspects {
+		switch {
+		case seq < s.from || seq > s.to:
+			continue
+		case s.from == s.to:
+			g.suspects = slices.Delete(g.suspects, i, i+1)
+		case seq == s.from:
+			g.suspects[i].from++
+		case seq == s.to:
+			g.suspects[i].to--
+		default:
+			g.suspects = slices.Insert(g.suspects, i+1, gapSpan{from: seq + 1, to: s.to, due: s.due})
+			g.suspects[i].to = seq - 1
+		}
+		return
+	}
+}
+
+// due removes and returns the suspects whose time is up at now, or every
+// one with all.
+func (g *gapDetector) due(now time.Time, all bool) []gapSpan {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var out []gapSpan
+	keep := g.suspects[:0]
+	for _, s := range g.suspects {
+		if all || !now.Before(s.due) {
+			out = append(out, s)
+		} else {
+			keep = append(keep, s)
+		}
+	}
+	g.suspects = keep
+	return out
+}
+
+// restart sets the detector at a consumer's (re)start: highest is what the
+// consumer has delivered. Suspects stay, since the server still owes them,
+// unless the consumer went back (a replay), which delivers them again.
+func (g *gapDetector) restart(delivered uint64, grace time.Duration) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if delivered < g.highest {
+		g.suspects = nil
+	}
+	g.highest, g.grace = delivered, grace
 }
 
 // checkGaps runs the gap detector over msgs (in fetch order, that is
-// stream order), counts and logs each gap, and saves the record once if
-// there was one. Without Config.EveryEvent it does nothing.
+// stream order), then reports the suspects whose time is up. Without
+// Config.EveryEvent it does nothing.
 func (r *Runtime) checkGaps(ctx context.Context, msgs []jetstream.Msg) {
 	if !r.cfg.EveryEvent {
 		return
 	}
-	found := false
+	now := time.Now()
 	for _, m := range msgs {
 		meta, err := m.Metadata()
 		if err != nil {
 			continue
 		}
-		from, to, gap := r.gaps.observe(meta.Sequence.Stream)
-		if !gap {
-			continue
-		}
-		found = true
+		r.gaps.observe(meta.Sequence.Stream, now)
+	}
+	r.reportGaps(ctx, false)
+}
+
+// reportGaps counts and logs each suspect whose time is up (with all,
+// every one: the runtime stops), and saves the record once if there was
+// one.
+func (r *Runtime) reportGaps(ctx context.Context, all bool) {
+	if !r.cfg.EveryEvent {
+		return
+	}
+	spans := r.gaps.due(time.Now(), all)
+	for _, g := range spans {
+		from, to := g.from, g.to
 		n := to - from + 1
 		r.metrics.Missed.Add(float64(n))
 		r.log.Error(fmt.Sprintf("events with stream sequences %d..%d were never delivered: the stream's limits (its per-subject history, age or size) removed them before this consumer read them", from, to),
@@ -104,7 +191,7 @@ func (r *Runtime) checkGaps(ctx context.Context, msgs []jetstream.Msg) {
 		r.gapRecord.LastFrom, r.gapRecord.LastTo, r.gapRecord.At = from, to, time.Now().UTC()
 		r.gapMu.Unlock()
 	}
-	if found {
+	if len(spans) > 0 {
 		r.saveGapRecord(ctx)
 	}
 }
@@ -115,7 +202,7 @@ func (r *Runtime) startGaps(info *jetstream.ConsumerInfo) {
 	if !r.cfg.EveryEvent || info == nil {
 		return
 	}
-	r.gaps = gapDetector{highest: info.Delivered.Stream}
+	r.gaps.restart(info.Delivered.Stream, 2*r.cfg.AckWait)
 	if stored, ok := ReadGapRecord(info.Config.Metadata); ok {
 		r.gapMu.Lock()
 		if stored.Missed >= r.gapRecord.Missed {

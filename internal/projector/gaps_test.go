@@ -3,6 +3,7 @@ package projector_test
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -177,4 +178,63 @@ func consumerInfo(t *testing.T, js jetstream.JetStream, name string) *jetstream.
 		t.Fatal(err)
 	}
 	return c.CachedInfo()
+}
+
+// A version the stream's limits purge while the runtime is busy is a gap,
+// reported while the runtime runs once twice the acknowledgement wait has
+// passed without the server delivering it.
+func TestGapReportedWhileRunning(t *testing.T) {
+	e := newLimitedEnv(t)
+	started, release := make(chan struct{}), make(chan struct{})
+	var once, released sync.Once
+	unblock := func() { released.Do(func() { close(release) }) }
+	store := &deliveryStore{answer: func(d projector.Delivery) error {
+		if d.Event.Version == 1 {
+			once.Do(func() { close(started); <-release })
+		}
+		return nil
+	}}
+	logs := &testenv.Buffer{}
+	metrics := projector.NewMetrics(nil)
+	r, err := projector.New(e.js, store, projector.Config{Name: "effects", EveryEvent: true, BatchSize: 1, AckWait: time.Second, LagInterval: 200 * time.Millisecond},
+		metrics, slog.New(slog.NewTextHandler(logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	defer unblock() // before the runtime is stopped
+	e.publish(t, upsert("doc", 1))
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("version 1 not applied within 10s")
+	}
+	// While it is, 19 more: the consumer delivers at most 4 unacknowledged,
+	// the stream keeps 2 versions, so most are purged before delivery.
+	for v := int64(2); v <= 20; v++ {
+		e.publish(t, upsert("doc", v))
+	}
+	unblock()
+	testenv.Eventually(t, "version 20 applied", 10*time.Second, func() bool {
+		vs := store.versions("doc")
+		return len(vs) > 0 && vs[len(vs)-1] == 20
+	})
+	testenv.Eventually(t, "the purged versions reported while the runtime runs", 10*time.Second, func() bool {
+		return testutil.ToFloat64(metrics.Missed) > 0
+	})
+	applied := len(store.versions("doc"))
+	if missed := int(testutil.ToFloat64(metrics.Missed)); missed+applied != 20 {
+		t.Fatalf("%d missed and %d applied; want 20 in all", missed, applied)
+	}
+	if !logs.Contains("were never delivered") {
+		t.Fatalf("no gap logged:\n%s", logs.String())
+	}
 }

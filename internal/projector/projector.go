@@ -391,6 +391,9 @@ func (r *Runtime) Run(ctx context.Context) error {
 		return fmt.Errorf("projector %s: %w", r.cfg.Name, err)
 	}
 	r.fenced.Store(nil)
+	// Suspected gaps the server did not deliver again before the runtime
+	// stops are reported: it cannot tell them from gaps any longer.
+	defer r.reportGaps(ctx, true)
 	failures := 0
 	for ctx.Err() == nil {
 		done, err := r.consume(ctx)
@@ -723,6 +726,9 @@ func (r *Runtime) watchLag(ctx context.Context, cons jetstream.Consumer, stalled
 				return
 			}
 		}
+		// Suspected gaps are reported when their time is up even if
+		// nothing is delivered meanwhile.
+		r.reportGaps(ctx, false)
 		select {
 		case <-ctx.Done():
 			return

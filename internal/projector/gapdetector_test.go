@@ -1,0 +1,58 @@
+package projector
+
+import (
+	"testing"
+	"time"
+)
+
+// A sequence stepped over is a suspect until twice the acknowledgement
+// wait has passed: the server delivers again, after the wait, a message it
+// gave to a pull request the runtime never read (a consumer leader's loss,
+// a slow-consumer drop), and that is no gap. What is still owed at the
+// deadline, or when the runtime stops, is.
+func TestGapDetectorWaitsForRedeliveries(t *testing.T) {
+	var g gapDetector
+	g.restart(1, 2*time.Minute)
+	t0 := time.Now()
+	g.observe(6, t0) // 2..5 stepped over
+	g.observe(7, t0)
+	if due := g.due(t0.Add(time.Minute), false); len(due) != 0 {
+		t.Fatalf("reported %v before the grace ended", due)
+	}
+	// 3 and 4 are delivered again: 2 and 5 are still owed.
+	g.observe(3, t0.Add(time.Minute))
+	g.observe(4, t0.Add(time.Minute))
+	g.observe(9, t0.Add(time.Minute)) // 8 stepped over, later
+	due := g.due(t0.Add(2*time.Minute), false)
+	if len(due) != 2 || due[0].from != 2 || due[0].to != 2 || due[1].from != 5 || due[1].to != 5 {
+		t.Fatalf("due at the grace's end: %+v; want 2..2 and 5..5", due)
+	}
+	if again := g.due(t0.Add(2*time.Minute), false); len(again) != 0 {
+		t.Fatalf("reported twice: %+v", again)
+	}
+	// 8, delivered again in time, is no gap; a later jump is, at stop.
+	g.observe(8, t0.Add(90*time.Second))
+	g.observe(12, t0.Add(2*time.Minute))
+	if due := g.due(t0.Add(3*time.Minute), false); len(due) != 0 {
+		t.Fatalf("8 and 10..11 not yet due, got %+v", due)
+	}
+	if due := g.due(t0.Add(3*time.Minute), true); len(due) != 1 || due[0].from != 10 || due[0].to != 11 {
+		t.Fatalf("at stop: %+v; want 10..11", due)
+	}
+
+	// A split keeps both sides; a restart keeps what is owed, a replay
+	// (the consumer went back) drops it.
+	g.observe(20, t0)
+	g.observe(15, t0)
+	if len(g.suspects) != 2 || g.suspects[0].to != 14 || g.suspects[1].from != 16 {
+		t.Fatalf("after the split: %+v; want 13..14 and 16..19", g.suspects)
+	}
+	g.restart(20, 2*time.Minute)
+	if len(g.suspects) != 2 {
+		t.Fatalf("a restart dropped what is owed: %+v", g.suspects)
+	}
+	g.restart(5, 2*time.Minute)
+	if len(g.suspects) != 0 {
+		t.Fatalf("a replay kept %+v", g.suspects)
+	}
+}
