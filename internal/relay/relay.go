@@ -113,6 +113,7 @@ func (r *Relay) Run(ctx context.Context) error {
 
 	standbyLogged := false
 	for {
+		wait := r.cfg.StandbyRetry
 		err := r.session(ctx)
 		r.active.Store(false)
 		r.metrics.Active.Set(0)
@@ -135,6 +136,12 @@ func (r *Relay) Run(ctx context.Context) error {
 			if errors.As(err, &pe) {
 				cause = "publish"
 			}
+			if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, errLostBefore) {
+				// No stream leader, or a publish one lost: a cluster
+				// electing a leader, which answers again within seconds.
+				// Start again soon, not after StandbyRetry.
+				wait = min(wait, publishRetry)
+			}
 			r.metrics.SessionErrors.WithLabelValues(cause).Inc()
 			r.log.Error("replication session ended; resuming from the confirmed position", "err", err,
 				"confirmed_lsn", r.ConfirmedLSN().String())
@@ -142,10 +149,14 @@ func (r *Relay) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(r.cfg.StandbyRetry):
+		case <-time.After(wait):
 		}
 	}
 }
+
+// publishRetry is how soon a session that found no stream leader, or a
+// publish lost, is followed by the next (at most StandbyRetry).
+const publishRetry = 200 * time.Millisecond
 
 // replicationURL adds replication=database to a DSN.
 func replicationURL(dsn string) (string, error) {

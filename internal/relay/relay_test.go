@@ -415,10 +415,16 @@ func TestByteWindowSmallerThanAnEventStillRelays(t *testing.T) {
 func TestLostAcknowledgementsRepublish(t *testing.T) {
 	f := newFixture(t)
 	metrics := relay.NewMetrics(nil)
+	var logs testenv.Buffer
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the relay logged:\n%s", logs.String())
+		}
+	})
 	// A short status interval: acknowledgements are taken in, and their
 	// absence noticed, at least that often.
 	r, err := relay.New(f.nats.Connect(t), relay.Config{PostgresURL: f.dbURL, AckTimeout: time.Second, StatusInterval: 200 * time.Millisecond,
-		StandbyRetry: 100 * time.Millisecond, Stream: relay.StreamConfig{MaxMsgsPerSubject: -1}}, metrics, nil)
+		StandbyRetry: 100 * time.Millisecond, Stream: relay.StreamConfig{MaxMsgsPerSubject: -1}}, metrics, slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -539,4 +545,43 @@ func TestRelayKeepsCommitOrderWhenAPublishIsLost(t *testing.T) {
 		t.Fatalf("the events are stored as %v; want %v, in commit order", keys, want)
 	}
 	t.Logf("%v publishes refused after the lost one", testutil.ToFloat64(metrics.Refused))
+}
+
+// TestRelayCreatesAStreamGoneForLong: a stream that answers nothing (no
+// responders: a cluster electing a leader, or a stream deleted) ends the
+// session, and the next one starts soon, not after -standby-retry (a
+// minute here). After 10s without a stream the relay creates it again,
+// and every event is published.
+func TestRelayCreatesAStreamGoneForLong(t *testing.T) {
+	f := newFixture(t)
+	metrics := relay.NewMetrics(nil)
+	r, err := relay.New(f.nats.Connect(t), relay.Config{PostgresURL: f.dbURL, StatusInterval: 200 * time.Millisecond,
+		StandbyRetry: time.Minute, Stream: relay.StreamConfig{MaxMsgsPerSubject: -1}}, metrics, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	f.waitSlot(t)
+	f.write(t, 0, 10, 1)
+	testenv.Eventually(t, "10 events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 10 })
+	waitConfirmedPastNow(t, f.pool, "converge_relay", 10*time.Second)
+	if err := f.js.DeleteStream(context.Background(), contract.DocsStream); err != nil {
+		t.Fatal(err)
+	}
+	f.write(t, 10, 20, 1)
+	errs := metrics.SessionErrors.WithLabelValues("publish")
+	testenv.Eventually(t, "sessions to end on the missing stream, more than one", 10*time.Second, func() bool { return testutil.ToFloat64(errs) >= 2 })
+	testenv.Eventually(t, "the stream created again and the 10 events in it", 30*time.Second, func() bool { return streamMsgs(t, f.js) >= 10 })
+	waitConfirmedPastNow(t, f.pool, "converge_relay", 10*time.Second)
+	if n := streamMsgs(t, f.js); n != 10 {
+		t.Fatalf("the new stream holds %d messages, want the 10 written after the old one was deleted", n)
+	}
 }
