@@ -242,6 +242,7 @@ func (r *Relay) session(ctx context.Context) error {
 			if derr := pglogrepl.DropReplicationSlot(ctx, conn, r.cfg.Slot, pglogrepl.DropReplicationSlotOptions{}); derr != nil {
 				r.log.Error("dropping the slot after a failed catch-up failed: drop it by hand (SELECT pg_drop_replication_slot('"+r.cfg.Slot+"')) so that the next start catches up", "err", derr)
 			}
+			r.ensured = false // the next session asks for the streams again
 			return &publishError{err: err}
 		case needed:
 			r.log.Warn("the slot was missing while the stream holds events (a Postgres failover: PostgreSQL 15 has no failover slots); published the outbox's events committed since the newest one the stream holds, then streaming from the new slot",

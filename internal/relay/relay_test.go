@@ -208,6 +208,20 @@ func (f *fixture) write(t *testing.T, from, to int, version int64) {
 	}
 }
 
+// runUntilEnd runs r until the test ends.
+func runUntilEnd(t *testing.T, r *relay.Relay) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+}
+
 func streamMsgs(t *testing.T, js jetstream.JetStream) uint64 {
 	t.Helper()
 	s, err := js.Stream(context.Background(), contract.DocsStream)
@@ -428,15 +442,7 @@ func TestLostAcknowledgementsRepublish(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
+	runUntilEnd(t, r)
 	f.waitSlot(t)
 	testenv.Eventually(t, "stream", 10*time.Second, func() bool { _, err := f.js.Stream(context.Background(), contract.DocsStream); return err == nil })
 	var confirmedBefore string
@@ -485,15 +491,7 @@ func TestRelayKeepsCommitOrderWhenAPublishIsLost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
+	runUntilEnd(t, r)
 	f.waitSlot(t)
 	f.write(t, 0, 10, 1)
 	testenv.Eventually(t, "10 events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 10 })
@@ -560,15 +558,7 @@ func TestRelayCreatesAStreamGoneForLong(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
+	runUntilEnd(t, r)
 	f.waitSlot(t)
 	f.write(t, 0, 10, 1)
 	testenv.Eventually(t, "10 events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 10 })
