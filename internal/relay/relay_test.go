@@ -448,8 +448,12 @@ func TestLostAcknowledgementsRepublish(t *testing.T) {
 	var confirmedBefore string
 	_ = f.pool.QueryRow(context.Background(), `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE database = current_database()`).Scan(&confirmedBefore)
 
-	hole, err := f.nats.Connect(t).Subscribe("converge.docs.>", func(*nats.Msg) {})
+	holeConn := f.nats.Connect(t)
+	hole, err := holeConn.Subscribe("converge.docs.>", func(*nats.Msg) {})
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := holeConn.Flush(); err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = hole.Unsubscribe() }()
@@ -497,8 +501,14 @@ func TestRelayKeepsCommitOrderWhenAPublishIsLost(t *testing.T) {
 	testenv.Eventually(t, "10 events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 10 })
 
 	docs := corpus.Sequential(20, corpus.Shape{Version: 1, Title: corpus.Fixed("t")})
-	hole, err := f.nats.Connect(t).Subscribe("lost.>", func(*nats.Msg) {})
+	holeConn := f.nats.Connect(t)
+	hole, err := holeConn.Subscribe("lost.>", func(*nats.Msg) {})
 	if err != nil {
+		t.Fatal(err)
+	}
+	// The server knows the subscriber before the relay publishes (else
+	// the lost publish is answered "no responders").
+	if err := holeConn.Flush(); err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = hole.Unsubscribe() }()
