@@ -151,17 +151,12 @@ func TestNoFalseGap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- rr.Run(ctx) }()
+	stop := background(t, rr)
 	deadline := time.Now().Add(10 * time.Second)
 	for len(redeliver.versions("late")) < 3 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	stop()
 	if floor := consumerInfo(t, e2.js, "late").AckFloor.Stream; floor != 0 {
 		t.Fatalf("ack floor %d, want 0 (version 1 unacknowledged)", floor)
 	}
@@ -201,15 +196,7 @@ func TestGapReportedWhileRunning(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
+	defer background(t, r)()
 	defer unblock() // before the runtime is stopped
 	e.publish(t, upsert("doc", 1))
 	select {

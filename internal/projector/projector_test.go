@@ -111,6 +111,26 @@ func upsert(key string, version int64) contract.Event {
 	return contract.NewUpsertedEvent(d, []string{d.Body})
 }
 
+// background runs r until the returned stop is called, or the test ends;
+// stop reports an error of Run.
+func background(t *testing.T, r *projector.Runtime) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("run: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
 func run(t *testing.T, e *env, store projector.Store, cfg projector.Config, metrics *projector.Metrics) {
 	t.Helper()
 	cfg.StopWhenCaughtUp = true
@@ -463,15 +483,7 @@ func TestDeadLetterPublishFailureRedelivers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
+	defer background(t, r)()
 	<-r.Ready()
 	if err := e.js.DeleteStream(context.Background(), deadletter.Stream); err != nil {
 		t.Fatal(err)

@@ -38,11 +38,6 @@ type CatchUp struct {
 func (r *Relay) catchUp(ctx context.Context, conn *pgconn.PgConn) (CatchUp, bool, error) {
 	var cu CatchUp
 	s, err := r.js.Stream(ctx, r.cfg.Stream.Name)
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		// Deleted since the session ensured it: nothing to catch up with,
-		// and the stream is created again (see ensureAgain).
-		return cu, false, nil
-	}
 	if err != nil {
 		return cu, false, fmt.Errorf("relay: catch-up: %w", err)
 	}

@@ -304,7 +304,7 @@ func parseAck(m *nats.Msg, stream string) (uint32, uint64, error) {
 	switch {
 	case ack.Stream != "" && ack.Stream != stream:
 		return ackFailed, 0, fmt.Errorf("acknowledged by stream %q, not %q: another stream listens on the subject", ack.Stream, stream)
-	case ack.Error != nil && (ack.Error.ErrCode == errCodeWrongLastSeq || ack.Error.ErrCode == errCodeWrongLastSeqConstant):
+	case ack.Error != nil && ack.Error.ErrCode == errCodeWrongLastSeq:
 		last, _ := strings.CutPrefix(ack.Error.Description, "wrong last sequence: ")
 		return ackFailed, 0, &wrongLastError{last: last}
 	case ack.Error != nil:
@@ -334,12 +334,9 @@ func ackSeq(d []byte) uint64 {
 
 var ackSeqKey = []byte(`"seq":`)
 
-// JetStream's error codes for a publish whose Nats-Expected-Last-Sequence
-// is not the stream's last sequence.
-const (
-	errCodeWrongLastSeq         = 10071
-	errCodeWrongLastSeqConstant = 10164
-)
+// errCodeWrongLastSeq is JetStream's error code for a publish whose
+// Nats-Expected-Last-Sequence is not the stream's last sequence.
+const errCodeWrongLastSeq = 10071
 
 // wrongLastError is a publish the stream refused because its last
 // sequence (last, when it said) was not the one the publish expected.

@@ -33,17 +33,24 @@ func awaitOutcome(t *testing.T, p *publisher, seq uint64) (uint32, error) {
 	}
 }
 
-func TestPublisherOutcomes(t *testing.T) {
-	n := testenv.StartNATS(t)
-	nc := n.Connect(t)
+// withStream starts a NATS server with the stream sc and connects to it.
+func withStream(t *testing.T, sc jetstream.StreamConfig) (*nats.Conn, jetstream.JetStream, jetstream.Stream) {
+	t.Helper()
+	nc := testenv.StartNATS(t).Connect(t)
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "DOCS", Subjects: []string{"docs.>"}, Duplicates: time.Minute, MaxMsgSize: 4096}); err != nil {
+	s, err := js.CreateStream(context.Background(), sc)
+	if err != nil {
 		t.Fatal(err)
 	}
+	return nc, js, s
+}
+
+func TestPublisherOutcomes(t *testing.T) {
+	nc, js, _ := withStream(t, jetstream.StreamConfig{Name: "DOCS", Subjects: []string{"docs.>"}, Duplicates: time.Minute, MaxMsgSize: 4096})
+	ctx := context.Background()
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "OTHER", Subjects: []string{"other.>"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -289,17 +296,8 @@ func TestPublisherStopsOnceTheConnectionWasLost(t *testing.T) {
 // of its events is stored, has its copies dropped as duplicates, and
 // chains from the first it stores.
 func TestPublisherKeepsTheStreamInPublishOrder(t *testing.T) {
-	n := testenv.StartNATS(t)
-	nc := n.Connect(t)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, _, s := withStream(t, jetstream.StreamConfig{Name: "DOCS", Subjects: []string{"docs.>"}, Duplicates: time.Minute})
 	ctx := context.Background()
-	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "DOCS", Subjects: []string{"docs.>"}, Duplicates: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
 	hdr := []string{"2026-01-02T03:04:05Z"}
 	publish := func(p *publisher, id string) (uint64, uint32, error) {
 		t.Helper()

@@ -115,6 +115,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	for {
 		wait := r.cfg.StandbyRetry
 		err := r.session(ctx)
+		r.noteStreams(err)
 		r.active.Store(false)
 		r.metrics.Active.Set(0)
 		if ctx.Err() != nil {
@@ -151,6 +152,30 @@ func (r *Relay) Run(ctx context.Context) error {
 			return nil
 		case <-time.After(wait):
 		}
+	}
+}
+
+// noteStreams decides, from how a session ended, whether the next one
+// ensures the streams again: yes after a publishing failure (a refusal:
+// an operator changed a limit; a lost acknowledgement; a failed
+// catch-up, a stream gone meanwhile), and after finding no stream
+// listening for ensureAgain; not while it is shorter (a leader being
+// elected, whose stream API answers nothing for seconds), nor after a
+// lost connection, a lost publish or a refusal out of order (the stream
+// answered), nor when Postgres was the cause or another relay holds the
+// slot.
+func (r *Relay) noteStreams(err error) {
+	var pe *publishError
+	switch {
+	case errors.Is(err, nats.ErrNoResponders):
+		if r.noStreamSince.IsZero() {
+			r.noStreamSince = time.Now()
+		}
+		r.ensured = time.Since(r.noStreamSince) < ensureAgain
+	case errors.Is(err, errReconnected), errors.Is(err, errLostBefore), errors.As(err, new(*wrongLastError)):
+		r.noStreamSince = time.Time{}
+	case errors.As(err, &pe):
+		r.ensured, r.noStreamSince = false, time.Time{}
 	}
 }
 
@@ -242,7 +267,6 @@ func (r *Relay) session(ctx context.Context) error {
 			if derr := pglogrepl.DropReplicationSlot(ctx, conn, r.cfg.Slot, pglogrepl.DropReplicationSlotOptions{}); derr != nil {
 				r.log.Error("dropping the slot after a failed catch-up failed: drop it by hand (SELECT pg_drop_replication_slot('"+r.cfg.Slot+"')) so that the next start catches up", "err", derr)
 			}
-			r.ensured = false // the next session asks for the streams again
 			return &publishError{err: err}
 		case needed:
 			r.log.Warn("the slot was missing while the stream holds events (a Postgres failover: PostgreSQL 15 has no failover slots); published the outbox's events committed since the newest one the stream holds, then streaming from the new slot",
@@ -306,22 +330,6 @@ func (r *Relay) session(ctx context.Context) error {
 	r.log.Info("relaying", "slot", r.cfg.Slot, "from_lsn", start.String(), "stream", r.cfg.Stream.Name, "effects_stream", effects)
 	err = s.loop(ctx)
 	var pe *publishError
-	// The next session ensures the streams again, unless this one ended
-	// on a lost connection, or found no stream listening for less than
-	// ensureAgain (a leader being elected): after a refusal (an operator
-	// changed a limit), a lost acknowledgement, a stream gone for longer.
-	switch {
-	case errors.Is(err, nats.ErrNoResponders):
-		if r.noStreamSince.IsZero() {
-			r.noStreamSince = time.Now()
-		}
-		r.ensured = time.Since(r.noStreamSince) < ensureAgain
-	case errors.Is(err, errReconnected), errors.Is(err, errLostBefore), errors.As(err, new(*wrongLastError)):
-		// The stream answered, or the connection is the cause.
-		r.noStreamSince = time.Time{}
-	default:
-		r.ensured, r.noStreamSince = false, time.Time{}
-	}
 	switch {
 	case err == nil || ctx.Err() != nil:
 	case errors.As(err, &pe):

@@ -208,18 +208,20 @@ func (f *fixture) write(t *testing.T, from, to int, version int64) {
 	}
 }
 
-// runUntilEnd runs r until the test ends.
-func runUntilEnd(t *testing.T, r *relay.Relay) {
+// swallow subscribes to subject on a connection of its own and answers
+// nothing: what is published there is lost, unacknowledged. The server
+// knows the subscriber when swallow returns.
+func (f *fixture) swallow(t *testing.T, subject string) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	})
+	nc := f.nats.Connect(t)
+	sub, err := nc.Subscribe(subject, func(*nats.Msg) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
 }
 
 func streamMsgs(t *testing.T, js jetstream.JetStream) uint64 {
@@ -429,34 +431,16 @@ func TestByteWindowSmallerThanAnEventStillRelays(t *testing.T) {
 func TestLostAcknowledgementsRepublish(t *testing.T) {
 	f := newFixture(t)
 	metrics := relay.NewMetrics(nil)
-	var logs testenv.Buffer
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("the relay logged:\n%s", logs.String())
-		}
-	})
 	// A short status interval: acknowledgements are taken in, and their
 	// absence noticed, at least that often.
-	r, err := relay.New(f.nats.Connect(t), relay.Config{PostgresURL: f.dbURL, AckTimeout: time.Second, StatusInterval: 200 * time.Millisecond,
-		StandbyRetry: 100 * time.Millisecond, Stream: relay.StreamConfig{MaxMsgsPerSubject: -1}}, metrics, slog.New(slog.NewTextHandler(&logs, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	runUntilEnd(t, r)
+	runRelay(t, f.nats.Connect(t), f.dbURL, relay.Config{AckTimeout: time.Second, StatusInterval: 200 * time.Millisecond,
+		StandbyRetry: 100 * time.Millisecond}, metrics)
 	f.waitSlot(t)
 	testenv.Eventually(t, "stream", 10*time.Second, func() bool { _, err := f.js.Stream(context.Background(), contract.DocsStream); return err == nil })
 	var confirmedBefore string
 	_ = f.pool.QueryRow(context.Background(), `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE database = current_database()`).Scan(&confirmedBefore)
 
-	holeConn := f.nats.Connect(t)
-	hole, err := holeConn.Subscribe("converge.docs.>", func(*nats.Msg) {})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := holeConn.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = hole.Unsubscribe() }()
+	f.swallow(t, contract.DocsSubjectPrefix+">")
 	if err := f.js.DeleteStream(context.Background(), contract.DocsStream); err != nil {
 		t.Fatal(err)
 	}
@@ -487,31 +471,18 @@ func TestLostAcknowledgementsRepublish(t *testing.T) {
 func TestRelayKeepsCommitOrderWhenAPublishIsLost(t *testing.T) {
 	f := newFixture(t)
 	metrics := relay.NewMetrics(nil)
-	var logs testenv.Buffer
 	// An acknowledgement timeout longer than the waits below: only the
 	// refusal can end the session in time.
-	r, err := relay.New(f.nats.Connect(t), relay.Config{PostgresURL: f.dbURL, AckTimeout: 2 * time.Minute, StatusInterval: 200 * time.Millisecond,
-		StandbyRetry: 100 * time.Millisecond, Stream: relay.StreamConfig{MaxMsgsPerSubject: -1}}, metrics, slog.New(slog.NewTextHandler(&logs, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	runUntilEnd(t, r)
+	_, logs := runRelayLogged(t, f.nats.Connect(t), f.dbURL, relay.Config{AckTimeout: 2 * time.Minute, StatusInterval: 200 * time.Millisecond,
+		StandbyRetry: 100 * time.Millisecond}, metrics)
 	f.waitSlot(t)
 	f.write(t, 0, 10, 1)
 	testenv.Eventually(t, "10 events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 10 })
 
 	docs := corpus.Sequential(20, corpus.Shape{Version: 1, Title: corpus.Fixed("t")})
-	holeConn := f.nats.Connect(t)
-	hole, err := holeConn.Subscribe("lost.>", func(*nats.Msg) {})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The server knows the subscriber before the relay publishes (else
-	// the lost publish is answered "no responders").
-	if err := holeConn.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = hole.Unsubscribe() }()
+	// Known to the server before the relay publishes (else the lost
+	// publish is answered "no responders").
+	f.swallow(t, "lost.>")
 	acc := f.nats.Server.Server.GlobalAccount()
 	lostSubject := contract.Subject(docs[10].Key)
 	if err := acc.AddMapping(lostSubject, "lost.one"); err != nil {
@@ -527,7 +498,7 @@ func TestRelayKeepsCommitOrderWhenAPublishIsLost(t *testing.T) {
 	if n := streamMsgs(t, f.js); n != 20 {
 		t.Fatalf("stream holds %d messages, want 20", n)
 	}
-	if !logs.Contains("an earlier publish was lost") {
+	if !strings.Contains(logs.String(), "an earlier publish was lost") {
 		t.Errorf("no session ended on the refusal; the relay logged:\n%s", logs.String())
 	}
 	s, err := f.js.Stream(context.Background(), contract.DocsStream)
@@ -563,12 +534,7 @@ func TestRelayKeepsCommitOrderWhenAPublishIsLost(t *testing.T) {
 func TestRelayCreatesAStreamGoneForLong(t *testing.T) {
 	f := newFixture(t)
 	metrics := relay.NewMetrics(nil)
-	r, err := relay.New(f.nats.Connect(t), relay.Config{PostgresURL: f.dbURL, StatusInterval: 200 * time.Millisecond,
-		StandbyRetry: time.Minute, Stream: relay.StreamConfig{MaxMsgsPerSubject: -1}}, metrics, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runUntilEnd(t, r)
+	runRelay(t, f.nats.Connect(t), f.dbURL, relay.Config{StatusInterval: 200 * time.Millisecond, StandbyRetry: time.Minute}, metrics)
 	f.waitSlot(t)
 	f.write(t, 0, 10, 1)
 	testenv.Eventually(t, "10 events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 10 })

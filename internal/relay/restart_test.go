@@ -53,6 +53,13 @@ func fastRelay(slot string) relay.Config {
 // if the test fails.
 func runRelay(t *testing.T, nc *nats.Conn, dbURL string, cfg relay.Config, metrics *relay.Metrics) *relay.Relay {
 	t.Helper()
+	r, _ := runRelayLogged(t, nc, dbURL, cfg, metrics)
+	return r
+}
+
+// runRelayLogged is runRelay, and the relay's log as it goes.
+func runRelayLogged(t *testing.T, nc *nats.Conn, dbURL string, cfg relay.Config, metrics *relay.Metrics) (*relay.Relay, *testenv.LockedBuffer) {
+	t.Helper()
 	cfg.PostgresURL = dbURL
 	// Every version stays in the stream, so it can be compared with the
 	// outbox event by event.
@@ -76,7 +83,7 @@ func runRelay(t *testing.T, nc *nats.Conn, dbURL string, cfg relay.Config, metri
 		}
 	}()
 	t.Cleanup(func() { cancel(); <-done })
-	return r
+	return r, logs
 }
 
 func waitSlotActive(t *testing.T, pool *pgxpool.Pool, slot string) {
