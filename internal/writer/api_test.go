@@ -269,3 +269,27 @@ func TestMetaNumbersPostgresCanStore(t *testing.T) {
 		t.Fatalf("PUT: %d %.300s", code, raw)
 	}
 }
+
+// A version is an integer however JSON writes it (2, 2.0, 2e0): JSON and
+// the spec's "integer" do not tell them apart. Anything else is refused.
+func TestVersionIsAnyIntegralNumber(t *testing.T) {
+	e := newEnv(t)
+	for _, tc := range []struct {
+		version string
+		want    int64 // 0: refused with invalid_version
+	}{
+		{"2.0", 2}, {"3e0", 3}, {"4.00E+00", 4}, {"50e-1", 5}, {"9223372036854775807.0", 1<<63 - 1},
+		{"2.5", 0}, {"9223372036854775808", 0}, {"1e400", 0}, {"1e-400", 0}, {"0.0", 0}, {"-1.0", 0},
+	} {
+		code, r, raw := do(t, "PUT", docURL(e, "v"+tc.version), "application/json", `{"version":`+tc.version+`}`)
+		switch {
+		case tc.want == 0 && (code != 422 || r.Error == nil || r.Error.Code != "invalid_version"):
+			t.Errorf("version %s: %d %s, want 422 invalid_version", tc.version, code, raw)
+		case tc.want != 0 && (code != 200 || r.Version != tc.want):
+			t.Errorf("version %s: %d %s, want version %d", tc.version, code, raw, tc.want)
+		}
+	}
+	if code, r, raw := do(t, "DELETE", docURL(e, "v2.0")+"?version=6.0", "", ""); code != 200 || r.Version != 6 {
+		t.Errorf("DELETE ?version=6.0: %d %s", code, raw)
+	}
+}

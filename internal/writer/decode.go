@@ -6,7 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/big"
+	"regexp"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/converge-sync/converge/internal/docstore"
@@ -97,12 +100,39 @@ func parseVersionText(s string) (int64, error) {
 	if s == "" {
 		return 0, invalid(contract.CodeMissingVersion, "version is missing: every write names the version it stores")
 	}
-	v, err := strconv.ParseInt(s, 10, 64)
-	if err != nil {
+	v, ok := parseInteger(s)
+	if !ok {
 		return 0, invalid(contract.CodeInvalidVersion, "version must be an integer between 1 and %d, got %.40s", int64(1<<63-1), s)
 	}
 	if v <= 0 {
 		return 0, invalid(contract.CodeInvalidVersion, "version must be greater than 0, got %d", v)
 	}
 	return v, nil
+}
+
+// jsonNumber is the grammar of a JSON number.
+var jsonNumber = regexp.MustCompile(`^-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?$`)
+
+// parseInteger reads a JSON number whose value is an integer that fits
+// an int64: 42, and also 42.0 or 4.2e1, since JSON (and JSON Schema's
+// "integer") does not tell them apart.
+func parseInteger(s string) (int64, bool) {
+	if v, err := strconv.ParseInt(s, 10, 64); err == nil {
+		return v, true
+	}
+	// No int64 takes more than 19 digits; the bounds keep big.Rat from
+	// expanding an exponent of a billion.
+	if len(s) > 64 || !jsonNumber.MatchString(s) {
+		return 0, false
+	}
+	if i := strings.IndexAny(s, "eE"); i >= 0 {
+		if exp, err := strconv.Atoi(s[i+1:]); err != nil || exp > 40 || exp < -40 {
+			return 0, false
+		}
+	}
+	r, ok := new(big.Rat).SetString(s)
+	if !ok || !r.IsInt() || !r.Num().IsInt64() {
+		return 0, false
+	}
+	return r.Num().Int64(), true
 }

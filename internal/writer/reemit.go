@@ -61,24 +61,52 @@ func decodeReemitRequest(data []byte) (ReemitRequest, error) {
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
-	var req ReemitRequest
-	if err := dec.Decode(&req); err != nil {
+	var wire struct {
+		Keys  []string        `json:"keys"`
+		All   json.RawMessage `json:"all"`
+		After json.RawMessage `json:"after"`
+		Limit json.RawMessage `json:"limit"`
+	}
+	if err := dec.Decode(&wire); err != nil {
 		return ReemitRequest{}, invalid(contract.CodeInvalidJSON, "request body is not a valid re-emission request: %v", err)
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return ReemitRequest{}, invalid(contract.CodeInvalidJSON, "request body has data after the JSON object")
 	}
+	// Which fields were given, null included: a null is no value.
+	var given map[string]json.RawMessage
+	_ = json.Unmarshal(data, &given)
+	for name, v := range given {
+		if string(bytes.TrimSpace(v)) == "null" {
+			return ReemitRequest{}, invalid("invalid_request", "%q is null: give a value or leave it out", name)
+		}
+	}
+	req := ReemitRequest{Keys: wire.Keys}
+	if wire.All != nil {
+		if err := json.Unmarshal(wire.All, &req.All); err != nil {
+			return ReemitRequest{}, invalid(contract.CodeInvalidJSON, `"all" must be true or false`)
+		}
+	}
+	if wire.After != nil {
+		if err := json.Unmarshal(wire.After, &req.After); err != nil {
+			return ReemitRequest{}, invalid(contract.CodeInvalidJSON, `"after" must be a string: the key to start after`)
+		}
+	}
+	if wire.Limit != nil {
+		n, ok := parseInteger(string(bytes.TrimSpace(wire.Limit)))
+		if !ok || n < 1 || n > MaxReemitKeys {
+			return ReemitRequest{}, invalid("invalid_limit", "limit must be an integer from 1 to %d, got %.40s", MaxReemitKeys, wire.Limit)
+		}
+		req.Limit = int(n)
+	}
+	_, hasKeys := given["keys"]
 	switch {
-	case req.All && len(req.Keys) > 0:
-		return ReemitRequest{}, invalid("invalid_request", `give either "keys" or "all":true, not both`)
-	case !req.All && req.Keys == nil:
+	case hasKeys && (wire.All != nil || wire.After != nil || wire.Limit != nil):
+		return ReemitRequest{}, invalid("invalid_request", `give either "keys" alone, or "all":true with "after" and "limit"`)
+	case !hasKeys && !req.All:
 		return ReemitRequest{}, invalid("invalid_request", `give "keys":[...] or "all":true`)
-	case !req.All && (req.After != "" || req.Limit != 0):
-		return ReemitRequest{}, invalid("invalid_request", `"after" and "limit" go with "all":true`)
 	case len(req.Keys) > MaxReemitKeys:
 		return ReemitRequest{}, invalid("too_many_keys", "%d keys, more than the limit of %d per request", len(req.Keys), MaxReemitKeys)
-	case req.Limit < 0 || req.Limit > MaxReemitKeys:
-		return ReemitRequest{}, invalid("invalid_limit", "limit must be from 1 to %d, got %d", MaxReemitKeys, req.Limit)
 	}
 	for _, k := range req.Keys {
 		if err := contract.ValidateKey(k); err != nil {

@@ -116,6 +116,11 @@ func TestReemitEndpointRefusesBadRequests(t *testing.T) {
 		{"after without all", "application/json", `{"keys":["a"],"after":"a"}`, 422, "invalid_request"},
 		{"limit too large", "application/json", fmt.Sprintf(`{"all":true,"limit":%d}`, writer.MaxReemitKeys+1), 422, "invalid_limit"},
 		{"negative limit", "application/json", `{"all":true,"limit":-1}`, 422, "invalid_limit"},
+		{"zero limit", "application/json", `{"all":true,"limit":0}`, 422, "invalid_limit"},
+		{"fractional limit", "application/json", `{"all":true,"limit":2.5}`, 422, "invalid_limit"},
+		{"keys with all false", "application/json", `{"keys":["a"],"all":false}`, 422, "invalid_request"},
+		{"null after", "application/json", `{"all":true,"after":null}`, 422, "invalid_request"},
+		{"null keys", "application/json", `{"keys":null}`, 422, "invalid_request"},
 		{"too many keys", "application/json", string(manyJSON), 422, "too_many_keys"},
 		{"empty key", "application/json", `{"keys":["a",""]}`, 422, contract.CodeMissingKey},
 		{"control character", "application/json", `{"keys":["a\u0001"]}`, 422, contract.CodeKeyControlChar},
@@ -125,8 +130,8 @@ func TestReemitEndpointRefusesBadRequests(t *testing.T) {
 			t.Errorf("%s: %d %s, want %d %s", tc.name, code, raw, tc.status, tc.code)
 		}
 	}
-	if got := testutil.ToFloat64(e.metrics.Requests.WithLabelValues("reemit", "422")); got != 8 {
-		t.Errorf("requests{route=reemit,code=422} = %v, want 8", got)
+	if got := testutil.ToFloat64(e.metrics.Requests.WithLabelValues("reemit", "422")); got != 13 {
+		t.Errorf("requests{route=reemit,code=422} = %v, want 13", got)
 	}
 }
 
