@@ -17,6 +17,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/converge-sync/converge/api"
 	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/docstore"
 	"github.com/converge-sync/converge/internal/httpjson"
@@ -62,12 +63,46 @@ func NewAPI(store Store, cfg APIConfig, metrics *Metrics, log *slog.Logger) *API
 		log = slog.New(slog.DiscardHandler)
 	}
 	a := &API{store: store, cfg: cfg, metrics: metrics, log: log, mux: http.NewServeMux()}
-	a.mux.HandleFunc("PUT /v1/documents/{key...}", a.instrument("put", a.require(auth.Write, a.put)))
-	a.mux.HandleFunc("DELETE /v1/documents/{key...}", a.instrument("delete", a.require(auth.Write, a.withdraw)))
-	a.mux.HandleFunc("GET /v1/documents/{key...}", a.instrument("get", a.require(auth.Read|auth.Write, a.get)))
-	a.mux.HandleFunc("POST /v1/documents:batch", a.instrument("batch", a.require(auth.Write, a.batch)))
-	a.mux.HandleFunc("POST /v1/admin/reemit", a.instrument("reemit", a.require(auth.Admin, a.reemit)))
+	for _, rt := range a.routes() {
+		a.mux.HandleFunc(rt.pattern, a.instrument(rt.name, rt.handler))
+	}
 	return a
+}
+
+type route struct {
+	pattern string // method and path, as http.ServeMux reads them
+	name    string // the route label of the metrics
+	handler http.HandlerFunc
+}
+
+// routes are the API's routes; api/openapi.json describes each of them.
+func (a *API) routes() []route {
+	return []route{
+		{"PUT /v1/documents/{key...}", "put", a.require(auth.Write, a.put)},
+		{"DELETE /v1/documents/{key...}", "delete", a.require(auth.Write, a.withdraw)},
+		{"GET /v1/documents/{key...}", "get", a.require(auth.Read|auth.Write, a.get)},
+		{"POST /v1/documents:batch", "batch", a.require(auth.Write, a.batch)},
+		{"POST /v1/admin/reemit", "reemit", a.require(auth.Admin, a.reemit)},
+		// The description is public: it holds no data, and clients are
+		// generated from it before they have a token.
+		{"GET /openapi.json", "openapi", serveOpenAPI},
+	}
+}
+
+// Routes lists the patterns the API serves ("METHOD /path", a {name...}
+// wildcard taking the rest of the path).
+func (a *API) Routes() []string {
+	var out []string
+	for _, rt := range a.routes() {
+		out = append(out, rt.pattern)
+	}
+	return out
+}
+
+func serveOpenAPI(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-cache")
+	_, _ = w.Write(api.OpenAPI)
 }
 
 // require serves h to the requests whose token holds scope. Inside
@@ -293,6 +328,11 @@ func (a *API) batch(w http.ResponseWriter, r *http.Request) {
 	if err := http.NewResponseController(w).EnableFullDuplex(); err != nil {
 		a.log.WarnContext(r.Context(), "full duplex unavailable: large batches may lose lines", "err", err)
 	}
+	// A handler that returns with the body unread (the store failed) must
+	// close it in full duplex, or net/http reads the connection for the
+	// next request while the body's reader still may (golang/go#68560,
+	// "invalid concurrent Body.Read call").
+	defer r.Body.Close()
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)
 	out := bufio.NewWriter(w)
