@@ -75,7 +75,7 @@ test-servers: ## with Docker: start real Qdrant and Neo4j (docker-compose.test.y
 		$(GO) test -count=1 -run Conformance ./internal/graph/neo4j/
 
 .PHONY: fuzz
-fuzz: ## run every fuzz target for FUZZTIME each (default 30s)
+fuzz: fuzz-api ## Schemathesis against the running writer (fuzz-api), then every Go fuzz target for FUZZTIME each (default 30s)
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeEvent$$' -fuzztime $${FUZZTIME:-30s} ./pkg/contract
 	$(GO) test -run '^$$' -fuzz '^FuzzSplit$$' -fuzztime $${FUZZTIME:-30s} ./internal/chunking
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeWrite$$' -fuzztime $${FUZZTIME:-30s} ./internal/writer
@@ -89,6 +89,12 @@ fuzz: ## run every fuzz target for FUZZTIME each (default 30s)
 	$(GO) test -run '^$$' -fuzz '^FuzzOpen$$' -fuzztime $${FUZZTIME:-30s} ./internal/index/embedded
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeReemitRequest$$' -fuzztime $${FUZZTIME:-30s} ./internal/writer
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeNodes$$' -fuzztime $${FUZZTIME:-30s} ./internal/graph/embedded
+
+.PHONY: fuzz-api
+fuzz-api: deps ## Schemathesis (from PyPI, into bin/schemathesis) against the writer over its own Postgres: FUZZ_EXAMPLES per operation (default 100), FUZZ_SEED
+	@mkdir -p $(BIN)/fuzz-api
+	CONVERGE_SCHEMATHESIS="$$(bash scripts/ensure-schemathesis.sh)" FUZZ_REPORT="$(CURDIR)/$(BIN)/fuzz-api" \
+		$(GO) test -count=1 -v -timeout 30m -run '^TestSchemathesis$$' ./internal/writer
 
 .PHONY: bench
 bench: deps ## benchmarks; each comparison runs both sides in one run and prints the ratio, then one summary table (starts a Neo4j server for the graph's)
