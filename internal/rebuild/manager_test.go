@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/converge-sync/converge/internal/index"
 	ibackends "github.com/converge-sync/converge/internal/index/backends"
@@ -140,7 +141,14 @@ func TestBlueGreenRebuildUnderLiveTraffic(t *testing.T) {
 	stopTraffic := rebuildtest.Traffic(t, e.js, 300, 7)
 	defer stopTraffic()
 
+	reg := prometheus.NewRegistry()
+	if err := p.Manager.Register(reg); err != nil {
+		t.Fatal(err)
+	}
 	st := p.StartRebuild(t)
+	if got := gauge(t, reg, "converge_rebuild_in_progress"); got != 1 {
+		t.Errorf("converge_rebuild_in_progress = %v during the rebuild", got)
+	}
 	if _, again, err := p.Manager.Start(context.Background()); err != nil || again {
 		t.Fatalf("a second Start while one runs: started %v, %v; want the running one", again, err)
 	}
@@ -177,6 +185,32 @@ func TestBlueGreenRebuildUnderLiveTraffic(t *testing.T) {
 	if s := p.Manager.Status(context.Background()); s.Completed != 1 || s.DoneAt == nil {
 		t.Errorf("status after the rebuild: %+v", s)
 	}
+	for name, want := range map[string]float64{"converge_rebuild_in_progress": 0, "converge_rebuild_pending_events": 0, "converge_rebuilds_completed_total": 1} {
+		if got := gauge(t, reg, name); got != want {
+			t.Errorf("%s = %v after the rebuild, want %v", name, got, want)
+		}
+	}
+}
+
+// gauge is the value of the metric name on reg (a gauge or a counter).
+func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		m := f.GetMetric()[0]
+		if m.GetGauge() != nil {
+			return m.GetGauge().GetValue()
+		}
+		return m.GetCounter().GetValue()
+	}
+	t.Fatalf("%s is not exported", name)
+	return 0
 }
 
 // startRebuild publishes docs documents, starts a process, waits until its

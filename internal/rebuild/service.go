@@ -33,6 +33,9 @@ func RunService(ctx context.Context, sc projector.ServiceConfig, stores Stores, 
 	if err != nil {
 		return err
 	}
+	if err := m.Register(deps.Registry); err != nil {
+		return err
+	}
 	routes := sw.Routes()
 	maps.Copy(routes, m.Routes())
 	// Rebuilds write the store too: they run while this instance holds
