@@ -26,7 +26,7 @@ import (
 // rawApplySQL is the store's own statement: the raw side sends it after the
 // same key-lock statement, in one pipeline, as Store.Apply does, so it
 // measures the database cost of exactly what the store sends.
-const rawApplySQL = docstore.ApplySQL
+var rawApplySQL = docstore.ApplySQL
 
 // writerTarget is the writer's rate over its raw statement's, at least.
 const writerTarget = 0.8
@@ -386,7 +386,7 @@ func buildRawArgs(docs []contract.Document, cfg chunking.Config) ([]any, error) 
 		}
 	}
 	return []any{keys, versions, deleted, titles, links, tags, metas, hashes, counts,
-		eventIDs, kinds, payloads, cIDs, cKeys, cVersions, cOrdinals, cTexts, cHashes}, nil
+		eventIDs, kinds, payloads, cIDs, cKeys, cVersions, cOrdinals, cTexts, cHashes, make([]string, len(keys))}, nil
 }
 
 // docGen makes distinct, plausible documents: a heading, a few paragraphs

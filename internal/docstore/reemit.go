@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/converge-sync/converge/internal/telemetry"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
@@ -65,10 +66,11 @@ func (s *Store) Reemit(ctx context.Context, keys []string) (Reemitted, error) {
 		return Reemitted{}, nil
 	}
 	var out Reemitted
+	traced := s.traced(ctx) // before the transaction holds a connection
 	err := s.retry(ctx, func() error {
 		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 			var err error
-			out, err = reemitTx(ctx, tx, keys)
+			out, err = s.reemitTx(ctx, tx, keys, traced)
 			return err
 		})
 	})
@@ -87,6 +89,7 @@ func (s *Store) ReemitAll(ctx context.Context, after string, limit int) (_ Reemi
 		return Reemitted{}, "", fmt.Errorf("docstore: re-emission limit must be > 0, got %d", limit)
 	}
 	var out Reemitted
+	traced := s.traced(ctx) // before the transaction holds a connection
 	err := s.retry(ctx, func() error {
 		next = ""
 		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
@@ -103,7 +106,7 @@ func (s *Store) ReemitAll(ctx context.Context, after string, limit int) (_ Reemi
 				out = Reemitted{}
 				return nil
 			}
-			out, err = reemitTx(ctx, tx, keys)
+			out, err = s.reemitTx(ctx, tx, keys, traced)
 			return err
 		})
 	})
@@ -138,11 +141,20 @@ const reemitOriginalsSQL = `SELECT event_id, payload::text FROM outbox WHERE eve
 
 const reemitDeleteSQL = `DELETE FROM outbox WHERE event_id = ANY ($1::uuid[])`
 
-const reemitInsertSQL = `
+// reemitInsertSQL writes the re-emitted rows; reemitInsertUntracedSQL on
+// an outbox without trace_context (schema older than version 6).
+const (
+	reemitInsertSQL = `
+INSERT INTO outbox (event_id, key, version, kind, payload, emission, trace_context)
+SELECT e.event_id, e.key, e.version, e.kind, e.payload, nextval('outbox_emission_seq'), nullif($6::text, '')
+FROM unnest($1::uuid[], $2::text[], $3::int8[], $4::text[], $5::json[]) AS e(event_id, key, version, kind, payload)
+RETURNING key, emission`
+	reemitInsertUntracedSQL = `
 INSERT INTO outbox (event_id, key, version, kind, payload, emission)
 SELECT e.event_id, e.key, e.version, e.kind, e.payload, nextval('outbox_emission_seq')
 FROM unnest($1::uuid[], $2::text[], $3::int8[], $4::text[], $5::json[]) AS e(event_id, key, version, kind, payload)
 RETURNING key, emission`
+)
 
 // storedDocument is a document's row and its chunks, as read for a
 // re-emission.
@@ -164,7 +176,7 @@ type storedChunk struct {
 }
 
 // reemitTx is one re-emission transaction over keys (distinct, valid).
-func reemitTx(ctx context.Context, tx pgx.Tx, keys []string) (Reemitted, error) {
+func (s *Store) reemitTx(ctx context.Context, tx pgx.Tx, keys []string, traced bool) (Reemitted, error) {
 	if _, err := tx.Exec(ctx, lockSQL, keys); err != nil {
 		return Reemitted{}, fmt.Errorf("docstore: lock keys: %w", err)
 	}
@@ -214,7 +226,13 @@ func reemitTx(ctx context.Context, tx pgx.Tx, keys []string) (Reemitted, error) 
 	if _, err := tx.Exec(ctx, reemitDeleteSQL, ids); err != nil {
 		return Reemitted{}, fmt.Errorf("docstore: re-emit: delete outbox rows: %w", err)
 	}
-	rows, _ := tx.Query(ctx, reemitInsertSQL, ids, eventKeys, versions, kinds, payloads)
+	// The re-emission continues the trace of the request that asked for it.
+	var rows pgx.Rows
+	if traced {
+		rows, _ = tx.Query(ctx, reemitInsertSQL, ids, eventKeys, versions, kinds, payloads, telemetry.TraceParent(ctx))
+	} else {
+		rows, _ = tx.Query(ctx, reemitInsertUntracedSQL, ids, eventKeys, versions, kinds, payloads)
+	}
 	emissions := make(map[string]int64, n)
 	var (
 		key      string

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -34,6 +35,9 @@ const (
 type Write struct {
 	Doc      contract.Document
 	Withdraw bool
+	// TraceParent is the W3C trace context of the request that wrote it,
+	// stored with its outbox row ("" stores none).
+	TraceParent string
 }
 
 // Outcome is the result of one [Write], in input order. Err is a
@@ -86,6 +90,10 @@ type Store struct {
 	log  *slog.Logger
 	// retries counts retried statements; exported through Retries.
 	retries func()
+	// traceColumn: the outbox has trace_context; traceCheck: when to look
+	// again that it has not (unix nanoseconds, 0 before the first look).
+	traceColumn atomic.Bool
+	traceCheck  atomic.Int64
 }
 
 // New returns a Store over pool.
@@ -119,6 +127,7 @@ type prepared struct {
 	hash    string
 	event   contract.Event
 	payload []byte // canonical event JSON, sent to the json column verbatim
+	trace   string // traceparent, "" for none
 }
 
 // Prepare validates and derives one write: normalisation, chunking, the
@@ -193,6 +202,7 @@ func (s *Store) Apply(ctx context.Context, writes []Write) ([]Outcome, error) {
 			continue
 		}
 		p.idx = i
+		p.trace = w.TraceParent
 		outs[i].EventID = p.event.ID
 		// ON CONFLICT cannot touch a row twice in one statement: the n-th
 		// occurrence of a key goes into the n-th round.
@@ -210,16 +220,19 @@ func (s *Store) Apply(ctx context.Context, writes []Write) ([]Outcome, error) {
 		// A consistent row lock order across concurrent batches.
 		slices.SortFunc(r, func(a, b prepared) int { return strings.Compare(a.key, b.key) })
 	}
+	// Asked before any transaction holds a connection of the pool.
+	traced := s.traced(ctx)
 	err := s.retry(ctx, func() error {
 		if len(rounds) == 1 {
-			return s.applySingleRound(ctx, rounds[0], outs)
+			return s.applySingleRound(ctx, rounds[0], outs, traced)
 		}
 		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, lockSQL, rounds[0].keys()); err != nil {
 				return fmt.Errorf("docstore: lock keys: %w", err)
 			}
 			for _, r := range rounds {
-				rows, err := tx.Query(ctx, applySQL, r.args()...)
+				sql, args := applyStatement(r, traced)
+				rows, err := tx.Query(ctx, sql, args...)
 				if err != nil {
 					return fmt.Errorf("docstore: apply: %w", err)
 				}
@@ -236,11 +249,18 @@ func (s *Store) Apply(ctx context.Context, writes []Write) ([]Outcome, error) {
 	return outs, nil
 }
 
-const applySQL = `
+// applySQL writes a round; applySQLUntraced on an outbox without the
+// trace_context column (a schema older than version 6).
+var (
+	applySQL         = fmt.Sprintf(applySQLTemplate, ", $19::text[]", ", trace_context", ", trace_context", ", nullif(i.trace_context, '')")
+	applySQLUntraced = fmt.Sprintf(applySQLTemplate, "", "", "", "")
+)
+
+const applySQLTemplate = `
 WITH input AS (
     SELECT * FROM unnest($1::text[], $2::int8[], $3::bool[], $4::text[], $5::jsonb[], $6::jsonb[],
-                         $7::text[], $8::text[], $9::int4[], $10::uuid[], $11::text[], $12::json[])
-        AS t(key, version, deleted, title, links, tags, meta, content_hash, chunk_count, event_id, kind, payload)
+                         $7::text[], $8::text[], $9::int4[], $10::uuid[], $11::text[], $12::json[]%s)
+        AS t(key, version, deleted, title, links, tags, meta, content_hash, chunk_count, event_id, kind, payload%s)
 ), doc AS (
     INSERT INTO documents AS d (key, version, deleted, title, links, tags, meta, meta_text, content_hash, chunk_count, updated_at)
     SELECT i.key, i.version, i.deleted, i.title,
@@ -263,8 +283,8 @@ WITH input AS (
         AS c(id, key, version, ordinal, text, content_hash)
     WHERE c.key IN (SELECT key FROM doc)
 ), ob AS (
-    INSERT INTO outbox (event_id, key, version, kind, payload)
-    SELECT i.event_id, i.key, i.version, i.kind, i.payload FROM input i
+    INSERT INTO outbox (event_id, key, version, kind, payload%s)
+    SELECT i.event_id, i.key, i.version, i.kind, i.payload%s FROM input i
     WHERE i.key IN (SELECT key FROM doc)
 )
 -- One row per input: applied or not, and the row the freshness guard
@@ -298,7 +318,47 @@ func (r round) keys() []string {
 	return keys
 }
 
-// args are the parameters of applySQL for the round.
+// applyStatement is the statement that writes round r, and its
+// parameters: without the trace contexts on an outbox that has no column
+// for them (traced false).
+func applyStatement(r round, traced bool) (string, []any) {
+	args := r.args()
+	if !traced {
+		return applySQLUntraced, args[:len(args)-1]
+	}
+	return applySQL, args
+}
+
+// traced reports whether the outbox has the trace_context column (schema
+// version 6). A writer newer than its schema keeps writing, without the
+// trace contexts, until `converge migrate up`: it looks again a minute
+// later.
+func (s *Store) traced(ctx context.Context) bool {
+	if s.traceColumn.Load() {
+		return true
+	}
+	now := time.Now().UnixNano()
+	if next := s.traceCheck.Load(); next != 0 && now < next {
+		return false
+	}
+	var ok bool
+	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_attribute
+		WHERE attrelid = 'outbox'::regclass AND attname = 'trace_context' AND NOT attisdropped)`).Scan(&ok)
+	if err != nil {
+		return false // the write itself will meet the failure
+	}
+	if ok {
+		s.traceColumn.Store(true)
+		return true
+	}
+	if s.traceCheck.Swap(now+int64(time.Minute)) == 0 {
+		s.log.Warn("the outbox has no trace_context column (schema older than version 6): trace contexts are not stored; run `converge migrate up`")
+	}
+	return false
+}
+
+// args are the parameters of applySQL for the round (applySQLUntraced
+// takes all but the last).
 func (r round) args() []any {
 	n := len(r)
 	var (
@@ -310,6 +370,7 @@ func (r round) args() []any {
 		deleted                     = make([]bool, n)
 		counts                      = make([]int32, n)
 		eventIDs                    = make([]uuid.UUID, n)
+		traces                      = make([]string, n)
 		chunks                      int
 	)
 	for _, p := range r {
@@ -325,6 +386,7 @@ func (r round) args() []any {
 		keys[i], versions[i], deleted[i], titles[i] = p.key, p.version, p.deleted, p.title
 		links[i], tags[i], metas[i], hashes[i] = p.links, p.tags, string(p.meta), p.hash
 		counts[i], eventIDs[i], kinds[i], payloads[i] = int32(len(p.event.Chunks)), p.event.ID, string(p.event.Kind), p.payload
+		traces[i] = p.trace
 		for _, c := range p.event.Chunks {
 			cIDs = append(cIDs, c.ID)
 			cKeys = append(cKeys, p.key)
@@ -335,17 +397,18 @@ func (r round) args() []any {
 		}
 	}
 	return []any{keys, versions, deleted, titles, links, tags, metas, hashes, counts,
-		eventIDs, kinds, payloads, cIDs, cKeys, cVersions, cOrdinals, cTexts, cHashes}
+		eventIDs, kinds, payloads, cIDs, cKeys, cVersions, cOrdinals, cTexts, cHashes, traces}
 }
 
 // applySingleRound sends the key locks and the write statement in one
 // pipeline. pgx sends a batch with a single Sync, so both run in one
 // implicit transaction: the locks are held until the write commits, and
 // the write's snapshot is taken after they were granted.
-func (s *Store) applySingleRound(ctx context.Context, r round, outs []Outcome) error {
+func (s *Store) applySingleRound(ctx context.Context, r round, outs []Outcome, traced bool) error {
 	b := &pgx.Batch{}
 	b.Queue(lockSQL, r.keys())
-	b.Queue(applySQL, r.args()...)
+	sql, args := applyStatement(r, traced)
+	b.Queue(sql, args...)
 	br := s.pool.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		_ = br.Close()

@@ -33,7 +33,8 @@ func exec(t *testing.T, url, sql string) {
 // database at url has it: "emission" (outbox.emission and its sequence,
 // version 2), "meta_text" (version 3), "fk" (chunks.key references
 // documents, version 1 to 3), "lz4" (outbox payloads compressed with lz4,
-// version 5, on a server built with it).
+// version 5, on a server built with it), "trace" (outbox.trace_context,
+// version 6).
 func features(t *testing.T, url string) string {
 	t.Helper()
 	conn, err := pgx.Connect(context.Background(), url)
@@ -41,20 +42,21 @@ func features(t *testing.T, url string) string {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	var emission, metaText, fk, lz4 bool
+	var emission, metaText, fk, lz4, trace bool
 	if err := conn.QueryRow(context.Background(), `SELECT
 		EXISTS (SELECT FROM information_schema.columns WHERE table_name = 'outbox' AND column_name = 'emission')
 		AND EXISTS (SELECT FROM pg_class WHERE relname = 'outbox_emission_seq' AND relkind = 'S'),
 		EXISTS (SELECT FROM information_schema.columns WHERE table_name = 'documents' AND column_name = 'meta_text'),
 		EXISTS (SELECT FROM pg_constraint WHERE conname = 'chunks_key_fkey'),
-		EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'outbox'::regclass AND attname = 'payload' AND attcompression = 'l')`).Scan(&emission, &metaText, &fk, &lz4); err != nil {
+		EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'outbox'::regclass AND attname = 'payload' AND attcompression = 'l'),
+		EXISTS (SELECT FROM information_schema.columns WHERE table_name = 'outbox' AND column_name = 'trace_context')`).Scan(&emission, &metaText, &fk, &lz4, &trace); err != nil {
 		t.Fatal(err)
 	}
 	var out []string
 	for _, f := range []struct {
 		has  bool
 		name string
-	}{{emission, "emission"}, {metaText, "meta_text"}, {fk, "fk"}, {lz4, "lz4"}} {
+	}{{emission, "emission"}, {metaText, "meta_text"}, {fk, "fk"}, {lz4, "lz4"}, {trace, "trace"}} {
 		if f.has {
 			out = append(out, f.name)
 		}
@@ -62,25 +64,26 @@ func features(t *testing.T, url string) string {
 	return strings.Join(out, " ")
 }
 
-// The newest schema is version 5. Each down migration undoes exactly its
+// The newest schema is version 6. Each down migration undoes exactly its
 // up migration, one step at a time down to version 1, and up again.
 func TestMigrationsUpAndDown(t *testing.T) {
 	ctx := context.Background()
 	url := pg.NewDatabase(t)
 	latest, err := schema.LatestVersion()
-	if err != nil || latest != 5 {
-		t.Fatalf("latest embedded version %d (%v), want 5", latest, err)
+	if err != nil || latest != 6 {
+		t.Fatalf("latest embedded version %d (%v), want 6", latest, err)
 	}
 	st, err := schema.Up(ctx, url)
-	if err != nil || !st.Current() || st.Version != 5 {
+	if err != nil || !st.Current() || st.Version != 6 {
 		t.Fatalf("up: %+v %v", st, err)
 	}
-	want := map[uint]string{5: "emission meta_text lz4", 4: "emission meta_text", 3: "emission meta_text fk", 2: "emission fk", 1: "fk"}
+	want := map[uint]string{6: "emission meta_text lz4 trace", 5: "emission meta_text lz4", 4: "emission meta_text", 3: "emission meta_text fk", 2: "emission fk", 1: "fk"}
 	if !pg.HasLZ4(t) {
-		want[5] = want[4] // version 5 changes nothing on such a server
+		// Version 5 changes nothing on such a server.
+		want[5], want[6] = want[4], want[4]+" trace"
 	}
-	if got := features(t, url); got != want[5] {
-		t.Fatalf("version 5 has %q, want %q", got, want[5])
+	if got := features(t, url); got != want[6] {
+		t.Fatalf("version 6 has %q, want %q", got, want[6])
 	}
 	// Version 4 allows a chunk without its document; going down removes
 	// it, or the constraint could not come back.
@@ -90,7 +93,7 @@ func TestMigrationsUpAndDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for v := uint(4); v >= 1; v-- {
+	for v := uint(5); v >= 1; v-- {
 		if err := m.Steps(-1); err != nil {
 			t.Fatalf("down to version %d: %v", v, err)
 		}
@@ -107,7 +110,7 @@ func TestMigrationsUpAndDown(t *testing.T) {
 	if st, err := schema.Inspect(ctx, url); err != nil || st.Current() || st.Version != 1 {
 		t.Fatalf("inspect at version 1: %+v %v", st, err)
 	}
-	if st, err := schema.Up(ctx, url); err != nil || st.Version != 5 || features(t, url) != want[5] {
+	if st, err := schema.Up(ctx, url); err != nil || st.Version != 6 || features(t, url) != want[6] {
 		t.Fatalf("up again: %+v %v, features %q", st, err, features(t, url))
 	}
 }
