@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/url"
 	"os"
+	"time"
 
 	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/config"
@@ -15,6 +16,7 @@ import (
 	"github.com/converge-sync/converge/internal/notifier"
 	"github.com/converge-sync/converge/internal/roles"
 	"github.com/converge-sync/converge/internal/stack"
+	"github.com/converge-sync/converge/internal/telemetry"
 )
 
 // devFlags binds the flags dev and demo share.
@@ -67,6 +69,17 @@ func dev(ctx context.Context, args []string, out io.Writer) error {
 	if cfg.Notifier != nil {
 		notifies = fmt.Sprintf("posts to %d webhook URL(s); metrics on %s", len(cfg.Notifier.URLs), cfg.NotifierAddr)
 	}
+	// One process: every service's spans under the service name
+	// converge-dev, told apart by their instrumentation scope.
+	stopTracing, err := telemetry.StartTracing(ctx, "converge-dev", cfg.Log)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		flush, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = stopTracing(flush)
+	}()
 	fmt.Fprintln(out, "starting the pipeline (Postgres, NATS, writer, relay, index and graph projectors)...")
 	s, err := stack.Start(ctx, cfg)
 	if err != nil {

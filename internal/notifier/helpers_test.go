@@ -35,6 +35,8 @@ type request struct {
 	Status   int // the receiver's answer
 	Verified bool
 	Body     Notification
+	// TraceParent is the request's traceparent header.
+	TraceParent string
 }
 
 // receiver is a webhook receiver in the test process (127.0.0.1 only). It
@@ -80,7 +82,8 @@ func (r *receiver) serve(w http.ResponseWriter, req *http.Request) {
 		w.WriteHeader(http.StatusBadRequest)
 		return
 	}
-	got := request{Path: req.URL.Path, Key: req.Header.Get("Idempotency-Key"), Attempt: req.Header.Get("Converge-Attempt")}
+	got := request{Path: req.URL.Path, Key: req.Header.Get("Idempotency-Key"), Attempt: req.Header.Get("Converge-Attempt"),
+		TraceParent: req.Header.Get("traceparent")}
 	got.Verified = req.Method == http.MethodPost && signedRight(r.secret, req.Header, body)
 	if err := json.Unmarshal(body, &got.Body); err != nil {
 		got.Verified = false

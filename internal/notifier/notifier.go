@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/internal/projector"
+	"github.com/converge-sync/converge/internal/telemetry"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
@@ -57,6 +58,7 @@ type job struct {
 	effect uuid.UUID
 	target *target
 	ev     *contract.Event
+	trace  string // the event's traceparent, sent on with the webhook
 	done   chan struct{}
 	out    outcome // set before done is closed
 }
@@ -163,7 +165,7 @@ func (n *Notifier) ApplyDeliveries(ctx context.Context, ds []projector.Delivery)
 			continue
 		}
 		for _, t := range n.targets {
-			jobs[i] = append(jobs[i], n.start(d.Event, t))
+			jobs[i] = append(jobs[i], n.start(d.Event, d.TraceParent, t))
 		}
 	}
 	wait := time.NewTimer(n.cfg.SendWait)
@@ -218,14 +220,14 @@ func (n *Notifier) skipReason(d projector.Delivery, repair bool) string {
 // start returns the job sending the effect of ev on t: the one in flight
 // in this process if any (a redelivery while the first delivery's send goes
 // on), else a new one.
-func (n *Notifier) start(ev *contract.Event, t *target) *job {
+func (n *Notifier) start(ev *contract.Event, traceParent string, t *target) *job {
 	effect := contract.EffectID(t.effect, ev.ID)
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if j, ok := n.inflight[effect]; ok {
 		return j
 	}
-	j := &job{effect: effect, target: t, ev: ev, done: make(chan struct{})}
+	j := &job{effect: effect, target: t, ev: ev, trace: traceParent, done: make(chan struct{})}
 	n.inflight[effect] = j
 	n.wg.Add(1)
 	go func() {
@@ -260,7 +262,7 @@ func (n *Notifier) deliver(j *job) outcome {
 		if err == nil {
 			inFlight := n.metrics.InFlight.WithLabelValues(j.target.name)
 			inFlight.Inc()
-			err = n.post(context.Background(), j.target, j.effect, j.ev, body, c.attempt)
+			err = n.post(telemetry.WithTraceParent(context.Background(), j.trace), j.target, j.effect, j.ev, body, c.attempt)
 			inFlight.Dec()
 		}
 		n.testHook("sent", j.effect)

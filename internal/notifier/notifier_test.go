@@ -365,3 +365,36 @@ func TestWrongSecretFailsVerification(t *testing.T) {
 		t.Fatalf("requests: %+v", reqs)
 	}
 }
+
+// The webhook carries the trace context of the write that made the event
+// (tracing off here: passed on as the message had it), so that the
+// receiver can continue the trace; an event without one sends none.
+func TestWebhookCarriesTheEventsTraceContext(t *testing.T) {
+	e := newEnv(t)
+	rcv := newReceiver(t)
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	for key, trace := range map[string]string{"traced": tp, "untraced": ""} {
+		ev := upsert(key, 1)
+		data, err := ev.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := nats.NewMsg(contract.Subject(ev.Key))
+		m.Data = data
+		m.Header.Set(contract.HeaderCommitTime, time.Now().UTC().Format(time.RFC3339Nano))
+		if trace != "" {
+			m.Header.Set("traceparent", trace)
+		}
+		if _, err := e.js.PublishMsg(context.Background(), m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.run("notifier", testConfig(rcv.url("/hook")))
+	got := map[string]string{}
+	for _, r := range rcv.requests() {
+		got[r.Body.Key] = r.TraceParent
+	}
+	if len(got) != 2 || got["traced"] != tp || got["untraced"] != "" {
+		t.Fatalf("traceparent by key: %q", got)
+	}
+}

@@ -17,7 +17,11 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/converge-sync/converge/internal/telemetry"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
@@ -122,6 +126,9 @@ func (e *sendError) Error() string {
 func (e *sendError) Unwrap() error { return e.Err }
 
 // post sends one attempt of an effect; it returns nil on a 2xx answer.
+// tracer is the current provider's: spans are made only with tracing on.
+func tracer() trace.Tracer { return telemetry.Tracer("notifier") }
+
 func (n *Notifier) post(ctx context.Context, t *target, effect uuid.UUID, ev *contract.Event, body []byte, attempt int) error {
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.HTTPTimeout)
 	defer cancel()
@@ -137,9 +144,31 @@ func (n *Notifier) post(ctx context.Context, t *target, effect uuid.UUID, ev *co
 	req.Header.Set(HeaderSignature, Sign(n.cfg.Secret, ts, body))
 	req.Header.Set(HeaderEventID, ev.ID.String())
 	req.Header.Set(HeaderAttempt, strconv.Itoa(attempt))
+	// The receiver may continue the trace of the write that made the event:
+	// from a span of this request, with tracing on.
+	var span trace.Span
+	if telemetry.Tracing() && trace.SpanContextFromContext(ctx).IsValid() {
+		ctx, span = tracer().Start(ctx, "webhook POST", trace.WithSpanKind(trace.SpanKindClient),
+			trace.WithAttributes(attribute.String("converge.target", t.name), attribute.String("converge.key", ev.Key),
+				attribute.Int64("converge.version", ev.Version), attribute.Int("converge.attempt", attempt)))
+		defer span.End()
+	}
+	if tp := telemetry.TraceParent(ctx); tp != "" {
+		req.Header.Set("traceparent", tp)
+	}
 	start := time.Now()
 	resp, err := n.client.Do(req)
 	n.metrics.RequestSeconds.WithLabelValues(t.name).Observe(time.Since(start).Seconds())
+	if span != nil {
+		if err != nil {
+			span.SetStatus(codes.Error, "no answer")
+		} else {
+			span.SetAttributes(attribute.Int("http.response.status_code", resp.StatusCode))
+			if resp.StatusCode >= 300 {
+				span.SetStatus(codes.Error, http.StatusText(resp.StatusCode))
+			}
+		}
+	}
 	if err != nil {
 		var ue *url.Error
 		if errors.As(err, &ue) {

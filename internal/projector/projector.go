@@ -57,9 +57,13 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/converge-sync/converge/internal/deadletter"
 	"github.com/converge-sync/converge/internal/retry"
+	"github.com/converge-sync/converge/internal/telemetry"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
@@ -101,6 +105,9 @@ type Delivery struct {
 	Stored time.Time
 	// Delivered counts the deliveries of the message, this one included.
 	Delivered uint64
+	// TraceParent is the W3C trace context the message carries ("" for
+	// none): the trace of the write that made the event.
+	TraceParent string
 }
 
 // DeliveryStore is a [Store] that needs to know more of each event than
@@ -747,6 +754,7 @@ type item struct {
 	commitTime time.Time
 	stored     time.Time
 	superseded []jetstream.Msg
+	trace      string // the message's traceparent, "" for none
 }
 
 // supersedes reports whether it wins over prev, an item of the same
@@ -843,6 +851,7 @@ func (r *Runtime) decode(m jetstream.Msg) decoded {
 	if ct, err := time.Parse(time.RFC3339Nano, m.Headers().Get(contract.HeaderCommitTime)); err == nil {
 		it.commitTime = ct
 	}
+	it.trace = m.Headers().Get("traceparent")
 	return decoded{it: it}
 }
 
@@ -903,7 +912,36 @@ func (r *Runtime) finish(ctx context.Context, b prepared) {
 		}
 	}
 	r.metrics.BatchSeconds.Observe(time.Since(start).Seconds())
+	if telemetry.Tracing() {
+		r.traceApplied(ctx, items, results, start)
+	}
 }
+
+// traceApplied continues the trace of each traced event of a batch with a
+// span: the batch's apply, from its start to now, with the event's outcome.
+func (r *Runtime) traceApplied(ctx context.Context, items []*item, results []Result, start time.Time) {
+	end := time.Now()
+	for i, it := range items {
+		if it.trace == "" {
+			continue
+		}
+		_, span := tracer().Start(telemetry.WithTraceParent(ctx, it.trace), r.cfg.Name+" apply",
+			trace.WithSpanKind(trace.SpanKindConsumer), trace.WithTimestamp(start),
+			trace.WithAttributes(attribute.String("converge.projector", r.cfg.Name), attribute.String("converge.key", it.ev.Key),
+				attribute.Int64("converge.version", it.ev.Version), attribute.Int("converge.batch.size", len(items)),
+				attribute.Int64("messaging.delivery.count", int64(it.delivered))))
+		if err := results[i].Err; err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+		} else {
+			span.SetAttributes(attribute.String("converge.outcome", outcomeLabel(results[i].Outcome)))
+		}
+		span.End(trace.WithTimestamp(end))
+	}
+}
+
+// tracer is the current provider's: spans are made only with tracing on.
+func tracer() trace.Tracer { return telemetry.Tracer("projector") }
 
 // applyWithRetry applies the items, retrying the transiently failed ones
 // with backoff until they succeed, fail permanently, or ctx ends.
@@ -1022,7 +1060,7 @@ func (r *Runtime) safeApply(ctx context.Context, items []*item) []Result {
 	if ds, ok := r.store.(DeliveryStore); ok {
 		deliveries := make([]Delivery, len(items))
 		for i, it := range items {
-			deliveries[i] = Delivery{Event: it.ev, CommitTime: it.commitTime, Stored: it.stored, Delivered: it.delivered}
+			deliveries[i] = Delivery{Event: it.ev, CommitTime: it.commitTime, Stored: it.stored, Delivered: it.delivered, TraceParent: it.trace}
 		}
 		res = ds.ApplyDeliveries(ctx, deliveries)
 	} else {

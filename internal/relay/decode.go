@@ -13,11 +13,12 @@ import (
 // Other columns (kind, created_at) are not read: the payload carries the
 // event whole. emission is optional
 // (-1 when absent): the outbox of schema version 1 has no such column, and
-// all its rows are original emissions.
+// all its rows are original emissions. So is trace (trace_context, schema
+// version 6): the traceparent the writer stored with the row.
 type relation struct {
 	id                             uint32
 	eventID, key, version, payload int
-	emission                       int
+	emission, trace                int
 	namespace, name                string
 }
 
@@ -25,7 +26,7 @@ var errNotOutbox = errors.New("relay: change is not for the outbox")
 
 func newRelation(m *pglogrepl.RelationMessage) (relation, error) {
 	r := relation{id: m.RelationID, namespace: m.Namespace, name: m.RelationName,
-		eventID: -1, key: -1, version: -1, payload: -1, emission: -1}
+		eventID: -1, key: -1, version: -1, payload: -1, emission: -1, trace: -1}
 	for i, c := range m.Columns {
 		switch c.Name {
 		case "event_id":
@@ -38,6 +39,8 @@ func newRelation(m *pglogrepl.RelationMessage) (relation, error) {
 			r.payload = i
 		case "emission":
 			r.emission = i
+		case "trace_context":
+			r.trace = i
 		}
 	}
 	if r.eventID < 0 || r.key < 0 || r.version < 0 || r.payload < 0 {

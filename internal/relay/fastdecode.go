@@ -20,6 +20,8 @@ type insertView struct {
 	// emission is the row's emission number, digits: "0" (or nil, on an
 	// outbox without the column) for the original emission of an event.
 	emission []byte
+	// trace is the row's traceparent; nil for none.
+	trace []byte
 }
 
 // reemission reports whether the row re-emits an event already emitted:
@@ -57,7 +59,7 @@ func (r relation) decodeInsertFast(data []byte, v *insertView) error {
 	n := int(binary.BigEndian.Uint16(data[6:8]))
 	pos := 8
 	found := 0
-	v.emission = nil
+	v.emission, v.trace = nil, nil
 	for i := 0; i < n; i++ {
 		if pos >= len(data) {
 			return fmt.Errorf("relay: insert message truncated at column %d", i)
@@ -96,6 +98,9 @@ func (r relation) decodeInsertFast(data []byte, v *insertView) error {
 				return fmt.Errorf("relay: outbox column %d (emission) arrived as %q, want a text value", i, kind)
 			}
 			v.emission = val
+			continue
+		case r.trace:
+			v.trace = val // nil for a NULL
 			continue
 		default:
 			continue

@@ -113,10 +113,34 @@ func agree(v *insertView, row outboxRow) bool {
 // version 2 (emission added last, as ALTER TABLE ADD COLUMN does), and one
 // with the columns in another order.
 var (
-	relationV1       = relation{id: 42, eventID: 0, key: 1, version: 2, payload: 4, emission: -1}
-	relationV2       = relation{id: 42, eventID: 0, key: 1, version: 2, payload: 4, emission: 6}
-	relationShuffled = relation{id: 42, eventID: 5, key: 3, version: 0, payload: 1, emission: 2}
+	relationV1       = relation{id: 42, eventID: 0, key: 1, version: 2, payload: 4, emission: -1, trace: -1}
+	relationV2       = relation{id: 42, eventID: 0, key: 1, version: 2, payload: 4, emission: 6, trace: -1}
+	relationShuffled = relation{id: 42, eventID: 5, key: 3, version: 0, payload: 1, emission: 2, trace: -1}
+	// Schema version 6: trace_context added last.
+	relationV6 = relation{id: 42, eventID: 0, key: 1, version: 2, payload: 4, emission: 6, trace: 7}
 )
+
+// The trace context of a row of schema version 6 is read, a NULL one is
+// none, and a view reused for a row without one holds none.
+func TestDecodeInsertFastReadsTheTraceContext(t *testing.T) {
+	id, key, payload := []byte("b53816c2-2637-57ba-b67b-7a12f08cacb8"), []byte("docs/a"), []byte(`{"schema":"x"}`)
+	created := []byte("2026-11-30 08:00:00+00")
+	tp := []byte("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+	var v insertView
+	if err := relationV6.decodeInsertFast(insertMessage(42, id, key, []byte("3"), []byte("document.upserted"), payload, created, []byte("0"), tp), &v); err != nil {
+		t.Fatal(err)
+	}
+	if string(v.trace) != string(tp) || string(v.payload) != string(payload) {
+		t.Fatalf("trace %q, payload %q", v.trace, v.payload)
+	}
+	if err := relationV6.decodeInsertFast(insertMessage(42, id, key, []byte("3"), []byte("document.upserted"), payload, created, []byte("0"), nil), &v); err != nil || v.trace != nil {
+		t.Fatalf("a NULL trace context: %q, %v", v.trace, err)
+	}
+	_ = relationV6.decodeInsertFast(insertMessage(42, id, key, []byte("3"), []byte("document.upserted"), payload, created, []byte("0"), tp), &v)
+	if err := relationV2.decodeInsertFast(insertMessage(42, id, key, []byte("3"), []byte("document.upserted"), payload, created, []byte("0")), &v); err != nil || v.trace != nil {
+		t.Fatalf("a schema 2 row after a traced one: %q, %v", v.trace, err)
+	}
+}
 
 // The fast decoder must agree with pglogrepl's on every field, on the
 // outbox of either schema version.
@@ -284,7 +308,8 @@ func TestNewRelation(t *testing.T) {
 		{[]string{"event_id", "key", "version", "kind", "payload", "created_at"}, relationV1},
 		{[]string{"event_id", "key", "version", "kind", "payload", "created_at", "emission"}, relationV2},
 		{[]string{"version", "payload", "emission", "key", "created_at", "event_id", "kind"}, relationShuffled},
-		{[]string{"payload", "key", "event_id", "version"}, relation{id: 42, eventID: 2, key: 1, version: 3, payload: 0, emission: -1}},
+		{[]string{"payload", "key", "event_id", "version"}, relation{id: 42, eventID: 2, key: 1, version: 3, payload: 0, emission: -1, trace: -1}},
+		{[]string{"event_id", "key", "version", "kind", "payload", "created_at", "emission", "trace_context"}, relationV6},
 	} {
 		got, err := newRelation(rel(tc.cols...))
 		tc.want.namespace, tc.want.name = "public", "outbox"

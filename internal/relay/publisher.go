@@ -102,6 +102,9 @@ const (
 	ackFailed
 )
 
+// traceParentHeader carries an event's W3C trace context.
+const traceParentHeader = "traceparent"
+
 func newPublisher(nc *nats.Conn, stream, effects string, window int) (*publisher, error) {
 	p := &publisher{
 		nc: nc, stream: stream, effects: effects,
@@ -162,8 +165,9 @@ func (p *publisher) connectionLost() bool {
 // publish sends one message and returns its sequence. msgID is its
 // Nats-Msg-Id; commitTimeHdr is the value of the commit-time header, shared
 // by a transaction's messages; reemission, when not nil, the value of the
-// re-emission header; effects says the subject is the effects' stream's.
-func (p *publisher) publish(subject, msgID string, commitTimeHdr, reemission []string, data []byte, effects bool) (uint64, error) {
+// re-emission header; traceParent, when not nil, the traceparent header's;
+// effects says the subject is the effects' stream's.
+func (p *publisher) publish(subject, msgID string, commitTimeHdr, reemission, traceParent []string, data []byte, effects bool) (uint64, error) {
 	if p.connectionLost() {
 		return 0, errReconnected
 	}
@@ -184,6 +188,11 @@ func (p *publisher) publish(subject, msgID string, commitTimeHdr, reemission []s
 		p.msg.Header[contract.HeaderReemission] = reemission
 	} else {
 		delete(p.msg.Header, contract.HeaderReemission)
+	}
+	if traceParent != nil {
+		p.msg.Header[traceParentHeader] = traceParent
+	} else {
+		delete(p.msg.Header, traceParentHeader)
 	}
 	p.msg.Subject, p.msg.Reply, p.msg.Data = subject, p.replies[i], data
 	err := p.nc.PublishMsg(&p.msg)

@@ -20,6 +20,10 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/converge-sync/converge/internal/telemetry"
 
 	"github.com/converge-sync/converge/pkg/contract"
 )
@@ -761,6 +765,9 @@ func (s *session) handleWAL(ctx context.Context, xld pglogrepl.XLogData) error {
 	return nil
 }
 
+// tracer is the current provider's: spans are made only with tracing on.
+func tracer() trace.Tracer { return telemetry.Tracer("relay") }
+
 func (s *session) publish(ctx context.Context, v *insertView) error {
 	n := 1 // publishes of the event
 	if s.pub.effects != "" {
@@ -780,6 +787,19 @@ func (s *session) publish(ctx context.Context, v *insertView) error {
 	}
 	msgID, reemission := v.messageID()
 	subject := subjectOf(v.key)
+	var traceParent []string
+	if v.trace != nil {
+		traceParent = []string{string(v.trace)}
+		if telemetry.Tracing() {
+			sctx, span := tracer().Start(telemetry.WithTraceParent(ctx, traceParent[0]), "relay publish",
+				trace.WithSpanKind(trace.SpanKindProducer),
+				trace.WithAttributes(attribute.String("messaging.system", "nats"), attribute.String("messaging.destination.name", subject),
+					attribute.String("converge.key", string(v.key)), attribute.String("converge.version", string(v.version))))
+			// The projectors continue from the relay's span.
+			traceParent[0] = telemetry.TraceParent(sctx)
+			defer span.End()
+		}
+	}
 	for i := range n {
 		effects := i == 1
 		if effects {
@@ -790,7 +810,7 @@ func (s *session) publish(ctx context.Context, v *insertView) error {
 		now := time.Now()
 		// The payload points into the receive buffer, which the next read
 		// reuses: publish copies it into the connection's buffer.
-		seq, err := s.pub.publish(subject, msgID, s.commitTimeHdr, reemission, v.payload, effects)
+		seq, err := s.pub.publish(subject, msgID, s.commitTimeHdr, reemission, traceParent, v.payload, effects)
 		if err != nil {
 			return &publishError{err: err}
 		}

@@ -230,7 +230,21 @@ func command[C Config](ctx context.Context, name string, args []string, logOut i
 	if err != nil {
 		return &UsageError{Err: err}
 	}
-	return Run(ctx, cfg, config.NewLogger(logOut, *level), run)
+	log := config.NewLogger(logOut, *level)
+	// Traces are exported over OTLP when the environment names an
+	// endpoint (OTEL_EXPORTER_OTLP_ENDPOINT); otherwise none is made.
+	stopTracing, err := telemetry.StartTracing(ctx, "converge-"+name, log)
+	if err != nil {
+		return &UsageError{Err: err}
+	}
+	defer func() {
+		flush, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := stopTracing(flush); err != nil {
+			log.Warn("the last spans were not exported", "err", err)
+		}
+	}()
+	return Run(ctx, cfg, log, run)
 }
 
 // Main is a service's whole command: [Command] over os.Args until SIGINT

@@ -13,14 +13,20 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/converge-sync/converge/api"
 	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/docstore"
 	"github.com/converge-sync/converge/internal/httpjson"
+	"github.com/converge-sync/converge/internal/telemetry"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
@@ -134,16 +140,43 @@ func (s *statusRecorder) Flush() {
 	}
 }
 
+// instrument counts each request of route by status and, with tracing on,
+// makes it a span: of the trace its traceparent names, or of a new one.
+// Without tracing a traceparent is still taken, so that the outbox row
+// carries it on.
 func (a *API) instrument(route string, h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		ctx := r.Context()
+		if r.Header.Get("traceparent") != "" {
+			ctx = telemetry.Propagator.Extract(ctx, propagation.HeaderCarrier(r.Header))
+		}
+		var span trace.Span
+		if telemetry.Tracing() {
+			ctx, span = tracer().Start(ctx, strings.ReplaceAll(r.Pattern, "...}", "}"),
+				trace.WithSpanKind(trace.SpanKindServer),
+				trace.WithAttributes(attribute.String("http.request.method", r.Method), attribute.String("http.route", route)))
+		}
+		if ctx != r.Context() {
+			r = r.WithContext(ctx)
+		}
 		rec := &statusRecorder{ResponseWriter: w}
 		h(rec, r)
 		if rec.code == 0 {
 			rec.code = http.StatusOK
 		}
 		a.metrics.Requests.WithLabelValues(route, strconv.Itoa(rec.code)).Inc()
+		if span != nil {
+			span.SetAttributes(attribute.Int("http.response.status_code", rec.code))
+			if rec.code >= 500 {
+				span.SetStatus(codes.Error, http.StatusText(rec.code))
+			}
+			span.End()
+		}
 	}
 }
+
+// tracer is the current provider's: spans are made only with tracing on.
+func tracer() trace.Tracer { return telemetry.Tracer("writer") }
 
 // WriteResult is the answer to a PUT or DELETE, and one line of a batch.
 type WriteResult struct {
@@ -264,6 +297,7 @@ func (a *API) put(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, r, err)
 		return
 	}
+	wr.TraceParent = telemetry.TraceParent(r.Context())
 	a.applyOne(w, r, wr)
 }
 
@@ -277,7 +311,8 @@ func (a *API) withdraw(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, r, err)
 		return
 	}
-	a.applyOne(w, r, docstore.Write{Doc: contract.Document{Key: key, Version: version}, Withdraw: true})
+	a.applyOne(w, r, docstore.Write{Doc: contract.Document{Key: key, Version: version}, Withdraw: true,
+		TraceParent: telemetry.TraceParent(r.Context())})
 }
 
 func (a *API) applyOne(w http.ResponseWriter, r *http.Request, wr docstore.Write) {
@@ -341,6 +376,7 @@ func (a *API) batch(w http.ResponseWriter, r *http.Request) {
 	flusher, _ := w.(http.Flusher)
 
 	in := bufio.NewReaderSize(r.Body, 64<<10)
+	traceParent := telemetry.TraceParent(r.Context()) // every line's
 	var (
 		writes  []docstore.Write
 		lines   []int
@@ -417,6 +453,7 @@ func (a *API) batch(w http.ResponseWriter, r *http.Request) {
 			}
 			continue
 		}
+		wr.TraceParent = traceParent
 		writes = append(writes, wr)
 		lines = append(lines, lineNo)
 		if len(writes) >= a.cfg.BatchSize {

@@ -293,3 +293,41 @@ func TestVersionIsAnyIntegralNumber(t *testing.T) {
 		t.Errorf("DELETE ?version=6.0: %d %s", code, raw)
 	}
 }
+
+// A request's traceparent is stored with its outbox row (tracing off here:
+// the writer passes on the caller's); a request without one stores none,
+// and a malformed one is not stored.
+func TestTraceParentIsStoredWithTheOutboxRow(t *testing.T) {
+	e := newEnv(t)
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	for key, header := range map[string]string{"traced": tp, "untraced": "", "malformed": "00-xyz"} {
+		req, _ := http.NewRequest("PUT", docURL(e, key), strings.NewReader(`{"version":1}`))
+		req.Header.Set("Content-Type", "application/json")
+		if header != "" {
+			req.Header.Set("traceparent", header)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("PUT %s: %d", key, resp.StatusCode)
+		}
+	}
+	rows, err := e.pool.Query(context.Background(), `SELECT key, coalesce(trace_context, '') FROM outbox`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for rows.Next() {
+		var k, tc string
+		if err := rows.Scan(&k, &tc); err != nil {
+			t.Fatal(err)
+		}
+		got[k] = tc
+	}
+	if got["traced"] != tp || got["untraced"] != "" || got["malformed"] != "" || len(got) != 3 {
+		t.Fatalf("trace contexts stored: %q", got)
+	}
+}

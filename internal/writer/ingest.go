@@ -14,6 +14,7 @@ import (
 
 	"github.com/converge-sync/converge/internal/deadletter"
 	"github.com/converge-sync/converge/internal/docstore"
+	"github.com/converge-sync/converge/internal/telemetry"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
@@ -172,6 +173,10 @@ func (in *Ingest) handle(ctx context.Context, msgs []jetstream.Msg) {
 				done = append(done, m)
 			}
 			continue
+		}
+		// A producer's trace continues through the queue path too.
+		if h := m.Headers(); h != nil {
+			wr.TraceParent = telemetry.TraceParent(telemetry.WithTraceParent(ctx, h.Get("traceparent"))) // "" unless valid
 		}
 		writes = append(writes, wr)
 		from = append(from, m)
