@@ -12,6 +12,7 @@ COPY go.mod go.sum ./
 RUN go mod download
 # Only what the binaries are built from: no build output, local data or
 # credentials from the working tree reach the image.
+COPY api ./api
 COPY cmd ./cmd
 COPY internal ./internal
 COPY migrations ./migrations
