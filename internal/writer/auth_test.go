@@ -262,28 +262,9 @@ func TestRunWithTokensAndTLS(t *testing.T) {
 	reg := telemetry.NewRegistry()
 	deps := service.Deps{Log: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})), Registry: reg, Postgres: pool}
 	metricsAddr := freeAddr(t)
-	listening := make(chan net.Addr, 1)
 	cfg := writer.ServiceConfig{PostgresURL: "unused: the pool is given", HTTPAddr: "127.0.0.1:0", MetricsAddr: metricsAddr,
-		TokensFile: tokensPath, TLSCert: certPath, TLSKey: keyPath, ShutdownGrace: 5 * time.Second,
-		OnListen: func(a net.Addr) { listening <- a }}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- writer.Run(ctx, cfg, deps) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("writer: %v", err)
-		}
-	}()
-	var base string
-	select {
-	case a := <-listening:
-		base = "https://" + a.String()
-	case err := <-done:
-		t.Fatalf("the writer stopped: %v", err)
-	case <-time.After(waitTimeout):
-		t.Fatal("the writer did not listen")
-	}
+		TokensFile: tokensPath, TLSCert: certPath, TLSKey: keyPath, ShutdownGrace: 5 * time.Second}
+	base := "https://" + startService(t, cfg, deps)
 
 	roots := x509.NewCertPool()
 	roots.AddCert(cert)
@@ -346,4 +327,31 @@ func TestRunWithTokensAndTLS(t *testing.T) {
 	if !strings.Contains(logs.String(), "tokens file reloaded") {
 		t.Errorf("the reload is not logged:\n%s", logs.String())
 	}
+}
+
+// startService runs the writer service with cfg and deps until the test
+// ends (failing it if Run fails), and returns the address its API listens
+// on.
+func startService(t *testing.T, cfg writer.ServiceConfig, deps service.Deps) string {
+	t.Helper()
+	listening := make(chan net.Addr, 1)
+	cfg.OnListen = func(a net.Addr) { listening <- a }
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- writer.Run(ctx, cfg, deps) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("writer: %v", err)
+		}
+	})
+	select {
+	case a := <-listening:
+		return a.String()
+	case err := <-done:
+		t.Fatalf("the writer stopped: %v", err)
+	case <-time.After(waitTimeout):
+		t.Fatal("the writer did not listen")
+	}
+	return ""
 }

@@ -10,9 +10,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/docstore"
 	"github.com/converge-sync/converge/internal/httpjson"
+	"github.com/converge-sync/converge/pkg/client"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
@@ -107,16 +110,8 @@ func (c *Client) Reemit(ctx context.Context, req ReemitRequest) (ReemitResponse,
 // ReemitKeys re-emits keys, in requests of at most [MaxReemitKeys]. On an
 // error, the answer holds the requests answered before it.
 func (c *Client) ReemitKeys(ctx context.Context, keys []string) (ReemitResponse, error) {
-	all := ReemitResponse{Reemitted: []ReemittedDocument{}, NotFound: []string{}}
-	for lo := 0; lo < len(keys); lo += MaxReemitKeys {
-		res, err := c.Reemit(ctx, ReemitRequest{Keys: keys[lo:min(lo+MaxReemitKeys, len(keys))]})
-		if err != nil {
-			return all, err
-		}
-		all.Reemitted = append(all.Reemitted, res.Reemitted...)
-		all.NotFound = append(all.NotFound, res.NotFound...)
-	}
-	return all, nil
+	res, err := c.producer().Reemit(ctx, keys)
+	return fromProducer(res), fromProducerError(err)
 }
 
 // ReemitAll re-emits every document after the key after (exclusive), in
@@ -124,22 +119,45 @@ func (c *Client) ReemitKeys(ctx context.Context, keys []string) (ReemitResponse,
 // On an error or when ctx ends, it returns the key to resume after: the
 // After of the request that was not answered.
 func (c *Client) ReemitAll(ctx context.Context, after string, limit int, page func(ReemitResponse)) (resume string, err error) {
-	for {
-		if err := ctx.Err(); err != nil {
-			return after, fmt.Errorf("re-emission interrupted: %w", err)
-		}
-		res, err := c.Reemit(ctx, ReemitRequest{All: true, After: after, Limit: limit})
-		if err != nil {
-			return after, err
-		}
+	resume, err = c.producer().ReemitAll(ctx, after, limit, func(r client.Reemitted) {
 		if page != nil {
-			page(res)
+			page(fromProducer(r))
 		}
-		if res.Next == "" {
-			return "", nil
-		}
-		after = res.Next
+	})
+	return resume, fromProducerError(err)
+}
+
+// producer is the producers' client (pkg/client) over c's connection and
+// token, sending each request once: the callers decide about retries.
+func (c *Client) producer() *client.Client {
+	pc, err := client.New(c.base, client.WithHTTPClient(c.http), client.WithToken(c.Token), client.WithRetry(client.Retry{Attempts: 1}))
+	if err != nil {
+		panic(err) // c.base was checked by NewClient
 	}
+	return pc
+}
+
+// fromProducer is r in this package's types.
+func fromProducer(r client.Reemitted) ReemitResponse {
+	out := ReemitResponse{Reemitted: make([]ReemittedDocument, 0, len(r.Reemitted)), NotFound: r.NotFound, Next: r.Next}
+	if out.NotFound == nil {
+		out.NotFound = []string{}
+	}
+	for _, d := range r.Reemitted {
+		id, _ := uuid.Parse(d.EventID) // the writer's own answer: a uuid
+		out.Reemitted = append(out.Reemitted, ReemittedDocument{Key: d.Key, Version: d.Version, EventID: id, Emission: d.Emission})
+	}
+	return out
+}
+
+// fromProducerError makes the producers' client's error answer an
+// [*APIError]; other errors (no answer) stay as they are.
+func fromProducerError(err error) error {
+	var e *client.Error
+	if errors.As(err, &e) {
+		return &APIError{StatusCode: e.StatusCode, Code: e.Code, Message: e.Message}
+	}
+	return err
 }
 
 func (c *Client) post(ctx context.Context, path string, body, v any) error {

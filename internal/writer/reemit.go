@@ -61,11 +61,10 @@ func decodeReemitRequest(data []byte) (ReemitRequest, error) {
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
+	// Each field raw: whether it was given, and null, is known without
+	// decoding the body twice.
 	var wire struct {
-		Keys  []string        `json:"keys"`
-		All   json.RawMessage `json:"all"`
-		After json.RawMessage `json:"after"`
-		Limit json.RawMessage `json:"limit"`
+		Keys, All, After, Limit json.RawMessage
 	}
 	if err := dec.Decode(&wire); err != nil {
 		return ReemitRequest{}, invalid(contract.CodeInvalidJSON, "request body is not a valid re-emission request: %v", err)
@@ -73,37 +72,36 @@ func decodeReemitRequest(data []byte) (ReemitRequest, error) {
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return ReemitRequest{}, invalid(contract.CodeInvalidJSON, "request body has data after the JSON object")
 	}
-	// Which fields were given, null included: a null is no value.
-	var given map[string]json.RawMessage
-	_ = json.Unmarshal(data, &given)
-	for name, v := range given {
-		if string(bytes.TrimSpace(v)) == "null" {
-			return ReemitRequest{}, invalid("invalid_request", "%q is null: give a value or leave it out", name)
-		}
-	}
-	req := ReemitRequest{Keys: wire.Keys}
-	if wire.All != nil {
-		if err := json.Unmarshal(wire.All, &req.All); err != nil {
-			return ReemitRequest{}, invalid(contract.CodeInvalidJSON, `"all" must be true or false`)
-		}
-	}
-	if wire.After != nil {
-		if err := json.Unmarshal(wire.After, &req.After); err != nil {
-			return ReemitRequest{}, invalid(contract.CodeInvalidJSON, `"after" must be a string: the key to start after`)
+	var req ReemitRequest
+	for _, f := range []struct {
+		name string
+		raw  json.RawMessage
+		into any
+		want string
+	}{
+		{"keys", wire.Keys, &req.Keys, "an array of keys"},
+		{"all", wire.All, &req.All, "true or false"},
+		{"after", wire.After, &req.After, "a string: the key to start after"},
+	} {
+		switch {
+		case f.raw == nil:
+		case string(f.raw) == "null":
+			return ReemitRequest{}, invalid("invalid_request", "%q is null: give a value or leave it out", f.name)
+		case json.Unmarshal(f.raw, f.into) != nil:
+			return ReemitRequest{}, invalid(contract.CodeInvalidJSON, "%q must be %s", f.name, f.want)
 		}
 	}
 	if wire.Limit != nil {
-		n, ok := parseInteger(string(bytes.TrimSpace(wire.Limit)))
+		n, ok := parseInteger(string(wire.Limit))
 		if !ok || n < 1 || n > MaxReemitKeys {
 			return ReemitRequest{}, invalid("invalid_limit", "limit must be an integer from 1 to %d, got %.40s", MaxReemitKeys, wire.Limit)
 		}
 		req.Limit = int(n)
 	}
-	_, hasKeys := given["keys"]
 	switch {
-	case hasKeys && (wire.All != nil || wire.After != nil || wire.Limit != nil):
+	case wire.Keys != nil && (wire.All != nil || wire.After != nil || wire.Limit != nil):
 		return ReemitRequest{}, invalid("invalid_request", `give either "keys" alone, or "all":true with "after" and "limit"`)
-	case !hasKeys && !req.All:
+	case wire.Keys == nil && !req.All:
 		return ReemitRequest{}, invalid("invalid_request", `give "keys":[...] or "all":true`)
 	case len(req.Keys) > MaxReemitKeys:
 		return ReemitRequest{}, invalid("too_many_keys", "%d keys, more than the limit of %d per request", len(req.Keys), MaxReemitKeys)

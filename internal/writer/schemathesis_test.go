@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -56,30 +55,14 @@ func TestSchemathesis(t *testing.T) {
 	defer pool.Close()
 	var logs testenv.LockedBuffer
 	deps := service.Deps{Log: slog.New(slog.NewTextHandler(&logs, nil)), Registry: telemetry.NewRegistry(), Postgres: pool}
-	listening := make(chan net.Addr, 1)
 	cfg := writer.ServiceConfig{PostgresURL: "unused: the pool is given", HTTPAddr: "127.0.0.1:0", TokensFile: tokensPath,
-		ShutdownGrace: 5 * time.Second, OnListen: func(a net.Addr) { listening <- a }}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- writer.Run(ctx, cfg, deps) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("writer: %v", err)
-		}
+		ShutdownGrace: 5 * time.Second}
+	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("writer log:\n%s", logs.String())
 		}
-	}()
-	var base string
-	select {
-	case a := <-listening:
-		base = "http://" + a.String()
-	case err := <-done:
-		t.Fatalf("writer: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("the writer did not listen within 30s")
-	}
+	})
+	base := "http://" + startService(t, cfg, deps)
 
 	accepted := filepath.Join(dir, "accepted.jsonl")
 	examples := envOr("FUZZ_EXAMPLES", "100")

@@ -2,6 +2,7 @@ package client
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -224,11 +225,17 @@ func (b *batch) request() (answered int, err error) {
 			}
 		}
 	}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
+	rd := bufio.NewReaderSize(resp.Body, 64<<10) // a result line is far shorter
+	for {
+		line, err := readResult(rd)
+		if err != nil {
+			return end(&transportError{base: b.c.base, err: err})
+		}
+		if line == nil {
+			break
+		}
 		var r wireResult
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+		if err := json.Unmarshal(line, &r); err != nil {
 			return end(fmt.Errorf("client: a batch result line is not JSON: %w", err))
 		}
 		l, err := pop()
@@ -265,9 +272,6 @@ func (b *batch) request() (answered int, err error) {
 			return end(err)
 		}
 	}
-	if err := sc.Err(); err != nil {
-		return end(&transportError{base: b.c.base, err: err})
-	}
 	if len(failed) > 0 {
 		return end(&Error{StatusCode: http.StatusOK, Code: CodeStoreUnavailable,
 			Message: fmt.Sprintf("the writer's store failed; %d lines were not written", len(failed))})
@@ -280,23 +284,42 @@ func (b *batch) request() (answered int, err error) {
 	if !whole {
 		return end(nil) // the writer ended its answer before the body
 	}
-	for {
-		l, err := pop()
-		if err != nil {
-			return end(err)
-		}
-		if l == nil {
-			break
-		}
+	l, err := pop()
+	if err != nil {
+		return end(err)
+	}
+	if l != nil {
+		// A line sent and not answered: end sends it again.
 		mu.Lock()
 		inFlight = append([]*batchLine{l}, inFlight...)
 		mu.Unlock()
-		break
 	}
 	return end(nil)
 }
 
 var errBatchEnded = errors.New("client: batch request ended")
+
+// readResult reads the next result line of a batch's answer; nil at its
+// end. A line without its newline is an answer cut off (the connection
+// broke mid-line), not a line: an error, as a read that failed is.
+func readResult(rd *bufio.Reader) ([]byte, error) {
+	for {
+		line, err := rd.ReadSlice('\n')
+		switch {
+		case errors.Is(err, bufio.ErrBufferFull):
+			return nil, fmt.Errorf("a result line longer than %d bytes", rd.Size())
+		case err != nil && len(line) > 0:
+			return nil, fmt.Errorf("the answer ended in the middle of a line: %w", io.ErrUnexpectedEOF)
+		case errors.Is(err, io.EOF):
+			return nil, nil
+		case err != nil:
+			return nil, err
+		}
+		if len(bytes.TrimSpace(line)) > 0 {
+			return line, nil
+		}
+	}
+}
 
 type wireResult struct {
 	Line    int    `json:"line"`
@@ -310,8 +333,10 @@ type wireResult struct {
 	} `json:"error"`
 }
 
+// wireLine is a document as the writer reads it: a batch line, or (Key
+// empty) a PUT body.
 type wireLine struct {
-	Key       string          `json:"key"`
+	Key       string          `json:"key,omitempty"`
 	Version   int64           `json:"version"`
 	Title     string          `json:"title,omitempty"`
 	Body      string          `json:"body,omitempty"`

@@ -211,22 +211,14 @@ func (c *Client) Put(ctx context.Context, doc contract.Document) (Result, error)
 	if err := checkKey(doc.Key); err != nil {
 		return Result{}, err
 	}
-	body, err := json.Marshal(putBody{Version: doc.Version, Title: doc.Title, Body: doc.Body, Links: doc.Links, Tags: doc.Tags, Meta: doc.Meta})
+	// A batch line without its key: the key is the path's.
+	body, err := json.Marshal(wireLine{Version: doc.Version, Title: doc.Title, Body: doc.Body, Links: doc.Links, Tags: doc.Tags, Meta: doc.Meta})
 	if err != nil {
 		return Result{}, fmt.Errorf("client: encode %q: %w", doc.Key, err)
 	}
 	var res Result
 	err = c.do(ctx, http.MethodPut, documentPath(doc.Key), "application/json", body, &res)
 	return res, err
-}
-
-type putBody struct {
-	Version int64           `json:"version"`
-	Title   string          `json:"title,omitempty"`
-	Body    string          `json:"body,omitempty"`
-	Links   []string        `json:"links,omitempty"`
-	Tags    []string        `json:"tags,omitempty"`
-	Meta    json.RawMessage `json:"meta,omitempty"`
 }
 
 // Delete withdraws key at version: a tombstone, which no older version can

@@ -43,14 +43,18 @@ func newClient(t *testing.T, base string, opts ...client.Option) *client.Client 
 
 // ownWriter is a writer over a database of the test's own, its store
 // wrapped by wrap; it returns the writer's URL and the pool.
-func ownWriter(t *testing.T, wrap func(writer.Store) writer.Store) (string, *pgxpool.Pool) {
+func ownWriter(t *testing.T, wrap func(writer.Store) writer.Store, mw ...func(http.Handler) http.Handler) (string, *pgxpool.Pool) {
 	t.Helper()
 	pool, err := pgxpool.New(t.Context(), pg.MigratedDatabase(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	srv, err := newWriter(pool, wrap)
+	var m func(http.Handler) http.Handler
+	if len(mw) > 0 {
+		m = mw[0]
+	}
+	srv, err := newWriter(pool, wrap, m)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -397,4 +401,92 @@ func TestReemit(t *testing.T) {
 		!slices.Equal(res.NotFound, []string{"nobody"}) {
 		t.Fatalf("%+v %v", res, err)
 	}
+}
+
+// cutAnswer aborts the connection of the first batch request once the
+// writer has written limit bytes of its answer: what it answered after
+// that never reaches the client, though it was written to Postgres.
+func cutAnswer(limit int) func(http.Handler) http.Handler {
+	var cut atomic.Bool
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/v1/documents:batch" && cut.CompareAndSwap(false, true) {
+				w = &cutWriter{ResponseWriter: w, left: limit}
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
+}
+
+type cutWriter struct {
+	http.ResponseWriter
+	left int
+}
+
+func (c *cutWriter) Write(p []byte) (int, error) {
+	if len(p) >= c.left {
+		n, _ := c.ResponseWriter.Write(p[:c.left])
+		c.Flush()
+		_ = n
+		panic(http.ErrAbortHandler) // the connection breaks mid-answer
+	}
+	c.left -= len(p)
+	return c.ResponseWriter.Write(p)
+}
+
+func (c *cutWriter) Flush() { http.NewResponseController(c.ResponseWriter).Flush() }
+
+func (c *cutWriter) Unwrap() http.ResponseWriter { return c.ResponseWriter }
+
+// A connection that breaks mid-answer: the lines whose answers were lost
+// are sent again (the writer answers those it had written "unchanged"),
+// and every line is answered once. A line that cannot even be encoded is
+// answered by the client, without being sent, in its turn.
+func TestBatchSendsAgainWhatTheBrokenConnectionLeftUnanswered(t *testing.T) {
+	base, pool := ownWriter(t, nil, cutAnswer(3000))
+	const n = 400
+	writes := func(yield func(client.Write) bool) {
+		for i := range n {
+			doc := contract.Document{Key: fmt.Sprintf("c/%04d", i), Version: 1, Body: "b"}
+			if i == 7 {
+				doc.Meta = []byte("{not json")
+			}
+			if !yield(client.Write{Doc: doc}) {
+				return
+			}
+		}
+	}
+	answers := make([]int, n)
+	var unchanged int
+	stats, err := newClient(t, base).Batch(t.Context(), writes, func(r client.LineResult) error {
+		answers[r.Index]++
+		switch {
+		case r.Index == 7:
+			var e *client.Error
+			if !errors.As(r.Err, &e) || e.StatusCode != 0 || e.Code != client.CodeInvalidMeta {
+				return fmt.Errorf("line 7: %v, want a refusal before sending", r.Err)
+			}
+		case r.Err != nil:
+			return fmt.Errorf("line %d: %w", r.Index, r.Err)
+		case r.Result.Result == client.Unchanged:
+			unchanged++
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("%v (%+v)", err, stats)
+	}
+	for i, a := range answers {
+		if a != 1 {
+			t.Fatalf("line %d answered %d times", i, a)
+		}
+	}
+	if stats.Requests < 2 || stats.Resent == 0 || stats.Failed != 1 || stats.Applied+stats.Unchanged != n-1 {
+		t.Fatalf("%+v: want the lines the cut answer lost sent again", stats)
+	}
+	var stored int
+	if err := pool.QueryRow(t.Context(), `SELECT count(*) FROM documents`).Scan(&stored); err != nil || stored != n-1 {
+		t.Fatalf("%d documents stored (%v), want %d", stored, err, n-1)
+	}
+	t.Logf("%+v; %d answered unchanged: written before the cut, their answers lost", stats, unchanged)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"testing"
@@ -54,7 +55,7 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer pool.Close()
-	srv, err := newWriter(pool, nil)
+	srv, err := newWriter(pool, nil, nil)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -65,8 +66,8 @@ func run(m *testing.M) int {
 }
 
 // newWriter serves the writer's API over pool, through wrap (nil: the
-// store as it is).
-func newWriter(pool *pgxpool.Pool, wrap func(writer.Store) writer.Store) (*httptest.Server, error) {
+// store as it is), behind mw (nil: none).
+func newWriter(pool *pgxpool.Pool, wrap func(writer.Store) writer.Store, mw func(http.Handler) http.Handler) (*httptest.Server, error) {
 	store, err := docstore.New(pool, docstore.Config{}, nil)
 	if err != nil {
 		return nil, err
@@ -88,7 +89,11 @@ func newWriter(pool *pgxpool.Pool, wrap func(writer.Store) writer.Store) (*httpt
 	if wrap != nil {
 		s = wrap(store)
 	}
-	srv := httptest.NewUnstartedServer(writer.NewAPI(s, writer.APIConfig{BatchSize: 50, Guard: auth.NewGuard(tk, nil, nil)}, nil, nil))
+	var h http.Handler = writer.NewAPI(s, writer.APIConfig{BatchSize: 50, Guard: auth.NewGuard(tk, nil, nil)}, nil, nil)
+	if mw != nil {
+		h = mw(h)
+	}
+	srv := httptest.NewUnstartedServer(h)
 	srv.Config.ErrorLog = log.New(&serverErrors, "", 0)
 	srv.Start()
 	return srv, nil
