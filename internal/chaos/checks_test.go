@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/pkg/contract"
@@ -187,6 +188,25 @@ type stored struct {
 
 // readStream reads every message the stream stores.
 func (p *pipeline) readStream(ctx context.Context, name string) ([]stored, error) {
+	// On a cluster a server that restarted may not answer the JetStream
+	// API for a moment after the faults ("no responders"): the check reads
+	// again, from the start, for up to half a minute.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		out, err := p.readStreamOnce(ctx, name)
+		noResponders := err != nil && (errors.Is(err, nats.ErrNoResponders) || strings.Contains(err.Error(), "no responders"))
+		if !noResponders || time.Now().After(deadline) {
+			return out, err
+		}
+		select {
+		case <-ctx.Done():
+			return out, err
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func (p *pipeline) readStreamOnce(ctx context.Context, name string) ([]stored, error) {
 	info, err := p.streamInfo(ctx, name)
 	if err != nil {
 		return nil, err
