@@ -4,6 +4,8 @@ import (
 	"context"
 
 	"github.com/google/uuid"
+
+	"github.com/converge-sync/converge/internal/embed"
 )
 
 // Point is one chunk of one document version in an index store.
@@ -66,6 +68,9 @@ type Writer interface {
 	// DeleteStale removes, for each Keep, the document's points whose
 	// version is not Keep.Version (all of them when it is 0).
 	DeleteStale(ctx context.Context, keep []Keep) error
+	// RecordEmbedder records the identity of the embedder that makes the
+	// store's vectors, replacing any recorded before; after Ensure.
+	RecordEmbedder(ctx context.Context, id embed.Identity) error
 }
 
 // Reader reads points back: an [Index]'s count fence, the vectors it
@@ -80,6 +85,10 @@ type Reader interface {
 	// Search returns the k chunks nearest to vector by cosine similarity,
 	// best first (ties broken by point ID for determinism).
 	Search(ctx context.Context, vector []float32, k int) ([]Hit, error)
+	// Embedder returns the identity RecordEmbedder recorded, and false
+	// when there is none: a store not created yet, or one made before
+	// identities were recorded.
+	Embedder(ctx context.Context) (embed.Identity, bool, error)
 }
 
 // MarkerScanner reads every version marker: verify's side of the index.

@@ -50,15 +50,25 @@ func (e *APIError) Error() string {
 func (c *Client) Search(ctx context.Context, query string, k int) (SearchResponse, error) {
 	var out SearchResponse
 	u := url.URL{Scheme: "http", Host: c.Addr, Path: SearchPath, RawQuery: url.Values{"q": {query}, "k": {strconv.Itoa(k)}}.Encode()}
-	err := httpjson.Get(ctx, c.HTTP, u.String(), c.Token, 64<<20, &out)
+	return out, c.get(ctx, u, &out)
+}
+
+// Info describes the live generation and its embedder ([InfoPath]).
+func (c *Client) Info(ctx context.Context) (Info, error) {
+	var out Info
+	return out, c.get(ctx, url.URL{Scheme: "http", Host: c.Addr, Path: InfoPath}, &out)
+}
+
+func (c *Client) get(ctx context.Context, u url.URL, out any) error {
+	err := httpjson.Get(ctx, c.HTTP, u.String(), c.Token, 64<<20, out)
 	var se *httpjson.StatusError
 	switch {
 	case errors.As(err, &se):
-		return out, &APIError{Addr: c.Addr, StatusCode: se.StatusCode, Code: se.Code, Message: se.Message}
+		return &APIError{Addr: c.Addr, StatusCode: se.StatusCode, Code: se.Code, Message: se.Message}
 	case errors.Is(err, httpjson.ErrNoAnswer):
-		return out, fmt.Errorf("the index projector at %s does not answer: %w", c.Addr, err)
+		return fmt.Errorf("the index projector at %s does not answer: %w", c.Addr, err)
 	case err != nil:
-		return out, fmt.Errorf("the index projector at %s: %w", c.Addr, err)
+		return fmt.Errorf("the index projector at %s: %w", c.Addr, err)
 	}
-	return out, nil
+	return nil
 }

@@ -37,6 +37,7 @@ package index
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/converge-sync/converge/internal/embed"
@@ -49,6 +50,17 @@ type Index struct {
 	backend  ReadWriter
 	embedder embed.Embedder
 	reuse    bool
+
+	// stored is the identity of the embedder whose vectors the store
+	// holds (the configured one's, once New recorded it); mismatch is set
+	// when that is another embedder than the configured one: the index
+	// then refuses every write. reader embeds search queries for the
+	// stored vectors (the configured embedder, or one for the stored
+	// identity); nil with readerErr when none can.
+	stored    embed.Identity
+	mismatch  *EmbedderMismatchError
+	reader    embed.Embedder
+	readerErr error
 }
 
 // Options of an Index.
@@ -57,15 +69,78 @@ type Options struct {
 	// version and reuses those of unchanged chunks instead of embedding
 	// them again: worth a read when embedding is remote and costly.
 	ReuseVectors bool
+	// ReadEmbedder, when set, returns an embedder for the identity
+	// recorded in a store whose vectors another embedder than the
+	// configured one made, so that its searches are still answered (with
+	// queries embedded as its vectors were) until a rebuild replaces it.
+	ReadEmbedder func(embed.Identity) (embed.Embedder, error)
 }
 
-// New returns an index over backend, ensuring it for the embedder's
-// dimension.
+// EmbedderMismatchError is the error of every write to a store whose
+// vectors another embedder made than the one configured: vectors of two
+// models are never mixed in one store. A rebuild re-embeds the documents
+// into a fresh generation with the configured embedder and makes it live.
+// It is not [projector.Permanent]: the projector retries the writes in
+// place, acknowledging nothing, until the rebuild has switched.
+type EmbedderMismatchError struct {
+	Stored     embed.Identity // the embedder recorded with the store
+	Configured embed.Identity // the projector's
+}
+
+func (e *EmbedderMismatchError) Error() string {
+	return fmt.Sprintf("index: the store's vectors were made by the embedder %s, not by the configured %s; "+
+		"writes are refused so that two models' vectors are never mixed: run `converge rebuild index` "+
+		"to re-embed every document into a fresh generation, which becomes live when it is done "+
+		"(or configure the embedder the store was made with)", e.Stored, e.Configured)
+}
+
+// New returns an index over backend for the embedder's vectors, ensuring
+// the store for the embedder's dimension and recording the embedder's
+// identity in it when it has none (a new store, or one made before
+// identities were recorded, whose vectors are taken for the configured
+// embedder's).
+//
+// A store that records another embedder is neither prepared nor written:
+// the index is returned refusing every write with an
+// [*EmbedderMismatchError] (see [Index.Embedder]), and answers searches
+// with Options.ReadEmbedder's embedder for the recorded identity, if any.
 func New(ctx context.Context, backend ReadWriter, embedder embed.Embedder, opts Options) (*Index, error) {
+	want := embed.IdentityOf(embedder)
+	have, recorded, err := backend.Embedder(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("index: read the store's embedder: %w", err)
+	}
+	x := &Index{backend: backend, embedder: embedder, reuse: opts.ReuseVectors, stored: want, reader: embedder}
+	if recorded && have != want {
+		x.stored = have
+		x.mismatch = &EmbedderMismatchError{Stored: have, Configured: want}
+		x.reader, x.readerErr = nil, errors.New("no embedder for the store's vectors is available")
+		if opts.ReadEmbedder != nil {
+			if x.reader, x.readerErr = opts.ReadEmbedder(have); x.readerErr != nil {
+				x.reader = nil
+			}
+		}
+		return x, nil
+	}
 	if err := backend.Ensure(ctx, embedder.Dimension()); err != nil {
 		return nil, fmt.Errorf("index: %w", err)
 	}
-	return &Index{backend: backend, embedder: embedder, reuse: opts.ReuseVectors}, nil
+	if !recorded {
+		if err := backend.RecordEmbedder(ctx, want); err != nil {
+			return nil, fmt.Errorf("index: %w", err)
+		}
+	}
+	return x, nil
+}
+
+// Embedder reports the embedder whose vectors the store holds, the
+// configured one, and, when they differ, the error every write fails
+// with.
+func (x *Index) Embedder() (stored, configured embed.Identity, refusing error) {
+	if x.mismatch != nil {
+		return x.stored, x.mismatch.Configured, x.mismatch
+	}
+	return x.stored, x.stored, nil
 }
 
 // Backend is the store under the index, as New was given it.
@@ -76,6 +151,13 @@ func (x *Index) Backend() ReadWriter { return x.backend }
 // permanently, the events are applied one by one so that only the one the
 // store rejects fails.
 func (x *Index) Apply(ctx context.Context, events []*contract.Event) []projector.Result {
+	if x.mismatch != nil {
+		results := make([]projector.Result, len(events))
+		for i := range results {
+			results[i].Err = x.mismatch
+		}
+		return results
+	}
 	results, err := x.apply(ctx, events)
 	if err == nil {
 		return results
@@ -233,11 +315,25 @@ func (x *Index) points(ctx context.Context, events []*contract.Event, markers ma
 	return points, nil
 }
 
-// Search returns the k chunks nearest to the text.
+// SearchError is the error of every search when none can be answered: the
+// store's vectors were made by another embedder, and none for them is
+// available.
+func (x *Index) SearchError() error {
+	if x.reader != nil {
+		return nil
+	}
+	return fmt.Errorf("index: cannot embed a query as the store's vectors were (%s): %w; %w", x.stored, x.readerErr, x.mismatch)
+}
+
+// Search returns the k chunks nearest to the text, embedded as the
+// store's vectors were.
 func (x *Index) Search(ctx context.Context, text string, k int) ([]Hit, error) {
-	vecs, err := x.embedder.Embed(ctx, []string{text})
+	if err := x.SearchError(); err != nil {
+		return nil, err
+	}
+	vecs, err := x.reader.Embed(ctx, []string{text})
 	if err != nil {
-		return nil, fmt.Errorf("index: embed query: %w", err)
+		return nil, fmt.Errorf("index: embed query with %s: %w", x.reader.Name(), err)
 	}
 	return x.backend.Search(ctx, vecs[0], k)
 }

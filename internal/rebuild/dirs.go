@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/converge-sync/converge/internal/storage/atomicfile"
 )
 
 // Dirs keeps the generations of an embedded store as sibling directories
@@ -70,24 +72,7 @@ func (d Dirs) Activate(name string) error {
 	if live, err := d.Live(); err == nil && live == name {
 		return nil
 	}
-	tmp := d.pointer() + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
-	if err != nil {
-		return fmt.Errorf("rebuild: %w", err)
-	}
-	_, err = f.WriteString(name + "\n")
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, d.pointer())
-	}
-	if err == nil {
-		err = syncDir(d.Root)
-	}
+	err := atomicfile.Write(d.pointer(), []byte(name+"\n"), 0o600)
 	if err != nil {
 		return fmt.Errorf("rebuild: activate %s: %w", name, err)
 	}
@@ -110,14 +95,5 @@ func (d Dirs) Drop(name string) error {
 	if err := os.RemoveAll(d.Path(name)); err != nil {
 		return fmt.Errorf("rebuild: drop %s: %w", d.Path(name), err)
 	}
-	return syncDir(d.Root)
-}
-
-func syncDir(dir string) error {
-	f, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return f.Sync()
+	return atomicfile.SyncDir(d.Root)
 }

@@ -99,10 +99,19 @@ func (s *Stores) Open(ctx context.Context, name string) (*rebuild.Generation, er
 	if err != nil {
 		return nil, err
 	}
-	x, err := index.New(ctx, backend, s.embedder, s.opts)
+	opts := s.opts
+	opts.ReadEmbedder = func(id embed.Identity) (embed.Embedder, error) { return embed.ForIdentity(s.cfg.Embed, id) }
+	x, err := index.New(ctx, backend, s.embedder, opts)
 	if err != nil {
 		_ = backend.Close()
 		return nil, err
+	}
+	if stored, _, refusing := x.Embedder(); refusing != nil {
+		s.log.Error("the generation's vectors were made by another embedder than the configured one: its writes are refused until `converge rebuild index` replaces it",
+			"generation", name, "stored", stored.String(), "configured", embed.IdentityOf(s.embedder).String())
+		if err := x.SearchError(); err != nil {
+			s.log.Warn("its searches cannot be answered either", "generation", name, "err", err)
+		}
 	}
 	if s.admin != nil && name != s.cfg.QdrantCollection {
 		// The first generation gets its alias as soon as it exists.
@@ -122,7 +131,11 @@ func (s *Stores) Open(ctx context.Context, name string) (*rebuild.Generation, er
 			"GET /v1/search": index.SearchHandler(x),
 			"GET /v1/verify/": verify.Handler(verify.Index, func(ctx context.Context) ([]verify.Doc, error) {
 				return verify.ReadIndex(ctx, backend)
-			}),
+			}, verify.WithEmbedder(func() *embed.Identity {
+				stored, _, _ := x.Embedder()
+				return &stored
+			})),
+			"GET " + index.InfoPath: index.InfoHandler(name, x),
 		},
 		Close: backend.Close,
 	}, nil

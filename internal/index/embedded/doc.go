@@ -10,6 +10,7 @@
 // package [wal]:
 //
 //	LOCK                      flock'd by the one process that has the store open
+//	embedder.json             the embedder that made the vectors (kind, model, dimension), replaced whole
 //	snapshot                  the whole state as of some log (none before the first compaction)
 //	wal-NNNNNNNNNNNNNNNN.log  the writes since, in order, one record per write call
 //

@@ -20,6 +20,7 @@ import (
 // the files and the order of writes.
 type Store struct {
 	log *wal.Log
+	dir string
 
 	mu  sync.RWMutex
 	dim int
@@ -37,6 +38,7 @@ type Store struct {
 // other than by a torn final record, which is truncated away.
 func Open(dir string, opts Options) (*Store, error) {
 	s := &Store{
+		dir:     dir,
 		slot:    make(map[uuid.UUID]int),
 		byKey:   make(map[string][]*index.Point),
 		markers: make(map[string]index.Marker),

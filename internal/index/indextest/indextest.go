@@ -10,6 +10,7 @@ package indextest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -56,6 +57,150 @@ func Run(t *testing.T, newBackend func(t *testing.T) index.Backend) {
 	t.Run("WithdrawalDoesNotResurrect", func(t *testing.T) { testWithdrawal(t, open(t)) })
 	t.Run("SearchThroughTheIndex", func(t *testing.T) { testIndexSearch(t, open(t)) })
 	t.Run("RepairRewritesTheHeldVersion", func(t *testing.T) { testRepair(t, open(t)) })
+	t.Run("EmbedderIsRecorded", func(t *testing.T) {
+		b := newBackend(t)
+		t.Cleanup(func() { _ = b.Close() })
+		testEmbedderRecord(t, b)
+	})
+	t.Run("IndexRefusesAnotherEmbedder", func(t *testing.T) {
+		b := newBackend(t)
+		t.Cleanup(func() { _ = b.Close() })
+		testEmbedderMismatch(t, b)
+	})
+}
+
+// testEmbedderRecord: none before anything is recorded (before Ensure
+// too), the last one recorded after, and the record is no point of any
+// document: searches, counts and marker scans never see it.
+func testEmbedderRecord(t *testing.T, b index.Backend) {
+	if id, ok, err := b.Embedder(ctx()); err != nil || ok {
+		t.Fatalf("Embedder of a new store: %+v, %v, %v; want none", id, ok, err)
+	}
+	must(t, b.Ensure(ctx(), Dim))
+	if id, ok, err := b.Embedder(ctx()); err != nil || ok {
+		t.Fatalf("Embedder after Ensure: %+v, %v, %v; want none", id, ok, err)
+	}
+	a := embed.Identity{Kind: embed.KindHTTP, Model: "model-a", Dimension: Dim}
+	must(t, b.RecordEmbedder(ctx(), a))
+	if id, ok, err := b.Embedder(ctx()); err != nil || !ok || id != a {
+		t.Fatalf("Embedder: %+v, %v, %v; want %+v", id, ok, err, a)
+	}
+	h := embed.Identity{Kind: embed.KindHash, Model: fmt.Sprintf("%s/%d", embed.HashVersion, Dim), Dimension: Dim}
+	must(t, b.RecordEmbedder(ctx(), h))
+	if id, ok, err := b.Embedder(ctx()); err != nil || !ok || id != h {
+		t.Fatalf("Embedder after a second record: %+v, %v, %v; want %+v", id, ok, err, h)
+	}
+	if err := b.RecordEmbedder(ctx(), embed.Identity{Kind: embed.KindHash}); err == nil {
+		t.Fatal("RecordEmbedder of an incomplete identity: no error")
+	}
+	// The record is no document's: a search along the axis of the
+	// record's fixed vector finds the one chunk, counts and markers are
+	// the document's alone.
+	must(t, b.Upsert(ctx(), []index.Point{point("k", 1, 0, unit(1))}))
+	must(t, b.SetMarkers(ctx(), []index.Marker{{Key: "k", Version: 1, ContentHash: "hash-k-1"}}))
+	hits, err := b.Search(ctx(), unit(0), 10)
+	must(t, err)
+	if len(hits) != 1 || hits[0].Point.Key != "k" {
+		t.Fatalf("search: %+v; want the one chunk of k", hits)
+	}
+	counts, err := b.Counts(ctx(), []string{"k", ""})
+	must(t, err)
+	if counts["k"] != 1 || counts[""] != 0 {
+		t.Fatalf("counts %v; want k: 1", counts)
+	}
+	var markers []index.Marker
+	must(t, b.ScanMarkers(ctx(), func(m index.Marker) error { markers = append(markers, m); return nil }))
+	if len(markers) != 1 || markers[0].Key != "k" {
+		t.Fatalf("markers scanned: %+v; want k's alone", markers)
+	}
+}
+
+// otherModel is a model of its own with the hash embedder's vectors
+// reversed, of the same dimension.
+type otherModel struct{ *embed.Hash }
+
+func (otherModel) Kind() string { return "test" }
+func (otherModel) Name() string { return "reversed-hash" }
+
+func (m otherModel) Embed(ctx context.Context, texts []string) ([][]float32, error) {
+	vecs, err := m.Hash.Embed(ctx, texts)
+	for _, v := range vecs {
+		slices.Reverse(v)
+	}
+	return vecs, err
+}
+
+// testEmbedderMismatch: an index made with one embedder records it; one
+// opened on the same store with another refuses every write (a transient
+// error that says to rebuild, so the projector holds the events), writes
+// nothing, and answers searches only with an embedder for the stored
+// vectors.
+func testEmbedderMismatch(t *testing.T, b index.Backend) {
+	x := newIndex(t, b) // the hash embedder of Dim dimensions
+	stored, configured, refusing := x.Embedder()
+	if refusing != nil || stored != configured || stored.Kind != embed.KindHash || stored.Dimension != Dim {
+		t.Fatalf("Embedder() of a new index: %+v, %+v, %v", stored, configured, refusing)
+	}
+	if id, ok, err := b.Embedder(ctx()); err != nil || !ok || id != stored {
+		t.Fatalf("recorded: %+v, %v, %v; want %+v", id, ok, err, stored)
+	}
+	ev := event("doc", 1, body(3, "cats"))
+	if got := apply(t, x, ev); got[0] != projector.Applied {
+		t.Fatalf("apply: %v", got)
+	}
+	before, err := b.Counts(ctx(), []string{"doc"})
+	must(t, err)
+	want, err := x.Search(ctx(), "cats", 3)
+	must(t, err)
+
+	// The same embedder again: no refusal.
+	if again := newIndex(t, b); func() error { _, _, r := again.Embedder(); return r }() != nil {
+		t.Fatal("an index with the recorded embedder refuses writes")
+	}
+
+	// Another model of the same dimension: only the recorded identity
+	// tells its vectors apart.
+	h, err := embed.NewHash(Dim)
+	must(t, err)
+	other := otherModel{h}
+	y, err := index.New(ctx(), b, other, index.Options{})
+	must(t, err)
+	stored2, configured2, refusing := y.Embedder()
+	var mismatch *index.EmbedderMismatchError
+	if !errors.As(refusing, &mismatch) || stored2 != stored || configured2 != embed.IdentityOf(other) {
+		t.Fatalf("Embedder() with another embedder: %+v, %+v, %v; want a mismatch of %+v", stored2, configured2, refusing, stored)
+	}
+	if !strings.Contains(refusing.Error(), "converge rebuild index") || !strings.Contains(refusing.Error(), other.Name()) || !strings.Contains(refusing.Error(), stored.Model) {
+		t.Fatalf("the refusal %q does not name both embedders and the rebuild", refusing)
+	}
+	res := y.Apply(ctx(), []*contract.Event{event("doc", 2, body(2, "dogs")), event("new", 1, "a new document")})
+	for i, r := range res {
+		if !errors.As(r.Err, &mismatch) || projector.IsPermanent(r.Err) {
+			t.Fatalf("result %d of a write with another embedder: %+v; want the transient mismatch", i, r)
+		}
+	}
+	markers, err := b.Markers(ctx(), []string{"doc", "new"})
+	must(t, err)
+	after, err := b.Counts(ctx(), []string{"doc", "new"})
+	must(t, err)
+	if len(markers) != 1 || markers["doc"].Version != 1 || after["doc"] != before["doc"] || after["new"] != 0 {
+		t.Fatalf("after refused writes: markers %+v, counts %v; want doc at version 1 with %d points alone", markers, after, before["doc"])
+	}
+	if id, _, _ := b.Embedder(ctx()); id != stored {
+		t.Fatalf("the recorded embedder changed to %+v", id)
+	}
+	if _, err := y.Search(ctx(), "cats", 3); err == nil || !errors.As(err, &mismatch) {
+		t.Fatalf("search without an embedder for the stored vectors: %v; want it refused, naming the mismatch", err)
+	}
+	z, err := index.New(ctx(), b, other, index.Options{ReadEmbedder: func(id embed.Identity) (embed.Embedder, error) {
+		return embed.ForIdentity(embed.Config{}, id)
+	}})
+	must(t, err)
+	got, err := z.Search(ctx(), "cats", 3)
+	must(t, err)
+	if len(got) == 0 || len(got) != len(want) || got[0].Point.ID != want[0].Point.ID {
+		t.Fatalf("search with the stored vectors' embedder: %+v; want %+v", got, want)
+	}
 }
 
 func ctx() context.Context { return context.Background() }
