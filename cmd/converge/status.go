@@ -12,8 +12,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/deadletter"
+	"github.com/converge-sync/converge/internal/index"
 	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/relay"
@@ -33,6 +35,17 @@ type statusReport struct {
 	// CatchUp is the slot's last catch-up from the outbox (the slot found
 	// missing after a Postgres failover), nil when none ever happened.
 	CatchUp *relay.CatchUpRecord `json:"catch_up,omitempty"`
+	// Index is the index projector's live generation and its embedder,
+	// when -index-addr is set.
+	Index *indexStatus `json:"index,omitempty"`
+}
+
+// indexStatus is what the index projector says of its live generation, or
+// why it could not be asked.
+type indexStatus struct {
+	Addr string `json:"addr"`
+	*index.Info
+	Error string `json:"error,omitempty"`
 }
 
 func status(ctx context.Context, args []string, out io.Writer) error {
@@ -41,6 +54,7 @@ func status(ctx context.Context, args []string, out io.Writer) error {
 	natsURL := f.String("nats-url", config.EnvNATSURL, "", "NATS URL (empty: Postgres only)")
 	slot := f.String("slot", "CONVERGE_RELAY_SLOT", "converge_relay", "the relay's replication slot")
 	asJSON := f.Bool("json", "", false, "machine-readable output")
+	indexAddr := f.String("index-addr", "CONVERGE_PROJECTOR_INDEX_ADDR", "127.0.0.1:9103", "the index projector's metrics address, asked for its live generation's embedder (empty: not asked)")
 	natsAuth := natsauth.Flags(f)
 	if err := f.Parse(args); err != nil {
 		return err
@@ -59,6 +73,9 @@ func status(ctx context.Context, args []string, out io.Writer) error {
 	rep, err := collectStatus(ctx, *pg, *natsURL, *slot, natsOpts...)
 	if err != nil {
 		return err
+	}
+	if *indexAddr != "" {
+		rep.Index = askIndex(ctx, *indexAddr)
 	}
 	if *asJSON {
 		return writeJSON(out, rep)
@@ -110,6 +127,26 @@ func collectStatus(ctx context.Context, pgURL, natsURL, slot string, natsOpts ..
 		rep.CatchUp = &cu
 	}
 	return rep, nil
+}
+
+// askIndex asks the index projector at addr for its live generation, with
+// the token of CONVERGE_TOKEN (the read scope); an error is reported, not
+// returned: the index projector need not run where status does.
+func askIndex(ctx context.Context, addr string) *indexStatus {
+	st := &indexStatus{Addr: addr}
+	token, err := auth.TokenFromEnv()
+	if err == nil {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		var info index.Info
+		if info, err = (&index.Client{Addr: addr, Token: token}).Info(ctx); err == nil {
+			st.Info = &info
+		}
+	}
+	if err != nil {
+		st.Error = err.Error()
+	}
+	return st
 }
 
 func printStatus(out io.Writer, rep statusReport) {
@@ -173,6 +210,22 @@ func printStatus(out io.Writer, rep statusReport) {
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s (%s ago)\n", r.Projector, r.Phase, into, r.Previous,
 				r.StartedAt.Format(time.RFC3339), time.Since(r.StartedAt).Round(time.Second))
+		}
+	}
+	if ix := rep.Index; ix != nil {
+		fmt.Fprintln(tw)
+		fmt.Fprintln(tw, "INDEX\tGENERATION\tEMBEDDER")
+		switch {
+		case ix.Info == nil:
+			fmt.Fprintf(tw, "%s\t-\tnot known: %s\n", ix.Addr, ix.Error)
+		default:
+			fmt.Fprintf(tw, "%s\t%s\t%s\n", ix.Addr, ix.Generation, ix.Embedder)
+			if ix.WritesRefused != "" {
+				fmt.Fprintf(tw, "\tWRITES REFUSED\tthe projector is configured with the embedder %s: run `converge rebuild index`\n", ix.Configured)
+			}
+			if ix.SearchError != "" {
+				fmt.Fprintf(tw, "\tSEARCHES FAIL\t%s\n", ix.SearchError)
+			}
 		}
 	}
 	_ = tw.Flush()

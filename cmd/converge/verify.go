@@ -181,10 +181,18 @@ func runVerify(ctx context.Context, truth verify.Side, stores []verify.Projectio
 	return rep, err
 }
 
+// printEmbedder names the embedder of the index's live generation.
+func printEmbedder(out io.Writer, r verify.Report) {
+	if r.Embedder != nil {
+		fmt.Fprintf(out, "%-6s live generation's vectors: embedder %s\n", "", r.Embedder)
+	}
+}
+
 func printVerify(out io.Writer, rep verifyReport) {
 	for _, r := range rep.Stores {
 		if r.Agrees {
 			fmt.Fprintf(out, "%-6s agrees with Postgres on all %d documents (%d of %d bucket digests equal)\n", r.Store, r.Documents, r.Buckets, r.Buckets)
+			printEmbedder(out, r)
 			continue
 		}
 		counts := map[string]int{}
@@ -198,6 +206,7 @@ func printVerify(out io.Writer, rep verifyReport) {
 		slices.Sort(kinds)
 		fmt.Fprintf(out, "%-6s DISAGREES: %d documents differ (%s); %d of %d buckets differ; Postgres %d documents, %s %d\n",
 			r.Store, len(r.Differences), strings.Join(kinds, ", "), r.DifferingBuckets, r.Buckets, r.Documents, r.Store, r.StoreDocuments)
+		printEmbedder(out, r)
 		for i, d := range r.Differences {
 			if i == 50 {
 				fmt.Fprintf(out, "  ... and %d more (--json lists all)\n", len(r.Differences)-50)

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/converge-sync/converge/internal/embed"
 	"github.com/converge-sync/converge/internal/httpjson"
 )
 
@@ -20,6 +21,21 @@ const MaxBuckets = 1 << 16
 type digestsJSON struct {
 	Kind    Kind           `json:"kind"`
 	Buckets []BucketDigest `json:"buckets"`
+	// Embedder made the vectors of the index's live generation.
+	Embedder *embed.Identity `json:"embedder,omitempty"`
+}
+
+// HandlerOption adds to what [Handler] answers.
+type HandlerOption func(*handlerOptions)
+
+type handlerOptions struct {
+	embedder func() *embed.Identity
+}
+
+// WithEmbedder adds the embedder of the store's vectors (the index's) to
+// the digests' answer, as fn reports it at each request.
+func WithEmbedder(fn func() *embed.Identity) HandlerOption {
+	return func(o *handlerOptions) { o.embedder = fn }
 }
 
 // Handler serves a projection's side of verify, read from its store by the
@@ -29,7 +45,11 @@ type digestsJSON struct {
 //	GET /v1/verify/buckets?buckets=N&b=1,7  the documents of buckets 1 and 7
 //
 // read is called once per request.
-func Handler(kind Kind, read func(context.Context) ([]Doc, error)) http.Handler {
+func Handler(kind Kind, read func(context.Context) ([]Doc, error), opts ...HandlerOption) http.Handler {
+	var o handlerOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/verify/digests", func(w http.ResponseWriter, r *http.Request) {
 		n, ok := bucketsParam(w, r)
@@ -41,7 +61,11 @@ func Handler(kind Kind, read func(context.Context) ([]Doc, error)) http.Handler 
 			httpError(w, http.StatusServiceUnavailable, err.Error())
 			return
 		}
-		httpjson.Write(w, http.StatusOK, digestsJSON{Kind: kind, Buckets: Digests(kind, n, docs)})
+		answer := digestsJSON{Kind: kind, Buckets: Digests(kind, n, docs)}
+		if o.embedder != nil {
+			answer.Embedder = o.embedder()
+		}
+		httpjson.Write(w, http.StatusOK, answer)
 	})
 	mux.HandleFunc("GET /v1/verify/buckets", func(w http.ResponseWriter, r *http.Request) {
 		n, ok := bucketsParam(w, r)
@@ -91,7 +115,13 @@ type Remote struct {
 	// Client defaults to one with a 5-minute timeout: a projector reads
 	// its whole store to answer.
 	Client *http.Client
+
+	embedder *embed.Identity // of the last digests' answer
 }
+
+// Embedder is the embedder the projector named in its last answer of
+// digests (the index's), nil if none.
+func (r *Remote) Embedder() *embed.Identity { return r.embedder }
 
 // Name implements Side.
 func (r *Remote) Name() string { return r.Label }
@@ -105,6 +135,7 @@ func (r *Remote) Digests(ctx context.Context, kind Kind, n int) ([]BucketDigest,
 	if out.Kind != kind || len(out.Buckets) != n {
 		return nil, fmt.Errorf("%s at %s answered %d %s digests, want %d %s", r.Label, r.Addr, len(out.Buckets), out.Kind, n, kind)
 	}
+	r.embedder = out.Embedder
 	return out.Buckets, nil
 }
 

@@ -27,6 +27,8 @@ import (
 	"strings"
 
 	"github.com/google/uuid"
+
+	"github.com/converge-sync/converge/internal/embed"
 )
 
 // Kind selects what a digest covers.
@@ -249,6 +251,9 @@ type Report struct {
 	DifferingBuckets int          `json:"differing_buckets"` // buckets whose digests differ
 	Differences      []Difference `json:"differences"`
 	Agrees           bool         `json:"agrees"`
+	// Embedder made the vectors of the index's live generation, as its
+	// projector reports it; nil for the graph.
+	Embedder *embed.Identity `json:"embedder,omitempty"`
 }
 
 // Compare compares store with the truth (Postgres), descending only into
@@ -263,6 +268,9 @@ func Compare(ctx context.Context, truth, store Side, kind Kind, n int, progress 
 	got, err := store.Digests(ctx, kind, n)
 	if err != nil {
 		return rep, fmt.Errorf("verify: %s digests: %w", store.Name(), err)
+	}
+	if e, ok := store.(interface{ Embedder() *embed.Identity }); ok {
+		rep.Embedder = e.Embedder()
 	}
 	if len(want) != n || len(got) != n {
 		return rep, fmt.Errorf("verify: %d and %d bucket digests, want %d", len(want), len(got), n)
