@@ -1193,8 +1193,18 @@ func rebuildWithManager(ctx context.Context, b *testing.B, js jetstream.JetStrea
 		}
 		time.Sleep(10 * time.Millisecond) // the manager is still connecting
 	}
-	lastErr := ""
-	for st := m.Status(ctx); st.Phase != rebuildpkg.PhaseDone; st = m.Status(ctx) {
+	lastErr, phase, phaseAt := "", "", start
+	for st := m.Status(ctx); ; st = m.Status(ctx) {
+		if st.Phase != phase {
+			// Where a rebuild's time goes: each phase's share, in the log.
+			if phase != "" {
+				b.Logf("rebuild %s: phase %s took %v", name, phase, time.Since(phaseAt).Round(time.Millisecond))
+			}
+			phase, phaseAt = st.Phase, time.Now()
+		}
+		if st.Phase == rebuildpkg.PhaseDone {
+			break
+		}
 		if st.Error != "" && st.Error != lastErr {
 			b.Logf("rebuild: %s", st.Error)
 			lastErr = st.Error
