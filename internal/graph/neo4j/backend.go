@@ -312,14 +312,14 @@ func (b *Backend) ScanDocuments(ctx context.Context, fn func(graph.View) error) 
 // their relationships) for a rebuild in place: Neo4j Community has one
 // database, so a graph is rebuilt by wiping it and replaying the stream.
 // The constraints stay. It deletes the relationships first, then the
-// nodes, each in transactions of Config.BatchSize*10: deleting a node
+// nodes, each in transactions of Config.WipeBatchSize: deleting a node
 // deletes its relationships with it, so a tag or document with a large
 // fan-in would otherwise make one transaction of unbounded size, past
 // the server's transaction memory. A transaction still too large for the
 // server ([ErrTooLarge]: nodes with large properties) is tried again
 // with half as many. deleted counts the nodes.
 func (b *Backend) Wipe(ctx context.Context) (deleted int64, err error) {
-	limit := int64(b.cfg.BatchSize) * 10
+	limit := int64(b.cfg.WipeBatchSize)
 	for _, st := range []struct{ name, cypher string }{
 		{"wipeRelationships", cypherWipeRelationships},
 		{"wipe", cypherWipe},

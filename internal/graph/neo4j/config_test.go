@@ -22,6 +22,9 @@ func TestConfigValidate(t *testing.T) {
 		{Config{URL: "bolt://localhost:7687", TLS: &tls.Config{}}, false},
 		{Config{URL: "bolt://localhost:7687", BatchSize: MaxBatchSize + 1}, false},
 		{Config{URL: "bolt://localhost:7687", BatchSize: -1}, false},
+		{Config{URL: "bolt://localhost:7687", WipeBatchSize: MaxWipeBatchSize + 1}, false},
+		{Config{URL: "bolt://localhost:7687", WipeBatchSize: -1}, false},
+		{Config{URL: "bolt://localhost:7687", WipeBatchSize: MaxWipeBatchSize}, true},
 		{Config{URL: "bolt://localhost:7687", MaxRetryTime: -1}, false},
 	} {
 		if err := c.cfg.Validate(); (err == nil) != c.ok {

@@ -400,7 +400,7 @@ func (t *fakeTx) Run(ctx context.Context, cypher string, params map[string]any) 
 
 // newTestBackend is a Backend on r.
 func newTestBackend(r *fakeRunner, batchSize int) *Backend {
-	cfg := Config{URL: "bolt://model", BatchSize: batchSize}
+	cfg := Config{URL: "bolt://model", BatchSize: batchSize, WipeBatchSize: 10 * batchSize}
 	cfg.setDefaults()
 	return &Backend{cfg: cfg, run: r}
 }
