@@ -14,6 +14,7 @@ import (
 	"github.com/converge-sync/converge/internal/embed/embedtest"
 	"github.com/converge-sync/converge/internal/index"
 	"github.com/converge-sync/converge/internal/index/embedded"
+	"github.com/converge-sync/converge/internal/verify"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
@@ -164,5 +165,22 @@ func TestStatusShowsTheIndexEmbedder(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "not known") {
 		t.Fatalf("status without an index projector:\n%s", out.String())
+	}
+}
+
+// converge verify's report names the embedder of the index's live
+// generation under its verdict.
+func TestVerifyPrintsTheIndexEmbedder(t *testing.T) {
+	id := embed.Identity{Kind: embed.KindHash, Model: "converge.hash.v1/256", Dimension: 256}
+	var out bytes.Buffer
+	printVerify(&out, verify.Result{Stores: []verify.Report{
+		{Store: "index", Kind: verify.Index, Buckets: 4, Documents: 3, StoreDocuments: 3, Agrees: true, Embedder: &id},
+		{Store: "graph", Kind: verify.Graph, Buckets: 4, Documents: 3, StoreDocuments: 3, Agrees: true},
+	}})
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 3 || !strings.HasPrefix(lines[0], "index  agrees") ||
+		!strings.Contains(lines[1], `live generation's vectors: embedder hash model "converge.hash.v1/256", 256 dimensions`) ||
+		!strings.HasPrefix(lines[2], "graph  agrees") {
+		t.Fatalf("verify output:\n%s", out.String())
 	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/auth/authtest"
+	"github.com/converge-sync/converge/internal/embed"
 	"github.com/converge-sync/converge/internal/httpjson"
 	"github.com/converge-sync/converge/internal/verify"
 )
@@ -135,5 +136,26 @@ func TestRemoteSendsItsToken(t *testing.T) {
 		if _, err := (&verify.Remote{Label: "index", Addr: addr, Token: tok}).Digests(ctx, verify.Index, 4); err == nil || !strings.Contains(err.Error(), "401") {
 			t.Errorf("token %q: %v; want a 401 refusal", tok, err)
 		}
+	}
+}
+
+// The index projector's digests name the embedder of its live generation,
+// which verify's report carries; the graph's name none.
+func TestReportNamesTheIndexEmbedder(t *testing.T) {
+	ctx := context.Background()
+	truth := &verify.Memory{Label: "postgres", Docs: docs(20)}
+	id := embed.Identity{Kind: embed.KindHTTP, Model: "m", Dimension: 384}
+	read := func(context.Context) ([]verify.Doc, error) { return docs(20), nil }
+	addr := serve(t, verify.Handler(verify.Index, read, verify.WithEmbedder(func() *embed.Identity { return &id })))
+	rep, err := verify.Compare(ctx, truth, &verify.Remote{Label: "index", Addr: addr}, verify.Index, 8, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.Agrees || rep.Embedder == nil || *rep.Embedder != id {
+		t.Fatalf("report %+v (embedder %v); want agreement naming %+v", rep, rep.Embedder, id)
+	}
+	rep, err = verify.Compare(ctx, truth, &verify.Remote{Label: "graph", Addr: serve(t, verify.Handler(verify.Index, read))}, verify.Index, 8, nil)
+	if err != nil || rep.Embedder != nil {
+		t.Fatalf("report without an embedder: %+v, %v", rep.Embedder, err)
 	}
 }
