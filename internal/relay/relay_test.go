@@ -551,3 +551,46 @@ func TestRelayCreatesAStreamGoneForLong(t *testing.T) {
 		t.Fatalf("the new stream holds %d messages, want the 10 written after the old one was deleted", n)
 	}
 }
+
+// With tracing off the relay passes a row's trace context on unchanged,
+// as the message's traceparent header, so that the projectors and the
+// notifier continue the writer's trace; a row without one gets none.
+func TestRelayPassesTheTraceContextWithTracingOff(t *testing.T) {
+	f := newFixture(t)
+	f.startRelay(t, relay.Config{})
+	f.waitSlot(t)
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	docs := corpus.Sequential(2, corpus.Shape{Version: 1, Title: corpus.Fixed("t"), Body: func(i int) string { return fmt.Sprintf("body %d", i) }})
+	outs, err := f.store.Apply(context.Background(), []docstore.Write{{Doc: docs[0], TraceParent: tp}, {Doc: docs[1]}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range outs {
+		if o.Err != nil || o.Result != docstore.Applied {
+			t.Fatalf("write %s: %v %v", o.Key, o.Result, o.Err)
+		}
+	}
+	testenv.Eventually(t, "2 events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 2 })
+	s, err := f.js.Stream(context.Background(), contract.DocsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][]string{}
+	for seq := uint64(1); seq <= 2; seq++ {
+		m, err := s.GetMsg(context.Background(), seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev, err := contract.DecodeEvent(m.Data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[ev.Key] = m.Header.Values("traceparent")
+	}
+	if v := got[docs[0].Key]; len(v) != 1 || v[0] != tp {
+		t.Errorf("the traced row's message has traceparent %q; want %q", v, tp)
+	}
+	if v, ok := got[docs[1].Key]; !ok || len(v) != 0 {
+		t.Errorf("the untraced row's message has traceparent %q (found %v); want none", v, ok)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -163,6 +164,51 @@ func TestIngestAppliesAndDeadLetters(t *testing.T) {
 	}
 	if store.calls.Load() < 3 {
 		t.Fatalf("store called %d times; the injected failures were not exercised", store.calls.Load())
+	}
+}
+
+// The queue path continues a producer's trace: a valid traceparent header
+// is stored with the outbox row (for the relay to publish), a malformed
+// one is dropped as W3C trace context says, and no header stores none.
+func TestIngestCarriesTheTraceparent(t *testing.T) {
+	e := newEnv(t)
+	ns := testenv.StartNATS(t)
+	js, err := jetstream.New(ns.Connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	startIngest(t, js, e.store)
+	const valid = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	for key, header := range map[string]string{"traced": valid, "malformed": "00-not-a-trace-01", "untraced": ""} {
+		m := nats.NewMsg(contract.IngestSubject(key))
+		m.Data = []byte(fmt.Sprintf(`{"key":%q,"version":1,"title":"t","body":"b"}`, key))
+		if header != "" {
+			m.Header.Set("traceparent", header)
+		}
+		if _, err := js.PublishMsg(context.Background(), m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.Eventually(t, "the three documents", waitTimeout, func() bool {
+		return countRows(t, e, `SELECT count(*) FROM outbox`) == 3
+	})
+	rows, err := e.pool.Query(context.Background(), `SELECT key, coalesce(trace_context, '') FROM outbox`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for rows.Next() {
+		var key, tc string
+		if err := rows.Scan(&key, &tc); err != nil {
+			t.Fatal(err)
+		}
+		got[key] = tc
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got["traced"] != valid || got["malformed"] != "" || got["untraced"] != "" {
+		t.Fatalf("trace contexts stored: %q; want only the valid one's, on its document", got)
 	}
 }
 
