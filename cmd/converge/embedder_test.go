@@ -59,17 +59,8 @@ func TestSearchIsSemanticWithALocalModel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	docs := map[string]string{
-		"pets":    "My kitten sleeps on the sofa all afternoon and purrs when I stroke her fur.",
-		"finance": "The quarterly earnings report showed revenue growth and higher operating margins for investors.",
-		"weather": "Heavy rain and strong winds are forecast for the coast, with thunderstorms expected overnight.",
-	}
-	_, addr := indexOver(t, t.TempDir(), e, docs)
-	for query, want := range map[string]string{
-		"feline pet cat":             "pets",
-		"stock market profits money": "finance",
-		"storm weather rainfall":     "weather",
-	} {
+	_, addr := indexOver(t, t.TempDir(), e, embedtest.Corpus)
+	for query, want := range embedtest.Queries {
 		var out bytes.Buffer
 		if err := run(context.Background(), []string{"search", "--json", "-k", "3", "-index-addr", addr, query}, &out); err != nil {
 			t.Fatal(err)
@@ -82,12 +73,12 @@ func TestSearchIsSemanticWithALocalModel(t *testing.T) {
 			t.Errorf("converge search %q: %+v; want %q first", query, res.Results, want)
 		}
 	}
-	// The hash embedder, which matches words, finds none of them first
-	// but by chance: the queries share no word with the documents.
+	// The hash embedder, which matches words, finds them first only by
+	// chance: the queries share no word with the documents.
 	h, _ := embed.NewHash(256)
 	var hashHits int
-	_, haddr := indexOver(t, t.TempDir(), h, docs)
-	for query, want := range map[string]string{"feline pet cat": "pets", "stock market profits money": "finance", "storm weather rainfall": "weather"} {
+	_, haddr := indexOver(t, t.TempDir(), h, embedtest.Corpus)
+	for query, want := range embedtest.Queries {
 		res, err := (&index.Client{Addr: haddr}).Search(context.Background(), query, 1)
 		if err != nil {
 			t.Fatal(err)
@@ -96,8 +87,8 @@ func TestSearchIsSemanticWithALocalModel(t *testing.T) {
 			hashHits++
 		}
 	}
-	if hashHits == 3 {
-		t.Errorf("the lexical hash embedder found all three documents: the queries do not test meaning")
+	if hashHits == len(embedtest.Queries) {
+		t.Errorf("the lexical hash embedder found every document: the queries do not test meaning")
 	}
 }
 

@@ -51,16 +51,15 @@ type Index struct {
 	embedder embed.Embedder
 	reuse    bool
 
-	// stored is the identity of the embedder whose vectors the store
-	// holds (the configured one's, once New recorded it); mismatch is set
-	// when that is another embedder than the configured one: the index
-	// then refuses every write. reader embeds search queries for the
-	// stored vectors (the configured embedder, or one for the stored
-	// identity); nil with readerErr when none can.
-	stored    embed.Identity
+	// identity is the configured embedder's. mismatch is set when the
+	// store records another embedder's vectors: the index then refuses
+	// every write. reader embeds search queries as the store's vectors
+	// were (the configured embedder, or ReadEmbedder's for the stored
+	// identity); searchErr, when no embedder can, is every search's error.
+	identity  embed.Identity
 	mismatch  *EmbedderMismatchError
 	reader    embed.Embedder
-	readerErr error
+	searchErr error
 }
 
 // Options of an Index.
@@ -110,15 +109,16 @@ func New(ctx context.Context, backend ReadWriter, embedder embed.Embedder, opts 
 	if err != nil {
 		return nil, fmt.Errorf("index: read the store's embedder: %w", err)
 	}
-	x := &Index{backend: backend, embedder: embedder, reuse: opts.ReuseVectors, stored: want, reader: embedder}
+	x := &Index{backend: backend, embedder: embedder, reuse: opts.ReuseVectors, identity: want, reader: embedder}
 	if recorded && have != want {
-		x.stored = have
 		x.mismatch = &EmbedderMismatchError{Stored: have, Configured: want}
-		x.reader, x.readerErr = nil, errors.New("no embedder for the store's vectors is available")
+		x.reader, err = nil, errors.New("no embedder for the store's vectors is available")
 		if opts.ReadEmbedder != nil {
-			if x.reader, x.readerErr = opts.ReadEmbedder(have); x.readerErr != nil {
-				x.reader = nil
-			}
+			x.reader, err = opts.ReadEmbedder(have)
+		}
+		if err != nil {
+			x.reader = nil
+			x.searchErr = fmt.Errorf("index: cannot embed a query as the store's vectors were (%s): %w; %w", have, err, x.mismatch)
 		}
 		return x, nil
 	}
@@ -138,9 +138,9 @@ func New(ctx context.Context, backend ReadWriter, embedder embed.Embedder, opts 
 // with.
 func (x *Index) Embedder() (stored, configured embed.Identity, refusing error) {
 	if x.mismatch != nil {
-		return x.stored, x.mismatch.Configured, x.mismatch
+		return x.mismatch.Stored, x.mismatch.Configured, x.mismatch
 	}
-	return x.stored, x.stored, nil
+	return x.identity, x.identity, nil
 }
 
 // Backend is the store under the index, as New was given it.
@@ -318,12 +318,7 @@ func (x *Index) points(ctx context.Context, events []*contract.Event, markers ma
 // SearchError is the error of every search when none can be answered: the
 // store's vectors were made by another embedder, and none for them is
 // available.
-func (x *Index) SearchError() error {
-	if x.reader != nil {
-		return nil
-	}
-	return fmt.Errorf("index: cannot embed a query as the store's vectors were (%s): %w; %w", x.stored, x.readerErr, x.mismatch)
-}
+func (x *Index) SearchError() error { return x.searchErr }
 
 // Search returns the k chunks nearest to the text, embedded as the
 // store's vectors were.

@@ -29,13 +29,13 @@ type digestsJSON struct {
 type HandlerOption func(*handlerOptions)
 
 type handlerOptions struct {
-	embedder func() *embed.Identity
+	embedder *embed.Identity
 }
 
 // WithEmbedder adds the embedder of the store's vectors (the index's) to
-// the digests' answer, as fn reports it at each request.
-func WithEmbedder(fn func() *embed.Identity) HandlerOption {
-	return func(o *handlerOptions) { o.embedder = fn }
+// the digests' answer.
+func WithEmbedder(id embed.Identity) HandlerOption {
+	return func(o *handlerOptions) { o.embedder = &id }
 }
 
 // Handler serves a projection's side of verify, read from its store by the
@@ -61,11 +61,7 @@ func Handler(kind Kind, read func(context.Context) ([]Doc, error), opts ...Handl
 			httpError(w, http.StatusServiceUnavailable, err.Error())
 			return
 		}
-		answer := digestsJSON{Kind: kind, Buckets: Digests(kind, n, docs)}
-		if o.embedder != nil {
-			answer.Embedder = o.embedder()
-		}
-		httpjson.Write(w, http.StatusOK, answer)
+		httpjson.Write(w, http.StatusOK, digestsJSON{Kind: kind, Buckets: Digests(kind, n, docs), Embedder: o.embedder})
 	})
 	mux.HandleFunc("GET /v1/verify/buckets", func(w http.ResponseWriter, r *http.Request) {
 		n, ok := bucketsParam(w, r)

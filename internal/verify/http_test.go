@@ -146,7 +146,7 @@ func TestReportNamesTheIndexEmbedder(t *testing.T) {
 	truth := &verify.Memory{Label: "postgres", Docs: docs(20)}
 	id := embed.Identity{Kind: embed.KindHTTP, Model: "m", Dimension: 384}
 	read := func(context.Context) ([]verify.Doc, error) { return docs(20), nil }
-	addr := serve(t, verify.Handler(verify.Index, read, verify.WithEmbedder(func() *embed.Identity { return &id })))
+	addr := serve(t, verify.Handler(verify.Index, read, verify.WithEmbedder(id)))
 	rep, err := verify.Compare(ctx, truth, &verify.Remote{Label: "index", Addr: addr}, verify.Index, 8, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -315,18 +315,7 @@ func TestTraceParentIsStoredWithTheOutboxRow(t *testing.T) {
 			t.Fatalf("PUT %s: %d", key, resp.StatusCode)
 		}
 	}
-	rows, err := e.pool.Query(context.Background(), `SELECT key, coalesce(trace_context, '') FROM outbox`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]string{}
-	for rows.Next() {
-		var k, tc string
-		if err := rows.Scan(&k, &tc); err != nil {
-			t.Fatal(err)
-		}
-		got[k] = tc
-	}
+	got := traceContexts(t, e)
 	if got["traced"] != tp || got["untraced"] != "" || got["malformed"] != "" || len(got) != 3 {
 		t.Fatalf("trace contexts stored: %q", got)
 	}

@@ -35,6 +35,39 @@ func (f *flakyStore) Apply(ctx context.Context, w []docstore.Write) ([]docstore.
 	return f.Store.Apply(ctx, w)
 }
 
+// newJetStream starts an embedded NATS server for the test and connects to
+// its JetStream.
+func newJetStream(t *testing.T) jetstream.JetStream {
+	t.Helper()
+	js, err := jetstream.New(testenv.StartNATS(t).Connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+// traceContexts is the trace context stored with each outbox row, by key
+// ("" for none).
+func traceContexts(t *testing.T, e *env) map[string]string {
+	t.Helper()
+	rows, err := e.pool.Query(context.Background(), `SELECT key, coalesce(trace_context, '') FROM outbox`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for rows.Next() {
+		var key, tc string
+		if err := rows.Scan(&key, &tc); err != nil {
+			t.Fatal(err)
+		}
+		got[key] = tc
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
 func startIngest(t *testing.T, js jetstream.JetStream, store writer.Store) (*writer.Metrics, func()) {
 	t.Helper()
 	metrics := writer.NewMetrics(nil)
@@ -78,11 +111,7 @@ func countRows(t *testing.T, e *env, sql string) int {
 
 func TestIngestAppliesAndDeadLetters(t *testing.T) {
 	e := newEnv(t)
-	ns := testenv.StartNATS(t)
-	js, err := jetstream.New(ns.Connect(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := newJetStream(t)
 	store := &flakyStore{Store: e.store}
 	store.failures.Store(2)
 	metrics, _ := startIngest(t, js, store)
@@ -172,11 +201,7 @@ func TestIngestAppliesAndDeadLetters(t *testing.T) {
 // one is dropped as W3C trace context says, and no header stores none.
 func TestIngestCarriesTheTraceparent(t *testing.T) {
 	e := newEnv(t)
-	ns := testenv.StartNATS(t)
-	js, err := jetstream.New(ns.Connect(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := newJetStream(t)
 	startIngest(t, js, e.store)
 	const valid = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 	for key, header := range map[string]string{"traced": valid, "malformed": "00-not-a-trace-01", "untraced": ""} {
@@ -192,21 +217,7 @@ func TestIngestCarriesTheTraceparent(t *testing.T) {
 	testenv.Eventually(t, "the three documents", waitTimeout, func() bool {
 		return countRows(t, e, `SELECT count(*) FROM outbox`) == 3
 	})
-	rows, err := e.pool.Query(context.Background(), `SELECT key, coalesce(trace_context, '') FROM outbox`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]string{}
-	for rows.Next() {
-		var key, tc string
-		if err := rows.Scan(&key, &tc); err != nil {
-			t.Fatal(err)
-		}
-		got[key] = tc
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
+	got := traceContexts(t, e)
 	if got["traced"] != valid || got["malformed"] != "" || got["untraced"] != "" {
 		t.Fatalf("trace contexts stored: %q; want only the valid one's, on its document", got)
 	}

@@ -9,7 +9,6 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/internal/docstore"
 	"github.com/converge-sync/converge/internal/testenv"
@@ -75,11 +74,7 @@ func TestBatchIsolatesADocumentTheDatabaseRejects(t *testing.T) {
 
 func TestIngestDeadLettersADocumentTheDatabaseRejects(t *testing.T) {
 	e := newEnv(t)
-	ns := testenv.StartNATS(t)
-	js, err := jetstream.New(ns.Connect(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := newJetStream(t)
 	store := &rejectingStore{Store: e.store}
 	_, _ = startIngest(t, js, store)
 	for i := range 30 {

@@ -32,6 +32,25 @@ const (
 	Model128 = "wordllama-l2-supercat-128"
 )
 
+// Corpus are documents (key -> body) whose topics share no word with the
+// queries of [Queries]: only an embedder of meaning finds them.
+var Corpus = map[string]string{
+	"pets":    "My kitten sleeps on the sofa all afternoon and purrs when I stroke her fur.",
+	"finance": "The quarterly earnings report showed revenue growth and higher operating margins for investors.",
+	"weather": "Heavy rain and strong winds are forecast for the coast, with thunderstorms expected overnight.",
+	"cooking": "Simmer the tomatoes with garlic and basil, then toss the sauce with freshly boiled spaghetti.",
+	"sports":  "The striker scored twice in the second half and the team won the championship final.",
+}
+
+// Queries map a query to the key of the [Corpus] document it means.
+var Queries = map[string]string{
+	"feline pet cat":             "pets",
+	"stock market profits money": "finance",
+	"storm weather rainfall":     "weather",
+	"pasta recipe dinner":        "cooking",
+	"football soccer goal match": "sports",
+}
+
 // Start starts the server on a free loopback port for the test and returns
 // its base URL; it is stopped when the test ends. The test is skipped when
 // [Env] is not set.

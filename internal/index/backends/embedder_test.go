@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/internal/chunking"
@@ -28,25 +27,6 @@ import (
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
-// corpus are documents whose topics share no words with the queries of
-// semanticQueries: only an embedder of meaning finds them.
-var corpus = map[string]string{
-	"pets":    "My kitten sleeps on the sofa all afternoon and purrs when I stroke her fur.",
-	"finance": "The quarterly earnings report showed revenue growth and higher operating margins for investors.",
-	"weather": "Heavy rain and strong winds are forecast for the coast, with thunderstorms expected overnight.",
-	"cooking": "Simmer the tomatoes with garlic and basil, then toss the sauce with freshly boiled spaghetti.",
-	"sports":  "The striker scored twice in the second half and the team won the championship final.",
-}
-
-// semanticQueries map a query to the document it means.
-var semanticQueries = map[string]string{
-	"feline pet cat":             "pets",
-	"stock market profits money": "finance",
-	"storm weather rainfall":     "weather",
-	"pasta recipe dinner":        "cooking",
-	"football soccer goal match": "sports",
-}
-
 // publishDoc publishes the upsert of key at version with body, chunked as
 // the writer chunks it.
 func publishDoc(t *testing.T, js jetstream.JetStream, key string, version int64, body string) {
@@ -55,16 +35,7 @@ func publishDoc(t *testing.T, js jetstream.JetStream, key string, version int64,
 	if err != nil {
 		t.Fatal(err)
 	}
-	ev := contract.NewUpsertedEvent(d, chunking.Split(d.Body, chunking.DefaultConfig()))
-	data, err := ev.Encode()
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := nats.NewMsg(contract.Subject(key))
-	m.Data = data
-	if _, err := js.PublishMsg(context.Background(), m); err != nil {
-		t.Fatal(err)
-	}
+	rebuildtest.PublishEvent(t, js, contract.NewUpsertedEvent(d, chunking.Split(d.Body, chunking.DefaultConfig())))
 }
 
 // embedderProcess is an index projector process with its read routes
@@ -138,7 +109,7 @@ type embedderChange struct {
 func (c embedderChange) run(t *testing.T) {
 	js := rebuildtest.Stream(t)
 	want := map[string]int64{}
-	for key, body := range corpus {
+	for key, body := range embedtest.Corpus {
 		publishDoc(t, js, key, 1, body)
 		want[key] = 1
 	}
@@ -165,11 +136,29 @@ func (c embedderChange) run(t *testing.T) {
 	// Searches are still answered, with the model of the stored vectors.
 	c.checkSearches(t, p)
 	publishDoc(t, js, "late", 1, "A document written while the projector refuses to write.")
-	publishDoc(t, js, "pets", 2, corpus["pets"]+" She chases mice in the garden.")
+	publishDoc(t, js, "pets", 2, embedtest.Corpus["pets"]+" She chases mice in the garden.")
 	want["late"], want["pets"] = 1, 2
 	time.Sleep(time.Second) // a dozen retries at the test's backoff
 	if got, _ := contentsOf(t, p.live()); got["late"] != 0 || got["pets"] != 1 {
 		t.Fatalf("the refusing generation holds %v; want the events held back", got)
+	}
+	// Held back, not dropped: the live consumer acknowledged neither (a
+	// rebuild replays the whole stream, so only its position shows it).
+	stream, err := js.Stream(context.Background(), contract.DocsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := stream.CachedInfo().State.LastSeq
+	cons, err := js.Consumer(context.Background(), contract.DocsStream, "index")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ci, err := cons.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ci.AckFloor.Stream > last-2 {
+		t.Fatalf("the live consumer acknowledged up to %d during the refusal; want it below the two held events (stream at %d)", ci.AckFloor.Stream, last)
 	}
 
 	st := p.StartRebuild(t)
@@ -200,12 +189,12 @@ func (c embedderChange) run(t *testing.T) {
 func (c embedderChange) checkSearches(t *testing.T, p *embedderProcess) {
 	t.Helper()
 	if !c.semantic {
-		if got := p.search(t, corpus["cooking"]); got != "cooking" {
+		if got := p.search(t, embedtest.Corpus["cooking"]); got != "cooking" {
 			t.Fatalf("search for the cooking document's own text found %q", got)
 		}
 		return
 	}
-	for q, key := range semanticQueries {
+	for q, key := range embedtest.Queries {
 		if got := p.search(t, q); got != key {
 			t.Errorf("search %q found %q first; want %q", q, got, key)
 		}

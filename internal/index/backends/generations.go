@@ -106,7 +106,8 @@ func (s *Stores) Open(ctx context.Context, name string) (*rebuild.Generation, er
 		_ = backend.Close()
 		return nil, err
 	}
-	if stored, _, refusing := x.Embedder(); refusing != nil {
+	stored, _, refusing := x.Embedder()
+	if refusing != nil {
 		s.log.Error("the generation's vectors were made by another embedder than the configured one: its writes are refused until `converge rebuild index` replaces it",
 			"generation", name, "stored", stored.String(), "configured", embed.IdentityOf(s.embedder).String())
 		if err := x.SearchError(); err != nil {
@@ -131,10 +132,7 @@ func (s *Stores) Open(ctx context.Context, name string) (*rebuild.Generation, er
 			"GET /v1/search": index.SearchHandler(x),
 			"GET /v1/verify/": verify.Handler(verify.Index, func(ctx context.Context) ([]verify.Doc, error) {
 				return verify.ReadIndex(ctx, backend)
-			}, verify.WithEmbedder(func() *embed.Identity {
-				stored, _, _ := x.Embedder()
-				return &stored
-			})),
+			}, verify.WithEmbedder(stored)),
 			"GET " + index.InfoPath: index.InfoHandler(name, x),
 		},
 		Close: backend.Close,

@@ -62,6 +62,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) index.Backend) {
 		t.Cleanup(func() { _ = b.Close() })
 		testEmbedderRecord(t, b)
 	})
+	t.Run("IndexAdoptsAStoreWithoutAnEmbedder", func(t *testing.T) { testEmbedderAdopted(t, open(t)) })
 	t.Run("IndexRefusesAnotherEmbedder", func(t *testing.T) {
 		b := newBackend(t)
 		t.Cleanup(func() { _ = b.Close() })
@@ -112,6 +113,25 @@ func testEmbedderRecord(t *testing.T, b index.Backend) {
 	must(t, b.ScanMarkers(ctx(), func(m index.Marker) error { markers = append(markers, m); return nil }))
 	if len(markers) != 1 || markers[0].Key != "k" {
 		t.Fatalf("markers scanned: %+v; want k's alone", markers)
+	}
+}
+
+// testEmbedderAdopted: a store made before embedders were recorded (points
+// and markers, no record) is taken to hold the configured embedder's
+// vectors: the index records it and writes.
+func testEmbedderAdopted(t *testing.T, b index.Backend) {
+	must(t, b.Upsert(ctx(), []index.Point{point("old", 1, 0, unit(1))}))
+	must(t, b.SetMarkers(ctx(), []index.Marker{{Key: "old", Version: 1, ContentHash: "hash-old-1"}}))
+	x := newIndex(t, b)
+	stored, configured, refusing := x.Embedder()
+	if refusing != nil || stored != configured {
+		t.Fatalf("Embedder() over a store without a record: %+v, %+v, %v; want the configured one adopted", stored, configured, refusing)
+	}
+	if id, ok, err := b.Embedder(ctx()); err != nil || !ok || id != configured {
+		t.Fatalf("recorded: %+v, %v, %v; want %+v", id, ok, err, configured)
+	}
+	if got := apply(t, x, event("new", 1, body(1, "words"))); got[0] != projector.Applied {
+		t.Fatalf("apply after adoption: %v", got)
 	}
 }
 

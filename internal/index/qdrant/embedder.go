@@ -64,8 +64,8 @@ func (b *Backend) Embedder(ctx context.Context) (embed.Identity, bool, error) {
 	return id, true, nil
 }
 
-// RecordEmbedder writes the embedder point (replacing it). Its vector is
-// the fixed unit vector, as a marker's; searches never see it. See
+// RecordEmbedder writes the embedder point (replacing it), with the
+// fixed vector of a marker. See
 // [index.Backend].
 func (b *Backend) RecordEmbedder(ctx context.Context, id embed.Identity) error {
 	if err := id.Validate(); err != nil {
@@ -75,11 +75,9 @@ func (b *Backend) RecordEmbedder(ctx context.Context, id embed.Identity) error {
 	if err != nil {
 		return err
 	}
-	vec := make([]float32, dim)
-	vec[0] = 1
 	point := &qd.PointStruct{
 		Id:      qd.NewIDUUID(embedderID.String()),
-		Vectors: qd.NewVectorsDense(vec),
+		Vectors: fixedVector(dim),
 		Payload: map[string]*qd.Value{
 			fieldType:       qd.NewValueString(typeEmbedder),
 			fieldEmbedKind:  qd.NewValueString(id.Kind),

@@ -75,11 +75,9 @@ func denseOutput(v *qd.VectorOutput) []float32 {
 // markerPoint is the marker of m. Its vector is the fixed unit vector,
 // since the collection requires one; searches never see it.
 func markerPoint(m index.Marker, dim int) *qd.PointStruct {
-	vec := make([]float32, dim)
-	vec[0] = 1
 	return &qd.PointStruct{
 		Id:      markerID(m.Key),
-		Vectors: qd.NewVectorsDense(vec),
+		Vectors: fixedVector(dim),
 		Payload: map[string]*qd.Value{
 			fieldType:        qd.NewValueString(typeMarker),
 			fieldKey:         qd.NewValueString(m.Key),
@@ -90,6 +88,15 @@ func markerPoint(m index.Marker, dim int) *qd.PointStruct {
 			fieldContentHash: qd.NewValueString(m.ContentHash),
 		},
 	}
+}
+
+// fixedVector is the unit vector along the first axis, the vector of the
+// points that are no chunks (markers, the embedder's), which the
+// collection requires and searches never see.
+func fixedVector(dim int) *qd.Vectors {
+	vec := make([]float32, dim)
+	vec[0] = 1
+	return qd.NewVectorsDense(vec)
 }
 
 func markerID(key string) *qd.PointId {

@@ -137,12 +137,19 @@ func Publish(t testing.TB, js jetstream.JetStream, key string, version int64) {
 		t.Error(err)
 		return
 	}
+	PublishEvent(t, js, e)
+}
+
+// PublishEvent publishes e on its document's subject, reporting a failure
+// with t.Error.
+func PublishEvent(t testing.TB, js jetstream.JetStream, e contract.Event) {
+	t.Helper()
 	data, err := e.Encode()
 	if err != nil {
 		t.Error(err)
 		return
 	}
-	m := nats.NewMsg(contract.Subject(key))
+	m := nats.NewMsg(contract.Subject(e.Key))
 	m.Data = data
 	if _, err := js.PublishMsg(context.Background(), m); err != nil {
 		t.Error(err)

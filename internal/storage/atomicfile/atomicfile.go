@@ -36,10 +36,13 @@ func Write(path string, data []byte, perm os.FileMode) error {
 
 // SyncDir syncs a directory, making the renames and removals in it durable.
 func SyncDir(dir string) error {
-	f, err := os.Open(dir)
+	d, err := os.Open(dir)
 	if err != nil {
 		return err
 	}
-	defer f.Close()
-	return f.Sync()
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/converge-sync/converge/internal/storage/atomicfile"
 )
 
 // The files of a directory.
@@ -92,7 +94,7 @@ func createLog(dir string, f Format, seq uint64) (*os.File, int64, error) {
 		err = file.Sync()
 	}
 	if err == nil {
-		err = syncDir(dir)
+		err = atomicfile.SyncDir(dir)
 	}
 	if err != nil {
 		_ = file.Close()
@@ -118,16 +120,4 @@ func truncateTail(path string, size int64) error {
 		return fmt.Errorf("wal: truncate torn record: %w", err)
 	}
 	return nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	return err
 }

@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/converge-sync/converge/internal/storage/atomicfile"
 )
 
 // Snapshot is a store's state captured by [State.Capture] for a
@@ -236,7 +238,7 @@ func (l *Log) writeSnapshot(next uint64, snap Snapshot, stop func() error) (size
 		_ = os.Remove(tmp)
 		return 0, fmt.Errorf("wal: write snapshot: %w", err)
 	}
-	if err := syncDir(l.dir); err != nil {
+	if err := atomicfile.SyncDir(l.dir); err != nil {
 		return 0, fmt.Errorf("wal: sync %s after renaming the snapshot: %w", l.dir, err)
 	}
 	return w.size, nil
