@@ -6,6 +6,7 @@ package retry
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"time"
 )
@@ -86,7 +87,8 @@ func Sleep(ctx context.Context, d time.Duration) error {
 // Do calls fn until it succeeds, fn's error is Permanent, attempts calls
 // have failed (attempts <= 0: no bound), or ctx ends; between calls it
 // waits b's delay. It returns fn's last error (unwrapped from Permanent),
-// or ctx's error joined to it when ctx ended first.
+// or ctx's error joined to it when ctx ended first. A Permanent error
+// wrapped in another (fmt.Errorf with %w) is permanent too.
 func Do(ctx context.Context, b Backoff, attempts int, fn func(ctx context.Context) error) error {
 	for attempt := 1; ; attempt++ {
 		err := fn(ctx)
@@ -95,6 +97,9 @@ func Do(ctx context.Context, b Backoff, attempts int, fn func(ctx context.Contex
 		}
 		if p, ok := err.(permanent); ok {
 			return p.err
+		}
+		if errors.As(err, new(permanent)) {
+			return err // wrapped: its text is already the cause's
 		}
 		if attempts > 0 && attempt >= attempts {
 			return err

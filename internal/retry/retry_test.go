@@ -3,6 +3,7 @@ package retry
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 )
@@ -64,6 +65,12 @@ func TestDoStopsOnSuccessPermanentAndAttempts(t *testing.T) {
 	calls = 0
 	if err := Do(context.Background(), b, 0, func(context.Context) error { calls++; return Permanent(fatal) }); err != fatal || calls != 1 {
 		t.Fatalf("permanent: err %v, calls %d", err, calls)
+	}
+	// Wrapped on its way up, it is still permanent.
+	calls = 0
+	err := Do(context.Background(), b, 5, func(context.Context) error { calls++; return fmt.Errorf("open: %w", Permanent(fatal)) })
+	if !errors.Is(err, fatal) || err.Error() != "open: fatal" || calls != 1 {
+		t.Fatalf("wrapped permanent: err %v, calls %d", err, calls)
 	}
 	calls = 0
 	if err := Do(context.Background(), b, 4, func(context.Context) error { calls++; return errors.New("again") }); err == nil || calls != 4 {
