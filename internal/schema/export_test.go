@@ -2,3 +2,6 @@ package schema
 
 // NewMigrate exposes the migrations runner to the tests, which step down.
 var NewMigrate = newMigrate
+
+// CreateSlotSQL exposes the slot statement chosen per server version.
+var CreateSlotSQL = createSlotSQL

@@ -34,7 +34,7 @@ func exec(t *testing.T, url, sql string) {
 // version 2), "meta_text" (version 3), "fk" (chunks.key references
 // documents, version 1 to 3), "lz4" (outbox payloads compressed with lz4,
 // version 5, on a server built with it), "trace" (outbox.trace_context,
-// version 6).
+// version 6), "xid" (outbox.xid and its index, version 7).
 func features(t *testing.T, url string) string {
 	t.Helper()
 	conn, err := pgx.Connect(context.Background(), url)
@@ -42,21 +42,23 @@ func features(t *testing.T, url string) string {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	var emission, metaText, fk, lz4, trace bool
+	var emission, metaText, fk, lz4, trace, xid bool
 	if err := conn.QueryRow(context.Background(), `SELECT
 		EXISTS (SELECT FROM information_schema.columns WHERE table_name = 'outbox' AND column_name = 'emission')
 		AND EXISTS (SELECT FROM pg_class WHERE relname = 'outbox_emission_seq' AND relkind = 'S'),
 		EXISTS (SELECT FROM information_schema.columns WHERE table_name = 'documents' AND column_name = 'meta_text'),
 		EXISTS (SELECT FROM pg_constraint WHERE conname = 'chunks_key_fkey'),
 		EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'outbox'::regclass AND attname = 'payload' AND attcompression = 'l'),
-		EXISTS (SELECT FROM information_schema.columns WHERE table_name = 'outbox' AND column_name = 'trace_context')`).Scan(&emission, &metaText, &fk, &lz4, &trace); err != nil {
+		EXISTS (SELECT FROM information_schema.columns WHERE table_name = 'outbox' AND column_name = 'trace_context'),
+		EXISTS (SELECT FROM information_schema.columns WHERE table_name = 'outbox' AND column_name = 'xid')
+		AND EXISTS (SELECT FROM pg_class WHERE relname = 'outbox_xid' AND relkind = 'i')`).Scan(&emission, &metaText, &fk, &lz4, &trace, &xid); err != nil {
 		t.Fatal(err)
 	}
 	var out []string
 	for _, f := range []struct {
 		has  bool
 		name string
-	}{{emission, "emission"}, {metaText, "meta_text"}, {fk, "fk"}, {lz4, "lz4"}, {trace, "trace"}} {
+	}{{emission, "emission"}, {metaText, "meta_text"}, {fk, "fk"}, {lz4, "lz4"}, {trace, "trace"}, {xid, "xid"}} {
 		if f.has {
 			out = append(out, f.name)
 		}
@@ -64,26 +66,26 @@ func features(t *testing.T, url string) string {
 	return strings.Join(out, " ")
 }
 
-// The newest schema is version 6. Each down migration undoes exactly its
+// The newest schema is version 7. Each down migration undoes exactly its
 // up migration, one step at a time down to version 1, and up again.
 func TestMigrationsUpAndDown(t *testing.T) {
 	ctx := context.Background()
 	url := pg.NewDatabase(t)
 	latest, err := schema.LatestVersion()
-	if err != nil || latest != 6 {
-		t.Fatalf("latest embedded version %d (%v), want 6", latest, err)
+	if err != nil || latest != 7 {
+		t.Fatalf("latest embedded version %d (%v), want 7", latest, err)
 	}
 	st, err := schema.Up(ctx, url)
-	if err != nil || !st.Current() || st.Version != 6 {
+	if err != nil || !st.Current() || st.Version != 7 {
 		t.Fatalf("up: %+v %v", st, err)
 	}
-	want := map[uint]string{6: "emission meta_text lz4 trace", 5: "emission meta_text lz4", 4: "emission meta_text", 3: "emission meta_text fk", 2: "emission fk", 1: "fk"}
+	want := map[uint]string{7: "emission meta_text lz4 trace xid", 6: "emission meta_text lz4 trace", 5: "emission meta_text lz4", 4: "emission meta_text", 3: "emission meta_text fk", 2: "emission fk", 1: "fk"}
 	if !pg.HasLZ4(t) {
 		// Version 5 changes nothing on such a server.
-		want[5], want[6] = want[4], want[4]+" trace"
+		want[5], want[6], want[7] = want[4], want[4]+" trace", want[4]+" trace xid"
 	}
-	if got := features(t, url); got != want[6] {
-		t.Fatalf("version 6 has %q, want %q", got, want[6])
+	if got := features(t, url); got != want[7] {
+		t.Fatalf("version 7 has %q, want %q", got, want[7])
 	}
 	// Version 4 allows a chunk without its document; going down removes
 	// it, or the constraint could not come back.
@@ -93,7 +95,7 @@ func TestMigrationsUpAndDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for v := uint(5); v >= 1; v-- {
+	for v := uint(6); v >= 1; v-- {
 		if err := m.Steps(-1); err != nil {
 			t.Fatalf("down to version %d: %v", v, err)
 		}
@@ -110,7 +112,37 @@ func TestMigrationsUpAndDown(t *testing.T) {
 	if st, err := schema.Inspect(ctx, url); err != nil || st.Current() || st.Version != 1 {
 		t.Fatalf("inspect at version 1: %+v %v", st, err)
 	}
-	if st, err := schema.Up(ctx, url); err != nil || st.Version != 6 || features(t, url) != want[6] {
+	if st, err := schema.Up(ctx, url); err != nil || st.Version != 7 || features(t, url) != want[7] {
 		t.Fatalf("up again: %+v %v, features %q", st, err, features(t, url))
 	}
+}
+
+// From PostgreSQL 17 migrate up creates a failover slot, as the relay
+// does, so that it survives a promotion; before, the function has no such
+// argument. (The servers the tests start are the machine's PostgreSQL 15:
+// the version 17 statement is checked for its arguments only.)
+func TestSlotIsAFailoverSlotFrom17(t *testing.T) {
+	for _, c := range []struct {
+		version int
+		want    string
+	}{
+		{150018, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`},
+		{169999, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`},
+		{170000, `SELECT pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)`},
+		{180001, `SELECT pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)`},
+	} {
+		if got := schema.CreateSlotSQL(c.version); got != c.want {
+			t.Errorf("server %d: %s, want %s", c.version, got, c.want)
+		}
+	}
+	// On this server the statement it picks creates the slot.
+	url := pg.NewDatabase(t)
+	if _, err := schema.Up(context.Background(), url); err != nil {
+		t.Fatal(err)
+	}
+	created, err := schema.EnsureSlot(context.Background(), url, "failover_check")
+	if err != nil || !created {
+		t.Fatalf("EnsureSlot: created %v, %v", created, err)
+	}
+	exec(t, url, `SELECT pg_drop_replication_slot('failover_check')`)
 }

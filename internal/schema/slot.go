@@ -13,7 +13,10 @@ import (
 // does not exist, and reports whether it created it. Creating it with the
 // schema closes the gap in which documents written before the relay's
 // first start would never reach the stream: a slot only sees changes made
-// after its creation. Until a relay consumes it, the slot retains WAL.
+// after its creation. Until a relay consumes it, the slot retains WAL. On
+// PostgreSQL 17 and later it is a failover slot, as the relay makes it:
+// synchronised to standbys with sync_replication_slots on, it survives
+// their promotion.
 func EnsureSlot(ctx context.Context, databaseURL, slot string) (bool, error) {
 	conn, err := pgx.Connect(ctx, databaseURL)
 	if err != nil {
@@ -30,7 +33,7 @@ func EnsureSlot(ctx context.Context, databaseURL, slot string) (bool, error) {
 	case !errors.Is(err, pgx.ErrNoRows):
 		return false, fmt.Errorf("schema: read slots: %w", err)
 	}
-	_, err = conn.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, slot)
+	_, err = conn.Exec(ctx, createSlotSQL(serverVersion(ctx, conn)), slot)
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.As(err, &pgErr) && pgErr.Code == "42710": // created meanwhile
@@ -41,4 +44,23 @@ func EnsureSlot(ctx context.Context, databaseURL, slot string) (bool, error) {
 		return false, fmt.Errorf("schema: create replication slot %q: %w", slot, err)
 	}
 	return true, nil
+}
+
+// serverVersion is the server's server_version_num (0 when unknown).
+func serverVersion(ctx context.Context, conn *pgx.Conn) int {
+	var v int
+	if err := conn.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&v); err != nil {
+		return 0
+	}
+	return v
+}
+
+// createSlotSQL creates the slot $1: with failover from PostgreSQL 17
+// (version as server_version_num), whose function takes the flag.
+func createSlotSQL(version int) string {
+	if version >= 170000 {
+		// (slot_name, plugin, temporary, twophase, failover)
+		return `SELECT pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)`
+	}
+	return `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`
 }
