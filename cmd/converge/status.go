@@ -161,8 +161,16 @@ func printStatus(out io.Writer, rep statusReport) {
 	}
 	fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", rep.Slot.Name, state, rep.Slot.ConfirmedLSN, bytesHuman(rep.Slot.LagBytes), rep.Slot.WALStatus)
 	if cu := rep.CatchUp; cu != nil {
-		fmt.Fprintf(tw, "CATCH-UP\t%s: the slot was missing (a Postgres failover); published %d events from the outbox (%d already stored), rows from %s\n",
-			cu.At.Format(time.RFC3339), cu.Stored, cu.Duplicates, cu.From.Format(time.RFC3339))
+		window := "the whole outbox"
+		if cu.Window == "snapshot" {
+			window = "rows the mark of " + cu.From.Format(time.RFC3339) + " does not see"
+		}
+		reason := cu.Reason
+		if reason == "" {
+			reason = "the slot was missing"
+		}
+		fmt.Fprintf(tw, "CATCH-UP\t%s: %s; read %s (%d rows): published %d events, %d already stored, %d held by the stream\n",
+			cu.At.Format(time.RFC3339), reason, window, cu.Read, cu.Stored, cu.Duplicates, cu.Held)
 	}
 	fmt.Fprintln(tw)
 	oldest := "-"

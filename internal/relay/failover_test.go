@@ -55,6 +55,7 @@ func TestFailoverCatchesUpFromTheOutbox(t *testing.T) {
 	metrics := relay.NewMetrics(nil)
 	runRelay(t, g.nats.Connect(t), g.dbURL, fastRelay(slot), metrics)
 	testenv.Eventually(t, "every committed event in the stream", 30*time.Second, func() bool { return streamMsgs(t, f.js) >= 500 })
+	waitSlotActive(t, pool, slot) // streaming: the catch-up is done
 	stored := testutil.ToFloat64(metrics.CatchUp.WithLabelValues("stored"))
 	dups := testutil.ToFloat64(metrics.CatchUp.WithLabelValues("duplicate"))
 	t.Logf("the catch-up published %v events from the outbox (%v the stream had)", stored, dups)

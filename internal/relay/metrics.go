@@ -13,10 +13,15 @@ type Metrics struct {
 	// Skipped counts the events a session did not publish again because
 	// the recorded position shows them stored (see PositionBucket).
 	Skipped prometheus.Counter
-	// CatchUp counts the events published from the outbox table when the
-	// slot was found missing (a Postgres failover), by outcome: stored
-	// or duplicate.
+	// CatchUp counts the outbox rows a catch-up handled (see catchup.go),
+	// by outcome: stored, duplicate (the duplicate window dropped it), or
+	// held (the stream held it or a later event of its document).
 	CatchUp *prometheus.CounterVec
+	// Gated is 1 while Postgres has synchronous standbys, so that a
+	// transaction is published once visible; GateWait is how long
+	// transactions waited for that.
+	Gated    prometheus.Gauge
+	GateWait prometheus.Histogram
 	// Refused counts the publishes the documents' stream refused because
 	// its last sequence was not the one they expected (see
 	// publisher.chained).
@@ -46,8 +51,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		EffectsDuplicates: prometheus.NewCounter(prometheus.CounterOpts{Name: "converge_relay_effects_duplicates_total",
 			Help: "Republished events the effects' stream dropped as duplicates."}),
 		CatchUp: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "converge_relay_catchup_events_total",
-			Help: "Events published from the outbox table after the slot was found missing (a Postgres failover), by outcome: stored, or duplicate (the stream had it)."},
+			Help: "Outbox rows a catch-up handled before streaming from a slot it could not trust (a failover, a slot made by someone else), by outcome: stored, duplicate (the stream's duplicate window dropped it), or held (the stream held it or a later event of its document)."},
 			[]string{"outcome"}),
+		Gated: prometheus.NewGauge(prometheus.GaugeOpts{Name: "converge_relay_synchronous_gate",
+			Help: "1 while Postgres has synchronous standbys: a transaction is published only once visible, which is once they confirmed its commit."}),
+		GateWait: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "converge_relay_synchronous_wait_seconds",
+			Help: "How long decoded transactions waited to become visible (their commit confirmed by the synchronous standbys) before being published.", Buckets: latency}),
 		Skipped: prometheus.NewCounter(prometheus.CounterOpts{Name: "converge_relay_skipped_total",
 			Help: "Events a rewound slot resent that the relay did not publish again: its recorded position shows them stored (after a Postgres restart)."}),
 		Refused: prometheus.NewCounter(prometheus.CounterOpts{Name: "converge_relay_out_of_order_refused_total",
@@ -73,7 +82,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.CatchUp, m.Published, m.Duplicates, m.EffectsPublished, m.EffectsDuplicates, m.Skipped, m.Refused, m.Reemissions, m.Transactions, m.PublishTime, m.CommitToAck, m.InFlight,
-			m.ConfirmedLSN, m.SlotLagBytes, m.Active, m.SessionErrors)
+			m.ConfirmedLSN, m.SlotLagBytes, m.Active, m.SessionErrors, m.Gated, m.GateWait)
 	}
 	return m
 }

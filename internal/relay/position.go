@@ -26,8 +26,9 @@ import (
 // whatever the slot or the duplicate window remember: a transaction whose
 // commit lies before it is not published again.
 //
-// The record is written after the confirmation (never ahead of what both
-// streams acknowledged), at most once per status interval, and trusted only
+// The record is written before Postgres is told of the position (never
+// ahead of what both streams acknowledged), at most once per status
+// interval, so that a slot never starts past it; it is trusted only
 // for the same cluster and timeline (Postgres's system identifier and
 // timeline): after a failover to a standby, whose WAL may end before the
 // old primary's, positions are not comparable, and a slot created anew
@@ -40,6 +41,8 @@ type Position struct {
 	SystemID string    `json:"system_id"`
 	Timeline int32     `json:"timeline"`
 	At       time.Time `json:"at"`
+	// Marks bound a catch-up (see [Mark]), newest first.
+	Marks []Mark `json:"marks,omitempty"`
 }
 
 // Positions reads and writes the relay's record of one slot.
@@ -49,6 +52,10 @@ type Positions struct {
 	systemID string
 	timeline int32
 	written  pglogrepl.LSN
+	// marks are written with the position; marksChanged: since the last
+	// write.
+	marks        []Mark
+	marksChanged bool
 }
 
 // OpenPositions creates (or updates) the bucket and returns slot's record;
@@ -105,12 +112,14 @@ func (p *Positions) resumeAfter(ctx context.Context, start pglogrepl.LSN) (pglog
 	return lsn, nil
 }
 
-// Record writes lsn when it moved since the last write.
+// Record writes lsn when it moved since the last write, or the marks
+// changed.
 func (p *Positions) Record(ctx context.Context, lsn pglogrepl.LSN) error {
-	if lsn <= p.written {
+	if lsn <= p.written && !p.marksChanged {
 		return nil
 	}
-	b, err := json.Marshal(Position{LSN: lsn.String(), SystemID: p.systemID, Timeline: p.timeline, At: time.Now().UTC()})
+	lsn = max(lsn, p.written)
+	b, err := json.Marshal(Position{LSN: lsn.String(), SystemID: p.systemID, Timeline: p.timeline, At: time.Now().UTC(), Marks: p.marks})
 	if err != nil {
 		return err
 	}
@@ -119,6 +128,27 @@ func (p *Positions) Record(ctx context.Context, lsn pglogrepl.LSN) error {
 	if _, err := p.kv.Put(ctx, p.key, b); err != nil {
 		return fmt.Errorf("relay: record the confirmed position: %w", err)
 	}
-	p.written = lsn
+	p.written, p.marksChanged = lsn, false
 	return nil
+}
+
+// addMark keeps m, covered by the confirmed position, with the marks.
+func (p *Positions) addMark(m Mark) {
+	p.marks, p.marksChanged = keepMarks(m, p.marks), true
+}
+
+// adopt takes, at a session's start, the system and timeline of Postgres
+// and the recorded marks of that same system and timeline.
+func (p *Positions) adopt(systemID string, timeline int32, rec Position, hasRec bool) {
+	if p.systemID != systemID || p.timeline != timeline {
+		p.marks, p.written = nil, 0
+	}
+	p.systemID, p.timeline = systemID, timeline
+	if hasRec && rec.SystemID == systemID && rec.Timeline == timeline && len(p.marks) == 0 {
+		for _, m := range rec.Marks {
+			if m.Timeline == timeline {
+				p.marks = append(p.marks, m)
+			}
+		}
+	}
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/nats-io/nats.go"
@@ -257,28 +258,25 @@ func (r *Relay) session(ctx context.Context) error {
 	}
 	defer conn.Close(context.Background())
 
-	start, created, err := ensureSlot(ctx, conn, r.cfg.Slot)
+	// The session's ordinary connection: its advisory lock makes this
+	// relay the slot's one user until the session ends, catch-up
+	// included; it takes the marks and, with synchronous standbys, tells
+	// when a transaction is visible.
+	db, err := r.connectSQL(ctx)
 	if err != nil {
 		return err
 	}
-	var caughtUp *CatchUp
-	if created {
-		cu, needed, err := r.catchUp(ctx, conn)
-		switch {
-		case err != nil:
-			// Nothing was streamed from the new slot yet: dropped, the
-			// next session creates it again and catches up again.
-			if derr := pglogrepl.DropReplicationSlot(ctx, conn, r.cfg.Slot, pglogrepl.DropReplicationSlotOptions{}); derr != nil {
-				r.log.Error("dropping the slot after a failed catch-up failed: drop it by hand (SELECT pg_drop_replication_slot('"+r.cfg.Slot+"')) so that the next start catches up", "err", derr)
-			}
-			return &publishError{err: err}
-		case needed:
-			r.log.Warn("the slot was missing while the stream holds events (a Postgres failover: PostgreSQL 15 has no failover slots); published the outbox's events committed since the newest one the stream holds, then streaming from the new slot",
-				"slot", r.cfg.Slot, "outbox_from", cu.From, "published", cu.Stored, "already_stored", cu.Duplicates)
-			caughtUp = &cu
-		default:
-			r.warnUnrelayed(ctx, conn)
-		}
+	defer db.Close(context.Background())
+	var locked bool
+	if err := db.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtextextended('converge.relay/' || $1, 0))`, r.cfg.Slot).Scan(&locked); err != nil {
+		return fmt.Errorf("relay: take the slot's lock: %w", err)
+	}
+	if !locked {
+		return errSlotActive
+	}
+	start, created, err := ensureSlot(ctx, conn, r.cfg.Slot)
+	if err != nil {
+		return err
 	}
 	if r.positions == nil {
 		pos, err := OpenPositions(ctx, r.js, r.cfg.Slot, r.cfg.Stream.Replicas)
@@ -292,21 +290,53 @@ func (r *Relay) session(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("relay: identify system: %w", err)
 	}
-	pos.systemID, pos.timeline = sys.SystemID, sys.Timeline
-	if caughtUp != nil {
-		if err := pos.recordCatchUp(ctx, r.cfg.Slot, *caughtUp); err != nil {
+	rec, hasRec, err := pos.Read(ctx)
+	if err != nil {
+		return &publishError{err: fmt.Errorf("read the recorded position: %w", err)}
+	}
+	plan, err := r.planCatchUp(ctx, conn, start, created, rec, hasRec, sys)
+	if err != nil {
+		return err
+	}
+	pos.adopt(sys.SystemID, sys.Timeline, rec, hasRec)
+	var skipUntil pglogrepl.LSN
+	var caughtUp *CatchUp
+	if plan.reason != "" {
+		var active bool
+		if err := db.QueryRow(ctx, `SELECT active FROM pg_replication_slots WHERE slot_name = $1`, r.cfg.Slot).Scan(&active); err != nil {
+			return fmt.Errorf("relay: read slot %s: %w", r.cfg.Slot, err)
+		}
+		if active {
+			return errSlotActive // a relay cut off from this one's lock streams still
+		}
+		r.log.Warn("catching up from the outbox before streaming from the slot", "slot", r.cfg.Slot, "reason", plan.reason,
+			"window", map[bool]string{true: "rows the mark of " + markTime(plan.mark) + " does not see", false: "the whole outbox"}[plan.mark != nil])
+		cu, err := r.catchUp(ctx, db, pos, plan, sys)
+		if err != nil {
+			// Nothing is recorded: the next session, of this relay or
+			// another, decides the same and resumes.
+			var pe *publishError
+			if !errors.As(err, &pe) && ctx.Err() == nil {
+				err = &publishError{err: err}
+			}
+			return err
+		}
+		r.log.Warn("caught up from the outbox; streaming from the slot", "slot", r.cfg.Slot, "reason", cu.Reason, "window", cu.Window,
+			"rows_read", cu.Read, "published", cu.Stored, "already_stored", cu.Duplicates, "held_by_stream", cu.Held)
+		if err := pos.finishCatchUp(ctx, r.cfg.Slot, cu); err != nil {
 			r.log.Warn("recording the catch-up for converge status failed", "err", err)
 		}
-	}
-	var skipUntil pglogrepl.LSN
-	if !created {
-		if skipUntil, err = pos.resumeAfter(ctx, start); err != nil {
+		// Everything before the slot's start is in the streams now: a
+		// restart need not catch up again.
+		if err := pos.Record(ctx, start); err != nil {
 			return &publishError{err: err}
 		}
-		if skipUntil > 0 {
-			r.log.Warn("the slot is behind the position this relay recorded (Postgres saved the slot before its last confirmation, then restarted): transactions committed before the recorded position are already in the streams and are not published again",
-				"slot", r.cfg.Slot, "slot_lsn", start.String(), "recorded_lsn", skipUntil.String())
-		}
+		caughtUp = &cu
+	} else if skipUntil, err = pos.resumeAfter(ctx, start); err != nil {
+		return &publishError{err: err}
+	} else if skipUntil > 0 {
+		r.log.Warn("the slot is behind the position this relay recorded (Postgres saved the slot before its last confirmation, then restarted): transactions committed before the recorded position are already in the streams and are not published again",
+			"slot", r.cfg.Slot, "slot_lsn", start.String(), "recorded_lsn", skipUntil.String())
 	}
 	err = pglogrepl.StartReplication(ctx, conn, r.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
 		PluginArgs: []string{"proto_version '1'", "publication_names '" + r.cfg.Publication + "'", "messages 'true'"},
@@ -324,7 +354,10 @@ func (r *Relay) session(ctx context.Context) error {
 	}
 	defer pub.close()
 	pub.refusedMetric = r.metrics.Refused
-	s := &session{relay: r, conn: conn, pub: pub, confirmed: start, relations: map[uint32]relation{}, pos: pos, skipUntil: skipUntil}
+	s := &session{relay: r, conn: conn, db: db, pub: pub, confirmed: start, relations: map[uint32]relation{}, pos: pos, skipUntil: skipUntil, timeline: sys.Timeline}
+	if caughtUp != nil {
+		s.seen, s.seenEnd = &caughtUp.Seen, caughtUp.SeenEnd
+	}
 	// The slot's position is the truth at the start of a session, even
 	// when a Postgres crash moved it back behind what was reported before.
 	r.confirmed.Store(uint64(start))
@@ -341,6 +374,9 @@ func (r *Relay) session(ctx context.Context) error {
 		// standby's; best effort (without it, duplicates the window drops).
 		if lsn := s.storedUpTo(); lsn > start {
 			if lsn > s.reported {
+				if err := pos.Record(context.Background(), lsn); err != nil {
+					r.log.Warn("recording the confirmed position failed", "err", err)
+				}
 				sctx, cancel := context.WithTimeout(context.Background(), time.Second)
 				_ = pglogrepl.SendStandbyStatusUpdate(sctx, conn, pglogrepl.StandbyStatusUpdate{
 					WALWritePosition: lsn, WALFlushPosition: lsn, WALApplyPosition: lsn, ClientTime: time.Now()})
@@ -351,6 +387,35 @@ func (r *Relay) session(ctx context.Context) error {
 		s.recordOnError()
 	}
 	return err
+}
+
+// connectSQL opens the session's ordinary connection. A backend idle
+// for sqlIdleTimeout ends its session, and with it the lock: a relay cut
+// off from Postgres does not keep the slot from its standby for longer.
+func (r *Relay) connectSQL(ctx context.Context) (*pgx.Conn, error) {
+	cfg, err := pgx.ParseConfig(r.cfg.PostgresURL)
+	if err != nil {
+		return nil, fmt.Errorf("relay: postgres url: %w", err)
+	}
+	idle := max(sqlIdleTimeout, 3*r.cfg.StatusInterval)
+	cfg.RuntimeParams["idle_session_timeout"] = strconv.Itoa(int(idle / time.Millisecond))
+	cfg.RuntimeParams["application_name"] = "converge-relay"
+	db, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("relay: connect: %w", err)
+	}
+	return db, nil
+}
+
+// sqlIdleTimeout is how long the session's ordinary connection may stay
+// idle (or three status intervals, if longer): it is used at every one.
+const sqlIdleTimeout = 30 * time.Second
+
+func markTime(m *Mark) string {
+	if m == nil {
+		return ""
+	}
+	return m.At.UTC().Format(time.RFC3339)
 }
 
 // awaitConnection returns once the NATS connection is up: a session is
@@ -455,21 +520,6 @@ func ensureSlot(ctx context.Context, conn *pgconn.PgConn, slot string) (pglogrep
 	return lsn, created, err
 }
 
-// warnUnrelayed says loudly when the slot was created after events were
-// already written: a slot sees only later changes, so those events are not
-// in the stream. `converge migrate up` creates the slot with the schema to
-// avoid this; re-emitting the documents repairs it.
-func (r *Relay) warnUnrelayed(ctx context.Context, conn *pgconn.PgConn) {
-	res, err := conn.Exec(ctx, "SELECT count(*) FROM outbox").ReadAll()
-	if err != nil || len(res) == 0 || len(res[0].Rows) == 0 {
-		return
-	}
-	if n := string(res[0].Rows[0][0]); n != "0" {
-		r.log.Warn("replication slot created after events were written: the outbox rows already present are not relayed; re-emit their documents (converge backfill --all)",
-			"slot", r.cfg.Slot, "outbox_rows", n)
-	}
-}
-
 func slotPosition(ctx context.Context, conn *pgconn.PgConn, slot string) (pglogrepl.LSN, bool, error) {
 	// The slot name is validated as an identifier; replication connections
 	// accept only the simple protocol, so it is inlined.
@@ -528,6 +578,17 @@ type session struct {
 	pub       *publisher
 	relations map[uint32]relation
 
+	// db is the session's ordinary connection (see Relay.session).
+	// pendingMark is the newest snapshot taken, a mark once the confirmed
+	// position reaches its LSN. gated: Postgres has synchronous standbys,
+	// and a transaction is published only once visible (snap: the newest
+	// snapshot read), which is once they confirmed its commit.
+	db          *pgx.Conn
+	timeline    int32
+	pendingMark *Mark
+	gated       bool
+	snap        pgSnapshot
+
 	queue         []pending // FIFO in publish order
 	head          int
 	inflight      int
@@ -552,6 +613,11 @@ type session struct {
 	pos       *Positions
 	skipUntil pglogrepl.LSN
 	skipping  bool
+	// seen, after a catch-up, is the snapshot it read the outbox in: a
+	// transaction committed before seenEnd that it sees was handled by
+	// the catch-up, and is skipped too.
+	seen    *pgSnapshot
+	seenEnd pglogrepl.LSN
 
 	// acks are the transactions confirmed within flushMargin of the newest
 	// acknowledgement (from acksHead on), storedEnd the end of the newest
@@ -600,6 +666,25 @@ func (s *session) sendStatus(ctx context.Context) error {
 			return fmt.Errorf("relay: set read deadline: %w", err)
 		}
 	}
+	if s.db != nil && ctx.Err() == nil {
+		if err := s.takeMark(ctx); err != nil {
+			return err
+		}
+	}
+	if s.pos != nil {
+		// Recorded before Postgres hears of it, so that the slot never
+		// starts past the record: a restart then trusts the slot and needs
+		// no catch-up. Best effort: without it a restart catches up from
+		// the newest mark, and a Postgres crash costs duplicates. Shutting
+		// down, the last position is recorded too.
+		rctx := ctx
+		if ctx.Err() != nil {
+			rctx = context.Background()
+		}
+		if err := s.pos.Record(rctx, s.confirmed); err != nil {
+			s.relay.log.Warn("recording the confirmed position failed", "err", err)
+		}
+	}
 	err := pglogrepl.SendStandbyStatusUpdate(ctx, s.conn, pglogrepl.StandbyStatusUpdate{
 		WALWritePosition: s.confirmed, WALFlushPosition: s.confirmed, WALApplyPosition: s.confirmed,
 		ClientTime: time.Now(),
@@ -608,14 +693,93 @@ func (s *session) sendStatus(ctx context.Context) error {
 		return fmt.Errorf("relay: standby status update: %w", err)
 	}
 	s.reported = s.confirmed
-	if s.pos != nil && ctx.Err() == nil {
-		// Best effort: without it a Postgres crash only costs duplicates.
-		if err := s.pos.Record(ctx, s.confirmed); err != nil {
-			s.relay.log.Warn("recording the confirmed position failed", "err", err)
-		}
+	return nil
+}
+
+// takeMark turns the pending mark into a mark once the confirmed position
+// reached its LSN, and takes a new snapshot when none is pending. It reads
+// too whether Postgres has synchronous standbys now. An error ends the
+// session: the connection holds the slot's lock.
+func (s *session) takeMark(ctx context.Context) error {
+	if m := s.pendingMark; m != nil && s.confirmed >= m.lsn() {
+		s.pos.addMark(*m)
+		s.pendingMark = nil
+	}
+	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var snap, lsn, syncNames string
+	if err := s.db.QueryRow(qctx, `SELECT pg_current_snapshot()::text, pg_current_wal_insert_lsn()::text, current_setting('synchronous_standby_names')`).Scan(&snap, &lsn, &syncNames); err != nil {
+		return fmt.Errorf("relay: read a snapshot: %w", err)
+	}
+	parsed, err := parseSnapshot(snap)
+	if err != nil {
+		return err
+	}
+	s.snap = parsed
+	s.setGated(syncNames != "")
+	if s.pendingMark == nil {
+		s.pendingMark = &Mark{Snapshot: snap, LSN: lsn, Timeline: s.timeline, At: time.Now().UTC()}
 	}
 	return nil
 }
+
+func (s *session) setGated(on bool) {
+	if on != s.gated {
+		s.relay.log.Info("synchronous standbys changed: a transaction is published once they confirmed it", "slot", s.relay.cfg.Slot, "synchronous", on)
+	}
+	s.gated = on
+	s.relay.metrics.Gated.Set(map[bool]float64{true: 1, false: 0}[on])
+}
+
+// awaitVisible returns once the transaction xid is visible on the
+// primary: committed, and confirmed by the synchronous standbys (Postgres
+// makes a commit visible only after they did). Until then it is not
+// published: a primary that dies first leaves a standby without it, and
+// the streams must not hold what Postgres no longer has. Postgres hears
+// from the session meanwhile.
+func (s *session) awaitVisible(ctx context.Context, xid uint32) error {
+	if !s.gated || s.snap.complete(xid) {
+		return nil
+	}
+	start := time.Now()
+	defer func() { s.relay.metrics.GateWait.Observe(time.Since(start).Seconds()) }()
+	wait := 200 * time.Microsecond
+	for {
+		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		var snap string
+		err := s.db.QueryRow(qctx, `SELECT pg_current_snapshot()::text`).Scan(&snap)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return errStopped
+			}
+			return fmt.Errorf("relay: read a snapshot: %w", err)
+		}
+		parsed, err := parseSnapshot(snap)
+		if err != nil {
+			return err
+		}
+		s.snap = parsed
+		if s.snap.complete(xid) {
+			return nil
+		}
+		if !time.Now().Before(s.nextStatus) {
+			if err := s.sendStatus(ctx); err != nil {
+				return err
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return errStopped
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 50*time.Millisecond)
+	}
+}
+
+// errStopped ends a session cancelled while a transaction waited to be
+// visible: nothing of it was published, and the session shuts down.
+var errStopped = errors.New("relay: stopped")
 
 func (s *session) loop(ctx context.Context) error {
 	// A read deadline set once per status interval, instead of a context
@@ -675,7 +839,9 @@ func (s *session) loop(ctx context.Context) error {
 		}
 		switch m := msg.(type) {
 		case *pgproto3.CopyData:
-			if err := s.handleCopyData(ctx, m.Data); err != nil {
+			if err := s.handleCopyData(ctx, m.Data); errors.Is(err, errStopped) {
+				return s.shutdown()
+			} else if err != nil {
 				return err
 			}
 		case *pgproto3.ErrorResponse:
@@ -746,10 +912,13 @@ func (s *session) handleWAL(ctx context.Context, xld pglogrepl.XLogData) error {
 		}
 		s.relations[m.RelationID] = rel
 	case *pglogrepl.BeginMessage:
+		if err := s.awaitVisible(ctx, m.Xid); err != nil {
+			return err
+		}
 		s.inTx = true
 		// A commit record that starts before a confirmed position ends at
 		// or before it: the transaction was published whole.
-		s.skipping = m.FinalLSN < s.skipUntil
+		s.skipping = m.FinalLSN < s.skipUntil || s.seen != nil && m.FinalLSN < s.seenEnd && s.seen.complete(m.Xid)
 		s.commitTime = m.CommitTime
 		// Shared by every message of the transaction; never modified.
 		s.commitTimeHdr = []string{m.CommitTime.UTC().Format(time.RFC3339Nano)}

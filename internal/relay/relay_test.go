@@ -239,14 +239,14 @@ func streamMsgs(t *testing.T, js jetstream.JetStream) uint64 {
 
 func TestRelayPublishesEveryEventOnceAndConfirms(t *testing.T) {
 	f := newFixture(t)
-	f.write(t, 0, 500, 1) // before the slot exists: not relayed (the slot starts now)
+	f.write(t, 0, 500, 1) // before the slot exists: the relay catches up from the outbox
 	stop := f.startRelay(t, relay.Config{})
 	f.waitSlot(t)
 	f.write(t, 0, 1000, 2)
-	testenv.Eventually(t, "1000 events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 1000 })
+	testenv.Eventually(t, "1500 events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 1500 })
 
 	s, _ := f.js.Stream(context.Background(), contract.DocsStream)
-	for seq := uint64(1); seq <= 1000; seq += 97 {
+	for seq := uint64(501); seq <= 1500; seq += 97 {
 		m, err := s.GetMsg(context.Background(), seq)
 		if err != nil {
 			t.Fatal(err)
@@ -277,10 +277,10 @@ func TestRelayPublishesEveryEventOnceAndConfirms(t *testing.T) {
 	// that the relay would republish has been published.
 	f.startRelay(t, relay.Config{StatusInterval: 50 * time.Millisecond})
 	f.write(t, 0, 10, 3)
-	testenv.Eventually(t, "10 more events", 20*time.Second, func() bool { return streamMsgs(t, f.js) >= 1010 })
+	testenv.Eventually(t, "10 more events", 20*time.Second, func() bool { return streamMsgs(t, f.js) >= 1510 })
 	waitConfirmedPastNow(t, f.pool, "converge_relay", 10*time.Second)
-	if n := streamMsgs(t, f.js); n != 1010 {
-		t.Fatalf("stream holds %d messages, want 1010", n)
+	if n := streamMsgs(t, f.js); n != 1510 {
+		t.Fatalf("stream holds %d messages, want 1510", n)
 	}
 }
 
@@ -389,10 +389,10 @@ func TestSlotOfAnotherDatabaseIsAConfigurationError(t *testing.T) {
 	}
 }
 
-// A relay that has to create its slot over an outbox that already holds
-// events cannot relay them (a slot sees only later changes) and must say
-// so; `converge migrate up` creates the slot with the schema to avoid it.
-func TestCreatingTheSlotOverAFilledOutboxWarns(t *testing.T) {
+// The slot is created after events were written (no `converge migrate up`
+// made it first): a slot sees only what commits after it, so the relay
+// publishes the outbox's rows from the table before it streams.
+func TestCreatingTheSlotOverAFilledOutboxPublishesIt(t *testing.T) {
 	f := newFixture(t)
 	f.write(t, 0, 5, 1) // no slot yet
 	var logs testenv.LockedBuffer
@@ -405,12 +405,18 @@ func TestCreatingTheSlotOverAFilledOutboxWarns(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
 	testenv.Eventually(t, "the relay to be active", 10*time.Second, r.Active)
+	f.write(t, 5, 8, 1)
+	testenv.Eventually(t, "every event in the stream", 10*time.Second, func() bool { return streamMsgs(t, f.js) == 8 })
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(logs.String(), "not relayed") || !strings.Contains(logs.String(), "outbox_rows=5") {
-		t.Fatalf("no warning about the 5 unrelayed events:\n%s", logs.String())
+	if !strings.Contains(logs.String(), "caught up from the outbox") || !strings.Contains(logs.String(), "published=5") {
+		t.Fatalf("no catch-up of the 5 events written before the slot:\n%s", logs.String())
+	}
+	events, surplus := compareWithOutbox(t, f.pool, storedEvents(t, f.js))
+	if events != 8 || surplus != 0 {
+		t.Fatalf("%d events, %d surplus copies; want 8, 0", events, surplus)
 	}
 }
 

@@ -91,8 +91,10 @@ func waitSlotActive(t *testing.T, pool *pgxpool.Pool, slot string) {
 	testenv.Eventually(t, "slot "+slot+" to be active", 20*time.Second, func() bool {
 		var active bool
 		err := pool.QueryRow(context.Background(),
-			// Held while being created too: wait for its start point as well.
-			`SELECT active AND confirmed_flush_lsn IS NOT NULL FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()`, slot).Scan(&active)
+			// Held while being created too, and while the relay catches up
+			// from the outbox: wait until its walsender streams.
+			`SELECT active AND confirmed_flush_lsn IS NOT NULL AND EXISTS (SELECT FROM pg_stat_replication r WHERE r.pid = s.active_pid AND r.state IN ('catchup', 'streaming'))
+			FROM pg_replication_slots s WHERE slot_name = $1 AND database = current_database()`, slot).Scan(&active)
 		return err == nil && active
 	})
 }

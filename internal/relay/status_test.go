@@ -47,7 +47,8 @@ func TestReadSlotAndOutbox(t *testing.T) {
 	stop := f.startRelay(t, relay.Config{})
 	f.waitSlot(t)
 	f.write(t, 0, 10, 2)
-	testenv.Eventually(t, "10 events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 10 })
+	// The 30 written before the slot existed too, from the outbox.
+	testenv.Eventually(t, "40 events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 40 })
 	slot, err = relay.ReadSlot(ctx, f.pool, "converge_relay")
 	if err != nil {
 		t.Fatal(err)
