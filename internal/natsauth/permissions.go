@@ -58,17 +58,18 @@ const (
 // publish their events: the only publisher of converge.docs.> and
 // converge.events.>. It reads both streams' info (the effects' stream
 // records where in the documents' stream it began), reads the documents'
-// stream's newest message (a catch-up's start), and owns the bucket
-// of its confirmed positions whole. It may not delete or purge a stream,
+// stream's newest message and each document's newest message (a
+// catch-up publishes only what the stream lacks), and owns the bucket of
+// its confirmed positions whole. It may not delete or purge a stream,
 // nor touch a consumer.
 func Relay() *server.Permissions {
 	return perms(
 		streamWrite(contract.DocsStream),
 		streamWrite(contract.EventsStream),
 		[]string{api + "STREAM.INFO." + contract.DocsStream, api + "STREAM.INFO." + contract.EventsStream},
-		// The newest stored event, where a catch-up after a Postgres
-		// failover starts.
-		[]string{api + "DIRECT.GET." + contract.DocsStream},
+		// A document's newest stored event, after which a catch-up
+		// publishes its rows of the outbox.
+		[]string{api + "DIRECT.GET." + contract.DocsStream, api + "DIRECT.GET." + contract.DocsStream + "." + contract.DocsSubjectPrefix + ">"},
 		[]string{contract.DocsSubjectPrefix + ">", contract.EventsSubjectPrefix + ">"},
 		bucketCreate(PositionBucket),
 		bucketKey(PositionBucket, ">"),

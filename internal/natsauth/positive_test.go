@@ -54,6 +54,10 @@ func TestRelayDoesItsJob(t *testing.T) {
 	if m, err := docs.GetMsg(ctx(t), ack.Sequence); err != nil || m.Sequence != ack.Sequence {
 		t.Fatalf("the relay reads the stream's last message: %v, %v", m, err)
 	}
+	// ... and a document's newest, to publish only what follows it.
+	if m, err := docs.GetLastMsgForSubject(ctx(t), contract.Subject("doc-1")); err != nil || m.Sequence != ack.Sequence {
+		t.Fatalf("the relay reads a document's newest message: %v, %v", m, err)
+	}
 	effects := relay.Config{Effects: relay.EffectsConfig{Enabled: true}}
 	for i := range 3 { // creates, reads it unchanged, updates a changed limit
 		if i == 2 {

@@ -68,8 +68,12 @@ type CatchUp struct {
 }
 
 // catchUpBatch is how many rows are published between two records of a
-// catch-up's progress.
-const catchUpBatch = 1000
+// catch-up's progress; catchUpWindow, how many at most await their
+// acknowledgement.
+const (
+	catchUpBatch  = 1000
+	catchUpWindow = 256
+)
 
 // catchUpPlan is a session's decision: whether to catch up, and from
 // which mark (nil: the whole outbox).
@@ -240,7 +244,14 @@ func (r *Relay) catchUp(ctx context.Context, db *pgx.Conn, pos *Positions, plan 
 	}
 	defer rows.Close()
 
-	p := &catchUpPublisher{relay: r, stream: stream, cu: &cu}
+	// A JetStream context of its own: the publishes of a catch-up that
+	// failed (a NATS restart) time out with it, and leave nothing pending
+	// for the next one to wait on.
+	js, err := jetstream.New(r.nc, jetstream.WithPublishAsyncTimeout(r.cfg.AckTimeout), jetstream.WithPublishAsyncMaxPending(2*catchUpWindow))
+	if err != nil {
+		return cu, fmt.Errorf("relay: catch-up: %w", err)
+	}
+	p := &catchUpPublisher{relay: r, js: js, stream: stream, cu: &cu}
 	progress := time.Now().Add(5 * time.Second)
 	var row catchUpRow
 	for rows.Next() {
@@ -289,6 +300,7 @@ type catchUpRow struct {
 // each document's newest message in the stream once.
 type catchUpPublisher struct {
 	relay      *Relay
+	js         jetstream.JetStream
 	stream     jetstream.Stream
 	cu         *CatchUp
 	key        string // the document of the rows being added
@@ -296,7 +308,8 @@ type catchUpPublisher struct {
 	heldVer    int64
 	heldEm     int64
 	futures    []jetstream.PubAckFuture
-	unrecorded int // rows added since the last flush
+	effects    []jetstream.PubAckFuture // the copies to the effects' stream
+	unrecorded int                      // rows added since the last flush
 }
 
 func (p *catchUpPublisher) add(ctx context.Context, row catchUpRow) error {
@@ -325,18 +338,20 @@ func (p *catchUpPublisher) add(ctx context.Context, row catchUpRow) error {
 	if row.trace != nil {
 		msg.Header.Set(traceParentHeader, *row.trace)
 	}
-	f, err := p.relay.js.PublishMsgAsync(msg)
+	f, err := p.js.PublishMsgAsync(msg)
 	if err != nil {
 		return &publishError{err: fmt.Errorf("catch-up: publish %s: %w", msgID, err)}
 	}
 	p.futures = append(p.futures, f)
 	if p.relay.cfg.Effects.Enabled {
 		effects := &nats.Msg{Subject: eventsSubjectOf(msg.Subject), Data: msg.Data, Header: msg.Header}
-		if _, err := p.relay.js.PublishMsgAsync(effects); err != nil {
+		f, err := p.js.PublishMsgAsync(effects)
+		if err != nil {
 			return &publishError{err: fmt.Errorf("catch-up: publish %s to the effects' stream: %w", msgID, err)}
 		}
+		p.effects = append(p.effects, f)
 	}
-	if len(p.futures) >= 256 {
+	if len(p.futures) >= catchUpWindow {
 		return p.await(ctx)
 	}
 	return nil
@@ -345,7 +360,7 @@ func (p *catchUpPublisher) add(ctx context.Context, row catchUpRow) error {
 // await waits for the acknowledgement of every publish made.
 func (p *catchUpPublisher) await(ctx context.Context) error {
 	select {
-	case <-p.relay.js.PublishAsyncComplete():
+	case <-p.js.PublishAsyncComplete():
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-time.After(p.relay.cfg.AckTimeout):
@@ -365,7 +380,14 @@ func (p *catchUpPublisher) await(ctx context.Context) error {
 			return &publishError{err: fmt.Errorf("catch-up: publish %s: %w", f.Msg().Header.Get(jetstream.MsgIDHeader), err)}
 		}
 	}
-	p.futures = p.futures[:0]
+	for _, f := range p.effects {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			return &publishError{err: fmt.Errorf("catch-up: publish %s to the effects' stream: %w", f.Msg().Header.Get(jetstream.MsgIDHeader), err)}
+		}
+	}
+	p.futures, p.effects = p.futures[:0], p.effects[:0]
 	return nil
 }
 

@@ -376,11 +376,12 @@ func (r *Relay) session(ctx context.Context) error {
 			if lsn > s.reported {
 				if err := pos.Record(context.Background(), lsn); err != nil {
 					r.log.Warn("recording the confirmed position failed", "err", err)
+				} else {
+					sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+					_ = pglogrepl.SendStandbyStatusUpdate(sctx, conn, pglogrepl.StandbyStatusUpdate{
+						WALWritePosition: lsn, WALFlushPosition: lsn, WALApplyPosition: lsn, ClientTime: time.Now()})
+					cancel()
 				}
-				sctx, cancel := context.WithTimeout(context.Background(), time.Second)
-				_ = pglogrepl.SendStandbyStatusUpdate(sctx, conn, pglogrepl.StandbyStatusUpdate{
-					WALWritePosition: lsn, WALFlushPosition: lsn, WALApplyPosition: lsn, ClientTime: time.Now()})
-				cancel()
 			}
 		}
 	default:
@@ -671,28 +672,30 @@ func (s *session) sendStatus(ctx context.Context) error {
 			return err
 		}
 	}
+	report := s.confirmed
 	if s.pos != nil {
 		// Recorded before Postgres hears of it, so that the slot never
 		// starts past the record: a restart then trusts the slot and needs
-		// no catch-up. Best effort: without it a restart catches up from
-		// the newest mark, and a Postgres crash costs duplicates. Shutting
-		// down, the last position is recorded too.
+		// no catch-up. When it cannot be recorded (NATS is away), Postgres
+		// hears of no more than was; shutting down, the last position is
+		// recorded too.
 		rctx := ctx
 		if ctx.Err() != nil {
 			rctx = context.Background()
 		}
 		if err := s.pos.Record(rctx, s.confirmed); err != nil {
 			s.relay.log.Warn("recording the confirmed position failed", "err", err)
+			report = min(report, max(s.pos.written, s.reported))
 		}
 	}
 	err := pglogrepl.SendStandbyStatusUpdate(ctx, s.conn, pglogrepl.StandbyStatusUpdate{
-		WALWritePosition: s.confirmed, WALFlushPosition: s.confirmed, WALApplyPosition: s.confirmed,
+		WALWritePosition: report, WALFlushPosition: report, WALApplyPosition: report,
 		ClientTime: time.Now(),
 	})
 	if err != nil {
 		return fmt.Errorf("relay: standby status update: %w", err)
 	}
-	s.reported = s.confirmed
+	s.reported = max(s.reported, report)
 	return nil
 }
 
