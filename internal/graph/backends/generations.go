@@ -81,7 +81,7 @@ func (s *Neo4jStores) Live(context.Context) (string, error) { return s.cfg.Neo4j
 func (s *Neo4jStores) Open(ctx context.Context, name string) (*rebuild.Generation, error) {
 	c := s.cfg
 	backend, err := neo4j.New(ctx, neo4j.Config{URL: c.Neo4jURL, User: c.Neo4jUser, Password: c.Neo4jPassword,
-		Database: name, BatchSize: c.Neo4jBatch, TxTimeout: c.Neo4jTxTimeout})
+		Database: name, BatchSize: c.Neo4jBatch, TxTimeout: c.Neo4jTxTimeout, Logger: s.log})
 	if err != nil {
 		return nil, err
 	}

@@ -109,26 +109,6 @@ func (b *Backend) fail(op string, err error) error {
 	return &Error{Op: op, Database: b.cfg.Database, Err: err}
 }
 
-// Ensure creates the uniqueness constraints on Document.key, Chunk.id and
-// Tag.name, each in a transaction of its own (Neo4j does not mix schema
-// and data writes in one), idempotently.
-func (b *Backend) Ensure(ctx context.Context) error {
-	for _, st := range []statement{
-		{"ensureDocumentKey", cypherConstraintDocumentKey, nil},
-		{"ensureChunkID", cypherConstraintChunkID, nil},
-		{"ensureTagName", cypherConstraintTagName, nil},
-	} {
-		err := b.run.ExecuteWrite(ctx, func(t tx) error {
-			_, err := t.Run(ctx, st.cypher, st.params)
-			return err
-		})
-		if err != nil {
-			return b.fail("ensure", fmt.Errorf("%s: %w", st.name, err))
-		}
-	}
-	return nil
-}
-
 // Apply writes docs in batches of Config.BatchSize, sorted by key, one
 // write transaction per batch, or per half of a batch too large for the
 // server (see the package documentation for the statements and their

@@ -283,31 +283,6 @@ func TestApplyNothing(t *testing.T) {
 	}
 }
 
-func TestEnsureRunsEachConstraintInItsOwnTransaction(t *testing.T) {
-	r := newFakeRunner()
-	if err := newTestBackend(r, 100).Ensure(ctx()); err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for _, a := range r.attempts {
-		got = append(got, names(a.calls))
-	}
-	if fmt.Sprint(got) != "[ensureDocumentKey ensureChunkID ensureTagName]" {
-		t.Fatalf("Ensure ran %v", got)
-	}
-	r.fail = func(_, _ int, name string) error {
-		if name == "ensureChunkID" {
-			return &neo4j.Neo4jError{Code: codeConstraintValidationFailed}
-		}
-		return nil
-	}
-	err := newTestBackend(r, 100).Ensure(ctx())
-	var e *Error
-	if !errors.As(err, &e) || !e.Permanent() || e.Op != "ensure" || !strings.Contains(err.Error(), "ensureChunkID") {
-		t.Fatalf("err = %v", err)
-	}
-}
-
 // ScanDocuments pages by key, BatchSize per read transaction, and sees
 // every node once, stubs included.
 func TestScanDocumentsPages(t *testing.T) {

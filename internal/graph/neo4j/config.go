@@ -3,6 +3,7 @@ package neo4j
 import (
 	"crypto/tls"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"time"
 )
@@ -43,6 +44,13 @@ type Config struct {
 	// holds its locks no longer than this, so an instance taking over is
 	// not blocked behind it. Default 5s; a timed-out batch is retried.
 	TxTimeout time.Duration
+	// SchemaWait bounds how long [Backend.Ensure] waits for each
+	// constraint to settle (its index to come online) before it fails.
+	// Default 2 minutes.
+	SchemaWait time.Duration
+	// Logger receives what Ensure repairs (an index a stopped process
+	// left without its constraint, a failed index); nil discards it.
+	Logger *slog.Logger
 }
 
 // MaxBatchSize is the largest Config.BatchSize.
@@ -57,6 +65,7 @@ const (
 	defaultWipeBatch    = 10000
 	defaultMaxRetryTime = 30 * time.Second
 	defaultTxTimeout    = 5 * time.Second
+	defaultSchemaWait   = 2 * time.Minute
 )
 
 // schemes maps the URL schemes accepted to whether they use TLS.
@@ -80,6 +89,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.TxTimeout == 0 {
 		c.TxTimeout = defaultTxTimeout
+	}
+	if c.SchemaWait == 0 {
+		c.SchemaWait = defaultSchemaWait
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
 	}
 }
 
@@ -114,6 +129,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxRetryTime < 0 {
 		return fmt.Errorf("neo4j: negative max retry time %v", c.MaxRetryTime)
+	}
+	if c.SchemaWait < 0 {
+		return fmt.Errorf("neo4j: negative schema wait %v", c.SchemaWait)
 	}
 	return nil
 }

@@ -4,8 +4,9 @@ package neo4j
 // parameter. The statements of a write transaction run in the order
 // listed (see the package documentation).
 
-// Ensure: one schema statement per transaction. IF NOT EXISTS makes each a
-// no-op when an equivalent constraint exists.
+// Ensure: one schema statement per transaction (see schema.go). IF NOT
+// EXISTS makes each a no-op when an equivalent constraint exists; it fails
+// when an index of the constraint's name exists without the constraint.
 const (
 	cypherConstraintDocumentKey = `CREATE CONSTRAINT converge_document_key IF NOT EXISTS
 FOR (n:Document) REQUIRE n.key IS UNIQUE`
@@ -14,6 +15,25 @@ FOR (n:Chunk) REQUIRE n.id IS UNIQUE`
 	cypherConstraintTagName = `CREATE CONSTRAINT converge_tag_name IF NOT EXISTS
 FOR (n:Tag) REQUIRE n.name IS UNIQUE`
 )
+
+// cypherShowIndexes reads the indexes called $names: the constraint that
+// owns each (null for none), its state (ONLINE, POPULATING, FAILED) and
+// how much of it is populated.
+const cypherShowIndexes = `SHOW INDEXES YIELD name, owningConstraint, state, populationPercent
+WHERE name IN $names
+RETURN name, owningConstraint, state, populationPercent`
+
+// cypherAwaitIndex waits up to $seconds for the index $name to come
+// online, and fails if it does not, or is FAILED.
+const cypherAwaitIndex = `CALL db.awaitIndex($name, $seconds)`
+
+// cypherDropIndex drops the index $name, which no constraint owns: Neo4j
+// refuses to drop a constraint's index, and waits for the schema lock of
+// a constraint being created.
+const cypherDropIndex = `DROP INDEX $name IF EXISTS`
+
+// cypherDropConstraint drops the constraint $name and its index.
+const cypherDropConstraint = `DROP CONSTRAINT $name IF EXISTS`
 
 // cypherReadBatch reads, before any lock is taken, what the graph holds
 // of a batch's documents: their versions (null for a stub) and the

@@ -18,6 +18,43 @@
 // them and are never deleted: a tag no document uses any more stays as an
 // orphan (:Tag) node, which reads ignore.
 //
+// # Schema
+//
+// Creating a uniqueness constraint is not one step on the server: Neo4j 5
+// creates its backing index (named like the constraint) in a transaction
+// of its own, populates it, and commits the constraint with the caller's
+// transaction. Until then the index shows POPULATING with no owning
+// constraint; a rollback drops it. A client that dies while the statement
+// runs (a SIGKILLed projector) can leave that index behind for good, with
+// no transaction and no constraint (Neo4j 5.26 does after a few of every
+// twenty connections cut early in the statement), and CREATE CONSTRAINT
+// ... IF NOT EXISTS then fails on every attempt with
+// Neo.ClientError.Schema.IndexWithNameAlreadyExists.
+//
+// So Ensure does not only send CREATE CONSTRAINT: for each constraint it
+// reads the index of its name (SHOW INDEXES) and takes the step that state
+// calls for, each in a schema transaction of its own, then reads it again,
+// until the constraint is there with its index ONLINE:
+//
+//	no index                          create the constraint
+//	the constraint's, ONLINE          done
+//	the constraint's, POPULATING      wait for it (db.awaitIndex), up to Config.SchemaWait
+//	the constraint's, FAILED          drop the constraint, then create it again
+//	an index of the name, no owner    drop it, then create the constraint
+//	owned by another constraint       fail: it is not converge's
+//
+// Dropping an index without its owner is safe even while another
+// instance's creation of that constraint runs: the creation holds a schema
+// lock that DROP INDEX waits for, and once it has committed, Neo4j refuses
+// to drop a constraint's index. A step that fails because another
+// instance got there first is looked at again after a pause. Stopped
+// between any two steps, Ensure leaves one of the states above, which the
+// next Ensure carries on from. A constraint of the operator's on the
+// same label and property, under another name, makes CREATE CONSTRAINT
+// ... IF NOT EXISTS do nothing, and Ensure takes it for the constraint.
+// Data that violates a constraint, an index of the operator's on the same
+// label and property, or a missing privilege fail Ensure at once.
+//
 // # Writes
 //
 // [Backend.Apply] sorts the documents by key and writes them in batches of

@@ -22,10 +22,20 @@ var ErrFenceMismatch = errors.New("count fence mismatch")
 // it, permanently.
 var ErrTooLarge = errors.New("too large for one transaction")
 
+// errForeignIndex is an index named like a constraint of converge that
+// another constraint owns; Ensure does not touch it.
+var errForeignIndex = errors.New("the index belongs to another constraint")
+
 // Codes of the Neo4j errors that retrying cannot fix.
 const (
 	codeStatementPrefix            = "Neo.ClientError.Statement."
 	codeConstraintValidationFailed = "Neo.ClientError.Schema.ConstraintValidationFailed"
+	// Of a schema change: data that violates the constraint, an index
+	// of the operator's on the same label and property, a missing
+	// privilege.
+	codeConstraintCreationFailed = "Neo.DatabaseError.Schema.ConstraintCreationFailed"
+	codeIndexAlreadyExists       = "Neo.ClientError.Schema.IndexAlreadyExists"
+	codeForbidden                = "Neo.ClientError.Security.Forbidden"
 	// A statement that met an entity a concurrent transaction deleted:
 	// the next attempt does not meet it.
 	codeEntityNotFound = "Neo.ClientError.Statement.EntityNotFound"

@@ -12,8 +12,8 @@ import (
 
 // sentStatements are the statements the backend sends, with their
 // parameters: those of the plans of planScenarios, and those that
-// Ensure, Document, ScanDocuments and Wipe send, recorded from a backend
-// on the model.
+// Ensure (repairing a schema), Document, ScanDocuments and Wipe send,
+// recorded from a backend on the model.
 func sentStatements(t *testing.T) []statement {
 	t.Helper()
 	var out []statement
@@ -23,7 +23,19 @@ func sentStatements(t *testing.T) []statement {
 		}
 	}
 	r := newFakeRunner()
+	// Schemas in which Ensure sends every schema statement: a constraint
+	// missing, a failed index, an index a dead creator left; then an
+	// index populating.
+	r.graph.indexes = map[string]modelIndex{
+		"converge_chunk_id": {owner: "converge_chunk_id", state: indexFailed},
+		"converge_tag_name": {state: indexPopulating, percent: 100},
+	}
 	b := newTestBackend(r, 2)
+	if err := b.Ensure(ctx()); err != nil {
+		t.Fatal(err)
+	}
+	r.graph.indexes["converge_document_key"] = modelIndex{owner: "converge_document_key", state: indexPopulating, percent: 50}
+	r.graph.awaitOnline = true
 	if err := b.Ensure(ctx()); err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,10 @@ var statementNames = []struct{ name, cypher string }{
 	{"ensureDocumentKey", cypherConstraintDocumentKey},
 	{"ensureChunkID", cypherConstraintChunkID},
 	{"ensureTagName", cypherConstraintTagName},
+	{"showIndexes", cypherShowIndexes},
+	{"awaitIndex", cypherAwaitIndex},
+	{"dropIndex", cypherDropIndex},
+	{"dropConstraint", cypherDropConstraint},
 	{"readBatch", cypherReadBatch},
 	{"writeDocuments", cypherWriteDocuments},
 	{"document", cypherDocument},
@@ -43,7 +47,33 @@ type modelGraph struct {
 	docs   map[string]*modelDoc
 	chunks map[string]modelChunk // by id
 	tags   map[string]bool
+
+	// The schema: indexes by name.
+	indexes map[string]modelIndex
+	// awaitOnline makes db.awaitIndex find the population of a
+	// populating index done; without it the call times out.
+	awaitOnline bool
 }
+
+// modelIndex is an index: its owning constraint ("" for none), its state
+// and how much of it is populated.
+type modelIndex struct {
+	owner   string
+	state   string
+	percent float64
+}
+
+// constraintName is the constraint a create statement makes.
+func constraintName(cypher string) string {
+	for _, c := range constraints {
+		if c.create.cypher == cypher {
+			return c.name
+		}
+	}
+	panic("model: not a constraint's statement")
+}
+
+func schemaError(code, msg string) error { return &neo4j.Neo4jError{Code: code, Msg: msg} }
 
 type modelDoc struct {
 	hasVersion bool // false: a stub
@@ -64,7 +94,8 @@ type modelChunk struct {
 }
 
 func newModelGraph() *modelGraph {
-	return &modelGraph{docs: map[string]*modelDoc{}, chunks: map[string]modelChunk{}, tags: map[string]bool{}}
+	return &modelGraph{docs: map[string]*modelDoc{}, chunks: map[string]modelChunk{}, tags: map[string]bool{},
+		indexes: map[string]modelIndex{}}
 }
 
 func newModelDoc() *modelDoc {
@@ -72,7 +103,8 @@ func newModelDoc() *modelDoc {
 }
 
 func (g *modelGraph) clone() *modelGraph {
-	c := &modelGraph{docs: make(map[string]*modelDoc, len(g.docs)), chunks: maps.Clone(g.chunks), tags: maps.Clone(g.tags)}
+	c := &modelGraph{docs: make(map[string]*modelDoc, len(g.docs)), chunks: maps.Clone(g.chunks), tags: maps.Clone(g.tags),
+		indexes: maps.Clone(g.indexes), awaitOnline: g.awaitOnline}
 	for k, d := range g.docs {
 		dc := *d
 		dc.chunks, dc.links, dc.tagged = maps.Clone(d.chunks), maps.Clone(d.links), maps.Clone(d.tagged)
@@ -101,6 +133,55 @@ func stringsParam(params map[string]any, name string) []string {
 func (g *modelGraph) run(cypher string, params map[string]any) ([]record, error) {
 	switch cypher {
 	case cypherConstraintDocumentKey, cypherConstraintChunkID, cypherConstraintTagName:
+		name := constraintName(cypher)
+		switch ix, ok := g.indexes[name]; {
+		case ok && ix.owner == name:
+			return nil, nil // IF NOT EXISTS
+		case ok:
+			return nil, schemaError("Neo.ClientError.Schema.IndexWithNameAlreadyExists",
+				fmt.Sprintf("There already exists an index called '%s'.", name))
+		}
+		g.indexes[name] = modelIndex{owner: name, state: indexOnline, percent: 100}
+		return nil, nil
+	case cypherShowIndexes:
+		var out []record
+		for _, name := range stringsParam(params, "names") {
+			if ix, ok := g.indexes[name]; ok {
+				var owner any
+				if ix.owner != "" {
+					owner = ix.owner
+				}
+				out = append(out, record{"name": name, "owningConstraint": owner, "state": ix.state, "populationPercent": ix.percent})
+			}
+		}
+		return out, nil
+	case cypherAwaitIndex:
+		name := params["name"].(string)
+		ix, ok := g.indexes[name]
+		switch {
+		case !ok:
+			return nil, schemaError("Neo.ClientError.Schema.IndexNotFound", fmt.Sprintf("No such index '%s'", name))
+		case ix.state == indexFailed:
+			return nil, schemaError("Neo.ClientError.Procedure.ProcedureCallFailed", "Index is in FAILED state")
+		case ix.state == indexPopulating && !g.awaitOnline:
+			return nil, schemaError("Neo.ClientError.Procedure.ProcedureTimedOut", fmt.Sprintf("Index on '%s' did not come online", name))
+		}
+		ix.state, ix.percent = indexOnline, 100
+		g.indexes[name] = ix
+		return nil, nil
+	case cypherDropIndex:
+		name := params["name"].(string)
+		if ix, ok := g.indexes[name]; ok && ix.owner != "" {
+			return nil, schemaError("Neo.DatabaseError.Schema.IndexDropFailed",
+				fmt.Sprintf("Unable to drop index: Index belongs to constraint: `%s`", ix.owner))
+		}
+		delete(g.indexes, name)
+		return nil, nil
+	case cypherDropConstraint:
+		name := params["name"].(string)
+		if ix, ok := g.indexes[name]; ok && ix.owner == name {
+			delete(g.indexes, name)
+		}
 		return nil, nil
 	case cypherReadBatch:
 		var out []record
@@ -316,7 +397,10 @@ type fakeRunner struct {
 	// answer, when set, may change a statement's records.
 	answer func(name string, recs []record) []record
 	// onRun, when set, sees every call before it runs.
-	onRun    func(c call)
+	onRun func(c call)
+	// between, when set, changes the committed graph before each
+	// transaction attempt: what other instances commit meanwhile.
+	between  func(g *modelGraph)
 	attempts []attempt
 	txs      int
 }
@@ -340,6 +424,9 @@ func (r *fakeRunner) execute(ctx context.Context, write bool, work func(tx) erro
 	for try := 1; ; try++ {
 		if err := ctx.Err(); err != nil {
 			return err
+		}
+		if r.between != nil {
+			r.between(r.graph)
 		}
 		t := &fakeTx{runner: r, graph: r.graph.clone(), n: r.txs, try: try}
 		err := work(t)
