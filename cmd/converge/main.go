@@ -160,7 +160,7 @@ func migrate(ctx context.Context, sub string, args []string, out io.Writer) erro
 		state := "current"
 		switch {
 		case st.Dirty:
-			state = "DIRTY: a migration failed halfway; fix the database, then force the version"
+			state = "DIRTY: a migration was interrupted; `converge migrate up` (or a writer started with -migrate) settles it and goes on"
 		case st.Version < st.Latest:
 			state = "behind: run `converge migrate up`"
 		}

@@ -5,3 +5,6 @@ var NewMigrate = newMigrate
 
 // CreateSlotSQL exposes the slot statement chosen per server version.
 var CreateSlotSQL = createSlotSQL
+
+// Applied exposes the checks of whether each migration was applied.
+var Applied = applied

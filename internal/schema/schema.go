@@ -23,8 +23,8 @@ import (
 	"github.com/converge-sync/converge/migrations"
 )
 
-// ErrDirty reports a migration that failed halfway; an operator must fix the
-// database and force the version before converge will run against it.
+// ErrDirty reports a migration that failed halfway. Up settles it itself
+// (a migration is all applied or not at all); Check reports it until then.
 var ErrDirty = errors.New("schema: database is dirty (a migration failed halfway)")
 
 // Status is where a database stands against the embedded migrations.
@@ -47,6 +47,19 @@ func Up(ctx context.Context, databaseURL string) (Status, error) {
 		return Status{}, err
 	}
 	defer m.Close()
+	// One Up at a time: a dirty version is settled, and the migrations
+	// run, by the one holding the lock.
+	conn, err := pgx.Connect(ctx, databaseURL)
+	if err != nil {
+		return Status{}, fmt.Errorf("schema: connect: %w", err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock(hashtextextended('converge.schema', 0))`); err != nil {
+		return Status{}, fmt.Errorf("schema: lock: %w", err)
+	}
+	if err := recoverDirty(ctx, m, conn); err != nil {
+		return Status{}, err
+	}
 	done := make(chan error, 1)
 	go func() { done <- m.Up() }()
 	select {

@@ -2,6 +2,7 @@ package schema_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -145,4 +146,70 @@ func TestSlotIsAFailoverSlotFrom17(t *testing.T) {
 		t.Fatalf("EnsureSlot: created %v, %v", created, err)
 	}
 	exec(t, url, `SELECT pg_drop_replication_slot('failover_check')`)
+}
+
+// A migration killed halfway (its process SIGKILLed between golang-migrate
+// marking the version dirty and marking it clean) leaves all of it or none,
+// and a dirty version. Up settles it from what the database holds and goes
+// on: no start is refused for it.
+func TestUpSettlesADirtyVersion(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []struct {
+		name string
+		at   uint // the version Up applied before the "kill"
+		mark uint // the version marked dirty
+	}{
+		{"applied, not yet marked clean", 7, 7},
+		{"not applied", 6, 7},
+		{"idempotent, run again", 4, 5},
+		{"the first, not applied", 0, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			url := pg.NewDatabase(t)
+			if c.at > 0 {
+				m, err := schema.NewMigrate(url)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := m.Migrate(c.at); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := m.Close(); err != nil {
+					t.Fatal(err)
+				}
+				exec(t, url, fmt.Sprintf(`UPDATE schema_migrations SET version = %d, dirty = true`, c.mark))
+			} else {
+				exec(t, url, fmt.Sprintf(`CREATE TABLE schema_migrations (version bigint NOT NULL PRIMARY KEY, dirty boolean NOT NULL);
+					INSERT INTO schema_migrations VALUES (%d, true)`, c.mark))
+			}
+			if st, err := schema.Inspect(ctx, url); err != nil || !st.Dirty {
+				t.Fatalf("before: %+v, %v; want dirty", st, err)
+			}
+			st, err := schema.Up(ctx, url)
+			if err != nil || !st.Current() {
+				t.Fatalf("up over a dirty version %d: %+v, %v", c.mark, st, err)
+			}
+			want := "emission meta_text lz4 trace xid"
+			if !pg.HasLZ4(t) {
+				want = "emission meta_text trace xid"
+			}
+			if got := features(t, url); got != want {
+				t.Fatalf("after: %q, want %q", got, want)
+			}
+		})
+	}
+}
+
+// Every migration says how to tell whether it was applied (or is run
+// again), so that a dirty version of it is settled.
+func TestEveryMigrationHasACheck(t *testing.T) {
+	latest, err := schema.LatestVersion()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for v := uint(1); v <= latest; v++ {
+		if _, ok := schema.Applied[v]; !ok {
+			t.Errorf("migration %d has no entry in schema.applied", v)
+		}
+	}
 }
