@@ -7,13 +7,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/converge-sync/converge/internal/docstore"
+	"github.com/converge-sync/converge/internal/graph"
+	"github.com/converge-sync/converge/internal/graph/embedded"
 	"github.com/converge-sync/converge/internal/pgcluster"
 	"github.com/converge-sync/converge/internal/relay"
 	"github.com/converge-sync/converge/internal/schema"
 	"github.com/converge-sync/converge/internal/testenv"
+	"github.com/converge-sync/converge/internal/verify"
+	vpostgres "github.com/converge-sync/converge/internal/verify/postgres"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
@@ -71,6 +76,69 @@ func (fo failedOver) settle(t *testing.T) {
 		t.Errorf("%d events, %d stored copies beyond one", events, surplus)
 	}
 	t.Logf("%d outbox events, each in the stream once", events)
+	verifyGraphOfStream(t, g)
+}
+
+// verifyGraphOfStream projects the whole stream into an embedded graph,
+// as the graph projector does, and compares it with Postgres as converge
+// verify does: every document, its version, content, chunks, links and
+// tags.
+func verifyGraphOfStream(t *testing.T, g *fixture) {
+	t.Helper()
+	ctx := context.Background()
+	store, err := embedded.Open(t.TempDir(), embedded.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	proj, err := graph.New(ctx, store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := g.js.Stream(ctx, contract.DocsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := int(streamMsgs(t, g.js))
+	for read := 0; read < total; {
+		batch, err := c.Fetch(min(500, total-read), jetstream.FetchMaxWait(10*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var evs []*contract.Event
+		for m := range batch.Messages() {
+			ev, err := contract.DecodeEvent(m.Data())
+			if err != nil {
+				t.Fatal(err)
+			}
+			evs = append(evs, &ev)
+		}
+		if err := batch.Error(); err != nil || len(evs) == 0 {
+			t.Fatalf("read the stream after %d of %d: %v", read, total, err)
+		}
+		for i, r := range proj.Apply(ctx, evs) {
+			if r.Err != nil {
+				t.Fatalf("project %s v%d: %v", evs[i].Key, evs[i].Version, r.Err)
+			}
+		}
+		read += len(evs)
+	}
+	docs, err := verify.ReadGraph(ctx, store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := verify.Compare(ctx, &vpostgres.Postgres{Pool: g.pool}, &verify.Memory{Label: "graph", Docs: docs}, verify.Graph, 64, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.Agrees {
+		t.Fatalf("verify: the graph of the stream disagrees with Postgres: %d differences, e.g. %+v", len(rep.Differences), rep.Differences[:min(3, len(rep.Differences))])
+	}
+	t.Logf("verify: the graph of the stream agrees with Postgres on all %d documents", rep.Documents)
 }
 
 // After a failover, `converge migrate up` runs before the relay (as the
