@@ -95,38 +95,21 @@ func verifyGraphOfStream(t *testing.T, g *fixture) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := g.js.Stream(ctx, contract.DocsStream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	total := int(streamMsgs(t, g.js))
-	for read := 0; read < total; {
-		batch, err := c.Fetch(min(500, total-read), jetstream.FetchMaxWait(10*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var evs []*contract.Event
-		for m := range batch.Messages() {
-			ev, err := contract.DecodeEvent(m.Data())
-			if err != nil {
-				t.Fatal(err)
-			}
-			evs = append(evs, &ev)
-		}
-		if err := batch.Error(); err != nil || len(evs) == 0 {
-			t.Fatalf("read the stream after %d of %d: %v", read, total, err)
-		}
+	var evs []*contract.Event
+	project := func() {
 		for i, r := range proj.Apply(ctx, evs) {
 			if r.Err != nil {
 				t.Fatalf("project %s v%d: %v", evs[i].Key, evs[i].Version, r.Err)
 			}
 		}
-		read += len(evs)
+		evs = evs[:0]
 	}
+	readStream(t, g.js, func(m jetstream.Msg, ev contract.Event) {
+		if evs = append(evs, &ev); len(evs) == 500 {
+			project()
+		}
+	})
+	project()
 	docs, err := verify.ReadGraph(ctx, store)
 	if err != nil {
 		t.Fatal(err)

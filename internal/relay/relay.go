@@ -309,8 +309,11 @@ func (r *Relay) session(ctx context.Context) error {
 		if active {
 			return errSlotActive // a relay cut off from this one's lock streams still
 		}
-		r.log.Warn("catching up from the outbox before streaming from the slot", "slot", r.cfg.Slot, "reason", plan.reason,
-			"window", map[bool]string{true: "rows the mark of " + markTime(plan.mark) + " does not see", false: "the whole outbox"}[plan.mark != nil])
+		window := "the whole outbox"
+		if plan.mark != nil {
+			window = "rows the mark of " + plan.mark.At.UTC().Format(time.RFC3339) + " does not see"
+		}
+		r.log.Warn("catching up from the outbox before streaming from the slot", "slot", r.cfg.Slot, "reason", plan.reason, "window", window)
 		cu, err := r.catchUp(ctx, db, pos, plan, sys)
 		if err != nil {
 			// Nothing is recorded: the next session, of this relay or
@@ -411,13 +414,6 @@ func (r *Relay) connectSQL(ctx context.Context) (*pgx.Conn, error) {
 // sqlIdleTimeout is how long the session's ordinary connection may stay
 // idle (or three status intervals, if longer): it is used at every one.
 const sqlIdleTimeout = 30 * time.Second
-
-func markTime(m *Mark) string {
-	if m == nil {
-		return ""
-	}
-	return m.At.UTC().Format(time.RFC3339)
-}
 
 // awaitConnection returns once the NATS connection is up: a session is
 // not begun, and Postgres not asked for the slot, while it reconnects (the

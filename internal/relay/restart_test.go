@@ -219,6 +219,39 @@ func (w *churn) run(t *testing.T) {
 // claim.
 func storedEvents(t *testing.T, js jetstream.JetStream) map[string]int {
 	t.Helper()
+	ids := map[string]int{}
+	// The relay publishes in commit order: of each document, the first
+	// copy of every version is stored after the older versions' (a message
+	// lost with a NATS connection, then published again after newer ones
+	// reached the new server, breaks it).
+	newest := map[string]int64{}
+	outOfOrder := 0
+	readStream(t, js, func(m jetstream.Msg, ev contract.Event) {
+		id := m.Headers().Get(jetstream.MsgIDHeader)
+		if ev.ID.String() != id || m.Subject() != contract.Subject(ev.Key) {
+			t.Fatalf("message on %s with id %s holds event %s of %s", m.Subject(), id, ev.ID, ev.Key)
+		}
+		if ids[id] == 0 {
+			if ev.Version < newest[ev.Key] {
+				outOfOrder++
+				if outOfOrder <= 5 {
+					t.Errorf("%s: version %d stored after version %d", ev.Key, ev.Version, newest[ev.Key])
+				}
+			}
+			newest[ev.Key] = max(newest[ev.Key], ev.Version)
+		}
+		ids[id]++
+	})
+	if outOfOrder > 0 {
+		t.Errorf("%d events stored after a newer version of their document", outOfOrder)
+	}
+	return ids
+}
+
+// readStream reads the documents' stream from its first message to the
+// last it holds now, passing each message and its event to each.
+func readStream(t *testing.T, js jetstream.JetStream, each func(jetstream.Msg, contract.Event)) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	s, err := js.Stream(ctx, contract.DocsStream)
@@ -234,13 +267,6 @@ func storedEvents(t *testing.T, js jetstream.JetStream) map[string]int {
 		t.Fatal(err)
 	}
 	total := int(info.State.Msgs)
-	ids := make(map[string]int, total)
-	// The relay publishes in commit order: of each document, the first
-	// copy of every version is stored after the older versions' (a message
-	// lost with a NATS connection, then published again after newer ones
-	// reached the new server, breaks it).
-	newest := map[string]int64{}
-	outOfOrder := 0
 	for read := 0; read < total; {
 		// Ask for no more than remains, so the last fetch does not wait out
 		// its expiry.
@@ -251,24 +277,11 @@ func storedEvents(t *testing.T, js jetstream.JetStream) map[string]int {
 		got := 0
 		for m := range batch.Messages() {
 			got++
-			id := m.Headers().Get(jetstream.MsgIDHeader)
 			ev, err := contract.DecodeEvent(m.Data())
 			if err != nil {
-				t.Fatalf("message %s does not decode: %v", id, err)
+				t.Fatalf("message %s does not decode: %v", m.Headers().Get(jetstream.MsgIDHeader), err)
 			}
-			if ev.ID.String() != id || m.Subject() != contract.Subject(ev.Key) {
-				t.Fatalf("message on %s with id %s holds event %s of %s", m.Subject(), id, ev.ID, ev.Key)
-			}
-			if ids[id] == 0 {
-				if ev.Version < newest[ev.Key] {
-					outOfOrder++
-					if outOfOrder <= 5 {
-						t.Errorf("%s: version %d stored after version %d", ev.Key, ev.Version, newest[ev.Key])
-					}
-				}
-				newest[ev.Key] = max(newest[ev.Key], ev.Version)
-			}
-			ids[id]++
+			each(m, ev)
 		}
 		if err := batch.Error(); err != nil {
 			t.Fatalf("read stream after %d of %d messages: %v", read, total, err)
@@ -278,10 +291,6 @@ func storedEvents(t *testing.T, js jetstream.JetStream) map[string]int {
 		}
 		read += got
 	}
-	if outOfOrder > 0 {
-		t.Errorf("%d events stored after a newer version of their document", outOfOrder)
-	}
-	return ids
 }
 
 // compareWithOutbox fails the test unless the stream holds every outbox
