@@ -39,8 +39,9 @@ type Hit struct {
 	Score float32
 }
 
-// Keep names the one version of a document whose points stay when stale
-// points are removed; Version 0 removes all of the document's points.
+// Keep names a document and one of its versions: [Writer.DeleteStale]
+// removes the document's points older than Version (Version 0: all of
+// them), [Writer.Retract] the points of exactly Version.
 type Keep struct {
 	Key     string
 	Version int64
@@ -66,8 +67,14 @@ type Writer interface {
 	// durable only once a later SetMarkers returns.
 	Upsert(ctx context.Context, points []Point) error
 	// DeleteStale removes, for each Keep, the document's points whose
-	// version is not Keep.Version (all of them when it is 0).
+	// version is lower than Keep.Version (all of them when it is 0). It
+	// never removes a newer version's points, so a writer that resumes
+	// late with an older version cannot delete what a newer one wrote.
 	DeleteStale(ctx context.Context, keep []Keep) error
+	// Retract removes, for each Keep, the document's points of exactly
+	// Keep.Version: the points a writer wrote for a version that, as the
+	// markers then showed, a newer one had already superseded.
+	Retract(ctx context.Context, keep []Keep) error
 	// RecordEmbedder records the identity of the embedder that makes the
 	// store's vectors, replacing any recorded before; after Ensure.
 	RecordEmbedder(ctx context.Context, id embed.Identity) error

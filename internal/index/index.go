@@ -14,31 +14,53 @@
 // redoes the whole write, idempotently):
 //
 //  1. if K's marker holds a version newer than V, or V itself and the
-//     call is not a repair (see projector.WithRepair): skip;
+//     call is not a repair (see projector.WithRepair): skip; when it holds
+//     a newer version, K's points older than it are deleted on the way
+//     (see "A writer that lost its lease" below);
 //  2. upsert the points of V (vectors of chunks whose text is unchanged are
 //     reused when ReuseVectors is set, instead of embedding them again,
 //     except in a repair);
-//  3. delete K's points of every other version (a version with fewer
-//     chunks leaves none behind);
-//  4. count fence: K must now have exactly len(chunks) points, or the
-//     write is an error naming both numbers (and is retried);
-//  5. set K's marker to V.
+//  3. delete K's points of every version older than V (a version with
+//     fewer chunks leaves none behind); never a newer version's;
+//  4. count fence: K must now have exactly len(chunks) points;
+//  5. read K's marker again: if it now holds a version newer than V,
+//     another writer has superseded V while this one wrote, and V's points
+//     are retracted (deleted by their version) and the event is skipped;
+//     otherwise a count fence that failed is an error naming both numbers
+//     (and is retried);
+//  6. set K's marker to V (a conditional write: a stored marker of V or a
+//     newer version is left as it is).
 //
-// A withdrawal (version V) deletes all of K's points, checks that none is
-// left, and sets a deleted marker at V, which a late older upsert cannot
-// get past.
+// A withdrawal (version V) deletes K's points older than V, checks that
+// none is left, and sets a deleted marker at V, which a late older upsert
+// cannot get past.
 //
 // A repair (a re-emitted event, applied in a call whose context is marked
 // by projector.WithRepair) of the version K's marker holds goes through
-// steps 2 to 5 again: the version's points are rewritten whole and those of
-// any other version deleted, which restores points lost or altered behind
+// steps 2 to 6 again: the version's points are rewritten whole and those of
+// older versions deleted, which restores points lost or altered behind
 // the projector's back. The marker is left as it is (it already holds V).
+//
+// A writer that lost its lease. Two writers can overlap for a moment: one
+// paused (or cut off from NATS) mid-call resumes after another took over
+// and applied a newer version. Every write of the late one is bounded by
+// its own version: its delete (step 3) removes only older versions, its
+// marker write (step 6) cannot go back, and whatever points of its version
+// it wrote are removed again, by it (step 5) or by the newer writer's
+// delete of older versions (step 3). So once both calls are done the
+// store holds the newer version alone, whatever the interleaving. One
+// window remains: the late writer killed between its point write and its
+// marker read, after the newer writer's delete; its points then stay,
+// beside the newer version's, until the next event for K (a redelivery of
+// the late event included, by step 1) or a repair deletes them. verify
+// names such a document (its chunks disagree with Postgres).
 package index
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/converge-sync/converge/internal/embed"
 	"github.com/converge-sync/converge/internal/projector"
@@ -194,13 +216,25 @@ func (x *Index) apply(ctx context.Context, events []*contract.Event) ([]projecto
 	repair := projector.IsRepair(ctx)
 	var todo []*contract.Event
 	var todoIdx []int
+	var superseded []Keep
 	for i, ev := range events {
 		if m, ok := markers[ev.Key]; ok && (m.Version > ev.Version || (m.Version == ev.Version && !repair)) {
 			results[i].Outcome = projector.Skipped
+			if m.Version > ev.Version {
+				superseded = append(superseded, Keep{Key: ev.Key, Version: m.Version})
+			}
 			continue
 		}
 		todo = append(todo, ev)
 		todoIdx = append(todoIdx, i)
+	}
+	// An event older than the marker may be the one a writer that lost
+	// its lease was writing when it stopped: what it left of its points
+	// is deleted with every other version older than the marker's.
+	if len(superseded) > 0 {
+		if err := x.backend.DeleteStale(ctx, superseded); err != nil {
+			return nil, fmt.Errorf("index: delete points older than the version markers: %w", err)
+		}
 	}
 	if len(todo) == 0 {
 		return results, nil
@@ -219,9 +253,11 @@ func (x *Index) apply(ctx context.Context, events []*contract.Event) ([]projecto
 	}
 	keep := make([]Keep, len(todo))
 	for i, ev := range todo {
-		keep[i] = Keep{Key: ev.Key}
-		if ev.Kind == contract.KindUpserted {
-			keep[i].Version = ev.Version
+		keep[i] = Keep{Key: ev.Key, Version: ev.Version}
+		if ev.Kind == contract.KindWithdrawn && ev.Version < math.MaxInt64 {
+			// A withdrawal keeps no point of its own version either
+			// (a repair of it removes strays).
+			keep[i].Version++
 		}
 	}
 	if err := x.backend.DeleteStale(ctx, keep); err != nil {
@@ -229,12 +265,28 @@ func (x *Index) apply(ctx context.Context, events []*contract.Event) ([]projecto
 	}
 
 	// Count fence: a partial write is an error, never agreement.
-	counts, err := x.backend.Counts(ctx, keysOf(todo))
+	todoKeys := keysOf(todo)
+	counts, err := x.backend.Counts(ctx, todoKeys)
 	if err != nil {
 		return nil, fmt.Errorf("index: count fence: %w", err)
 	}
+	// The markers again, after the writes: a newer version set meanwhile
+	// means another writer superseded these events while they were
+	// written.
+	now, err := x.backend.Markers(ctx, todoKeys)
+	if err != nil {
+		return nil, fmt.Errorf("index: read version markers after writing: %w", err)
+	}
+	var retract []Keep
 	var newMarkers []Marker
 	for j, ev := range todo {
+		if m, ok := now[ev.Key]; ok && m.Version > ev.Version {
+			if ev.Kind == contract.KindUpserted {
+				retract = append(retract, Keep{Key: ev.Key, Version: ev.Version})
+			}
+			results[todoIdx[j]] = projector.Result{Outcome: projector.Skipped}
+			continue
+		}
 		want := 0
 		if ev.Kind == contract.KindUpserted {
 			want = len(ev.Chunks)
@@ -245,6 +297,11 @@ func (x *Index) apply(ctx context.Context, events []*contract.Event) ([]projecto
 			continue
 		}
 		newMarkers = append(newMarkers, Marker{Key: ev.Key, Version: ev.Version, Deleted: ev.Kind == contract.KindWithdrawn, ContentHash: ev.ContentHash})
+	}
+	if len(retract) > 0 {
+		if err := x.backend.Retract(ctx, retract); err != nil {
+			return nil, fmt.Errorf("index: retract the points of superseded versions: %w", err)
+		}
 	}
 	if len(newMarkers) > 0 {
 		if err := x.backend.SetMarkers(ctx, newMarkers); err != nil {

@@ -21,8 +21,10 @@ var indexFormat = wal.Format{Magic: "converge-index", Version: 1}
 const (
 	opDimension   byte = 2 // dim
 	opUpsert      byte = 3 // points
-	opDeleteStale byte = 4 // keeps
+	opDeleteStale byte = 4 // keeps: a key's points of other versions (0: all); logs of before opDeleteOlder
 	opMarkers     byte = 5 // markers
+	opDeleteOlder byte = 6 // keeps: a key's points of older versions (0: all)
+	opRetract     byte = 7 // keeps: a key's points of exactly the version
 )
 
 // record is a decoded payload; which fields are set depends on op.
@@ -81,8 +83,8 @@ func encodeUpsertInto(buf []byte, points []*index.Point) ([]byte, error) {
 	return wal.SealListInto(buf, opUpsert, points, pointSize, appendPoint)
 }
 
-func encodeDeleteStale(keeps []index.Keep) ([]byte, error) {
-	return wal.SealList(opDeleteStale, keeps,
+func encodeKeeps(op byte, keeps []index.Keep) ([]byte, error) {
+	return wal.SealList(op, keeps,
 		func(k index.Keep) int { return 2*binary.MaxVarintLen64 + len(k.Key) },
 		func(b []byte, k index.Keep) []byte {
 			b = wal.AppendString(b, k.Key)
@@ -184,7 +186,7 @@ func decodeRecord(payload []byte) (record, error) {
 		for i := range r.points {
 			r.points[i] = decodePoint(d)
 		}
-	case opDeleteStale:
+	case opDeleteStale, opDeleteOlder, opRetract:
 		r.keeps = make([]index.Keep, d.Count(2))
 		for i := range r.keeps {
 			r.keeps[i] = index.Keep{Key: d.Str(), Version: d.Varint()}

@@ -21,12 +21,12 @@
 //
 // # Write order
 //
-// A write call (Ensure, SetMarkers, Upsert, DeleteStale) holds the lock
+// A write call (Ensure, SetMarkers, Upsert, DeleteStale, Retract) holds the lock
 // while it appends its record to the log and then applies it in memory, so
 // the log's order is the order readers observe. With [Options.SyncEvery]
 // zero, Ensure and SetMarkers then sync the log up to everything appended
 // so far (concurrent callers share one sync) before they return; Upsert
-// and DeleteStale do not, since the index writes markers last and
+// and the deletes do not, since the index writes markers last and
 // acknowledges an event only once SetMarkers returned: a crash before then
 // loses points of events that are redelivered. With SyncEvery set, a
 // background loop syncs at that interval.
@@ -61,7 +61,7 @@
 //   - Semantics: metadata is map[string]string (tags, version and ordinal
 //     would be strings to re-parse), there is no per-key count or listing
 //     by key, deletion filters only by equality (DeleteStale needs "key =
-//     K and version != V"), queries ask for no more results than the
+//     K and version < V"), queries ask for no more results than the
 //     collection holds and do not break ties, and nothing stops a second
 //     process from opening the same directory.
 //   - Speed: 7,500 points/s for 100,000 points of dimension 256 without

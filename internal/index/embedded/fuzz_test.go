@@ -25,7 +25,9 @@ func seedRecords(f *testing.F) [][]byte {
 	q.Tags = nil
 	add(encodeDimension(2))
 	add(encodeUpsert([]*index.Point{&p, &q}))
-	add(encodeDeleteStale([]index.Keep{{Key: "k", Version: 3}, {Key: "j"}}))
+	add(encodeKeeps(opDeleteStale, []index.Keep{{Key: "k", Version: 3}, {Key: "j"}}))
+	add(encodeKeeps(opDeleteOlder, []index.Keep{{Key: "k", Version: 3}, {Key: "j"}}))
+	add(encodeKeeps(opRetract, []index.Keep{{Key: "k", Version: 3}}))
 	add(encodeMarkers([]index.Marker{{Key: "k", Version: 3, ContentHash: "h"}, {Key: "j", Version: 9, Deleted: true}}))
 	return recs
 }

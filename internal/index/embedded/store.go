@@ -64,8 +64,8 @@ func (s *Store) replay(rec record) error {
 			return err
 		}
 		s.applyReadBack(rec.points)
-	case opDeleteStale:
-		s.applyDeleteStale(rec.keeps)
+	case opDeleteStale, opDeleteOlder, opRetract:
+		s.applyDelete(rec.op, rec.keeps)
 	case opMarkers:
 		s.applyMarkers(rec.markers)
 	default:
@@ -153,20 +153,35 @@ func (s *Store) removeFromAll(p *index.Point) {
 	delete(s.slot, p.ID)
 }
 
-// hasStale reports whether k would remove any point.
-func (s *Store) hasStale(k index.Keep) bool {
+// removes reports whether the delete op of keep k removes point p:
+// opDeleteOlder the key's points older than k.Version, opRetract those of
+// k.Version, opDeleteStale (logs written before opDeleteOlder) those of
+// any other version; with Version 0, the two deletes remove every point.
+func removes(op byte, k index.Keep, p *index.Point) bool {
+	switch op {
+	case opRetract:
+		return p.Version == k.Version
+	case opDeleteStale:
+		return k.Version == 0 || p.Version != k.Version
+	default:
+		return k.Version == 0 || p.Version < k.Version
+	}
+}
+
+// hasStale reports whether the delete op of k would remove any point.
+func (s *Store) hasStale(op byte, k index.Keep) bool {
 	for _, p := range s.byKey[k.Key] {
-		if k.Version == 0 || p.Version != k.Version {
+		if removes(op, k, p) {
 			return true
 		}
 	}
 	return false
 }
 
-func (s *Store) applyDeleteStale(keeps []index.Keep) {
+func (s *Store) applyDelete(op byte, keeps []index.Keep) {
 	for _, k := range keeps {
 		s.filterKey(k.Key, func(p *index.Point) bool {
-			if k.Version == 0 || p.Version != k.Version {
+			if removes(op, k, p) {
 				s.removeFromAll(p)
 				return false
 			}
@@ -330,10 +345,20 @@ func normalizeInto(dst, v []float32) error {
 	return nil
 }
 
-// DeleteStale removes each key's points of other versions; see
+// DeleteStale removes each key's points of older versions; see
 // [index.Backend]. Only the keeps that remove anything are logged; like
 // Upsert's, the record is made durable by the next SetMarkers or Close.
 func (s *Store) DeleteStale(ctx context.Context, keep []index.Keep) error {
+	return s.delete(ctx, opDeleteOlder, keep)
+}
+
+// Retract removes each key's points of exactly the version; see
+// [index.Backend]. Logged and made durable as DeleteStale's.
+func (s *Store) Retract(ctx context.Context, keep []index.Keep) error {
+	return s.delete(ctx, opRetract, keep)
+}
+
+func (s *Store) delete(ctx context.Context, op byte, keep []index.Keep) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -343,15 +368,15 @@ func (s *Store) DeleteStale(ctx context.Context, keep []index.Keep) error {
 		// exact.
 		var effective []index.Keep
 		for _, k := range keep {
-			if s.hasStale(k) {
+			if s.hasStale(op, k) {
 				effective = append(effective, k)
 			}
 		}
 		if len(effective) == 0 {
 			return nil, nil, nil
 		}
-		rec, err := encodeDeleteStale(effective)
-		return rec, func() { s.applyDeleteStale(effective) }, err
+		rec, err := encodeKeeps(op, effective)
+		return rec, func() { s.applyDelete(op, effective) }, err
 	}, false)
 }
 

@@ -51,12 +51,13 @@ func Run(t *testing.T, newBackend func(t *testing.T) index.Backend) {
 	})
 	t.Run("MarkersNeverGoBack", func(t *testing.T) { testMarkers(t, open(t)) })
 	t.Run("UpsertReplacesByID", func(t *testing.T) { testUpsert(t, open(t)) })
-	t.Run("DeleteStaleKeepsOneVersion", func(t *testing.T) { testDeleteStale(t, open(t)) })
+	t.Run("DeleteStaleRemovesOnlyOlderVersions", func(t *testing.T) { testDeleteStale(t, open(t)) })
 	t.Run("SearchRanksByCosine", func(t *testing.T) { testSearch(t, open(t)) })
 	t.Run("Projection", func(t *testing.T) { testProjection(t, open(t)) })
 	t.Run("WithdrawalDoesNotResurrect", func(t *testing.T) { testWithdrawal(t, open(t)) })
 	t.Run("SearchThroughTheIndex", func(t *testing.T) { testIndexSearch(t, open(t)) })
 	t.Run("RepairRewritesTheHeldVersion", func(t *testing.T) { testRepair(t, open(t)) })
+	t.Run("StaleWriterChangesNothing", func(t *testing.T) { testStaleWriter(t, open(t)) })
 	t.Run("EmbedderIsRecorded", func(t *testing.T) {
 		b := newBackend(t)
 		t.Cleanup(func() { _ = b.Close() })
@@ -313,29 +314,51 @@ func testUpsert(t *testing.T, b index.Backend) {
 	}
 }
 
+// testDeleteStale checks that DeleteStale removes only older versions (a
+// writer that resumes late with an older version must not delete a newer
+// one's points), exactly beyond 2^53, and that Retract removes one
+// version.
 func testDeleteStale(t *testing.T, b index.Backend) {
+	const big = int64(1) << 53 // 2^53 and 2^53+1 are one float64
 	var pts []index.Point
 	for v := int64(1); v <= 3; v++ {
 		for o := range 3 {
-			pts = append(pts, point("a", v, o, unit(o)), point("b", v, o, unit(o)))
+			pts = append(pts, point("a", v, o, unit(o)), point("b", v, o, unit(o)), point("c", v, o, unit(o)))
 		}
+		pts = append(pts, point("big", big+v-1, 0, unit(0)))
 	}
 	must(t, b.Upsert(ctx(), pts))
-	must(t, b.DeleteStale(ctx(), []index.Keep{{Key: "a", Version: 2}, {Key: "b", Version: 0}}))
-	got, err := b.Points(ctx(), "a", false)
-	must(t, err)
-	if len(got) != 3 {
-		t.Fatalf("a has %d points, want the 3 of version 2", len(got))
+	must(t, b.DeleteStale(ctx(), []index.Keep{{Key: "a", Version: 2}, {Key: "b", Version: 0}, {Key: "c", Version: 3}, {Key: "big", Version: big + 1}}))
+	versions := func(key string) []int64 {
+		got, err := b.Points(ctx(), key, false)
+		must(t, err)
+		var out []int64
+		for _, p := range got {
+			out = append(out, p.Version)
+		}
+		return out
 	}
-	for i, p := range got {
-		if p.Version != 2 || p.Ordinal != i {
-			t.Fatalf("a point %d: version %d ordinal %d", i, p.Version, p.Ordinal)
+	for key, want := range map[string][]int64{
+		"a":   {2, 2, 2, 3, 3, 3},
+		"b":   nil,
+		"c":   {3, 3, 3},
+		"big": {big + 1, big + 2},
+	} {
+		if got := versions(key); !slices.Equal(got, want) {
+			t.Fatalf("after DeleteStale, %s holds versions %v; want %v", key, got, want)
 		}
 	}
-	counts, err := b.Counts(ctx(), []string{"a", "b"})
+	must(t, b.Retract(ctx(), []index.Keep{{Key: "a", Version: 3}, {Key: "big", Version: big + 2}, {Key: "none", Version: 1}}))
+	if got := versions("a"); !slices.Equal(got, []int64{2, 2, 2}) {
+		t.Fatalf("after Retract of version 3, a holds versions %v; want 2, 2, 2", got)
+	}
+	if got := versions("big"); !slices.Equal(got, []int64{big + 1}) {
+		t.Fatalf("after Retract of version 2^53+2, big holds versions %v; want 2^53+1", got)
+	}
+	counts, err := b.Counts(ctx(), []string{"a", "b", "c"})
 	must(t, err)
-	if counts["a"] != 3 || counts["b"] != 0 {
-		t.Fatalf("counts %v, want a 3, b 0", counts)
+	if counts["a"] != 3 || counts["b"] != 0 || counts["c"] != 3 {
+		t.Fatalf("counts %v, want a 3, b 0, c 3", counts)
 	}
 }
 

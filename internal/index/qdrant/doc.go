@@ -19,6 +19,15 @@
 // Qdrant 1.16 or later, which [New] checks): a stored marker is replaced
 // only when its version is lower than the new one, so the freshness guard
 // holds at the store even against a writer that skipped its own check.
+// Chunk points carry version_high and version_low too, and every delete is
+// bounded by a version: [Backend.DeleteStale] removes only versions lower
+// than the one kept, [Backend.Retract] only the one named, so a writer
+// that resumes late with an older version never deletes a newer one's
+// points. A chunk point's id is its version's (contract.ChunkID), so an
+// upsert can only replace points of its own version; the points a late
+// writer inserts are removed as the package index describes. Chunk points
+// written before they carried version_high are compared on version as a
+// float, exact up to 2^53.
 //
 // Writes are sent with wait=true: a call returns once Qdrant has applied
 // them. The [index.Index] above orders the writes of one document; if the

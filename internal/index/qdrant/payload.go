@@ -22,6 +22,8 @@ func chunkPoint(p index.Point) *qd.PointStruct {
 			fieldType:        qd.NewValueString(typeChunk),
 			fieldKey:         qd.NewValueString(p.Key),
 			fieldVersion:     qd.NewValueInt(p.Version),
+			fieldVersionHigh: qd.NewValueInt(p.Version >> 32),
+			fieldVersionLow:  qd.NewValueInt(p.Version & 0xffffffff),
 			fieldOrdinal:     qd.NewValueInt(int64(p.Ordinal)),
 			fieldContentHash: qd.NewValueString(p.ContentHash),
 			fieldChunkHash:   qd.NewValueString(p.ChunkHash),
@@ -129,22 +131,43 @@ func pointUUID(id *qd.PointId) (uuid.UUID, error) {
 }
 
 // olderMarker matches the stored marker of m when its version is lower
-// than m's: (high < H) or (high == H and low < L), exact for every int64
-// version, where a float range on the version would round above 2^53.
+// than m's.
 func olderMarker(m index.Marker) *qd.Condition {
-	high, low := float64(m.Version>>32), float64(m.Version&0xffffffff)
 	return qd.NewFilterAsCondition(&qd.Filter{
-		Must: []*qd.Condition{
-			qd.NewHasID(markerID(m.Key)),
-			qd.NewFilterAsCondition(&qd.Filter{Should: []*qd.Condition{
-				qd.NewRange(fieldVersionHigh, &qd.Range{Lt: &high}),
-				qd.NewFilterAsCondition(&qd.Filter{Must: []*qd.Condition{
-					qd.NewMatchInt(fieldVersionHigh, m.Version>>32),
-					qd.NewRange(fieldVersionLow, &qd.Range{Lt: &low}),
-				}}),
-			}}),
-		},
+		Must: []*qd.Condition{qd.NewHasID(markerID(m.Key)), olderThan(m.Version)},
 	})
+}
+
+// olderThan matches a point whose version is lower than v: (high < H) or
+// (high == H and low < L), exact for every int64 version, where a float
+// range on the version would round above 2^53.
+func olderThan(v int64) *qd.Condition {
+	high, low := float64(v>>32), float64(v&0xffffffff)
+	return qd.NewFilterAsCondition(&qd.Filter{Should: []*qd.Condition{
+		qd.NewRange(fieldVersionHigh, &qd.Range{Lt: &high}),
+		qd.NewFilterAsCondition(&qd.Filter{Must: []*qd.Condition{
+			qd.NewMatchInt(fieldVersionHigh, v>>32),
+			qd.NewRange(fieldVersionLow, &qd.Range{Lt: &low}),
+		}}),
+	}})
+}
+
+// olderChunkThan matches a chunk point whose version is lower than v.
+// Chunk points written before they carried version_high and version_low
+// have only version, compared as a float: exact up to 2^53, and the kept
+// version itself is never matched.
+func olderChunkThan(v int64) *qd.Condition {
+	below := float64(v)
+	return qd.NewFilterAsCondition(&qd.Filter{Should: []*qd.Condition{
+		olderThan(v),
+		qd.NewFilterAsCondition(&qd.Filter{
+			Must: []*qd.Condition{
+				qd.NewIsEmpty(fieldVersionHigh),
+				qd.NewRange(fieldVersion, &qd.Range{Lt: &below}),
+			},
+			MustNot: []*qd.Condition{qd.NewMatchInt(fieldVersion, v)},
+		}),
+	}})
 }
 
 // chunksOf selects the chunk points of key.
@@ -155,13 +178,20 @@ func chunksOf(key string) *qd.Filter {
 	}}
 }
 
-// staleChunks selects the chunk points of k.Key whose version is not
-// k.Version (all of them when it is 0).
+// staleChunks selects the chunk points of k.Key whose version is lower
+// than k.Version (all of them when it is 0).
 func staleChunks(k index.Keep) *qd.Filter {
 	f := chunksOf(k.Key)
 	if k.Version != 0 {
-		f.MustNot = []*qd.Condition{qd.NewMatchInt(fieldVersion, k.Version)}
+		f.Must = append(f.Must, olderChunkThan(k.Version))
 	}
+	return f
+}
+
+// versionChunks selects the chunk points of k.Key of version k.Version.
+func versionChunks(k index.Keep) *qd.Filter {
+	f := chunksOf(k.Key)
+	f.Must = append(f.Must, qd.NewMatchInt(fieldVersion, k.Version))
 	return f
 }
 

@@ -56,23 +56,36 @@ func (b *Backend) Upsert(ctx context.Context, points []index.Point) error {
 }
 
 // DeleteStale deletes by filter, one request per BatchSize keeps (each keep
-// one should clause). Markers are never deleted.
+// one should clause), the points of each key older than its kept version:
+// a writer that resumes late with an older version cannot delete a newer
+// one's points. Markers are never deleted.
 func (b *Backend) DeleteStale(ctx context.Context, keep []index.Keep) error {
+	return b.deleteChunks(ctx, "delete stale", keep, staleChunks)
+}
+
+// Retract deletes by filter the points of exactly each keep's version.
+func (b *Backend) Retract(ctx context.Context, keep []index.Keep) error {
+	return b.deleteChunks(ctx, "retract", keep, versionChunks)
+}
+
+// deleteChunks deletes the points selected by one filter per keep, one
+// request per BatchSize keeps.
+func (b *Backend) deleteChunks(ctx context.Context, op string, keep []index.Keep, selected func(index.Keep) *qd.Filter) error {
 	return b.inBatches(ctx, len(keep), b.cfg.BatchSize, func(ctx context.Context, lo, hi int) error {
-		stale := make([]*qd.Condition, 0, hi-lo)
+		conds := make([]*qd.Condition, 0, hi-lo)
 		for _, k := range keep[lo:hi] {
-			stale = append(stale, qd.NewFilterAsCondition(staleChunks(k)))
+			conds = append(conds, qd.NewFilterAsCondition(selected(k)))
 		}
 		err := b.call(ctx, func(ctx context.Context) error {
 			_, err := b.client.GetPointsClient().Delete(ctx, &qd.DeletePoints{
 				CollectionName: b.cfg.Collection,
 				Wait:           qd.PtrOf(true),
-				Points:         qd.NewPointsSelectorFilter(&qd.Filter{Should: stale}),
+				Points:         qd.NewPointsSelectorFilter(&qd.Filter{Should: conds}),
 			})
 			return err
 		})
 		if err != nil {
-			return b.fail("delete stale", err)
+			return b.fail(op, err)
 		}
 		return nil
 	})

@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	qd "github.com/qdrant/go-client/qdrant"
+
+	"github.com/converge-sync/converge/internal/index"
 )
 
 // checkSettings refuses, at start, a collection whose settings the backend
@@ -61,6 +63,23 @@ func (b *Backend) checkSettings(info *qd.CollectionInfo) error {
 }
 
 // deleteConditions bounds the conditions of one DeleteStale request of n
-// keeps, counting a nested filter as a condition plus its own: per keep
-// one should clause holding key, type and the kept version.
-func deleteConditions(n int) uint64 { return uint64(n) * 4 }
+// keeps: per keep one should clause, a nested filter holding key, type and
+// the older-version conditions (staleChunks).
+func deleteConditions(n int) uint64 {
+	return uint64(n) * (1 + conditionCount(staleChunks(index.Keep{Key: "k", Version: 1})))
+}
+
+// conditionCount counts every condition of f, a nested filter as one
+// condition plus its own, as strict mode's filter_max_conditions does.
+func conditionCount(f *qd.Filter) uint64 {
+	var n uint64
+	for _, group := range [][]*qd.Condition{f.GetMust(), f.GetShould(), f.GetMustNot(), f.GetMinShould().GetConditions()} {
+		for _, c := range group {
+			n++
+			if nested := c.GetFilter(); nested != nil {
+				n += conditionCount(nested)
+			}
+		}
+	}
+	return n
+}
