@@ -266,7 +266,7 @@ func TestDeleteStaleKeepsOnlyTheKeptVersion(t *testing.T) {
 		t.Fatalf("%d delete requests for 3 keeps in batches of 2; want 2", n)
 	}
 	for key, want := range map[string][]string{
-		"a": {"v2#0", "v2#1", "v2#2"},
+		"a": {"v2#0", "v2#1", "v2#2", "v3#0", "v3#1", "v3#2"}, // never a newer version's
 		"b": {},
 		"c": {"v3#0", "v3#1", "v3#2"},
 	} {
