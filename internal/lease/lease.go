@@ -19,9 +19,13 @@
 //     and a standby takes it at once.
 //
 // A restarted instance (the same Config.Holder, another run) takes the key
-// at once: a supervisor restarts a process it killed. Were the earlier run
-// alive after all, it could still write for what remains of its validity
-// (at most 4/5 of the TTL), until its next renewal fails.
+// at once when the run holding it is provably gone: a process of the same
+// kernel boot and pid namespace whose pid no longer exists (a supervisor
+// restarted a process it killed). Anything else, two live instances that
+// share a name (pods with one fixed hostname, cloned VMs, two processes
+// with one metrics address) included, waits for a whole TTL without
+// renewal like any standby, so two of them never take the key from each
+// other.
 //
 // A process paused (SIGSTOP, a long GC, a frozen VM) finds on waking that
 // its term is past its validity; it writes nothing until a renewal
@@ -59,14 +63,16 @@ type Config struct {
 	// Name is the lease's key: the service it makes single-writer (a
 	// projector's or the notifier's durable consumer name). Required.
 	Name string
-	// Holder names this instance: the same across its restarts (a host and
-	// an address), different for each instance. A process that finds the
-	// lease held by an earlier run of its own instance takes it at once:
-	// that run is dead (or, paused, fenced by the takeover). Default
-	// host-pid, which never matches a restart.
+	// Holder names this instance for people: the same across its
+	// restarts (a host and an address). A process that finds the lease
+	// held by an earlier run of its own Holder takes it at once only when
+	// that run's process is provably gone (see the package doc). Default
+	// host-pid.
 	Holder string
-	// incarnation tells this run from earlier runs of the same Holder.
+	// incarnation tells this run from every other run; self is its
+	// process.
 	incarnation string
+	self        process
 	// TTL is how long a standby waits for a renewal before it takes over;
 	// default DefaultTTL. Renewals are every TTL/3.
 	TTL time.Duration
@@ -83,6 +89,7 @@ func (c *Config) setDefaults() error {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	c.incarnation = fmt.Sprintf("%d-%s", os.Getpid(), hex.EncodeToString(b[:]))
+	c.self = thisProcess()
 	if c.Holder == "" {
 		host, _ := os.Hostname()
 		c.Holder = fmt.Sprintf("%s-%d", host, os.Getpid())
@@ -110,7 +117,14 @@ type Value struct {
 	Since       time.Time `json:"since"` // when this holder took the lease
 	Renewed     time.Time `json:"renewed"`
 	TTLms       int64     `json:"ttl_ms"`
+	// The holder's process: its kernel's boot id, pid namespace and pid.
+	Boot  string `json:"boot,omitempty"`
+	PIDNS string `json:"pid_ns,omitempty"`
+	PID   int    `json:"pid,omitempty"`
 }
+
+// process is the holder's process in a Value.
+func (v Value) process() process { return process{Boot: v.Boot, PIDNS: v.PIDNS, PID: v.PID} }
 
 // Lease is one service's lease, as seen by this instance.
 type Lease struct {
@@ -190,10 +204,10 @@ func (l *Lease) Acquire(ctx context.Context, standby func(holder Value)) (*Term,
 				l.log.Warn("taking the lease failed; trying again", "err", err)
 			}
 		default:
-			if v.Holder == l.cfg.Holder && v.Incarnation != l.cfg.incarnation {
-				// An earlier run of this instance: restarted, it is gone.
+			if v.Holder == l.cfg.Holder && v.Incarnation != l.cfg.incarnation && v.process().gone(l.cfg.self) {
+				// An earlier run of this instance, whose process has ended.
 				if t, err := l.take(ctx, sent, rev); err == nil {
-					l.log.Info("took the lease over from an earlier run of this instance", "previous", v.Incarnation)
+					l.log.Info("took the lease over from an earlier run of this instance", "previous", v.Incarnation, "previous_pid", v.PID)
 					return t, nil
 				}
 				break
@@ -228,11 +242,18 @@ func (l *Lease) Acquire(ctx context.Context, standby func(holder Value)) (*Term,
 	}
 }
 
+// value is what this instance writes in the key.
+func (l *Lease) value(since, renewed time.Time) Value {
+	p := l.cfg.self
+	return Value{Holder: l.cfg.Holder, Incarnation: l.cfg.incarnation, Since: since, Renewed: renewed, TTLms: l.cfg.TTL.Milliseconds(),
+		Boot: p.Boot, PIDNS: p.PIDNS, PID: p.PID}
+}
+
 // take writes this instance's value over revision rev (0: the key is
 // absent or deleted).
 func (l *Lease) take(ctx context.Context, sent time.Time, rev uint64) (*Term, error) {
 	now := time.Now().UTC()
-	b, _ := json.Marshal(Value{Holder: l.cfg.Holder, Incarnation: l.cfg.incarnation, Since: now, Renewed: now, TTLms: l.cfg.TTL.Milliseconds()})
+	b, _ := json.Marshal(l.value(now, now))
 	var err error
 	var got uint64
 	if rev == 0 {
@@ -337,7 +358,7 @@ func (t *Term) renew(ctx context.Context) {
 		rev := t.rev
 		t.mu.Unlock()
 		sent := time.Now()
-		b, _ := json.Marshal(Value{Holder: l.cfg.Holder, Incarnation: l.cfg.incarnation, Since: t.since, Renewed: sent.UTC(), TTLms: l.cfg.TTL.Milliseconds()})
+		b, _ := json.Marshal(l.value(t.since, sent.UTC()))
 		rctx, cancel := context.WithTimeout(ctx, every)
 		got, err := l.kv.Update(rctx, l.cfg.Name, b, rev)
 		cancel()

@@ -3,6 +3,8 @@ package lease
 import (
 	"context"
 	"errors"
+	"os"
+	"os/exec"
 	"testing"
 	"time"
 
@@ -197,6 +199,7 @@ func TestRestartedInstanceTakesItsLeaseAtOnce(t *testing.T) {
 	js := jetStream(t)
 	const ttl = 3 * time.Second
 	old := openLease(t, js, "host/127.0.0.1:9104", ttl)
+	old.cfg.self.PID = deadPID(t) // the run a supervisor killed
 	block := make(chan struct{})
 	old.beforeRenew = func() { <-block }
 	to, err := old.Acquire(context.Background(), nil)
@@ -228,5 +231,69 @@ func TestRestartedInstanceTakesItsLeaseAtOnce(t *testing.T) {
 	defer cancel()
 	if _, err := other.Acquire(short, nil); err == nil {
 		t.Fatal("another instance took a renewed lease")
+	}
+}
+
+// deadPID is the pid of a process that has ended.
+func deadPID(t *testing.T) int {
+	t.Helper()
+	cmd := exec.Command("true")
+	if err := cmd.Run(); err != nil {
+		t.Fatal(err)
+	}
+	return cmd.Process.Pid
+}
+
+// Two live instances under one name (pods with one fixed hostname, two
+// processes given one metrics address) must not take the lease from each
+// other: the second waits like any standby while the first renews.
+func TestLiveInstancesOfOneNameDoNotAlternate(t *testing.T) {
+	js := jetStream(t)
+	const ttl = 900 * time.Millisecond
+	a, b := openLease(t, js, "web-0/:9104", ttl), openLease(t, js, "web-0/:9104", ttl)
+	ta, err := a.Acquire(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ta.Release()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*ttl)
+	defer cancel()
+	if tb, err := b.Acquire(ctx, nil); err == nil {
+		tb.Release()
+		t.Fatal("a second live instance of the same name took a renewed lease")
+	}
+	select {
+	case <-ta.Lost():
+		t.Fatal("the holder lost its lease to a live instance of its own name")
+	default:
+	}
+	if !ta.Valid() {
+		t.Fatal("the holder's term is not valid")
+	}
+}
+
+// Only a process of this boot and pid namespace whose pid is free is
+// proof that an earlier run ended.
+func TestProcessGone(t *testing.T) {
+	self := thisProcess()
+	if self.Boot == "" || self.PIDNS == "" {
+		t.Skip("no /proc/sys/kernel/random/boot_id or /proc/self/ns/pid here")
+	}
+	dead := deadPID(t)
+	for _, c := range []struct {
+		name string
+		p    process
+		gone bool
+	}{
+		{"ended", process{self.Boot, self.PIDNS, dead}, true},
+		{"this process", self, false},
+		{"alive", process{self.Boot, self.PIDNS, os.Getppid()}, false},
+		{"another boot", process{"other-boot", self.PIDNS, dead}, false},
+		{"another pid namespace", process{self.Boot, "pid:[1]", dead}, false},
+		{"unknown", process{PID: dead}, false},
+	} {
+		if got := c.p.gone(self); got != c.gone {
+			t.Errorf("%s: gone %v, want %v", c.name, got, c.gone)
+		}
 	}
 }
