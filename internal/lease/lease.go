@@ -58,6 +58,11 @@ const DefaultTTL = 3 * time.Second
 // ErrLost is the end of a term: another instance holds the lease now.
 var ErrLost = errors.New("lease: another instance took the lease; this one stands by")
 
+// ErrExpired ends a call bound to a term ([Term.Bound]) whose validity
+// ran out before a renewal succeeded: NATS unreachable or this process
+// paused, while a standby may be taking over.
+var ErrExpired = errors.New("lease: the term's validity ran out before a renewal succeeded (NATS unreachable, or this process paused); the call was cut off")
+
 // Config of a lease.
 type Config struct {
 	// Name is the lease's key: the service it makes single-writer (a
@@ -334,6 +339,40 @@ func (t *Term) Check(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
+}
+
+// Bound returns a context for one store call made now: it ends, with
+// cause [ErrLost] or [ErrExpired], as soon as the term is lost or its
+// validity runs out without a renewal, so that a call cannot outlast the
+// term it started in (a writer cut off from NATS stops writing by the
+// time a standby may take over). A request already sent when it ends may
+// still land: the stores' version guards make that one harmless.
+func (t *Term) Bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	bound, cancel := context.WithCancelCause(ctx)
+	go func() {
+		timer := time.NewTimer(time.Hour)
+		defer timer.Stop()
+		for {
+			t.mu.Lock()
+			until := t.validUntil
+			t.mu.Unlock()
+			left := time.Until(until)
+			if left <= 0 {
+				cancel(ErrExpired)
+				return
+			}
+			timer.Reset(left)
+			select {
+			case <-bound.Done():
+				return
+			case <-t.lost:
+				cancel(ErrLost)
+				return
+			case <-timer.C:
+			}
+		}
+	}()
+	return bound, func() { cancel(context.Canceled) }
 }
 
 func (t *Term) markLost() { t.lostOnce.Do(func() { close(t.lost) }) }

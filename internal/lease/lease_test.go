@@ -297,3 +297,54 @@ func TestProcessGone(t *testing.T) {
 		}
 	}
 }
+
+// A call bound to a term ends when the term's validity runs out without a
+// renewal (the holder cut off from NATS), and at once when it is lost.
+func TestBoundCallEndsWithItsTerm(t *testing.T) {
+	js := jetStream(t)
+	const ttl = 900 * time.Millisecond
+	l := openLease(t, js, "a", ttl)
+	block := make(chan struct{})
+	l.beforeRenew = func() { <-block }
+	term, err := l.Acquire(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	bound, cancel := term.Bound(context.Background())
+	defer cancel()
+	select {
+	case <-bound.Done():
+	case <-time.After(3 * ttl):
+		t.Fatal("a call bound to a term that renews nothing is still running after 3 TTLs")
+	}
+	if took := time.Since(start); took > l.cfg.Validity()+200*time.Millisecond {
+		t.Errorf("the bound call ended %v after the term began, past its validity %v", took, l.cfg.Validity())
+	}
+	if !errors.Is(context.Cause(bound), ErrExpired) {
+		t.Fatalf("cause %v, want ErrExpired", context.Cause(bound))
+	}
+
+	// Renewals again: the term is valid; a bound call lasts until the
+	// lease is lost, then ends with ErrLost.
+	close(block)
+	if err := term.Check(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	bound, cancel = term.Bound(context.Background())
+	defer cancel()
+	time.Sleep(2 * ttl)
+	if bound.Err() != nil {
+		t.Fatalf("a call bound to a renewed term ended: %v", context.Cause(bound))
+	}
+	term.markLost()
+	select {
+	case <-bound.Done():
+	case <-time.After(time.Second):
+		t.Fatal("a bound call outlived the term's loss")
+	}
+	if !errors.Is(context.Cause(bound), ErrLost) {
+		t.Fatalf("cause %v, want ErrLost", context.Cause(bound))
+	}
+	term.Release()
+}

@@ -63,3 +63,57 @@ func TestFencedRuntimeWritesAndAcknowledgesNothing(t *testing.T) {
 		t.Fatalf("the fenced instance applied %d, the next writer %d: want 300 together, each event once", fenced.applied, next.applied)
 	}
 }
+
+// stuckStore's calls last until their context ends, as a store call of a
+// writer cut off from NATS may: only the term's bound stops them.
+type stuckStore struct{ calls atomic.Int32 }
+
+func (s *stuckStore) Apply(ctx context.Context, events []*contract.Event) []projector.Result {
+	s.calls.Add(1)
+	<-ctx.Done()
+	res := make([]projector.Result, len(events))
+	for i := range res {
+		res[i].Outcome = projector.Applied // what a store that ignores its context might report
+	}
+	return res
+}
+
+// A store call cannot outlast the term it started in: when the term's
+// validity runs out mid-call (the writer cut off from NATS), the call's
+// context ends, nothing of it is acknowledged, Run ends with a
+// FencedError naming the expiry, and the next writer gets every event.
+func TestStoreCallEndsWithItsTerm(t *testing.T) {
+	e := newEnv(t)
+	for k := range 50 {
+		e.publish(t, upsert(fmt.Sprintf("doc-%d", k), 1))
+	}
+	stuck := &stuckStore{}
+	expired := errors.New("the term's validity ran out")
+	r, err := projector.New(e.js, stuck, projector.Config{Name: "bound", BatchSize: 100, Parallel: 1,
+		Bound: func(ctx context.Context) (context.Context, context.CancelFunc) {
+			ctx, cancel := context.WithCancelCause(ctx)
+			time.AfterFunc(300*time.Millisecond, func() { cancel(expired) })
+			return ctx, func() { cancel(context.Canceled) }
+		}}, projector.NewMetrics(nil), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = r.Run(ctx)
+	var fe *projector.FencedError
+	if !errors.As(err, &fe) || !errors.Is(err, expired) {
+		t.Fatalf("Run ended with %v, want a FencedError wrapping the expiry", err)
+	}
+	if stuck.calls.Load() != 1 {
+		t.Fatalf("%d store calls, want the one cut off", stuck.calls.Load())
+	}
+	if _, err := e.js.ResetConsumer(context.Background(), contract.DocsStream, "bound"); err != nil {
+		t.Fatal(err)
+	}
+	next := newMemStore()
+	run(t, e, next, projector.Config{Name: "bound"}, nil)
+	if next.applied != 50 {
+		t.Fatalf("the next writer applied %d events, want all 50: the cut-off call acknowledged some", next.applied)
+	}
+}

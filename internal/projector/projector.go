@@ -272,6 +272,11 @@ type Config struct {
 	// took over gets its messages again), and Run returns the error
 	// wrapped in [FencedError].
 	Fence func(ctx context.Context) error
+	// Bound, when set, gives each store call a context that ends when the
+	// term the call started in does (lease.Term.Bound): a call cut off
+	// that way is neither acknowledged nor retried by this writer, but
+	// ends Run as a [FencedError].
+	Bound func(ctx context.Context) (context.Context, context.CancelFunc)
 }
 
 // unpin releases the consumer's pinned client. (A request of its own:
@@ -1045,7 +1050,8 @@ func (r *Runtime) applyShard(ctx context.Context, items []*item) []Result {
 	return results
 }
 
-// safeApply calls the store, turning a malformed answer into errors.
+// safeApply asks the fence, then calls the store within the bound of the
+// term (Config.Bound) when there is one.
 func (r *Runtime) safeApply(ctx context.Context, items []*item) []Result {
 	var res []Result
 	if r.cfg.Fence != nil {
@@ -1057,6 +1063,25 @@ func (r *Runtime) safeApply(ctx context.Context, items []*item) []Result {
 			return res
 		}
 	}
+	if r.cfg.Bound == nil {
+		return r.storeApply(ctx, items)
+	}
+	bound, cancel := r.cfg.Bound(ctx)
+	defer cancel()
+	res = r.storeApply(bound, items)
+	if ctx.Err() == nil && bound.Err() != nil {
+		// The term ended during the call: whatever it reports, no result
+		// of it may be acknowledged by this writer.
+		for i := range res {
+			res[i].Err = &FencedError{Err: context.Cause(bound)}
+		}
+	}
+	return res
+}
+
+// storeApply calls the store, turning a malformed answer into errors.
+func (r *Runtime) storeApply(ctx context.Context, items []*item) []Result {
+	var res []Result
 	if ds, ok := r.store.(DeliveryStore); ok {
 		deliveries := make([]Delivery, len(items))
 		for i, it := range items {

@@ -168,6 +168,14 @@ func RunService(ctx context.Context, sc ServiceConfig, store Store, routes map[s
 		}
 		return t.Check(ctx)
 	}
+	rc.Bound = func(ctx context.Context) (context.Context, context.CancelFunc) {
+		if t := term.Load(); t != nil {
+			return t.Bound(ctx)
+		}
+		ctx, cancel := context.WithCancelCause(ctx)
+		cancel(lease.ErrLost)
+		return ctx, func() {}
+	}
 	metrics := NewMetrics(deps.Registry, sc.Runtime.Name)
 	r, err := New(js, store, rc, metrics, deps.Log)
 	if err != nil {
