@@ -43,8 +43,9 @@ type ServiceConfig struct {
 	Prepare func(ctx context.Context, js jetstream.JetStream) error
 	// Alongside, when set, runs beside the runtime while this instance
 	// holds the store's lease, and is cancelled when it loses it: the
-	// rebuilds, which write the store too.
-	Alongside func(ctx context.Context, js jetstream.JetStream) error
+	// rebuilds, which write the store too, each write behind fence (the
+	// runtime's own Config.Fence and Config.Bound).
+	Alongside func(ctx context.Context, js jetstream.JetStream, fence Fencing) error
 	// Lease makes this instance the store's only writer while others of
 	// the same name stand by (see internal/lease).
 	Lease LeaseConfig
@@ -317,7 +318,7 @@ func (h *holder) hold(ctx context.Context, t *lease.Term, prepared *bool) error 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return h.r.Run(gctx) })
 	if h.sc.Alongside != nil {
-		g.Go(func() error { return h.sc.Alongside(gctx, h.js) })
+		g.Go(func() error { return h.sc.Alongside(gctx, h.js, Fencing{Fence: h.r.cfg.Fence, Bound: h.r.cfg.Bound}) })
 	}
 	err := g.Wait()
 	if c := context.Cause(ctx); err == nil && errors.Is(c, lease.ErrLost) {

@@ -2,9 +2,11 @@ package rebuild
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -216,5 +218,68 @@ func TestNewManagerTakesStoresOfOneStrategy(t *testing.T) {
 				t.Fatalf("status in place %v; want %v", got, tc.inPlace)
 			}
 		})
+	}
+}
+
+// A rebuild writes only while its instance holds the lease: with the
+// fence refusing (the lease lost, or the term past its validity), the
+// wipe never runs and the rebuild runtime writes nothing; once the fence
+// lets writes through again, the rebuild goes on and finishes.
+func TestRebuildWritesOnlyBehindTheFence(t *testing.T) {
+	_, js := testenv.StartNATS(t).DocsStream(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for i := range 100 {
+		d, err := contract.Document{Key: fmt.Sprintf("k%03d", i), Version: 1, Title: "t", Body: "b"}.Normalize()
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, err := contract.NewUpsertedEvent(d, []string{d.Body}).Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := nats.NewMsg(contract.Subject(d.Key))
+		m.Data = data
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	store := &recStore{versions: map[string]int64{}}
+	stores := &inPlaceStores{store: store}
+	g, _ := stores.Open(ctx, "db")
+	m, err := NewManager(Config{Runtime: projector.Config{Name: "graph", BatchSize: 50}, RetryMax: 100 * time.Millisecond}, stores, NewSwitch(g), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held atomic.Bool // whether this instance's term is valid
+	var refused atomic.Int32
+	fence := projector.Fencing{Fence: func(context.Context) error {
+		if !held.Load() {
+			refused.Add(1)
+			return errors.New("the lease is another instance's")
+		}
+		return nil
+	}}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = m.RunFenced(ctx, js, fence) }()
+	defer func() { cancel(); wg.Wait() }()
+	testenv.Eventually(t, "the manager to take a rebuild", 30*time.Second, func() bool {
+		_, _, err := m.Start(ctx)
+		return err == nil
+	})
+	testenv.Eventually(t, "the fence to refuse the rebuild's writes", 30*time.Second, func() bool { return refused.Load() >= 2 })
+	store.mu.Lock()
+	wipes, calls := store.wipes, store.calls
+	store.mu.Unlock()
+	if wipes != 0 || calls != 0 {
+		t.Fatalf("behind a refusing fence the rebuild wiped %d times and made %d store calls; want none", wipes, calls)
+	}
+	held.Store(true)
+	testenv.Eventually(t, "the rebuild to finish once the fence lets it", 60*time.Second, func() bool { return m.Status(ctx).Phase == PhaseDone })
+	store.mu.Lock()
+	defer store.mu.Unlock()
+	if store.wipes != 1 || len(store.versions) != 100 {
+		t.Fatalf("after the rebuild: %d wipes, %d documents; want 1 and 100", store.wipes, len(store.versions))
 	}
 }

@@ -172,6 +172,7 @@ type Manager struct {
 
 	js        jetstream.JetStream
 	kv        jetstream.KeyValue
+	fence     projector.Fencing // of the lease term Run runs in
 	ready     chan struct{}
 	readyOnce sync.Once
 	wake      chan struct{}
@@ -214,6 +215,16 @@ func ConsumerName(name string) string { return name + "-rebuild" }
 // left unfinished, and then runs the rebuilds [Manager.Start] asks for,
 // until ctx ends.
 func (m *Manager) Run(ctx context.Context, js jetstream.JetStream) error {
+	return m.RunFenced(ctx, js, projector.Fencing{})
+}
+
+// RunFenced is Run within a lease term: the rebuild runtime's writes, the
+// wipe, the activation of a generation and the drop of the previous one
+// each pass fence first and are bound to the term, so an instance that
+// lost its lease (or is cut off from NATS past its validity) changes
+// nothing more.
+func (m *Manager) RunFenced(ctx context.Context, js jetstream.JetStream, fence projector.Fencing) error {
+	m.fence = fence
 	for attempt := 1; ; attempt++ {
 		// Create, never update: every projector shares the bucket, and
 		// none may change its configuration under the others.
@@ -457,7 +468,7 @@ func (m *Manager) blueGreen(ctx context.Context, stores BlueGreen, st *State) er
 	if err := m.catchUpToLast(ctx, target); err != nil {
 		return err
 	}
-	if err := stores.Activate(ctx, st.Target); err != nil {
+	if err := m.fence.Do(ctx, func(ctx context.Context) error { return stores.Activate(ctx, st.Target) }); err != nil {
 		return fmt.Errorf("activate %s: %w", stores.Describe(st.Target), err)
 	}
 	prev := m.sw.replace(target)
@@ -477,7 +488,7 @@ func (m *Manager) dropPrevious(ctx context.Context, stores BlueGreen, st *State)
 		if name == st.Target {
 			continue
 		}
-		if err := stores.Drop(ctx, name); err != nil {
+		if err := m.fence.Do(ctx, func(ctx context.Context) error { return stores.Drop(ctx, name) }); err != nil {
 			return fmt.Errorf("drop %s: %w", stores.Describe(name), err)
 		}
 	}
@@ -492,7 +503,7 @@ func (m *Manager) inPlace(ctx context.Context, stores InPlace, st *State) error 
 	live := m.sw.Live()
 	if st.Phase == PhaseWiping {
 		m.setPhase(st, PhaseWiping)
-		if err := stores.Wipe(ctx, live); err != nil {
+		if err := m.fence.Do(ctx, func(ctx context.Context) error { return stores.Wipe(ctx, live) }); err != nil {
 			return fmt.Errorf("wipe %s: %w", stores.Describe(live.Name), err)
 		}
 		// A consumer left from an interrupted wipe would skip the stream's
@@ -568,6 +579,7 @@ func (m *Manager) catchUpTo(ctx context.Context, g *Generation, target uint64) e
 	rc := m.cfg.Runtime
 	rc.Name = ConsumerName(m.name)
 	rc.StopWhenCaughtUp = false
+	rc.Fence, rc.Bound = m.fence.Fence, m.fence.Bound
 	rt, err := projector.New(m.js, g.Store, rc, nil, m.log)
 	if err != nil {
 		return err

@@ -40,7 +40,7 @@ func RunService(ctx context.Context, sc projector.ServiceConfig, stores Stores, 
 	maps.Copy(routes, m.Routes())
 	// Rebuilds write the store too: they run while this instance holds
 	// its lease, and resume on the instance that takes it over.
-	sc.Alongside = m.Run
+	sc.Alongside = m.RunFenced
 	return projector.RunService(ctx, sc, sw, routes, deps)
 }
 

@@ -1,0 +1,35 @@
+package projector
+
+import (
+	"context"
+)
+
+// Fencing is a lease term's fence for writes made beside the runtime
+// (rebuilds): the same Fence and Bound as the runtime's [Config]. The zero
+// Fencing lets every write through.
+type Fencing struct {
+	Fence func(ctx context.Context) error
+	Bound func(ctx context.Context) (context.Context, context.CancelFunc)
+}
+
+// Do runs write after the fence lets it, with a context bound to the
+// term: a refusal is a [*FencedError] and write is not called; a write
+// that the term's end cut off returns a [*FencedError] too, whatever
+// write itself returned.
+func (f Fencing) Do(ctx context.Context, write func(ctx context.Context) error) error {
+	if f.Fence != nil {
+		if err := f.Fence(ctx); err != nil {
+			return &FencedError{Err: err}
+		}
+	}
+	if f.Bound == nil {
+		return write(ctx)
+	}
+	bound, cancel := f.Bound(ctx)
+	defer cancel()
+	err := write(bound)
+	if ctx.Err() == nil && bound.Err() != nil {
+		return &FencedError{Err: context.Cause(bound)}
+	}
+	return err
+}
