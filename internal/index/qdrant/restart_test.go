@@ -10,7 +10,7 @@ import (
 
 	"github.com/converge-sync/converge/internal/embed"
 	"github.com/converge-sync/converge/internal/index"
-	"github.com/converge-sync/converge/internal/index/qdranttest"
+	"github.com/converge-sync/converge/internal/index/qdrant"
 )
 
 // ensureSteps are the payload indexes Ensure makes after the collection,
@@ -27,9 +27,9 @@ var ensureSteps = []struct {
 }
 
 // payloadSchema is the collection's payload indexes: "field:type", sorted.
-func payloadSchema(t *testing.T, c *qd.Client) []string {
+func payloadSchema(t *testing.T, c *qd.Client, collection string) []string {
 	t.Helper()
-	info, err := c.GetCollectionInfo(ctx(), "converge_chunks")
+	info, err := c.GetCollectionInfo(ctx(), collection)
 	must(t, err)
 	var out []string
 	for field, s := range info.GetPayloadSchema() {
@@ -53,43 +53,46 @@ func TestEnsureFinishesWhatAKilledStartLeft(t *testing.T) {
 	for _, strict := range []bool{false, true} {
 		for made := range len(ensureSteps) + 1 {
 			t.Run(fmt.Sprintf("strict=%v/indexes=%d", strict, made), func(t *testing.T) {
-				srv := qdranttest.Start(t)
-				c, err := qd.NewClient(&qd.Config{Host: srv.Host(), Port: srv.Port(), SkipCompatibilityCheck: true})
-				must(t, err)
-				defer c.Close()
-				req := &qd.CreateCollection{CollectionName: "converge_chunks",
-					VectorsConfig: qd.NewVectorsConfig(&qd.VectorParams{Size: dim, Distance: qd.Distance_Cosine})}
-				if strict {
-					req.StrictModeConfig = &qd.StrictModeConfig{Enabled: qd.PtrOf(true),
-						UnindexedFilteringRetrieve: qd.PtrOf(false), UnindexedFilteringUpdate: qd.PtrOf(false)}
-				}
-				must(t, c.CreateCollection(ctx(), req))
-				for _, s := range ensureSteps[:made] {
-					_, err := c.CreateFieldIndex(ctx(), &qd.CreateFieldIndexCollection{CollectionName: "converge_chunks",
-						Wait: qd.PtrOf(true), FieldName: s.field, FieldType: qd.PtrOf(s.kind)})
-					must(t, err)
-				}
+				onBoth(t, func(t *testing.T, s server) {
+					c := s.client(t)
+					req := &qd.CreateCollection{}
+					if strict {
+						req.StrictModeConfig = &qd.StrictModeConfig{Enabled: qd.PtrOf(true),
+							UnindexedFilteringRetrieve: qd.PtrOf(false), UnindexedFilteringUpdate: qd.PtrOf(false)}
+					}
+					s.createWith(t, req)
+					for _, step := range ensureSteps[:made] {
+						_, err := c.CreateFieldIndex(ctx(), &qd.CreateFieldIndexCollection{CollectionName: s.collection(),
+							Wait: qd.PtrOf(true), FieldName: step.field, FieldType: qd.PtrOf(step.kind)})
+						must(t, err)
+					}
 
-				b := open(t, srv, nil)
-				x, err := index.New(ctx(), b, e, index.Options{})
-				must(t, err)
-				if got, want := fmt.Sprint(payloadSchema(t, c)), "[key:Keyword type:Keyword version:Integer version_high:Integer version_low:Integer]"; got != want {
-					t.Fatalf("payload indexes %s; want %s", got, want)
-				}
-				if n := srv.Calls("Points/CreateFieldIndex"); n != len(ensureSteps) {
-					t.Fatalf("%d payload indexes created in all; want each of the %d once", n, len(ensureSteps))
-				}
-				if n := srv.Calls("Collections/Create"); n != 1 {
-					t.Fatalf("the collection created %d times; want once", n)
-				}
-				if stored, _, refusing := x.Embedder(); refusing != nil || stored != embed.IdentityOf(e) {
-					t.Fatalf("embedder %v (refusing: %v); want %v recorded", stored, refusing, embed.IdentityOf(e))
-				}
-				must(t, b.Upsert(ctx(), []index.Point{chunk("a", 1, 0, axis(0))}))
-				must(t, b.SetMarkers(ctx(), []index.Marker{{Key: "a", Version: 1}}))
-				if m, err := b.Markers(ctx(), []string{"a"}); err != nil || m["a"].Version != 1 {
-					t.Fatalf("markers %v, %v", m, err)
-				}
+					b := s.open(t, nil)
+					x, err := index.New(ctx(), b, e, index.Options{})
+					must(t, err)
+					if got, want := fmt.Sprint(payloadSchema(t, c, s.collection())), "[key:Keyword type:Keyword version:Integer version_high:Integer version_low:Integer]"; got != want {
+						t.Fatalf("payload indexes %s; want %s", got, want)
+					}
+					if s.model != nil {
+						if n := s.model.Calls("Points/CreateFieldIndex"); n != len(ensureSteps) {
+							t.Fatalf("%d payload indexes created in all; want each of the %d once", n, len(ensureSteps))
+						}
+						if n := s.model.Calls("Collections/Create"); n != 1 {
+							t.Fatalf("the collection created %d times; want once", n)
+						}
+					}
+					if stored, _, refusing := x.Embedder(); refusing != nil || stored != embed.IdentityOf(e) {
+						t.Fatalf("embedder %v (refusing: %v); want %v recorded", stored, refusing, embed.IdentityOf(e))
+					}
+					if stored, ok, err := b.Embedder(ctx()); err != nil || !ok || stored != embed.IdentityOf(e) {
+						t.Fatalf("embedder point %v, %v, %v; want %v", stored, ok, err, embed.IdentityOf(e))
+					}
+					must(t, b.Upsert(ctx(), []index.Point{chunk("a", 1, 0, axis(0))}))
+					must(t, b.SetMarkers(ctx(), []index.Marker{{Key: "a", Version: 1}}))
+					if m, err := b.Markers(ctx(), []string{"a"}); err != nil || m["a"].Version != 1 {
+						t.Fatalf("markers %v, %v", m, err)
+					}
+				})
 			})
 		}
 	}
@@ -99,32 +102,32 @@ func TestEnsureFinishesWhatAKilledStartLeft(t *testing.T) {
 // create loses the race take the winner's collection. (Ten times over:
 // the race is lost only now and then.)
 func TestEnsureConcurrently(t *testing.T) {
-	for range 10 {
-		srv := qdranttest.Start(t)
-		var wg sync.WaitGroup
-		start := make(chan struct{})
-		errs := make([]error, 4)
-		for i := range errs {
-			b := open(t, srv, nil)
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				<-start
-				errs[i] = b.Ensure(ctx(), dim)
-			}()
-		}
-		close(start)
-		wg.Wait()
-		for i, err := range errs {
-			if err != nil {
-				t.Fatalf("instance %d: %v", i, err)
+	onBoth(t, func(t *testing.T, s server) {
+		c := s.client(t)
+		for round := range 10 {
+			collection := s.name(fmt.Sprintf("round_%d", round))
+			var wg sync.WaitGroup
+			start := make(chan struct{})
+			errs := make([]error, 4)
+			for i := range errs {
+				b := s.open(t, func(c *qdrant.Config) { c.Collection = collection })
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					<-start
+					errs[i] = b.Ensure(ctx(), dim)
+				}()
+			}
+			close(start)
+			wg.Wait()
+			for i, err := range errs {
+				if err != nil {
+					t.Fatalf("round %d, instance %d: %v", round, i, err)
+				}
+			}
+			if got := len(payloadSchema(t, c, collection)); got != len(ensureSteps) {
+				t.Fatalf("round %d: %d payload indexes; want %d", round, got, len(ensureSteps))
 			}
 		}
-		c, err := qd.NewClient(&qd.Config{Host: srv.Host(), Port: srv.Port(), SkipCompatibilityCheck: true})
-		must(t, err)
-		if got := len(payloadSchema(t, c)); got != len(ensureSteps) {
-			t.Fatalf("%d payload indexes; want %d", got, len(ensureSteps))
-		}
-		_ = c.Close()
-	}
+	})
 }

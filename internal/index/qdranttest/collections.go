@@ -20,8 +20,9 @@ type collection struct {
 	points   map[pointID]*point
 	byKey    map[string]map[pointID]*point // see keyindex.go
 	strict   *qdrant.StrictModeConfig      // see strict.go
-	// preventUnoptimized is optimizers_config.prevent_unoptimized, which
-	// the server reports only.
+	sizes    sizeStatsCache                // see strict.go
+	// preventUnoptimized is optimizers_config.prevent_unoptimized (from
+	// Qdrant 1.17), which the server reports only.
 	preventUnoptimized *bool
 }
 
@@ -48,7 +49,7 @@ func (cs *collectionsService) Create(_ context.Context, req *qdrant.CreateCollec
 	}
 	p := vc.GetParams()
 	if p.GetSize() < 1 || p.GetSize() > maxVectorSize {
-		return nil, badInput("Validation error in body: [vectors.size: value %d invalid, must be from 1 to %d]", p.GetSize(), maxVectorSize)
+		return nil, status.Errorf(codes.InvalidArgument, "Validation error in body: [vectors_config.config.size: value %d invalid, must be from 1 to %d]", p.GetSize(), maxVectorSize)
 	}
 	switch p.GetDistance() {
 	case qdrant.Distance_Cosine, qdrant.Distance_Dot, qdrant.Distance_Euclid, qdrant.Distance_Manhattan:
@@ -86,23 +87,33 @@ func (cs *collectionsService) Create(_ context.Context, req *qdrant.CreateCollec
 		indexes:  make(map[string]qdrant.PayloadSchemaType),
 		points:   make(map[pointID]*point),
 		strict:   proto.CloneOf(req.GetStrictModeConfig()),
+		sizes:    newSizeStatsCache(),
 	}
-	if oc := req.GetOptimizersConfig(); oc != nil && oc.PreventUnoptimized != nil {
+	// Qdrant 1.16.3 does not know prevent_unoptimized: the field is
+	// dropped as unknown.
+	if oc := req.GetOptimizersConfig(); oc != nil && oc.PreventUnoptimized != nil && s.since117() {
 		s.collections[name].preventUnoptimized = proto.Bool(oc.GetPreventUnoptimized())
 	}
 	return &qdrant.CollectionOperationResponse{Result: true, Time: since(start)}, nil
 }
 
-// validCollectionName applies Qdrant's rules for collection and alias names.
+// validCollectionName applies Qdrant's rules for collection names, with
+// Qdrant 1.16.3's messages: of the forbidden characters it names the first
+// of its list that the name holds. Alias names are not checked, as in
+// Qdrant 1.16.3, which creates an alias "a/b".
 func validCollectionName(name string) error {
 	if name == "" || len(name) > 255 {
-		return badInput("Validation error in path parameters: [name: length must be between 1 and 255]")
+		return status.Errorf(codes.InvalidArgument, "Validation error in body: [collection_name: value %q invalid, must be from 1 to 255 characters]", name)
 	}
-	if strings.ContainsAny(name, "<>:\"/\\|?*\x00") {
-		return badInput("Validation error in path parameters: [name: collection name cannot contain any of <>:\"/\\|?* or the null character]")
+	for _, r := range forbiddenNameChars {
+		if strings.ContainsRune(name, r) {
+			return status.Errorf(codes.InvalidArgument, "Validation error in body: [collection_name: collection name cannot contain \"%c\" char]", r)
+		}
 	}
 	return nil
 }
+
+const forbiddenNameChars = "<>:\"/\\|?*\x00"
 
 func (cs *collectionsService) Get(_ context.Context, req *qdrant.GetCollectionInfoRequest) (*qdrant.GetCollectionInfoResponse, error) {
 	start := time.Now()
@@ -211,9 +222,6 @@ func (cs *collectionsService) UpdateAliases(_ context.Context, req *qdrant.Chang
 		switch a := action.GetAction().(type) {
 		case *qdrant.AliasOperations_CreateAlias:
 			alias, target := a.CreateAlias.GetAliasName(), a.CreateAlias.GetCollectionName()
-			if err := validCollectionName(alias); err != nil {
-				return nil, err
-			}
 			if _, ok := s.collections[target]; !ok {
 				return nil, notFound("Collection `%s` doesn't exist!", target)
 			}
@@ -230,9 +238,6 @@ func (cs *collectionsService) UpdateAliases(_ context.Context, req *qdrant.Chang
 			target, ok := s.aliases[old]
 			if !ok {
 				return nil, notFound("Alias %s does not exists!", old)
-			}
-			if err := validCollectionName(renamed); err != nil {
-				return nil, err
 			}
 			delete(s.aliases, old)
 			s.aliases[renamed] = target

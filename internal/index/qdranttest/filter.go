@@ -1,7 +1,11 @@
 package qdranttest
 
 import (
+	"math"
+
 	"github.com/qdrant/go-client/qdrant"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // checkFilter rejects a filter the server cannot evaluate, before any point
@@ -48,7 +52,7 @@ func checkCondition(c *qdrant.Condition) error {
 
 func checkKey(key string) error {
 	if key == "" {
-		return badInput("Validation error in body: [filter: key must not be empty]")
+		return status.Error(codes.InvalidArgument, "Invalid json path: ''")
 	}
 	return nil
 }
@@ -74,7 +78,7 @@ func checkField(f *qdrant.FieldCondition) error {
 		case *qdrant.Match_Keyword, *qdrant.Match_Integer, *qdrant.Match_Boolean,
 			*qdrant.Match_Keywords, *qdrant.Match_Integers:
 		case nil:
-			return badInput("Validation error in body: [filter: match value is required]")
+			return status.Error(codes.InvalidArgument, "Malformed Match condition")
 		default:
 			return unsupported("this match kind (text, phrase, except)")
 		}
@@ -82,26 +86,26 @@ func checkField(f *qdrant.FieldCondition) error {
 	return nil
 }
 
-// matches evaluates a checked filter on a point: every must, at least one
-// should (when there are any), no must_not, and min_should.
-func matches(f *qdrant.Filter, p *point) bool {
+// matches evaluates a checked filter on a point of c: every must, at least
+// one should (when there are any), no must_not, and min_should.
+func (c *collection) matches(f *qdrant.Filter, p *point) bool {
 	if f == nil {
 		return true
 	}
-	for _, c := range f.GetMust() {
-		if !holds(c, p) {
+	for _, cond := range f.GetMust() {
+		if !c.holds(cond, p) {
 			return false
 		}
 	}
-	for _, c := range f.GetMustNot() {
-		if holds(c, p) {
+	for _, cond := range f.GetMustNot() {
+		if c.holds(cond, p) {
 			return false
 		}
 	}
 	if should := f.GetShould(); len(should) > 0 {
 		found := false
-		for _, c := range should {
-			if holds(c, p) {
+		for _, cond := range should {
+			if c.holds(cond, p) {
 				found = true
 				break
 			}
@@ -112,8 +116,8 @@ func matches(f *qdrant.Filter, p *point) bool {
 	}
 	if ms := f.GetMinShould(); ms != nil {
 		n := uint64(0)
-		for _, c := range ms.GetConditions() {
-			if holds(c, p) {
+		for _, cond := range ms.GetConditions() {
+			if c.holds(cond, p) {
 				n++
 			}
 		}
@@ -124,10 +128,11 @@ func matches(f *qdrant.Filter, p *point) bool {
 	return true
 }
 
-func holds(c *qdrant.Condition, p *point) bool {
-	switch v := c.GetConditionOneOf().(type) {
+func (c *collection) holds(cond *qdrant.Condition, p *point) bool {
+	switch v := cond.GetConditionOneOf().(type) {
 	case *qdrant.Condition_Field:
-		return fieldHolds(v.Field, p.payload[v.Field.GetKey()])
+		key := v.Field.GetKey()
+		return fieldHolds(v.Field, p.payload[key], c.indexes[key])
 	case *qdrant.Condition_HasId:
 		for _, id := range v.HasId.GetHasId() {
 			if pid, err := parsePointID(id); err == nil && pid == p.id {
@@ -136,7 +141,7 @@ func holds(c *qdrant.Condition, p *point) bool {
 		}
 		return false
 	case *qdrant.Condition_Filter:
-		return matches(v.Filter, p)
+		return c.matches(v.Filter, p)
 	case *qdrant.Condition_IsEmpty:
 		val, ok := p.payload[v.IsEmpty.GetKey()]
 		return !ok || isNull(val) || (val.GetListValue() != nil && len(val.GetListValue().GetValues()) == 0)
@@ -153,8 +158,10 @@ func isNull(v *qdrant.Value) bool {
 }
 
 // fieldHolds evaluates a field condition on a payload value; on an array
-// it holds when it holds for any element, as in Qdrant.
-func fieldHolds(f *qdrant.FieldCondition, v *qdrant.Value) bool {
+// it holds when it holds for any element, as in Qdrant. index is the
+// field's payload index, if any: a range on a field with an integer index
+// is decided by the index, as in Qdrant (see intRangeHolds).
+func fieldHolds(f *qdrant.FieldCondition, v *qdrant.Value, index qdrant.PayloadSchemaType) bool {
 	if v == nil {
 		return false
 	}
@@ -165,7 +172,11 @@ func fieldHolds(f *qdrant.FieldCondition, v *qdrant.Value) bool {
 	if f.Match != nil && !anyValue(values, func(x *qdrant.Value) bool { return matchHolds(f.Match, x) }) {
 		return false
 	}
-	if f.Range != nil && !anyValue(values, func(x *qdrant.Value) bool { return rangeHolds(f.Range, x) }) {
+	inRange := rangeHolds
+	if index == qdrant.PayloadSchemaType_Integer {
+		inRange = intRangeHolds
+	}
+	if f.Range != nil && !anyValue(values, func(x *qdrant.Value) bool { return inRange(f.Range, x) }) {
 		return false
 	}
 	return true
@@ -229,4 +240,38 @@ func rangeHolds(r *qdrant.Range, v *qdrant.Value) bool {
 		(r.Gt == nil || x > r.GetGt()) &&
 		(r.Lte == nil || x <= r.GetLte()) &&
 		(r.Gte == nil || x >= r.GetGte())
+}
+
+// intRangeHolds is a range on a field with an integer index, which Qdrant
+// checks against the index (get_float_range_checkers in
+// lib/segment/src/index/query_optimization/condition_converter.rs): the
+// bounds are cast to integers as Rust's "as i64" does (toward zero,
+// saturating), so "lt 2.5" is "lt 2" and excludes 2, and integers compare
+// exactly, above 2^53 too; a value that is no integer is not in the index
+// and matches no range. Without the index the range compares floats
+// (rangeHolds).
+func intRangeHolds(r *qdrant.Range, v *qdrant.Value) bool {
+	n, ok := v.GetKind().(*qdrant.Value_IntegerValue)
+	if !ok {
+		return false
+	}
+	x := n.IntegerValue
+	return (r.Lt == nil || x < rustInt(r.GetLt())) &&
+		(r.Gt == nil || x > rustInt(r.GetGt())) &&
+		(r.Lte == nil || x <= rustInt(r.GetLte())) &&
+		(r.Gte == nil || x >= rustInt(r.GetGte()))
+}
+
+// rustInt converts f as Rust's "f as i64" does: toward zero, NaN to 0,
+// and out-of-range values to the nearest bound.
+func rustInt(f float64) int64 {
+	switch {
+	case math.IsNaN(f):
+		return 0
+	case f >= math.MaxInt64:
+		return math.MaxInt64
+	case f <= math.MinInt64:
+		return math.MinInt64
+	}
+	return int64(f)
 }

@@ -8,6 +8,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/qdrant/go-client/qdrant"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -42,11 +44,11 @@ func parsePointID(id *qdrant.PointId) (pointID, error) {
 	case *qdrant.PointId_Uuid:
 		u, err := uuid.Parse(v.Uuid)
 		if err != nil {
-			return pointID{}, badInput("Unable to parse UUID: %s", v.Uuid)
+			return pointID{}, status.Errorf(codes.InvalidArgument, "Unable to parse UUID: %s", v.Uuid)
 		}
 		return pointID{isUUID: true, uuid: u}, nil
 	default:
-		return pointID{}, badInput("Malformed PointId: id is required")
+		return pointID{}, status.Error(codes.InvalidArgument, "No ID options provided")
 	}
 }
 
@@ -95,7 +97,7 @@ func denseVector(v *qdrant.Vectors) ([]float32, error) {
 			return vectorData(vec)
 		}
 	}
-	return nil, badInput("Validation error in body: [points: vectors are required]")
+	return nil, status.Error(codes.InvalidArgument, "Expected some vectors")
 }
 
 func vectorData(v *qdrant.Vector) ([]float32, error) {
@@ -179,10 +181,11 @@ func better(c *collection, a, b float32) bool {
 	return a > b
 }
 
-// passes reports whether a score meets a score threshold.
+// passes reports whether a score is past a score threshold: strictly, as
+// in Qdrant, where a score equal to the threshold is left out.
 func passes(c *collection, s, threshold float32) bool {
 	if c.distance == qdrant.Distance_Euclid || c.distance == qdrant.Distance_Manhattan {
-		return s <= threshold
+		return s < threshold
 	}
-	return s >= threshold
+	return s > threshold
 }

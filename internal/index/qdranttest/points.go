@@ -2,10 +2,13 @@ package qdranttest
 
 import (
 	"context"
+	"math/rand/v2"
 	"slices"
 	"time"
 
 	"github.com/qdrant/go-client/qdrant"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // defaultLimit is Qdrant's page and result size when a request sets none.
@@ -22,17 +25,27 @@ const updateChunkSize = 32
 
 // Upsert checks the request (ids, the presence of vectors, the filter)
 // before it writes anything, as Qdrant converts the request first; but a
-// vector's size is checked only as its point is applied, as in Qdrant,
-// where the segment refuses it (upsert_points_impl in
-// lib/shard/src/update/points/upsert.rs). So a batch with one wrong-size
-// vector fails with InvalidArgument after applying part of itself: the
-// chunks of 32 before the point's, and within its chunk the points applied
-// before it (the chunk's existing points first, then its new ones). Qdrant
-// walks the points in hash order; this server walks them in request order.
+// vector's size is checked only as its point is applied, as in Qdrant
+// 1.16.3, where the segment refuses it (upsert_points_impl in
+// lib/shard/src/update/points/upsert.rs). Qdrant applies the points in the
+// order of a hash map of their ids, seeded at random for each request, in
+// chunks of 32, and within a chunk the points that exist before the new
+// ones; the server draws such an order too. So a batch with one wrong-size
+// vector fails with InvalidArgument after writing an arbitrary part of
+// itself, from none of the other points to all of them: which part
+// changes from one request to the next, as in Qdrant. (Qdrant 1.18.1
+// checks every vector first and writes nothing of such a batch,
+// qdrant/qdrant#9058; the server does not model that.)
+//
+// Without wait, Qdrant answers Acknowledged once it has accepted the
+// request, and a failure while applying it reaches no one
+// (qdrant/qdrant#9039): the server writes the same part of the batch and
+// answers Acknowledged.
 //
 // With update_filter an existing point is replaced only if it matches the
-// filter; absent points are inserted regardless (Qdrant 1.16+). update_mode
-// restricts the write to inserts or to updates.
+// filter; absent points are inserted regardless (Qdrant 1.16+).
+// update_mode (insert only, update only) is honoured from 1.17 (see
+// [WithVersion]); Qdrant 1.16.3 does not know the field and ignores it.
 func (ps *pointsService) Upsert(_ context.Context, req *qdrant.UpsertPoints) (*qdrant.PointsOperationResponse, error) {
 	start := time.Now()
 	if req.ShardKeySelector != nil {
@@ -52,6 +65,9 @@ func (ps *pointsService) Upsert(_ context.Context, req *qdrant.UpsertPoints) (*q
 	}
 	incoming := make([]*point, len(req.GetPoints()))
 	for i, in := range req.GetPoints() {
+		if in.GetId() == nil {
+			return nil, status.Error(codes.InvalidArgument, "Empty ID is not allowed")
+		}
 		id, err := parsePointID(in.GetId())
 		if err != nil {
 			return nil, err
@@ -68,7 +84,10 @@ func (ps *pointsService) Upsert(_ context.Context, req *qdrant.UpsertPoints) (*q
 	for i, p := range incoming {
 		last[p.id] = i
 	}
-	mode := req.GetUpdateMode()
+	mode := qdrant.UpdateMode_Upsert
+	if s.since117() {
+		mode = req.GetUpdateMode()
+	}
 	op := s.nextOperation()
 	var kept []*point
 	for i, p := range incoming {
@@ -81,28 +100,40 @@ func (ps *pointsService) Upsert(_ context.Context, req *qdrant.UpsertPoints) (*q
 			continue
 		case exists && mode == qdrant.UpdateMode_InsertOnly:
 			continue
-		case exists && req.UpdateFilter != nil && !matches(req.UpdateFilter, old):
+		case exists && req.UpdateFilter != nil && !c.matches(req.UpdateFilter, old):
 			continue
 		}
 		kept = append(kept, p)
 	}
-	for lo := 0; lo < len(kept); lo += updateChunkSize {
-		chunk := kept[lo:min(lo+updateChunkSize, len(kept))]
+	// Qdrant's order: a hash map's, seeded for each request.
+	rand.Shuffle(len(kept), func(i, j int) { kept[i], kept[j] = kept[j], kept[i] }) //nolint:gosec // an order, not a secret
+	if err := c.apply(kept, *op); err != nil && req.GetWait() {
+		return nil, err
+	}
+	return applied(op, req.GetWait(), start), nil
+}
+
+// apply writes points in chunks of updateChunkSize, in each chunk the
+// points that exist first, as Qdrant does, until a point of the wrong
+// size, whose error it returns.
+func (c *collection) apply(points []*point, op uint64) error {
+	for lo := 0; lo < len(points); lo += updateChunkSize {
+		chunk := points[lo:min(lo+updateChunkSize, len(points))]
 		for _, existing := range []bool{true, false} {
 			for _, p := range chunk {
 				if _, ok := c.points[p.id]; ok != existing {
 					continue
 				}
 				if err := checkDim(c, p.vector); err != nil {
-					return nil, err
+					return err
 				}
 				p.vector = prepare(c, p.vector)
-				p.version = *op
+				p.version = op
 				c.put(p)
 			}
 		}
 	}
-	return applied(op, req.GetWait(), start), nil
+	return nil
 }
 
 // Delete removes points by ids (absent ids are ignored) or by filter.
@@ -131,7 +162,7 @@ func (ps *pointsService) Delete(_ context.Context, req *qdrant.DeletePoints) (*q
 			filter = &qdrant.Filter{}
 		}
 	default:
-		return nil, badInput("Validation error in body: [points: a points selector is required]")
+		return nil, status.Error(codes.InvalidArgument, "PointSelector is missing")
 	}
 	s := ps.s
 	c, unlock, err := s.locked(req.GetCollectionName(), true)
@@ -151,7 +182,7 @@ func (ps *pointsService) Delete(_ context.Context, req *qdrant.DeletePoints) (*q
 	}
 	var doomed []pointID
 	c.candidates(filter, func(p *point) {
-		if matches(filter, p) {
+		if c.matches(filter, p) {
 			doomed = append(doomed, p.id)
 		}
 	})
@@ -161,7 +192,8 @@ func (ps *pointsService) Delete(_ context.Context, req *qdrant.DeletePoints) (*q
 	return applied(op, req.GetWait(), start), nil
 }
 
-// Get returns the requested points that exist, in request order.
+// Get returns the requested points that exist, in request order, without
+// their payload unless asked for (unlike Scroll, as in Qdrant).
 func (ps *pointsService) Get(_ context.Context, req *qdrant.GetPoints) (*qdrant.GetResponse, error) {
 	start := time.Now()
 	if req.ShardKeySelector != nil {
@@ -193,16 +225,19 @@ func (ps *pointsService) Get(_ context.Context, req *qdrant.GetPoints) (*qdrant.
 			continue
 		}
 		seen[id] = true
-		out = append(out, retrieved(p, req.WithPayload, true, withVectors))
+		out = append(out, retrieved(p, req.WithPayload, false, withVectors))
 	}
 	return &qdrant.GetResponse{Result: out, Time: since(start)}, nil
 }
 
-// Count is always exact, whatever the request's exact flag says. The flag
-// matters to strict mode only: unset, it means exact, as Qdrant's gRPC
-// count defaults it to true (count in src/tonic/api/query_common.rs,
-// CountRequestInternal::default_exact; default_exact_count in older
-// releases).
+// Count is always exact, whatever the request's exact flag says: where
+// Qdrant estimates an inexact count of a filter from its payload indexes
+// (7 where 9 points matched, in one comparison), the server counts
+// exactly, so a test must not take an inexact count for a real answer.
+// The flag matters to strict mode only: unset, it means exact, as
+// Qdrant's gRPC count defaults it to true (count in
+// src/tonic/api/query_common.rs, CountRequestInternal::default_exact;
+// default_exact_count in older releases).
 func (ps *pointsService) Count(_ context.Context, req *qdrant.CountPoints) (*qdrant.CountResponse, error) {
 	start := time.Now()
 	if req.ShardKeySelector != nil {
@@ -222,7 +257,7 @@ func (ps *pointsService) Count(_ context.Context, req *qdrant.CountPoints) (*qdr
 	}
 	n := uint64(0)
 	c.candidates(req.Filter, func(p *point) {
-		if matches(req.Filter, p) {
+		if c.matches(req.Filter, p) {
 			n++
 		}
 	})
@@ -251,7 +286,7 @@ func (ps *pointsService) Scroll(_ context.Context, req *qdrant.ScrollPoints) (*q
 		limit = req.GetLimit()
 	}
 	if limit == 0 {
-		return nil, badInput("Validation error in body: [limit: value 0 invalid, must be 1 or more]")
+		return nil, zeroLimit()
 	}
 	var from *pointID
 	if req.Offset != nil {
@@ -272,7 +307,7 @@ func (ps *pointsService) Scroll(_ context.Context, req *qdrant.ScrollPoints) (*q
 	}
 	var hits []*point
 	c.candidates(req.Filter, func(p *point) {
-		if (from == nil || comparePointIDs(p.id, *from) >= 0) && matches(req.Filter, p) {
+		if (from == nil || comparePointIDs(p.id, *from) >= 0) && c.matches(req.Filter, p) {
 			hits = append(hits, p)
 		}
 	})
@@ -318,6 +353,9 @@ func (ps *pointsService) Query(_ context.Context, req *qdrant.QueryPoints) (*qdr
 	if req.Limit != nil {
 		limit = req.GetLimit()
 	}
+	if limit == 0 {
+		return nil, zeroLimit()
+	}
 	s := ps.s
 	c, unlock, err := s.locked(req.GetCollectionName(), false)
 	if err != nil {
@@ -338,7 +376,7 @@ func (ps *pointsService) Query(_ context.Context, req *qdrant.QueryPoints) (*qdr
 		}
 		p, ok := c.points[id]
 		if !ok {
-			return nil, badInput("No point with id %s found", id)
+			return nil, notFound("No point with id %s found", id)
 		}
 		vec = p.vector
 	default:
@@ -362,7 +400,7 @@ func (ps *pointsService) Search(_ context.Context, req *qdrant.SearchPoints) (*q
 	case req.GetVectorName() != "":
 		return nil, badInput("Not existing vector name error: %s", req.GetVectorName())
 	case req.GetLimit() == 0:
-		return nil, badInput("Validation error in body: [limit: value 0 invalid, must be 1 or more]")
+		return nil, zeroLimit()
 	}
 	if err := checkFilter(req.Filter); err != nil {
 		return nil, err
@@ -388,7 +426,8 @@ func (ps *pointsService) Search(_ context.Context, req *qdrant.SearchPoints) (*q
 }
 
 // search ranks every matching point exactly. Equal scores are ordered by
-// descending id (Qdrant leaves their order unspecified).
+// descending id (Qdrant leaves their order unspecified). A score
+// threshold excludes the scores equal to it, as in Qdrant.
 func search(c *collection, vec []float32, filter *qdrant.Filter, limit, offset uint64, threshold *float32,
 	payload *qdrant.WithPayloadSelector, withVectors bool,
 ) ([]*qdrant.ScoredPoint, error) {
@@ -402,7 +441,7 @@ func search(c *collection, vec []float32, filter *qdrant.Filter, limit, offset u
 	}
 	var all []scored
 	for _, p := range c.points {
-		if !matches(filter, p) {
+		if !c.matches(filter, p) {
 			continue
 		}
 		sc := score(c, q, p.vector)
@@ -444,7 +483,7 @@ func (ps *pointsService) CreateFieldIndex(_ context.Context, req *qdrant.CreateF
 		return nil, err
 	}
 	if req.FieldType == nil {
-		return nil, badInput("Validation error in body: [field_schema: a field type is required]")
+		return nil, status.Error(codes.InvalidArgument, "cannot convert field_type")
 	}
 	typ, ok := schemaTypes[req.GetFieldType()]
 	if !ok {
@@ -523,10 +562,9 @@ func retrieved(p *point, sel *qdrant.WithPayloadSelector, payloadDefault, withVe
 		}
 	}
 	if withVectors {
+		// In the flat form, which Qdrant 1.16.3 sends, not as dense.
 		r.Vectors = &qdrant.VectorsOutput{VectorsOptions: &qdrant.VectorsOutput_Vector{
-			Vector: &qdrant.VectorOutput{Vector: &qdrant.VectorOutput_Dense{
-				Dense: &qdrant.DenseVector{Data: slices.Clone(p.vector)},
-			}},
+			Vector: &qdrant.VectorOutput{Data: slices.Clone(p.vector)}, //nolint:staticcheck // the form Qdrant 1.16.3 sends
 		}}
 	}
 	return r

@@ -18,8 +18,9 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// Version is the Qdrant version the server reports in HealthCheck.
-const Version = "1.17.1"
+// Version is the Qdrant version the server follows and reports in
+// HealthCheck.
+const Version = "1.16.3"
 
 // maxMessageBytes is Qdrant's default gRPC request limit (32 MiB).
 const maxMessageBytes = 32 << 20
@@ -46,9 +47,19 @@ func WithReadOnlyAPIKey(key string) Option {
 	return func(s *Server) { s.keys.readOnly = key }
 }
 
-// WithVersion makes HealthCheck report version v instead of [Version].
+// WithVersion makes HealthCheck report version v instead of [Version],
+// and the server follow v where it models a change: from 1.17 it honours
+// an upsert's update_mode and keeps a collection's
+// optimizers_config.prevent_unoptimized, fields that Qdrant 1.16.3 does
+// not know and ignores. Everything else stays as in 1.16.3.
 func WithVersion(v string) Option {
 	return func(s *Server) { s.version = v }
+}
+
+// since117 reports whether the server follows Qdrant 1.17 or later.
+func (s *Server) since117() bool {
+	v, err := qdrant.ParseVersion(s.version)
+	return err == nil && (v.Major > 1 || v.Major == 1 && v.Minor >= 17)
 }
 
 // Server is an in-process Qdrant gRPC server. Its methods are safe for
@@ -374,6 +385,11 @@ func alreadyExists(format string, args ...any) error {
 
 func badInput(format string, args ...any) error {
 	return status.Errorf(codes.InvalidArgument, "Wrong input: "+format, args...)
+}
+
+// zeroLimit is Qdrant's refusal of a page or result size of 0.
+func zeroLimit() error {
+	return status.Error(codes.InvalidArgument, "Validation error in body: [limit: value 0 invalid, must be 1 or larger]")
 }
 
 // unsupported rejects a request the server does not model.

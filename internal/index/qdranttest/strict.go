@@ -2,6 +2,8 @@ package qdranttest
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/qdrant/go-client/qdrant"
 	"google.golang.org/grpc/codes"
@@ -17,7 +19,8 @@ import (
 // settings the server enforces max_query_limit, unindexed_filtering_retrieve
 // and unindexed_filtering_update, search_allow_exact (on counts),
 // upsert_max_batchsize, filter_max_conditions and max_points_count; the
-// others are stored and reported only.
+// others are stored and reported only. As in Qdrant 1.16.3, the
+// update_filter of an upsert is not checked against the indexes.
 
 // strictMode is the collection's config when strict mode is enabled, nil
 // otherwise.
@@ -29,7 +32,7 @@ func (c *collection) strictMode() *qdrant.StrictModeConfig {
 }
 
 func strictError(description, help string) error {
-	return status.Errorf(codes.InvalidArgument, "Bad request: %s Help: %s", description, help)
+	return status.Errorf(codes.InvalidArgument, "Bad request: %s. Help: %s", description, help)
 }
 
 // checkLimit is check_limit_opt: a value over the limit is refused.
@@ -83,8 +86,9 @@ func (c *collection) checkStrictUpdate(filter *qdrant.Filter) error {
 // refused, even one that only replaces points, until points are deleted or
 // the limit is raised. Qdrant refuses it as a plain bad request, without
 // help text (check_collection_size_limit in lib/collection/src/operations/
-// verification/update.rs, which counts from cached estimates; the server
-// counts exactly).
+// verification/update.rs), and judges the size by a cache of it (see
+// sizeStatsCache), so the refusal comes only some upserts after the limit
+// is reached.
 func (c *collection) checkStrictUpsert(n int) error {
 	sm := c.strictMode()
 	if sm == nil {
@@ -93,14 +97,45 @@ func (c *collection) checkStrictUpsert(n int) error {
 	if err := checkLimit(uint64(n), sm.UpsertMaxBatchsize, "upsert limit"); err != nil {
 		return err
 	}
-	if max := sm.MaxPointsCount; max != nil && uint64(len(c.points)) >= *max {
+	if sm.MaxPointsCount == nil && sm.MaxCollectionVectorSizeBytes == nil && sm.MaxCollectionPayloadSizeBytes == nil {
+		return nil
+	}
+	points := c.sizes.points(len(c.points))
+	if max := sm.MaxPointsCount; max != nil && uint64(points) >= *max {
 		return status.Errorf(codes.InvalidArgument, "Bad request: Max points count limit of %d reached!", *max)
 	}
 	return nil
 }
 
-// checkStrictFilter is check_filter: the condition limit first, then the
-// index of every key the filter reads when unindexed filtering is refused.
+// sizeStatsCache is Qdrant's CollectionSizeStatsCache, which the size
+// limits of strict mode read: it holds the collection's size as at its
+// creation, and takes it again at every 32nd check (the checks are
+// numbered from 1 at creation). A collection created empty with
+// max_points_count 2 thus takes 31 single-point upserts before the 32nd
+// is refused.
+type sizeStatsCache struct {
+	checks     uint64
+	pointCount int
+}
+
+// sizeStatsInterval is UPDATE_INTERVAL of Qdrant's cache.
+const sizeStatsInterval = 32
+
+func newSizeStatsCache() sizeStatsCache { return sizeStatsCache{checks: 1} }
+
+// points counts one check and returns the cached point count, taking
+// actual first when the check is due to refresh it.
+func (s *sizeStatsCache) points(actual int) int {
+	if s.checks%sizeStatsInterval == 0 {
+		s.pointCount = actual
+	}
+	s.checks++
+	return s.pointCount
+}
+
+// checkStrictFilter is check_filter: the condition limit first, then an
+// index of a suitable type for every key the filter reads, when unindexed
+// filtering is refused.
 func (c *collection) checkStrictFilter(f *qdrant.Filter, allowUnindexed *bool) error {
 	if f == nil {
 		return nil
@@ -113,50 +148,92 @@ func (c *collection) checkStrictFilter(f *qdrant.Filter, allowUnindexed *bool) e
 		}
 	}
 	if allowUnindexed != nil && !*allowUnindexed {
-		if key, ok := c.unindexedKey(f); ok {
-			return strictError(fmt.Sprintf("Index required but not found for %q", key),
+		if key, types, ok := c.unindexedKey(f); ok {
+			return strictError(fmt.Sprintf("Index required but not found for %q of one of the following types: [%s]", key, strings.Join(types, ", ")),
 				"Create an index for this key or use a different filter.")
 		}
 	}
 	return nil
 }
 
-// conditionCount counts every condition of f, a nested filter as one
-// condition plus its own.
+// conditionCount counts the conditions of f as Qdrant does: a nested
+// filter counts as the conditions it holds, not as one more, so
+// should[must[a, b], must[c]] is 3 and a nested empty filter 0.
 func conditionCount(f *qdrant.Filter) uint64 {
 	var n uint64
 	for _, group := range [][]*qdrant.Condition{f.GetMust(), f.GetShould(), f.GetMustNot(), f.GetMinShould().GetConditions()} {
 		for _, cond := range group {
-			n++
 			if nested := cond.GetFilter(); nested != nil {
 				n += conditionCount(nested)
+			} else {
+				n++
 			}
 		}
 	}
 	return n
 }
 
-// unindexedKey finds a payload key of f that has no index.
-func (c *collection) unindexedKey(f *qdrant.Filter) (string, bool) {
+// anyIndex is every index type, which is_empty and is_null accept: as
+// Qdrant lists them in its refusal.
+var anyIndex = []string{"bool", "datetime", "float", "geo", "integer", "keyword", "text", "text (with phrase_matching: true)", "uuid"}
+
+// indexNames names the index types as Qdrant's refusals do.
+var indexNames = map[qdrant.PayloadSchemaType]string{
+	qdrant.PayloadSchemaType_Keyword:  "keyword",
+	qdrant.PayloadSchemaType_Integer:  "integer",
+	qdrant.PayloadSchemaType_Float:    "float",
+	qdrant.PayloadSchemaType_Geo:      "geo",
+	qdrant.PayloadSchemaType_Text:     "text",
+	qdrant.PayloadSchemaType_Bool:     "bool",
+	qdrant.PayloadSchemaType_Datetime: "datetime",
+	qdrant.PayloadSchemaType_Uuid:     "uuid",
+}
+
+// indexTypes is the key a condition reads and the index types that serve
+// it: a keyword match needs a keyword index, an integer match an integer
+// one, a range a float or integer one, is_empty and is_null any. has_id
+// reads no key.
+func indexTypes(cond *qdrant.Condition) (string, []string) {
+	switch v := cond.GetConditionOneOf().(type) {
+	case *qdrant.Condition_Field:
+		if v.Field.Range != nil {
+			return v.Field.GetKey(), []string{"float", "integer"}
+		}
+		switch v.Field.GetMatch().GetMatchValue().(type) {
+		case *qdrant.Match_Integer, *qdrant.Match_Integers:
+			return v.Field.GetKey(), []string{"integer"}
+		case *qdrant.Match_Boolean:
+			return v.Field.GetKey(), []string{"bool"}
+		}
+		return v.Field.GetKey(), []string{"keyword"}
+	case *qdrant.Condition_IsEmpty:
+		return v.IsEmpty.GetKey(), anyIndex
+	case *qdrant.Condition_IsNull:
+		return v.IsNull.GetKey(), anyIndex
+	}
+	return "", nil
+}
+
+// unindexedKey finds a payload key of f without an index its condition
+// can use, and the types that would serve.
+func (c *collection) unindexedKey(f *qdrant.Filter) (string, []string, bool) {
 	for _, group := range [][]*qdrant.Condition{f.GetMust(), f.GetShould(), f.GetMustNot(), f.GetMinShould().GetConditions()} {
 		for _, cond := range group {
-			var key string
-			switch v := cond.GetConditionOneOf().(type) {
-			case *qdrant.Condition_Field:
-				key = v.Field.GetKey()
-			case *qdrant.Condition_IsEmpty:
-				key = v.IsEmpty.GetKey()
-			case *qdrant.Condition_IsNull:
-				key = v.IsNull.GetKey()
-			case *qdrant.Condition_Filter:
-				if k, ok := c.unindexedKey(v.Filter); ok {
-					return k, true
+			if nested := cond.GetFilter(); nested != nil {
+				if k, types, ok := c.unindexedKey(nested); ok {
+					return k, types, true
 				}
+				continue
 			}
-			if _, ok := c.indexes[key]; key != "" && !ok {
-				return key, true
+			key, types := indexTypes(cond)
+			if key == "" {
+				continue
+			}
+			typ, ok := c.indexes[key]
+			if !ok || !slices.Contains(types, indexNames[typ]) {
+				return key, types, true
 			}
 		}
 	}
-	return "", false
+	return "", nil, false
 }
