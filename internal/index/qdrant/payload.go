@@ -154,19 +154,19 @@ func olderThan(v int64) *qd.Condition {
 
 // olderChunkThan matches a chunk point whose version is lower than v.
 // Chunk points written before they carried version_high and version_low
-// have only version, compared as a float: exact up to 2^53, and the kept
-// version itself is never matched.
+// have only version, which Qdrant compares with a float bound cast to an
+// integer: exact up to 2^53, so beyond it such points are left alone.
 func olderChunkThan(v int64) *qd.Condition {
+	if v > 1<<53 {
+		return olderThan(v)
+	}
 	below := float64(v)
 	return qd.NewFilterAsCondition(&qd.Filter{Should: []*qd.Condition{
 		olderThan(v),
-		qd.NewFilterAsCondition(&qd.Filter{
-			Must: []*qd.Condition{
-				qd.NewIsEmpty(fieldVersionHigh),
-				qd.NewRange(fieldVersion, &qd.Range{Lt: &below}),
-			},
-			MustNot: []*qd.Condition{qd.NewMatchInt(fieldVersion, v)},
-		}),
+		qd.NewFilterAsCondition(&qd.Filter{Must: []*qd.Condition{
+			qd.NewIsEmpty(fieldVersionHigh),
+			qd.NewRange(fieldVersion, &qd.Range{Lt: &below}),
+		}}),
 	}})
 }
 

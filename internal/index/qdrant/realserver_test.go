@@ -240,3 +240,31 @@ func versionBefore(t *testing.T, version string, major, minor, patch int) bool {
 	}
 	return slices.Compare(got[:], []int{major, minor, patch}) < 0
 }
+
+// Chunk points written before they carried version_high and version_low
+// (an upgraded collection) are still deleted by DeleteStale when older
+// than the kept version, and only then; the ones written since are
+// compared exactly.
+func TestDeleteStaleOfPointsWithoutVersionParts(t *testing.T) {
+	onBoth(t, func(t *testing.T, s server) {
+		b := s.ensured(t, nil)
+		var legacy []*qd.PointStruct
+		for v := int64(1); v <= 3; v++ {
+			p := chunk("old", v, 0, axis(0))
+			legacy = append(legacy, &qd.PointStruct{
+				Id:      qd.NewIDUUID(p.ID.String()),
+				Vectors: qd.NewVectorsDense(p.Vector),
+				Payload: qd.NewValueMap(map[string]any{"type": "chunk", "key": p.Key, "version": p.Version, "ordinal": 0, "text": p.Text}),
+			})
+		}
+		_, err := s.client(t).Upsert(ctx(), &qd.UpsertPoints{CollectionName: s.collection(), Wait: qd.PtrOf(true), Points: legacy})
+		must(t, err)
+		must(t, b.Upsert(ctx(), []index.Point{chunk("old", 4, 0, axis(1))}))
+		must(t, b.DeleteStale(ctx(), []index.Keep{{Key: "old", Version: 3}}))
+		got, err := b.Points(ctx(), "old", false)
+		must(t, err)
+		if want := []string{"v3#0", "v4#0"}; !slices.Equal(versionsOf(got), want) {
+			t.Fatalf("after DeleteStale of versions below 3: %v, want %v", versionsOf(got), want)
+		}
+	})
+}

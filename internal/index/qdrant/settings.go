@@ -66,19 +66,21 @@ func (b *Backend) checkSettings(info *qd.CollectionInfo) error {
 // keeps: per keep one should clause, a nested filter holding key, type and
 // the older-version conditions (staleChunks).
 func deleteConditions(n int) uint64 {
-	return uint64(n) * (1 + conditionCount(staleChunks(index.Keep{Key: "k", Version: 1})))
+	return uint64(n) * conditionCount(staleChunks(index.Keep{Key: "k", Version: 1})) //nolint:gosec // n > 0
 }
 
-// conditionCount counts every condition of f, a nested filter as one
-// condition plus its own, as strict mode's filter_max_conditions does.
+// conditionCount counts the conditions of f as strict mode's
+// filter_max_conditions does on Qdrant 1.16: only the leaves, a nested
+// filter adding nothing itself.
 func conditionCount(f *qd.Filter) uint64 {
 	var n uint64
 	for _, group := range [][]*qd.Condition{f.GetMust(), f.GetShould(), f.GetMustNot(), f.GetMinShould().GetConditions()} {
 		for _, c := range group {
-			n++
 			if nested := c.GetFilter(); nested != nil {
 				n += conditionCount(nested)
+				continue
 			}
+			n++
 		}
 	}
 	return n
