@@ -165,6 +165,11 @@ func (x *Index) Embedder() (stored, configured embed.Identity, refusing error) {
 	return x.identity, x.identity, nil
 }
 
+// ReadEmbedder is the embedder of the store's vectors: the configured
+// one, or the one ReadEmbedder found for the stored identity; nil when
+// there is none.
+func (x *Index) ReadEmbedder() embed.Embedder { return x.reader }
+
 // Backend is the store under the index, as New was given it.
 func (x *Index) Backend() ReadWriter { return x.backend }
 

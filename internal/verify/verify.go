@@ -2,8 +2,11 @@
 // by document, without comparing every document when they agree.
 //
 // Every document has a state: key, version, withdrawn, content hash, and
-// its chunks (id and text hash, in ordinal order); the graph's state also
-// has the document's links and tags. Its digest is the SHA-256 of a
+// its chunks in ordinal order, each an id and a hash of what a reader
+// gets of it (in the index, [IndexChunkHash] of the point's text, title
+// and tags, from the point itself; in the graph, the text hash its chunk
+// node holds); the graph's state also has the document's links, tags and
+// title. Its digest is the SHA-256 of a
 // canonical line (see [Doc.Line]). Documents are spread over buckets by a
 // hash of their key; a bucket's digest is the SHA-256 of the digests of its
 // documents in key (byte) order. Postgres computes its bucket digests in
@@ -35,9 +38,11 @@ import (
 type Kind string
 
 const (
-	// Index covers key, version, withdrawn, content hash and chunks.
+	// Index covers key, version, withdrawn, content hash and chunks
+	// (their text, title and tags).
 	Index Kind = "index"
-	// Graph covers the same and the document's links and tags.
+	// Graph covers the same, chunks by their text hash, and the
+	// document's links, tags and title.
 	Graph Kind = "graph"
 )
 
@@ -59,6 +64,16 @@ type Doc struct {
 	Chunks      []Chunk  `json:"chunks"`
 	Links       []string `json:"links,omitempty"` // graph only
 	Tags        []string `json:"tags,omitempty"`  // graph only
+	Title       string   `json:"title,omitempty"` // graph only; empty when withdrawn
+}
+
+// IndexChunkHash is what verify compares of an index point: the lowercase
+// hex SHA-256 of its text, the document's title and its tags (sorted,
+// joined by RS), separated by US, all of them what a search returns.
+// Postgres computes the same from its chunks and documents rows.
+func IndexChunkHash(text, title string, tags []string) string {
+	sum := sha256.Sum256([]byte(text + fieldSep + title + fieldSep + strings.Join(sorted(tags), itemSep)))
+	return hex.EncodeToString(sum[:])
 }
 
 // The separators of a canonical line: control characters, which keys,
@@ -73,8 +88,8 @@ const (
 //	key US version US withdrawn(0|1) US content_hash US id:hash,id:hash...
 //
 // and for the graph, then US links joined by RS US tags joined by RS (both
-// sorted), where US is U+001F and RS U+001E. Postgres builds the same line
-// in SQL.
+// sorted) US title, where US is U+001F and RS U+001E. Postgres builds the
+// same line in SQL.
 func (d Doc) Line(kind Kind) string {
 	var b strings.Builder
 	b.WriteString(d.Key)
@@ -102,6 +117,8 @@ func (d Doc) Line(kind Kind) string {
 		b.WriteString(strings.Join(sorted(d.Links), itemSep))
 		b.WriteString(fieldSep)
 		b.WriteString(strings.Join(sorted(d.Tags), itemSep))
+		b.WriteString(fieldSep)
+		b.WriteString(d.Title)
 	}
 	return b.String()
 }
@@ -168,7 +185,7 @@ func (m *Memory) Buckets(_ context.Context, kind Kind, n int, buckets []int) (ma
 	for _, d := range m.Docs {
 		if b := Bucket(d.Key, n); want[b] {
 			if kind != Graph {
-				d.Links, d.Tags = nil, nil
+				d.Links, d.Tags, d.Title = nil, nil, ""
 			}
 			out[b] = append(out[b], d)
 		}
@@ -355,6 +372,8 @@ func diffDoc(kind Kind, w, g Doc) (Difference, bool) {
 		d.Problem, d.Detail = StaleChunks, fmt.Sprintf("version %d: the store has %d chunks, Postgres %d, or other ones", w.Version, len(g.Chunks), len(w.Chunks))
 	case kind == Graph && (!slices.Equal(sorted(g.Links), sorted(w.Links)) || !slices.Equal(sorted(g.Tags), sorted(w.Tags))):
 		d.Problem, d.Detail = LinksMismatch, fmt.Sprintf("version %d: the store has links %v tags %v, Postgres links %v tags %v", w.Version, g.Links, g.Tags, w.Links, w.Tags)
+	case kind == Graph && g.Title != w.Title:
+		d.Problem, d.Detail = ContentMismatch, fmt.Sprintf("version %d: the store has title %q, Postgres %q", w.Version, g.Title, w.Title)
 	case !bytes.Equal([]byte(w.Line(kind)), []byte(g.Line(kind))):
 		d.Problem, d.Detail = ContentMismatch, "the documents' canonical lines differ"
 	default:

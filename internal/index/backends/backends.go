@@ -33,6 +33,10 @@ type Config struct {
 	QdrantParallel   int
 	DataDir          string // the embedded index lives in DataDir/index
 	Embed            embed.Config
+	// VerifyVectors: each verify embeds the chunks of 1 document in
+	// VerifyVectors again and compares them with the stored vectors (1:
+	// all; 0: none).
+	VerifyVectors int
 }
 
 // Flags binds the settings to flags (each with its environment variable);
@@ -49,10 +53,11 @@ func Flags(f *config.Flags) func() *Config {
 	eModel := f.String("embed-model", "CONVERGE_EMBED_MODEL", "", "embedding model (with -embed-url)")
 	eKey := f.String("embed-api-key", EnvEmbedAPIKey, "", "embedding API key (with -embed-url)")
 	eDim := f.Int("embed-dim", "CONVERGE_EMBED_DIM", 0, "vector dimension: the model's (required with -embed-url), or the hash embedder's (default 256)")
+	vVec := f.Int("verify-vectors", "CONVERGE_VERIFY_VECTORS", 16, "each verify embeds the chunks of 1 document in N again and compares them with the stored vectors (1: all, 0: none)")
 	return func() *Config {
 		return &Config{QdrantURL: *qURL, QdrantAPIKey: *qKey, QdrantTLS: *qTLS, QdrantCollection: *qColl,
 			QdrantBatch: *qBatch, QdrantParallel: *qPar, DataDir: *dataDir,
-			Embed: embed.Config{URL: *eURL, Model: *eModel, APIKey: *eKey, Dimension: *eDim}}
+			Embed: embed.Config{URL: *eURL, Model: *eModel, APIKey: *eKey, Dimension: *eDim}, VerifyVectors: *vVec}
 	}
 }
 

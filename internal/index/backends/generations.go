@@ -131,7 +131,7 @@ func (s *Stores) Open(ctx context.Context, name string) (*rebuild.Generation, er
 		Routes: map[string]http.Handler{
 			"GET /v1/search": index.SearchHandler(x),
 			"GET /v1/verify/": verify.Handler(verify.Index, func(ctx context.Context) ([]verify.Doc, error) {
-				return verify.ReadIndex(ctx, backend)
+				return verify.ReadIndex(ctx, backend, verify.CheckVectors(x.ReadEmbedder(), s.cfg.VerifyVectors))
 			}, verify.WithEmbedder(stored)),
 			"GET " + index.InfoPath: index.InfoHandler(name, x),
 		},

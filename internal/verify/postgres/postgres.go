@@ -5,6 +5,7 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -30,12 +31,21 @@ const docLines = `
 SELECT d.key,
        (('x' || substr(encode(sha256(convert_to(d.key, 'UTF8')), 'hex'), 1, 8))::bit(32)::bigint % $1)::int AS bucket,
        d.key || E'\x1f' || d.version::text || E'\x1f' || CASE WHEN d.deleted THEN '1' ELSE '0' END || E'\x1f' || d.content_hash || E'\x1f' ||
-       coalesce((SELECT string_agg(c.id::text || ':' || c.content_hash, ',' ORDER BY c.ordinal) FROM chunks c WHERE c.key = d.key), '') ||
+       coalesce((SELECT string_agg(c.id::text || ':' || ` + chunkHash + `, ',' ORDER BY c.ordinal) FROM chunks c WHERE c.key = d.key), '') ||
        CASE WHEN $2 THEN
            E'\x1f' || CASE WHEN d.deleted THEN '' ELSE coalesce((SELECT string_agg(l, E'\x1e' ORDER BY l COLLATE "C") FROM unnest(d.links) l), '') END ||
-           E'\x1f' || CASE WHEN d.deleted THEN '' ELSE coalesce((SELECT string_agg(t, E'\x1e' ORDER BY t COLLATE "C") FROM unnest(d.tags) t), '') END
+           E'\x1f' || CASE WHEN d.deleted THEN '' ELSE ` + tagsLine + ` END ||
+           E'\x1f' || CASE WHEN d.deleted THEN '' ELSE d.title END
        ELSE '' END AS line
 FROM documents d`
+
+// tagsLine is d's tags sorted and joined by RS.
+const tagsLine = `coalesce((SELECT string_agg(t, E'\x1e' ORDER BY t COLLATE "C") FROM unnest(d.tags) t), '')`
+
+// chunkHash is the hash of chunk c of document d in a line: its text hash
+// for the graph ($2), verify.IndexChunkHash of its text, d's title and
+// d's tags for the index.
+const chunkHash = `CASE WHEN $2 THEN c.content_hash ELSE encode(sha256(convert_to(c.text || E'\x1f' || d.title || E'\x1f' || ` + tagsLine + `, 'UTF8')), 'hex') END`
 
 // Digests implements verify.Side: computed in the database, n rows cross the wire.
 func (p *Postgres) Digests(ctx context.Context, kind verify.Kind, n int) ([]verify.BucketDigest, error) {
@@ -65,15 +75,16 @@ FROM (`+docLines+`) x GROUP BY bucket`, n, kind == verify.Graph)
 // Buckets implements verify.Side.
 func (p *Postgres) Buckets(ctx context.Context, kind verify.Kind, n int, buckets []int) (map[int][]verify.Doc, error) {
 	rows, err := p.Pool.Query(ctx, `
-SELECT bucket, key, version, deleted, content_hash, links, tags, ids, hashes FROM (
+SELECT bucket, key, version, deleted, content_hash, links, tags, title, ids, hashes FROM (
   SELECT (('x' || substr(encode(sha256(convert_to(d.key, 'UTF8')), 'hex'), 1, 8))::bit(32)::bigint % $1)::int AS bucket,
          d.key, d.version, d.deleted, d.content_hash,
          CASE WHEN d.deleted THEN '{}' ELSE d.links END AS links, CASE WHEN d.deleted THEN '{}' ELSE d.tags END AS tags,
+         CASE WHEN d.deleted THEN '' ELSE d.title END AS title,
          coalesce((SELECT array_agg(c.id ORDER BY c.ordinal) FROM chunks c WHERE c.key = d.key), '{}') AS ids,
-         coalesce((SELECT array_agg(c.content_hash ORDER BY c.ordinal) FROM chunks c WHERE c.key = d.key), '{}') AS hashes
+         coalesce((SELECT array_agg(`+strings.ReplaceAll(chunkHash, "$2", "$3")+` ORDER BY c.ordinal) FROM chunks c WHERE c.key = d.key), '{}') AS hashes
   FROM documents d) x
 WHERE bucket = ANY($2)
-ORDER BY key COLLATE "C"`, n, buckets)
+ORDER BY key COLLATE "C"`, n, buckets, kind == verify.Graph)
 	if err != nil {
 		return nil, fmt.Errorf("postgres buckets: %w", err)
 	}
@@ -84,14 +95,14 @@ ORDER BY key COLLATE "C"`, n, buckets)
 		var d verify.Doc
 		var ids [][16]byte
 		var hashes []string
-		if err := rows.Scan(&b, &d.Key, &d.Version, &d.Deleted, &d.ContentHash, &d.Links, &d.Tags, &ids, &hashes); err != nil {
+		if err := rows.Scan(&b, &d.Key, &d.Version, &d.Deleted, &d.ContentHash, &d.Links, &d.Tags, &d.Title, &ids, &hashes); err != nil {
 			return nil, err
 		}
 		for i := range ids {
 			d.Chunks = append(d.Chunks, verify.Chunk{ID: uuid.UUID(ids[i]), Hash: hashes[i]})
 		}
 		if kind != verify.Graph {
-			d.Links, d.Tags = nil, nil
+			d.Links, d.Tags, d.Title = nil, nil, ""
 		}
 		out[b] = append(out[b], d)
 	}
