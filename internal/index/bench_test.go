@@ -17,6 +17,7 @@ import (
 	"github.com/converge-sync/converge/internal/index/qdrant"
 	"github.com/converge-sync/converge/internal/index/qdranttest"
 	"github.com/converge-sync/converge/internal/projector/projectortest"
+	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/internal/testenv/corpus"
 	"github.com/converge-sync/converge/pkg/contract"
 )
@@ -51,6 +52,16 @@ func benchBackends() []benchBackend {
 		{"qdrant-grpc", func(b *testing.B) index.Backend {
 			srv := qdranttest.Start(b)
 			q, err := qdrant.New(context.Background(), qdrant.Config{Addr: srv.Addr(), Collection: "bench"})
+			if err != nil {
+				b.Fatal(err)
+			}
+			return q
+		}},
+		// The real Qdrant 1.16.3 server (scripts/qdrant-server.sh), a
+		// fresh collection each time.
+		{"qdrant-server", func(b *testing.B) index.Backend {
+			srv := testenv.LeaseQdrant(b)
+			q, err := qdrant.New(context.Background(), qdrant.Config{Addr: srv.URL, Collection: srv.Collection})
 			if err != nil {
 				b.Fatal(err)
 			}
