@@ -24,6 +24,7 @@ import (
 	graphembedded "github.com/converge-sync/converge/internal/graph/embedded"
 	"github.com/converge-sync/converge/internal/graph/neo4j"
 	"github.com/converge-sync/converge/internal/index"
+	"github.com/converge-sync/converge/internal/index/backends"
 	"github.com/converge-sync/converge/internal/index/embedded"
 	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/proc"
@@ -105,25 +106,43 @@ func freePort(t *testing.T) string {
 // verify` (the binary) that every store agrees; then it damages the index
 // and the graph behind the projectors' backs, checks that verify names
 // exactly those documents, and that `verify --repair` repairs them. It runs
-// twice: with the graph projector on the embedded graph (rebuilt
-// blue/green), and on the real Neo4j server (rebuilt in place). Each
-// process runs with its own credentials alone, the binaries refuse what
-// those do not allow (checkDenials), and no secret of the run appears in
-// any output, command line or /metrics.
+// three times: with both projectors on the embedded stores (the graph
+// rebuilt blue/green); with the graph on the real Neo4j server (rebuilt in
+// place); and with the index in a collection of the real Qdrant server
+// that takes an API key, where the index is also rebuilt blue/green three
+// times in a row (its projector SIGKILLed during one, documents changing
+// during another), its points are damaged through Qdrant's HTTP API, and
+// projector-index refuses to start with the read-only key, no key or a
+// wrong one. Each process runs with its own credentials alone, the
+// binaries refuse what those do not allow (checkDenials), and no secret of
+// the run appears in any output, command line or /metrics.
 func TestBinariesSurviveKillsAndVerify(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs every binary")
 	}
 	bin := testenv.BuildBinaries(t)
-	t.Run("embedded-graph", func(t *testing.T) { testBinaries(t, bin, nil) })
+	t.Run("embedded-graph", func(t *testing.T) { testBinaries(t, bin, binaryStores{}) })
 	t.Run("neo4j-graph", func(t *testing.T) {
 		n := testenv.LeaseNeo4j(t)
-		testBinaries(t, bin, &n)
+		testBinaries(t, bin, binaryStores{neo4j: &n})
+	})
+	t.Run("qdrant-index", func(t *testing.T) {
+		q := testenv.LeaseQdrantKeyed(t)
+		testBinaries(t, bin, binaryStores{qdrant: &q})
 	})
 }
 
-// testBinaries is TestBinariesSurviveKillsAndVerify with the graph in n, or
-// in the embedded graph when n is nil. Every process holds its own
+// binaryStores are the stores of a run of the binaries beside the
+// embedded ones: the graph in Neo4j, the index in a Qdrant collection
+// (with an API key).
+type binaryStores struct {
+	neo4j  *testenv.Neo4j
+	qdrant *testenv.Qdrant
+}
+
+// testBinaries is TestBinariesSurviveKillsAndVerify with the graph in
+// st.neo4j and the index in st.qdrant, each embedded when nil. Every
+// process holds its own
 // credentials alone, passwords and tokens in its environment (never on its
 // command line): the roles are applied on an empty database by `converge
 // roles apply`, which `converge migrate up` migrates as converge_owner; the
@@ -131,13 +150,19 @@ func TestBinariesSurviveKillsAndVerify(t *testing.T) {
 // and status as converge_reader, and the cluster checks their passwords;
 // NATS admits the natsauth users alone, each service as its own; the
 // writer and the projectors take tokens files, the CLI the operator's
-// token. At the end no secret of the run may be in any output.
-func testBinaries(t *testing.T, bin *testenv.Binaries, n *testenv.Neo4j) {
+// token; projector-index the Qdrant API key. At the end no secret of the
+// run may be in any output.
+func testBinaries(t *testing.T, bin *testenv.Binaries, st binaryStores) {
+	n, q := st.neo4j, st.qdrant
 	dbURL := pg.NewDatabase(t)
 	adminURL := pg.Cluster.URL("postgres")
 	creds := newCredentials(t, dbURL)
 	if n != nil {
 		creds.secrets["neo4j password"] = n.Password
+	}
+	if q != nil {
+		creds.secrets["qdrant API key"] = q.APIKey
+		creds.secrets["qdrant read-only API key"] = q.ReadOnlyKey
 	}
 	requirePasswords(t, adminURL)
 	nats := creds.startNATS(t)
@@ -183,6 +208,12 @@ func testBinaries(t *testing.T, bin *testenv.Binaries, n *testenv.Neo4j) {
 		g.args = append(g.args, "-neo4j-url", n.URL, "-neo4j-user", n.User)
 		g.env = append(g.env, "CONVERGE_NEO4J_PASSWORD="+n.Password)
 	}
+	if q != nil {
+		// The key through the environment too.
+		x := services[2]
+		x.args = append(x.args, "-qdrant-url", q.URL, "-qdrant-collection", q.Collection)
+		x.env = append(x.env, backends.EnvQdrantAPIKey+"="+q.APIKey)
+	}
 	t.Cleanup(func() {
 		for _, s := range services {
 			s.kill()
@@ -217,7 +248,7 @@ func testBinaries(t *testing.T, bin *testenv.Binaries, n *testenv.Neo4j) {
 	testenv.Eventually(t, "the relay to hold its slot", 30*time.Second, relayActive)
 
 	api := "http://" + httpAddr
-	refusals := checkDenials(t, denialRun{bin: bin, cli: cmd, creds: creds, natsURL: nats.URL, api: api, indexAddr: iAddr})
+	refusals := checkDenials(t, denialRun{bin: bin, cli: cmd, creds: creds, natsURL: nats.URL, api: api, indexAddr: iAddr, qdrant: q})
 
 	// The operator's credentials: the reader's URL, the operator's token
 	// (verify reads the projectors, rebuild and --repair are admin's), and
@@ -265,75 +296,21 @@ func testBinaries(t *testing.T, bin *testenv.Binaries, n *testenv.Neo4j) {
 		t.Fatalf("converge replay index: %v\n%s", err, out)
 	}
 	gx := services[3]
-	rebuildCmd := cmd.command(opEnv, "rebuild", "graph", "--json", "-graph-addr", gAddr)
-	var rebuildOut bytes.Buffer
-	rebuildCmd.Stdout, rebuildCmd.Stderr = &rebuildOut, &rebuildOut
-	if err := rebuildCmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	rebuildDone := make(chan error, 1)
-	go func() { rebuildDone <- rebuildCmd.Wait() }()
+	graphRebuild := startRebuild(t, cmd, opEnv, "graph", gAddr)
 	// Live traffic during the rebuild: a second version of 100 documents
 	// (new titles, links and tags).
-	changed := make(chan error, 1)
-	go func() {
-		v2 := documents(400)[:100]
-		for i := range v2 {
-			v2[i].Version, v2[i].Title = 2, fmt.Sprintf("Document %d, second version", i)
-			v2[i].Links = []string{fmt.Sprintf("doc/%03d", (i+3)%400)}
-			v2[i].Tags = []string{"t-second", fmt.Sprint("t", i%7)}
-		}
-		for lo := 0; lo < len(v2); lo += 10 {
-			if err := postRetrying(api, creds.write, v2[lo:lo+10], 30*time.Second); err != nil {
-				changed <- err
-				return
-			}
-			time.Sleep(30 * time.Millisecond)
-		}
-		changed <- nil
-	}()
-	phase := func() string {
-		req, _ := http.NewRequest(http.MethodGet, "http://"+gAddr+rebuild.AdminPath, nil)
-		auth.SetBearer(req.Header, creds.operator)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return ""
-		}
-		defer resp.Body.Close()
-		var st rebuild.Status
-		_ = json.NewDecoder(resp.Body).Decode(&st)
-		return st.Phase
-	}
-	testenv.Eventually(t, "the graph rebuild to start", 30*time.Second, func() bool {
-		p := phase()
-		return p == rebuild.PhaseFilling || p == rebuild.PhaseSwitching || p == rebuild.PhaseDone
-	})
-	killedDuringRebuild := phase() != rebuild.PhaseDone
+	changed := changeDocuments(api, creds.write, 2, 0, 100)
+	testenv.Eventually(t, "the graph rebuild to start", 30*time.Second, rebuildStarted(gAddr, creds.operator, ""))
+	killedDuringRebuild := rebuildStatus(gAddr, creds.operator).Phase != rebuild.PhaseDone
 	gx.kill()
 	gx.start()
 	testenv.Eventually(t, "projector-graph to be ready after the kill", 60*time.Second, gx.ready)
-	select {
-	case err := <-rebuildDone:
-		if err != nil {
-			t.Fatalf("converge rebuild graph: %v\n%s", err, rebuildOut.String())
-		}
-	case <-time.After(120 * time.Second):
-		t.Fatalf("converge rebuild graph did not finish:\n%s", rebuildOut.String())
-	}
-	var rebuilt struct {
-		Rebuild rebuild.Status `json:"rebuild"`
-		Verify  struct {
-			Agrees bool `json:"agrees"`
-		} `json:"verify"`
-	}
-	if err := json.Unmarshal(rebuildOut.Bytes()[bytes.IndexByte(rebuildOut.Bytes(), '{'):], &rebuilt); err != nil {
-		t.Fatalf("converge rebuild --json: %v\n%s", err, rebuildOut.String())
-	}
+	rebuilt, agreed := graphRebuild.result(t, 120*time.Second)
 	if err := <-changed; err != nil {
 		t.Fatal(err)
 	}
-	if rebuilt.Rebuild.Phase != rebuild.PhaseDone || !rebuilt.Verify.Agrees || rebuilt.Rebuild.InPlace != (n != nil) {
-		t.Fatalf("converge rebuild graph (want in place: %v): %s", n != nil, rebuildOut.String())
+	if rebuilt.Phase != rebuild.PhaseDone || !agreed || rebuilt.InPlace != (n != nil) {
+		t.Fatalf("converge rebuild graph (want in place: %v): %s", n != nil, graphRebuild.out.String())
 	}
 	graphDirs := rebuild.Dirs{Root: data, Base: "graph"}
 	if live, err := graphDirs.Live(); n == nil && (err != nil || live == "graph") {
@@ -343,21 +320,37 @@ func testBinaries(t *testing.T, bin *testenv.Binaries, n *testenv.Neo4j) {
 	if out, err := cmd.run(opNATSEnv, append([]string{"status"}, opNATS...)...); err != nil || !strings.Contains(out, "CONSUMER") {
 		t.Fatalf("converge status: %v\n%s", err, out)
 	}
+	rebuilds := []*backgroundRebuild{graphRebuild}
+	if q != nil {
+		rebuilds = append(rebuilds, rebuildQdrantIndex(t, qdrantRebuilds{cli: cmd, env: opEnv, q: *q, proc: services[2],
+			api: api, writeToken: creds.write, operator: creds.operator, agrees: agrees})...)
+	}
 
 	// Damage both stores behind the projectors' backs (stopped, so that
-	// their stores can be opened).
+	// their stores can be opened; Qdrant's points are damaged through its
+	// HTTP API while projector-index runs): the points of one document
+	// deleted from the embedded index; in Qdrant one chunk point of a
+	// document deleted and another's chunk hash changed.
 	ix := services[2]
-	ix.stop()
 	gx.stop()
-	damagedIndex, damagedGraph := "doc/007", "doc/013"
-	is, err := embedded.Open(filepath.Join(data, "index"), embedded.Options{})
-	if err != nil {
-		t.Fatal(err)
+	damagedIndex, damagedGraph := []string{"doc/007"}, "doc/013"
+	var err error
+	if q != nil {
+		// Two documents of several chunks (written at version 3).
+		damagedIndex = []string{"doc/107", "doc/121"}
+		damageQdrant(t, qdrantREST{url: q.HTTPURL, key: q.APIKey}, q.Collection, damagedIndex[0], damagedIndex[1])
+	} else {
+		ix.stop()
+		is, err := embedded.Open(filepath.Join(data, "index"), embedded.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := is.DeleteStale(context.Background(), []index.Keep{{Key: damagedIndex[0]}}); err != nil {
+			t.Fatal(err)
+		}
+		_ = is.Close()
+		ix.start()
 	}
-	if err := is.DeleteStale(context.Background(), []index.Keep{{Key: damagedIndex}}); err != nil {
-		t.Fatal(err)
-	}
-	_ = is.Close()
 	var gs graph.Backend
 	if n != nil {
 		gs, err = neo4j.New(context.Background(), neo4j.Config{URL: n.URL, User: n.User, Password: n.Password})
@@ -381,7 +374,6 @@ func testBinaries(t *testing.T, bin *testenv.Binaries, n *testenv.Neo4j) {
 		t.Fatal(err)
 	}
 	_ = gs.Close()
-	ix.start()
 	gx.start()
 	testenv.Eventually(t, "the projectors to be ready again", 60*time.Second, func() bool { return ix.ready() && gx.ready() })
 
@@ -408,7 +400,10 @@ func testBinaries(t *testing.T, bin *testenv.Binaries, n *testenv.Neo4j) {
 			got[s.Store+" "+d.Key] = d.Problem
 		}
 	}
-	want := map[string]string{"index " + damagedIndex: "stale_chunks", "graph " + damagedGraph: "stale_chunks"}
+	want := map[string]string{"graph " + damagedGraph: "stale_chunks"}
+	for _, key := range damagedIndex {
+		want["index "+key] = "stale_chunks"
+	}
 	if rep.Agrees || fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("verify named %v, want exactly %v", got, want)
 	}
@@ -420,6 +415,11 @@ func testBinaries(t *testing.T, bin *testenv.Binaries, n *testenv.Neo4j) {
 	}
 	if _, err := cmd.run(opEnv, verifyArgs...); err != nil {
 		t.Fatal("converge verify fails after the repair")
+	}
+	if q != nil {
+		// Past the adapter too: every point of the collection is one of
+		// Postgres's chunks or markers again.
+		qdrantEqualsPostgres(t, *q, dbURL)
 	}
 
 	// No secret of the run in what any process printed or served, nor on
@@ -434,7 +434,9 @@ func testBinaries(t *testing.T, bin *testenv.Binaries, n *testenv.Neo4j) {
 	for _, s := range services {
 		sources[s.name+" /metrics"] = scrape("http://"+s.addr+"/metrics", "")
 	}
-	sources["converge rebuild output"] = rebuildOut.String()
+	for i, r := range rebuilds {
+		sources[fmt.Sprintf("converge rebuild output %d", i+1)] = r.out.String()
+	}
 	for what, body := range refusals.responses {
 		sources[what] = body
 	}
@@ -449,7 +451,112 @@ func testBinaries(t *testing.T, bin *testenv.Binaries, n *testenv.Neo4j) {
 		t.Logf("refused: %s", r)
 	}
 	t.Logf("graph projector SIGKILLed during its rebuild: %v", killedDuringRebuild)
-	t.Logf("4 services SIGKILLed and restarted during the load, the index replayed, the graph rebuilt (in place: %v) while 100 documents changed; verify agreed on 400 documents, then named exactly the 2 damaged ones (%v), and verify --repair repaired them", n != nil, got)
+	indexRebuilds := ""
+	if q != nil {
+		indexRebuilds = ", the index in Qdrant rebuilt 3 times (its projector SIGKILLed during one)"
+	}
+	t.Logf("4 services SIGKILLed and restarted during the load, the index replayed, the graph rebuilt (in place: %v) while 100 documents changed%s; verify agreed on 400 documents, then named exactly the %d damaged ones (%v), and verify --repair repaired them",
+		n != nil, indexRebuilds, len(want), got)
+}
+
+// backgroundRebuild is `converge rebuild <projector> --json` running in
+// the background.
+type backgroundRebuild struct {
+	what string
+	out  testenv.Buffer
+	done chan error
+}
+
+// startRebuild starts `converge rebuild what --json` on the projector at
+// addr, with env.
+func startRebuild(t *testing.T, cmd *cli, env []string, what, addr string) *backgroundRebuild {
+	t.Helper()
+	r := &backgroundRebuild{what: what, done: make(chan error, 1)}
+	c := cmd.command(env, "rebuild", what, "--json", "-"+what+"-addr", addr)
+	c.Stdout, c.Stderr = &r.out, &r.out
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { r.done <- c.Wait() }()
+	return r
+}
+
+// result waits up to timeout for the command to end, and returns the
+// rebuild's final status and whether the verify after it agreed.
+func (r *backgroundRebuild) result(t *testing.T, timeout time.Duration) (rebuild.Status, bool) {
+	t.Helper()
+	select {
+	case err := <-r.done:
+		if err != nil {
+			t.Fatalf("converge rebuild %s: %v\n%s", r.what, err, r.out.String())
+		}
+	case <-time.After(timeout):
+		t.Fatalf("converge rebuild %s did not finish within %v:\n%s", r.what, timeout, r.out.String())
+	}
+	var rebuilt struct {
+		Rebuild rebuild.Status `json:"rebuild"`
+		Verify  struct {
+			Agrees bool `json:"agrees"`
+		} `json:"verify"`
+	}
+	out := r.out.String()
+	if err := json.Unmarshal([]byte(out[max(strings.IndexByte(out, '{'), 0):]), &rebuilt); err != nil {
+		t.Fatalf("converge rebuild %s --json: %v\n%s", r.what, err, out)
+	}
+	return rebuilt.Rebuild, rebuilt.Verify.Agrees
+}
+
+// rebuildStatus is the status of the last rebuild the projector at addr
+// reports (zero when it does not answer).
+func rebuildStatus(addr, token string) rebuild.Status {
+	var st rebuild.Status
+	req, _ := http.NewRequest(http.MethodGet, "http://"+addr+rebuild.AdminPath, nil)
+	auth.SetBearer(req.Header, token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return st
+	}
+	defer resp.Body.Close()
+	_ = json.NewDecoder(resp.Body).Decode(&st)
+	return st
+}
+
+// rebuildStarted reports whether the projector at addr runs or has run a
+// rebuild other than the one called before (its ID; "" for none).
+func rebuildStarted(addr, token, before string) func() bool {
+	return func() bool {
+		st := rebuildStatus(addr, token)
+		return st.ID != before && (st.Phase == rebuild.PhaseFilling || st.Phase == rebuild.PhaseSwitching || st.Phase == rebuild.PhaseDone)
+	}
+}
+
+// changeDocuments writes version v of documents lo..hi-1 of documents(400)
+// (new titles, links and tags; from version 3 on, bodies of several
+// chunks) through the writer's API, ten at a time, and then sends the
+// outcome.
+func changeDocuments(api, token string, v int64, lo, hi int) <-chan error {
+	changed := make(chan error, 1)
+	go func() {
+		docs := documents(400)[lo:hi]
+		for j := range docs {
+			i := lo + j
+			docs[j].Version, docs[j].Title = v, fmt.Sprintf("Document %d, version %d", i, v)
+			docs[j].Links = []string{fmt.Sprintf("doc/%03d", (i+int(v)+1)%400)}
+			docs[j].Tags = []string{fmt.Sprint("t-v", v), fmt.Sprint("t", i%7)}
+			for p := 3; int64(p) <= v; p++ {
+				docs[j].Body += fmt.Sprintf("\n\nParagraph %d of version %d, %s.", p, v, strings.Repeat("more words ", 90))
+			}
+		}
+		for k := 0; k < len(docs); k += 10 {
+			if err := postRetrying(api, token, docs[k:min(k+10, len(docs))], 30*time.Second); err != nil {
+				changed <- err
+				return
+			}
+			time.Sleep(30 * time.Millisecond)
+		}
+		changed <- nil
+	}()
+	return changed
 }
 
 // documents are n documents doc/000.., each linking to two others, with tags.

@@ -20,6 +20,7 @@ import (
 
 	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/config"
+	"github.com/converge-sync/converge/internal/index/backends"
 	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/natsserver"
 	"github.com/converge-sync/converge/internal/roles"
@@ -34,7 +35,7 @@ var credentialVars = []string{
 	natsauth.EnvUser, natsauth.EnvPassword, natsauth.EnvPassword + "_FILE", natsauth.EnvCreds, natsauth.EnvNKey,
 	auth.EnvToken, auth.EnvToken + "_FILE", auth.EnvTokensFile,
 	"CONVERGE_OWNER_PASSWORD", "CONVERGE_WRITER_PASSWORD", "CONVERGE_RELAY_PASSWORD", "CONVERGE_READER_PASSWORD",
-	"CONVERGE_NEO4J_PASSWORD",
+	"CONVERGE_NEO4J_PASSWORD", backends.EnvQdrantAPIKey,
 }
 
 // credentials are the secrets of one run of the binaries, made for it: a

@@ -3,6 +3,8 @@
 package e2e_test
 
 import (
+	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +18,7 @@ import (
 	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/index"
+	"github.com/converge-sync/converge/internal/index/backends"
 	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/roles"
 	"github.com/converge-sync/converge/internal/testenv"
@@ -29,6 +32,9 @@ type denialRun struct {
 	natsURL   string
 	api       string // the writer's API, http://host:port
 	indexAddr string // the index projector's metrics address
+	// qdrant is the index's Qdrant instance (with an API key and a
+	// read-only key), nil with the embedded index.
+	qdrant *testenv.Qdrant
 }
 
 // refusals are what checkDenials saw: the processes it started and the
@@ -43,8 +49,9 @@ type refusals struct {
 // checkDenials checks that the binaries refuse what their credentials do
 // not allow: a projector given a Postgres URL, requests without a token or
 // with a token of another scope, a Postgres role with another's password,
-// a NATS user with another's password, and a projector connected as
-// another projector's NATS user.
+// a NATS user with another's password, a projector connected as
+// another projector's NATS user, and, with the index on Qdrant, the index
+// projector given Qdrant's read-only key, no key or a wrong one.
 func checkDenials(t *testing.T, d denialRun) refusals {
 	t.Helper()
 	r := refusals{responses: map[string]string{}}
@@ -163,7 +170,48 @@ func checkDenials(t *testing.T, d denialRun) refusals {
 	default:
 		saw("projector-graph as "+natsauth.UserIndex+" /metrics", c)
 	}
+	if d.qdrant != nil {
+		checkQdrantKeyDenials(t, d, child, saw)
+	}
 	return r
+}
+
+// checkQdrantKeyDenials starts projector-index on d.qdrant's collection
+// (live, made by the run's projector-index) and on one not made yet, with
+// Qdrant's read-only key, no key and a wrong key (made a secret of the
+// run, like the others): each exits, saying why, and creates nothing.
+func checkQdrantKeyDenials(t *testing.T, d denialRun, child func(name, user, password string, env []string, args ...string) *process, saw func(what, text string)) {
+	t.Helper()
+	q := *d.qdrant
+	wrong := "wrong-" + rand.Text()
+	d.creds.secrets["a wrong qdrant API key"] = wrong
+	unmade := q.Collection + "_denied"
+	for _, c := range []struct {
+		what, key, collection, says string
+	}{
+		// qdrant.WriteDeniedError, on a collection that exists (the
+		// write check) and on one it would create.
+		{"the read-only key", q.ReadOnlyKey, q.Collection, "the API key may not write to collection"},
+		{"the read-only key on a new collection", q.ReadOnlyKey, unmade, "the API key may not write to collection"},
+		{"no key", "", q.Collection, "Unauthenticated"},
+		{"a wrong key", wrong, q.Collection, "Unauthenticated"},
+	} {
+		p := child("projector-index", natsauth.UserIndex, d.creds.nats[natsauth.UserIndex],
+			[]string{backends.EnvQdrantAPIKey + "=" + c.key},
+			"-qdrant-url", q.URL, "-qdrant-collection", c.collection, "-data-dir", t.TempDir(), "-tokens-file", d.creds.projectorTokens)
+		p.name = "projector-index with " + c.what
+		p.start()
+		code := exitCode(t, p, 60*time.Second)
+		if line := lineWith(p.logs.String(), c.says); code == 0 || line == "" {
+			t.Errorf("projector-index on Qdrant with %s: exit %d, want a failure saying %q; output:\n%s", c.what, code, c.says, p.logs.String())
+		} else {
+			saw(fmt.Sprintf("projector-index on Qdrant with %s (exit %d)", c.what, code), line)
+		}
+	}
+	names, err := qdrantREST{url: q.HTTPURL, key: q.APIKey}.collections(context.Background(), unmade)
+	if err != nil || len(names) != 0 {
+		t.Errorf("collections %v (%v) after projector-index with the read-only key; want none made", names, err)
+	}
 }
 
 // expectStatus sends req and checks its status; the body is kept.

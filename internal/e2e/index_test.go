@@ -2,10 +2,11 @@
 
 // Package e2e_test runs the real pipeline: documents written to Postgres by
 // the writer's store, relayed through logical replication into an embedded
-// NATS JetStream server, projected into the embedded index; and checks that
-// the index ends equal to Postgres (point ids, versions and content hashes
-// per document, not counts) under redelivery, reordering, replay, a poison
-// message and SIGKILLs of the projector.
+// NATS JetStream server, projected into the embedded index and into a
+// collection of a real Qdrant server; and checks that the index ends equal
+// to Postgres (point ids, versions, ordinals and hashes per document, and
+// no point beside them, not counts) under redelivery, reordering, replay, a
+// poison message and SIGKILLs of the projector.
 package e2e_test
 
 import (
@@ -14,15 +15,18 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -30,7 +34,9 @@ import (
 	"github.com/converge-sync/converge/internal/docstore"
 	"github.com/converge-sync/converge/internal/embed"
 	"github.com/converge-sync/converge/internal/index"
+	"github.com/converge-sync/converge/internal/index/backends"
 	"github.com/converge-sync/converge/internal/index/embedded"
+	"github.com/converge-sync/converge/internal/index/qdrant"
 	"github.com/converge-sync/converge/internal/proc"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/relay"
@@ -63,11 +69,23 @@ func TestMain(m *testing.M) {
 
 const dim = 64
 
-// runProjectorChild projects CONVERGE_NATS_URL's stream into the embedded
-// index in CONVERGE_DATA_DIR until SIGTERM (or SIGKILL).
+// envQdrantCollection names the child's Qdrant collection.
+const envQdrantCollection = "CONVERGE_QDRANT_COLLECTION"
+
+// runProjectorChild projects CONVERGE_NATS_URL's stream into the Qdrant
+// collection CONVERGE_QDRANT_COLLECTION at CONVERGE_QDRANT_URL (with
+// CONVERGE_QDRANT_API_KEY) or, when that is unset, the embedded index in
+// CONVERGE_DATA_DIR, until SIGTERM (or SIGKILL).
 func runProjectorChild() int {
 	return runChild("index", func(ctx context.Context) (projector.Store, func() error, error) {
-		store, err := embedded.Open(os.Getenv("CONVERGE_DATA_DIR"), embedded.Options{})
+		var store index.Backend
+		var err error
+		if url := os.Getenv(backends.EnvQdrantURL); url != "" {
+			store, err = qdrant.New(ctx, qdrant.Config{Addr: url, APIKey: os.Getenv(backends.EnvQdrantAPIKey),
+				Collection: os.Getenv(envQdrantCollection)})
+		} else {
+			store, err = embedded.Open(os.Getenv("CONVERGE_DATA_DIR"), embedded.Options{})
+		}
 		if err != nil {
 			return nil, nil, err
 		}
@@ -206,44 +224,62 @@ func body(paragraphs int, key string, version int64) string {
 	return b.String()
 }
 
+// storedPoints is what an index store holds, read past its adapter:
+// every chunk point, the key of each marker point (nil for a store whose
+// markers are not points), and each point that is neither, described.
+type storedPoints struct {
+	chunks  []index.Point
+	markers []string
+	strays  []string
+}
+
 // diff compares the index with Postgres and returns the first difference,
 // or "" when they agree on every document: its version marker (version,
-// tombstone, content hash) and its points (ids in ordinal order, version,
-// chunk hashes, content hash), and no document in the index that Postgres
-// does not have.
-func diff(ctx context.Context, pool *pgxpool.Pool, b index.Backend) (string, error) {
+// tombstone, content hash) and its points as the adapter reads them (ids
+// in ordinal order, version, ordinal, chunk and content hashes, title,
+// tags, text); no document in the index that Postgres does not have; and,
+// read past the adapter (list), every point the store holds is one of
+// Postgres's chunks with its key, version, ordinal and hashes, or the
+// marker of one of its documents: no point beside them.
+func diff(ctx context.Context, pool *pgxpool.Pool, b index.Backend, list func(context.Context) (storedPoints, error)) (string, error) {
 	type doc struct {
-		version int64
-		deleted bool
-		hash    string
-		chunks  []index.Point
+		version     int64
+		deleted     bool
+		hash, title string
+		tags        []string
+		chunks      []index.Point
 	}
 	docs := map[string]*doc{}
-	rows, err := pool.Query(ctx, `SELECT key, version, deleted, content_hash FROM documents`)
+	rows, err := pool.Query(ctx, `SELECT key, version, deleted, content_hash, title, tags FROM documents`)
 	if err != nil {
 		return "", err
 	}
 	for rows.Next() {
 		d := &doc{}
 		var key string
-		if err := rows.Scan(&key, &d.version, &d.deleted, &d.hash); err != nil {
+		if err := rows.Scan(&key, &d.version, &d.deleted, &d.hash, &d.title, &d.tags); err != nil {
 			return "", err
 		}
+		slices.Sort(d.tags)
 		docs[key] = d
 	}
 	if rows.Err() != nil {
 		return "", rows.Err()
 	}
-	rows, err = pool.Query(ctx, `SELECT id, key, version, ordinal, content_hash FROM chunks ORDER BY key, ordinal`)
+	chunks := map[uuid.UUID]index.Point{}
+	rows, err = pool.Query(ctx, `SELECT id, key, version, ordinal, content_hash, text FROM chunks ORDER BY key, ordinal`)
 	if err != nil {
 		return "", err
 	}
 	for rows.Next() {
 		var c index.Point
-		if err := rows.Scan(&c.ID, &c.Key, &c.Version, &c.Ordinal, &c.ChunkHash); err != nil {
+		if err := rows.Scan(&c.ID, &c.Key, &c.Version, &c.Ordinal, &c.ChunkHash, &c.Text); err != nil {
 			return "", err
 		}
-		docs[c.Key].chunks = append(docs[c.Key].chunks, c)
+		d := docs[c.Key]
+		c.ContentHash, c.Title, c.Tags = d.hash, d.title, d.tags
+		d.chunks = append(d.chunks, c)
+		chunks[c.ID] = c
 	}
 	if rows.Err() != nil {
 		return "", rows.Err()
@@ -269,10 +305,8 @@ func diff(ctx context.Context, pool *pgxpool.Pool, b index.Backend) (string, err
 			return fmt.Sprintf("%s: %d points in the index, %d chunks in Postgres", key, len(pts), len(d.chunks)), nil
 		}
 		for i, p := range pts {
-			c := d.chunks[i]
-			if p.ID != c.ID || p.Version != c.Version || p.Ordinal != c.Ordinal || p.ChunkHash != c.ChunkHash || p.ContentHash != d.hash {
-				return fmt.Sprintf("%s: point %d is %v v%d #%d %s (doc %s), Postgres has %v v%d #%d %s (doc %s)", key, i,
-					p.ID, p.Version, p.Ordinal, p.ChunkHash, p.ContentHash, c.ID, c.Version, c.Ordinal, c.ChunkHash, d.hash), nil
+			if c := d.chunks[i]; !samePoint(p, c) {
+				return fmt.Sprintf("%s: point %d is %s, Postgres has %s", key, i, describePoint(p), describePoint(c)), nil
 			}
 		}
 	}
@@ -283,15 +317,68 @@ func diff(ctx context.Context, pool *pgxpool.Pool, b index.Backend) (string, err
 		}
 		return nil
 	})
-	return extra, err
+	if err != nil || extra != "" {
+		return extra, err
+	}
+
+	stored, err := list(ctx)
+	if err != nil {
+		return "", err
+	}
+	if len(stored.strays) > 0 {
+		return fmt.Sprintf("%d points in the store are neither chunks nor markers, e.g. %s", len(stored.strays), stored.strays[0]), nil
+	}
+	for _, p := range stored.chunks {
+		c, ok := chunks[p.ID]
+		if !ok {
+			return fmt.Sprintf("the store holds point %s, which is no chunk in Postgres", describePoint(p)), nil
+		}
+		if !samePoint(p, c) {
+			return fmt.Sprintf("the store holds point %s, Postgres has %s", describePoint(p), describePoint(c)), nil
+		}
+	}
+	if len(stored.chunks) != len(chunks) {
+		return fmt.Sprintf("the store holds %d chunk points, Postgres %d chunks", len(stored.chunks), len(chunks)), nil
+	}
+	if stored.markers != nil {
+		seen := map[string]bool{}
+		for _, key := range stored.markers {
+			if _, ok := docs[key]; !ok || seen[key] {
+				return fmt.Sprintf("the store holds a marker point of %s (Postgres has it: %v; a marker before: %v)", key, ok, seen[key]), nil
+			}
+			seen[key] = true
+		}
+		if len(seen) != len(docs) {
+			return fmt.Sprintf("the store holds %d marker points, Postgres %d documents", len(seen), len(docs)), nil
+		}
+	}
+	return "", nil
+}
+
+// samePoint reports whether p, read from the index, is chunk c of
+// Postgres (vectors aside).
+func samePoint(p, c index.Point) bool {
+	return p.ID == c.ID && p.Key == c.Key && p.Version == c.Version && p.Ordinal == c.Ordinal && p.ChunkHash == c.ChunkHash &&
+		p.ContentHash == c.ContentHash && p.Title == c.Title && slices.Equal(sortedTags(p.Tags), c.Tags) && p.Text == c.Text
+}
+
+func sortedTags(tags []string) []string {
+	tags = slices.Clone(tags)
+	slices.Sort(tags)
+	return tags
+}
+
+func describePoint(p index.Point) string {
+	return fmt.Sprintf("%v (%s v%d #%d chunk %s doc %s, title %q, tags %v, %d bytes of text)",
+		p.ID, p.Key, p.Version, p.Ordinal, p.ChunkHash, p.ContentHash, p.Title, p.Tags, len(p.Text))
 }
 
 // converge waits until the index agrees with Postgres.
-func converge(t *testing.T, pool *pgxpool.Pool, b index.Backend, timeout time.Duration) {
+func converge(t *testing.T, pool *pgxpool.Pool, b index.Backend, list func(context.Context) (storedPoints, error), timeout time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
-		d, err := diff(context.Background(), pool, b)
+		d, err := diff(context.Background(), pool, b, list)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -327,22 +414,94 @@ func openStore(t *testing.T, dir string) *embedded.Store {
 	return s
 }
 
+// indexStore is an index store the end-to-end tests run on: the embedded
+// index in a directory, or a collection of the test Qdrant server.
+type indexStore struct {
+	// open opens the store (again: the same index each time); it is
+	// closed when the test ends.
+	open func(t *testing.T) index.Backend
+	// env names the store to a child process (runProjectorChild).
+	env []string
+	// points lists what the store b (opened by open) holds, past the
+	// adapter where the store allows it.
+	points func(b index.Backend) func(context.Context) (storedPoints, error)
+	// rest and collection are Qdrant's HTTP API and the collection; nil
+	// and "" for the embedded index.
+	rest       *qdrantREST
+	collection string
+}
+
+// forEachIndexStore runs fn as a subtest on each index store.
+func forEachIndexStore(t *testing.T, fn func(t *testing.T, is indexStore)) {
+	t.Run("embedded", func(t *testing.T) {
+		dir := t.TempDir()
+		fn(t, indexStore{env: []string{"CONVERGE_DATA_DIR=" + dir, backends.EnvQdrantURL + "="}, points: embeddedPoints,
+			open: func(t *testing.T) index.Backend {
+				s := openStore(t, dir)
+				t.Cleanup(func() { _ = s.Close() })
+				return s
+			}})
+	})
+	t.Run("qdrant", func(t *testing.T) {
+		q := testenv.LeaseQdrant(t)
+		env := []string{backends.EnvQdrantURL + "=" + q.URL, backends.EnvQdrantAPIKey + "=" + q.APIKey, envQdrantCollection + "=" + q.Collection}
+		rest := &qdrantREST{url: q.HTTPURL, key: q.APIKey}
+		fn(t, indexStore{env: env, rest: rest, collection: q.Collection,
+			points: func(index.Backend) func(context.Context) (storedPoints, error) {
+				return rest.points(q.Collection)
+			},
+			open: func(t *testing.T) index.Backend {
+				b, err := qdrant.New(context.Background(), qdrant.Config{Addr: q.URL, APIKey: q.APIKey, Collection: q.Collection})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = b.Close() })
+				return b
+			}})
+	})
+}
+
+// embeddedPoints lists the points of an embedded index b: its markers are
+// no points, and its chunks are what an exact search for more points than
+// it holds returns.
+func embeddedPoints(b index.Backend) func(context.Context) (storedPoints, error) {
+	return func(ctx context.Context) (storedPoints, error) {
+		id, ok, err := b.Embedder(ctx)
+		if err != nil || !ok {
+			return storedPoints{}, err
+		}
+		query := make([]float32, id.Dimension)
+		query[0] = 1
+		hits, err := b.Search(ctx, query, 1<<30)
+		var sp storedPoints
+		for _, h := range hits {
+			sp.chunks = append(sp.chunks, h.Point)
+		}
+		return sp, err
+	}
+}
+
 // The index converges to Postgres; then every message is delivered twice
 // more (two replays of the whole stream from its start, through the same
 // durable state), an old version is published again after its successor,
 // and a poison message arrives: the index still equals Postgres, and the
-// poison is in the dead-letter stream with its reason.
+// poison is in the dead-letter stream with its reason. On the embedded
+// index and on a Qdrant collection.
 func TestIndexConvergesUnderRedeliveryReorderAndPoison(t *testing.T) {
+	forEachIndexStore(t, testIndexConvergesUnderRedeliveryReorderAndPoison)
+}
+
+func testIndexConvergesUnderRedeliveryReorderAndPoison(t *testing.T, is indexStore) {
 	p := newPipeline(t)
-	store := openStore(t, t.TempDir())
-	t.Cleanup(func() { _ = store.Close() })
+	store := is.open(t)
+	points := is.points(store)
 	x, err := newIndex(context.Background(), store)
 	if err != nil {
 		t.Fatal(err)
 	}
 	stop := runProjector(t, p, x, "index")
 	p.write(t, 600, 80)
-	converge(t, p.Pool, store, 60*time.Second)
+	converge(t, p.Pool, store, points, 60*time.Second)
 	stop()
 
 	// Two more deliveries of every message: replay from the start with new
@@ -352,7 +511,7 @@ func TestIndexConvergesUnderRedeliveryReorderAndPoison(t *testing.T) {
 		stop := runProjector(t, p, x, name)
 		testenv.Eventually(t, "the replay to catch up", 60*time.Second, func() bool { return caughtUp(t, p.JetStream, name) })
 		stop()
-		if d, err := diff(context.Background(), p.Pool, store); err != nil || d != "" {
+		if d, err := diff(context.Background(), p.Pool, store, points); err != nil || d != "" {
 			t.Fatalf("after delivery %d of every message: %s %v", pass, d, err)
 		}
 	}
@@ -374,7 +533,7 @@ func TestIndexConvergesUnderRedeliveryReorderAndPoison(t *testing.T) {
 	}
 	stop = runProjector(t, p, x, "index")
 	p.write(t, 100, 80)
-	converge(t, p.Pool, store, 60*time.Second)
+	converge(t, p.Pool, store, points, 60*time.Second)
 	testenv.Eventually(t, "the poison message's dead letter", 10*time.Second, func() bool {
 		s, err := p.JetStream.Stream(context.Background(), deadletter.Stream)
 		if err != nil {
@@ -384,10 +543,124 @@ func TestIndexConvergesUnderRedeliveryReorderAndPoison(t *testing.T) {
 		return err == nil && m.Header.Get(deadletter.HeaderCode) == "undecodable" && m.Header.Get(deadletter.HeaderReason) != ""
 	})
 	stop()
-	if d, err := diff(context.Background(), p.Pool, store); err != nil || d != "" {
+	if d, err := diff(context.Background(), p.Pool, store, points); err != nil || d != "" {
 		t.Fatalf("at the end: %s %v", d, err)
 	}
 	verifyIndex(t, p, store)
+}
+
+// diff, on which every index test relies, finds each difference a store
+// can have from Postgres, and agrees again once it is undone: a point
+// with another version, ordinal, chunk or content hash, title, tags or
+// text; a point too many or too few; a point of a document Postgres does
+// not have, whose key has no marker, which only the listing past the
+// adapter shows; and in Qdrant a point of no type converge writes.
+func TestIndexDiffFindsEveryDifference(t *testing.T) {
+	forEachIndexStore(t, testIndexDiffFindsEveryDifference)
+}
+
+func testIndexDiffFindsEveryDifference(t *testing.T, is indexStore) {
+	ctx := context.Background()
+	p := newPipeline(t)
+	store := is.open(t)
+	list := is.points(store)
+	x, err := newIndex(ctx, store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runProjector(t, p, x, "index")
+	p.write(t, 60, 20)
+	converge(t, p.Pool, store, list, 60*time.Second)
+	stop()
+
+	var key string
+	if err := p.Pool.QueryRow(ctx, `SELECT key FROM documents WHERE NOT deleted AND chunk_count >= 2 ORDER BY key LIMIT 1`).Scan(&key); err != nil {
+		t.Fatal(err)
+	}
+	pts, err := store.Points(ctx, key, true)
+	if err != nil || len(pts) < 2 {
+		t.Fatalf("the points of %s: %d, %v", key, len(pts), err)
+	}
+	upsert := func(pts ...index.Point) {
+		t.Helper()
+		if err := store.Upsert(ctx, pts); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deleteAll := func(key string) {
+		t.Helper()
+		if err := store.DeleteStale(ctx, []index.Keep{{Key: key}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	orig := pts[1]
+	changed := func(change func(*index.Point)) index.Point {
+		c := orig
+		c.Tags = slices.Clone(orig.Tags)
+		change(&c)
+		return c
+	}
+	type damage struct {
+		what       string
+		make, undo func()
+	}
+	damages := []damage{
+		{"the points of a document deleted", func() { deleteAll(key) }, func() { upsert(pts...) }},
+		{"a point of an older version left", func() {
+			upsert(changed(func(c *index.Point) { c.ID, c.Version = uuid.New(), orig.Version-1 }))
+		}, func() {
+			if err := store.DeleteStale(ctx, []index.Keep{{Key: key, Version: orig.Version}}); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"a point of a key Postgres does not have", func() {
+			upsert(changed(func(c *index.Point) { c.ID, c.Key = uuid.New(), "ghost" }))
+		}, func() { deleteAll("ghost") }},
+	}
+	for _, c := range []struct {
+		what   string
+		change func(*index.Point)
+	}{
+		{"version", func(c *index.Point) { c.Version++ }},
+		{"ordinal", func(c *index.Point) { c.Ordinal += 10 }},
+		{"chunk hash", func(c *index.Point) { c.ChunkHash = "damaged" }},
+		{"content hash", func(c *index.Point) { c.ContentHash = "damaged" }},
+		{"title", func(c *index.Point) { c.Title += " (damaged)" }},
+		{"tags", func(c *index.Point) { c.Tags = append(c.Tags, "damaged") }},
+		{"text", func(c *index.Point) { c.Text += " damaged" }},
+	} {
+		damages = append(damages, damage{"another " + c.what, func() { upsert(changed(c.change)) }, func() { upsert(orig) }})
+	}
+	if is.rest != nil {
+		stray := uuid.New()
+		vector := make([]float32, dim)
+		vector[0] = 1
+		damages = append(damages, damage{"a point of another type", func() {
+			if err := is.rest.call(ctx, http.MethodPut, "/collections/"+is.collection+"/points?wait=true", map[string]any{"points": []any{
+				map[string]any{"id": stray.String(), "vector": vector, "payload": map[string]any{"type": "other", "key": key}}}}, nil); err != nil {
+				t.Fatal(err)
+			}
+		}, func() {
+			if err := is.rest.deletePoint(ctx, is.collection, stray); err != nil {
+				t.Fatal(err)
+			}
+		}})
+	}
+	for _, d := range damages {
+		d.make()
+		found, err := diff(ctx, p.Pool, store, list)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if found == "" {
+			t.Errorf("%s: diff finds no difference", d.what)
+		}
+		d.undo()
+		if again, err := diff(ctx, p.Pool, store, list); err != nil || again != "" {
+			t.Fatalf("%s undone: %s %v", d.what, again, err)
+		}
+		t.Logf("%s: %s", d.what, lastBytes(found, 160))
+	}
 }
 
 // verifyIndex checks converge verify's machinery on a converged index:
@@ -436,25 +709,30 @@ func caughtUp(t *testing.T, js jetstream.JetStream, consumer string) bool {
 }
 
 // A projector in a child process is SIGKILLed at random points while the
-// writer keeps writing, and restarted each time; at the end the index, read
-// from its files by a fresh process, equals Postgres.
+// writer keeps writing, and restarted each time; at the end the index,
+// read by a fresh process (the embedded index from its files), equals
+// Postgres point by point. On the embedded index and on a Qdrant
+// collection.
 func TestIndexProjectorSurvivesSIGKILL(t *testing.T) {
+	forEachIndexStore(t, testIndexProjectorSurvivesSIGKILL)
+}
+
+func testIndexProjectorSurvivesSIGKILL(t *testing.T, is indexStore) {
 	p := newPipeline(t)
-	dir := t.TempDir()
-	kills := crashProjector(t, p, "index", "CONVERGE_DATA_DIR="+dir)
-	store := openStore(t, dir)
-	defer store.Close()
-	if d, err := diff(context.Background(), p.Pool, store); err != nil || d != "" {
+	kills := crashProjector(t, p, "index", is.env...)
+	store := is.open(t)
+	if d, err := diff(context.Background(), p.Pool, store, is.points(store)); err != nil || d != "" {
 		t.Fatalf("after %d SIGKILLs: %s %v", kills, d, err)
 	}
-	var docs int
-	_ = p.Pool.QueryRow(context.Background(), `SELECT count(*) FROM documents`).Scan(&docs)
-	t.Logf("%d SIGKILLs of the projector; the index equals Postgres on all %d documents", kills, docs)
+	var docs, chunks int
+	_ = p.Pool.QueryRow(context.Background(), `SELECT count(*), (SELECT count(*) FROM chunks) FROM documents`).Scan(&docs, &chunks)
+	t.Logf("%d SIGKILLs of the projector; the index equals Postgres on all %d documents and %d chunks", kills, docs, chunks)
 }
 
 // crashProjector runs a projector of kind ("index" or "graph") in a child
-// process on the store storeEnv names (CONVERGE_DATA_DIR, or
-// CONVERGE_NEO4J_URL and its credentials), SIGKILLs it at random points while the writer writes
+// process on the store storeEnv names (CONVERGE_DATA_DIR; or
+// CONVERGE_NEO4J_URL and its credentials, CONVERGE_QDRANT_URL and its
+// collection and key), SIGKILLs it at random points while the writer writes
 // 1,000 documents and a few times after, restarts it each time, and
 // finally lets one catch up and stop with SIGTERM. It returns the number
 // of kills.

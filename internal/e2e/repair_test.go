@@ -76,7 +76,7 @@ func TestDamagedProjectionsAreRepairedByReemission(t *testing.T) {
 	runProjector(t, p, x, "index")
 	runProjector(t, p, g, "graph")
 	p.write(t, 300, 50)
-	converge(t, p.Pool, ix, 60*time.Second)
+	converge(t, p.Pool, ix, embeddedPoints(ix), 60*time.Second)
 	convergeGraph(t, p.Pool, gs, 60*time.Second)
 	if d := verifyStores(t, p, ix, gs); len(d) != 0 {
 		t.Fatalf("verify of converged stores: %v", d)
@@ -144,7 +144,7 @@ func TestDamagedProjectionsAreRepairedByReemission(t *testing.T) {
 	if len(got.Reemitted) != 2 || len(got.NotFound) != 0 {
 		t.Fatalf("re-emitted %+v", got)
 	}
-	converge(t, p.Pool, ix, 60*time.Second)
+	converge(t, p.Pool, ix, embeddedPoints(ix), 60*time.Second)
 	convergeGraph(t, p.Pool, gs, 60*time.Second)
 	if d := verifyStores(t, p, ix, gs); len(d) != 0 {
 		t.Fatalf("verify after the repair: %v", d)

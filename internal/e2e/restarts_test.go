@@ -348,7 +348,7 @@ func indexTarget(t *testing.T, p *pipeline, bin *testenv.Binaries, written <-cha
 		rt.proc.stop()
 		s := openStore(t, filepath.Join(data, "index"))
 		defer s.Close()
-		if d, err := diff(context.Background(), p.Pool, s); err != nil || d != "" {
+		if d, err := diff(context.Background(), p.Pool, s, embeddedPoints(s)); err != nil || d != "" {
 			t.Fatalf("the index differs from Postgres: %s %v", d, err)
 		}
 	}
