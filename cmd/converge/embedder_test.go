@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -14,6 +15,8 @@ import (
 	"github.com/converge-sync/converge/internal/embed/embedtest"
 	"github.com/converge-sync/converge/internal/index"
 	"github.com/converge-sync/converge/internal/index/embedded"
+	"github.com/converge-sync/converge/internal/index/qdrant"
+	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/internal/verify"
 	"github.com/converge-sync/converge/pkg/contract"
 )
@@ -27,6 +30,12 @@ func indexOver(t *testing.T, dir string, e embed.Embedder, docs map[string]strin
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = store.Close() })
+	return indexOn(t, store, filepath.Base(dir), e, docs)
+}
+
+// indexOn is indexOver on store, the generation called name.
+func indexOn(t *testing.T, store index.Backend, name string, e embed.Embedder, docs map[string]string) (*index.Index, string) {
+	t.Helper()
 	x, err := index.New(context.Background(), store, e, index.Options{ReadEmbedder: func(id embed.Identity) (embed.Embedder, error) {
 		return embed.ForIdentity(embed.Config{}, id)
 	}})
@@ -45,7 +54,7 @@ func indexOver(t *testing.T, dir string, e embed.Embedder, docs map[string]strin
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET "+index.SearchPath, index.SearchHandler(x))
-	mux.Handle("GET "+index.InfoPath, index.InfoHandler(filepath.Base(dir), x))
+	mux.Handle("GET "+index.InfoPath, index.InfoHandler(name, x))
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	return x, strings.TrimPrefix(srv.URL, "http://")
@@ -93,13 +102,41 @@ func TestSearchIsSemanticWithALocalModel(t *testing.T) {
 }
 
 // converge status names the embedder of the index's live generation, and
-// says when the projector refuses to write it and what to do.
+// says when the projector refuses to write it and what to do: on the
+// embedded index and on Qdrant collections.
 func TestStatusShowsTheIndexEmbedder(t *testing.T) {
+	t.Run("embedded", func(t *testing.T) {
+		testStatusShowsTheIndexEmbedder(t, func(t *testing.T) index.Backend {
+			store, err := embedded.Open(t.TempDir(), embedded.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = store.Close() })
+			return store
+		})
+	})
+	t.Run("qdrant", func(t *testing.T) {
+		q := testenv.LeaseQdrant(t)
+		n := 0
+		testStatusShowsTheIndexEmbedder(t, func(t *testing.T) index.Backend {
+			n++ // a collection each, all of them named after the lease
+			store, err := qdrant.New(context.Background(), qdrant.Config{Addr: q.URL, APIKey: q.APIKey, Collection: fmt.Sprintf("%s_%d", q.Collection, n)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = store.Close() })
+			return store
+		})
+	})
+}
+
+// testStatusShowsTheIndexEmbedder is TestStatusShowsTheIndexEmbedder on
+// the fresh stores that open returns.
+func testStatusShowsTheIndexEmbedder(t *testing.T, open func(t *testing.T) index.Backend) {
 	ctx := context.Background()
 	url := pg.MigratedDatabase(t)
-	dir := t.TempDir()
 	h64, _ := embed.NewHash(64)
-	_, addr := indexOver(t, dir+"/index", h64, map[string]string{"a": "some text"})
+	_, addr := indexOn(t, open(t), "index", h64, map[string]string{"a": "some text"})
 
 	var out bytes.Buffer
 	if err := run(ctx, []string{"status", "-postgres-url", url, "-index-addr", addr}, &out); err != nil {
@@ -111,11 +148,7 @@ func TestStatusShowsTheIndexEmbedder(t *testing.T) {
 
 	// A store of h64 under a projector configured with another embedder.
 	h32, _ := embed.NewHash(32)
-	store, err := embedded.Open(t.TempDir(), embedded.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
+	store := open(t)
 	if err := store.Ensure(ctx, 64); err != nil {
 		t.Fatal(err)
 	}

@@ -19,7 +19,6 @@ import (
 	"github.com/converge-sync/converge/internal/embed/embedtest"
 	"github.com/converge-sync/converge/internal/index"
 	"github.com/converge-sync/converge/internal/index/backends"
-	"github.com/converge-sync/converge/internal/index/qdranttest"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/rebuild/rebuildtest"
@@ -215,8 +214,9 @@ func embeddedConfig(t *testing.T) func(embed.Config) *backends.Config {
 	return func(e embed.Config) *backends.Config { return &backends.Config{DataDir: dir, Embed: e} }
 }
 
-func qdrantConfigOf(t *testing.T) func(embed.Config) *backends.Config {
-	srv := qdranttest.Start(t)
+// qdrantConfigOf configures the index on srv: the in-process model
+// (modelServer) or a collection of the test Qdrant server (realServer).
+func qdrantConfigOf(srv *qdrantServer) func(embed.Config) *backends.Config {
 	return func(e embed.Config) *backends.Config {
 		c := qdrantConfig(srv)
 		c.Embed = e
@@ -266,17 +266,22 @@ func lexicalServer(t *testing.T) string {
 }
 
 // A change of embedder on the embedded index and on Qdrant (the
-// in-process server): of the hash embedder's dimension, and between two
-// models of one dimension, whose vectors only the recorded identity tells
-// apart.
+// in-process model and the real server): of the hash embedder's
+// dimension, and between two models of one dimension, whose vectors only
+// the recorded identity tells apart.
 func TestEmbedderChangeIsRefusedUntilARebuild(t *testing.T) {
 	url := lexicalServer(t)
 	sameDim := []embed.Config{{URL: url, Model: "lexical-a", Dimension: 256}, {URL: url, Model: "lexical-b", Dimension: 256}}
 	t.Run("embedded, same dimension", func(t *testing.T) {
 		embedderChange{config: embeddedConfig(t), before: sameDim[0], after: sameDim[1]}.run(t)
 	})
+	t.Run("qdranttest, same dimension", func(t *testing.T) {
+		embedderChange{config: qdrantConfigOf(modelServer(t)), before: sameDim[0], after: sameDim[1]}.run(t)
+	})
 	t.Run("qdrant, same dimension", func(t *testing.T) {
-		embedderChange{config: qdrantConfigOf(t), before: sameDim[0], after: sameDim[1]}.run(t)
+		srv := realServer(t)
+		embedderChange{config: qdrantConfigOf(srv), before: sameDim[0], after: sameDim[1]}.run(t)
+		onlyTheRebuiltCollection(t, srv)
 	})
 	before, after := embed.Config{}, embed.Config{Dimension: 128}
 	t.Run("embedded", func(t *testing.T) {
@@ -302,9 +307,25 @@ func TestEmbedderChangeIsRefusedUntilARebuild(t *testing.T) {
 			t.Fatalf("embedder.json of the rebuilt generation: %s, %v", b, err)
 		}
 	})
-	t.Run("qdrant", func(t *testing.T) {
-		embedderChange{config: qdrantConfigOf(t), before: before, after: after}.run(t)
+	t.Run("qdranttest", func(t *testing.T) {
+		embedderChange{config: qdrantConfigOf(modelServer(t)), before: before, after: after}.run(t)
 	})
+	t.Run("qdrant", func(t *testing.T) {
+		srv := realServer(t)
+		embedderChange{config: qdrantConfigOf(srv), before: before, after: after}.run(t)
+		onlyTheRebuiltCollection(t, srv)
+	})
+}
+
+// onlyTheRebuiltCollection checks that after an embedder change on srv
+// the alias names the rebuilt collection, which records the new
+// embedder, and that the first one is gone.
+func onlyTheRebuiltCollection(t *testing.T, srv *qdrantServer) {
+	t.Helper()
+	target := aliasTarget(t, srv, backendOn(t, srv, srv.alias))
+	if got := collections(t, srv); target == srv.alias+"_1" || !slices.Equal(got, []string{target}) {
+		t.Fatalf("collections after the rebuild: %v, the alias naming %q; want the rebuilt one alone", got, target)
+	}
 }
 
 // From one real model to another (the same model truncated to half its
@@ -317,7 +338,12 @@ func TestEmbedderChangeBetweenRealModels(t *testing.T) {
 	t.Run("embedded", func(t *testing.T) {
 		embedderChange{config: embeddedConfig(t), before: before, after: after, semantic: true}.run(t)
 	})
+	t.Run("qdranttest", func(t *testing.T) {
+		embedderChange{config: qdrantConfigOf(modelServer(t)), before: before, after: after, semantic: true}.run(t)
+	})
 	t.Run("qdrant", func(t *testing.T) {
-		embedderChange{config: qdrantConfigOf(t), before: before, after: after, semantic: true}.run(t)
+		srv := realServer(t)
+		embedderChange{config: qdrantConfigOf(srv), before: before, after: after, semantic: true}.run(t)
+		onlyTheRebuiltCollection(t, srv)
 	})
 }

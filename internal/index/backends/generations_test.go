@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -25,16 +27,49 @@ import (
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
-// alias is the configured collection name, which Stores keep as an alias.
-const alias = "chunks"
-
 const updateAliases = "Collections/UpdateAliases"
 
-func qdrantConfig(srv *qdranttest.Server) *backends.Config {
-	return &backends.Config{QdrantURL: srv.Addr(), QdrantCollection: alias}
+// qdrantServer is a Qdrant the generation tests run on: the in-process
+// model, which counts calls and fails them on demand, or the test Qdrant
+// server, where a test's collections and aliases carry its own prefix.
+type qdrantServer struct {
+	addr, apiKey string
+	// alias is the configured collection name, which Stores keep as an
+	// alias.
+	alias string
+	model *qdranttest.Server // nil on the real server
 }
 
-func newStores(t *testing.T, srv *qdranttest.Server) *backends.Stores {
+func modelServer(t *testing.T) *qdrantServer {
+	srv := qdranttest.Start(t)
+	return &qdrantServer{addr: srv.Addr(), alias: "chunks", model: srv}
+}
+
+func realServer(t *testing.T) *qdrantServer {
+	q := testenv.LeaseQdrant(t)
+	return &qdrantServer{addr: q.URL, apiKey: q.APIKey, alias: q.Collection}
+}
+
+// forEachQdrant runs fn as a subtest on the model and on the real server.
+func forEachQdrant(t *testing.T, fn func(t *testing.T, srv *qdrantServer)) {
+	t.Run("qdranttest", func(t *testing.T) { fn(t, modelServer(t)) })
+	t.Run("qdrant", func(t *testing.T) { fn(t, realServer(t)) })
+}
+
+// calls is how many calls of method the model has had; ok is false on
+// the real server, which does not count them.
+func (srv *qdrantServer) calls(method string) (n int, ok bool) {
+	if srv.model == nil {
+		return 0, false
+	}
+	return srv.model.Calls(method), true
+}
+
+func qdrantConfig(srv *qdrantServer) *backends.Config {
+	return &backends.Config{QdrantURL: srv.addr, QdrantAPIKey: srv.apiKey, QdrantCollection: srv.alias}
+}
+
+func newStores(t *testing.T, srv *qdrantServer) *backends.Stores {
 	t.Helper()
 	s, err := backends.NewStores(context.Background(), qdrantConfig(srv), index.Options{}, nil)
 	if err != nil {
@@ -46,9 +81,9 @@ func newStores(t *testing.T, srv *qdranttest.Server) *backends.Stores {
 
 // backendOn connects to the collection (or alias) name on srv, to look at
 // the server from outside the Stores.
-func backendOn(t *testing.T, srv *qdranttest.Server, name string) *qdrant.Backend {
+func backendOn(t *testing.T, srv *qdrantServer, name string) *qdrant.Backend {
 	t.Helper()
-	b, err := qdrant.New(context.Background(), qdrant.Config{Addr: srv.Addr(), Collection: name})
+	b, err := qdrant.New(context.Background(), qdrant.Config{Addr: srv.addr, APIKey: srv.apiKey, Collection: name})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,10 +91,19 @@ func backendOn(t *testing.T, srv *qdranttest.Server, name string) *qdrant.Backen
 	return b
 }
 
-// collections lists the collections on srv (aliases are not collections).
-func collections(t *testing.T, srv *qdranttest.Server) []string {
+// collections lists the collections of the test on srv: the alias's name
+// and those named after it (aliases are not collections).
+func collections(t *testing.T, srv *qdrantServer) []string {
 	t.Helper()
-	c, err := qd.NewClient(&qd.Config{Host: srv.Host(), Port: srv.Port(), SkipCompatibilityCheck: true})
+	host, port, err := net.SplitHostPort(srv.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := qd.NewClient(&qd.Config{Host: host, Port: p, APIKey: srv.apiKey, SkipCompatibilityCheck: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,13 +112,14 @@ func collections(t *testing.T, srv *qdranttest.Server) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	names = slices.DeleteFunc(names, func(name string) bool { return name != srv.alias && !strings.HasPrefix(name, srv.alias+"_") })
 	slices.Sort(names)
 	return names
 }
 
-func aliasTarget(t *testing.T, admin *qdrant.Backend) string {
+func aliasTarget(t *testing.T, srv *qdrantServer, admin *qdrant.Backend) string {
 	t.Helper()
-	target, err := admin.AliasTarget(context.Background(), alias)
+	target, err := admin.AliasTarget(context.Background(), srv.alias)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +180,11 @@ func keys(t *testing.T, b index.Backend) []string {
 // it creates the collection and the alias at once; a later process finds
 // it through the alias.
 func TestQdrantFirstGenerationCreatesTheAlias(t *testing.T) {
-	srv := qdranttest.Start(t)
+	forEachQdrant(t, testQdrantFirstGenerationCreatesTheAlias)
+}
+
+func testQdrantFirstGenerationCreatesTheAlias(t *testing.T, srv *qdrantServer) {
+	alias := srv.alias
 	admin := backendOn(t, srv, alias)
 	ctx := context.Background()
 	s := newStores(t, srv)
@@ -154,10 +203,10 @@ func TestQdrantFirstGenerationCreatesTheAlias(t *testing.T) {
 	if got := collections(t, srv); !slices.Equal(got, []string{first}) {
 		t.Fatalf("collections after Open: %v; want [%s]", got, first)
 	}
-	if target := aliasTarget(t, admin); target != first {
+	if target := aliasTarget(t, srv, admin); target != first {
 		t.Fatalf("alias %s names %q after Open; want %q", alias, target, first)
 	}
-	if n := srv.Calls(updateAliases); n != 1 {
+	if n, ok := srv.calls(updateAliases); ok && n != 1 {
 		t.Errorf("%d UpdateAliases calls; want 1", n)
 	}
 
@@ -177,7 +226,7 @@ func TestQdrantFirstGenerationCreatesTheAlias(t *testing.T) {
 	if got := keys(t, backendOf(g2)); !slices.Equal(got, []string{"doc-a"}) {
 		t.Errorf("documents of the reopened generation: %v; want [doc-a]", got)
 	}
-	if n := srv.Calls(updateAliases); n != 1 {
+	if n, ok := srv.calls(updateAliases); ok && n != 1 {
 		t.Errorf("%d UpdateAliases calls after reopening; want still 1", n)
 	}
 	if got := collections(t, srv); !slices.Equal(got, []string{first}) {
@@ -191,8 +240,10 @@ func TestQdrantFirstGenerationCreatesTheAlias(t *testing.T) {
 // A fresh generation is a collection of its own that the alias does not
 // name until Activate moves it, in one UpdateAliases call; then the old
 // collection can be dropped, the live one cannot.
-func TestQdrantActivateMovesTheAlias(t *testing.T) {
-	srv := qdranttest.Start(t)
+func TestQdrantActivateMovesTheAlias(t *testing.T) { forEachQdrant(t, testQdrantActivateMovesTheAlias) }
+
+func testQdrantActivateMovesTheAlias(t *testing.T, srv *qdrantServer) {
+	alias := srv.alias
 	admin := backendOn(t, srv, alias)
 	ctx := context.Background()
 	s := newStores(t, srv)
@@ -205,16 +256,16 @@ func TestQdrantActivateMovesTheAlias(t *testing.T) {
 	if fresh == old || fresh == alias || !strings.HasPrefix(fresh, alias+"_") {
 		t.Fatalf("Fresh: %q; want a new %s_... name (live %q)", fresh, alias, old)
 	}
-	calls := srv.Calls(updateAliases)
+	calls, _ := srv.calls(updateAliases)
 	gFresh := open(t, s, fresh)
 	put(t, gFresh, "doc-fresh")
 	if got := collections(t, srv); !slices.Equal(got, sorted(old, fresh)) {
 		t.Fatalf("collections after opening the fresh generation: %v; want [%s %s]", got, old, fresh)
 	}
-	if n := srv.Calls(updateAliases); n != calls {
+	if n, ok := srv.calls(updateAliases); ok && n != calls {
 		t.Errorf("opening the fresh generation made %d UpdateAliases calls; want none", n-calls)
 	}
-	if target := aliasTarget(t, admin); target != old {
+	if target := aliasTarget(t, srv, admin); target != old {
 		t.Fatalf("alias names %q after opening the fresh generation; want still %q", target, old)
 	}
 	if got := live(t, s); got != old {
@@ -232,10 +283,10 @@ func TestQdrantActivateMovesTheAlias(t *testing.T) {
 	if err := s.Activate(ctx, fresh); err != nil {
 		t.Fatal(err)
 	}
-	if n := srv.Calls(updateAliases); n != calls+1 {
+	if n, ok := srv.calls(updateAliases); ok && n != calls+1 {
 		t.Errorf("Activate made %d UpdateAliases calls; want 1", n-calls)
 	}
-	if target := aliasTarget(t, admin); target != fresh {
+	if target := aliasTarget(t, srv, admin); target != fresh {
 		t.Fatalf("alias names %q after Activate; want %q", target, fresh)
 	}
 	if got := live(t, s); got != fresh {
@@ -247,7 +298,7 @@ func TestQdrantActivateMovesTheAlias(t *testing.T) {
 	if err := s.Activate(ctx, fresh); err != nil {
 		t.Fatalf("Activate again: %v", err)
 	}
-	if target := aliasTarget(t, admin); target != fresh {
+	if target := aliasTarget(t, srv, admin); target != fresh {
 		t.Fatalf("alias names %q after a second Activate; want %q", target, fresh)
 	}
 
@@ -255,7 +306,7 @@ func TestQdrantActivateMovesTheAlias(t *testing.T) {
 	if err := s.Drop(ctx, fresh); err == nil {
 		t.Fatalf("Drop of the live generation %q succeeded", fresh)
 	}
-	if target := aliasTarget(t, admin); target != fresh {
+	if target := aliasTarget(t, srv, admin); target != fresh {
 		t.Fatalf("alias names %q after a refused Drop; want %q", target, fresh)
 	}
 	if err := s.Drop(ctx, old); err != nil {
@@ -273,7 +324,7 @@ func TestQdrantActivateMovesTheAlias(t *testing.T) {
 	if got := collections(t, srv); !slices.Equal(got, []string{fresh}) {
 		t.Errorf("collections at the end: %v; want [%s]", got, fresh)
 	}
-	if target := aliasTarget(t, admin); target != fresh {
+	if target := aliasTarget(t, srv, admin); target != fresh {
 		t.Errorf("alias names %q at the end; want %q", target, fresh)
 	}
 	if got := keys(t, admin); !slices.Equal(got, []string{"doc-fresh"}) {
@@ -290,7 +341,11 @@ func sorted(names ...string) []string {
 // aliases) is the live generation until a fresh one is activated, which
 // replaces it with the alias.
 func TestQdrantLegacyCollectionGivesWayToTheAlias(t *testing.T) {
-	srv := qdranttest.Start(t)
+	forEachQdrant(t, testQdrantLegacyCollectionGivesWayToTheAlias)
+}
+
+func testQdrantLegacyCollectionGivesWayToTheAlias(t *testing.T, srv *qdrantServer) {
+	alias := srv.alias
 	ctx := context.Background()
 	plain := backendOn(t, srv, alias)
 	if err := plain.Ensure(ctx, embed.DefaultHashDimension); err != nil {
@@ -309,7 +364,7 @@ func TestQdrantLegacyCollectionGivesWayToTheAlias(t *testing.T) {
 	}
 	gFresh := open(t, s, fresh)
 	put(t, gFresh, "doc-fresh")
-	if n := srv.Calls(updateAliases); n != 0 {
+	if n, ok := srv.calls(updateAliases); ok && n != 0 {
 		t.Fatalf("%d UpdateAliases calls before Activate; want none beside a plain collection", n)
 	}
 	if got := collections(t, srv); !slices.Equal(got, sorted(alias, fresh)) {
@@ -325,10 +380,10 @@ func TestQdrantLegacyCollectionGivesWayToTheAlias(t *testing.T) {
 	if got := collections(t, srv); !slices.Equal(got, []string{fresh}) {
 		t.Fatalf("collections after Activate: %v; want [%s] (the plain one dropped)", got, fresh)
 	}
-	if target := aliasTarget(t, plain); target != fresh {
+	if target := aliasTarget(t, srv, plain); target != fresh {
 		t.Fatalf("alias names %q after Activate; want %q", target, fresh)
 	}
-	if n := srv.Calls(updateAliases); n != 1 {
+	if n, ok := srv.calls(updateAliases); ok && n != 1 {
 		t.Errorf("%d UpdateAliases calls; want 1", n)
 	}
 	if got := live(t, s); got != fresh {
@@ -348,7 +403,7 @@ func TestQdrantLegacyCollectionGivesWayToTheAlias(t *testing.T) {
 	if err := s.Drop(ctx, alias); err != nil {
 		t.Fatalf("Drop(%q) after the switch: %v", alias, err)
 	}
-	if target := aliasTarget(t, plain); target != fresh {
+	if target := aliasTarget(t, srv, plain); target != fresh {
 		t.Errorf("alias names %q after dropping the previous generation; want %q", target, fresh)
 	}
 	if got := collections(t, srv); !slices.Equal(got, []string{fresh}) {
@@ -374,7 +429,7 @@ type indexProcess struct {
 	stores *backends.Stores
 }
 
-func startIndexProcess(t *testing.T, e *natsEnv, srv *qdranttest.Server) *indexProcess {
+func startIndexProcess(t *testing.T, e *natsEnv, srv *qdrantServer) *indexProcess {
 	t.Helper()
 	stores, err := backends.NewStores(context.Background(), qdrantConfig(srv), index.Options{}, nil)
 	if err != nil {
@@ -459,21 +514,21 @@ func mapsEqual(a, b map[string]int64) bool {
 // one damaged behind the projector's back, which only a rebuild from
 // scratch restores), the alias names it, and the previous collection is
 // gone. From a store created with the alias, and from a plain collection
-// created before aliases were used.
+// created before aliases were used; on the model and the real server.
 func TestQdrantBlueGreenRebuild(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		legacy bool
 	}{{"alias", false}, {"legacy collection", true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			testQdrantBlueGreenRebuild(t, tc.legacy)
+			forEachQdrant(t, func(t *testing.T, srv *qdrantServer) { testQdrantBlueGreenRebuild(t, srv, tc.legacy) })
 		})
 	}
 }
 
-func testQdrantBlueGreenRebuild(t *testing.T, legacy bool) {
+func testQdrantBlueGreenRebuild(t *testing.T, srv *qdrantServer, legacy bool) {
 	ctx := context.Background()
-	srv := qdranttest.Start(t)
+	alias := srv.alias
 	admin := backendOn(t, srv, alias)
 	wantPrevious := alias + "_1"
 	if legacy {
@@ -493,10 +548,10 @@ func testQdrantBlueGreenRebuild(t *testing.T, legacy bool) {
 		t.Fatalf("live generation %q; want %q", first.Name, wantPrevious)
 	}
 	if legacy {
-		if n := srv.Calls(updateAliases); n != 0 {
+		if n, ok := srv.calls(updateAliases); ok && n != 0 {
 			t.Fatalf("%d UpdateAliases calls beside the plain collection before the rebuild; want none", n)
 		}
-	} else if target := aliasTarget(t, admin); target != first.Name {
+	} else if target := aliasTarget(t, srv, admin); target != first.Name {
 		t.Fatalf("alias names %q; want the live %q", target, first.Name)
 	}
 
@@ -536,7 +591,7 @@ func testQdrantBlueGreenRebuild(t *testing.T, legacy bool) {
 	if g.Name != st.Target || g == first {
 		t.Fatalf("live generation %q; want the rebuilt %q", g.Name, st.Target)
 	}
-	if target := aliasTarget(t, admin); target != st.Target {
+	if target := aliasTarget(t, srv, admin); target != st.Target {
 		t.Fatalf("alias names %q after the rebuild; want %q", target, st.Target)
 	}
 	if got := collections(t, srv); !slices.Equal(got, []string{st.Target}) {
@@ -576,7 +631,8 @@ func testQdrantBlueGreenRebuild(t *testing.T, legacy bool) {
 // collection too, leaving only the target, with every document.
 func TestQdrantCrashBetweenLegacyDropAndAlias(t *testing.T) {
 	ctx := context.Background()
-	srv := qdranttest.Start(t)
+	srv := modelServer(t)
+	alias := srv.alias
 	admin := backendOn(t, srv, alias)
 	if err := admin.Ensure(ctx, embed.DefaultHashDimension); err != nil {
 		t.Fatal(err)
@@ -588,7 +644,7 @@ func TestQdrantCrashBetweenLegacyDropAndAlias(t *testing.T) {
 
 	// Every alias change fails from now on: Activate drops the plain
 	// collection, then fails to create the alias.
-	srv.Fail(updateAliases, true)
+	srv.model.Fail(updateAliases, true)
 	st := p.StartRebuild(t)
 	if st.Previous != alias {
 		t.Fatalf("rebuild from %q; want the plain collection %q", st.Previous, alias)
@@ -598,21 +654,21 @@ func TestQdrantCrashBetweenLegacyDropAndAlias(t *testing.T) {
 	// would name it too).
 	testenv.Eventually(t, "Activate to drop the plain collection and fail on the alias", 60*time.Second, func() bool {
 		s := p.Manager.Status(ctx)
-		return srv.Calls(updateAliases) > 0 && !slices.Contains(collections(t, srv), alias) &&
+		return srv.model.Calls(updateAliases) > 0 && !slices.Contains(collections(t, srv), alias) &&
 			s.Phase == rebuild.PhaseRetrying && strings.Contains(s.Error, "switch alias "+alias)
 	})
 	if got := collections(t, srv); !slices.Equal(got, []string{st.Target}) {
 		t.Fatalf("collections at the crash: %v; want only the target [%s]", got, st.Target)
 	}
-	if target := aliasTarget(t, admin); target != "" {
+	if target := aliasTarget(t, srv, admin); target != "" {
 		t.Fatalf("alias names %q at the crash; want no alias yet", target)
 	}
 
 	// The crash, and a restart once Qdrant takes alias changes again.
 	p.stop()
-	srv.Fail(updateAliases, false)
+	srv.model.Fail(updateAliases, false)
 	const create = "Collections/Create"
-	created := srv.Calls(create)
+	created := srv.model.Calls(create)
 	p = startIndexProcess(t, e, srv)
 	first := alias + "_1"
 	// The live generation is opened before the rebuild resumes.
@@ -629,13 +685,13 @@ func TestQdrantCrashBetweenLegacyDropAndAlias(t *testing.T) {
 	if got := p.Switch.Live().Name; got != st.Target {
 		t.Fatalf("live generation after the resumed rebuild: %q; want %q", got, st.Target)
 	}
-	if target := aliasTarget(t, admin); target != st.Target {
+	if target := aliasTarget(t, srv, admin); target != st.Target {
 		t.Fatalf("alias names %q after the resumed rebuild; want %q", target, st.Target)
 	}
 	if got := collections(t, srv); !slices.Equal(got, []string{st.Target}) {
 		t.Fatalf("collections after the resumed rebuild: %v; want only [%s] (%s dropped)", got, st.Target, first)
 	}
-	if n := srv.Calls(create) - created; n != 1 {
+	if n := srv.model.Calls(create) - created; n != 1 {
 		t.Errorf("%d collections created after the restart; want 1 (%s)", n, first)
 	}
 	if got, empty := contentsOf(t, admin); len(empty) > 0 || !mapsEqual(got, want) {
