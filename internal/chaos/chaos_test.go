@@ -8,6 +8,7 @@ import (
 	"encoding/binary"
 	"flag"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -32,6 +33,7 @@ var (
 	flagDelay     = flag.Duration("chaos.receiver-delay", 0, "how long the receiver takes to answer each request (a slow receiver makes the notifier lag)")
 	flagKinds     = flag.String("chaos.kinds", "", "the faults to choose from, comma-separated (default all): "+strings.Join(choices, ", "))
 	flagLogs      = flag.String("chaos.logs", "", "keep every process's log in this directory (default: a temporary one)")
+	flagIndex     = flag.String("chaos.index", "auto", "the index projector's store: embedded, qdrant (a collection of the test Qdrant server, with its API key), or auto: qdrant when the test run has a Qdrant server (as make test does), else embedded")
 )
 
 // runConfig is one run's settings, from the flags.
@@ -55,6 +57,9 @@ type runConfig struct {
 	// cluster runs NATS as a cluster of three, every stream and bucket
 	// with three replicas.
 	cluster bool
+	// qdrant holds the index projector's store, a collection with an API
+	// key; nil: the embedded index.
+	qdrant *testenv.Qdrant
 }
 
 func configFromFlags() runConfig {
@@ -91,8 +96,21 @@ func TestChaos(t *testing.T) {
 			t.Fatalf("-chaos.kinds: no fault %q among %q", k, choices)
 		}
 	}
-	t.Logf("chaos: seed %d (replay the faults with -chaos.seed=%d), %d faults, %d producers, %d documents, %.0f writes/s",
-		cfg.seed, cfg.seed, cfg.faults, cfg.producers, cfg.docs, cfg.rate)
+	switch *flagIndex {
+	case "qdrant":
+		q := testenv.LeaseQdrantKeyed(t)
+		cfg.qdrant = &q
+	case "auto":
+		if os.Getenv(testenv.EnvTestQdrantKeyedURL) != "" {
+			q := testenv.LeaseQdrantKeyed(t)
+			cfg.qdrant = &q
+		}
+	case "embedded":
+	default:
+		t.Fatalf("-chaos.index: %q is none of embedded, qdrant, auto", *flagIndex)
+	}
+	t.Logf("chaos: seed %d (replay the faults with -chaos.seed=%d), %d faults, %d producers, %d documents, %.0f writes/s, the index %s",
+		cfg.seed, cfg.seed, cfg.faults, cfg.producers, cfg.docs, cfg.rate, cfg.indexStore())
 	p := startPipeline(t, cfg)
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -197,6 +215,14 @@ func TestChaos(t *testing.T) {
 	t.Log("\n" + summary(summaryFigures{cfg: cfg, faults: faults, loadTime: loadTime, load: l, writes: writes,
 		lost: nLost, toVerify: toVerify, verified: verifyErr == nil, toDrain: toDrain, drained: drainErr == nil,
 		outbox: len(st.events), docs: len(st.docs), stream: sr, effects: er, dead: dead, p: p}))
+}
+
+// indexStore names the index projector's store.
+func (c runConfig) indexStore() string {
+	if c.qdrant != nil {
+		return "in Qdrant collection " + c.qdrant.Collection + " at " + c.qdrant.URL
+	}
+	return "embedded"
 }
 
 func short(d time.Duration) string {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/config"
+	"github.com/converge-sync/converge/internal/index/backends"
 	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/pgcluster"
 	"github.com/converge-sync/converge/internal/roles"
@@ -205,7 +206,13 @@ func startPipeline(t *testing.T, cfg runConfig) *pipeline {
 	p.add("writer", natsauth.UserWriter, p.postgresEnv(roles.Writer), "-http-addr", httpAddr, "-tokens-file", p.writerTokens)
 	p.add("relay-a", natsauth.UserRelay, relayEnv, relayArgs...)
 	p.add("relay-b", natsauth.UserRelay, relayEnv, relayArgs...)
-	p.add("projector-index", natsauth.UserIndex, nil, append([]string{"-data-dir", data, "-ack-wait", "5s", "-tokens-file", p.serviceTokens}, replicated...)...)
+	indexArgs := append([]string{"-data-dir", data, "-ack-wait", "5s", "-tokens-file", p.serviceTokens}, replicated...)
+	var indexEnv []string
+	if q := cfg.qdrant; q != nil {
+		indexArgs = append(indexArgs, "-qdrant-url", q.URL, "-qdrant-collection", q.Collection)
+		indexEnv = []string{backends.EnvQdrantAPIKey + "=" + q.APIKey}
+	}
+	p.add("projector-index", natsauth.UserIndex, indexEnv, indexArgs...)
 	notifierArgs := []string{"-webhook-urls", p.recv.url, "-claim-timeout", "10s", "-http-timeout", "5s",
 		"-retry-min", "200ms", "-retry-max", "2s", "-tokens-file", p.serviceTokens}
 	notifierEnv := []string{"CONVERGE_WEBHOOK_SECRET=" + secret}

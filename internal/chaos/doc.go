@@ -1,6 +1,8 @@
 // Package chaos is converge's chaos suite: every service runs as a real
 // binary of its own (the writer, two relays of which one stands by, both
-// projectors on the embedded stores, the notifier to a local receiver),
+// projectors on the embedded stores, or the index in a collection of the
+// test Qdrant server when the run has one, the notifier to a local
+// receiver),
 // each with its own Postgres role, NATS user and tokens, against a
 // PostgreSQL cluster and a nats-server process that the suite crashes and
 // restarts, while producers write and withdraw documents. Faults are chosen
@@ -31,5 +33,6 @@
 // -chaos.kinds, -chaos.docs, -chaos.producers, -chaos.rate,
 // -chaos.history (-1: the stream keeps every event, checked one by one),
 // -chaos.recovery, -chaos.settle, -chaos.receiver-failures,
-// -chaos.receiver-delay, -chaos.logs.
+// -chaos.receiver-delay, -chaos.logs, -chaos.index (embedded, qdrant, or
+// auto: Qdrant when the test run has a server, as make test does).
 package chaos

@@ -122,6 +122,7 @@ func summary(s summaryFigures) string {
 	}
 	row("seed", "%d (-chaos.seed=%d)", s.cfg.seed, s.cfg.seed)
 	row("faults injected", "%d", len(s.faults))
+	row("index", "%s", s.cfg.indexStore())
 	row("load", "%v, %d producers, %d documents, %.0f writes/s asked", s.loadTime.Round(time.Second), s.cfg.producers, s.cfg.docs, s.cfg.rate)
 	row("writes acknowledged", "%d (%.0f/s; applied %d, unchanged %d, stale %d; %d withdrawals)", len(s.writes),
 		float64(len(s.writes))/s.loadTime.Seconds(), results["applied"], results["unchanged"], results["stale"], withdrawals)
