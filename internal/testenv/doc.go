@@ -1,6 +1,11 @@
 // Package testenv provides real infrastructure for tests: one throwaway
 // PostgreSQL cluster per test package with a cheap fresh database per test,
-// and embedded NATS JetStream servers.
+// embedded NATS JetStream servers (or servers as processes), and a real
+// Neo4j 5 and a real Qdrant server, started once around a whole test run
+// by scripts/neo4j-server.sh and scripts/qdrant-server.sh (as make test
+// does) or by the test process itself: a test leases an emptied Neo4j
+// instance (LeaseNeo4j) or collections of its own name (LeaseQdrant,
+// LeaseQdrantKeyed).
 //
 // Tests exercise the same Postgres and NATS code paths as production rather
 // than fakes, so the helpers aim to make that cheap: the cluster starts once

@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -180,13 +181,7 @@ func startOwnNeo4j(instances int, env ...string) (*neo4jPool, error) {
 		_ = os.RemoveAll(dir)
 		return nil, fmt.Errorf("%s start: %w: %s", script, err, strings.TrimSpace(lastLines(stderr.String(), 10)))
 	}
-	vars := map[string]string{}
-	sc := bufio.NewScanner(strings.NewReader(string(out)))
-	for sc.Scan() {
-		if k, v, ok := strings.Cut(sc.Text(), "="); ok {
-			vars[k] = v
-		}
-	}
+	vars := scriptVars(out)
 	if vars["CONVERGE_NEO4J_URLS"] == "" {
 		return nil, fmt.Errorf("%s start printed no CONVERGE_NEO4J_URLS line: %q", script, out)
 	}
@@ -267,4 +262,16 @@ func lastLines(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// scriptVars reads the KEY=VALUE lines a server script's start printed.
+func scriptVars(out []byte) map[string]string {
+	vars := map[string]string{}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		if k, v, ok := strings.Cut(sc.Text(), "="); ok {
+			vars[k] = v
+		}
+	}
+	return vars
 }

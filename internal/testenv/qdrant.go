@@ -1,7 +1,6 @@
 package testenv
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -159,13 +158,7 @@ func startOwnQdrant() (qdrantInstances, error) {
 		_ = os.RemoveAll(dir)
 		return qdrantInstances{}, fmt.Errorf("%s start: %w: %s", script, err, strings.TrimSpace(lastLines(stderr.String(), 10)))
 	}
-	vars := map[string]string{}
-	sc := bufio.NewScanner(bytes.NewReader(out))
-	for sc.Scan() {
-		if k, v, ok := strings.Cut(sc.Text(), "="); ok {
-			vars[k] = v
-		}
-	}
+	vars := scriptVars(out)
 	s := qdrantInstances{
 		open: Qdrant{URL: vars["CONVERGE_QDRANT_URL"], HTTPURL: vars["CONVERGE_QDRANT_HTTP_URL"]},
 		keyed: Qdrant{URL: vars["CONVERGE_QDRANT_KEYED_URL"], HTTPURL: vars["CONVERGE_QDRANT_KEYED_HTTP_URL"],
