@@ -12,7 +12,7 @@ import (
 // deadline, or when the runtime stops, is.
 func TestGapDetectorWaitsForRedeliveries(t *testing.T) {
 	var g gapDetector
-	g.restart(1, 2*time.Minute)
+	g.restart(0, 1, 0, 2*time.Minute, time.Now())
 	t0 := time.Now()
 	g.observe(6, t0) // 2..5 stepped over
 	g.observe(7, t0)
@@ -47,11 +47,11 @@ func TestGapDetectorWaitsForRedeliveries(t *testing.T) {
 	if len(g.suspects) != 2 || g.suspects[0].to != 14 || g.suspects[1].from != 16 {
 		t.Fatalf("after the split: %+v; want 13..14 and 16..19", g.suspects)
 	}
-	g.restart(20, 2*time.Minute)
+	g.restart(0, 20, 0, 2*time.Minute, time.Now())
 	if len(g.suspects) != 2 {
 		t.Fatalf("a restart dropped what is owed: %+v", g.suspects)
 	}
-	g.restart(5, 2*time.Minute)
+	g.restart(0, 5, 0, 2*time.Minute, time.Now())
 	if len(g.suspects) != 0 {
 		t.Fatalf("a replay kept %+v", g.suspects)
 	}

@@ -1,6 +1,7 @@
 package projector
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -66,6 +67,20 @@ func ReadGapRecord(metadata map[string]string) (GapRecord, bool) {
 	return rec, true
 }
 
+// Events delivered and not acknowledged are owed too: the server delivers
+// them again (after a nak's delay, or after the acknowledgement wait, or
+// at once after a consumer reset), unless the stream's limits removed them
+// meanwhile, and then never. The runtime keeps the sequences it handed
+// back itself (nak) with the time they are due again; and at every
+// (re)start, the consumer's own count of events delivered and not
+// acknowledged (ConsumerInfo.NumAckPending, between its acknowledgement
+// floor and its last delivered sequence) less those of its own: that
+// many of them must come again within the grace. A takeover passes the
+// consumer's state read before its reset ([Runtime.TookOver]): the reset
+// sends the consumer back to its acknowledgement floor, and on a work
+// queue the events acknowledged above the floor are gone from the
+// stream, which without that state read as a gap.
+
 // gapDetector follows the stream sequences delivered, in fetch order. A
 // sequence stepped over is a suspect, not yet a gap: the server may have
 // delivered it to a pull request this runtime never read (a consumer
@@ -79,13 +94,45 @@ type gapDetector struct {
 	highest  uint64 // the highest stream sequence seen
 	suspects []gapSpan
 	grace    time.Duration
+	// owed are the sequences this runtime handed back unacknowledged,
+	// each with the time by which it must have come again.
+	owed map[uint64]time.Time
+	// pending is what the consumer had delivered and not acknowledged at
+	// the (re)start, less owed.
+	pending pendingWindow
 }
 
 // gapSpan is the stream sequences from..to, stepped over, due to be
-// reported at due unless delivered before.
+// reported at due unless delivered before; unacked: delivered once and
+// handed back, then never delivered again.
 type gapSpan struct {
 	from, to uint64
 	due      time.Time
+	unacked  bool
+	// expected and count, for a span of a pendingWindow: count of the
+	// expected events between from and to never came again.
+	count uint64
+}
+
+// pendingWindow is expected events of stream sequences from..to, delivered
+// and not acknowledged when the consumer (re)started, due to come again
+// by due; seen are those that did.
+type pendingWindow struct {
+	from, to uint64
+	expected int
+	seen     map[uint64]struct{}
+	due      time.Time
+}
+
+// markOwed records seq, handed back by this runtime, as due again by until
+// (plus the grace).
+func (g *gapDetector) markOwed(seq uint64, until time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.owed == nil {
+		g.owed = map[uint64]time.Time{}
+	}
+	g.owed[seq] = until.Add(g.grace)
 }
 
 // observe takes the next delivered sequence: a redelivery clears its
@@ -94,6 +141,11 @@ type gapSpan struct {
 func (g *gapDetector) observe(seq uint64, now time.Time) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if _, ok := g.owed[seq]; ok {
+		delete(g.owed, seq)
+	} else if w := &g.pending; w.expected > 0 && seq > w.from && seq <= w.to {
+		w.seen[seq] = struct{}{}
+	}
 	if seq <= g.highest {
 		g.cleared(seq)
 		return
@@ -125,7 +177,8 @@ func (g *gapDetector) cleared(seq uint64) {
 }
 
 // due removes and returns the suspects whose time is up at now, or every
-// one with all.
+// one with all (the runtime stops: it cannot tell them any longer), and
+// the owed events whose time is up.
 func (g *gapDetector) due(now time.Time, all bool) []gapSpan {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -139,19 +192,51 @@ func (g *gapDetector) due(now time.Time, all bool) []gapSpan {
 		}
 	}
 	g.suspects = keep
+	// What was handed back and what was pending stay owed past a stop:
+	// the consumer delivers them again to the next start, which counts
+	// them among its pending.
+	for seq, due := range g.owed {
+		if !now.Before(due) {
+			out = append(out, gapSpan{from: seq, to: seq, due: due, unacked: true, count: 1})
+			delete(g.owed, seq)
+		}
+	}
+	if w := &g.pending; w.expected > 0 && !now.Before(w.due) {
+		if missing := w.expected - len(w.seen); missing > 0 {
+			out = append(out, gapSpan{from: w.from + 1, to: w.to, due: w.due, unacked: true, count: uint64(missing)})
+		}
+		*w = pendingWindow{}
+	}
+	slices.SortFunc(out, func(a, b gapSpan) int { return cmp.Compare(a.from, b.from) })
 	return out
 }
 
 // restart sets the detector at a consumer's (re)start: highest is what the
-// consumer has delivered. Suspects stay, since the server still owes them,
-// unless the consumer went back (a replay), which delivers them again.
-func (g *gapDetector) restart(delivered uint64, grace time.Duration) {
+// consumer has delivered. Suspects and owed sequences stay, since the
+// server still owes them, unless the consumer went back (a replay), which
+// delivers them again. Of the ackPending events delivered above floor and
+// not acknowledged, those not owed already must come again within the
+// grace.
+func (g *gapDetector) restart(floor, delivered uint64, ackPending int, grace time.Duration, now time.Time) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	g.grace = grace
 	if delivered < g.highest {
-		g.suspects = nil
+		g.suspects, g.owed, g.pending = nil, nil, pendingWindow{}
+		g.highest = delivered
+		return
 	}
-	g.highest, g.grace = delivered, grace
+	g.highest = delivered
+	expected := ackPending
+	for seq := range g.owed {
+		if seq > floor && seq <= delivered {
+			expected--
+		}
+	}
+	g.pending = pendingWindow{}
+	if expected > 0 && delivered > floor {
+		g.pending = pendingWindow{from: floor, to: delivered, expected: expected, seen: map[uint64]struct{}{}, due: now.Add(grace)}
+	}
 }
 
 // checkGaps runs the gap detector over msgs (in fetch order, that is
@@ -183,9 +268,19 @@ func (r *Runtime) reportGaps(ctx context.Context, all bool) {
 	for _, g := range spans {
 		from, to := g.from, g.to
 		n := to - from + 1
+		switch {
+		case g.unacked && g.count == 1 && from == to:
+			r.log.Error(fmt.Sprintf("the event with stream sequence %d, handed back unacknowledged, was never delivered again: the stream's limits (its per-subject history, age or size) removed it", from),
+				"missed", 1, "from", from, "to", to, "stream", r.cfg.Stream)
+		case g.unacked:
+			n = g.count
+			r.log.Error(fmt.Sprintf("%d of the events with stream sequences %d..%d, delivered and not acknowledged before this consumer's (re)start, were never delivered again: the stream's limits (its per-subject history, age or size) removed them", n, from, to),
+				"missed", n, "from", from, "to", to, "stream", r.cfg.Stream)
+		default:
+			r.log.Error(fmt.Sprintf("events with stream sequences %d..%d were never delivered: the stream's limits (its per-subject history, age or size) removed them before this consumer read them", from, to),
+				"missed", n, "from", from, "to", to, "stream", r.cfg.Stream)
+		}
 		r.metrics.Missed.Add(float64(n))
-		r.log.Error(fmt.Sprintf("events with stream sequences %d..%d were never delivered: the stream's limits (its per-subject history, age or size) removed them before this consumer read them", from, to),
-			"missed", n, "from", from, "to", to, "stream", r.cfg.Stream)
 		r.gapMu.Lock()
 		r.gapRecord.Missed += n
 		r.gapRecord.LastFrom, r.gapRecord.LastTo, r.gapRecord.At = from, to, time.Now().UTC()
@@ -202,13 +297,34 @@ func (r *Runtime) startGaps(info *jetstream.ConsumerInfo) {
 	if !r.cfg.EveryEvent || info == nil {
 		return
 	}
-	r.gaps.restart(info.Delivered.Stream, 2*r.cfg.AckWait)
+	state := info
+	if prev := r.tookOver.Swap(nil); prev != nil && prev.Delivered.Stream > info.Delivered.Stream {
+		state = prev // the consumer was reset to its floor by a takeover
+	}
+	r.gaps.restart(state.AckFloor.Stream, state.Delivered.Stream, state.NumAckPending, 2*r.cfg.AckWait, time.Now())
 	if stored, ok := ReadGapRecord(info.Config.Metadata); ok {
 		r.gapMu.Lock()
 		if stored.Missed >= r.gapRecord.Missed {
 			r.gapRecord = stored
 		}
 		r.gapMu.Unlock()
+	}
+}
+
+// TookOver gives the runtime the state its consumer had before a takeover
+// reset it to its acknowledgement floor (see RunService): the next start
+// owes itself what that state says was delivered and not acknowledged,
+// and nothing below its last delivered sequence is a gap.
+func (r *Runtime) TookOver(prev *jetstream.ConsumerInfo) { r.tookOver.Store(prev) }
+
+// owe records the sequence of a message handed back with delay: due again
+// by then.
+func (r *Runtime) owe(m jetstream.Msg, delay time.Duration) {
+	if !r.cfg.EveryEvent {
+		return
+	}
+	if meta, err := m.Metadata(); err == nil {
+		r.gaps.markOwed(meta.Sequence.Stream, time.Now().Add(delay))
 	}
 }
 

@@ -364,6 +364,7 @@ type Runtime struct {
 	// gaps follows the stream sequences delivered (Config.EveryEvent); the
 	// consuming goroutine alone uses it.
 	gaps      gapDetector
+	tookOver  atomic.Pointer[jetstream.ConsumerInfo] // see TookOver
 	gapMu     sync.Mutex
 	gapRecord GapRecord
 	// fenced is the refusal of Config.Fence that ends Run.
@@ -1117,6 +1118,7 @@ func (r *Runtime) ack(it *item) {
 
 func (r *Runtime) nak(it *item, delay time.Duration) {
 	for _, m := range append([]jetstream.Msg{it.msg}, it.superseded...) {
+		r.owe(m, delay)
 		if delay > 0 {
 			_ = m.NakWithDelay(delay)
 		} else {

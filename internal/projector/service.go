@@ -336,9 +336,13 @@ func (h *holder) resetConsumer(ctx context.Context) {
 	if stream == "" {
 		stream = contract.DocsStream
 	}
-	if _, err := h.js.Consumer(ctx, stream, h.sc.Runtime.Name); err != nil {
+	cons, err := h.js.Consumer(ctx, stream, h.sc.Runtime.Name)
+	if err != nil {
 		return // none yet (the runtime creates it), or unreadable: nothing to reset
 	}
+	// What it had delivered and not acknowledged: owed to the runtime,
+	// which the reset would otherwise hide from its gap detector.
+	h.r.TookOver(cons.CachedInfo())
 	resp, err := h.js.ResetConsumer(ctx, stream, h.sc.Runtime.Name)
 	switch {
 	case errors.Is(err, jetstream.ErrConsumerNotFound), errors.Is(err, jetstream.ErrStreamNotFound):
