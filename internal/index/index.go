@@ -22,7 +22,10 @@
 //     except in a repair);
 //  3. delete K's points of every version older than V (a version with
 //     fewer chunks leaves none behind); never a newer version's;
-//  4. count fence: K must now have exactly len(chunks) points;
+//  4. count fence: K must now have exactly len(chunks) points of V or
+//     older versions (points of a newer version, which a writer stopped
+//     before their marker left, are their own event's to settle: it is
+//     still due);
 //  5. read K's marker again: if it now holds a version newer than V,
 //     another writer has superseded V while this one wrote, and V's points
 //     are retracted (deleted by their version) and the event is skipped;
@@ -297,9 +300,18 @@ func (x *Index) apply(ctx context.Context, events []*contract.Event) ([]projecto
 			want = len(ev.Chunks)
 		}
 		if got := counts[ev.Key]; got != want {
-			err := fmt.Errorf("index: count fence: %q holds %d points after writing version %d, want %d", ev.Key, got, ev.Version, want)
-			results[todoIdx[j]].Err = err
-			continue
+			// Points of a newer version may be there too: written by a
+			// writer that stopped before their marker, their event still
+			// due. They are that event's to settle, not this one's.
+			upTo, err := x.countUpTo(ctx, ev.Key, ev.Version)
+			if err != nil {
+				return nil, fmt.Errorf("index: count fence: %w", err)
+			}
+			if upTo != want {
+				results[todoIdx[j]].Err = fmt.Errorf("index: count fence: %q holds %d points of version %d or older after writing version %d, want %d",
+					ev.Key, upTo, ev.Version, ev.Version, want)
+				continue
+			}
 		}
 		newMarkers = append(newMarkers, Marker{Key: ev.Key, Version: ev.Version, Deleted: ev.Kind == contract.KindWithdrawn, ContentHash: ev.ContentHash})
 	}
@@ -314,6 +326,21 @@ func (x *Index) apply(ctx context.Context, events []*contract.Event) ([]projecto
 		}
 	}
 	return results, nil
+}
+
+// countUpTo counts key's points of version at most v.
+func (x *Index) countUpTo(ctx context.Context, key string, v int64) (int, error) {
+	pts, err := x.backend.Points(ctx, key, false)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, p := range pts {
+		if p.Version <= v {
+			n++
+		}
+	}
+	return n, nil
 }
 
 // points builds the points of the upserted events, embedding the chunks

@@ -72,9 +72,10 @@ func testStaleWriter(t *testing.T, b index.Backend) {
 
 	t.Run("PointsLandAfterTheCurrentWritersDelete", func(t *testing.T) {
 		// The current writer pauses before its count fence; the late
-		// writer's points land after the current one's delete. Both count
-		// fences fail; the current writer's retry and the late event's
-		// redelivery leave version 2 alone.
+		// writer's points land after the current one's delete. The late
+		// one's fence counts only its version and older ones and passes;
+		// the current one's fails on the late points; its retry and the
+		// late event's redelivery leave version 2 alone.
 		v1, v2 := versions("doc-cross")
 		paused := &pausing{Backend: b, at: "Counts", paused: make(chan struct{}), resume: make(chan struct{})}
 		current, stale := newIndex(t, paused), newIndex(t, b)
@@ -84,14 +85,37 @@ func testStaleWriter(t *testing.T, b index.Backend) {
 		r1 := stale.Apply(ctx(), []*contract.Event{v1})[0]
 		close(paused.resume)
 		r2 := <-done
-		if r1.Err == nil || r2.Err == nil {
-			t.Fatalf("both count fences should fail with the two versions' points in the store: late v1 %+v, current v2 %+v", r1, r2)
+		if r1.Err != nil || r2.Err == nil {
+			t.Fatalf("the late v1 should pass its fence and the current v2 fail on the late points: late v1 %+v, current v2 %+v", r1, r2)
 		}
 		if got := apply(t, current, v2); got[0] != projector.Applied {
 			t.Fatalf("the current writer's retry of v2: %v, want applied", got)
 		}
 		if got := apply(t, current, v1); got[0] != projector.Skipped {
 			t.Fatalf("v1 redelivered to the current writer: %v, want skipped", got)
+		}
+		expect(t, b, v2)
+	})
+
+	t.Run("NewerPointsDoNotBlockAnOlderVersion", func(t *testing.T) {
+		// A writer stopped after writing version 2's points and before
+		// their marker; version 1, still due, comes first. It is applied
+		// (the newer points are version 2's to settle), and version 2
+		// after it leaves itself alone. Before, the fence counted every
+		// point, failed, and version 1 was retried for ever.
+		v1, v2 := versions("doc-newer")
+		stopped := &pausing{Backend: b, at: "DeleteStale", paused: make(chan struct{}), resume: make(chan struct{})}
+		killed, kill := context.WithCancel(ctx())
+		go func() { _ = newIndex(t, stopped).Apply(killed, []*contract.Event{v2}) }()
+		<-stopped.paused
+		kill()
+		close(stopped.resume)
+		current := newIndex(t, b)
+		if got := apply(t, current, v1); got[0] != projector.Applied {
+			t.Fatalf("v1 with v2's points already written: %v, want applied", got)
+		}
+		if got := apply(t, current, v2); got[0] != projector.Applied {
+			t.Fatalf("v2 after v1: %v, want applied", got)
 		}
 		expect(t, b, v2)
 	})
