@@ -15,9 +15,11 @@
 //
 // A frozen link keeps its connections open but forwards nothing: what
 // either side sends waits in the proxy (and, once the proxy's queue is
-// full, in the kernel's buffers) until Resume. Latency delays each byte
-// by the same time in each direction, so a round trip takes twice it
-// longer; order is kept.
+// full, in the kernel's buffers) until Resume. [Proxy.PauseOneWay]
+// freezes one direction alone: a server whose answers stop while the
+// requests still reach it, so that a call stays in flight. Latency delays
+// each byte by the same time in each direction, so a round trip takes
+// twice it longer; order is kept.
 //
 // Each direction of a connection is forwarded on its own, in the order
 // read. A [Config.Tap] sees every segment as it is written on: what
@@ -157,8 +159,7 @@ type Proxy struct {
 	mu      sync.Mutex
 	closed  bool
 	cut     bool
-	paused  bool
-	resumed chan struct{} // closed when a pause ends
+	paused  map[Direction]chan struct{} // a paused direction's; closed when the pause ends
 	latency time.Duration
 	nextID  uint64
 	links   map[*link]struct{}
@@ -178,7 +179,8 @@ func Start(cfg Config) (*Proxy, error) {
 		return nil, fmt.Errorf("netfault: listen: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &Proxy{cfg: cfg, ln: ln, dialer: ctx, stop: cancel, links: map[*link]struct{}{}, held: map[net.Conn]struct{}{}}
+	p := &Proxy{cfg: cfg, ln: ln, dialer: ctx, stop: cancel, links: map[*link]struct{}{}, held: map[net.Conn]struct{}{},
+		paused: map[Direction]chan struct{}{}}
 	p.wg.Add(1)
 	go p.serve()
 	return p, nil
@@ -216,24 +218,36 @@ func (p *Proxy) Heal() {
 }
 
 // Pause freezes the link: connections stay open, but no byte is
-// forwarded until Resume. A segment already being written when Pause is
-// called is written whole.
+// forwarded either way until Resume. A segment already being written when
+// Pause is called is written whole.
 func (p *Proxy) Pause() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if !p.paused {
-		p.paused = true
-		p.resumed = make(chan struct{})
+	p.pauseLocked(ToTarget)
+	p.pauseLocked(ToClient)
+}
+
+// PauseOneWay freezes direction d alone until Resume: with ToClient, the
+// requests reach the target but its answers wait in the proxy.
+func (p *Proxy) PauseOneWay(d Direction) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.pauseLocked(d)
+}
+
+func (p *Proxy) pauseLocked(d Direction) {
+	if p.paused[d] == nil {
+		p.paused[d] = make(chan struct{})
 	}
 }
 
-// Resume ends a pause: what waited is forwarded, in order.
+// Resume ends every pause: what waited is forwarded, in order.
 func (p *Proxy) Resume() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.paused {
-		p.paused = false
-		close(p.resumed)
+	for d, resumed := range p.paused {
+		close(resumed)
+		delete(p.paused, d)
 	}
 }
 
@@ -444,7 +458,7 @@ func (p *Proxy) pipe(l *link, src, dst net.Conn, dir Direction) {
 			l.close(false)
 			return
 		}
-		if !p.wait(l, s.due) {
+		if !p.wait(l, dir, s.due) {
 			return
 		}
 		if p.cfg.Tap != nil {
@@ -470,9 +484,10 @@ func (p *Proxy) currentLatency() time.Duration {
 	return p.latency
 }
 
-// wait returns once a segment due at due may be written: its latency has
-// passed and the link is not paused; false when the link closed first.
-func (p *Proxy) wait(l *link, due time.Time) bool {
+// wait returns once a segment going dir, due at due, may be written: its
+// latency has passed and dir is not paused; false when the link closed
+// first.
+func (p *Proxy) wait(l *link, dir Direction, due time.Time) bool {
 	if d := time.Until(due); d > 0 {
 		timer := time.NewTimer(d)
 		defer timer.Stop()
@@ -484,9 +499,9 @@ func (p *Proxy) wait(l *link, due time.Time) bool {
 	}
 	for {
 		p.mu.Lock()
-		paused, resumed := p.paused, p.resumed
+		resumed := p.paused[dir]
 		p.mu.Unlock()
-		if !paused {
+		if resumed == nil {
 			return true
 		}
 		select {

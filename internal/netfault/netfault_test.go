@@ -356,6 +356,38 @@ func TestPauseKeepsTheConnectionAndForwardsOnlyAfterResume(t *testing.T) {
 	}
 }
 
+func TestPauseOneWayLetsRequestsInAndHoldsAnswers(t *testing.T) {
+	noLeaks(t)
+	e := startEcho(t)
+	p := startProxy(t, netfault.Config{Target: e.ln.Addr().String()})
+	c := dial(t, p.Addr())
+	if err := roundTrip(c, "before", 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	p.PauseOneWay(netfault.ToClient)
+	if _, err := c.Write([]byte("request")); err != nil {
+		t.Fatal(err)
+	}
+	answered := make(chan time.Time, 1)
+	go func() {
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		buf := make([]byte, len("request"))
+		_, err := io.ReadFull(c, buf)
+		if err != nil || string(buf) != "request" {
+			t.Errorf("the answer: %q, %v", buf, err)
+		}
+		answered <- time.Now()
+	}()
+	// The request reaches the server while its answer waits.
+	eventually(t, "the request to reach the server", func() bool { return !e.firstAt("request").IsZero() })
+	time.Sleep(100 * time.Millisecond)
+	resumed := time.Now()
+	p.Resume()
+	if at := <-answered; at.Before(resumed) {
+		t.Errorf("the answer came %v before Resume", resumed.Sub(at))
+	}
+}
+
 func TestLatencyDelaysEachDirection(t *testing.T) {
 	noLeaks(t)
 	e := startEcho(t)
@@ -431,7 +463,7 @@ func TestFaultsConcurrentWithTraffic(t *testing.T) {
 				})
 			}
 			rng := rand.New(rand.NewPCG(1, uint64(mode)))
-			faults := []func(){p.Cut, p.Heal, p.Pause, p.Resume,
+			faults := []func(){p.Cut, p.Heal, p.Pause, p.Resume, func() { p.PauseOneWay(netfault.Direction(1 + rng.IntN(2))) },
 				func() { p.Latency(time.Duration(rng.IntN(20)) * time.Millisecond) }, func() { _ = p.Stats() }}
 			for range 300 {
 				faults[rng.IntN(len(faults))]()
