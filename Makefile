@@ -71,6 +71,12 @@ chaos: deps ## the chaos suite: every service a process, 200+ random faults unde
 test-ha: deps ## the high-availability suites, verbose: standby instances (also in make test) and a 3-node NATS cluster losing its stream leader under load
 	NEO4J_INSTANCES=1 bash scripts/neo4j-server.sh run -- env CONVERGE_TEST_CLUSTER=1 $(GO) test -count=1 -v -timeout 30m -run '^(TestStandbyTakesOver|TestNATSClusterLosesItsStreamLeader)$$' ./internal/chaos
 
+.PHONY: test-partition
+test-partition: deps ## fencing across network partitions: each shared-store writer cut off from NATS mid-call, PARTITION_CUTS times (default 5; PARTITION_SEED), and a notifier with a backlog
+	NEO4J_INSTANCES=1 bash scripts/qdrant-server.sh run -- bash scripts/neo4j-server.sh run -- \
+		env CONVERGE_PARTITION_CUTS=$${PARTITION_CUTS:-5} CONVERGE_PARTITION_NOTIFIER_BACKLOG=1 $(if $(PARTITION_SEED),CONVERGE_PARTITION_SEED=$(PARTITION_SEED)) \
+		$(GO) test -count=1 -v -timeout 30m -run '^(TestFencingHoldsAcrossAPartition|TestPartitionedNotifierWithABacklog)$$' ./internal/e2e/partition
+
 .PHONY: test-embed
 test-embed: deps ## only the tests of the HTTP embedder against a real local model (test/embedserver, from PyPI into bin/embedserver; also in make test), verbose
 	$(EMBED_SERVER) \

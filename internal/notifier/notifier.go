@@ -59,7 +59,10 @@ type job struct {
 	target *target
 	ev     *contract.Event
 	trace  string // the event's traceparent, sent on with the webhook
-	done   chan struct{}
+	// writable says whether the lease term of the call that started the
+	// job still lets this instance write (projector.Writable).
+	writable func() bool
+	done     chan struct{}
 	out    outcome // set before done is closed
 }
 
@@ -165,7 +168,7 @@ func (n *Notifier) ApplyDeliveries(ctx context.Context, ds []projector.Delivery)
 			continue
 		}
 		for _, t := range n.targets {
-			jobs[i] = append(jobs[i], n.start(d.Event, d.TraceParent, t))
+			jobs[i] = append(jobs[i], n.start(d.Event, d.TraceParent, t, projector.Writable(ctx)))
 		}
 	}
 	wait := time.NewTimer(n.cfg.SendWait)
@@ -220,14 +223,14 @@ func (n *Notifier) skipReason(d projector.Delivery, repair bool) string {
 // start returns the job sending the effect of ev on t: the one in flight
 // in this process if any (a redelivery while the first delivery's send goes
 // on), else a new one.
-func (n *Notifier) start(ev *contract.Event, traceParent string, t *target) *job {
+func (n *Notifier) start(ev *contract.Event, traceParent string, t *target, writable func() bool) *job {
 	effect := contract.EffectID(t.effect, ev.ID)
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if j, ok := n.inflight[effect]; ok {
 		return j
 	}
-	j := &job{effect: effect, target: t, ev: ev, trace: traceParent, done: make(chan struct{})}
+	j := &job{effect: effect, target: t, ev: ev, trace: traceParent, writable: writable, done: make(chan struct{})}
 	n.inflight[effect] = j
 	n.wg.Add(1)
 	go func() {
@@ -242,7 +245,10 @@ func (n *Notifier) start(ev *contract.Event, traceParent string, t *target) *job
 	return j
 }
 
-var errStopping = errors.New("notifier: stopping")
+var (
+	errStopping    = errors.New("notifier: stopping")
+	errNotWritable = errors.New("notifier: the lease term this send started in has ended: the event is the next writer's")
+)
 
 // deliver makes one attempt of an effect, if one is due: claim, send, mark.
 func (n *Notifier) deliver(j *job) outcome {
@@ -252,6 +258,12 @@ func (n *Notifier) deliver(j *job) outcome {
 		return outcome{kind: storeFailed, err: errStopping}
 	}
 	defer func() { <-j.target.slots }()
+	// A job that waited for its slot past the end of its lease term (the
+	// instance cut off from NATS, another one taking over) sends nothing:
+	// the event is the next writer's.
+	if !j.writable() {
+		return outcome{kind: later, after: n.cfg.RetryMin, err: errNotWritable}
+	}
 	c, o := n.claim(j)
 	if o != nil {
 		return *o

@@ -33,3 +33,21 @@ func (f Fencing) Do(ctx context.Context, write func(ctx context.Context) error) 
 	}
 	return err
 }
+
+type writableKey struct{}
+
+// WithWritable marks ctx, a store call's, with writable: whether the
+// lease term the call runs in still lets this instance write. A store that
+// goes on with work after its call returned (the notifier's sends) asks it
+// before each write it starts then.
+func WithWritable(ctx context.Context, writable func() bool) context.Context {
+	return context.WithValue(ctx, writableKey{}, writable)
+}
+
+// Writable is what WithWritable put in ctx: always true when nothing was.
+func Writable(ctx context.Context) func() bool {
+	if w, ok := ctx.Value(writableKey{}).(func() bool); ok {
+		return w
+	}
+	return func() bool { return true }
+}

@@ -272,6 +272,10 @@ type Config struct {
 	// took over gets its messages again), and Run returns the error
 	// wrapped in [FencedError].
 	Fence func(ctx context.Context) error
+	// Writable, when set, reports whether the term still lets this
+	// instance write; each store call's context carries it (see
+	// [WithWritable]) for work the store goes on with after the call.
+	Writable func() bool
 	// Bound, when set, gives each store call a context that ends when the
 	// term the call started in does (lease.Term.Bound): a call cut off
 	// that way is neither acknowledged nor retried by this writer, but
@@ -1063,6 +1067,9 @@ func (r *Runtime) safeApply(ctx context.Context, items []*item) []Result {
 			}
 			return res
 		}
+	}
+	if r.cfg.Writable != nil {
+		ctx = WithWritable(ctx, r.cfg.Writable)
 	}
 	if r.cfg.Bound == nil {
 		return r.storeApply(ctx, items)

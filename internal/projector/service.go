@@ -169,6 +169,10 @@ func RunService(ctx context.Context, sc ServiceConfig, store Store, routes map[s
 		}
 		return t.Check(ctx)
 	}
+	rc.Writable = func() bool {
+		t := term.Load()
+		return t != nil && t.Valid()
+	}
 	rc.Bound = func(ctx context.Context) (context.Context, context.CancelFunc) {
 		if t := term.Load(); t != nil {
 			return t.Bound(ctx)

@@ -120,19 +120,16 @@ func TestFencingHoldsAcrossAPartition(t *testing.T) {
 // still working through what the partitioned one had started when the
 // partition heals (200 ms after the takeover's first event). The
 // partitioned instance's batch was cut off at its term's expiry, but the
-// sends it had started for that batch go on in the background
-// (Notifier.deliver runs on context.Background(), beyond the term's
-// Bound): once NATS is reachable again, each claims its effect in the
-// dedup store, and where the new writer had not claimed it yet, posts it,
-// seconds after the takeover. Each key is still received once (the claims
-// are compare-and-set), but the partitioned instance does write after
-// the takeover. It fails so on this
-// code (24 to 31 such POSTs, 4.2 to 6.5 s after the takeover, in three
-// runs), and runs only with CONVERGE_PARTITION_NOTIFIER_BACKLOG=1: the
-// check of a fix.
+// sends it had started for that batch go on in the background; those
+// still waiting for a free slot once NATS is reachable again used to
+// claim their effect and post it, seconds after the takeover (24 to 31
+// such POSTs, 4.2 to 6.5 s after it, in three runs). A send now asks
+// whether its term still lets it write before it claims
+// (projector.Writable): none does. It takes over a minute, so it runs
+// only with CONVERGE_PARTITION_NOTIFIER_BACKLOG=1 (make test-partition).
 func TestPartitionedNotifierWithABacklog(t *testing.T) {
 	if os.Getenv(envBacklog) == "" {
-		t.Skip("set " + envBacklog + "=1: the partitioned notifier's sends started before the cut go on after the takeover")
+		t.Skip("set " + envBacklog + "=1 (make test-partition): a partitioned notifier with a backlog of sends")
 	}
 	svc := notifierService(t)
 	svc.receiverDelay, svc.hold = 700*time.Millisecond, 200*time.Millisecond
