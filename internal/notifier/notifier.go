@@ -63,7 +63,7 @@ type job struct {
 	// job still lets this instance write (projector.Writable).
 	writable func() bool
 	done     chan struct{}
-	out    outcome // set before done is closed
+	out      outcome // set before done is closed
 }
 
 type outcomeKind int

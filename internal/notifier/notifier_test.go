@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/converge-sync/converge/internal/deadletter"
+	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/pkg/contract"
 )
@@ -396,5 +397,38 @@ func TestWebhookCarriesTheEventsTraceContext(t *testing.T) {
 	}
 	if len(got) != 2 || got["traced"] != tp || got["untraced"] != "" {
 		t.Fatalf("traceparent by key: %q", got)
+	}
+}
+
+// A send started under a lease term that has ended (projector.Writable
+// false: the instance cut off from NATS while another takes over) claims
+// nothing and posts nothing: the event is redelivered, to the next writer.
+func TestSendOutsideItsTermPostsNothing(t *testing.T) {
+	e := newEnv(t)
+	rcv := newReceiver(t)
+	n, err := New(context.Background(), e.js, testConfig(rcv.url("/a")), NewMetrics(nil), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = n.Close() }()
+	ev := upsert("doc", 1)
+	ended := projector.WithWritable(context.Background(), func() bool { return false })
+	res := n.ApplyDeliveries(ended, []projector.Delivery{{Event: &ev, CommitTime: time.Now()}})
+	var redeliver *projector.RedeliverError
+	if !errors.As(res[0].Err, &redeliver) {
+		t.Fatalf("result %+v, want a redelivery", res[0])
+	}
+	if got := len(rcv.requests()); got != 0 {
+		t.Fatalf("%d requests sent outside the term, want 0", got)
+	}
+	if _, err := e.record(EffectID(rcv.url("/a"), ev.ID)); err == nil {
+		t.Fatal("the effect was claimed outside the term")
+	}
+	live := projector.WithWritable(context.Background(), func() bool { return true })
+	if res := n.ApplyDeliveries(live, []projector.Delivery{{Event: &ev, CommitTime: time.Now()}}); res[0].Err != nil {
+		t.Fatalf("within a term: %v", res[0].Err)
+	}
+	if got := len(rcv.requests()); got != 1 {
+		t.Fatalf("%d requests within the term, want 1", got)
 	}
 }
