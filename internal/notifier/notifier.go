@@ -59,8 +59,8 @@ type job struct {
 	target *target
 	ev     *contract.Event
 	trace  string // the event's traceparent, sent on with the webhook
-	// writable says whether the lease term of the call that started the
-	// job still lets this instance write (projector.Writable).
+	// writable says whether this instance's lease term lets it write now
+	// (projector.Writable).
 	writable func() bool
 	done     chan struct{}
 	out      outcome // set before done is closed
@@ -247,7 +247,7 @@ func (n *Notifier) start(ev *contract.Event, traceParent string, t *target, writ
 
 var (
 	errStopping    = errors.New("notifier: stopping")
-	errNotWritable = errors.New("notifier: the lease term this send started in has ended: the event is the next writer's")
+	errNotWritable = errors.New("notifier: this instance's lease term has ended or lapsed: the event is the next writer's")
 )
 
 // deliver makes one attempt of an effect, if one is due: claim, send, mark.
@@ -258,9 +258,10 @@ func (n *Notifier) deliver(j *job) outcome {
 		return outcome{kind: storeFailed, err: errStopping}
 	}
 	defer func() { <-j.target.slots }()
-	// A job that waited for its slot past the end of its lease term (the
+	// A job that waited for its slot past the end of the lease term (the
 	// instance cut off from NATS, another one taking over) sends nothing:
-	// the event is the next writer's.
+	// the event is the next writer's. (Should this instance hold a term
+	// again by then, it sends: the claim stops a second send.)
 	if !j.writable() {
 		return outcome{kind: later, after: n.cfg.RetryMin, err: errNotWritable}
 	}

@@ -117,3 +117,22 @@ func TestStoreCallEndsWithItsTerm(t *testing.T) {
 		t.Fatalf("the next writer applied %d events, want all 50: the cut-off call acknowledged some", next.applied)
 	}
 }
+
+// A write beside the runtime that succeeded is done even if the term
+// ended meanwhile (an alias switch that landed must not be taken for one
+// that did not); one that failed once the term ended is fenced.
+func TestFencingDoReportsWhatLanded(t *testing.T) {
+	expired := errors.New("the term's validity ran out")
+	f := projector.Fencing{Bound: func(ctx context.Context) (context.Context, context.CancelFunc) {
+		ctx, cancel := context.WithCancelCause(ctx)
+		cancel(expired)
+		return ctx, func() {}
+	}}
+	if err := f.Do(context.Background(), func(context.Context) error { return nil }); err != nil {
+		t.Fatalf("a write that returned nil: %v, want nil", err)
+	}
+	var fe *projector.FencedError
+	if err := f.Do(context.Background(), func(ctx context.Context) error { return ctx.Err() }); !errors.As(err, &fe) || !errors.Is(err, expired) {
+		t.Fatalf("a write cut off by the term's end: %v, want a FencedError of the expiry", err)
+	}
+}

@@ -14,8 +14,10 @@ type Fencing struct {
 
 // Do runs write after the fence lets it, with a context bound to the
 // term: a refusal is a [*FencedError] and write is not called; a write
-// that the term's end cut off returns a [*FencedError] too, whatever
-// write itself returned.
+// that failed once the term's end had cut it off returns a
+// [*FencedError] too. A write that returned nil is done, whenever the
+// term ended: reporting it fenced would have its caller take a change
+// that landed (an alias switched) for one that did not.
 func (f Fencing) Do(ctx context.Context, write func(ctx context.Context) error) error {
 	if f.Fence != nil {
 		if err := f.Fence(ctx); err != nil {
@@ -28,7 +30,7 @@ func (f Fencing) Do(ctx context.Context, write func(ctx context.Context) error) 
 	bound, cancel := f.Bound(ctx)
 	defer cancel()
 	err := write(bound)
-	if ctx.Err() == nil && bound.Err() != nil {
+	if err != nil && ctx.Err() == nil && bound.Err() != nil {
 		return &FencedError{Err: context.Cause(bound)}
 	}
 	return err

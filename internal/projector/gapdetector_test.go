@@ -56,3 +56,17 @@ func TestGapDetectorWaitsForRedeliveries(t *testing.T) {
 		t.Fatalf("a replay kept %+v", g.suspects)
 	}
 }
+
+// A sequence this runtime handed back in an earlier term, acknowledged
+// since by the writer of another term (below the consumer's floor at the
+// restart), is owed no longer: no false report.
+func TestOwedSequenceAcknowledgedSinceIsNoGap(t *testing.T) {
+	var g gapDetector
+	t0 := time.Now()
+	g.restart(0, 4, 0, time.Second, t0)
+	g.markOwed(3, t0) // handed back, due again within the grace
+	g.restart(6, 8, 1, time.Second, t0.Add(time.Second))
+	if due := g.due(t0.Add(time.Hour), false); len(due) != 1 || due[0].from != 7 || due[0].count != 1 {
+		t.Fatalf("due: %+v; want only the 1 pending event of 7..8, not 3", due)
+	}
+}

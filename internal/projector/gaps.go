@@ -211,6 +211,14 @@ func (g *gapDetector) due(now time.Time, all bool) []gapSpan {
 	return out
 }
 
+// forgetOwed drops the sequences this runtime handed back: a consumer
+// state read since counts them among its pending.
+func (g *gapDetector) forgetOwed() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.owed = nil
+}
+
 // restart sets the detector at a consumer's (re)start: highest is what the
 // consumer has delivered. Suspects and owed sequences stay, since the
 // server still owes them, unless the consumer went back (a replay), which
@@ -229,7 +237,11 @@ func (g *gapDetector) restart(floor, delivered uint64, ackPending int, grace tim
 	g.highest = delivered
 	expected := ackPending
 	for seq := range g.owed {
-		if seq > floor && seq <= delivered {
+		switch {
+		case seq <= floor:
+			// Acknowledged since, by whoever held the consumer meanwhile.
+			delete(g.owed, seq)
+		case seq <= delivered:
 			expected--
 		}
 	}
@@ -299,7 +311,11 @@ func (r *Runtime) startGaps(info *jetstream.ConsumerInfo) {
 	}
 	state := info
 	if prev := r.tookOver.Swap(nil); prev != nil && prev.Delivered.Stream > info.Delivered.Stream {
-		state = prev // the consumer was reset to its floor by a takeover
+		// The consumer was reset to its floor by a takeover: prev counts
+		// what this runtime handed back in an earlier term too, and the
+		// reset delivers it again at once.
+		state = prev
+		r.gaps.forgetOwed()
 	}
 	r.gaps.restart(state.AckFloor.Stream, state.Delivered.Stream, state.NumAckPending, 2*r.cfg.AckWait, time.Now())
 	if stored, ok := ReadGapRecord(info.Config.Metadata); ok {

@@ -28,8 +28,10 @@ type readConfig struct {
 // is not e's embedding of the point's text (cosine below
 // [VectorAgreement]) gives the chunk the hash "vector-mismatch", so verify
 // names the document and a repair embeds it again. Which documents are
-// checked changes every hour, so that repeated runs cover them all; the
-// digests and the documents of one verify run see the same sample.
+// checked changes every hour, so that repeated runs cover them all; a run
+// whose digests and documents are read on either side of an hour's turn
+// may see a bucket differ with no document named (a digest mismatch,
+// never agreement): run it again.
 func CheckVectors(e embed.Embedder, every int) ReadOption {
 	return func(c *readConfig) {
 		c.embedder, c.every = e, every

@@ -25,9 +25,9 @@
 // that resumes late with an older version never deletes a newer one's
 // points. A chunk point's id is its version's (contract.ChunkID), so an
 // upsert can only replace points of its own version; the points a late
-// writer inserts are removed as the package index describes. Chunk points
-// written before they carried version_high are compared on version as a
-// float, exact up to 2^53.
+// writer inserts are removed as the package index describes. Of the chunk
+// points written before they carried version_high, DeleteStale removes
+// every version but the kept one, as it did before.
 //
 // Writes are sent with wait=true: a call returns once Qdrant has applied
 // them. The [index.Index] above orders the writes of one document; if the

@@ -154,19 +154,17 @@ func olderThan(v int64) *qd.Condition {
 
 // olderChunkThan matches a chunk point whose version is lower than v.
 // Chunk points written before they carried version_high and version_low
-// have only version, which Qdrant compares with a float bound cast to an
-// integer: exact up to 2^53, so beyond it such points are left alone.
+// have only version: of those, every version but v itself matches, as
+// before they had the parts (they are all from before the upgrade, and
+// none of them newer than the marker that the writes since were checked
+// against).
 func olderChunkThan(v int64) *qd.Condition {
-	if v > 1<<53 {
-		return olderThan(v)
-	}
-	below := float64(v)
 	return qd.NewFilterAsCondition(&qd.Filter{Should: []*qd.Condition{
 		olderThan(v),
-		qd.NewFilterAsCondition(&qd.Filter{Must: []*qd.Condition{
-			qd.NewIsEmpty(fieldVersionHigh),
-			qd.NewRange(fieldVersion, &qd.Range{Lt: &below}),
-		}}),
+		qd.NewFilterAsCondition(&qd.Filter{
+			Must:    []*qd.Condition{qd.NewIsEmpty(fieldVersionHigh)},
+			MustNot: []*qd.Condition{qd.NewMatchInt(fieldVersion, v)},
+		}),
 	}})
 }
 

@@ -266,5 +266,25 @@ func TestDeleteStaleOfPointsWithoutVersionParts(t *testing.T) {
 		if want := []string{"v3#0", "v4#0"}; !slices.Equal(versionsOf(got), want) {
 			t.Fatalf("after DeleteStale of versions below 3: %v, want %v", versionsOf(got), want)
 		}
+		// Beyond 2^53, where a float comparison would not do.
+		const big = int64(1)<<55 + 5
+		var huge []*qd.PointStruct
+		for v := big - 1; v <= big; v++ {
+			p := chunk("huge", v, 0, axis(0))
+			huge = append(huge, &qd.PointStruct{
+				Id:      qd.NewIDUUID(p.ID.String()),
+				Vectors: qd.NewVectorsDense(p.Vector),
+				Payload: qd.NewValueMap(map[string]any{"type": "chunk", "key": p.Key, "version": p.Version, "ordinal": 0, "text": p.Text}),
+			})
+		}
+		_, err = s.client(t).Upsert(ctx(), &qd.UpsertPoints{CollectionName: s.collection(), Wait: qd.PtrOf(true), Points: huge})
+		must(t, err)
+		must(t, b.Upsert(ctx(), []index.Point{chunk("huge", big+1, 0, axis(1))}))
+		must(t, b.DeleteStale(ctx(), []index.Keep{{Key: "huge", Version: big + 1}}))
+		got, err = b.Points(ctx(), "huge", false)
+		must(t, err)
+		if len(got) != 1 || got[0].Version != big+1 {
+			t.Fatalf("after DeleteStale of versions below 2^55+6: %v, want only 2^55+6", versionsOf(got))
+		}
 	})
 }
