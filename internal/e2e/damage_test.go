@@ -4,9 +4,7 @@ package e2e_test
 
 import (
 	"context"
-	"net/http/httptest"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -15,7 +13,6 @@ import (
 	"github.com/converge-sync/converge/internal/index"
 	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/internal/verify"
-	vpostgres "github.com/converge-sync/converge/internal/verify/postgres"
 )
 
 // TestVerifyComparesWhatAReaderGets damages each thing a reader of a
@@ -48,30 +45,7 @@ func TestVerifyComparesWhatAReaderGets(t *testing.T) {
 	p.write(t, 200, 40)
 	check := func() []string {
 		t.Helper()
-		truth := &vpostgres.Postgres{Pool: p.Pool}
-		var out []string
-		for _, s := range []struct {
-			kind verify.Kind
-			read func(context.Context) ([]verify.Doc, error)
-		}{
-			{verify.Index, func(ctx context.Context) ([]verify.Doc, error) {
-				return verify.ReadIndex(ctx, ix, verify.CheckVectors(e, 1))
-			}},
-			{verify.Graph, func(ctx context.Context) ([]verify.Doc, error) { return verify.ReadGraph(ctx, gs) }},
-		} {
-			srv := httptest.NewServer(verify.Handler(s.kind, s.read))
-			side := &verify.Remote{Label: string(s.kind), Addr: strings.TrimPrefix(srv.URL, "http://")}
-			rep, err := verify.Compare(ctx, truth, side, s.kind, verify.DefaultBuckets, nil)
-			srv.Close()
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, d := range rep.Differences {
-				out = append(out, string(s.kind)+" "+d.Problem+" "+d.Key)
-			}
-		}
-		slices.Sort(out)
-		return out
+		return verifyStores(t, p, ix, gs, verify.CheckVectors(e, 1))
 	}
 	agree := func(what string) {
 		t.Helper()

@@ -20,8 +20,8 @@ import (
 
 // verifyStores runs converge verify's comparison of the index and the
 // graph with Postgres, through the projectors' HTTP endpoints, and returns
-// the differences as "store problem key".
-func verifyStores(t *testing.T, p *pipeline, ix index.Backend, g graph.Backend) []string {
+// the differences as "store problem key"; opts tune the index's side.
+func verifyStores(t *testing.T, p *pipeline, ix index.Backend, g graph.Backend, opts ...verify.ReadOption) []string {
 	t.Helper()
 	ctx := context.Background()
 	truth := &vpostgres.Postgres{Pool: p.Pool}
@@ -30,7 +30,7 @@ func verifyStores(t *testing.T, p *pipeline, ix index.Backend, g graph.Backend) 
 		kind verify.Kind
 		read func(context.Context) ([]verify.Doc, error)
 	}{
-		{verify.Index, func(ctx context.Context) ([]verify.Doc, error) { return verify.ReadIndex(ctx, ix) }},
+		{verify.Index, func(ctx context.Context) ([]verify.Doc, error) { return verify.ReadIndex(ctx, ix, opts...) }},
 		{verify.Graph, func(ctx context.Context) ([]verify.Doc, error) { return verify.ReadGraph(ctx, g) }},
 	} {
 		srv := httptest.NewServer(verify.Handler(s.kind, s.read))

@@ -22,29 +22,8 @@ import (
 // while the previous writer acknowledged events above the floor, which a
 // work queue deleted. Those were delivered and handled, not missed.
 func TestNoFalseGapAfterATakeoverResetOnAWorkQueue(t *testing.T) {
-	nc := testenv.StartNATS(t).Connect(t)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, publish := workQueue(t)
 	ctx := context.Background()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: contract.EventsStream, Subjects: []string{contract.EventsSubjectPrefix + ">"},
-		Retention: jetstream.WorkQueuePolicy, Storage: jetstream.FileStorage}); err != nil {
-		t.Fatal(err)
-	}
-	publish := func(key string, version int64) {
-		ev := upsert(key, version)
-		data, err := ev.Encode()
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := nats.NewMsg(contract.EventsSubjectPrefix + contract.SubjectToken(key))
-		m.Data = data
-		m.Header.Set(contract.HeaderCommitTime, time.Now().UTC().Format(time.RFC3339Nano))
-		if _, err := js.PublishMsg(ctx, m); err != nil {
-			t.Fatal(err)
-		}
-	}
 	for v := int64(1); v <= 10; v++ {
 		publish("doc", v)
 	}
@@ -108,28 +87,8 @@ func TestHandedBackEventRemovedByTheLimitsIsReported(t *testing.T) {
 			name = "next start"
 		}
 		t.Run(name, func(t *testing.T) {
-			nc := testenv.StartNATS(t).Connect(t)
-			js, err := jetstream.New(nc)
-			if err != nil {
-				t.Fatal(err)
-			}
+			js, publish := workQueue(t)
 			ctx := context.Background()
-			if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: contract.EventsStream, Subjects: []string{contract.EventsSubjectPrefix + ">"},
-				Retention: jetstream.WorkQueuePolicy, Storage: jetstream.FileStorage}); err != nil {
-				t.Fatal(err)
-			}
-			publish := func(key string, version int64) {
-				ev := upsert(key, version)
-				data, err := ev.Encode()
-				if err != nil {
-					t.Fatal(err)
-				}
-				m := nats.NewMsg(contract.EventsSubjectPrefix + contract.SubjectToken(key))
-				m.Data = data
-				if _, err := js.PublishMsg(ctx, m); err != nil {
-					t.Fatal(err)
-				}
-			}
 			publish("slow", 1)
 			cfg := projector.Config{Name: "notifier", Stream: contract.EventsStream, SubjectPrefix: contract.EventsSubjectPrefix,
 				EveryEvent: true, AckWait: 500 * time.Millisecond, BatchSize: 4}
@@ -183,6 +142,33 @@ func TestHandedBackEventRemovedByTheLimitsIsReported(t *testing.T) {
 			}
 			t.Logf("%s", lastLine(logs.String(), "never delivered again"))
 		})
+	}
+}
+
+// workQueue is a NATS server with the effects' stream, a work queue, and
+// a function publishing an upserted event on it.
+func workQueue(t *testing.T) (jetstream.JetStream, func(key string, version int64)) {
+	t.Helper()
+	js, err := jetstream.New(testenv.StartNATS(t).Connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: contract.EventsStream, Subjects: []string{contract.EventsSubjectPrefix + ">"},
+		Retention: jetstream.WorkQueuePolicy, Storage: jetstream.FileStorage}); err != nil {
+		t.Fatal(err)
+	}
+	return js, func(key string, version int64) {
+		t.Helper()
+		data, err := upsert(key, version).Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := nats.NewMsg(contract.EventsSubjectPrefix + contract.SubjectToken(key))
+		m.Data = data
+		m.Header.Set(contract.HeaderCommitTime, time.Now().UTC().Format(time.RFC3339Nano))
+		if _, err := js.PublishMsg(context.Background(), m); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

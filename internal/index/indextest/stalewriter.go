@@ -40,18 +40,8 @@ func testStaleWriter(t *testing.T, b index.Backend) {
 	for i, step := range staleSteps {
 		t.Run("PausedBefore"+step, func(t *testing.T) {
 			v1, v2 := versions(fmt.Sprintf("doc-%d", i))
-			late := &pausing{Backend: b, at: step, paused: make(chan struct{}), resume: make(chan struct{})}
-			stale, current := newIndex(t, late), newIndex(t, b)
-
-			done := make(chan projector.Result, 1)
-			go func() { done <- stale.Apply(ctx(), []*contract.Event{v1})[0] }()
-			select {
-			case <-late.paused:
-			case r := <-done:
-				t.Fatalf("the late writer finished (%+v) without reaching %s", r, step)
-			case <-time.After(time.Minute):
-				t.Fatalf("the late writer did not reach %s in a minute", step)
-			}
+			late, done := startPaused(t, b, step, ctx(), nil, v1)
+			current := newIndex(t, b)
 			if got := apply(t, current, v2); got[0] != projector.Applied {
 				t.Fatalf("the current writer's v2: %v, want applied", got)
 			}
@@ -77,11 +67,8 @@ func testStaleWriter(t *testing.T, b index.Backend) {
 		// the current one's fails on the late points; its retry and the
 		// late event's redelivery leave version 2 alone.
 		v1, v2 := versions("doc-cross")
-		paused := &pausing{Backend: b, at: "Counts", paused: make(chan struct{}), resume: make(chan struct{})}
-		current, stale := newIndex(t, paused), newIndex(t, b)
-		done := make(chan projector.Result, 1)
-		go func() { done <- current.Apply(ctx(), []*contract.Event{v2})[0] }()
-		<-paused.paused
+		paused, done := startPaused(t, b, "Counts", ctx(), nil, v2)
+		current, stale := newIndex(t, b), newIndex(t, b)
 		r1 := stale.Apply(ctx(), []*contract.Event{v1})[0]
 		close(paused.resume)
 		r2 := <-done
@@ -104,12 +91,13 @@ func testStaleWriter(t *testing.T, b index.Backend) {
 		// after it leaves itself alone. Before, the fence counted every
 		// point, failed, and version 1 was retried for ever.
 		v1, v2 := versions("doc-newer")
-		stopped := &pausing{Backend: b, at: "DeleteStale", paused: make(chan struct{}), resume: make(chan struct{})}
 		killed, kill := context.WithCancel(ctx())
-		go func() { _ = newIndex(t, stopped).Apply(killed, []*contract.Event{v2}) }()
-		<-stopped.paused
+		stopped, done := startPaused(t, b, "DeleteStale", killed, nil, v2)
 		kill()
 		close(stopped.resume)
+		if r := <-done; r.Err == nil {
+			t.Fatalf("the stopped writer's call returned %+v, want its context's error", r)
+		}
 		current := newIndex(t, b)
 		if got := apply(t, current, v1); got[0] != projector.Applied {
 			t.Fatalf("v1 with v2's points already written: %v, want applied", got)
@@ -122,13 +110,9 @@ func testStaleWriter(t *testing.T, b index.Backend) {
 
 	t.Run("LateWriterKilledAfterItsPoints", func(t *testing.T) {
 		v1, v2 := versions("doc-killed")
-		late := &pausing{Backend: b, at: "Upsert", paused: make(chan struct{}), resume: make(chan struct{})}
-		stale, current := newIndex(t, late), newIndex(t, b)
 		killed, kill := context.WithCancel(ctx())
-		late.after = kill // the write lands, then the writer is gone
-		done := make(chan projector.Result, 1)
-		go func() { done <- stale.Apply(killed, []*contract.Event{v1})[0] }()
-		<-late.paused
+		late, done := startPaused(t, b, "Upsert", killed, kill, v1) // the write lands, then the writer is gone
+		current := newIndex(t, b)
 		apply(t, current, v2)
 		close(late.resume)
 		if r := <-done; r.Err == nil {
@@ -144,6 +128,26 @@ func testStaleWriter(t *testing.T, b index.Backend) {
 		}
 		expect(t, b, v2)
 	})
+}
+
+// startPaused starts applying ev in ctx through an index over b that
+// stops before step, and returns once it has stopped: close the
+// pausing's resume to go on; the call's result arrives on the channel.
+// after, when set, runs once the paused call has returned.
+func startPaused(t *testing.T, b index.Backend, step string, ctx context.Context, after func(), ev *contract.Event) (*pausing, <-chan projector.Result) {
+	t.Helper()
+	p := &pausing{Backend: b, at: step, paused: make(chan struct{}), resume: make(chan struct{}), after: after}
+	x := newIndex(t, p)
+	done := make(chan projector.Result, 1)
+	go func() { done <- x.Apply(ctx, []*contract.Event{ev})[0] }()
+	select {
+	case <-p.paused:
+	case r := <-done:
+		t.Fatalf("the writer of %s v%d finished (%+v) without reaching %s", ev.Key, ev.Version, r, step)
+	case <-time.After(time.Minute):
+		t.Fatalf("the writer of %s v%d did not reach %s in a minute", ev.Key, ev.Version, step)
+	}
+	return p, done
 }
 
 // pausing is a backend whose first call of the step at stops until resume
