@@ -1,8 +1,11 @@
 package projector
 
 import (
+	"context"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // A sequence stepped over is a suspect until twice the acknowledgement
@@ -68,5 +71,35 @@ func TestOwedSequenceAcknowledgedSinceIsNoGap(t *testing.T) {
 	g.restart(6, 8, 1, time.Second, t0.Add(time.Second))
 	if due := g.due(t0.Add(time.Hour), false); len(due) != 1 || due[0].from != 7 || due[0].count != 1 {
 		t.Fatalf("due: %+v; want only the 1 pending event of 7..8, not 3", due)
+	}
+}
+
+// On a work queue a due span is reported only once the stream shows it
+// gone (below the stream's first sequence); one still in the stream is a
+// late redelivery (a leader change) and is owed for another grace. On
+// other streams the grace alone decides.
+func TestDueSpansAreProvenOnAWorkQueue(t *testing.T) {
+	for _, retention := range []jetstream.RetentionPolicy{jetstream.WorkQueuePolicy, jetstream.LimitsPolicy} {
+		g := gapDetector{stream: func(context.Context) (*jetstream.StreamInfo, error) {
+			return &jetstream.StreamInfo{Config: jetstream.StreamConfig{Retention: retention}, State: jetstream.StreamState{FirstSeq: 5}}, nil
+		}}
+		t0 := time.Now()
+		g.restart(0, 1, 0, time.Second, t0)
+		g.observe(4, t0) // 2..3 stepped over: gone
+		g.observe(8, t0) // 5..7 stepped over: still in the stream
+		g.markOwed(8, t0)
+		got := g.proven(context.Background(), g.due(t0.Add(time.Hour), false), false)
+		if retention == jetstream.LimitsPolicy {
+			if len(got) != 3 {
+				t.Fatalf("limits stream: %+v, want all three spans", got)
+			}
+			continue
+		}
+		if len(got) != 1 || got[0].from != 2 || got[0].to != 3 {
+			t.Fatalf("work queue: reported %+v, want only 2..3", got)
+		}
+		if len(g.suspects) != 1 || g.suspects[0].from != 5 || len(g.owed) != 1 {
+			t.Fatalf("work queue: put back suspects %+v and owed %v, want 5..7 and 8", g.suspects, g.owed)
+		}
 	}
 }

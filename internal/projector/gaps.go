@@ -100,6 +100,8 @@ type gapDetector struct {
 	// pending is what the consumer had delivered and not acknowledged at
 	// the (re)start, less owed.
 	pending pendingWindow
+	// stream reads the stream's state (see proven); nil: not read.
+	stream func(ctx context.Context) (*jetstream.StreamInfo, error)
 }
 
 // gapSpan is the stream sequences from..to, stepped over, due to be
@@ -112,6 +114,8 @@ type gapSpan struct {
 	// expected and count, for a span of a pendingWindow: count of the
 	// expected events between from and to never came again.
 	count uint64
+	// window: the span of a pendingWindow.
+	window bool
 }
 
 // pendingWindow is expected events of stream sequences from..to, delivered
@@ -203,12 +207,30 @@ func (g *gapDetector) due(now time.Time, all bool) []gapSpan {
 	}
 	if w := &g.pending; w.expected > 0 && !now.Before(w.due) {
 		if missing := w.expected - len(w.seen); missing > 0 {
-			out = append(out, gapSpan{from: w.from + 1, to: w.to, due: w.due, unacked: true, count: uint64(missing)})
+			out = append(out, gapSpan{from: w.from + 1, to: w.to, due: w.due, unacked: true, count: uint64(missing), window: true})
 		}
 		*w = pendingWindow{}
 	}
 	slices.SortFunc(out, func(a, b gapSpan) int { return cmp.Compare(a.from, b.from) })
 	return out
+}
+
+// requeue puts back s, due again at due: a gap not proven yet.
+func (g *gapDetector) requeue(s gapSpan, due time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	switch {
+	case s.window:
+		// Its events have not been seen; the next restart recounts them.
+	case s.unacked:
+		if g.owed == nil {
+			g.owed = map[uint64]time.Time{}
+		}
+		g.owed[s.from] = due
+	default:
+		s.due = due
+		g.suspects = append(g.suspects, s)
+	}
 }
 
 // forgetOwed drops the sequences this runtime handed back: a consumer
@@ -276,7 +298,7 @@ func (r *Runtime) reportGaps(ctx context.Context, all bool) {
 	if !r.cfg.EveryEvent {
 		return
 	}
-	spans := r.gaps.due(time.Now(), all)
+	spans := r.gaps.proven(ctx, r.gaps.due(time.Now(), all), all)
 	for _, g := range spans {
 		from, to := g.from, g.to
 		n := to - from + 1
@@ -303,6 +325,36 @@ func (r *Runtime) reportGaps(ctx context.Context, all bool) {
 	}
 }
 
+// proven keeps of spans, due, those the stream shows gone. On a work
+// queue (the effects' stream), the limits remove from its start only, and
+// a message not yet acknowledged stays: a span at or above the stream's
+// first sequence is still owed (its redelivery is late, as after a
+// cluster's leader change) and is put back for the grace. The other
+// streams' limits remove from the middle too (a document's history): the
+// grace decides there. At a stop (all) every span is kept.
+func (g *gapDetector) proven(ctx context.Context, spans []gapSpan, all bool) []gapSpan {
+	g.mu.Lock()
+	read := g.stream
+	g.mu.Unlock()
+	if len(spans) == 0 || all || read == nil {
+		return spans
+	}
+	info, err := read(ctx)
+	if err != nil || info.Config.Retention != jetstream.WorkQueuePolicy {
+		return spans
+	}
+	first := info.State.FirstSeq
+	out := spans[:0]
+	for _, s := range spans {
+		if s.to < first {
+			out = append(out, s)
+			continue
+		}
+		g.requeue(s, time.Now().Add(g.grace))
+	}
+	return out
+}
+
 // startGaps sets the detector at the start of a consumer (see the rule
 // above) and takes up the record its metadata holds.
 func (r *Runtime) startGaps(info *jetstream.ConsumerInfo) {
@@ -317,6 +369,17 @@ func (r *Runtime) startGaps(info *jetstream.ConsumerInfo) {
 		state = prev
 		r.gaps.forgetOwed()
 	}
+	r.gaps.mu.Lock()
+	r.gaps.stream = func(ctx context.Context) (*jetstream.StreamInfo, error) {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		s, err := r.js.Stream(ctx, r.cfg.Stream)
+		if err != nil {
+			return nil, err
+		}
+		return s.CachedInfo(), nil
+	}
+	r.gaps.mu.Unlock()
 	r.gaps.restart(state.AckFloor.Stream, state.Delivered.Stream, state.NumAckPending, 2*r.cfg.AckWait, time.Now())
 	if stored, ok := ReadGapRecord(info.Config.Metadata); ok {
 		r.gapMu.Lock()
