@@ -8,6 +8,8 @@ import (
 	"os"
 	"strconv"
 	"time"
+
+	"github.com/converge-sync/converge/internal/clock"
 )
 
 // Config of a [Notifier]. Zero fields take the defaults documented on them.
@@ -54,6 +56,9 @@ type Config struct {
 	// Client sends the requests; nil: a client that follows no redirect
 	// (a 3xx answer is a failure).
 	Client *http.Client
+	// Clock is the wall clock of the records' times, the signatures'
+	// timestamps and the events' ages; nil: clock.Wall().
+	Clock clock.Clock
 }
 
 // Default values of [Config].
@@ -83,6 +88,9 @@ func (c *Config) setDefaults() {
 	orDefault(&c.Replicas, 1)
 	if c.Bucket == "" {
 		c.Bucket = DefaultBucket
+	}
+	if c.Clock == nil {
+		c.Clock = clock.Wall()
 	}
 	if c.Owner == "" {
 		host, _ := os.Hostname()

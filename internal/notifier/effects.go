@@ -68,7 +68,7 @@ func (n *Notifier) claim(j *job) (claimed, *outcome) {
 	ctx, cancel := context.WithTimeout(context.Background(), kvTimeout)
 	defer cancel()
 	for range casRounds {
-		now := time.Now()
+		now := n.cfg.Clock.Now()
 		e, err := n.kv.Get(ctx, key)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			rev, err := n.kv.Create(ctx, key, n.newRecord(j, stateClaimed, 1, now).encode())
@@ -135,7 +135,7 @@ func (n *Notifier) markSent(j *job, c claimed) outcome {
 	key := j.effect.String()
 	ctx, cancel := context.WithTimeout(context.Background(), kvTimeout)
 	defer cancel()
-	_, err := n.kv.Update(ctx, key, n.newRecord(j, stateSent, c.attempt, time.Now()).encode(), c.rev)
+	_, err := n.kv.Update(ctx, key, n.newRecord(j, stateSent, c.attempt, n.cfg.Clock.Now()).encode(), c.rev)
 	switch {
 	case err == nil:
 	case errors.Is(err, jetstream.ErrKeyRevisionMismatch):
@@ -163,7 +163,7 @@ func (n *Notifier) markFailed(j *job, c claimed, failure error) outcome {
 	key := j.effect.String()
 	ctx, cancel := context.WithTimeout(context.Background(), kvTimeout)
 	defer cancel()
-	now := time.Now()
+	now := n.cfg.Clock.Now()
 	rec := n.newRecord(j, stateFailed, c.attempt, now)
 	rec.Last = failure.Error()
 	delay := n.backoff(c.attempt)

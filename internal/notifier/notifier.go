@@ -214,7 +214,7 @@ func (n *Notifier) skipReason(d projector.Delivery, repair bool) string {
 	if at.IsZero() {
 		at = d.Stored
 	}
-	if !at.IsZero() && time.Since(at) > n.cfg.Window {
+	if !at.IsZero() && n.cfg.Clock.Now().Sub(at) > n.cfg.Window {
 		return "beyond_window"
 	}
 	return ""

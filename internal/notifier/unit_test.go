@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/converge-sync/converge/internal/clock"
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/pkg/contract"
@@ -168,7 +169,7 @@ func TestBackoff(t *testing.T) {
 }
 
 func TestSkipReason(t *testing.T) {
-	n := &Notifier{cfg: Config{Window: time.Hour}}
+	n := &Notifier{cfg: Config{Window: time.Hour, Clock: clock.Wall()}}
 	ev := upsert("doc", 1)
 	recent, old := time.Now().Add(-time.Minute), time.Now().Add(-2*time.Hour)
 	for _, tc := range []struct {
@@ -189,6 +190,12 @@ func TestSkipReason(t *testing.T) {
 				t.Fatalf("skipReason = %q, want %q", got, tc.want)
 			}
 		})
+	}
+	// The age is read on the notifier's clock: two hours ahead, a minute
+	// old commit is beyond the window of an hour.
+	n.cfg.Clock = clock.NewShifted(2 * time.Hour)
+	if got := n.skipReason(projector.Delivery{Event: &ev, CommitTime: recent}, false); got != "beyond_window" {
+		t.Fatalf("with the clock 2h ahead: %q, want beyond_window", got)
 	}
 	n.cfg.NotifyReplayed = true
 	if got := n.skipReason(projector.Delivery{Event: &ev, CommitTime: old}, true); got != "" {

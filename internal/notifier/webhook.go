@@ -136,7 +136,7 @@ func (n *Notifier) post(ctx context.Context, t *target, effect uuid.UUID, ev *co
 	if err != nil {
 		return &sendError{Target: t.name, Err: err}
 	}
-	ts := strconv.FormatInt(time.Now().Unix(), 10)
+	ts := strconv.FormatInt(n.cfg.Clock.Now().Unix(), 10)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "converge-notifier")
 	req.Header.Set(HeaderIdempotencyKey, effect.String())
