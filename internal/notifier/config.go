@@ -30,7 +30,9 @@ type Config struct {
 	// events, too (still never twice within the window).
 	NotifyReplayed bool
 	// ClaimTimeout is how long a claim stays another sender's before it may
-	// be taken over (a crashed sender's). Must exceed HTTPTimeout. Default 1m.
+	// be taken over (a crashed sender's): how long this process must have
+	// seen it unchanged, on its monotonic clock. Must exceed HTTPTimeout.
+	// Default 1m.
 	ClaimTimeout time.Duration
 	// HTTPTimeout bounds one request, answer included. Default 10s.
 	HTTPTimeout time.Duration

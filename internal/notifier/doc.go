@@ -27,8 +27,9 @@
 //
 //  1. claim: create the record "claimed" if absent (create-if-absent), or
 //     take over a "failed" record whose backoff has passed, or a "claimed"
-//     one older than Config.ClaimTimeout (compare-and-set on its revision);
-//     a record "sent" means the effect is done: it is deduplicated;
+//     one that has stayed unchanged for Config.ClaimTimeout (compare-and-set
+//     on its revision); a record "sent" means the effect is done: it is
+//     deduplicated;
 //  2. send the POST;
 //  3. mark: "sent" on a 2xx answer; otherwise "failed" with a backoff
 //     (exponential, with jitter), or "dead" after Config.MaxAttempts
@@ -49,6 +50,23 @@
 // sent: it is sent again after ClaimTimeout, with the same key, and the
 // receiver deduplicates it. A crash after 3 leaves nothing to do: the
 // redelivered event finds "sent".
+//
+// # Time
+//
+// A record holds wall times (when it entered its state, and for "failed"
+// when the next attempt is due), read from its writer's clock
+// (Config.Clock), for people reading the bucket. No decision compares them
+// with this process's wall clock: clocks disagree, and step. A claim is
+// stale once this process has seen its revision unchanged for
+// ClaimTimeout, measured on its own monotonic clock (the rule of package
+// lease): a claim is never taken over before ClaimTimeout has passed since
+// it was written, however the clocks step, and a dead process's claim is
+// taken over at most ClaimTimeout after it is first seen. A backoff lasts
+// at most its recorded delay (next less at, both its writer's readings)
+// from when this process first saw the record. What still reads the wall
+// clock: an event's age against the window (its commit time is Postgres'),
+// and the signature's timestamp, which the receiver checks against its
+// own clock.
 //
 // # What is guaranteed
 //

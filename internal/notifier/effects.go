@@ -24,8 +24,8 @@ const (
 type record struct {
 	State    string    `json:"state"`
 	Attempts int       `json:"attempts"`       // attempts so far, the one in flight included
-	At       time.Time `json:"at"`             // when the record entered its state (the claimer's clock)
-	Next     time.Time `json:"next,omitzero"`  // failed: the next attempt is not due before
+	At       time.Time `json:"at"`             // when the record entered its state (its writer's clock)
+	Next     time.Time `json:"next,omitzero"`  // failed: At plus the backoff's delay
 	Owner    string    `json:"owner"`          // the process that wrote the record
 	EventID  string    `json:"event_id"`       // for an operator reading the bucket
 	Target   string    `json:"target"`         // the target, redacted
@@ -60,9 +60,14 @@ type claimed struct {
 
 // claim takes the effect for one attempt: it creates its record if absent,
 // or moves it to "claimed" by compare-and-set from "failed" (backoff over)
-// or from a "claimed" record older than ClaimTimeout. Otherwise the
-// effect's outcome is known without sending: a duplicate, a claim to wait
-// for, a backoff to wait for, or a dead effect.
+// or from a "claimed" record this process has seen unchanged for
+// ClaimTimeout. Otherwise the effect's outcome is known without sending: a
+// duplicate, a claim to wait for, a backoff to wait for, or a dead effect.
+//
+// The wall times in a record are its writer's, for people; how long a
+// claim or a backoff has lasted is measured here, on the monotonic clock
+// (see sightings), so that no step of a clock, this one's or the
+// writer's, makes a live claim look stale or holds an effect back.
 func (n *Notifier) claim(j *job) (claimed, *outcome) {
 	key := j.effect.String()
 	ctx, cancel := context.WithTimeout(context.Background(), kvTimeout)
@@ -70,6 +75,7 @@ func (n *Notifier) claim(j *job) (claimed, *outcome) {
 	for range casRounds {
 		now := n.cfg.Clock.Now()
 		e, err := n.kv.Get(ctx, key)
+		seen := time.Now() // after the read: the record is at least as old as seen
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			rev, err := n.kv.Create(ctx, key, n.newRecord(j, stateClaimed, 1, now).encode())
 			if errors.Is(err, jetstream.ErrKeyExists) {
@@ -78,27 +84,30 @@ func (n *Notifier) claim(j *job) (claimed, *outcome) {
 			if err != nil {
 				return claimed{}, storeFailure("claim", key, err)
 			}
+			n.sightings.wrote(key, rev, time.Now())
 			return claimed{rev: rev, attempt: 1}, nil
 		}
 		if err != nil {
 			return claimed{}, storeFailure("read", key, err)
 		}
 		var rec record
+		unreadable := false
 		if err := json.Unmarshal(e.Value(), &rec); err != nil {
 			// Only this package writes the bucket; a record it cannot read
 			// is treated as a stale claim, and taken over.
 			n.log.Warn("unreadable effect record; taking it over", "effect", key, "err", err)
-			rec = record{State: stateClaimed}
+			rec, unreadable = record{State: stateClaimed}, true
 		}
 		switch rec.State {
 		case stateSent:
+			n.sightings.forget(key)
 			n.metrics.Deduplicated.WithLabelValues(j.target.name).Inc()
 			return claimed{}, &outcome{kind: duplicate}
 		case stateDead:
 			return claimed{}, &outcome{kind: dead, rev: e.Revision(),
 				err: fmt.Errorf("%s (gave up after %d attempts)", rec.Last, rec.Attempts)}
 		case stateFailed:
-			if wait := rec.Next.Sub(now); wait > 0 {
+			if wait := backoffLeft(rec, now, n.sightings.since(key, e.Revision(), seen)); wait > 0 {
 				return claimed{}, &outcome{kind: later, after: wait,
 					err: fmt.Errorf("%s (attempt %d of %d failed; the next is due in %v)", rec.Last, rec.Attempts, n.cfg.MaxAttempts, wait.Round(time.Millisecond))}
 			}
@@ -109,13 +118,15 @@ func (n *Notifier) claim(j *job) (claimed, *outcome) {
 			if sent && sentRev == e.Revision() {
 				return claimed{rev: sentRev, attempt: rec.Attempts, sent: true}, nil
 			}
-			if age := now.Sub(rec.At); age < n.cfg.ClaimTimeout {
-				return claimed{}, &outcome{kind: later, after: n.cfg.ClaimTimeout - age,
-					err: fmt.Errorf("webhook %s: effect %s is claimed by %s since %v", j.target.name, key, rec.Owner, age.Round(time.Millisecond))}
+			held := n.sightings.since(key, e.Revision(), seen)
+			if !unreadable && held < n.cfg.ClaimTimeout {
+				return claimed{}, &outcome{kind: later, after: n.cfg.ClaimTimeout - held,
+					err: fmt.Errorf("webhook %s: effect %s is claimed by %s (unchanged for %v here; claimed at %v by its clock)",
+						j.target.name, key, rec.Owner, held.Round(time.Millisecond), rec.At.Format(time.RFC3339Nano))}
 			}
 			n.metrics.TakenOver.WithLabelValues(j.target.name).Inc()
 			n.log.Info("taking over a stale claim: the effect is sent again, with the same Idempotency-Key",
-				"effect", key, "target", j.target.name, "owner", rec.Owner, "claimed_at", rec.At)
+				"effect", key, "target", j.target.name, "owner", rec.Owner, "claimed_at", rec.At, "unchanged_for", held)
 		}
 		attempt := rec.Attempts + 1
 		rev, err := n.kv.Update(ctx, key, n.newRecord(j, stateClaimed, attempt, now).encode(), e.Revision())
@@ -125,9 +136,22 @@ func (n *Notifier) claim(j *job) (claimed, *outcome) {
 		if err != nil {
 			return claimed{}, storeFailure("claim", key, err)
 		}
+		n.sightings.wrote(key, rev, time.Now())
 		return claimed{rev: rev, attempt: attempt}, nil
 	}
 	return claimed{}, storeFailure("claim", key, fmt.Errorf("the record changed %d times in a row", casRounds))
+}
+
+// backoffLeft is how long the backoff of a failed record still runs, the
+// record seen here for seenFor: its delay (Next-At, two readings of its
+// writer's clock taken together, so no clock's step changes it) less
+// seenFor, or less if its wall times say so (a record first seen long
+// after it was written, by a process started since). A clock here behind
+// the writer's cannot hold the effect back beyond its delay; one ahead
+// may end the backoff early, which costs an early attempt, never a second
+// send (the claim is a compare-and-set).
+func backoffLeft(rec record, now time.Time, seenFor time.Duration) time.Duration {
+	return min(rec.Next.Sub(now), rec.Next.Sub(rec.At)-seenFor)
 }
 
 // markSent records a 2xx answer.
@@ -138,7 +162,9 @@ func (n *Notifier) markSent(j *job, c claimed) outcome {
 	_, err := n.kv.Update(ctx, key, n.newRecord(j, stateSent, c.attempt, n.cfg.Clock.Now()).encode(), c.rev)
 	switch {
 	case err == nil:
+		n.sightings.forget(key)
 	case errors.Is(err, jetstream.ErrKeyRevisionMismatch):
+		n.sightings.forget(key)
 		// The request outlived ClaimTimeout and another sender took the
 		// claim over: it sends again, with the same key.
 		n.log.Warn("the claim was taken over while the effect was being sent; the receiver will see it twice, with the same Idempotency-Key",
@@ -173,6 +199,9 @@ func (n *Notifier) markFailed(j *job, c claimed, failure error) outcome {
 		rec.Next = now.Add(delay)
 	}
 	rev, err := n.kv.Update(ctx, key, rec.encode(), c.rev)
+	if err == nil {
+		n.sightings.wrote(key, rev, time.Now())
+	}
 	switch {
 	case errors.Is(err, jetstream.ErrKeyRevisionMismatch):
 		return outcome{kind: later, after: n.cfg.RetryMin, err: failure} // taken over meanwhile: its owner goes on
@@ -197,6 +226,7 @@ func (n *Notifier) markFailed(j *job, c claimed, failure error) outcome {
 func (n *Notifier) reset(j *job, rev uint64) error {
 	ctx, cancel := context.WithTimeout(context.Background(), kvTimeout)
 	defer cancel()
+	n.sightings.forget(j.effect.String())
 	err := n.kv.Delete(ctx, j.effect.String(), jetstream.LastRevision(rev))
 	if err != nil && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 		return fmt.Errorf("notifier: reset effect %s: %w", j.effect, err)

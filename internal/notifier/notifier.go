@@ -40,6 +40,8 @@ type Notifier struct {
 	inflight map[uuid.UUID]*job // one send per effect in this process
 	unmarked map[uuid.UUID]uint64
 
+	sightings *sightings // how long each record has been seen unchanged
+
 	// hook, when set (tests), is called after an effect is claimed
 	// ("claimed") and after its request was answered ("sent").
 	hook func(stage string, effect uuid.UUID)
@@ -107,7 +109,8 @@ func New(ctx context.Context, js jetstream.JetStream, cfg Config, metrics *Metri
 		return nil, fmt.Errorf("notifier: dedup store %s: %w", cfg.Bucket, err)
 	}
 	n := &Notifier{cfg: cfg, kv: kv, client: cfg.Client, metrics: metrics, log: log,
-		stopping: make(chan struct{}), inflight: map[uuid.UUID]*job{}, unmarked: map[uuid.UUID]uint64{}}
+		stopping: make(chan struct{}), inflight: map[uuid.UUID]*job{}, unmarked: map[uuid.UUID]uint64{},
+		sightings: newSightings(4 * (cfg.ClaimTimeout + cfg.RetryMax))}
 	if n.client == nil {
 		n.client = newClient(cfg.Concurrency)
 	}
