@@ -47,6 +47,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/converge-sync/converge/internal/clock"
 )
 
 // Bucket is the key-value bucket of the leases.
@@ -85,6 +87,10 @@ type Config struct {
 	Replicas int
 	// Poll is how often a standby reads the key; default TTL/6.
 	Poll time.Duration
+	// Clock is the wall clock of the times in the value (Since,
+	// Renewed), which are for people: no decision reads them. Nil:
+	// clock.Wall().
+	Clock clock.Clock
 }
 
 func (c *Config) setDefaults() error {
@@ -108,6 +114,9 @@ func (c *Config) setDefaults() error {
 	if c.Poll <= 0 {
 		c.Poll = c.TTL / 6
 	}
+	if c.Clock == nil {
+		c.Clock = clock.Wall()
+	}
 	return nil
 }
 
@@ -115,7 +124,8 @@ func (c *Config) setDefaults() error {
 // TTL less a fifth, for the two clocks' rates and the scheduler.
 func (c Config) Validity() time.Duration { return c.TTL - c.TTL/5 }
 
-// Value is what the key holds.
+// Value is what the key holds. Its times are the holder's wall clock's
+// (Config.Clock), for people: the rule of time reads none of them.
 type Value struct {
 	Holder      string    `json:"holder"`
 	Incarnation string    `json:"incarnation,omitempty"`
@@ -257,7 +267,7 @@ func (l *Lease) value(since, renewed time.Time) Value {
 // take writes this instance's value over revision rev (0: the key is
 // absent or deleted).
 func (l *Lease) take(ctx context.Context, sent time.Time, rev uint64) (*Term, error) {
-	now := time.Now().UTC()
+	now := l.cfg.Clock.Now().UTC()
 	b, _ := json.Marshal(l.value(now, now))
 	var err error
 	var got uint64
@@ -397,7 +407,7 @@ func (t *Term) renew(ctx context.Context) {
 		rev := t.rev
 		t.mu.Unlock()
 		sent := time.Now()
-		b, _ := json.Marshal(l.value(t.since, sent.UTC()))
+		b, _ := json.Marshal(l.value(t.since, l.cfg.Clock.Now().UTC()))
 		rctx, cancel := context.WithTimeout(ctx, every)
 		got, err := l.kv.Update(rctx, l.cfg.Name, b, rev)
 		cancel()

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/converge-sync/converge/internal/clock"
 	"github.com/converge-sync/converge/internal/testenv"
 )
 
@@ -347,4 +348,70 @@ func TestBoundCallEndsWithItsTerm(t *testing.T) {
 		t.Fatalf("cause %v, want ErrLost", context.Cause(bound))
 	}
 	term.Release()
+}
+
+// Steps of the holders' wall clocks move the times in the value, which
+// are for people, and nothing else: a standby an hour behind the holder
+// does not take a renewed lease, a holder whose clock steps back two hours
+// keeps its term, and once its renewals stop the standby takes over
+// within a TTL or so, as without steps.
+func TestClockStepsMoveNoTerm(t *testing.T) {
+	js := jetStream(t)
+	const ttl = 900 * time.Millisecond
+	open := func(holder string, c clock.Clock) *Lease {
+		l, err := Open(context.Background(), js, Config{Name: "graph", Holder: holder, TTL: ttl, Clock: c}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	ahead := clock.NewShifted(time.Hour)
+	a, b := open("a", ahead), open("b", clock.NewShifted(-time.Hour))
+	paused, resume := make(chan struct{}), make(chan struct{})
+	pause := make(chan bool, 1)
+	a.beforeRenew = func() {
+		select {
+		case <-pause:
+			close(paused)
+			<-resume
+		default:
+		}
+	}
+	defer close(resume)
+	ta, err := a.Acquire(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, _, _, err := a.Current(context.Background()); err != nil || time.Until(v.Since) < 59*time.Minute || time.Until(v.Renewed) < 59*time.Minute {
+		t.Fatalf("value %+v (%v), want the times of a clock an hour ahead", v, err)
+	}
+	ahead.Jump(-2 * time.Hour)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*ttl)
+	defer cancel()
+	if tb, err := b.Acquire(ctx, nil); err == nil {
+		tb.Release()
+		t.Fatal("a standby an hour behind took a renewed lease")
+	}
+	if !ta.Valid() {
+		t.Fatal("the holder's term is not valid after its clock stepped back")
+	}
+	if v, _, _, err := a.Current(context.Background()); err != nil || time.Until(v.Renewed) > -59*time.Minute {
+		t.Fatalf("value %+v (%v), want renewals at the times of a clock an hour behind", v, err)
+	}
+	pause <- true
+	<-paused
+	pausedAt := time.Now()
+	got := acquireAsync(context.Background(), b, make(chan Value, 1))
+	select {
+	case r := <-got:
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		defer r.term.Release()
+		if took := r.at.Sub(pausedAt); took < a.cfg.Validity() || took > 3*ttl {
+			t.Fatalf("b took over %v after a's renewals stopped, want between %v and %v", took, a.cfg.Validity(), 3*ttl)
+		}
+	case <-time.After(10 * ttl):
+		t.Fatal("b never took over from a holder whose renewals stopped")
+	}
 }
