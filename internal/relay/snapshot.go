@@ -95,6 +95,15 @@ func (m Mark) lsn() pglogrepl.LSN {
 	return lsn
 }
 
+// before reports whether m was taken before o: by LSN, which no clock
+// moves; by time when they have the same.
+func (m Mark) before(o Mark) bool {
+	if a, b := m.lsn(), o.lsn(); a != b {
+		return a < b
+	}
+	return m.At.Before(o.At)
+}
+
 // markBuckets are the ages (from the newest mark) of the ranges in each
 // of which the oldest mark is kept, beside the newest: after a failover
 // to a standby whose WAL ends before the newest mark's LSN, an older one
@@ -103,21 +112,24 @@ var markBuckets = []time.Duration{0, 10 * time.Second, time.Minute, 5 * time.Min
 
 // keepMarks puts m before marks (newest first) and keeps, beside it, the
 // oldest mark of each of markBuckets' ranges.
+//
+// Ages are differences of wall times, which a step of the relay's clock
+// (or a relay on another host) upsets: a mark that looks newer than m
+// (the clock stepped back) counts in the first range, and which mark is
+// the oldest is told by LSN, so that a step keeps an older mark rather
+// than none.
 func keepMarks(m Mark, marks []Mark) []Mark {
 	oldest := make([]int, len(markBuckets)) // per range, an index into marks, or -1
 	for i := range oldest {
 		oldest[i] = -1
 	}
 	for j, old := range marks {
-		age := m.At.Sub(old.At)
-		if age < 0 {
-			continue
-		}
+		age := max(m.At.Sub(old.At), 0)
 		r := len(markBuckets) - 1
 		for r > 0 && age < markBuckets[r] {
 			r--
 		}
-		if oldest[r] < 0 || old.At.Before(marks[oldest[r]].At) {
+		if oldest[r] < 0 || old.before(marks[oldest[r]]) {
 			oldest[r] = j
 		}
 	}

@@ -3,6 +3,8 @@ package relay
 import (
 	"testing"
 	"time"
+
+	"github.com/jackc/pglogrepl"
 )
 
 func TestSnapshotSeesWhatEndedBeforeIt(t *testing.T) {
@@ -93,5 +95,32 @@ func TestTimelineSwitch(t *testing.T) {
 	}
 	if _, ok := timelineSwitch(history, 3); ok {
 		t.Error("timeline 3 is not in the history")
+	}
+}
+
+// A step of the relay's clock back by an hour keeps an older mark: the
+// marks taken before it look newer than the new ones, yet the oldest of
+// them still bounds a catch-up, until marks taken since are old enough.
+func TestKeepMarksAcrossAClockStepBack(t *testing.T) {
+	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	var marks []Mark
+	lsn := pglogrepl.LSN(1 << 24)
+	mark := func(at time.Time) {
+		lsn += 4096
+		marks = keepMarks(Mark{LSN: lsn.String(), At: at}, marks)
+	}
+	for i := range 600 {
+		mark(now.Add(time.Duration(i) * time.Second))
+	}
+	firstKept := marks[len(marks)-1].lsn()
+	stepped := now.Add(600*time.Second - time.Hour)
+	for i := range 120 {
+		mark(stepped.Add(time.Duration(i) * time.Second))
+		if len(marks) < 2 {
+			t.Fatalf("%d s after the step back: only the newest mark is kept", i)
+		}
+		if oldest := marks[len(marks)-1].lsn(); oldest > firstKept {
+			t.Fatalf("%d s after the step back: the oldest mark kept is at %s, younger than %s kept before", i, oldest, firstKept)
+		}
 	}
 }
