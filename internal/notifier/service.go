@@ -164,6 +164,9 @@ func Run(ctx context.Context, cfg ServiceConfig, deps service.Deps) error {
 	if cfg.Notifier.Replicas <= 0 {
 		cfg.Notifier.Replicas = sc.Runtime.Replicas
 	}
+	if cfg.Notifier.Clock == nil {
+		cfg.Notifier.Clock = deps.Clock
+	}
 	n, err := New(ctx, js, cfg.Notifier, NewMetrics(deps.Registry), log.With("projector", sc.Runtime.Name))
 	if err != nil {
 		return err

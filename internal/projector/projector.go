@@ -61,6 +61,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/converge-sync/converge/internal/clock"
 	"github.com/converge-sync/converge/internal/deadletter"
 	"github.com/converge-sync/converge/internal/retry"
 	"github.com/converge-sync/converge/internal/telemetry"
@@ -281,6 +282,10 @@ type Config struct {
 	// that way is neither acknowledged nor retried by this writer, but
 	// ends Run as a [FencedError].
 	Bound func(ctx context.Context) (context.Context, context.CancelFunc)
+	// Clock is the wall clock of the times this runtime writes for
+	// others and of the ages it computes from a time another process
+	// wrote (an event's commit time); nil: clock.Wall().
+	Clock clock.Clock
 }
 
 // unpin releases the consumer's pinned client. (A request of its own:
@@ -340,6 +345,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.MaxDeliver <= 0 {
 		c.MaxDeliver = 5
+	}
+	if c.Clock == nil {
+		c.Clock = clock.Wall()
 	}
 	if c.RetryMin <= 0 {
 		c.RetryMin = 100 * time.Millisecond
@@ -902,7 +910,7 @@ func (r *Runtime) finish(ctx context.Context, b prepared) {
 			r.metrics.Events.WithLabelValues(outcomeLabel(res.Outcome)).Inc()
 			r.metrics.Events.WithLabelValues("superseded").Add(float64(len(it.superseded)))
 			if !it.commitTime.IsZero() && res.Outcome == Applied {
-				r.metrics.CommitToApplied.Observe(time.Since(it.commitTime).Seconds())
+				r.metrics.CommitToApplied.Observe(r.cfg.Clock.Now().Sub(it.commitTime).Seconds())
 			}
 		case IsPermanent(res.Err) && it.delivered >= uint64(r.cfg.MaxDeliver):
 			reason := fmt.Errorf("store rejected version %d of %q after %d deliveries: %w", it.ev.Version, it.ev.Key, it.delivered, res.Err)

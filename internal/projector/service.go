@@ -162,6 +162,9 @@ func RunService(ctx context.Context, sc ServiceConfig, store Store, routes map[s
 	}
 	var term atomic.Pointer[lease.Term]
 	rc := sc.Runtime
+	if rc.Clock == nil {
+		rc.Clock = deps.Clock
+	}
 	rc.Fence = func(ctx context.Context) error {
 		t := term.Load()
 		if t == nil {
@@ -248,7 +251,7 @@ func (h *holder) run(ctx context.Context) error {
 	var l *lease.Lease
 	for attempt := 1; ; attempt++ {
 		var err error
-		l, err = lease.Open(ctx, h.js, lease.Config{Name: name, TTL: h.sc.Lease.TTL, Replicas: h.sc.Lease.Replicas, Holder: h.holderName()}, h.log)
+		l, err = lease.Open(ctx, h.js, lease.Config{Name: name, TTL: h.sc.Lease.TTL, Replicas: h.sc.Lease.Replicas, Holder: h.holderName(), Clock: h.r.cfg.Clock}, h.log)
 		if err == nil {
 			break
 		}

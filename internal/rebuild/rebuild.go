@@ -45,6 +45,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/converge-sync/converge/internal/clock"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/retry"
 
@@ -154,7 +155,8 @@ type Status struct {
 // Config of a [Manager].
 type Config struct {
 	// Runtime is the live runtime's configuration; the rebuild runtime
-	// takes it with the name <Name>-rebuild.
+	// takes it with the name <Name>-rebuild. Its Clock gives the times of
+	// the rebuild's state and status.
 	Runtime projector.Config
 	// RetryMax bounds the backoff between attempts of a failed step (1s,
 	// doubled per attempt); default 30s.
@@ -191,6 +193,9 @@ func NewManager(cfg Config, stores Stores, sw *Switch, log *slog.Logger) (*Manag
 	}
 	if cfg.RetryMax <= 0 {
 		cfg.RetryMax = 30 * time.Second
+	}
+	if cfg.Runtime.Clock == nil {
+		cfg.Runtime.Clock = clock.Wall()
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -299,7 +304,7 @@ func (m *Manager) Start(ctx context.Context) (Status, bool, error) {
 	if err := m.deleteConsumer(ctx); err != nil {
 		return Status{}, false, err
 	}
-	now := time.Now().UTC()
+	now := m.cfg.Runtime.Clock.Now().UTC()
 	st := &State{ID: now.Format("20060102T150405.000Z"), StartedAt: now}
 	live, err := m.stores.Live(ctx)
 	if err != nil {
@@ -628,7 +633,7 @@ func (m *Manager) finish(ctx context.Context, st *State) error {
 	if err := m.kv.Delete(ctx, m.name); err != nil {
 		return fmt.Errorf("rebuild: delete state: %w", err)
 	}
-	now := time.Now().UTC()
+	now := m.cfg.Runtime.Clock.Now().UTC()
 	m.mu.Lock()
 	m.active = false
 	m.status.Phase, m.status.Error, m.status.DoneAt = PhaseDone, "", &now

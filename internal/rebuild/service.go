@@ -29,6 +29,9 @@ func RunService(ctx context.Context, sc projector.ServiceConfig, stores Stores, 
 	defer func() { _ = sw.Close() }()
 	log.Info("projection store", "store", stores.Describe(live))
 
+	if sc.Runtime.Clock == nil {
+		sc.Runtime.Clock = deps.Clock
+	}
 	m, err := NewManager(Config{Runtime: sc.Runtime}, stores, sw, log)
 	if err != nil {
 		return err

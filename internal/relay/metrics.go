@@ -25,16 +25,18 @@ type Metrics struct {
 	// Refused counts the publishes the documents' stream refused because
 	// its last sequence was not the one they expected (see
 	// publisher.chained).
-	Refused       prometheus.Counter
-	Reemissions   prometheus.Counter
-	Transactions  prometheus.Counter
-	PublishTime   prometheus.Histogram
-	CommitToAck   prometheus.Histogram
-	InFlight      prometheus.Gauge
-	ConfirmedLSN  prometheus.Gauge
-	SlotLagBytes  prometheus.Gauge
-	Active        prometheus.Gauge
-	SessionErrors *prometheus.CounterVec
+	Refused      prometheus.Counter
+	Reemissions  prometheus.Counter
+	Transactions prometheus.Counter
+	PublishTime  prometheus.Histogram
+	CommitToAck  prometheus.Histogram
+	InFlight     prometheus.Gauge
+	ConfirmedLSN prometheus.Gauge
+	SlotLagBytes prometheus.Gauge
+	Active       prometheus.Gauge
+	// PublishFailing is 1 while publishing fails (Relay.Publishing).
+	PublishFailing prometheus.Gauge
+	SessionErrors  *prometheus.CounterVec
 }
 
 // NewMetrics creates the relay's metrics and registers them with reg (nil:
@@ -77,12 +79,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "WAL between the server's current position and the slot's confirmed position."}),
 		Active: prometheus.NewGauge(prometheus.GaugeOpts{Name: "converge_relay_active",
 			Help: "1 while this relay holds the slot, 0 while it waits as a standby."}),
+		PublishFailing: prometheus.NewGauge(prometheus.GaugeOpts{Name: "converge_relay_publish_failing",
+			Help: "1 while the relay's sessions fail to publish and no event was stored since the first failure (see /readyz for the error)."}),
 		SessionErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "converge_relay_session_errors_total",
 			Help: "Replication sessions that failed to start or ended with an error, by cause (postgres, publish)."}, []string{"cause"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.CatchUp, m.Published, m.Duplicates, m.EffectsPublished, m.EffectsDuplicates, m.Skipped, m.Refused, m.Reemissions, m.Transactions, m.PublishTime, m.CommitToAck, m.InFlight,
-			m.ConfirmedLSN, m.SlotLagBytes, m.Active, m.SessionErrors, m.Gated, m.GateWait)
+			m.ConfirmedLSN, m.SlotLagBytes, m.Active, m.PublishFailing, m.SessionErrors, m.Gated, m.GateWait)
 	}
 	return m
 }

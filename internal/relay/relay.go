@@ -48,6 +48,9 @@ type Relay struct {
 
 	active    atomic.Bool
 	confirmed atomic.Uint64
+	// failing is the first of the publishing failures since the last
+	// event JetStream stored (nil: none).
+	failing atomic.Pointer[publishFailure]
 
 	// ensured: the streams were ensured by a session of this process;
 	// noStreamSince is when sessions began to find no stream listening,
@@ -103,6 +106,51 @@ func (r *Relay) Active() bool { return r.active.Load() }
 // ConfirmedLSN is the position last confirmed to Postgres.
 func (r *Relay) ConfirmedLSN() pglogrepl.LSN { return pglogrepl.LSN(r.confirmed.Load()) }
 
+// publishFailure is when publishing began to fail, and the latest error.
+type publishFailure struct {
+	since time.Time
+	err   string
+}
+
+// PublishAlarm is how long publishing may fail before the relay reports
+// itself not ready (see [Relay.Publishing]).
+const PublishAlarm = 5 * time.Second
+
+// Publishing returns an error, for /readyz, once every session of the last
+// PublishAlarm failed to publish and none stored an event since: JetStream
+// refuses to store (a limit an operator set), or answers nothing. A NATS
+// server that met ENOSPC logs it and answers no publish to that stream
+// until it restarts, even once its disk has room again, while its own
+// health check stays green: this is where that shows.
+func (r *Relay) Publishing(context.Context) error {
+	f := r.failing.Load()
+	if f == nil {
+		return nil
+	}
+	if d := time.Since(f.since); d >= PublishAlarm {
+		return fmt.Errorf("publishing to JetStream has failed for %v (a NATS server that met a full disk stores nothing more until it restarts: see its log): %s", d.Round(time.Second), f.err)
+	}
+	return nil
+}
+
+// notePublishFailure records a failed publish (see Publishing).
+func (r *Relay) notePublishFailure(err error) {
+	f := &publishFailure{since: time.Now(), err: err.Error()}
+	if old := r.failing.Load(); old != nil {
+		f.since = old.since
+	}
+	r.failing.Store(f)
+	r.metrics.PublishFailing.Set(1)
+}
+
+// notePublished clears the failure once JetStream stores an event again.
+func (r *Relay) notePublished() {
+	if r.failing.Load() != nil {
+		r.failing.Store(nil)
+		r.metrics.PublishFailing.Set(0)
+	}
+}
+
 // Run relays until ctx ends. Errors of a session (Postgres restarts, NATS
 // outages) end that session and start another from the confirmed position;
 // only configuration problems end Run.
@@ -141,6 +189,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			var pe *publishError
 			if errors.As(err, &pe) {
 				cause = "publish"
+				r.notePublishFailure(pe.err)
 			}
 			if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, errLostBefore) {
 				// No stream leader, or a publish one lost: a cluster
@@ -283,6 +332,7 @@ func (r *Relay) session(ctx context.Context) error {
 		if err != nil {
 			return &publishError{err: err}
 		}
+		pos.clock = r.cfg.Clock
 		r.positions = pos
 	}
 	pos := r.positions
@@ -382,7 +432,7 @@ func (r *Relay) session(ctx context.Context) error {
 				} else {
 					sctx, cancel := context.WithTimeout(context.Background(), time.Second)
 					_ = pglogrepl.SendStandbyStatusUpdate(sctx, conn, pglogrepl.StandbyStatusUpdate{
-						WALWritePosition: lsn, WALFlushPosition: lsn, WALApplyPosition: lsn, ClientTime: time.Now()})
+						WALWritePosition: lsn, WALFlushPosition: lsn, WALApplyPosition: lsn, ClientTime: r.cfg.Clock.Now()})
 					cancel()
 				}
 			}
@@ -686,7 +736,7 @@ func (s *session) sendStatus(ctx context.Context) error {
 	}
 	err := pglogrepl.SendStandbyStatusUpdate(ctx, s.conn, pglogrepl.StandbyStatusUpdate{
 		WALWritePosition: report, WALFlushPosition: report, WALApplyPosition: report,
-		ClientTime: time.Now(),
+		ClientTime: s.relay.cfg.Clock.Now(),
 	})
 	if err != nil {
 		return fmt.Errorf("relay: standby status update: %w", err)
@@ -717,7 +767,7 @@ func (s *session) takeMark(ctx context.Context) error {
 	s.snap = parsed
 	s.setGated(syncNames != "")
 	if s.pendingMark == nil {
-		s.pendingMark = &Mark{Snapshot: snap, LSN: lsn, Timeline: s.timeline, At: time.Now().UTC()}
+		s.pendingMark = &Mark{Snapshot: snap, LSN: lsn, Timeline: s.timeline, At: s.relay.cfg.Clock.Now().UTC()}
 	}
 	return nil
 }
@@ -1024,6 +1074,7 @@ func (s *session) drain(ctx context.Context, block bool) error {
 		// Timed by the acknowledgement's arrival, not by when it is
 		// consumed here (after the next read from Postgres, at low rates).
 		acked := s.pub.ackedAt(p.seq)
+		s.relay.notePublished()
 		if acked.After(s.newestAck) {
 			s.newestAck = acked
 		}
@@ -1044,7 +1095,10 @@ func (s *session) drain(ctx context.Context, block bool) error {
 				s.relay.metrics.Reemissions.Inc()
 			}
 			s.relay.metrics.PublishTime.Observe(acked.Sub(p.sent).Seconds())
-			s.relay.metrics.CommitToAck.Observe(acked.Sub(p.commitTime).Seconds())
+			// The commit time is Postgres' wall time: the
+			// acknowledgement's is this process's wall clock's.
+			wallAcked := s.relay.cfg.Clock.Now().Add(-time.Since(acked))
+			s.relay.metrics.CommitToAck.Observe(wallAcked.Sub(p.commitTime).Seconds())
 		}
 		s.inflight--
 		s.inflightBytes -= p.size

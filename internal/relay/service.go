@@ -123,6 +123,9 @@ func Run(ctx context.Context, cfg ServiceConfig, deps service.Deps) error {
 		return fmt.Errorf("relay: %w", err)
 	}
 	TuneGC(cfg.GOGC, cfg.MemoryLimit)
+	if cfg.Relay.Clock == nil {
+		cfg.Relay.Clock = deps.Clock
+	}
 	r, err := New(deps.NATS, cfg.Relay, NewMetrics(deps.Registry), deps.Log)
 	if err != nil {
 		return err
@@ -133,7 +136,7 @@ func Run(ctx context.Context, cfg ServiceConfig, deps service.Deps) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return r.Run(ctx) })
 	if cfg.MetricsAddr != "" {
-		checks := []telemetry.Check{service.NATSCheck(deps.NATS)}
+		checks := []telemetry.Check{service.NATSCheck(deps.NATS), {Name: "publishing", Func: r.Publishing}}
 		if deps.Postgres != nil {
 			checks = append(checks, telemetry.Check{Name: "postgres", Func: deps.Postgres.Ping})
 		}

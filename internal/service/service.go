@@ -6,8 +6,8 @@
 //	Run(ctx context.Context, cfg Config, deps service.Deps) error
 //
 // which runs the service until ctx ends. Deps carries what Run uses but does
-// not own: the logger, the metrics registry, and the connections to NATS and
-// Postgres. [Main] is a service's whole command (cmd/<service>/main.go is
+// not own: the logger, the metrics registry, the connections to NATS and
+// Postgres, and the wall clock. [Main] is a service's whole command (cmd/<service>/main.go is
 // one call of it); [Command] is the same inside another command (`converge
 // projector-index`); [Run] dials a configuration's connections and runs it,
 // which is how `converge dev`, the demo, the end-to-end tests and the
@@ -31,6 +31,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/converge-sync/converge/internal/clock"
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/telemetry"
@@ -48,6 +49,10 @@ type Deps struct {
 	// Postgres is a pool of connections to Postgres, nil for a service
 	// that holds no Postgres credentials (the projectors, the notifier).
 	Postgres *pgxpool.Pool
+	// Clock is the wall clock of the times the service writes for other
+	// processes and compares with theirs: clock.Wall(), which honours the
+	// fault hook clock.EnvFaultFile.
+	Clock clock.Clock
 }
 
 // WithDefaults fills what a caller left nil: a registry of its own and a
@@ -59,6 +64,9 @@ func (d Deps) WithDefaults() Deps {
 	}
 	if d.Log == nil {
 		d.Log = slog.New(slog.DiscardHandler)
+	}
+	if d.Clock == nil {
+		d.Clock = clock.Wall()
 	}
 	return d
 }
@@ -105,7 +113,7 @@ type Config interface {
 // service runs, and a Postgres pool. close drains NATS (so that the last
 // acknowledgements reach the server) and closes the pool.
 func Dial(ctx context.Context, c Conns, log *slog.Logger) (Deps, func(), error) {
-	d := Deps{Log: log, Registry: telemetry.NewRegistry()}
+	d := Deps{Log: log, Registry: telemetry.NewRegistry(), Clock: clock.Wall()}
 	closeAll := func() {
 		if d.NATS != nil {
 			drain(d.NATS, log)

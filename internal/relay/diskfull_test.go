@@ -1,0 +1,100 @@
+//go:build linux
+
+package relay_test
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/converge-sync/converge/internal/relay"
+	"github.com/converge-sync/converge/internal/testenv"
+	"github.com/converge-sync/converge/pkg/contract"
+)
+
+// When the NATS server's disk fills, JetStream stores nothing more in the
+// stream (and answers no publish), and goes on so once the disk has room
+// again, until it is restarted, while its own health check stays green.
+// The relay says so: it reports itself not ready, naming the error, and
+// its gauge is 1. After
+// the server restarts on its store, every event reaches the stream once.
+func TestRelaySaysWhenJetStreamCannotStore(t *testing.T) {
+	disk, err := testenv.MountDisk(t, "64m")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+	n, err := testenv.StartNATSAt(disk.Dir, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Shutdown() })
+	f := newFixtureWith(t, pg.MigratedDatabase(t), n)
+	metrics := relay.NewMetrics(nil)
+	cfg := relay.Config{PostgresURL: f.dbURL, StandbyRetry: 100 * time.Millisecond, Stream: relay.StreamConfig{MaxMsgsPerSubject: -1}}
+	r, err := relay.New(f.nats.Connect(t), cfg, metrics, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, r)
+	defer stop()
+	f.write(t, 0, 20, 1)
+	testenv.Eventually(t, "20 events in the stream", 20*time.Second, func() bool {
+		return streamInfo(t, f.js, contract.DocsStream).State.Msgs == 20
+	})
+	if err := r.Publishing(context.Background()); err != nil {
+		t.Fatalf("publishing reported failing while it works: %v", err)
+	}
+
+	if _, err := disk.Fill(); err != nil {
+		t.Fatal(err)
+	}
+	f.write(t, 20, 40, 1)
+	testenv.Eventually(t, "the relay to report that publishing fails", 30*time.Second, func() bool {
+		err := r.Publishing(context.Background())
+		return err != nil && strings.Contains(err.Error(), "no acknowledgement")
+	})
+	if err := disk.Free(); err != nil {
+		t.Fatal(err)
+	}
+	// Room again, and still refused: the server keeps its write error.
+	time.Sleep(2 * relay.PublishAlarm)
+	if err := r.Publishing(context.Background()); err == nil {
+		t.Fatal("publishing reported working again before the NATS server restarted")
+	}
+	if got := testutil.ToFloat64(metrics.PublishFailing); got != 1 {
+		t.Fatalf("converge_relay_publish_failing = %v, want 1", got)
+	}
+
+	// The operator restarts the server on its store.
+	port := n.Port
+	n.Shutdown()
+	n2, err := testenv.StartNATSAt(disk.Dir, port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n2.Shutdown() })
+	testenv.Eventually(t, "all 40 events in the stream after the restart", 60*time.Second, func() bool {
+		info, err := f.js.Stream(context.Background(), contract.DocsStream)
+		if err != nil {
+			return false
+		}
+		st, err := info.Info(context.Background())
+		return err == nil && st.State.Msgs == 40
+	})
+	testenv.Eventually(t, "the relay to report publishing again", 10*time.Second, func() bool {
+		return r.Publishing(context.Background()) == nil && testutil.ToFloat64(metrics.PublishFailing) == 0
+	})
+	seen := map[string]bool{}
+	readStream(t, f.js, func(m jetstream.Msg, _ contract.Event) { seen[m.Headers().Get(jetstream.MsgIDHeader)] = true })
+	if len(seen) != 40 {
+		t.Fatalf("%d distinct events in the stream, want 40", len(seen))
+	}
+}
