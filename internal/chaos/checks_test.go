@@ -382,7 +382,7 @@ func compareStream(msgs, tapped []stored, st *postgresState, faults []*fault, ke
 // when none did).
 func cause(at time.Time, faults []*fault) string {
 	for i := len(faults) - 1; i >= 0; i-- {
-		if f := faults[i]; !f.Start.After(at) && slices.Contains(publishingFaults, f.Kind) {
+		if f := faults[i]; !f.Start.After(at) && (slices.Contains(publishingFaults, f.Kind) || f.Republishes) {
 			return f.Kind
 		}
 	}
@@ -465,7 +465,7 @@ func compareEffects(ds []delivery, st *postgresState, url string, faults []*faul
 // otherwise.
 func effectCause(first, second time.Time, faults []*fault) string {
 	for _, f := range faults {
-		if slices.Contains(effectFaults, f.Kind) && !f.Start.Before(first.Add(-time.Second)) && !f.Start.After(second) {
+		if (slices.Contains(effectFaults, f.Kind) || f.Resends) && !f.Start.Before(first.Add(-time.Second)) && !f.Start.After(second) {
 			return f.Kind
 		}
 	}

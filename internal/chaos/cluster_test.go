@@ -64,7 +64,12 @@ type pipeline struct {
 	api      string // the writer's API
 	services []*service
 	recv     *receiver
-	cliLog   *os.File
+	links    links   // every service's link to every server it uses
+	clocks   *clocks // every service's wall clock
+	// disk holds the NATS server's store (a single server's); nil when
+	// this machine cannot mount one, and the disk-full fault is not run.
+	disk   *testenv.Disk
+	cliLog *os.File
 }
 
 func (p *pipeline) service(name string) *service {
@@ -107,6 +112,9 @@ func startPipeline(t *testing.T, cfg runConfig) *pipeline {
 		}
 	})
 	p.adminURL, p.dbURL = pg.URL("postgres"), pg.URL(dbName)
+	t.Cleanup(p.links.close)
+	p.links.server("postgres", fmt.Sprintf("127.0.0.1:%d", pg.Port()))
+	p.clocks = &clocks{dir: t.TempDir()}
 	if err := exec1(ctx, p.adminURL, "CREATE DATABASE "+dbName); err != nil {
 		t.Fatal(err)
 	}
@@ -151,8 +159,18 @@ func startPipeline(t *testing.T, cfg runConfig) *pipeline {
 		p.cluster = testenv.StartNATSCluster(t, natsBin, 3, testenv.NATSProcessOptions{Users: users, Out: natsLog})
 		p.natsURL = p.cluster.URL
 	} else {
-		p.nats = testenv.StartNATSProcess(t, natsBin, testenv.NATSProcessOptions{Users: users, Out: natsLog})
+		o := testenv.NATSProcessOptions{Users: users, Out: natsLog}
+		// The store on a disk of its own, which a fault fills.
+		if d, err := testenv.MountDisk(t, "512m"); err != nil {
+			t.Logf("the NATS server's disk is not filled by any fault: %v", err)
+		} else {
+			p.disk, o.StoreDir = d, d.Dir
+		}
+		p.nats = testenv.StartNATSProcess(t, natsBin, o)
 		p.natsURL = p.nats.URL
+		// A cluster's clients learn every node's address from the
+		// servers: their links are not cut.
+		p.links.server("nats", hostPort(p.nats.URL))
 	}
 	p.nc, err = nats.Connect(p.natsURL, nats.UserInfo(adminUser, users[len(users)-1].Password),
 		nats.Name("chaos"), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
@@ -183,6 +201,7 @@ func startPipeline(t *testing.T, cfg runConfig) *pipeline {
 		t.Fatal(err)
 	}
 	t.Cleanup(p.recv.close)
+	p.links.server("receiver", hostPort(p.recv.url))
 
 	data := t.TempDir()
 	httpAddr := freeAddr(t)
@@ -211,6 +230,7 @@ func startPipeline(t *testing.T, cfg runConfig) *pipeline {
 	if q := cfg.qdrant; q != nil {
 		indexArgs = append(indexArgs, "-qdrant-url", q.URL, "-qdrant-collection", q.Collection)
 		indexEnv = []string{backends.EnvQdrantAPIKey + "=" + q.APIKey}
+		p.links.server("qdrant", q.URL)
 	}
 	p.add("projector-index", natsauth.UserIndex, indexEnv, indexArgs...)
 	notifierArgs := []string{"-webhook-urls", p.recv.url, "-claim-timeout", "10s", "-http-timeout", "5s",
@@ -220,6 +240,7 @@ func startPipeline(t *testing.T, cfg runConfig) *pipeline {
 		// The stores shared by two instances: Neo4j, the notifier's
 		// bucket. The ack wait stays at its default: a takeover does not
 		// wait for it.
+		p.links.server("neo4j", hostPort(cfg.neo4j.URL))
 		graphEnv := []string{"CONVERGE_NEO4J_URL=" + cfg.neo4j.URL, "CONVERGE_NEO4J_USER=" + cfg.neo4j.User, "CONVERGE_NEO4J_PASSWORD=" + cfg.neo4j.Password}
 		graphArgs := []string{"-lease-ttl", standbyTTL.String(), "-neo4j-tx-timeout", "3s", "-tokens-file", p.serviceTokens}
 		p.add("projector-graph", natsauth.UserGraph, graphEnv, graphArgs...)
@@ -262,7 +283,10 @@ func (p *pipeline) add(name, natsUser string, env []string, args ...string) {
 	p.t.Cleanup(func() { _ = log.Close() })
 	addr := freeAddr(p.t)
 	args = append(append([]string{}, args...), "-metrics-addr", addr, "-nats-url", p.natsURL, "-nats-user", natsUser)
-	env = append(append([]string{}, env...), natsauth.EnvPassword+"="+p.natsPW[natsUser])
+	env = append(append([]string{}, env...), natsauth.EnvPassword+"="+p.natsPW[natsUser], envFaultClockFile+"="+p.clocks.file(name))
+	if err := p.links.route(name, args, env); err != nil {
+		p.t.Fatal(err)
+	}
 	p.services = append(p.services, &service{t: p.t, name: name, bin: p.bin.Path(bin), args: args, env: env, addr: addr, log: log})
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/internal/natsauth"
+	"github.com/converge-sync/converge/internal/relay"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
@@ -34,18 +35,24 @@ const (
 	kindReplayGraph   = "converge replay graph"
 	kindCrashPostgres = "Postgres immediate stop"
 	kindKillNATS      = "SIGKILL nats-server"
+	kindCutLink       = "link cut or frozen (one)"
+	kindCutLinks      = "links cut or frozen (2-3)"
+	kindClockForward  = "clock jumps forward"
+	kindClockBack     = "clock jumps back"
+	kindDiskFull      = "NATS disk full"
 )
 
 // kinds are the kinds in the matrix's order.
 var kinds = []string{kindKillWriter, kindKillRelayA, kindKillRelayS, kindKillIndex, kindKillGraph, kindKillNotifier,
 	kindPauseWriter, kindPauseRelayA, kindPauseRelayS, kindPauseIndex, kindPauseGraph, kindPauseNotifier,
-	kindReplayIndex, kindReplayGraph, kindCrashPostgres, kindKillNATS}
+	kindReplayIndex, kindReplayGraph, kindCrashPostgres, kindKillNATS, kindCutLink, kindCutLinks,
+	kindClockForward, kindClockBack, kindDiskFull}
 
 // choices are what the random source picks from, each equally likely: a
 // relay is picked, and its kind follows from its role.
 var choices = []string{"kill writer", "kill relay", "kill projector-index", "kill projector-graph", "kill notifier",
 	"pause writer", "pause relay", "pause projector-index", "pause projector-graph", "pause notifier",
-	"replay index", "replay graph", "crash postgres", "kill nats"}
+	"replay index", "replay graph", "crash postgres", "kill nats", "cut links", "jump clock", "fill disk"}
 
 // fault is one injected fault and what the suite saw after it.
 type fault struct {
@@ -59,6 +66,10 @@ type fault struct {
 	Writes time.Duration // from End until the writer acknowledged a write again
 	Stream time.Duration // from End until the stream grew again
 	Failed string        // a check that did not hold in time
+	// Republishes and Resends: the fault can make the relay publish an
+	// event again, or the notifier send an effect again (a lost answer).
+	Republishes, Resends bool
+	Links                []string // the links a link fault cut or froze
 	// Slowest names what was still not ready a second before every
 	// service was: where the time to ready went.
 	Slowest string
@@ -74,6 +85,14 @@ func (p *pipeline) inject(ctx context.Context, rng *rand.Rand, choices []string,
 	delay := time.Duration(rng.IntN(1000)) * time.Millisecond
 	pause := time.Second + time.Duration(rng.IntN(3000))*time.Millisecond
 	pick, from := rng.IntN(2), rng.Float64()
+	// Most link faults cut one link alone; the others two or three.
+	nLinks := 1
+	if several, extra := rng.Float64() >= 0.6, rng.IntN(2); several {
+		nLinks = 2 + extra
+	}
+	freeze, heal := rng.IntN(2) == 1, time.Second+time.Duration(rng.IntN(7000))*time.Millisecond
+	linkRng := rand.New(rand.NewPCG(rng.Uint64(), 0x11))
+	size, sign, victim := rng.Float64(), rng.Float64(), rng.IntN(1<<20)
 
 	var svc *service
 	if target == "relay" {
@@ -119,6 +138,42 @@ func (p *pipeline) inject(ctx context.Context, rng *rand.Rand, choices []string,
 			f.Failed = fmt.Sprintf("restart postgres: %v", err)
 		}
 		f.Detail = fmt.Sprintf("restarted after %v", delay)
+	case verb == "cut":
+		lf := pickLinks(p.links.list(), linkRng, nLinks, freeze, heal)
+		f.Kind = kindCutLink
+		if len(lf.links) > 1 {
+			f.Kind = kindCutLinks
+		}
+		for _, l := range lf.links {
+			f.Links = append(f.Links, l.String())
+			f.Republishes = f.Republishes || strings.HasPrefix(l.service, "relay")
+			f.Resends = f.Resends || l.server == "receiver"
+			p.service(l.service).logf("link to %s %s", l.server, map[bool]string{true: "frozen", false: "cut"}[lf.freeze])
+		}
+		lf.apply()
+		time.Sleep(lf.heal)
+		lf.undo()
+		for _, l := range lf.links {
+			p.service(l.service).logf("link to %s healed", l.server)
+		}
+		f.Detail = lf.String()
+	case verb == "jump":
+		svc = p.services[victim%len(p.services)]
+		d := jumpSize(size, sign)
+		f.Kind = kindClockForward
+		if d < 0 {
+			f.Kind = kindClockBack
+		}
+		off, err := p.clocks.jump(svc.name, d)
+		if err != nil {
+			f.Failed = fmt.Sprintf("move the clock of %s: %v", svc.name, err)
+		}
+		svc.logf("wall clock jumps %+v (now %+v off)", d, off)
+		f.Detail = fmt.Sprintf("%s by %+v (now %+v off)", svc.name, d, off)
+	case verb == "fill":
+		f.Kind = kindDiskFull
+		f.Republishes, f.Resends = true, true
+		f.Detail, f.Failed = p.fillDisk(ctx, pause)
 	case verb == "kill" && target == "nats":
 		f.Kind = kindKillNATS
 		p.nats.Kill()
@@ -130,6 +185,47 @@ func (p *pipeline) inject(ctx context.Context, rng *rand.Rand, choices []string,
 	}
 	f.End = time.Now()
 	return f
+}
+
+// fillDisk fills the NATS server's disk for hold, then frees it. A
+// server that met ENOSPC stores nothing more in that stream until it
+// restarts, though its health check stays green; the active relay reports
+// itself not ready, naming the failure. The suite then restarts the server,
+// as the operator alerted by that readiness would; a stalled stream that
+// no relay explains fails the fault.
+func (p *pipeline) fillDisk(ctx context.Context, hold time.Duration) (detail, failed string) {
+	took, err := p.disk.Fill()
+	if err != nil {
+		_ = p.disk.Free()
+		return "", fmt.Sprintf("fill the disk: %v", err)
+	}
+	time.Sleep(hold)
+	if err := p.disk.Free(); err != nil {
+		return "", fmt.Sprintf("free the disk: %v", err)
+	}
+	detail = fmt.Sprintf("%d MiB taken for %v", took>>20, hold.Round(time.Millisecond))
+	var last uint64
+	if info, err := p.streamInfo(ctx, contract.DocsStream); err == nil {
+		last = info.State.LastSeq
+	}
+	deadline := time.Now().Add(3 * relay.PublishAlarm)
+	for time.Now().Before(deadline) {
+		if info, err := p.streamInfo(ctx, contract.DocsStream); err == nil && info.State.LastSeq > last {
+			return detail + "; the stream grows", ""
+		}
+		for _, s := range p.services {
+			if body := s.readyz(); strings.Contains(body, "publishing to JetStream has failed") {
+				s.logf("not ready: %s", body)
+				p.nats.Kill()
+				if err := p.nats.Start(); err != nil {
+					return detail, fmt.Sprintf("restart nats-server: %v", err)
+				}
+				return detail + "; " + s.name + " reported that JetStream stores nothing: nats-server restarted", ""
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return detail, "the stream stalled after the disk had room again, and no relay reported it"
 }
 
 // replay moves projector's consumer back to a random sequence of the

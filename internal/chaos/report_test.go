@@ -30,6 +30,11 @@ var checkedAfter = map[string]string{
 	kindReplayGraph:   "converge replay exit 0; verify at the end",
 	kindCrashPostgres: "restarted on its data dir; writes acked again; stream grows",
 	kindKillNATS:      "restarted on its store; every service ready; stream grows",
+	kindCutLink:       "healed; every service ready; writes acked; stream grows",
+	kindCutLinks:      "healed; every service ready; writes acked; stream grows",
+	kindClockForward:  "every service ready; writes acked; each effect once",
+	kindClockBack:     "every service ready; writes acked; each effect once",
+	kindDiskFull:      "freed (JetStream restarted if it shut down); stream grows",
 }
 
 // faultMatrix is a table of the faults by kind: how many, the longest
@@ -122,6 +127,10 @@ func summary(s summaryFigures) string {
 	}
 	row("seed", "%d (-chaos.seed=%d)", s.cfg.seed, s.cfg.seed)
 	row("faults injected", "%d", len(s.faults))
+	if len(s.cfg.notRun) > 0 {
+		row("fault kinds not injected", "%s", strings.Join(s.cfg.notRun, "; "))
+	}
+	row("links cut or frozen", "%s", linkCounts(s.faults))
 	row("index", "%s", s.cfg.indexStore())
 	row("load", "%v, %d producers, %d documents, %.0f writes/s asked", s.loadTime.Round(time.Second), s.cfg.producers, s.cfg.docs, s.cfg.rate)
 	row("writes acknowledged", "%d (%.0f/s; applied %d, unchanged %d, stale %d; %d withdrawals)", len(s.writes),
@@ -154,6 +163,17 @@ func summary(s summaryFigures) string {
 	}
 	_ = w.Flush()
 	return b.String()
+}
+
+// linkCounts says how often each link was cut or frozen.
+func linkCounts(faults []*fault) string {
+	n := map[string]int{}
+	for _, f := range faults {
+		for _, l := range f.Links {
+			n[l]++
+		}
+	}
+	return causes(n)
 }
 
 func failedIf(failed bool) string {

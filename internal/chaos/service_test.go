@@ -5,6 +5,7 @@ package chaos
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"sync"
@@ -127,6 +128,22 @@ func (s *service) resume() {
 }
 
 func (s *service) ready() bool { return stack.HTTPOK("http://" + s.addr + "/readyz") }
+
+// readyz is the body of /readyz when it answers other than 200: what is
+// not ready, and why ("" when ready or unreachable).
+func (s *service) readyz() string {
+	c := http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get("http://" + s.addr + "/readyz")
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusOK {
+		return ""
+	}
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	return string(b)
+}
 
 // metric is the value of the unlabelled metric name on /metrics, "" when
 // it cannot be read.

@@ -218,6 +218,10 @@ func (n *NATSProcess) Start() error {
 	}
 }
 
+// Healthy is the server's own health check with JetStream, as a
+// supervisor's liveness probe reads it.
+func (n *NATSProcess) Healthy() bool { return n.healthy() }
+
 // healthy is the server's own health check with JetStream: streams
 // recovered, meta layer current.
 func (n *NATSProcess) healthy() bool {
