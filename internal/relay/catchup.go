@@ -460,7 +460,7 @@ func (p *Positions) finishCatchUp(ctx context.Context, slot string, cu CatchUp) 
 	if err := p.kv.Delete(ctx, catchUpCursorKey(slot)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return err
 	}
-	b, err := json.Marshal(CatchUpRecord{At: time.Now().UTC(), Reason: cu.Reason, Window: cu.Window, From: cu.From.UTC(), Read: cu.Read,
+	b, err := json.Marshal(CatchUpRecord{At: p.clock.Now().UTC(), Reason: cu.Reason, Window: cu.Window, From: cu.From.UTC(), Read: cu.Read,
 		Stored: cu.Stored, Duplicates: cu.Duplicates, Held: cu.Held, SystemID: p.systemID})
 	if err != nil {
 		return err

@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/converge-sync/converge/internal/clock"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
@@ -51,6 +52,11 @@ type Config struct {
 	// too (CONVERGE_EVENTS), which keeps each one until the notifier
 	// handled it; see [EffectsConfig].
 	Effects EffectsConfig
+
+	// Clock is the wall clock of the times written for others (the
+	// position and catch-up records, marks, the status sent to Postgres)
+	// and of the commit-to-acknowledgement metric; nil: clock.Wall().
+	Clock clock.Clock
 }
 
 // DefaultEffectsMaxAge is the effects' stream's default age limit: the
@@ -111,6 +117,9 @@ type StreamConfig struct {
 }
 
 func (c *Config) setDefaults() {
+	if c.Clock == nil {
+		c.Clock = clock.Wall()
+	}
 	if c.Slot == "" {
 		c.Slot = "converge_relay"
 	}

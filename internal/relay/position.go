@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/converge-sync/converge/internal/clock"
 )
 
 // PositionBucket is the JetStream key-value bucket where the relay records,
@@ -48,6 +50,7 @@ type Position struct {
 // Positions reads and writes the relay's record of one slot.
 type Positions struct {
 	kv       jetstream.KeyValue
+	clock    clock.Clock // of the records' times
 	key      string
 	systemID string
 	timeline int32
@@ -71,7 +74,7 @@ func OpenPositions(ctx context.Context, js jetstream.JetStream, slot string, rep
 	if err != nil {
 		return nil, fmt.Errorf("relay: position bucket %s: %w", PositionBucket, err)
 	}
-	return &Positions{kv: kv, key: slot}, nil
+	return &Positions{kv: kv, key: slot, clock: clock.Wall()}, nil
 }
 
 // Read returns the record; false when there is none.
@@ -119,7 +122,7 @@ func (p *Positions) Record(ctx context.Context, lsn pglogrepl.LSN) error {
 		return nil
 	}
 	lsn = max(lsn, p.written)
-	b, err := json.Marshal(Position{LSN: lsn.String(), SystemID: p.systemID, Timeline: p.timeline, At: time.Now().UTC(), Marks: p.marks})
+	b, err := json.Marshal(Position{LSN: lsn.String(), SystemID: p.systemID, Timeline: p.timeline, At: p.clock.Now().UTC(), Marks: p.marks})
 	if err != nil {
 		return err
 	}
