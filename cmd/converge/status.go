@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/internal/auth"
+	"github.com/converge-sync/converge/internal/clock"
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/deadletter"
 	"github.com/converge-sync/converge/internal/index"
@@ -150,6 +151,7 @@ func askIndex(ctx context.Context, addr string) *indexStatus {
 }
 
 func printStatus(out io.Writer, rep statusReport) {
+	now := clock.Wall().Now() // the ages are of other processes' wall times
 	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SLOT\tSTATE\tCONFIRMED LSN\tLAG\tWAL")
 	state := "missing (the relay creates it on first start)"
@@ -203,7 +205,7 @@ func printStatus(out io.Writer, rep statusReport) {
 		for _, c := range rep.Consumers {
 			last := "-"
 			if c.LastApplied != nil {
-				last = fmt.Sprintf("%s (%s ago)", c.LastApplied.Format(time.RFC3339), time.Since(*c.LastApplied).Round(time.Second))
+				last = fmt.Sprintf("%s (%s ago)", c.LastApplied.Format(time.RFC3339), now.Sub(*c.LastApplied).Round(time.Second))
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\n", c.Name, c.Stream, c.Pending, c.AckPending, c.Redelivered, c.DeadLetters, missed(c), last)
 		}
@@ -217,7 +219,7 @@ func printStatus(out io.Writer, rep statusReport) {
 				into += " (in place)"
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s (%s ago)\n", r.Projector, r.Phase, into, r.Previous,
-				r.StartedAt.Format(time.RFC3339), time.Since(r.StartedAt).Round(time.Second))
+				r.StartedAt.Format(time.RFC3339), now.Sub(r.StartedAt).Round(time.Second))
 		}
 	}
 	if ix := rep.Index; ix != nil {
