@@ -138,10 +138,22 @@ func TestChaos(t *testing.T) {
 	start := time.Now()
 
 	rng := rand.New(rand.NewPCG(cfg.seed, 0xfa17))
+	// Every kind once first, in a seeded order, when the run has room for
+	// it: even the short form injects each.
+	var first []string
+	if cfg.faults >= len(cfg.kinds) {
+		for _, i := range rng.Perm(len(cfg.kinds)) {
+			first = append(first, cfg.kinds[i])
+		}
+	}
 	var faults []*fault
 	for n := 1; n <= cfg.faults; n++ {
 		time.Sleep(time.Duration(float64(cfg.interval) * (0.5 + rng.Float64())))
-		f := p.inject(ctx, rng, cfg.kinds, n)
+		choice := cfg.kinds[rng.IntN(len(cfg.kinds))]
+		if n <= len(first) {
+			choice = first[n-1]
+		}
+		f := p.inject(ctx, rng, choice, n)
 		p.recovered(ctx, f, l, cfg.recovery)
 		faults = append(faults, f)
 		t.Logf("fault %3d %-26s %-40s ready %6s  writes %6s  stream %6s  %s", n, f.Kind, f.Detail,

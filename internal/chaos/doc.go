@@ -9,7 +9,19 @@
 // from a seeded random source (a run's faults are replayed with its seed):
 // SIGKILLs and SIGSTOP/SIGCONT pauses of each service, `converge replay` of
 // a projector from a random sequence, immediate stops of Postgres and
-// SIGKILLs of the NATS server, each restarted on its data.
+// SIGKILLs of the NATS server, each restarted on its data; link faults:
+// every service reaches every server it uses (Postgres, NATS, Qdrant,
+// Neo4j, the webhook receiver) through a TCP proxy of its own
+// (internal/netfault), and a fault cuts (connections closed, new ones
+// black-holed) or freezes (nothing forwarded, as packets dropped) one link,
+// or two or three at once, healing them after 1-8 s while both ends keep
+// running; clock jumps: a service's wall clock (internal/clock, through
+// CONVERGE_FAULT_CLOCK_FILE) steps forward or back by 10 s to 20 min and
+// stays there; a full disk: the NATS server's store is a tmpfs of its own
+// (where the machine lets the suite mount one) that a fault fills to the
+// last byte for 1-4 s. A NATS server that met ENOSPC stores nothing more in
+// that stream until it restarts; the relay reports it on /readyz and the
+// suite restarts the server, as the operator that readiness alerts would.
 //
 // After each fault the suite waits until every service is ready, a relay
 // holds the slot, a write is acknowledged and the stream grows. Once the

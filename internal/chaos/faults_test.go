@@ -75,9 +75,8 @@ type fault struct {
 	Slowest string
 }
 
-// inject picks fault n among choices, injects it, and brings back what it stopped.
-func (p *pipeline) inject(ctx context.Context, rng *rand.Rand, choices []string, n int) *fault {
-	choice := choices[rng.IntN(len(choices))]
+// inject injects fault n, choice, and brings back what it stopped.
+func (p *pipeline) inject(ctx context.Context, rng *rand.Rand, choice string, n int) *fault {
 	verb, target, _ := strings.Cut(choice, " ")
 	f := &fault{N: n, Start: time.Now()}
 	// Each fault draws the same numbers whatever its kind, so that a

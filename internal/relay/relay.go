@@ -143,8 +143,9 @@ func (r *Relay) notePublishFailure(err error) {
 	r.metrics.PublishFailing.Set(1)
 }
 
-// notePublished clears the failure once JetStream stores an event again.
-func (r *Relay) notePublished() {
+// clearPublishFailure forgets the failure: JetStream stored an event
+// again, or another relay holds the slot.
+func (r *Relay) clearPublishFailure() {
 	if r.failing.Load() != nil {
 		r.failing.Store(nil)
 		r.metrics.PublishFailing.Set(0)
@@ -179,6 +180,9 @@ func (r *Relay) Run(ctx context.Context) error {
 		case errors.As(err, &elsewhere):
 			return err
 		case errors.Is(err, errSlotActive):
+			// A standby publishes nothing: what failed while it was active
+			// is the active relay's to report now.
+			r.clearPublishFailure()
 			if !standbyLogged {
 				r.log.Info("slot held by another relay; waiting as a standby", "slot", r.cfg.Slot)
 				standbyLogged = true
@@ -1074,7 +1078,7 @@ func (s *session) drain(ctx context.Context, block bool) error {
 		// Timed by the acknowledgement's arrival, not by when it is
 		// consumed here (after the next read from Postgres, at low rates).
 		acked := s.pub.ackedAt(p.seq)
-		s.relay.notePublished()
+		s.relay.clearPublishFailure()
 		if acked.After(s.newestAck) {
 			s.newestAck = acked
 		}
