@@ -51,8 +51,12 @@ type publisher struct {
 	// of its document that the next session publishes again.
 	status chan nats.Status
 	lost   bool
-	// last is when the newest acknowledgement arrived (unix nanoseconds).
-	last atomic.Int64
+	// last is when the newest acknowledgement arrived, in nanoseconds
+	// after origin, the publisher's creation: a monotonic reading, since
+	// storedUpTo compares it with other acknowledgements' times, which a
+	// step of the wall clock must not move.
+	origin time.Time
+	last   atomic.Int64
 
 	msg nats.Msg // reused: PublishMsg encodes it before returning
 	id  []string // the Nats-Msg-Id header's value
@@ -107,7 +111,7 @@ const traceParentHeader = "traceparent"
 
 func newPublisher(nc *nats.Conn, stream, effects string, window int) (*publisher, error) {
 	p := &publisher{
-		nc: nc, stream: stream, effects: effects,
+		nc: nc, stream: stream, effects: effects, origin: time.Now(),
 		prefix:  nats.NewInbox() + ".",
 		replies: make([]string, window),
 		slots:   make([]ackSlot, window),
@@ -237,7 +241,7 @@ func (p *publisher) chain(seq uint64) {
 }
 
 // lastAck is when the newest acknowledgement of the session arrived.
-func (p *publisher) lastAck() time.Time { return time.Unix(0, p.last.Load()) }
+func (p *publisher) lastAck() time.Time { return p.origin.Add(time.Duration(p.last.Load())) }
 
 // reconnected reports whether the connection was re-established since the
 // session began.
@@ -251,7 +255,7 @@ func (p *publisher) onAck(m *nats.Msg) {
 	}
 	s := &p.slots[i]
 	s.at = time.Now()
-	p.last.Store(s.at.UnixNano())
+	p.last.Store(int64(s.at.Sub(p.origin)))
 	stream := p.stream
 	if s.effects {
 		stream = p.effects

@@ -88,6 +88,12 @@ func TestPublisherOutcomes(t *testing.T) {
 	if again := p.ackedAt(seq); !again.Equal(acked) {
 		t.Fatalf("the acknowledgement time moved from %v to %v when read again", acked, again)
 	}
+	// The newest acknowledgement's time is that same monotonic reading:
+	// storedUpTo compares it with the others', which a step of the wall
+	// clock between two acknowledgements must not move.
+	if last := p.lastAck(); !last.Equal(acked) || last == last.Round(0) {
+		t.Fatalf("the last acknowledgement at %v, want %v with its monotonic reading", last, acked)
+	}
 	stream, err := js.Stream(ctx, "DOCS")
 	if err != nil {
 		t.Fatal(err)
