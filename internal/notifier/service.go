@@ -33,7 +33,7 @@ func Flags(f *config.Flags) func() (Config, error) {
 	secretFile := f.String("webhook-secret-file", "", "", "file holding the HMAC secret that signs requests; without it the secret comes from the environment (env "+EnvWebhookSecret+"), or from the file its _FILE variable names")
 	window := f.Duration("window", "CONVERGE_NOTIFIER_WINDOW", DefaultWindow, "dedup window: how long a sent notification is remembered, and the age beyond which an event is not notified")
 	replayed := f.Bool("notify-replayed", "CONVERGE_NOTIFIER_NOTIFY_REPLAYED", false, "notify events older than the window, and re-emitted events, too (never twice within the window)")
-	claim := f.Duration("claim-timeout", "CONVERGE_NOTIFIER_CLAIM_TIMEOUT", DefaultClaimTimeout, "age after which a claim (a crashed sender's) is taken over; must exceed -http-timeout")
+	claim := f.Duration("claim-timeout", "CONVERGE_NOTIFIER_CLAIM_TIMEOUT", DefaultClaimTimeout, "how long a claim (a crashed sender's) must stay unchanged, as this instance sees it, before it is taken over; must exceed -http-timeout")
 	httpTimeout := f.Duration("http-timeout", "CONVERGE_NOTIFIER_HTTP_TIMEOUT", DefaultHTTPTimeout, "bound of one request, answer included")
 	sendWait := f.Duration("send-wait", "CONVERGE_NOTIFIER_SEND_WAIT", DefaultSendWait, "how long a batch waits for an answer before the request goes on in the background and its event is redelivered later")
 	concurrency := f.Int("concurrency", "CONVERGE_NOTIFIER_CONCURRENCY", DefaultConcurrency, "requests in flight per webhook URL at most")
