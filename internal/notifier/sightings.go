@@ -44,12 +44,12 @@ func (s *sightings) since(key string, rev uint64, now time.Time) time.Duration {
 	return 0
 }
 
-// wrote remembers that this process wrote revision rev of key, from a
-// reading taken before it sent the write: the record is at least as old.
-func (s *sightings) wrote(key string, rev uint64, before time.Time) {
+// wrote remembers that this process wrote revision rev of key, at a
+// reading taken once the write was stored: the record is at least as old.
+func (s *sightings) wrote(key string, rev uint64, stored time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.put(key, sighting{rev: rev, at: before})
+	s.put(key, sighting{rev: rev, at: stored})
 }
 
 // forget drops key: its effect is done (sent, or its record deleted).
