@@ -213,7 +213,7 @@ func TestChaos(t *testing.T) {
 		t.Errorf("the stream and the outbox disagree: %d stored events not in the outbox, %d keys without their newest event, %d keys with a version skipped, %d outbox events not stored; e.g. %v",
 			sr.Phantoms, sr.MissingNewest, sr.Gaps, sr.MissingAll, sr.Examples)
 	}
-	er := compareEffects(p.recv.deliveries(), st, p.recv.url, faults)
+	er := compareEffects(p.recv.deliveries(), st, p.hookURL, faults)
 	if er.Missing > 0 {
 		t.Errorf("the receiver was never notified of %d of %d events; e.g. %v", er.Missing, er.Events, er.Examples)
 	}

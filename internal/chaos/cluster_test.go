@@ -64,6 +64,7 @@ type pipeline struct {
 	api      string // the writer's API
 	services []*service
 	recv     *receiver
+	hookURL  string  // the receiver's URL as the notifiers have it: through their link
 	links    links   // every service's link to every server it uses
 	clocks   *clocks // every service's wall clock
 	// disk holds the NATS server's store (a single server's); nil when
@@ -201,7 +202,13 @@ func startPipeline(t *testing.T, cfg runConfig) *pipeline {
 		t.Fatal(err)
 	}
 	t.Cleanup(p.recv.close)
-	p.links.server("receiver", hostPort(p.recv.url))
+	// The webhook's URL is part of each effect's identity: every notifier
+	// reaches the receiver through one link, at one URL.
+	hook, err := p.links.add("notifier", "receiver", hostPort(p.recv.url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.hookURL = replaceAddr(p.recv.url, hostPort(p.recv.url), hook.proxy.Addr())
 
 	data := t.TempDir()
 	httpAddr := freeAddr(t)
@@ -233,7 +240,7 @@ func startPipeline(t *testing.T, cfg runConfig) *pipeline {
 		p.links.server("qdrant", q.URL)
 	}
 	p.add("projector-index", natsauth.UserIndex, indexEnv, indexArgs...)
-	notifierArgs := []string{"-webhook-urls", p.recv.url, "-claim-timeout", "10s", "-http-timeout", "5s",
+	notifierArgs := []string{"-webhook-urls", p.hookURL, "-claim-timeout", "10s", "-http-timeout", "5s",
 		"-retry-min", "200ms", "-retry-max", "2s", "-tokens-file", p.serviceTokens}
 	notifierEnv := []string{"CONVERGE_WEBHOOK_SECRET=" + secret}
 	if cfg.standby {

@@ -64,20 +64,30 @@ func (ls *links) route(service string, args, env []string) error {
 					continue
 				}
 				if via == nil {
-					p, err := netfault.Start(netfault.Config{Target: addr})
+					l, err := ls.add(service, name, addr)
 					if err != nil {
-						return fmt.Errorf("link %s↔%s: %w", service, name, err)
+						return err
 					}
-					via = &link{service: service, server: name, proxy: p}
-					ls.mu.Lock()
-					ls.all = append(ls.all, via)
-					ls.mu.Unlock()
+					via = l
 				}
 				list[i] = replaceAddr(s, addr, via.proxy.Addr())
 			}
 		}
 	}
 	return nil
+}
+
+// add makes a link from service to the server at addr.
+func (ls *links) add(service, server, addr string) (*link, error) {
+	p, err := netfault.Start(netfault.Config{Target: addr})
+	if err != nil {
+		return nil, fmt.Errorf("link %s↔%s: %w", service, server, err)
+	}
+	l := &link{service: service, server: server, proxy: p}
+	ls.mu.Lock()
+	ls.all = append(ls.all, l)
+	ls.mu.Unlock()
+	return l, nil
 }
 
 // close heals every link and stops its proxy.

@@ -199,7 +199,7 @@ func TestNATSClusterLosesItsStreamLeader(t *testing.T) {
 		t.Errorf("%d keys with a version stored out of commit order, %d with one pushed out of the history by an older copy stored again; e.g. %v",
 			sr.Gaps, sr.GapsByDuplicate, sr.Examples)
 	}
-	er := compareEffects(p.recv.deliveries(), st, p.recv.url, faults)
+	er := compareEffects(p.recv.deliveries(), st, p.hookURL, faults)
 	if er.Missing > 0 {
 		t.Errorf("the receiver was never notified of %d of %d events; e.g. %v", er.Missing, er.Events, er.Examples)
 	}

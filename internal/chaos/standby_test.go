@@ -192,7 +192,7 @@ func TestStandbyTakesOver(t *testing.T) {
 	if lost, n := checkWrites(l.acknowledged(), st); n > 0 {
 		t.Errorf("%d acknowledged writes are not in Postgres at their version: %v", n, lost)
 	}
-	er := compareEffects(p.recv.deliveries(), st, p.recv.url, nil)
+	er := compareEffects(p.recv.deliveries(), st, p.hookURL, nil)
 	if er.Missing > 0 {
 		t.Errorf("the receiver was never notified of %d of %d events; e.g. %v", er.Missing, er.Events, er.Examples)
 	}
