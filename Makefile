@@ -63,9 +63,9 @@ test: deps fmt-check vet ## everything CI runs: gofmt, go vet, go test -race (st
 		bash scripts/neo4j-server.sh run -- $(GO) test -race -count=1 -timeout 12m $(PKGS)
 
 .PHONY: chaos
-chaos: deps ## the chaos suite: every service a process, 200+ random faults under load (CHAOS_FAULTS, CHAOS_SEED), then every store checked
-	$(GO) test -count=1 -v -timeout $${CHAOS_TIMEOUT:-60m} -run '^TestChaos$$' ./internal/chaos \
-		-chaos.faults=$${CHAOS_FAULTS:-200} $(if $(CHAOS_SEED),-chaos.seed=$(CHAOS_SEED)) $(CHAOS_FLAGS)
+chaos: deps ## the chaos suite: every service a process (the index on Qdrant), 300 random faults of every kind under load, link cuts, clock jumps and a full disk included (CHAOS_FAULTS, CHAOS_SEED), then every store checked
+	bash scripts/qdrant-server.sh run -- $(GO) test -count=1 -v -timeout $${CHAOS_TIMEOUT:-90m} -run '^TestChaos$$' ./internal/chaos \
+		-chaos.faults=$${CHAOS_FAULTS:-300} $(if $(CHAOS_SEED),-chaos.seed=$(CHAOS_SEED)) $(CHAOS_FLAGS)
 
 .PHONY: test-ha
 test-ha: deps ## the high-availability suites, verbose: standby instances (also in make test) and a 3-node NATS cluster losing its stream leader under load
