@@ -222,7 +222,7 @@ func TestChaos(t *testing.T) {
 			er.Phantoms, er.WrongKeys, er.ManyKeys, er.Invalid)
 	}
 	if n := er.TwiceByCause["unexplained"]; n > 0 {
-		t.Errorf("%d effects answered 2xx twice with no notifier or NATS death between the two", n)
+		t.Errorf("%d effects answered 2xx twice with no notifier or NATS death, full disk or receiver link fault between the two; e.g. %v", n, er.Examples)
 	}
 	dead := p.deadLetters(ctx)
 	if dead > 0 {

@@ -450,22 +450,29 @@ func compareEffects(ds []delivery, st *postgresState, url string, faults []*faul
 			}
 		}
 	}
-	for _, ts := range ok2xx {
+	for key, ts := range ok2xx {
 		if len(ts) < 2 {
 			continue
 		}
 		r.Twice++
-		r.TwiceByCause[effectCause(ts[0], ts[len(ts)-1], faults)]++
+		c := effectCause(ts[0], ts[len(ts)-1], faults)
+		r.TwiceByCause[c]++
+		if c == "unexplained" && len(r.Examples) < 10 {
+			r.Examples = append(r.Examples, fmt.Sprintf("effect %s answered 2xx at %s and %s", key, ts[0].Format("15:04:05.000"), ts[len(ts)-1].Format("15:04:05.000")))
+		}
 	}
 	return r
 }
 
 // effectCause is the fault between two 2xx answers of one effect that
-// can explain the second: the notifier's or NATS's death; "unexplained"
-// otherwise.
+// can explain the second: the notifier's or NATS's death, a full NATS disk,
+// a link to the receiver cut or frozen; "unexplained" otherwise. A fault
+// explains the pair when it lasted into [first-1s, second]: a frozen link
+// holds a request until it heals, and the receiver answers it then, after
+// the notifier gave it up and before it sends it again.
 func effectCause(first, second time.Time, faults []*fault) string {
 	for _, f := range faults {
-		if (slices.Contains(effectFaults, f.Kind) || f.Resends) && !f.Start.Before(first.Add(-time.Second)) && !f.Start.After(second) {
+		if (slices.Contains(effectFaults, f.Kind) || f.Resends) && !f.End.Before(first.Add(-time.Second)) && !f.Start.After(second) {
 			return f.Kind
 		}
 	}
