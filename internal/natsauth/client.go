@@ -3,6 +3,7 @@ package natsauth
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/nats-io/nats.go"
 
@@ -38,8 +39,9 @@ type ClientConfig struct {
 }
 
 // Validate reports credentials that cannot work: two ways of
-// authenticating at once, a user without a password or the reverse, a
-// certificate without its key or the reverse.
+// authenticating at once, a user without a password or the reverse, a user
+// name that cannot name its inboxes ([InboxPrefix]), a certificate without
+// its key or the reverse.
 func (c ClientConfig) Validate() error {
 	ways := 0
 	for _, set := range []bool{c.CredsFile != "", c.NKeyFile != "", c.User != "" || c.Password != ""} {
@@ -54,6 +56,9 @@ func (c ClientConfig) Validate() error {
 	if c.User != "" && c.Password == "" {
 		errs = append(errs, fmt.Errorf("user %q has no password (%s or %s_FILE)", c.User, EnvPassword, EnvPassword))
 	}
+	if strings.ContainsAny(c.User, ".*> \t\r\n") {
+		errs = append(errs, fmt.Errorf("user %q: a user name names its inboxes, so it is one subject token, without '.', '*', '>' or white space", c.User))
+	}
 	if c.User == "" && c.Password != "" {
 		errs = append(errs, fmt.Errorf("a password without a user (-nats-user or %s)", EnvUser))
 	}
@@ -66,7 +71,10 @@ func (c ClientConfig) Validate() error {
 	return nil
 }
 
-// Options are the nats.Connect options of c.
+// Options are the nats.Connect options of c. With a user, its inboxes are
+// under [InboxPrefix](user), where its permission set lets it subscribe;
+// with a creds file or an nkey the client does not know the user, and its
+// inboxes are nats.go's default _INBOX.
 func (c ClientConfig) Options() ([]nats.Option, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
@@ -82,7 +90,7 @@ func (c ClientConfig) Options() ([]nats.Option, error) {
 		}
 		opts = append(opts, o)
 	case c.User != "":
-		opts = append(opts, nats.UserInfo(c.User, c.Password))
+		opts = append(opts, nats.UserInfo(c.User, c.Password), nats.CustomInboxPrefix(InboxPrefix(c.User)))
 	}
 	if c.CAFile != "" {
 		opts = append(opts, nats.RootCAs(c.CAFile))

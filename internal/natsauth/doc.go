@@ -9,8 +9,10 @@
 // an acknowledgement a publish to the message's $JS.ACK... reply subject, a
 // key-value write a publish to $KV.<bucket>.<key> and a key-value read a
 // direct get $JS.API.DIRECT.GET.KV_<bucket>.$KV.<bucket>.<key>. Every user
-// subscribes to _INBOX.> alone: replies, pull deliveries and acknowledgements
-// of its publishes come there.
+// subscribes to its own inboxes alone, [InboxPrefix](user).> (_INBOX_relay.>
+// for the relay): replies, pull deliveries, key-value answers and the
+// acknowledgements of its publishes come there, and no user can read
+// another's. [ClientConfig.Options] gives a user's connection that prefix.
 //
 // [Users] makes the users of the embedded server (natsserver.StartWith);
 // deploy/nats/converge.conf holds the same users for the docker-compose

@@ -56,13 +56,15 @@ func TestClientConfigOptions(t *testing.T) {
 		error string
 	}{
 		{"none", natsauth.ClientConfig{}, 0, ""},
-		{"user", natsauth.ClientConfig{User: "relay", Password: "pw"}, 1, ""},
+		{"user", natsauth.ClientConfig{User: "relay", Password: "pw"}, 2, ""},
 		{"creds and tls", natsauth.ClientConfig{CredsFile: "relay.creds", CAFile: "ca.pem", CertFile: "c.pem", KeyFile: "k.pem"}, 3, ""},
 		{"nkey", natsauth.ClientConfig{NKeyFile: seed}, 1, ""},
 		{"missing nkey", natsauth.ClientConfig{NKeyFile: filepath.Join(dir, "missing")}, 0, "nkey seed"},
 		{"two ways", natsauth.ClientConfig{CredsFile: "a", User: "u", Password: "p"}, 0, "give one of"},
 		{"no password", natsauth.ClientConfig{User: "u"}, 0, "has no password"},
 		{"no user", natsauth.ClientConfig{Password: "p"}, 0, "without a user"},
+		{"user of two tokens", natsauth.ClientConfig{User: "a.b", Password: "p"}, 0, "one subject token"},
+		{"user with a wildcard", natsauth.ClientConfig{User: "a>", Password: "p"}, 0, "one subject token"},
 		{"cert without key", natsauth.ClientConfig{CertFile: "c.pem"}, 0, "needs both"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -49,10 +49,7 @@ const (
 // projector name's rebuilds.
 func RebuildConsumer(name string) string { return name + "-rebuild" }
 
-const (
-	api     = "$JS.API."
-	inboxes = "_INBOX.>"
-)
+const api = "$JS.API."
 
 // Relay may ensure the documents' stream and the effects' stream and
 // publish their events: the only publisher of converge.docs.> and
@@ -63,7 +60,7 @@ const (
 // its confirmed positions whole. It may not delete or purge a stream,
 // nor touch a consumer.
 func Relay() *server.Permissions {
-	return perms(
+	return perms(UserRelay,
 		streamWrite(contract.DocsStream),
 		streamWrite(contract.EventsStream),
 		[]string{api + "STREAM.INFO." + contract.DocsStream, api + "STREAM.INFO." + contract.EventsStream},
@@ -76,18 +73,19 @@ func Relay() *server.Permissions {
 	)
 }
 
-// Projector may consume the documents' stream with its own durable
-// consumer (name) and the rebuild consumer it creates (name-rebuild), which
-// alone it may delete; acknowledge their messages; dead-letter to
-// converge.dlq.<name> and converge.dlq.<name>-rebuild; read the stream's
-// info (a rebuild's target); and keep its own key, name, in the rebuilds'
-// bucket. It holds its own lease, name, in the leases' bucket, and resets
-// its own consumer when it takes the lease (what the previous instance
-// held is delivered again). It publishes nothing to converge.docs.> and
-// reads no other consumer and no other bucket or key.
+// Projector, the user [ProjectorUser](name), may consume the documents'
+// stream with its own durable consumer (name) and the rebuild consumer it
+// creates (name-rebuild), which alone it may delete; acknowledge their
+// messages; dead-letter to converge.dlq.<name> and
+// converge.dlq.<name>-rebuild; read the stream's info (a rebuild's
+// target); and keep its own key, name, in the rebuilds' bucket. It holds
+// its own lease, name, in the leases' bucket, and resets its own consumer
+// when it takes the lease (what the previous instance held is delivered
+// again). It publishes nothing to converge.docs.> and reads no other
+// consumer and no other bucket or key.
 func Projector(name string) *server.Permissions {
 	rb := RebuildConsumer(name)
-	return perms(
+	return perms(ProjectorUser(name),
 		[]string{api + "STREAM.INFO." + contract.DocsStream},
 		consume(contract.DocsStream, name),
 		leaseOf(contract.DocsStream, name),
@@ -99,14 +97,14 @@ func Projector(name string) *server.Permissions {
 	)
 }
 
-// Notifier may consume the effects' stream with its durable consumer
-// (name), after reading the stream's info; acknowledge, dead-letter to
-// converge.dlq.<name>, own its dedup bucket whole, and hold its lease (as
-// a projector does). On the documents' stream it may finish and delete
-// its own consumer of an older deployment (notifier.Migrate), and nothing
-// else.
+// Notifier, the user notifier, may consume the effects' stream with its
+// durable consumer (name), after reading the stream's info; acknowledge,
+// dead-letter to converge.dlq.<name>, own its dedup bucket whole, and hold
+// its lease (as a projector does). On the documents' stream it may finish
+// and delete its own consumer of an older deployment (notifier.Migrate),
+// and nothing else.
 func Notifier(name, bucket string) *server.Permissions {
-	return perms(
+	return perms(UserNotifier,
 		[]string{api + "STREAM.INFO." + contract.EventsStream},
 		consume(contract.EventsStream, name),
 		leaseOf(contract.EventsStream, name),
@@ -123,7 +121,7 @@ func Notifier(name, bucket string) *server.Permissions {
 // output is Postgres: it publishes nothing to converge.docs.>.
 func Writer() *server.Permissions {
 	cons := IngestStream + "." + IngestConsumer
-	return perms(
+	return perms(UserWriter,
 		streamWrite(IngestStream),
 		[]string{
 			// The ingest consumer has no filter: its create request
@@ -139,7 +137,7 @@ func Writer() *server.Permissions {
 // Producer may publish documents to converge.ingest.> (the writer's queue
 // path) and nothing else.
 func Producer() *server.Permissions {
-	return perms([]string{contract.IngestSubjectPrefix + ">"})
+	return perms(UserProducer, []string{contract.IngestSubjectPrefix + ">"})
 }
 
 // Operator is converge's commands that use NATS: status (the streams'
@@ -189,7 +187,7 @@ func Operator() *server.Permissions {
 		api+"STREAM.INFO.KV_"+PositionBucket,
 		api+"DIRECT.GET.KV_"+PositionBucket+".$KV."+PositionBucket+".*.catchup",
 	)
-	return perms(p)
+	return perms(UserOperator, p)
 }
 
 // leaseOf: hold lease name (its key in the shared leases' bucket) and
@@ -254,9 +252,9 @@ func bucketKey(bucket, key string) []string {
 	return []string{subject, api + "DIRECT.GET.KV_" + bucket + "." + subject}
 }
 
-// perms is the permission to publish to the union of pubs, and to
-// subscribe to inboxes.
-func perms(pubs ...[]string) *server.Permissions {
+// perms is user's permission to publish to the union of pubs, and to
+// subscribe to its own inboxes (see [InboxPrefix]) and nothing else.
+func perms(user string, pubs ...[]string) *server.Permissions {
 	var allow []string
 	for _, p := range pubs {
 		allow = append(allow, p...)
@@ -264,6 +262,6 @@ func perms(pubs ...[]string) *server.Permissions {
 	slices.Sort(allow)
 	return &server.Permissions{
 		Publish:   &server.SubjectPermission{Allow: slices.Compact(allow)},
-		Subscribe: &server.SubjectPermission{Allow: []string{inboxes}},
+		Subscribe: &server.SubjectPermission{Allow: []string{InboxPrefix(user) + ".>"}},
 	}
 }

@@ -112,7 +112,7 @@ const traceParentHeader = "traceparent"
 func newPublisher(nc *nats.Conn, stream, effects string, window int) (*publisher, error) {
 	p := &publisher{
 		nc: nc, stream: stream, effects: effects, origin: time.Now(),
-		prefix:  nats.NewInbox() + ".",
+		prefix:  nc.NewInbox() + ".", // under the connection's inbox prefix, where its user may subscribe
 		replies: make([]string, window),
 		slots:   make([]ackSlot, window),
 		wake:    make(chan struct{}, 1),

@@ -117,8 +117,11 @@ func TestPipelineWithNATSUsers(t *testing.T) {
 
 	// A producer's document, through the writer's ingest consumer (the
 	// publish is answered once the writer has made its stream).
-	pc := st.NATSAuth(t, natsauth.UserProducer)
-	nc, err := nats.Connect(st.NATS.URL, nats.Name("a producer"), nats.UserInfo(pc.User, pc.Password))
+	opts, err := st.NATSAuth(t, natsauth.UserProducer).Options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(st.NATS.URL, append(opts, nats.Name("a producer"))...)
 	if err != nil {
 		t.Fatal(err)
 	}
