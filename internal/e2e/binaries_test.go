@@ -114,8 +114,9 @@ func freePort(t *testing.T) string {
 // during another), its points are damaged through Qdrant's HTTP API, and
 // projector-index refuses to start with the read-only key, no key or a
 // wrong one. Each process runs with its own credentials alone, the
-// binaries refuse what those do not allow (checkDenials), and no secret of
-// the run appears in any output, command line or /metrics.
+// binaries refuse what those do not allow (checkDenials), the producer's
+// NATS user reads none of the others' inboxes throughout (inboxSpy), and
+// no secret of the run appears in any output, command line or /metrics.
 func TestBinariesSurviveKillsAndVerify(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs every binary")
@@ -256,6 +257,11 @@ func testBinaries(t *testing.T, bin *testenv.Binaries, st binaryStores) {
 	opEnv := append(append([]string{}, reader...), auth.EnvToken+"="+creds.operator)
 	opNATS := append(natsArgs(natsauth.UserOperator), "-nats-url", nats.URL)
 	opNATSEnv := append(append([]string{}, reader...), creds.natsEnv(natsauth.UserOperator)...)
+
+	// From here to the end, the producer listens on every inbox but its
+	// own: it must read none of the deliveries, replies and key-value
+	// answers of the others (checked after the repair).
+	spy := spyOnInboxes(t, nats.URL, natsauth.UserProducer, creds.nats[natsauth.UserProducer])
 
 	// Write 400 documents in batches while each service is SIGKILLed once
 	// at a random point and restarted.
@@ -421,6 +427,8 @@ func testBinaries(t *testing.T, bin *testenv.Binaries, st binaryStores) {
 		// Postgres's chunks or markers again.
 		qdrantEqualsPostgres(t, *q, dbURL)
 	}
+
+	spy.check(t, func(what, text string) { refusals.observed = append(refusals.observed, what+": "+text) })
 
 	// No secret of the run in what any process printed or served, nor on
 	// any command line.

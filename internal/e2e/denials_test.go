@@ -8,12 +8,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
 	"os/exec"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/config"
@@ -283,4 +288,82 @@ func mustParseURL(t *testing.T, s string) *url.URL {
 		t.Fatal(err)
 	}
 	return u
+}
+
+// inboxSpy is a connection as one NATS user subscribed, while the pipeline
+// runs, to every inbox but its own: _INBOX.> and each other user's
+// (natsauth.InboxPrefix). Replies, pull deliveries, key-value answers and
+// publish acknowledgements go there; the server must refuse each
+// subscription, so that nothing arrives.
+type inboxSpy struct {
+	user     string
+	nc       *nats.Conn
+	subjects []string
+	// got takes each message as the connection reads it: after a round
+	// trip it holds all that the server sent before.
+	got chan *nats.Msg
+
+	mu   sync.Mutex
+	errs []string
+}
+
+func spyOnInboxes(t *testing.T, natsURL, user, password string) *inboxSpy {
+	t.Helper()
+	s := &inboxSpy{user: user, subjects: []string{"_INBOX.>"}, got: make(chan *nats.Msg, 4096)}
+	for _, u := range slices.Sorted(maps.Keys(natsauth.Permissions())) {
+		if u != user {
+			s.subjects = append(s.subjects, natsauth.InboxPrefix(u)+".>")
+		}
+	}
+	opts, err := natsauth.ClientConfig{User: user, Password: password}.Options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.nc, err = nats.Connect(natsURL, append(opts, nats.Name("inbox spy as "+user),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			s.mu.Lock()
+			s.errs = append(s.errs, err.Error())
+			s.mu.Unlock()
+		}))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.nc.Close)
+	for _, subject := range s.subjects {
+		if _, err := s.nc.ChanSubscribe(subject, s.got); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// check fails the test for each message the spy read and each
+// subscription the server did not refuse.
+func (s *inboxSpy) check(t *testing.T, saw func(what, text string)) {
+	t.Helper()
+	if err := s.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(s.got); n > 0 {
+		var read []string
+		for range min(n, 10) {
+			m := <-s.got
+			read = append(read, m.Subject+" (reply "+m.Reply+")")
+		}
+		t.Errorf("%s read %d messages of other users' inboxes, the first: %q", s.user, n, read)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, subject := range s.subjects {
+		want := `Permissions Violation for Subscription to "` + subject + `"`
+		i := slices.IndexFunc(s.errs, func(e string) bool { return strings.Contains(e, want) })
+		if i < 0 {
+			t.Errorf("%s subscribed to %s unrefused; the server sent: %q", s.user, subject, s.errs)
+			continue
+		}
+		saw(s.user+" subscribing to "+subject+" while the pipeline ran (nothing read)", s.errs[i])
+	}
 }
