@@ -49,10 +49,17 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/internal/clock"
+	"github.com/converge-sync/converge/internal/sharedkv"
 )
 
 // Bucket is the key-value bucket of the leases.
 const Bucket = "CONVERGE_LEASES"
+
+// BucketConfig is the leases' bucket's settings, with replicas.
+func BucketConfig(replicas int) sharedkv.Config {
+	return sharedkv.Config{Bucket: Bucket, Description: "converge: which instance of each service writes its store",
+		History: 1, Storage: jetstream.FileStorage, Replicas: replicas}
+}
 
 // DefaultTTL is how long a lease outlives its holder's last renewal.
 const DefaultTTL = 3 * time.Second
@@ -152,7 +159,7 @@ type Lease struct {
 }
 
 // Open ensures the bucket (created, never updated: every service shares
-// it) and returns the lease of cfg.Name.
+// it, see internal/sharedkv) and returns the lease of cfg.Name.
 func Open(ctx context.Context, js jetstream.JetStream, cfg Config, log *slog.Logger) (*Lease, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
@@ -160,18 +167,13 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config, log *slog.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:      Bucket,
-		Description: "converge: which instance of each service writes its store",
-		History:     1,
-		Storage:     jetstream.FileStorage,
-		Replicas:    cfg.Replicas,
-	})
-	if errors.Is(err, jetstream.ErrBucketExists) {
-		kv, err = js.KeyValue(ctx, Bucket)
-	}
+	kv, refusesRollups, err := sharedkv.Open(ctx, js, BucketConfig(cfg.Replicas))
 	if err != nil {
-		return nil, fmt.Errorf("lease: bucket %s: %w", Bucket, err)
+		return nil, fmt.Errorf("lease: %w", err)
+	}
+	if !refusesRollups {
+		log.Warn("the leases' bucket allows roll-ups, by which any holder of one lease can delete every other; run `converge streams apply` as the operator",
+			"bucket", Bucket)
 	}
 	return &Lease{cfg: cfg, kv: kv, log: log.With("lease", cfg.Name, "holder", cfg.Holder)}, nil
 }

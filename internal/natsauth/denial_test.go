@@ -17,6 +17,8 @@ import (
 	"github.com/converge-sync/converge/internal/docstore"
 	"github.com/converge-sync/converge/internal/lease"
 	"github.com/converge-sync/converge/internal/natsauth"
+	"github.com/converge-sync/converge/internal/rebuild"
+	"github.com/converge-sync/converge/internal/sharedkv"
 	"github.com/converge-sync/converge/internal/writer"
 	"github.com/converge-sync/converge/pkg/contract"
 )
@@ -133,7 +135,7 @@ func TestProjectorCannotReadAnotherBucket(t *testing.T) {
 	p.refused(t, "Publish to", "$JS.API.DIRECT.GET.KV_CONVERGE_EFFECTS.$KV.CONVERGE_EFFECTS.effect")
 
 	// Its own bucket, opened as a rebuild opens it: its key only.
-	kv, err := p.js.CreateKeyValue(ctx(t), jetstream.KeyValueConfig{Bucket: natsauth.RebuildBucket})
+	kv, _, err := sharedkv.Open(ctx(t), p.js, rebuild.BucketConfig(1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -364,7 +366,9 @@ func TestProjectorCannotReconfigureSharedStreams(t *testing.T) {
 		t.Fatal("a projector shrank the dead letters' stream")
 	}
 	p.refused(t, "Publish to", "$JS.API.STREAM.UPDATE."+deadletter.Stream)
-	if _, err := p.js.UpdateKeyValue(ctx(t), jetstream.KeyValueConfig{Bucket: natsauth.RebuildBucket, History: 1, MaxBytes: 1}); err == nil {
+	sc := sharedkv.StreamConfig(rebuild.BucketConfig(1))
+	sc.MaxBytes = 1
+	if _, err := p.js.UpdateStream(ctx(t), sc); err == nil {
 		t.Fatal("a projector reconfigured the rebuilds' bucket")
 	}
 	p.refused(t, "Publish to", "$JS.API.STREAM.UPDATE.KV_"+natsauth.RebuildBucket)

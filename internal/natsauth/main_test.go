@@ -22,17 +22,9 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// rebuildsOpened: a projector opens the rebuilds' bucket by its info when
-// the bucket exists with another configuration than the one it creates
-// (an earlier version's, or one the operator changed); the positive tests
-// create it as the manager does, so the create succeeds.
-const rebuildsOpened = "opening the rebuilds' bucket made with another configuration"
-
 // exempt are grants that the positive tests cannot use, with the reason
 // they are granted all the same.
 var exempt = map[string]map[string]string{
-	natsauth.UserIndex: {"$JS.API.STREAM.INFO.KV_CONVERGE_REBUILDS": rebuildsOpened},
-	natsauth.UserGraph: {"$JS.API.STREAM.INFO.KV_CONVERGE_REBUILDS": rebuildsOpened},
 	natsauth.UserOperator: {
 		// The rebuilds in progress are listed by an ordered push
 		// consumer with flow control; the server asks for flow control

@@ -239,10 +239,11 @@ func bucketCreate(bucket string) []string {
 }
 
 // sharedBucketCreate: create a key-value bucket that several users share
-// (the rebuilds' one), never update it: one user may not change another's
+// (the leases', the rebuilds'; internal/sharedkv, whose buckets refuse
+// roll-ups), never update it: one user may not change another's
 // retention.
 func sharedBucketCreate(bucket string) []string {
-	return []string{api + "INFO", api + "STREAM.CREATE.KV_" + bucket, api + "STREAM.INFO.KV_" + bucket}
+	return []string{api + "STREAM.CREATE.KV_" + bucket, api + "STREAM.INFO.KV_" + bucket}
 }
 
 // bucketKey: put, update and delete key (a wildcard: keys) of bucket, and

@@ -48,12 +48,19 @@ import (
 	"github.com/converge-sync/converge/internal/clock"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/retry"
+	"github.com/converge-sync/converge/internal/sharedkv"
 
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
 // Bucket is the key-value bucket holding the state of rebuilds in progress.
 const Bucket = "CONVERGE_REBUILDS"
+
+// BucketConfig is the rebuilds' bucket's settings, with replicas.
+func BucketConfig(replicas int) sharedkv.Config {
+	return sharedkv.Config{Bucket: Bucket, Description: "converge: rebuilds in progress, by projector",
+		History: 1, Storage: jetstream.FileStorage, Replicas: replicas}
+}
 
 // Stores are the generations of one projection's store, as both ways of
 // rebuilding it see them. A Manager takes stores that are also exactly
@@ -233,17 +240,12 @@ func (m *Manager) RunFenced(ctx context.Context, js jetstream.JetStream, fence p
 	for attempt := 1; ; attempt++ {
 		// Create, never update: every projector shares the bucket, and
 		// none may change its configuration under the others.
-		kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
-			Bucket:      Bucket,
-			Description: "converge: rebuilds in progress, by projector",
-			History:     1,
-			Storage:     jetstream.FileStorage,
-			Replicas:    max(m.cfg.Runtime.Replicas, 1),
-		})
-		if errors.Is(err, jetstream.ErrBucketExists) {
-			kv, err = js.KeyValue(ctx, Bucket)
-		}
+		kv, refusesRollups, err := sharedkv.Open(ctx, js, BucketConfig(m.cfg.Runtime.Replicas))
 		if err == nil {
+			if !refusesRollups {
+				m.log.Warn("the rebuilds' bucket allows roll-ups, by which any projector can delete the others' rebuild state; run `converge streams apply` as the operator",
+					"bucket", Bucket)
+			}
 			m.js, m.kv = js, kv
 			break
 		}
