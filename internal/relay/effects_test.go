@@ -107,14 +107,20 @@ func TestRelayPublishesEveryEventToTheEffectsStream(t *testing.T) {
 // when the effects' stream refuses events (here a limit an operator set
 // on it), the session ends, the relay resumes from the confirmed position,
 // and every refused event reaches the effects' stream once the stream
-// takes it again (the relay restores its configuration at the next
-// session), none lost and none twice.
+// takes it again, none lost and none twice. The relay never changes a
+// stream: it reports the limit that differs from its configuration, and
+// the operator restores it (converge streams apply).
 func TestRelayConfirmsOnlyWhatBothStreamsStored(t *testing.T) {
 	f := newFixture(t)
 	metrics := relay.NewMetrics(nil)
-	cfg := relay.Config{StandbyRetry: 100 * time.Millisecond,
+	cfg := relay.Config{PostgresURL: f.dbURL, StandbyRetry: 100 * time.Millisecond,
 		Stream: relay.StreamConfig{MaxMsgsPerSubject: -1}, Effects: relay.EffectsConfig{Enabled: true}}
-	stop := runUntilStopped(t, f, cfg, metrics)
+	var logs testenv.LockedBuffer
+	r, err := relay.New(f.nats.Connect(t), cfg, metrics, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, r)
 	f.waitSlot(t)
 	f.write(t, 0, 50, 1)
 	testenv.Eventually(t, "50 events in the effects' stream", 20*time.Second, func() bool {
@@ -130,6 +136,17 @@ func TestRelayConfirmsOnlyWhatBothStreamsStored(t *testing.T) {
 	testenv.Eventually(t, "the relay to end a session on the refusal", 20*time.Second, func() bool {
 		return testutil.ToFloat64(metrics.SessionErrors.WithLabelValues("publish")) > 0
 	})
+	testenv.Eventually(t, "the relay to name the limit and the command", 20*time.Second, func() bool {
+		l := logs.String()
+		return strings.Contains(l, "MaxMsgs 60, configured -1") && strings.Contains(l, "Discard DiscardNew, configured DiscardOld") &&
+			strings.Contains(l, "converge streams apply")
+	})
+	if sc := streamInfo(t, f.js, contract.EventsStream).Config; sc.MaxMsgs != 60 {
+		t.Fatalf("the relay changed the effects' stream: max msgs %d", sc.MaxMsgs)
+	}
+	if _, err := relay.ApplyEffectsStream(context.Background(), f.js, cfg); err != nil {
+		t.Fatal(err)
+	}
 	testenv.Eventually(t, "all 300 events in both streams", 30*time.Second, func() bool {
 		return streamInfo(t, f.js, contract.EventsStream).State.Msgs == 300 && streamInfo(t, f.js, contract.DocsStream).State.Msgs == 300
 	})
@@ -147,7 +164,7 @@ func TestRelayConfirmsOnlyWhatBothStreamsStored(t *testing.T) {
 		t.Fatalf("%d distinct events in the effects' stream, want 300", len(seen))
 	}
 	if sc := streamInfo(t, f.js, contract.EventsStream).Config; sc.MaxMsgs != -1 || sc.Discard != jetstream.DiscardOld {
-		t.Fatalf("the relay did not restore the effects' stream's limits: max msgs %d, discard %v", sc.MaxMsgs, sc.Discard)
+		t.Fatalf("the operator did not restore the effects' stream's limits: max msgs %d, discard %v", sc.MaxMsgs, sc.Discard)
 	}
 }
 

@@ -340,7 +340,8 @@ func TestConfirmedLSNReportedFromSlotAtStart(t *testing.T) {
 	var slotLSN string
 	_ = f.pool.QueryRow(context.Background(), `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'converge_relay'`).Scan(&slotLSN)
 
-	r, err := relay.New(f.nats.Connect(t), relay.Config{PostgresURL: f.dbURL, HeartbeatInterval: -1}, nil, nil)
+	r, err := relay.New(f.nats.Connect(t), relay.Config{PostgresURL: f.dbURL, HeartbeatInterval: -1,
+		Stream: relay.StreamConfig{MaxMsgsPerSubject: -1}}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

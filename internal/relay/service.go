@@ -68,13 +68,7 @@ func Flags(f *config.Flags) func() (ServiceConfig, error) {
 	heartbeat := f.Duration("heartbeat", "CONVERGE_RELAY_HEARTBEAT", 10*time.Second, "interval of the logical heartbeat that advances an idle slot (negative: off)")
 	standby := f.Duration("standby-retry", "CONVERGE_RELAY_STANDBY_RETRY", 2*time.Second, "how often a standby retries the slot, and the delay before reconnecting after an error")
 	lagAlarm := f.Int("lag-alarm-bytes", "CONVERGE_RELAY_LAG_ALARM_BYTES", 1<<30, "log an alarm while the slot's lag exceeds this")
-	storage := f.String("stream-storage", "CONVERGE_STREAM_STORAGE", "file", "stream storage: file or memory")
-	replicas := f.Int("stream-replicas", "CONVERGE_STREAM_REPLICAS", 1, "stream replicas")
-	dupes := f.Duration("stream-duplicates", "CONVERGE_STREAM_DUPLICATE_WINDOW", 10*time.Minute, "duplicate window; must exceed the longest relay outage plus catch-up")
-	perSubject := f.Int("stream-history", "CONVERGE_STREAM_HISTORY", 4, "events kept per document (-1: all)")
-	effects := f.Bool("effects", "CONVERGE_RELAY_EFFECTS", false, "publish every event to the effects' stream "+contract.EventsStream+" too, which keeps each until the notifier handled it: on wherever a notifier runs")
-	effectsAge := f.Duration("effects-max-age", "CONVERGE_RELAY_EFFECTS_MAX_AGE", DefaultEffectsMaxAge, "age at which an event the notifier has not handled leaves the effects' stream (the notifier's window)")
-	effectsBytes := f.Int("effects-max-bytes", "CONVERGE_RELAY_EFFECTS_MAX_BYTES", -1, "size bound of the effects' stream, the oldest events leaving first (-1: unlimited)")
+	streams := StreamFlags(f)
 	gogc := f.Int("gogc", "CONVERGE_RELAY_GOGC", 300, "garbage collector target percentage (GOGC); the memory limit below bounds the heap")
 	memLimit := f.Int("memory-limit-mib", "CONVERGE_RELAY_MEMORY_LIMIT_MIB", 48, "soft heap limit in MiB (GOMEMLIMIT)")
 	natsAuth := natsauth.Flags(f)
@@ -91,19 +85,39 @@ func Flags(f *config.Flags) func() (ServiceConfig, error) {
 		if c.NATSAuth, err = natsAuth(); err != nil {
 			return ServiceConfig{}, err
 		}
-		switch *storage {
-		case "file":
-			c.Relay.Stream.Storage = jetstream.FileStorage
-		case "memory":
-			c.Relay.Stream.Storage = jetstream.MemoryStorage
-		default:
-			return ServiceConfig{}, fmt.Errorf("-stream-storage must be file or memory, got %q", *storage)
+		if c.Relay, err = streams(); err != nil {
+			return ServiceConfig{}, err
 		}
 		r := &c.Relay
 		r.PostgresURL, r.Slot, r.Window, r.WindowBytes, r.AckTimeout = *pg, *slot, *window, *windowBytes, *ackTimeout
 		r.HeartbeatInterval, r.StandbyRetry, r.LagAlarmBytes = *heartbeat, *standby, int64(*lagAlarm)
-		r.Stream.Replicas, r.Stream.Duplicates, r.Stream.MaxMsgsPerSubject = *replicas, *dupes, int64(*perSubject)
-		r.Effects.Enabled, r.Effects.MaxAge, r.Effects.MaxBytes = *effects, *effectsAge, int64(*effectsBytes)
+		return c, nil
+	}
+}
+
+// StreamFlags binds the settings of the relay's streams (Config.Stream and
+// Config.Effects) to flags and their environment variables: the relay's,
+// and those of `converge streams apply`, which sets the streams to them.
+func StreamFlags(f *config.Flags) func() (Config, error) {
+	storage := f.String("stream-storage", "CONVERGE_STREAM_STORAGE", "file", "stream storage: file or memory")
+	replicas := f.Int("stream-replicas", "CONVERGE_STREAM_REPLICAS", 1, "stream replicas")
+	dupes := f.Duration("stream-duplicates", "CONVERGE_STREAM_DUPLICATE_WINDOW", 10*time.Minute, "duplicate window; must exceed the longest relay outage plus catch-up")
+	perSubject := f.Int("stream-history", "CONVERGE_STREAM_HISTORY", 4, "events kept per document (-1: all)")
+	effects := f.Bool("effects", "CONVERGE_RELAY_EFFECTS", false, "publish every event to the effects' stream "+contract.EventsStream+" too, which keeps each until the notifier handled it: on wherever a notifier runs")
+	effectsAge := f.Duration("effects-max-age", "CONVERGE_RELAY_EFFECTS_MAX_AGE", DefaultEffectsMaxAge, "age at which an event the notifier has not handled leaves the effects' stream (the notifier's window)")
+	effectsBytes := f.Int("effects-max-bytes", "CONVERGE_RELAY_EFFECTS_MAX_BYTES", -1, "size bound of the effects' stream, the oldest events leaving first (-1: unlimited)")
+	return func() (Config, error) {
+		var c Config
+		switch *storage {
+		case "file":
+			c.Stream.Storage = jetstream.FileStorage
+		case "memory":
+			c.Stream.Storage = jetstream.MemoryStorage
+		default:
+			return Config{}, fmt.Errorf("-stream-storage must be file or memory, got %q", *storage)
+		}
+		c.Stream.Replicas, c.Stream.Duplicates, c.Stream.MaxMsgsPerSubject = *replicas, *dupes, int64(*perSubject)
+		c.Effects.Enabled, c.Effects.MaxAge, c.Effects.MaxBytes = *effects, *effectsAge, int64(*effectsBytes)
 		return c, nil
 	}
 }

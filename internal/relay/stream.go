@@ -6,16 +6,42 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
-// EnsureStream creates the document stream, or updates it to cfg.
-func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (jetstream.Stream, error) {
-	cfg.setDefaults()
-	want := jetstream.StreamConfig{
+// The relay creates its two streams when they do not exist, and never
+// changes them: an update could shrink a limit (MaxMsgsPerSubject 1, a
+// MaxAge of a second), which removes what the projectors and the notifier
+// have not read as surely as a purge, and NATS gives the relay no right to
+// it. The operator changes them, with [ApplyStream] and
+// [ApplyEffectsStream] (`converge streams apply`). A relay that finds a
+// stream unlike its configuration does not publish; its error
+// ([*StreamSettingsError]) names each setting and that command.
+
+// ApplyCommand is the operator's command that creates or updates the
+// streams to the settings the relay is given.
+const ApplyCommand = "converge streams apply"
+
+// StreamSettingsError is a stream that exists with settings other than the
+// relay's configuration.
+type StreamSettingsError struct {
+	Stream string
+	// Differences name each setting: "MaxAge 1s, configured 0s".
+	Differences []string
+}
+
+func (e *StreamSettingsError) Error() string {
+	return fmt.Sprintf("relay: stream %s differs from the relay's configuration (%s); the relay never changes a stream: run `%s` as the operator with the relay's stream settings, or give the relay the stream's",
+		e.Stream, strings.Join(e.Differences, "; "), ApplyCommand)
+}
+
+// docsStreamConfig is the documents' stream of cfg (defaults applied).
+func docsStreamConfig(cfg StreamConfig) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
 		Name:              cfg.Name,
 		Description:       "converge document events, one subject per document, published by the relay",
 		Subjects:          []string{contract.DocsSubjectPrefix + ">"},
@@ -29,44 +55,13 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig)
 		MaxMsgSize:        contract.MaxMessageBytes,
 		AllowDirect:       true,
 	}
-	// Read first, and change only what differs: every session ensures the
-	// stream, and an update goes through the cluster's meta leader, which
-	// a server's loss takes seconds to elect again.
-	if s, err := js.Stream(ctx, cfg.Name); err == nil && sameStreamConfig(s.CachedInfo().Config, want) {
-		return s, nil
-	}
-	s, err := js.CreateOrUpdateStream(ctx, want)
-	if err != nil {
-		return nil, fmt.Errorf("relay: ensure stream %s: %w", cfg.Name, err)
-	}
-	return s, nil
 }
 
-// sameStreamConfig reports whether have already is want in every setting
-// the relay manages (the server fills in the others).
-func sameStreamConfig(have, want jetstream.StreamConfig) bool {
-	return have.Description == want.Description && slices.Equal(have.Subjects, want.Subjects) &&
-		have.Retention == want.Retention && have.Discard == want.Discard && have.Storage == want.Storage &&
-		max(have.Replicas, 1) == max(want.Replicas, 1) && (want.Duplicates == 0 || have.Duplicates == want.Duplicates) &&
-		limit(have.MaxMsgsPerSubject) == limit(want.MaxMsgsPerSubject) && have.MaxAge == want.MaxAge &&
-		limit(have.MaxBytes) == limit(want.MaxBytes) && have.MaxMsgSize == want.MaxMsgSize && have.AllowDirect == want.AllowDirect
-}
-
-// limit is a stream limit as the server keeps it: 0, unset, is -1.
-func limit(v int64) int64 {
-	if v == 0 {
-		return -1
-	}
-	return v
-}
-
-// EnsureEffectsStream creates the effects' stream (see [EffectsConfig]), or
-// updates it to cfg, keeping the sequence of the documents' stream it
-// started at (contract.MetaEventsDocsSeq).
-func EnsureEffectsStream(ctx context.Context, js jetstream.JetStream, cfg Config) (jetstream.Stream, error) {
-	cfg.setDefaults()
+// effectsStreamConfig is the effects' stream of cfg (defaults applied),
+// without its metadata.
+func effectsStreamConfig(cfg Config) jetstream.StreamConfig {
 	e := cfg.Effects
-	sc := jetstream.StreamConfig{
+	return jetstream.StreamConfig{
 		Name:        e.Name,
 		Description: "converge document events for effects (the notifier): every event, kept until acknowledged or MaxAge, published by the relay",
 		Subjects:    []string{contract.EventsSubjectPrefix + ">"},
@@ -79,32 +74,134 @@ func EnsureEffectsStream(ctx context.Context, js jetstream.JetStream, cfg Config
 		MaxBytes:    e.MaxBytes,
 		MaxMsgSize:  contract.MaxMessageBytes,
 	}
-	switch s, err := js.Stream(ctx, e.Name); {
-	case err == nil:
-		sc.Metadata = s.CachedInfo().Config.Metadata
-		if sameStreamConfig(s.CachedInfo().Config, sc) {
+}
+
+// EnsureStream creates the documents' stream, or checks that the existing
+// one has cfg's settings (a [*StreamSettingsError] when not).
+func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (jetstream.Stream, error) {
+	cfg.setDefaults()
+	return ensure(ctx, js, docsStreamConfig(cfg))
+}
+
+// ApplyStream creates the documents' stream or updates it to cfg: the
+// operator's step, which the relay may not take.
+func ApplyStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (jetstream.Stream, error) {
+	cfg.setDefaults()
+	want := docsStreamConfig(cfg)
+	s, err := js.CreateOrUpdateStream(ctx, want)
+	if err != nil {
+		return nil, fmt.Errorf("relay: apply stream %s: %w", want.Name, err)
+	}
+	return s, nil
+}
+
+// ensure creates want, or reads the existing stream and compares.
+func ensure(ctx context.Context, js jetstream.JetStream, want jetstream.StreamConfig) (jetstream.Stream, error) {
+	// Read first: every session ensures the stream, and a create goes
+	// through the cluster's meta leader, which a server's loss takes
+	// seconds to elect again.
+	s, err := js.Stream(ctx, want.Name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		s, err = js.CreateStream(ctx, want)
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			// Created meanwhile (by another relay, or otherwise).
+			s, err = js.Stream(ctx, want.Name)
+		} else if err == nil {
 			return s, nil
 		}
-		s, err = js.UpdateStream(ctx, sc)
-		if err != nil {
-			return nil, fmt.Errorf("relay: update stream %s: %w", e.Name, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("relay: stream %s: %w", want.Name, err)
+	}
+	if diff := streamDifferences(s.CachedInfo().Config, want); len(diff) > 0 {
+		return nil, &StreamSettingsError{Stream: want.Name, Differences: diff}
+	}
+	return s, nil
+}
+
+// streamDifferences names each setting the relay manages in which have is
+// not want (the server fills in the others; a description is not a
+// setting).
+func streamDifferences(have, want jetstream.StreamConfig) []string {
+	var d []string
+	differ := func(name string, h, w any) {
+		if h != w {
+			d = append(d, fmt.Sprintf("%s %v, configured %v", name, h, w))
+		}
+	}
+	if !slices.Equal(have.Subjects, want.Subjects) {
+		differ("Subjects", strings.Join(have.Subjects, ","), strings.Join(want.Subjects, ","))
+	}
+	differ("Retention", have.Retention, want.Retention)
+	differ("Discard", have.Discard, want.Discard)
+	differ("Storage", have.Storage, want.Storage)
+	differ("Replicas", max(have.Replicas, 1), max(want.Replicas, 1))
+	if want.Duplicates != 0 {
+		differ("Duplicates", have.Duplicates, want.Duplicates)
+	}
+	differ("MaxMsgsPerSubject", limit(have.MaxMsgsPerSubject), limit(want.MaxMsgsPerSubject))
+	differ("MaxMsgs", limit(have.MaxMsgs), limit(want.MaxMsgs))
+	differ("MaxAge", have.MaxAge, want.MaxAge)
+	differ("MaxBytes", limit(have.MaxBytes), limit(want.MaxBytes))
+	differ("MaxMsgSize", limit(int64(have.MaxMsgSize)), limit(int64(want.MaxMsgSize)))
+	differ("AllowDirect", have.AllowDirect, want.AllowDirect)
+	differ("DenyDelete", have.DenyDelete, want.DenyDelete)
+	differ("DenyPurge", have.DenyPurge, want.DenyPurge)
+	differ("AllowRollup", have.AllowRollup, want.AllowRollup)
+	return d
+}
+
+// limit is a stream limit as the server keeps it: 0, unset, is -1.
+func limit(v int64) int64 {
+	if v == 0 {
+		return -1
+	}
+	return v
+}
+
+// EnsureEffectsStream creates the effects' stream (see [EffectsConfig]),
+// recording the sequence of the documents' stream it starts at
+// (contract.MetaEventsDocsSeq), or checks that the existing one has cfg's
+// settings (a [*StreamSettingsError] when not).
+func EnsureEffectsStream(ctx context.Context, js jetstream.JetStream, cfg Config) (jetstream.Stream, error) {
+	return effectsStream(ctx, js, cfg, false)
+}
+
+// ApplyEffectsStream creates the effects' stream as [EnsureEffectsStream]
+// does, or updates it to cfg keeping its metadata: the operator's step,
+// which the relay may not take.
+func ApplyEffectsStream(ctx context.Context, js jetstream.JetStream, cfg Config) (jetstream.Stream, error) {
+	return effectsStream(ctx, js, cfg, true)
+}
+
+func effectsStream(ctx context.Context, js jetstream.JetStream, cfg Config, update bool) (jetstream.Stream, error) {
+	cfg.setDefaults()
+	sc := effectsStreamConfig(cfg)
+	switch s, err := js.Stream(ctx, sc.Name); {
+	case err == nil && update:
+		sc.Metadata = s.CachedInfo().Config.Metadata
+		if s, err = js.UpdateStream(ctx, sc); err != nil {
+			return nil, fmt.Errorf("relay: update stream %s: %w", sc.Name, err)
+		}
+		return s, nil
+	case err == nil:
+		if diff := streamDifferences(s.CachedInfo().Config, sc); len(diff) > 0 {
+			return nil, &StreamSettingsError{Stream: sc.Name, Differences: diff}
 		}
 		return s, nil
 	case !errors.Is(err, jetstream.ErrStreamNotFound):
-		return nil, fmt.Errorf("relay: stream %s: %w", e.Name, err)
+		return nil, fmt.Errorf("relay: stream %s: %w", sc.Name, err)
 	}
 	docs, err := js.Stream(ctx, cfg.Stream.Name)
 	if err != nil {
 		return nil, fmt.Errorf("relay: stream %s: %w", cfg.Stream.Name, err)
 	}
 	sc.Metadata = map[string]string{contract.MetaEventsDocsSeq: strconv.FormatUint(docs.CachedInfo().State.LastSeq, 10)}
-	s, err := js.CreateStream(ctx, sc)
-	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-		// Created meanwhile by another relay.
-		return js.Stream(ctx, e.Name)
+	if s, err := js.CreateStream(ctx, sc); err == nil {
+		return s, nil
+	} else if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		return nil, fmt.Errorf("relay: create stream %s: %w", sc.Name, err)
 	}
-	if err != nil {
-		return nil, fmt.Errorf("relay: create stream %s: %w", e.Name, err)
-	}
-	return s, nil
+	// Created meanwhile by another relay.
+	return effectsStream(ctx, js, cfg, update)
 }
