@@ -29,6 +29,10 @@ Usage:
                              converge_relay, converge_reader) and their privileges, as an administrator;
                              passwords from CONVERGE_{OWNER,WRITER,RELAY,READER}_PASSWORD(_FILE);
                              --print shows the statements (no passwords) and applies nothing
+  converge streams apply [-nats-url URL] [-stream-history N] [-effects] [...]
+                             create converge's streams and shared buckets, or bring them to the
+                             relay's stream settings (the relay's flags and environment), as the
+                             operator: the services create them when absent and never change them
   converge status [--json]   the relay's slot (state, confirmed LSN, lag), the outbox and the streams
   converge search TEXT [-k N] [--json]
                              the index's chunks nearest to TEXT, asked of the index projector
@@ -110,6 +114,8 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return service.Command(ctx, "projector-index", args[1:], ibackends.ServiceFlags, ibackends.Run)
 	case "projector-graph":
 		return service.Command(ctx, "projector-graph", args[1:], gbackends.ServiceFlags, gbackends.Run)
+	case "streams":
+		return streamsCmd(ctx, args[1:], out)
 	case "roles":
 		return rolesCmd(ctx, args[1:], out)
 	case "migrate":

@@ -51,19 +51,32 @@ const (
 
 // EnsureStream creates the dead-letter stream unless it exists. It never
 // updates an existing one: every consumer ensures it, and none may change
-// the retention the others rely on (the operator does, and NATS permits
-// nothing else).
+// the retention the others rely on (the operator does, with [ApplyStream],
+// and NATS permits nothing else).
 func EnsureStream(ctx context.Context, js jetstream.JetStream, replicas int) error {
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
+	if _, err := js.CreateStream(ctx, streamConfig(replicas)); err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		return fmt.Errorf("ensure stream %s: %w", Stream, err)
+	}
+	return nil
+}
+
+// ApplyStream creates the dead-letter stream or updates it to its
+// settings: the operator's step (converge streams apply).
+func ApplyStream(ctx context.Context, js jetstream.JetStream, replicas int) error {
+	if _, err := js.CreateOrUpdateStream(ctx, streamConfig(replicas)); err != nil {
+		return fmt.Errorf("apply stream %s: %w", Stream, err)
+	}
+	return nil
+}
+
+func streamConfig(replicas int) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
 		Name:        Stream,
 		Description: "dead letters of every converge consumer, with the reason in headers",
 		Subjects:    []string{contract.DLQSubjectPrefix + ">"},
 		Storage:     jetstream.FileStorage,
 		Replicas:    max(replicas, 1),
-	}); err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-		return fmt.Errorf("ensure stream %s: %w", Stream, err)
 	}
-	return nil
 }
 
 // New builds the dead letter of m for consumer (its subject is

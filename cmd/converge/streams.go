@@ -1,0 +1,79 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+
+	"github.com/converge-sync/converge/internal/config"
+	"github.com/converge-sync/converge/internal/deadletter"
+	"github.com/converge-sync/converge/internal/lease"
+	"github.com/converge-sync/converge/internal/natsauth"
+	"github.com/converge-sync/converge/internal/rebuild"
+	"github.com/converge-sync/converge/internal/relay"
+	"github.com/converge-sync/converge/internal/service"
+	"github.com/converge-sync/converge/internal/sharedkv"
+	"github.com/converge-sync/converge/pkg/contract"
+)
+
+// streamsCmd is `converge streams apply`: create the streams and the
+// shared buckets, or bring them to their settings, as the operator. The
+// services create them when they are absent and never change them (NATS
+// gives them no right to): a change of the relay's stream settings takes
+// this command, with the same flags (and environment) as the relay.
+func streamsCmd(ctx context.Context, args []string, out io.Writer) error {
+	if len(args) == 0 || args[0] != "apply" {
+		return service.Usage("streams needs a subcommand: apply -nats-url URL [the relay's stream flags: -stream-history, -effects, ...]")
+	}
+	f := config.NewFlags("converge streams apply")
+	natsURL := f.String("nats-url", config.EnvNATSURL, "", "NATS URL")
+	streams := relay.StreamFlags(f)
+	natsAuth := natsauth.Flags(f)
+	if err := f.Parse(args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return service.Usage("streams apply: %w", err)
+	}
+	if f.NArg() > 0 {
+		return service.Usage("streams apply: unexpected argument %q", f.Arg(0))
+	}
+	if err := config.Require(*natsURL, "nats-url", config.EnvNATSURL); err != nil {
+		return err
+	}
+	cfg, err := streams()
+	if err != nil {
+		return service.Usage("streams apply: %w", err)
+	}
+	nc, js, err := connectJetStream(*natsURL, "converge-streams", natsAuth)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	replicas := max(cfg.Stream.Replicas, 1)
+	if _, err := relay.ApplyStream(ctx, js, cfg.Stream); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "%s: applied\n", contract.DocsStream)
+	if cfg.Effects.Enabled {
+		if _, err := relay.ApplyEffectsStream(ctx, js, cfg); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "%s: applied\n", contract.EventsStream)
+	} else {
+		fmt.Fprintf(out, "%s: left as it is (without -effects)\n", contract.EventsStream)
+	}
+	if err := deadletter.ApplyStream(ctx, js, replicas); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "%s: applied\n", deadletter.Stream)
+	for _, b := range []sharedkv.Config{lease.BucketConfig(replicas), rebuild.BucketConfig(replicas)} {
+		if err := sharedkv.Apply(ctx, js, b); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "bucket %s: applied (roll-ups refused)\n", b.Bucket)
+	}
+	return nil
+}
