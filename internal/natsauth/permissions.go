@@ -51,18 +51,19 @@ func RebuildConsumer(name string) string { return name + "-rebuild" }
 
 const api = "$JS.API."
 
-// Relay may ensure the documents' stream and the effects' stream and
+// Relay may create the documents' stream and the effects' stream and
 // publish their events: the only publisher of converge.docs.> and
-// converge.events.>. It reads both streams' info (the effects' stream
-// records where in the documents' stream it began), reads the documents'
-// stream's newest message and each document's newest message (a
-// catch-up publishes only what the stream lacks), and owns the bucket of
-// its confirmed positions whole. It may not delete or purge a stream,
+// converge.events.>. It may not update either (a MaxMsgsPerSubject of 1
+// or a short MaxAge removes what the consumers have not read, as a purge
+// would): the operator does. It reads both streams' info (the effects'
+// stream records where in the documents' stream it began), reads the
+// documents' stream's newest message and each document's newest message
+// (a catch-up publishes only what the stream lacks), and owns the bucket
+// of its confirmed positions whole. It may not delete or purge a stream,
 // nor touch a consumer.
 func Relay() *server.Permissions {
 	return perms(UserRelay,
-		streamWrite(contract.DocsStream),
-		streamWrite(contract.EventsStream),
+		[]string{api + "STREAM.CREATE." + contract.DocsStream, api + "STREAM.CREATE." + contract.EventsStream},
 		[]string{api + "STREAM.INFO." + contract.DocsStream, api + "STREAM.INFO." + contract.EventsStream},
 		// A document's newest stored event, after which a catch-up
 		// publishes its rows of the outbox.
@@ -149,6 +150,9 @@ func Producer() *server.Permissions {
 // converge.docs.>: the relay alone publishes document events, so the
 // redrive of a dead letter of CONVERGE_DOCS's consumers asks the writer
 // (over HTTP) to re-emit the document, which the relay then publishes.
+// streams apply creates or updates the streams and shared buckets that
+// the services only create (the relay's two, the dead letters', the
+// leases', the rebuilds'): the operator alone changes their settings.
 func Operator() *server.Permissions {
 	docs, events, ingest, dlq := contract.DocsStream, contract.EventsStream, IngestStream, deadletter.Stream
 	kv := "KV_" + RebuildBucket
@@ -186,7 +190,12 @@ func Operator() *server.Permissions {
 		// status: the relay's last catch-up after a Postgres failover.
 		api+"STREAM.INFO.KV_"+PositionBucket,
 		api+"DIRECT.GET.KV_"+PositionBucket+".$KV."+PositionBucket+".*.catchup",
+		// streams apply.
+		api+"STREAM.INFO.KV_"+lease.Bucket,
 	)
+	for _, s := range []string{docs, events, dlq, "KV_" + lease.Bucket, kv} {
+		p = append(p, streamWrite(s)...)
+	}
 	return perms(UserOperator, p)
 }
 
@@ -197,8 +206,7 @@ func leaseOf(stream, name string) []string {
 		[]string{api + "CONSUMER.RESET." + stream + "." + name})
 }
 
-// streamWrite: create the stream or update its configuration; the dead
-// letters' stream too, which every consumer ensures before it consumes.
+// streamWrite: create the stream or update its configuration.
 func streamWrite(stream string) []string {
 	return []string{
 		api + "STREAM.CREATE." + stream, api + "STREAM.UPDATE." + stream,

@@ -24,6 +24,7 @@ import (
 	"github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/rebuild/rebuildtest"
 	"github.com/converge-sync/converge/internal/relay"
+	"github.com/converge-sync/converge/internal/sharedkv"
 	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/internal/writer"
 	"github.com/converge-sync/converge/pkg/contract"
@@ -37,7 +38,7 @@ func TestRelayDoesItsJob(t *testing.T) {
 	e := newEnv(t)
 	r := e.connect(natsauth.UserRelay)
 	e.record(natsauth.UserRelay)
-	for range 2 { // creates, then updates
+	for range 2 { // creates, then finds it as it is
 		if _, err := relay.EnsureStream(ctx(t), r.js, relay.StreamConfig{}); err != nil {
 			t.Fatal(err)
 		}
@@ -59,10 +60,7 @@ func TestRelayDoesItsJob(t *testing.T) {
 		t.Fatalf("the relay reads a document's newest message: %v, %v", m, err)
 	}
 	effects := relay.Config{Effects: relay.EffectsConfig{Enabled: true}}
-	for i := range 3 { // creates, reads it unchanged, updates a changed limit
-		if i == 2 {
-			effects.Effects.MaxAge = 48 * time.Hour
-		}
+	for range 2 { // creates, then finds it as it is
 		if _, err := relay.EnsureEffectsStream(ctx(t), r.js, effects); err != nil {
 			t.Fatal(err)
 		}
@@ -468,6 +466,23 @@ func TestOperatorDoesItsJob(t *testing.T) {
 	}
 	if cu, ok, err := relay.ReadCatchUp(ctx(t), o.js, "converge_relay"); err != nil || !ok || cu.Stored != 3 {
 		t.Errorf("catch-up record: %+v, %v, %v; want 3 published", cu, ok, err)
+	}
+	// streams apply: creates the buckets and updates the rest, twice.
+	for range 2 {
+		if _, err := relay.ApplyStream(ctx(t), o.js, relay.StreamConfig{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := relay.ApplyEffectsStream(ctx(t), o.js, relay.Config{Effects: relay.EffectsConfig{Enabled: true}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := deadletter.ApplyStream(ctx(t), o.js, 1); err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range []sharedkv.Config{lease.BucketConfig(1), rebuild.BucketConfig(1)} {
+			if err := sharedkv.Apply(ctx(t), o.js, b); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 	// replay
 	if pending, err := projector.Replay(ctx(t), o.js, contract.DocsStream, "index", projector.ReplayFrom{Seq: 2}); err != nil || pending != 1 {
