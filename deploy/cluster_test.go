@@ -45,7 +45,7 @@ func TestClusterProfile(t *testing.T) {
 			}
 		}
 	}
-	for name, v := range map[string]string{"relay": "CONVERGE_STREAM_REPLICAS", "projector-index": "CONVERGE_REPLICAS",
+	for name, v := range map[string]string{"relay": "CONVERGE_STREAM_REPLICAS", "streams": "CONVERGE_STREAM_REPLICAS", "projector-index": "CONVERGE_REPLICAS",
 		"projector-graph": "CONVERGE_REPLICAS", "notifier": "CONVERGE_REPLICAS"} {
 		if got := c.Services[name].Environment[v]; got != "3" {
 			t.Errorf("%s: %s is %q in the cluster profile, want 3", name, v, got)

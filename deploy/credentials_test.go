@@ -60,6 +60,7 @@ var holdings = map[string]holding{
 		env:          []string{"CONVERGE_OWNER_PASSWORD_FILE", "CONVERGE_WRITER_PASSWORD_FILE", "CONVERGE_RELAY_PASSWORD_FILE", "CONVERGE_READER_PASSWORD_FILE"},
 	},
 	"migrate": {postgresRole: roles.Owner, secrets: []string{"owner-pgpass"}},
+	"streams": {natsUser: natsauth.UserOperator},
 	"writer": {
 		postgresRole: roles.Writer, natsUser: natsauth.UserWriter, tokens: true,
 		secrets: []string{"writer-pgpass", "writer-tokens"},
