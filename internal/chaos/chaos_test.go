@@ -135,6 +135,8 @@ func TestChaos(t *testing.T) {
 	tapCtx, stopTap := context.WithCancel(ctx)
 	defer stopTap()
 	docsTap, tapDone := p.startTap(tapCtx, contract.DocsStream)
+	backlog, stopSampling := p.sampleBacklogs(ctx, 2*time.Second)
+	defer stopSampling()
 	start := time.Now()
 
 	rng := rand.New(rand.NewPCG(cfg.seed, 0xfa17))
@@ -168,6 +170,8 @@ func TestChaos(t *testing.T) {
 	}
 	stopLoad()
 	loadEnd := time.Now()
+	backlog.sample(ctx, p)
+	stopSampling()
 	loadTime := loadEnd.Sub(start)
 
 	// Every process up, then agreement.
@@ -232,7 +236,7 @@ func TestChaos(t *testing.T) {
 	t.Log("\n" + faultMatrix(faults, sr, er))
 	t.Log("\n" + summary(summaryFigures{cfg: cfg, faults: faults, loadTime: loadTime, load: l, writes: writes,
 		lost: nLost, toVerify: toVerify, verified: verifyErr == nil, toDrain: toDrain, drained: drainErr == nil,
-		outbox: len(st.events), docs: len(st.docs), stream: sr, effects: er, dead: dead, p: p}))
+		outbox: len(st.events), docs: len(st.docs), stream: sr, effects: er, dead: dead, p: p, backlog: backlog}))
 }
 
 // indexStore names the index projector's store.

@@ -108,6 +108,7 @@ type summaryFigures struct {
 	effects           effectReport
 	dead              uint64
 	p                 *pipeline
+	backlog           *backlogs
 }
 
 func summary(s summaryFigures) string {
@@ -140,6 +141,9 @@ func summary(s summaryFigures) string {
 	row("documents / outbox events", "%d / %d", s.docs, s.outbox)
 	row("load end -> converge verify exit 0", "%s%s", short(s.toVerify), failedIf(!s.verified))
 	row("load end -> every consumer drained", "%s%s", short(s.toDrain), failedIf(!s.drained))
+	if s.backlog != nil {
+		row("consumer backlogs (pending + unacknowledged, sampled every 2 s)", "%s", s.backlog)
+	}
 	row("stream messages stored at the end / distinct events", "%d / %d", s.stream.Stored, s.stream.Distinct)
 	row("messages stored over the run / outbox events", "%d / %d (%+d); %d purged before the tap read them",
 		s.stream.EverStored, s.outbox, int64(s.stream.EverStored)-int64(s.outbox), s.stream.Unread)
