@@ -228,7 +228,8 @@ func (r *Relay) Run(ctx context.Context) error {
 
 // noteStreams decides, from how a session ended, whether the next one
 // ensures the streams again: yes after a publishing failure (a refusal:
-// an operator changed a limit; a lost acknowledgement; a failed
+// an operator changed a limit, which the next ensure reports by name
+// without changing it back; a lost acknowledgement; a failed
 // catch-up, a stream gone meanwhile), and after finding no stream
 // listening for ensureAgain; not while it is shorter (a leader being
 // elected, whose stream API answers nothing for seconds), nor after a
