@@ -373,12 +373,16 @@ type Runtime struct {
 	// consumed: this runtime had a consumer, so its disappearance is an
 	// operator's doing.
 	consumed bool
+	// runConsumed: the current Run started a consumer already (a restart
+	// within it continues what the runtime knows of its gaps).
+	runConsumed bool
 	// gaps follows the stream sequences delivered (Config.EveryEvent); the
 	// consuming goroutine alone uses it.
 	gaps      gapDetector
 	tookOver  atomic.Pointer[jetstream.ConsumerInfo] // see TookOver
 	gapMu     sync.Mutex
 	gapRecord GapRecord
+	saveMu    sync.Mutex // one save of the gap record at a time
 	// fenced is the refusal of Config.Fence that ends Run.
 	fenced atomic.Pointer[FencedError]
 	// applying is true while a batch is being applied (finish).
@@ -416,9 +420,10 @@ func (r *Runtime) Run(ctx context.Context) error {
 		return fmt.Errorf("projector %s: %w", r.cfg.Name, err)
 	}
 	r.fenced.Store(nil)
-	// Suspected gaps the server did not deliver again before the runtime
-	// stops are reported: it cannot tell them from gaps any longer.
-	defer r.reportGaps(ctx, true)
+	r.runConsumed = false
+	// What the runtime still owes itself when it stops is reported or
+	// handed over to the next start.
+	defer r.stopGaps(ctx)
 	failures := 0
 	for ctx.Err() == nil {
 		done, err := r.consume(ctx)
@@ -493,7 +498,7 @@ func (r *Runtime) consume(ctx context.Context) (done bool, err error) {
 	if err != nil {
 		return false, fmt.Errorf("projector %s: %w", r.cfg.Name, err)
 	}
-	r.startGaps(cons.CachedInfo())
+	r.startGaps(ctx, cons.CachedInfo())
 	defer r.release(ctx, it)
 	r.consumed = true
 	lagCtx, stopLag := context.WithCancel(ctx)
@@ -518,7 +523,8 @@ var errStalled = errors.New("the consumer delivered nothing while it had message
 // prepared is a fetched batch, decoded and sorted into items, with its
 // messages' acknowledgement deadlines kept alive until it is finished.
 type prepared struct {
-	fetched  int // messages fetched, dead-lettered ones included
+	fetched  int             // messages fetched, dead-lettered ones included
+	msgs     []jetstream.Msg // in fetch order
 	items    []*item
 	stopKeep func()
 	err      error // the fetch failed: the consumer must start again
@@ -547,7 +553,7 @@ func (r *Runtime) loop(ctx context.Context, cons jetstream.Consumer, it jetstrea
 					return
 				}
 			case <-stopCtx.Done():
-				r.releaseBatch(b)
+				r.releaseBatch(stopCtx, b)
 				return
 			}
 		}
@@ -576,6 +582,11 @@ func (r *Runtime) loop(ctx context.Context, cons jetstream.Consumer, it jetstrea
 			if b.err != nil {
 				return false, b.err
 			}
+			// In fetch order, which is the stream's, and here, where the
+			// batch's messages are acknowledged or handed back: the gap
+			// detector sees a redelivery and a hand-back in the order
+			// they happen. (An empty batch reports what is due.)
+			r.checkGaps(ctx, b.msgs)
 			r.finish(ctx, b)
 			if f := r.fenced.Load(); f != nil {
 				r.log.Error("the store's lease is another instance's: writing nothing more, standing by", "err", f.Err)
@@ -635,10 +646,11 @@ func (r *Runtime) stopCondition(ctx context.Context, cons jetstream.Consumer) (s
 
 // releaseBatch hands a prepared batch that will not be applied back to the
 // server for prompt redelivery.
-func (r *Runtime) releaseBatch(b prepared) {
+func (r *Runtime) releaseBatch(ctx context.Context, b prepared) {
 	if b.stopKeep != nil {
 		b.stopKeep()
 	}
+	r.checkGaps(ctx, b.msgs) // before its hand-back
 	for _, it := range b.items {
 		r.nak(it, 0)
 	}
@@ -660,6 +672,13 @@ func (r *Runtime) release(ctx context.Context, it jetstream.MessagesContext) {
 		_ = m.Nak()
 	}
 	r.checkGaps(ctx, buffered)
+	for _, m := range buffered {
+		var ev *contract.Event
+		if d := r.decode(m); d.it != nil {
+			ev = d.it.ev
+		}
+		r.owe(m, ev, 0) // after checkGaps, whose delivery would clear it
+	}
 }
 
 // linger is how long a batch waits for one more message once it has one,
@@ -751,9 +770,6 @@ func (r *Runtime) watchLag(ctx context.Context, cons jetstream.Consumer, stalled
 				return
 			}
 		}
-		// Suspected gaps are reported when their time is up even if
-		// nothing is delivered meanwhile.
-		r.reportGaps(ctx, false)
 		select {
 		case <-ctx.Done():
 			return
@@ -798,9 +814,7 @@ const minParallelDecode = 32
 // document (unless Config.EveryEvent), and keeps the messages'
 // acknowledgement deadlines alive until the batch is finished.
 func (r *Runtime) prepare(ctx context.Context, msgs []jetstream.Msg) prepared {
-	b := prepared{fetched: len(msgs)}
-	// In fetch order, which is the stream's, before the batch is sharded.
-	r.checkGaps(ctx, msgs)
+	b := prepared{fetched: len(msgs), msgs: msgs}
 	out := make([]decoded, len(msgs))
 	workers := min(r.cfg.Parallel, len(msgs)/minParallelDecode)
 	if workers <= 1 {
@@ -1129,11 +1143,16 @@ func (r *Runtime) ack(it *item) {
 		// Redelivered later and skipped by the store's version marker.
 		r.log.Warn("ack failed", "key", it.ev.Key, "err", err)
 	}
+	r.settle(it.msg)
 }
 
 func (r *Runtime) nak(it *item, delay time.Duration) {
 	for _, m := range append([]jetstream.Msg{it.msg}, it.superseded...) {
-		r.owe(m, delay)
+		ev := it.ev
+		if m != it.msg {
+			ev = nil // an older version's
+		}
+		r.owe(m, ev, delay)
 		if delay > 0 {
 			_ = m.NakWithDelay(delay)
 		} else {
@@ -1147,12 +1166,14 @@ func (r *Runtime) nak(it *item, delay time.Duration) {
 // redelivery and deadLetter reports false.
 func (r *Runtime) deadLetter(ctx context.Context, m jetstream.Msg, code string, reason error) bool {
 	if err := deadletter.Publish(ctx, r.js, r.cfg.Name, m, code, reason, r.cfg.RetryMin); err != nil {
+		r.owe(m, nil, r.cfg.RetryMin) // handed back by Publish
 		r.log.Error("dead-letter publish failed; message left for redelivery", "subject", m.Subject(), "err", err)
 		return false
 	}
 	if err := m.Ack(); err != nil {
 		r.log.Warn("ack of a dead-lettered message failed; it will be dead-lettered again, and stored once", "err", err)
 	}
+	r.settle(m)
 	r.metrics.DeadLetters.WithLabelValues(code).Inc()
 	r.log.Warn("message dead-lettered", "subject", m.Subject(), "code", code, "reason", reason)
 	return true
