@@ -2,6 +2,7 @@ package notifier
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -203,6 +204,36 @@ func (n *Notifier) ApplyDeliveries(ctx context.Context, ds []projector.Delivery)
 		res[i] = n.settle(ds[i].Event, jobs[i], outs)
 	}
 	return res
+}
+
+// Finished reports whether every effect of ev is sent, as its record
+// says, waiting (within ClaimTimeout) for a send still in flight: an event
+// handed back while its send went on past SendWait, and then removed by
+// the stream's limits, was notified all the same ([projector.Finisher]).
+func (n *Notifier) Finished(ctx context.Context, ev *contract.Event) bool {
+	ctx, cancel := context.WithTimeout(ctx, n.cfg.ClaimTimeout)
+	defer cancel()
+	for _, t := range n.targets {
+		effect := contract.EffectID(t.effect, ev.ID)
+		n.mu.Lock()
+		j := n.inflight[effect]
+		n.mu.Unlock()
+		if j != nil {
+			select {
+			case <-j.done:
+			case <-ctx.Done():
+				return false
+			}
+		}
+		kctx, cancel := context.WithTimeout(ctx, kvTimeout)
+		e, err := n.kv.Get(kctx, effect.String())
+		cancel()
+		var rec record
+		if err != nil || json.Unmarshal(e.Value(), &rec) != nil || rec.State != stateSent {
+			return false
+		}
+	}
+	return true
 }
 
 // skipReason says why an event is not notified, if it is not.
