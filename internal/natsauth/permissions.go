@@ -190,9 +190,8 @@ func Operator() *server.Permissions {
 		// status: the relay's last catch-up after a Postgres failover.
 		api+"STREAM.INFO.KV_"+PositionBucket,
 		api+"DIRECT.GET.KV_"+PositionBucket+".$KV."+PositionBucket+".*.catchup",
-		// streams apply.
-		api+"STREAM.INFO.KV_"+lease.Bucket,
 	)
+	// streams apply.
 	for _, s := range []string{docs, events, dlq, "KV_" + lease.Bucket, kv} {
 		p = append(p, streamWrite(s)...)
 	}

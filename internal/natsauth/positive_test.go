@@ -467,23 +467,6 @@ func TestOperatorDoesItsJob(t *testing.T) {
 	if cu, ok, err := relay.ReadCatchUp(ctx(t), o.js, "converge_relay"); err != nil || !ok || cu.Stored != 3 {
 		t.Errorf("catch-up record: %+v, %v, %v; want 3 published", cu, ok, err)
 	}
-	// streams apply: creates the buckets and updates the rest, twice.
-	for range 2 {
-		if _, err := relay.ApplyStream(ctx(t), o.js, relay.StreamConfig{}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := relay.ApplyEffectsStream(ctx(t), o.js, relay.Config{Effects: relay.EffectsConfig{Enabled: true}}); err != nil {
-			t.Fatal(err)
-		}
-		if err := deadletter.ApplyStream(ctx(t), o.js, 1); err != nil {
-			t.Fatal(err)
-		}
-		for _, b := range []sharedkv.Config{lease.BucketConfig(1), rebuild.BucketConfig(1)} {
-			if err := sharedkv.Apply(ctx(t), o.js, b); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
 	// replay
 	if pending, err := projector.Replay(ctx(t), o.js, contract.DocsStream, "index", projector.ReplayFrom{Seq: 2}); err != nil || pending != 1 {
 		t.Errorf("replay from 2: %d pending, %v", pending, err)
@@ -502,6 +485,32 @@ func TestOperatorDoesItsJob(t *testing.T) {
 	}
 	if n, err := q.Redrive(ctx(t), deadletter.Redrive{Consumer: natsauth.IngestDLQName, All: true}, nil); err != nil || n != 1 {
 		t.Errorf("redrive: %d, %v", n, err)
+	}
+	e.used(o)
+	o.allowed(t)
+}
+
+// The operator's converge streams apply on a new deployment creates the
+// streams and the shared buckets, then, run again, updates them.
+func TestOperatorAppliesStreams(t *testing.T) {
+	e := newEnv(t)
+	o := e.connect(natsauth.UserOperator)
+	e.record(natsauth.UserOperator)
+	for range 2 {
+		if _, err := relay.ApplyStream(ctx(t), o.js, relay.StreamConfig{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := relay.ApplyEffectsStream(ctx(t), o.js, relay.Config{Effects: relay.EffectsConfig{Enabled: true}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := deadletter.ApplyStream(ctx(t), o.js, 1); err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range []sharedkv.Config{lease.BucketConfig(1), rebuild.BucketConfig(1)} {
+			if err := sharedkv.Apply(ctx(t), o.js, b); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 	e.used(o)
 	o.allowed(t)
