@@ -143,10 +143,11 @@ func (r *Relay) Publishing(context.Context) error {
 }
 
 // failureMemory is how long after its last failure a failure is
-// remembered: past a standby's turn (another relay's failing session) and
-// a retry.
+// remembered: past a standby's turn (another relay's failing session), a
+// retry, and a session that is slow to start on a loaded machine, so that
+// the report does not come and go while sessions keep failing.
 func (r *Relay) failureMemory() time.Duration {
-	return 2 * (max(r.cfg.AckTimeout, PublishAlarm) + r.cfg.StandbyRetry)
+	return 4 * (max(r.cfg.AckTimeout, PublishAlarm) + r.cfg.StandbyRetry)
 }
 
 // notePublishFailure records a failed publish (see Publishing).
