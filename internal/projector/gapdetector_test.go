@@ -189,3 +189,35 @@ func TestStaleCopyIsNotOwed(t *testing.T) {
 		t.Fatalf("the last two of 1..3: %v", small.set)
 	}
 }
+
+// An owed event gone from a work queue is reported only once every
+// message the consumer had delivered by then has been seen: a copy
+// delivered before the event went may still be in hand (buffered, or in
+// the batch fetched ahead), and is handled, not missed.
+func TestGoneEventWaitsForTheCopiesInHand(t *testing.T) {
+	g := gapDetector{
+		stream: func(context.Context) (*jetstream.StreamInfo, error) {
+			return &jetstream.StreamInfo{Config: jetstream.StreamConfig{Retention: jetstream.WorkQueuePolicy}, State: jetstream.StreamState{FirstSeq: 10}}, nil
+		},
+		consumer: func(context.Context) (*jetstream.ConsumerInfo, error) {
+			return &jetstream.ConsumerInfo{Delivered: jetstream.SequenceInfo{Consumer: 50}}, nil
+		},
+	}
+	t0 := time.Now()
+	g.restart(0, 0, 0, time.Second, t0)
+	for seq := uint64(1); seq <= 8; seq++ {
+		g.observe(seq, t0)
+	}
+	g.sawDelivery(40)
+	g.markOwed(5, nil, t0)
+	g.markOwed(6, nil, t0)
+	if got := g.proven(context.Background(), g.due(t0.Add(2*time.Second), false), false); len(got) != 0 {
+		t.Fatalf("reported %+v while deliveries 41..50 are unseen", got)
+	}
+	g.observe(5, t0.Add(2*time.Second)) // a copy of 5 was in hand
+	g.sawDelivery(50)
+	got := g.proven(context.Background(), g.due(t0.Add(2*time.Second), false), false)
+	if len(got) != 1 || got[0].from != 6 {
+		t.Fatalf("reported %+v, want 6 alone", got)
+	}
+}

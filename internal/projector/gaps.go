@@ -77,9 +77,11 @@ func ReadGapRecord(metadata map[string]string) (GapRecord, bool) {
 // runtime keeps the sequences it handed back itself (nak, and the
 // messages it releases unread when a consume ends) with the time they are
 // due again, and their events. Due and, on a work queue, shown gone by the
-// stream's first sequence, one is reported, unless the store finished its
-// event meanwhile (a [Finisher]: the notifier's send that outlasted its
-// wait). A stale copy (a message delivered again after its
+// stream's first sequence, one is reported once every message the
+// consumer had delivered by then has been seen (a copy delivered before
+// the event went may still be in hand, buffered in the client or fetched
+// ahead, and is handled when seen), unless the store finished its event
+// meanwhile (a [Finisher]: the notifier's send that outlasted its wait). A stale copy (a message delivered again after its
 // acknowledgement wait while the first copy was in hand) handed back
 // after the runtime acknowledged or reported its sequence is not owed.
 //
@@ -157,6 +159,11 @@ type gapDetector struct {
 	pending pendingWindow
 	// stream reads the stream's state (see proven); nil: not read.
 	stream func(ctx context.Context) (*jetstream.StreamInfo, error)
+	// consumer reads the consumer's state (see proven); nil: not read.
+	consumer func(ctx context.Context) (*jetstream.ConsumerInfo, error)
+	// seenDelivery is the highest consumer sequence (the count of
+	// deliveries, redeliveries included) of a message seen.
+	seenDelivery uint64
 }
 
 // gapSpan is the stream sequences from..to, stepped over, due to be
@@ -179,13 +186,20 @@ type gapSpan struct {
 	// pending is the window of a window span, put back whole if its
 	// time is not up (see requeue).
 	pending *pendingWindow
+	// after, once the span is proven gone: it is reported when a
+	// delivery numbered after or later was seen (every copy of it that
+	// was in hand then has been seen), or at due; see proven.
+	after uint64
+	// gone: proven gone, reported without another look at the stream.
+	gone bool
 }
 
 // owedEvent is a sequence handed back: due again by due, with its event
 // when known.
 type owedEvent struct {
-	due time.Time
-	ev  *contract.Event
+	due   time.Time
+	ev    *contract.Event
+	after uint64 // see gapSpan.after
 }
 
 // pendingWindow is expected events of stream sequences from..to, delivered
@@ -196,6 +210,7 @@ type pendingWindow struct {
 	expected int
 	seen     map[uint64]struct{}
 	due      time.Time
+	after    uint64 // see gapSpan.after
 }
 
 // markOwed records seq, of the event ev (nil: unknown), handed back by
@@ -324,9 +339,13 @@ func (g *gapDetector) due(now time.Time, all bool) []gapSpan {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	var out []gapSpan
+	ready := func(due time.Time, after uint64) bool {
+		return !now.Before(due) || (after > 0 && g.seenDelivery >= after)
+	}
 	keep := g.suspects[:0]
 	for _, s := range g.suspects {
-		if all || !now.Before(s.due) {
+		if all || ready(s.due, s.after) {
+			s.gone = s.after > 0
 			out = append(out, s)
 		} else {
 			keep = append(keep, s)
@@ -337,14 +356,14 @@ func (g *gapDetector) due(now time.Time, all bool) []gapSpan {
 	// the consumer delivers them again to the next start, to which
 	// stopGaps hands them over (or which counts them among its pending).
 	for seq, o := range g.owed {
-		if !now.Before(o.due) {
-			out = append(out, gapSpan{from: seq, to: seq, due: o.due, unacked: true, count: 1, ev: o.ev})
+		if ready(o.due, o.after) {
+			out = append(out, gapSpan{from: seq, to: seq, due: o.due, unacked: true, count: 1, ev: o.ev, gone: o.after > 0})
 			delete(g.owed, seq)
 		}
 	}
-	if w := g.pending; w.expected > 0 && !now.Before(w.due) {
+	if w := g.pending; w.expected > 0 && ready(w.due, w.after) {
 		if missing := w.expected - len(w.seen); missing > 0 {
-			out = append(out, gapSpan{from: w.from + 1, to: w.to, due: w.due, unacked: true, count: uint64(missing), window: true, pending: &w})
+			out = append(out, gapSpan{from: w.from + 1, to: w.to, due: w.due, unacked: true, count: uint64(missing), window: true, pending: &w, gone: w.after > 0})
 		}
 		g.pending = pendingWindow{}
 	}
@@ -352,8 +371,9 @@ func (g *gapDetector) due(now time.Time, all bool) []gapSpan {
 	return out
 }
 
-// requeue puts back s, due again at due: a gap not proven yet.
-func (g *gapDetector) requeue(s gapSpan, due time.Time) {
+// requeue puts back s, due again at due: a gap not proven yet, or (after
+// > 0) proven gone and waiting for the deliveries up to after to be seen.
+func (g *gapDetector) requeue(s gapSpan, due time.Time, after uint64) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	switch {
@@ -362,17 +382,24 @@ func (g *gapDetector) requeue(s gapSpan, due time.Time) {
 		// them again.
 		if g.pending.expected == 0 && s.pending != nil {
 			g.pending = *s.pending
-			g.pending.due = due
+			g.pending.due, g.pending.after = due, after
 		}
 	case s.unacked:
 		if g.owed == nil {
 			g.owed = map[uint64]owedEvent{}
 		}
-		g.owed[s.from] = owedEvent{due: due, ev: s.ev}
+		g.owed[s.from] = owedEvent{due: due, ev: s.ev, after: after}
 	default:
-		s.due = due
+		s.due, s.after = due, after
 		g.suspects = append(g.suspects, s)
 	}
+}
+
+// sawDelivery records the consumer sequence of a message seen.
+func (g *gapDetector) sawDelivery(dseq uint64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.seenDelivery = max(g.seenDelivery, dseq)
 }
 
 // forgetOwed drops the sequences this runtime handed back: a consumer
@@ -576,6 +603,7 @@ func (r *Runtime) checkGaps(ctx context.Context, msgs []jetstream.Msg) {
 			continue
 		}
 		r.gaps.observe(meta.Sequence.Stream, now)
+		r.gaps.sawDelivery(meta.Sequence.Consumer)
 	}
 	r.reportGaps(ctx, false)
 }
@@ -691,23 +719,43 @@ func (r *Runtime) handOver(ctx context.Context) bool {
 // grace decides there. At a stop (all) every span is kept.
 func (g *gapDetector) proven(ctx context.Context, spans []gapSpan, all bool) []gapSpan {
 	g.mu.Lock()
-	read := g.stream
+	read, readConsumer, seen := g.stream, g.consumer, g.seenDelivery
 	g.mu.Unlock()
 	if len(spans) == 0 || all || read == nil {
 		return spans
 	}
-	info, err := read(ctx)
-	if err != nil || info.Config.Retention != jetstream.WorkQueuePolicy {
-		return spans
-	}
-	first := info.State.FirstSeq
+	var info *jetstream.StreamInfo
 	out := spans[:0]
+	var delivered uint64 // the consumer's deliveries now; 0: not read
 	for _, s := range spans {
-		if s.to < first {
+		if s.gone {
 			out = append(out, s)
 			continue
 		}
-		g.requeue(s, time.Now().Add(g.grace))
+		if info == nil {
+			var err error
+			if info, err = read(ctx); err != nil || info.Config.Retention != jetstream.WorkQueuePolicy {
+				return append(out, spans[len(out):]...)
+			}
+		}
+		if s.to >= info.State.FirstSeq {
+			g.requeue(s, time.Now().Add(g.grace), 0)
+			continue
+		}
+		// Gone from the stream; but a copy delivered before it went may
+		// still be in hand (buffered, or in the batch fetched ahead), to
+		// be seen and handled. Once every delivery made until now has been
+		// seen, none is.
+		if delivered == 0 && readConsumer != nil {
+			if c, err := readConsumer(ctx); err == nil {
+				delivered = c.Delivered.Consumer
+			}
+		}
+		if delivered > seen {
+			g.requeue(s, time.Now().Add(g.grace), delivered)
+			continue
+		}
+		out = append(out, s)
 	}
 	return out
 }
@@ -740,6 +788,15 @@ func (r *Runtime) startGaps(ctx context.Context, info *jetstream.ConsumerInfo) {
 			return nil, err
 		}
 		return s.CachedInfo(), nil
+	}
+	r.gaps.consumer = func(ctx context.Context) (*jetstream.ConsumerInfo, error) {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		c, err := r.js.Consumer(ctx, r.cfg.Stream, r.cfg.Name)
+		if err != nil {
+			return nil, err
+		}
+		return c.CachedInfo(), nil
 	}
 	r.gaps.mu.Unlock()
 	if stored, ok := ReadGapRecord(info.Config.Metadata); ok {
