@@ -1093,7 +1093,11 @@ func (s *session) drain(ctx context.Context, block bool) error {
 		// Timed by the acknowledgement's arrival, not by when it is
 		// consumed here (after the next read from Postgres, at low rates).
 		acked := s.pub.ackedAt(p.seq)
-		s.relay.clearPublishFailure()
+		if state != ackDuplicate {
+			// Stored: a duplicate's answer comes from the server's memory of
+			// ids, and says nothing of whether it can store.
+			s.relay.clearPublishFailure()
+		}
 		if acked.After(s.newestAck) {
 			s.newestAck = acked
 		}
