@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -24,7 +25,9 @@ import (
 // others.
 func TestStreamsApply(t *testing.T) {
 	pw := map[string]string{natsauth.UserOperator: "pw-operator", natsauth.UserRelay: "pw-relay"}
-	srv, err := natsserver.StartWith(natsserver.Options{StoreDir: t.TempDir(), Users: natsauth.Users(pw)})
+	// The test's own user reads what the operator may change but not read.
+	users := append(natsauth.Users(pw), &server.User{Username: "admin", Password: "pw-admin"})
+	srv, err := natsserver.StartWith(natsserver.Options{StoreDir: t.TempDir(), Users: users})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +45,8 @@ func TestStreamsApply(t *testing.T) {
 		}
 		return js
 	}
-	rjs, ojs := connect(natsauth.UserRelay), connect(natsauth.UserOperator)
+	pw["admin"] = "pw-admin"
+	rjs, ojs, ajs := connect(natsauth.UserRelay), connect(natsauth.UserOperator), connect("admin")
 	if _, err := relay.EnsureStream(ctx, rjs, relay.StreamConfig{}); err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +73,7 @@ func TestStreamsApply(t *testing.T) {
 	if n := docs.CachedInfo().Config.MaxMsgsPerSubject; n != 8 {
 		t.Errorf("the documents' stream keeps %d per subject, want 8", n)
 	}
-	leases, err := ojs.Stream(ctx, "KV_"+lease.Bucket)
+	leases, err := ajs.Stream(ctx, "KV_"+lease.Bucket)
 	if err != nil {
 		t.Fatal(err)
 	}
