@@ -698,6 +698,57 @@ func verifyIndex(t *testing.T, p *pipeline, store index.Backend) {
 	t.Logf("verify: %d documents agree; after deleting the points of %s: %s (%s)", rep.Documents, key, rep.Differences[0].Problem, rep.Differences[0].Detail)
 }
 
+// waitRelayed waits until the relay has published the version Postgres
+// holds of every document: the last message on each document's subject
+// carries it. A consumer with nothing pending has caught up with the
+// stream, not with Postgres: the relay may still be starting (its slot
+// waits for the transactions running on the whole server) or behind.
+func (p *pipeline) waitRelayed(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	// behind says what the relay had not published yet.
+	behind := func() string {
+		s, err := p.JetStream.Stream(ctx, contract.DocsStream)
+		if err != nil {
+			return err.Error()
+		}
+		rows, err := p.Pool.Query(ctx, `SELECT key, version FROM documents`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var key string
+			var version int64
+			if err := rows.Scan(&key, &version); err != nil {
+				t.Fatal(err)
+			}
+			m, err := s.GetLastMsgForSubject(ctx, contract.Subject(key))
+			if err != nil {
+				return fmt.Sprintf("%s: %v", key, err)
+			}
+			ev, err := contract.DecodeEvent(m.Data)
+			if err != nil {
+				t.Fatalf("the last event of %s: %v", key, err)
+			}
+			if ev.Version != version {
+				return fmt.Sprintf("%s: Postgres has version %d, the stream's last event version %d", key, version, ev.Version)
+			}
+		}
+		if rows.Err() != nil {
+			t.Fatal(rows.Err())
+		}
+		return ""
+	}
+	deadline := time.Now().Add(90 * time.Second)
+	for b := behind(); b != ""; b = behind() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the relay did not publish the last version of every document within 90s: %s", b)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 func caughtUp(t *testing.T, js jetstream.JetStream, consumer string) bool {
 	t.Helper()
 	c, err := js.Consumer(context.Background(), "CONVERGE_DOCS", consumer)
@@ -810,6 +861,7 @@ func crashProjector(t *testing.T, p *pipeline, kind string, storeEnv ...string) 
 	case <-time.After(30 * time.Second):
 		t.Fatal("the projector child did not report ready within 30s")
 	}
+	p.waitRelayed(t)
 	testenv.Eventually(t, "the projector to catch up", 90*time.Second, func() bool { return caughtUp(t, p.JetStream, kind) })
 	if err := c.Stop(time.Minute); err != nil {
 		t.Fatalf("projector after SIGTERM: %v", err)

@@ -256,11 +256,15 @@ func emptyDir(t *testing.T, dir string) {
 	}
 }
 
-// caughtUpOn waits until the consumer name has applied everything the
-// writes published (written closed) to its stream.
+// caughtUpOn waits until the writes are done (written closed), the relay
+// has published them, and the consumer name has applied everything on its
+// stream.
 func caughtUpOn(t *testing.T, p *pipeline, written <-chan struct{}, stream, name string) {
 	t.Helper()
 	<-written
+	if stream == contract.DocsStream {
+		p.waitRelayed(t)
+	}
 	testenv.Eventually(t, name+" to catch up", 90*time.Second, func() bool {
 		c, err := p.JetStream.Consumer(context.Background(), stream, name)
 		if err != nil {
