@@ -649,7 +649,7 @@ func (r *Runtime) report(spans []gapSpan) {
 		r.metrics.Missed.Add(float64(n))
 		r.gapMu.Lock()
 		r.gapRecord.Missed += n
-		r.gapRecord.LastFrom, r.gapRecord.LastTo, r.gapRecord.At = from, to, time.Now().UTC()
+		r.gapRecord.LastFrom, r.gapRecord.LastTo, r.gapRecord.At = from, to, r.cfg.Clock.Now().UTC()
 		r.gapMu.Unlock()
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/converge-sync/converge/internal/clock"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/pkg/contract"
@@ -30,9 +31,16 @@ func newLimitedEnv(t *testing.T) *env {
 // it, its metrics and its log.
 func runEvery(t *testing.T, e *env, name string, store projector.Store) (*projector.Runtime, *projector.Metrics, *testenv.Buffer) {
 	t.Helper()
+	return runEveryOn(t, e, name, store, nil)
+}
+
+// runEveryOn is runEvery with the runtime's wall clock c (nil: the
+// system's).
+func runEveryOn(t *testing.T, e *env, name string, store projector.Store, c clock.Clock) (*projector.Runtime, *projector.Metrics, *testenv.Buffer) {
+	t.Helper()
 	logs := &testenv.Buffer{}
 	metrics := projector.NewMetrics(nil)
-	r, err := projector.New(e.js, store, projector.Config{Name: name, EveryEvent: true, StopWhenCaughtUp: true, BatchSize: 16},
+	r, err := projector.New(e.js, store, projector.Config{Name: name, EveryEvent: true, StopWhenCaughtUp: true, BatchSize: 16, Clock: c},
 		metrics, slog.New(slog.NewTextHandler(logs, nil)))
 	if err != nil {
 		t.Fatal(err)
@@ -51,6 +59,31 @@ func runEvery(t *testing.T, e *env, name string, store projector.Store) (*projec
 func storedGapRecord(t *testing.T, e *env, name string) (projector.GapRecord, bool) {
 	t.Helper()
 	return projector.ReadGapRecord(consumerConfig(t, e.js, name).Metadata)
+}
+
+// The time of the last gap, which converge status shows beside those
+// other services wrote, is read from the runtime's wall clock, not the
+// machine's: here two hours behind.
+func TestGapTimeIsTheRuntimesClock(t *testing.T) {
+	e := newLimitedEnv(t)
+	e.publish(t, upsert("doc", 1))
+	store := &deliveryStore{}
+	runEvery(t, e, "effects", store)
+	for v := int64(2); v <= 6; v++ { // sequences 2..6; 2..4 are purged
+		e.publish(t, upsert("doc", v))
+	}
+	behind := 2 * time.Hour
+	r, _, _ := runEveryOn(t, e, "effects", store, clock.NewShifted(-behind))
+	rec := r.LastGap()
+	if rec.Missed != 3 {
+		t.Fatalf("last gap %+v, want 3 missed", rec)
+	}
+	if off := time.Since(rec.At); off < behind-time.Minute || off > behind+time.Minute {
+		t.Fatalf("the gap is stamped %v, %v before the machine's clock; want the runtime's, %v behind", rec.At, off, behind)
+	}
+	if stored, ok := storedGapRecord(t, e, "effects"); !ok || !stored.At.Equal(rec.At) {
+		t.Fatalf("consumer metadata holds %+v (%v), want the gap of %v", stored, ok, rec.At)
+	}
 }
 
 // Versions pushed out of the stream by newer ones while the consumer was
