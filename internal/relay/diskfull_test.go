@@ -38,7 +38,11 @@ func TestRelaySaysWhenJetStreamCannotStore(t *testing.T) {
 	t.Cleanup(func() { n.Shutdown() })
 	f := newFixtureWith(t, pg.MigratedDatabase(t), n)
 	metrics := relay.NewMetrics(nil)
-	cfg := relay.Config{PostgresURL: f.dbURL, StandbyRetry: 100 * time.Millisecond, Stream: relay.StreamConfig{MaxMsgsPerSubject: -1}}
+	// A missing acknowledgement ends a session after 1 s rather than the
+	// default 5 s: the sessions that fail on the full disk, and the
+	// standby's turns between them, come five times as fast.
+	cfg := relay.Config{PostgresURL: f.dbURL, StandbyRetry: 100 * time.Millisecond, AckTimeout: time.Second,
+		Stream: relay.StreamConfig{MaxMsgsPerSubject: -1}}
 	r, err := relay.New(f.nats.Connect(t), cfg, metrics, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -46,7 +50,8 @@ func TestRelaySaysWhenJetStreamCannotStore(t *testing.T) {
 	stop := run(t, r)
 	defer stop()
 	// A standby, which takes the slot in turn while the sessions fail.
-	standby, err := relay.New(f.nats.Connect(t), cfg, relay.NewMetrics(nil), nil)
+	standbyMetrics := relay.NewMetrics(nil)
+	standby, err := relay.New(f.nats.Connect(t), cfg, standbyMetrics, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,11 +79,22 @@ func TestRelaySaysWhenJetStreamCannotStore(t *testing.T) {
 		err := failing()
 		return err != nil && strings.Contains(err.Error(), "no acknowledgement")
 	})
+	failedSessions := func() float64 {
+		return testutil.ToFloat64(metrics.SessionErrors.WithLabelValues("publish")) +
+			testutil.ToFloat64(standbyMetrics.SessionErrors.WithLabelValues("publish"))
+	}
 	if err := disk.Free(); err != nil {
 		t.Fatal(err)
 	}
 	// Room again, and still refused: the server keeps its write error.
-	time.Sleep(2 * relay.PublishAlarm)
+	// Three more sessions fail: the one under way when the disk was
+	// freed, and at least two begun on a disk with room (as many as the
+	// 2*PublishAlarm this used to sleep gave with the default 5 s
+	// AckTimeout).
+	freed := failedSessions()
+	testenv.Eventually(t, "two sessions begun after the disk was freed to fail", 30*time.Second, func() bool {
+		return failedSessions() >= freed+3
+	})
 	if err := failing(); err == nil {
 		t.Fatal("publishing reported working again before the NATS server restarted")
 	}
