@@ -130,6 +130,9 @@ func verifyGraphOfStream(t *testing.T, g *fixture) {
 // primary committed while no relay ran is in no stream: the relay must
 // catch up all the same.
 func TestFailoverWithMigrateUpBeforeTheRelay(t *testing.T) {
+	// Its own Postgres primary and standby and its own NATS server:
+	// nothing shared with the other tests.
+	t.Parallel()
 	fo := failOver(t, 200, func(f *fixture) { f.write(t, 200, 500, 1) })
 	if created, err := schema.EnsureSlot(context.Background(), fo.fresh.dbURL, failoverSlot); err != nil || !created {
 		t.Fatalf("migrate up's slot: created %v, %v", created, err)
@@ -149,6 +152,9 @@ func TestFailoverWithMigrateUpBeforeTheRelay(t *testing.T) {
 // The new primary runs in a time zone half an hour off the hour, with a
 // date style that is not ISO: the catch-up reads the outbox all the same.
 func TestFailoverUnderAHalfHourTimeZoneAndSQLDateStyle(t *testing.T) {
+	// Its own Postgres primary and standby and its own NATS server:
+	// nothing shared with the other tests.
+	t.Parallel()
 	fo := failOver(t, 100, func(f *fixture) { f.write(t, 100, 300, 1) })
 	for _, sql := range []string{`ALTER DATABASE converge SET timezone = 'Asia/Kolkata'`, `ALTER DATABASE converge SET datestyle = 'SQL, DMY'`} {
 		if _, err := fo.fresh.pool.Exec(context.Background(), sql); err != nil {
@@ -170,6 +176,9 @@ func TestFailoverUnderAHalfHourTimeZoneAndSQLDateStyle(t *testing.T) {
 // them. The relay is down when it commits, and the primary fails: the
 // catch-up must find it.
 func TestFailoverFindsATransactionHeldOpenLong(t *testing.T) {
+	// Its own Postgres primary and standby and its own NATS server:
+	// nothing shared with the other tests.
+	t.Parallel()
 	ctx := context.Background()
 	var heldDone chan error
 	fo := failOver(t, 100, func(f *fixture) {
@@ -214,6 +223,9 @@ func TestFailoverFindsATransactionHeldOpenLong(t *testing.T) {
 // and streams, the other waits; neither streams while the other catches
 // up, so each document's events are stored in order, once.
 func TestFailoverWithTwoRelaysStartedAtOnce(t *testing.T) {
+	// Its own Postgres primary and standby and its own NATS server:
+	// nothing shared with the other tests.
+	t.Parallel()
 	fo := failOver(t, 200, func(f *fixture) {
 		f.write(t, 200, 2000, 1)
 		f.write(t, 0, 2000, 2)
@@ -257,6 +269,9 @@ func TestFailoverCatchUpKilledMidwayResumes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a large catch-up")
 	}
+	// Its own Postgres primary and standby and its own NATS server:
+	// nothing shared with the other tests.
+	t.Parallel()
 	const relayed, total = 100, 10000
 	fo := failOver(t, relayed, func(f *fixture) { f.write(t, relayed, total, 1) })
 	g := fo.fresh

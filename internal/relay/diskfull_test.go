@@ -24,6 +24,11 @@ import (
 // fails: one reports itself not ready, naming the error. After
 // the server restarts on its store, every event reaches the stream once.
 func TestRelaySaysWhenJetStreamCannotStore(t *testing.T) {
+	// Its own NATS server, and a database of the shared cluster (which
+	// only tests that run alone restart) with a slot of its own name:
+	// the cluster's slot names are one namespace, and
+	// TestRelayCreatesAStreamGoneForLong, parallel too, takes the default.
+	t.Parallel()
 	disk, err := testenv.MountDisk(t, "64m")
 	if err != nil {
 		if os.Getenv("CI") != "" {
@@ -41,7 +46,7 @@ func TestRelaySaysWhenJetStreamCannotStore(t *testing.T) {
 	// A missing acknowledgement ends a session after 1 s rather than the
 	// default 5 s: the sessions that fail on the full disk, and the
 	// standby's turns between them, come five times as fast.
-	cfg := relay.Config{PostgresURL: f.dbURL, StandbyRetry: 100 * time.Millisecond, AckTimeout: time.Second,
+	cfg := relay.Config{PostgresURL: f.dbURL, Slot: "disk_full", StandbyRetry: 100 * time.Millisecond, AckTimeout: time.Second,
 		Stream: relay.StreamConfig{MaxMsgsPerSubject: -1}}
 	r, err := relay.New(f.nats.Connect(t), cfg, metrics, nil)
 	if err != nil {

@@ -25,6 +25,9 @@ import (
 // committed since the newest event the stream holds, then streams from
 // the new slot: every outbox event is in the stream exactly once.
 func TestFailoverCatchesUpFromTheOutbox(t *testing.T) {
+	// Its own Postgres primary and standby and its own NATS server:
+	// nothing shared with the other tests.
+	t.Parallel()
 	ctx := context.Background()
 	primary, standby := startPrimaryAndStandby(t)
 	f := newFixtureOn(t, primary.URL("converge"))
@@ -133,6 +136,9 @@ func startPrimaryAndStandby(t *testing.T) (primary, standby *pgcluster.Cluster) 
 // every outbox event there ends up in the stream once: what the relay had
 // not published when the primary died comes from the catch-up.
 func TestFailoverUnderLoad(t *testing.T) {
+	// Its own Postgres primary and standby and its own NATS server:
+	// nothing shared with the other tests.
+	t.Parallel()
 	ctx := context.Background()
 	primary, standby := startPrimaryAndStandby(t)
 	f := newFixtureOn(t, primary.URL("converge"))

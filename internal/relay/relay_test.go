@@ -539,6 +539,10 @@ func TestRelayKeepsCommitOrderWhenAPublishIsLost(t *testing.T) {
 // minute here). After 10s without a stream the relay creates it again,
 // and every event is published.
 func TestRelayCreatesAStreamGoneForLong(t *testing.T) {
+	// Its own NATS server and database; the shared cluster's only other
+	// user meanwhile, TestRelaySaysWhenJetStreamCannotStore, has a slot
+	// of another name.
+	t.Parallel()
 	f := newFixture(t)
 	metrics := relay.NewMetrics(nil)
 	runRelay(t, f.nats.Connect(t), f.dbURL, relay.Config{StatusInterval: 200 * time.Millisecond, StandbyRetry: time.Minute}, metrics)
