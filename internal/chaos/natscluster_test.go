@@ -33,6 +33,11 @@ func TestNATSClusterLosesItsStreamLeader(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the NATS cluster suite starts three servers and every service")
 	}
+	// A pipeline of its own (Postgres cluster, NATS servers, receiver,
+	// temporary directories): it runs beside TestStandbyTakesOver, both
+	// mostly waiting (for leases, a leader's election, a relay's
+	// readiness).
+	t.Parallel()
 	// The short form, in make test, kills one leader; the long one
 	// (CONVERGE_TEST_CLUSTER=1, make test-ha) kills the leader, restarts
 	// it, and kills the next one.

@@ -84,6 +84,9 @@ func TestStandbyTakesOver(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs every service as a process of its own, with faults")
 	}
+	// A pipeline of its own and a Neo4j instance leased for it alone: it
+	// runs beside TestNATSClusterLosesItsStreamLeader.
+	t.Parallel()
 	cfg := configFromFlags()
 	cfg.standby, cfg.neo4j = true, testenv.LeaseNeo4j(t)
 	cfg.rate, cfg.docs = 200, 200
