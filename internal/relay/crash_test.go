@@ -534,6 +534,10 @@ func waitActive(t *testing.T, f *fixture, c *relayChild, timeout time.Duration) 
 }
 
 func TestRelaySurvivesRepeatedSIGKILL(t *testing.T) {
+	// Its own NATS server and database; of the tests on the shared
+	// cluster that run beside it, none takes the default slot it uses
+	// (TestStandbyTakesOver, which does, runs alone).
+	t.Parallel()
 	const kills = 21 // a third of each kind below
 	seed := rand.Uint64()
 	if s := os.Getenv(crashSeedEnv); s != "" {

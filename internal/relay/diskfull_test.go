@@ -27,7 +27,7 @@ func TestRelaySaysWhenJetStreamCannotStore(t *testing.T) {
 	// Its own NATS server, and a database of the shared cluster (which
 	// only tests that run alone restart) with a slot of its own name:
 	// the cluster's slot names are one namespace, and
-	// TestRelayCreatesAStreamGoneForLong, parallel too, takes the default.
+	// TestRelaySurvivesRepeatedSIGKILL, parallel too, takes the default.
 	t.Parallel()
 	disk, err := testenv.MountDisk(t, "64m")
 	if err != nil {

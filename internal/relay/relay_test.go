@@ -539,17 +539,18 @@ func TestRelayKeepsCommitOrderWhenAPublishIsLost(t *testing.T) {
 // minute here). After 10s without a stream the relay creates it again,
 // and every event is published.
 func TestRelayCreatesAStreamGoneForLong(t *testing.T) {
-	// Its own NATS server and database; the shared cluster's only other
-	// user meanwhile, TestRelaySaysWhenJetStreamCannotStore, has a slot
-	// of another name.
+	// Its own NATS server and database, and a slot of its own name: the
+	// shared cluster's slot names are one namespace, and the other
+	// parallel tests on it take other names.
 	t.Parallel()
+	const slot = "stream_gone"
 	f := newFixture(t)
 	metrics := relay.NewMetrics(nil)
-	runRelay(t, f.nats.Connect(t), f.dbURL, relay.Config{StatusInterval: 200 * time.Millisecond, StandbyRetry: time.Minute}, metrics)
-	f.waitSlot(t)
+	runRelay(t, f.nats.Connect(t), f.dbURL, relay.Config{Slot: slot, StatusInterval: 200 * time.Millisecond, StandbyRetry: time.Minute}, metrics)
+	waitSlotActive(t, f.pool, slot)
 	f.write(t, 0, 10, 1)
 	testenv.Eventually(t, "10 events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 10 })
-	waitConfirmedPastNow(t, f.pool, "converge_relay", 10*time.Second)
+	waitConfirmedPastNow(t, f.pool, slot, 10*time.Second)
 	if err := f.js.DeleteStream(context.Background(), contract.DocsStream); err != nil {
 		t.Fatal(err)
 	}
@@ -557,7 +558,7 @@ func TestRelayCreatesAStreamGoneForLong(t *testing.T) {
 	errs := metrics.SessionErrors.WithLabelValues("publish")
 	testenv.Eventually(t, "sessions to end on the missing stream, more than one", 10*time.Second, func() bool { return testutil.ToFloat64(errs) >= 2 })
 	testenv.Eventually(t, "the stream created again and the 10 events in it", 30*time.Second, func() bool { return streamMsgs(t, f.js) >= 10 })
-	waitConfirmedPastNow(t, f.pool, "converge_relay", 10*time.Second)
+	waitConfirmedPastNow(t, f.pool, slot, 10*time.Second)
 	if n := streamMsgs(t, f.js); n != 10 {
 		t.Fatalf("the new stream holds %d messages, want the 10 written after the old one was deleted", n)
 	}
