@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/converge-sync/converge/internal/projector"
+	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
@@ -54,6 +55,13 @@ func TestFencedRuntimeWritesAndAcknowledgesNothing(t *testing.T) {
 	// did not apply: it acknowledged its applied batch, and nothing else.
 	// Taking the lease, it resets the consumer, as RunService does: what
 	// the fenced one held comes back at once, not after the ack wait.
+	// (Its acknowledgements are on their way: the server takes them
+	// asynchronously, so the reset waits for them, as a takeover a lease
+	// period later does.)
+	testenv.Eventually(t, "the fenced instance's acknowledgements to be taken", 10*time.Second, func() bool {
+		c, err := e.js.Consumer(context.Background(), contract.DocsStream, "fenced")
+		return err == nil && c.CachedInfo().AckFloor.Stream >= uint64(fenced.applied)
+	})
 	if _, err := e.js.ResetConsumer(context.Background(), contract.DocsStream, "fenced"); err != nil {
 		t.Fatal(err)
 	}
