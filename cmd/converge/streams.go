@@ -61,9 +61,9 @@ func streamsCmd(ctx context.Context, args []string, out io.Writer) error {
 		if _, err := relay.ApplyEffectsStream(ctx, js, cfg); err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "%s: applied\n", contract.EventsStream)
+		fmt.Fprintf(out, "%s: applied\n%s: applied\n", contract.RemovalsStream, contract.EventsStream)
 	} else {
-		fmt.Fprintf(out, "%s: left as it is (without -effects)\n", contract.EventsStream)
+		fmt.Fprintf(out, "%s, %s: left as they are (without -effects)\n", contract.EventsStream, contract.RemovalsStream)
 	}
 	if err := deadletter.ApplyStream(ctx, js, replicas); err != nil {
 		return err

@@ -61,10 +61,13 @@ func TestStreamsApply(t *testing.T) {
 	if err := run(ctx, []string{"streams", "apply", "-nats-url", srv.URL, "-nats-user", natsauth.UserOperator, "-stream-history", "8", "-effects"}, &out); err != nil {
 		t.Fatalf("converge streams apply: %v\n%s", err, out.String())
 	}
-	for _, name := range []string{contract.DocsStream, contract.EventsStream, "CONVERGE_DLQ", "CONVERGE_LEASES", "CONVERGE_REBUILDS"} {
+	for _, name := range []string{contract.DocsStream, contract.EventsStream, contract.RemovalsStream, "CONVERGE_DLQ", "CONVERGE_LEASES", "CONVERGE_REBUILDS"} {
 		if !strings.Contains(out.String(), name) {
 			t.Errorf("the output does not name %s:\n%s", name, out.String())
 		}
+	}
+	if _, err := ajs.Stream(ctx, contract.RemovalsStream); err != nil {
+		t.Errorf("the removals' stream after the apply: %v", err)
 	}
 	docs, err := ojs.Stream(ctx, contract.DocsStream)
 	if err != nil {

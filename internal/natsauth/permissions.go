@@ -51,8 +51,10 @@ func RebuildConsumer(name string) string { return name + "-rebuild" }
 
 const api = "$JS.API."
 
-// Relay may create the documents' stream and the effects' stream and
-// publish their events: the only publisher of converge.docs.> and
+// Relay may create the documents' stream, the effects' stream and the
+// removals' stream (the server's advisories of what the effects' stream's
+// limits took from a consumer, which the server itself publishes), and
+// publish the two streams' events: the only publisher of converge.docs.> and
 // converge.events.>. It may not update either (a MaxMsgsPerSubject of 1
 // or a short MaxAge removes what the consumers have not read, as a purge
 // would): the operator does. It reads both streams' info (the effects'
@@ -63,8 +65,10 @@ const api = "$JS.API."
 // nor touch a consumer.
 func Relay() *server.Permissions {
 	return perms(UserRelay,
-		[]string{api + "STREAM.CREATE." + contract.DocsStream, api + "STREAM.CREATE." + contract.EventsStream},
-		[]string{api + "STREAM.INFO." + contract.DocsStream, api + "STREAM.INFO." + contract.EventsStream},
+		[]string{api + "STREAM.CREATE." + contract.DocsStream, api + "STREAM.CREATE." + contract.EventsStream,
+			api + "STREAM.CREATE." + contract.RemovalsStream},
+		[]string{api + "STREAM.INFO." + contract.DocsStream, api + "STREAM.INFO." + contract.EventsStream,
+			api + "STREAM.INFO." + contract.RemovalsStream},
 		// A document's newest stored event, after which a catch-up
 		// publishes its rows of the outbox.
 		[]string{api + "DIRECT.GET." + contract.DocsStream, api + "DIRECT.GET." + contract.DocsStream + "." + contract.DocsSubjectPrefix + ">"},
@@ -99,7 +103,8 @@ func Projector(name string) *server.Permissions {
 }
 
 // Notifier, the user notifier, may consume the effects' stream with its
-// durable consumer (name), after reading the stream's info; acknowledge,
+// durable consumer (name), after reading the stream's info; read the
+// removals' stream (what that stream's limits took from it); acknowledge,
 // dead-letter to converge.dlq.<name>, own its dedup bucket whole, and hold
 // its lease (as a projector does). On the documents' stream it may finish
 // and delete its own consumer of an older deployment (notifier.Migrate),
@@ -108,6 +113,9 @@ func Notifier(name, bucket string) *server.Permissions {
 	return perms(UserNotifier,
 		[]string{api + "STREAM.INFO." + contract.EventsStream},
 		consume(contract.EventsStream, name),
+		// The server's record of the events the stream's limits took
+		// from it, read by sequence.
+		[]string{api + "STREAM.INFO." + contract.RemovalsStream, api + "STREAM.MSG.GET." + contract.RemovalsStream},
 		leaseOf(contract.EventsStream, name),
 		consume(contract.DocsStream, name),
 		[]string{api + "CONSUMER.DELETE." + contract.DocsStream + "." + name},
@@ -192,7 +200,7 @@ func Operator() *server.Permissions {
 		api+"DIRECT.GET.KV_"+PositionBucket+".$KV."+PositionBucket+".*.catchup",
 	)
 	// streams apply.
-	for _, s := range []string{docs, events, dlq, "KV_" + lease.Bucket, kv} {
+	for _, s := range []string{docs, events, contract.RemovalsStream, dlq, "KV_" + lease.Bucket, kv} {
 		p = append(p, streamWrite(s)...)
 	}
 	return perms(UserOperator, p)

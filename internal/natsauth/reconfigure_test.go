@@ -84,9 +84,10 @@ func TestNoUserRollsUpASharedBucket(t *testing.T) {
 // the operator (converge streams apply) alone updates what others rely on;
 // nobody purges or deletes.
 var streamRights = map[string]map[string][]string{
-	contract.DocsStream:   {"CREATE": {natsauth.UserRelay, natsauth.UserOperator}, "UPDATE": {natsauth.UserOperator}},
-	contract.EventsStream: {"CREATE": {natsauth.UserRelay, natsauth.UserOperator}, "UPDATE": {natsauth.UserOperator}},
-	natsauth.IngestStream: {"CREATE": {natsauth.UserWriter}, "UPDATE": {natsauth.UserWriter}},
+	contract.DocsStream:     {"CREATE": {natsauth.UserRelay, natsauth.UserOperator}, "UPDATE": {natsauth.UserOperator}},
+	contract.EventsStream:   {"CREATE": {natsauth.UserRelay, natsauth.UserOperator}, "UPDATE": {natsauth.UserOperator}},
+	contract.RemovalsStream: {"CREATE": {natsauth.UserRelay, natsauth.UserOperator}, "UPDATE": {natsauth.UserOperator}},
+	natsauth.IngestStream:   {"CREATE": {natsauth.UserWriter}, "UPDATE": {natsauth.UserWriter}},
 	deadletter.Stream: {"CREATE": {natsauth.UserWriter, natsauth.UserIndex, natsauth.UserGraph, natsauth.UserNotifier, natsauth.UserOperator},
 		"UPDATE": {natsauth.UserOperator}},
 	"KV_" + lease.Bucket: {"CREATE": {natsauth.UserIndex, natsauth.UserGraph, natsauth.UserNotifier, natsauth.UserOperator},
@@ -143,7 +144,7 @@ func TestNobodyReconfiguresWhatItDoesNotOwn(t *testing.T) {
 	}
 	publishEvent(t, a.js, upsert(t, "doc-1", 1))
 	publishEventTo(t, a.js, contract.EventsSubject, upsert(t, "doc-1", 1))
-	for _, subject := range []string{contract.IngestSubject("doc-1"), contract.DLQSubject("index"),
+	for _, subject := range []string{contract.IngestSubject("doc-1"), contract.DLQSubject("index"), contract.RemovalsSubject(contract.EventsStream, "notifier"),
 		"$KV." + lease.Bucket + ".index", "$KV." + rebuild.Bucket + ".index", "$KV." + relay.PositionBucket + ".slot", "$KV." + natsauth.NotifierBucket + ".effect"} {
 		if _, err := a.js.Publish(bg, subject, []byte(`{"key":"doc-1","version":1}`)); err != nil {
 			t.Fatalf("publish %s: %v", subject, err)

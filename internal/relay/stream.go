@@ -7,14 +7,17 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
-// The relay creates its two streams when they do not exist, and never
-// changes them: an update could shrink a limit (MaxMsgsPerSubject 1, a
+// The relay creates its streams when they do not exist (the documents'
+// stream; with effects, the effects' stream and the removals' stream that
+// records what the effects' stream's limits took from a consumer), and
+// never changes them: an update could shrink a limit (MaxMsgsPerSubject 1, a
 // MaxAge of a second), which removes what the projectors and the notifier
 // have not read as surely as a purge, and NATS gives the relay no right to
 // it. The operator changes them, with [ApplyStream] and
@@ -73,6 +76,31 @@ func effectsStreamConfig(cfg Config) jetstream.StreamConfig {
 		MaxAge:      e.MaxAge,
 		MaxBytes:    e.MaxBytes,
 		MaxMsgSize:  contract.MaxMessageBytes,
+	}
+}
+
+// RemovalsMaxAge and RemovalsMaxMsgs bound the removals' stream
+// (contract.RemovalsStream): a record stays until the notifier read it,
+// within a month and a million records, far beyond a notifier's outage.
+const (
+	RemovalsMaxAge  = 30 * 24 * time.Hour
+	RemovalsMaxMsgs = 1_000_000
+)
+
+// removalsStreamConfig is the removals' stream of cfg (defaults applied):
+// the server's advisories of the effects' stream's events removed while
+// delivered and unacknowledged.
+func removalsStreamConfig(cfg Config) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:        contract.RemovalsStream,
+		Description: "the server's record of each event of " + cfg.Effects.Name + " its limits removed while a consumer held it unacknowledged, read by the notifier",
+		Subjects:    []string{contract.RemovalsSubject(cfg.Effects.Name, "*")},
+		Retention:   jetstream.LimitsPolicy,
+		Discard:     jetstream.DiscardOld,
+		Storage:     cfg.Stream.Storage,
+		Replicas:    cfg.Effects.Replicas,
+		MaxAge:      RemovalsMaxAge,
+		MaxMsgs:     RemovalsMaxMsgs,
 	}
 }
 
@@ -164,6 +192,12 @@ func limit(v int64) int64 {
 // (contract.MetaEventsDocsSeq), or checks that the existing one has cfg's
 // settings (a [*StreamSettingsError] when not).
 func EnsureEffectsStream(ctx context.Context, js jetstream.JetStream, cfg Config) (jetstream.Stream, error) {
+	cfg.setDefaults()
+	// The removals' stream first: a removal is recorded only once it
+	// exists.
+	if _, err := ensure(ctx, js, removalsStreamConfig(cfg)); err != nil {
+		return nil, err
+	}
 	return effectsStream(ctx, js, cfg, false)
 }
 
@@ -171,6 +205,11 @@ func EnsureEffectsStream(ctx context.Context, js jetstream.JetStream, cfg Config
 // does, or updates it to cfg keeping its metadata: the operator's step,
 // which the relay may not take.
 func ApplyEffectsStream(ctx context.Context, js jetstream.JetStream, cfg Config) (jetstream.Stream, error) {
+	cfg.setDefaults()
+	want := removalsStreamConfig(cfg)
+	if _, err := js.CreateOrUpdateStream(ctx, want); err != nil {
+		return nil, fmt.Errorf("relay: apply stream %s: %w", want.Name, err)
+	}
 	return effectsStream(ctx, js, cfg, true)
 }
 

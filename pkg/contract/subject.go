@@ -31,6 +31,25 @@ const DocsStream = "CONVERGE_DOCS"
 // bounds what a projection replays; this stream bounds nothing by subject.
 const EventsStream = "CONVERGE_EVENTS"
 
+// RemovalsStream is the JetStream stream that keeps the server's record of
+// each event [EventsStream]'s limits (its age or size) removed while a
+// consumer held it delivered and unacknowledged: the advisories
+// [RemovalsSubject] of that stream, which the server publishes at the
+// removal whether or not the consumer runs. The relay creates it with
+// EventsStream. The notifier reads it to report such an event missed even
+// when the removal happened while it was down (a crash leaves no other
+// trace of it: on a work queue the server counts the removal as an
+// acknowledgement).
+const RemovalsStream = "CONVERGE_EVENTS_REMOVALS"
+
+// RemovalsSubject is the subject of the server's advisories of messages
+// of stream that a consumer had delivered and that the stream then
+// removed: $JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.<stream>.<consumer>
+// ("*" for every consumer).
+func RemovalsSubject(stream, consumer string) string {
+	return "$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED." + stream + "." + consumer
+}
+
 // MetaEventsDocsSeq is the key, in [EventsStream]'s metadata, of the last
 // sequence [DocsStream] had when the relay created EventsStream: every
 // later event of DocsStream is in EventsStream too. A notifier that
