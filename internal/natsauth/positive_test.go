@@ -309,7 +309,6 @@ func TestNotifierDoesItsJob(t *testing.T) {
 		t.Fatalf("run: %v, %v", err, rctx.Err())
 	}
 	holdLease(t, n.js, contract.EventsStream, rc.Name)
-	e.used(n)
 	if got := hooks.Load(); got != 2 {
 		t.Errorf("%d webhook requests, want 2", got)
 	}
@@ -321,6 +320,39 @@ func TestNotifierDoesItsJob(t *testing.T) {
 	if err != nil || len(keys) != 2 {
 		t.Errorf("effects recorded: %v, %v; want two", keys, err)
 	}
+	// It read the removals' stream (a refusal leaves no position).
+	c, err := a.js.Consumer(context.Background(), contract.EventsStream, rc.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec, _ := projector.ReadGapRecord(c.CachedInfo().Config.Metadata); rec.RemovalsNext == 0 {
+		t.Errorf("the notifier holds no position in %s: its record %+v", contract.RemovalsStream, rec)
+	}
+	// A start after a crash (no hand-over) reads the removal records
+	// after its position: here one of another consumer's, passed over.
+	cfg := c.CachedInfo().Config
+	delete(cfg.Metadata, "converge.owed")
+	if _, err := a.js.UpdateConsumer(context.Background(), contract.EventsStream, cfg); err != nil {
+		t.Fatal(err)
+	}
+	record := `{"stream":"` + contract.EventsStream + `","consumer":"another","stream_seq":1,"reason":"Unacknowledged message was deleted"}`
+	ack, err := a.js.Publish(context.Background(), contract.RemovalsSubject(contract.EventsStream, "another"), []byte(record))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt, err = projector.New(n.js, nt, rc, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx2, cancel2 := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel2()
+	if err := rt.Run(rctx2); err != nil || rctx2.Err() != nil {
+		t.Fatalf("run after the crash: %v, %v", err, rctx2.Err())
+	}
+	if rec := rt.LastGap(); rec.RemovalsNext != ack.Sequence+1 || rec.Missed != 0 {
+		t.Errorf("after the removals' stream's record %d of another consumer: %+v, want the position past it and nothing missed", ack.Sequence, rec)
+	}
+	e.used(n)
 	n.allowed(t)
 }
 

@@ -52,6 +52,17 @@ func TestEveryEventIsReceivedDeadLetteredOrReportedMissed(t *testing.T) {
 	}
 }
 
+// accountingConfigs are the notifier's and its runtime's settings of the
+// accounting tests, for the webhook url: three attempts of an event, short
+// backoffs, a one-second acknowledgement wait.
+func accountingConfigs(url string) (Config, projector.Config) {
+	cfg := testConfig(url)
+	cfg.MaxAttempts, cfg.RetryMin, cfg.RetryMax = 3, 100*time.Millisecond, 400*time.Millisecond
+	rc := RuntimeConfig(projector.Config{Name: "notifier", BatchSize: 16, AckWait: time.Second, LagInterval: 100 * time.Millisecond,
+		RetryMin: 10 * time.Millisecond, RetryMax: 100 * time.Millisecond})
+	return cfg, rc
+}
+
 // written is an event published to the effects' stream.
 type written struct {
 	ev  contract.Event
@@ -89,8 +100,7 @@ func accountEveryEvent(t *testing.T, restart bool, sendWait time.Duration) {
 		}
 		return http.StatusOK
 	})
-	cfg := testConfig(rcv.srv.URL + "/hook")
-	cfg.MaxAttempts, cfg.RetryMin, cfg.RetryMax = 3, 100*time.Millisecond, 400*time.Millisecond
+	cfg, rc := accountingConfigs(rcv.srv.URL + "/hook")
 	if sendWait > 0 {
 		cfg.SendWait = sendWait
 	}
@@ -98,8 +108,6 @@ func accountEveryEvent(t *testing.T, restart bool, sendWait time.Duration) {
 	reports := &missedReports{}
 	log := slog.New(reports)
 	metrics := projector.NewMetrics(nil, "notifier")
-	rc := RuntimeConfig(projector.Config{Name: "notifier", BatchSize: 16, AckWait: time.Second, LagInterval: 100 * time.Millisecond,
-		RetryMin: 10 * time.Millisecond, RetryMax: 100 * time.Millisecond})
 	start := func() (stop func()) {
 		n, err := New(ctx, e.js, cfg, nil, log)
 		if err != nil {

@@ -32,7 +32,11 @@ import (
 const childEnv = "CONVERGE_NOTIFIER_TEST_CHILD"
 
 func TestMain(m *testing.M) {
-	if os.Getenv(childEnv) != "" {
+	switch os.Getenv(childEnv) {
+	case "":
+	case effectsChild:
+		os.Exit(runEffectsChild())
+	default:
 		os.Exit(runChild())
 	}
 	os.Exit(m.Run())

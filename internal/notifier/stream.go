@@ -18,11 +18,14 @@ import (
 // (contract.EventsStream, which keeps every event until the notifier
 // acknowledged it) and is handed every event, several versions of one
 // document included (projector.Config.EveryEvent), reporting any event it
-// never received as missed.
+// never received as missed, those the stream's limits removed while it held
+// them unacknowledged from the server's record of each
+// (contract.RemovalsStream).
 func RuntimeConfig(c projector.Config) projector.Config {
 	c.Stream = contract.EventsStream
 	c.SubjectPrefix = contract.EventsSubjectPrefix
 	c.EveryEvent = true
+	c.Removals = contract.RemovalsStream
 	return c
 }
 
@@ -104,6 +107,7 @@ func Migrate(ctx context.Context, js jetstream.JetStream, n *Notifier, rc projec
 	if oi.AckFloor.Stream < until && oi.NumPending+uint64(oi.NumAckPending) > 0 {
 		dc := rc
 		dc.Stream, dc.SubjectPrefix, dc.EveryEvent = contract.DocsStream, contract.DocsSubjectPrefix, true
+		dc.Removals = "" // the removals' stream records the effects' stream only
 		dc.StopAtSeq = until
 		r, err := projector.New(js, n, dc, nil, log)
 		if err != nil {

@@ -53,6 +53,24 @@ type GapRecord struct {
 	LastFrom uint64    `json:"last_from"` // first stream sequence of the last gap
 	LastTo   uint64    `json:"last_to"`   // and its last
 	At       time.Time `json:"at"`        // when the last gap was seen
+	// RemovalsNext is the first record of the removals' stream whose
+	// event is not known to be accounted for, and Resolved the last events
+	// accounted for (reported, or finished by the store); see removals.go.
+	RemovalsNext uint64   `json:"removals_next,omitempty"`
+	Resolved     []uint64 `json:"resolved,omitempty"`
+	// Suspects are the sequences the runtime had stepped over and not yet
+	// reported at the last save: a start after a crash (no hand-over)
+	// suspects them again. Kept where the runtime reads a removals'
+	// stream.
+	Suspects [][2]uint64 `json:"suspects,omitempty"`
+	// Seen is the highest stream sequence the runtime had seen when it
+	// last acknowledged: every later one delivered by then was neither
+	// acknowledged nor reported. Saved, where the runtime reads a
+	// removals' stream and while the stream is near its limits (only then
+	// can the limits remove an event before it is delivered), before the
+	// acknowledgements of a batch that raises it; 0 while the stream is
+	// far from them (see saveSeen).
+	Seen uint64 `json:"seen,omitempty"`
 }
 
 // ReadGapRecord decodes the gap record of a consumer's metadata; false
@@ -116,13 +134,9 @@ func ReadGapRecord(metadata map[string]string) (GapRecord, bool) {
 // next start read the consumer's state is counted nowhere. Neither that
 // state nor the stream's tells it from an event acknowledged: on a work
 // queue both leave the stream, and the server counts the removal as an
-// acknowledgement. The server does announce each such removal, with the
-// advisory $JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.<stream>.<consumer>
-// and the reason "Unacknowledged message was deleted"; a stream capturing
-// those advisories (which the runtime would read at start, and its NATS
-// user be allowed to) would close this window, and is not built. Nor is
-// a write of the owed sequences at every hand-back (a consumer update per
-// batch). Likewise, if the stop cannot read the stream's or the
+// acknowledgement. With a removals' stream (Config.Removals) the server's
+// record of each such removal closes this window: see removals.go.
+// Likewise, if the stop cannot read the stream's or the
 // consumer's state, the suspects are reported as at any stop (some may be
 // late redeliveries) and the owed sequences are left to the next start's
 // count. And the store's word (Finisher) is taken only while the runtime
@@ -164,6 +178,18 @@ type gapDetector struct {
 	// seenDelivery is the highest consumer sequence (the count of
 	// deliveries, redeliveries included) of a message seen.
 	seenDelivery uint64
+	// changed: the suspects changed since the gap record was saved.
+	changed bool
+	// removals: the runtime reads a removals' stream, which tells the
+	// events delivered before a crash and removed since (no pending
+	// window is counted).
+	removals bool
+	// observed are the last sequences seen (redeliveries included), and
+	// startDelivered the consumer's last delivery when it started: a
+	// removal record of a sequence up to it that this runtime never saw
+	// is reported from the record (see removals.go).
+	observed       recentSeqs
+	startDelivered uint64
 }
 
 // gapSpan is the stream sequences from..to, stepped over, due to be
@@ -192,6 +218,10 @@ type gapSpan struct {
 	after uint64
 	// gone: proven gone, reported without another look at the stream.
 	gone bool
+	// removed: an event of a record of the removals' stream that no
+	// runtime accounted for; lostRecords: records of that stream its own
+	// limits removed unread, one event each.
+	removed, lostRecords bool
 }
 
 // owedEvent is a sequence handed back: due again by due, with its event
@@ -295,6 +325,7 @@ func (g *gapDetector) reported(spans []gapSpan) {
 func (g *gapDetector) observe(seq uint64, now time.Time) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	g.observed.add(seq)
 	if _, ok := g.owed[seq]; ok {
 		delete(g.owed, seq)
 	} else if w := &g.pending; w.expected > 0 && seq > w.from && seq <= w.to {
@@ -306,6 +337,7 @@ func (g *gapDetector) observe(seq uint64, now time.Time) {
 	}
 	if seq > g.highest+1 {
 		g.suspects = append(g.suspects, gapSpan{from: g.highest + 1, to: seq - 1, due: now.Add(g.grace)})
+		g.changed = true
 	}
 	g.highest = seq
 }
@@ -313,6 +345,9 @@ func (g *gapDetector) observe(seq uint64, now time.Time) {
 // cleared removes seq, delivered again, from the suspects.
 func (g *gapDetector) cleared(seq uint64) {
 	for i, s := range g.suspects {
+		if seq >= s.from && seq <= s.to {
+			g.changed = true
+		}
 		switch {
 		case seq < s.from || seq > s.to:
 			continue
@@ -437,7 +472,7 @@ func (g *gapDetector) restart(floor, delivered uint64, ackPending int, grace tim
 		}
 	}
 	g.pending = pendingWindow{}
-	if expected > 0 && delivered > floor {
+	if expected > 0 && delivered > floor && !g.removals {
 		g.pending = pendingWindow{from: floor, to: delivered, expected: expected, seen: map[uint64]struct{}{}, due: now.Add(grace)}
 	}
 }
@@ -617,8 +652,14 @@ func (r *Runtime) reportGaps(ctx context.Context, all bool) {
 		return
 	}
 	ctx = context.WithoutCancel(ctx) // what is taken out of the detector is settled
-	if spans := r.unfinished(ctx, r.gaps.proven(ctx, r.gaps.due(time.Now(), all), all)); len(spans) > 0 {
-		r.report(spans)
+	spans := r.unfinished(ctx, r.gaps.proven(ctx, r.gaps.due(time.Now(), all), all))
+	// The removal records first (at once when something is due): a
+	// sequence stepped over that has one was delivered, and is reported
+	// from there, not again as stepped over.
+	moved := r.followRemovals(ctx, len(spans) > 0)
+	spans = r.withoutResolved(spans)
+	r.report(spans)
+	if len(spans) > 0 || moved || (r.removals.open() && r.gaps.suspectsChanged()) {
 		if err := r.saveGapRecord(ctx, nil); err != nil {
 			r.log.Warn("gap record not saved in the consumer's metadata; it is kept for the next save", "missed", r.LastGap().Missed, "err", err)
 		}
@@ -632,6 +673,11 @@ func (r *Runtime) report(spans []gapSpan) {
 		from, to := g.from, g.to
 		n := to - from + 1
 		switch {
+		case g.lostRecords:
+			n = g.count
+		case g.removed:
+			r.log.Error(fmt.Sprintf("the event with stream sequence %d, delivered and not acknowledged, was removed by the stream's limits while no runtime of this consumer accounted for it (one had stopped without handing it over): the server's record of the removal is in %s", from, r.cfg.Removals),
+				"missed", 1, "from", from, "to", to, "stream", r.cfg.Stream)
 		case g.unacked && g.count == 1 && from == to:
 			r.log.Error(fmt.Sprintf("the event with stream sequence %d, handed back unacknowledged, was never delivered again: the stream's limits (its per-subject history, age or size) removed it", from),
 				"missed", 1, "from", from, "to", to, "stream", r.cfg.Stream)
@@ -651,7 +697,28 @@ func (r *Runtime) report(spans []gapSpan) {
 		r.gapRecord.Missed += n
 		r.gapRecord.LastFrom, r.gapRecord.LastTo, r.gapRecord.At = from, to, r.cfg.Clock.Now().UTC()
 		r.gapMu.Unlock()
+		r.resolve(g.accounted()...)
 	}
+}
+
+// accounted are the sequences a report of s accounts for: a removal record
+// of one of them is passed over. A window's are those not seen again;
+// records lost and very long spans (events never delivered, which have no
+// record) name none.
+func (s gapSpan) accounted() []uint64 {
+	if s.lostRecords || s.to-s.from >= uint64(resolvedMax) {
+		return nil
+	}
+	var seqs []uint64
+	for seq := s.from; seq <= s.to; seq++ {
+		if s.pending != nil {
+			if _, seen := s.pending.seen[seq]; seen {
+				continue
+			}
+		}
+		seqs = append(seqs, seq)
+	}
+	return seqs
 }
 
 // stopGaps settles the detector when Run ends. A runtime that was the
@@ -701,7 +768,8 @@ func (r *Runtime) handOver(ctx context.Context) bool {
 		first = info.State.FirstSeq
 	}
 	gone, held, window := r.gaps.handOver(first, delivered)
-	r.report(r.unfinished(ctx, gone))
+	r.followRemovals(ctx, true)
+	r.report(r.withoutResolved(r.unfinished(ctx, gone)))
 	held = r.unfinished(ctx, held)
 	if err := r.saveGapRecord(ctx, newGapHandover(delivered, held, window)); err != nil {
 		r.log.Error("what this consumer was delivered and had not acknowledged could not be handed over to its next start: an event of it the stream's limits remove before then will not be reported",
@@ -807,9 +875,19 @@ func (r *Runtime) startGaps(ctx context.Context, info *jetstream.ConsumerInfo) {
 		r.gapMu.Unlock()
 	}
 	grace, now := 2*r.cfg.AckWait, time.Now()
+	handedOver := false
+	if !continuing && r.openRemovals(ctx) {
+		r.gaps.mu.Lock()
+		r.gaps.removals = true
+		r.gaps.mu.Unlock()
+		// What the runtime before left unaccounted for (after a crash),
+		// reported once the detector is set.
+		defer func() { r.takeRemovals(ctx, handedOver, state.Delivered.Stream) }()
+	}
 	if h, ok := readGapHandover(info.Config.Metadata); ok {
 		// Taken once: deleted before it is relied on.
 		err := r.saveGapRecord(ctx, nil)
+		handedOver = err == nil
 		if err == nil {
 			held, window := h.held()
 			r.gaps.mu.Lock()
@@ -829,6 +907,39 @@ func (r *Runtime) startGaps(ctx context.Context, info *jetstream.ConsumerInfo) {
 		return
 	}
 	r.gaps.restart(state.AckFloor.Stream, state.Delivered.Stream, state.NumAckPending, grace, now)
+}
+
+// suspectSpans returns the suspects to save (see GapRecord.Suspects) and
+// marks them saved.
+func (g *gapDetector) suspectSpans() [][2]uint64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.changed = false
+	var out [][2]uint64
+	for _, s := range g.suspects {
+		if !s.unacked && !s.window {
+			out = append(out, [2]uint64{s.from, s.to})
+		}
+	}
+	return out
+}
+
+// suspectsChanged reports whether the suspects changed since the last
+// save.
+func (g *gapDetector) suspectsChanged() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.changed
+}
+
+// takeRemovals reports, at a consumer's start, what the removals' stream
+// shows the runtime before left unaccounted for (see startRemovals), and
+// saves the count with the new position.
+func (r *Runtime) takeRemovals(ctx context.Context, handedOver bool, delivered uint64) {
+	r.report(r.startRemovals(ctx, handedOver, delivered))
+	if err := r.saveGapRecord(ctx, nil); err != nil {
+		r.log.Warn("gap record not saved in the consumer's metadata; it is kept for the next save", "missed", r.LastGap().Missed, "err", err)
+	}
 }
 
 // TookOver gives the runtime the state its consumer had before a takeover
@@ -882,6 +993,7 @@ func (r *Runtime) unfinished(ctx context.Context, spans []gapSpan) []gapSpan {
 		if s.ev != nil && f.Finished(ctx, s.ev) {
 			r.log.Info("an event handed back and then removed by the stream's limits was finished meanwhile: no loss",
 				"seq", s.from, "key", s.ev.Key, "version", s.ev.Version)
+			r.resolve(s.from)
 			continue
 		}
 		out = append(out, s)
@@ -893,7 +1005,9 @@ func (r *Runtime) unfinished(ctx context.Context, spans []gapSpan) []gapSpan {
 func (r *Runtime) LastGap() GapRecord {
 	r.gapMu.Lock()
 	defer r.gapMu.Unlock()
-	return r.gapRecord
+	rec := r.gapRecord
+	rec.Resolved = slices.Clone(rec.Resolved)
+	return rec
 }
 
 // saveGapRecord writes the record into the consumer's metadata, with the
@@ -907,6 +1021,9 @@ func (r *Runtime) saveGapRecord(ctx context.Context, h *gapHandover) error {
 	r.saveMu.Lock() // the last save writes the latest record
 	defer r.saveMu.Unlock()
 	rec := r.LastGap()
+	if r.removals.open() {
+		rec.Suspects = r.gaps.suspectSpans()
+	}
 	raw, err := json.Marshal(rec)
 	if err != nil {
 		return err
@@ -926,7 +1043,7 @@ func (r *Runtime) saveGapRecord(ctx context.Context, h *gapHandover) error {
 	if cfg.Metadata == nil {
 		cfg.Metadata = map[string]string{}
 	}
-	if rec != (GapRecord{}) { // no record without a gap
+	if rec.Missed > 0 || rec.RemovalsNext > 0 { // no record without a gap or a position
 		cfg.Metadata[GapRecordKey] = string(raw)
 	}
 	delete(cfg.Metadata, gapHandoverKey)

@@ -3,6 +3,7 @@ package projector_test
 import (
 	"context"
 	"log/slog"
+	"reflect"
 	"sync"
 	"testing"
 	"time"
@@ -129,7 +130,7 @@ func TestGapIsReported(t *testing.T) {
 	if n := testutil.ToFloat64(metrics.Missed); n != 2 {
 		t.Fatalf("%v missed by the third run, want 2", n)
 	}
-	if rec, ok := storedGapRecord(t, e, "effects"); !ok || rec.Missed != 5 || rec.LastFrom != 7 || rec.LastTo != 8 || r.LastGap() != rec {
+	if rec, ok := storedGapRecord(t, e, "effects"); !ok || rec.Missed != 5 || rec.LastFrom != 7 || rec.LastTo != 8 || !reflect.DeepEqual(r.LastGap(), rec) {
 		t.Fatalf("consumer metadata holds %+v (%v), runtime %+v; want 5 missed, last 7..8", rec, ok, r.LastGap())
 	}
 }

@@ -264,6 +264,13 @@ type Config struct {
 	// with EveryEvent also reports every event it never received (see
 	// [GapRecord]).
 	EveryEvent bool
+	// Removals, with EveryEvent on a work queue, is the stream that keeps
+	// the server's advisories of this stream's messages its limits removed
+	// while delivered and unacknowledged (contract.RemovalsStream for the
+	// effects' stream): each is reported missed from there, also when the
+	// removal happened while no runtime ran (see removals.go). "": none,
+	// and such a removal is reported only while a runtime knows of it.
+	Removals string
 	// Replicas of the dead letters' stream when this runtime creates it
 	// (3 on a NATS cluster); default 1.
 	Replicas int
@@ -379,6 +386,7 @@ type Runtime struct {
 	// gaps follows the stream sequences delivered (Config.EveryEvent); the
 	// consuming goroutine alone uses it.
 	gaps      gapDetector
+	removals  removals                               // see Config.Removals
 	tookOver  atomic.Pointer[jetstream.ConsumerInfo] // see TookOver
 	gapMu     sync.Mutex
 	gapRecord GapRecord
@@ -587,6 +595,7 @@ func (r *Runtime) loop(ctx context.Context, cons jetstream.Consumer, it jetstrea
 			// detector sees a redelivery and a hand-back in the order
 			// they happen. (An empty batch reports what is due.)
 			r.checkGaps(ctx, b.msgs)
+			r.saveSeen(ctx) // before the batch's acknowledgements
 			r.finish(ctx, b)
 			if f := r.fenced.Load(); f != nil {
 				r.log.Error("the store's lease is another instance's: writing nothing more, standing by", "err", f.Err)

@@ -185,7 +185,7 @@ func ReadConsumers(ctx context.Context, js jetstream.JetStream, streams ...Consu
 		for info := range lister.Info() {
 			c := ConsumerStatus{Stream: cs.Stream, Name: info.Name, Pending: info.NumPending, AckPending: info.NumAckPending,
 				Redelivered: info.NumRedelivered, AckFloorSeq: info.AckFloor.Stream}
-			if rec, ok := projector.ReadGapRecord(info.Config.Metadata); ok {
+			if rec, ok := projector.ReadGapRecord(info.Config.Metadata); ok && rec.Missed > 0 {
 				c.Missed, c.LastGap = rec.Missed, &rec
 			}
 			if info.AckFloor.Stream > 0 && !workQueue {
