@@ -37,7 +37,7 @@
 // The package holds tests only (TestChaos, skipped with -short):
 //
 //	make chaos                                    # 200 faults (CHAOS_FAULTS, CHAOS_SEED, CHAOS_FLAGS)
-//	go test ./internal/chaos -run TestChaos -v    # the short form of make test: 20 faults
+//	go test ./internal/chaos -run TestChaos -v    # the short form of make test: each kind of fault once
 //	go test ./internal/chaos -run TestChaos -v -chaos.faults=0 -chaos.duration=60s
 //	                                              # the load alone: notifications received / events
 //
