@@ -187,7 +187,12 @@ func (r *Runtime) startRemovals(ctx context.Context, handedOver bool, delivered 
 	}
 	rm.read = last
 	r.gaps.mu.Lock()
-	r.gaps.startDelivered = delivered
+	r.gaps.startDelivered = 0
+	if !handedOver {
+		// After a hand-over, what the runtime before held is owed by
+		// the hand-over, and a record of it is not this start's.
+		r.gaps.startDelivered = delivered
+	}
 	r.gaps.mu.Unlock()
 	r.gapMu.Lock()
 	r.gapRecord.RemovalsNext = last + 1
