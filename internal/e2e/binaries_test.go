@@ -28,6 +28,7 @@ import (
 	"github.com/converge-sync/converge/internal/index/embedded"
 	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/proc"
+	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/roles"
 	"github.com/converge-sync/converge/internal/stack"
@@ -376,8 +377,18 @@ func testBinaries(t *testing.T, bin *testenv.Binaries, st binaryStores) {
 	damaged := v.Doc
 	damaged.Repair = true // the same version, written again without its chunks
 	damaged.Chunks = nil
-	if _, err := gs.Apply(context.Background(), []graph.Doc{damaged}); err != nil {
-		t.Fatal(err)
+	// Retried as the projector retries: a loaded machine can make a
+	// transaction outlast its timeout.
+	for attempt := 1; ; attempt++ {
+		_, err := gs.Apply(context.Background(), []graph.Doc{damaged})
+		if err == nil {
+			break
+		}
+		if projector.IsPermanent(err) || attempt == 5 {
+			t.Fatalf("damaging %s (attempt %d): %v", damagedGraph, attempt, err)
+		}
+		t.Logf("damaging %s (attempt %d): %v; again", damagedGraph, attempt, err)
+		time.Sleep(time.Second)
 	}
 	_ = gs.Close()
 	gx.start()
