@@ -37,6 +37,9 @@ type Options struct {
 	// permissions (natsauth.Users); nil: every client is admitted and may
 	// do anything.
 	Users []*server.User
+	// Nkeys are clients admitted by an nkey signature, each with its
+	// permissions, besides Users.
+	Nkeys []*server.NkeyUser
 }
 
 // Start starts a server with its JetStream store in storeDir, listening on
@@ -64,6 +67,7 @@ func StartWith(o Options) (*Server, error) {
 		// Events travel as one message each: the largest must fit.
 		MaxPayload: contract.MaxMessageBytes,
 		Users:      o.Users,
+		Nkeys:      o.Nkeys,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("configure nats-server: %w", err)
