@@ -22,6 +22,7 @@ const (
 	EnvCA       = "CONVERGE_NATS_CA"
 	EnvCert     = "CONVERGE_NATS_CERT"
 	EnvKey      = "CONVERGE_NATS_KEY"
+	EnvInbox    = "CONVERGE_NATS_INBOX_PREFIX"
 )
 
 // ClientConfig is how a service authenticates to NATS: at most one of a
@@ -36,6 +37,12 @@ type ClientConfig struct {
 	CAFile    string
 	CertFile  string
 	KeyFile   string
+	// InboxPrefix is where the client's replies, pull deliveries and
+	// key-value answers come: the one prefix its permissions let it
+	// subscribe to. Empty: [InboxPrefix](User) with a user; with a creds
+	// file or an nkey, whose user the client does not know, nats.go's
+	// shared _INBOX, which every user allowed _INBOX.> reads.
+	InboxPrefix string
 }
 
 // Validate reports credentials that cannot work: two ways of
@@ -62,6 +69,9 @@ func (c ClientConfig) Validate() error {
 	if c.User == "" && c.Password != "" {
 		errs = append(errs, fmt.Errorf("a password without a user (-nats-user or %s)", EnvUser))
 	}
+	if c.InboxPrefix != "" && (strings.ContainsAny(c.InboxPrefix, "*> \t\r\n") || strings.HasSuffix(c.InboxPrefix, ".") || strings.HasPrefix(c.InboxPrefix, ".")) {
+		errs = append(errs, fmt.Errorf("inbox prefix %q: want subject tokens without wildcards, white space or a leading or trailing '.' (as in %s)", c.InboxPrefix, InboxPrefix(UserRelay)))
+	}
 	if (c.CertFile == "") != (c.KeyFile == "") {
 		errs = append(errs, errors.New("a client certificate needs both -nats-cert and -nats-key"))
 	}
@@ -71,10 +81,10 @@ func (c ClientConfig) Validate() error {
 	return nil
 }
 
-// Options are the nats.Connect options of c. With a user, its inboxes are
-// under [InboxPrefix](user), where its permission set lets it subscribe;
-// with a creds file or an nkey the client does not know the user, and its
-// inboxes are nats.go's default _INBOX.
+// Options are the nats.Connect options of c. Its inboxes are under
+// c.InboxPrefix; without one, with a user, under [InboxPrefix](user), where
+// its permission set lets it subscribe; with a creds file or an nkey and no
+// prefix, nats.go's default _INBOX.
 func (c ClientConfig) Options() ([]nats.Option, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
@@ -90,7 +100,13 @@ func (c ClientConfig) Options() ([]nats.Option, error) {
 		}
 		opts = append(opts, o)
 	case c.User != "":
-		opts = append(opts, nats.UserInfo(c.User, c.Password), nats.CustomInboxPrefix(InboxPrefix(c.User)))
+		opts = append(opts, nats.UserInfo(c.User, c.Password))
+	}
+	switch {
+	case c.InboxPrefix != "":
+		opts = append(opts, nats.CustomInboxPrefix(c.InboxPrefix))
+	case c.User != "":
+		opts = append(opts, nats.CustomInboxPrefix(InboxPrefix(c.User)))
 	}
 	if c.CAFile != "" {
 		opts = append(opts, nats.RootCAs(c.CAFile))
@@ -102,7 +118,7 @@ func (c ClientConfig) Options() ([]nats.Option, error) {
 }
 
 // Flags binds a service's NATS credentials to flags and their variables:
-// -nats-creds, -nats-nkey, -nats-user, -nats-ca, -nats-cert, -nats-key;
+// -nats-creds, -nats-nkey, -nats-user, -nats-ca, -nats-cert, -nats-key, -nats-inbox-prefix;
 // the password only from CONVERGE_NATS_PASSWORD or its _FILE. Call the
 // returned function after parsing.
 func Flags(f *config.Flags) func() (ClientConfig, error) {
@@ -112,12 +128,14 @@ func Flags(f *config.Flags) func() (ClientConfig, error) {
 	ca := f.String("nats-ca", EnvCA, "", "CA certificate (PEM) that signed the NATS server's certificate")
 	cert := f.String("nats-cert", EnvCert, "", "client certificate (PEM) presented to the NATS server")
 	key := f.String("nats-key", EnvKey, "", "private key (PEM) of -nats-cert")
+	inbox := f.String("nats-inbox-prefix", EnvInbox, "",
+		"prefix of the client's reply subjects, the one its NATS permissions let it subscribe to (empty: _INBOX_<user> with -nats-user; with -nats-creds or -nats-nkey give the prefix the account grants, e.g. _INBOX_relay, or replies use the shared _INBOX)")
 	return func() (ClientConfig, error) {
 		pw, _, err := config.Lookup(EnvPassword)
 		if err != nil {
 			return ClientConfig{}, err
 		}
-		c := ClientConfig{CredsFile: *creds, NKeyFile: *nkey, User: *user, Password: pw, CAFile: *ca, CertFile: *cert, KeyFile: *key}
+		c := ClientConfig{CredsFile: *creds, NKeyFile: *nkey, User: *user, Password: pw, CAFile: *ca, CertFile: *cert, KeyFile: *key, InboxPrefix: *inbox}
 		if err := c.Validate(); err != nil {
 			return ClientConfig{}, err
 		}

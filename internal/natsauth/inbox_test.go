@@ -5,16 +5,21 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 
 	"github.com/converge-sync/converge/internal/lease"
 	"github.com/converge-sync/converge/internal/natsauth"
+	"github.com/converge-sync/converge/internal/natsserver"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
@@ -252,4 +257,88 @@ func get(js jetstream.JetStream, bucket, key string) error {
 	}
 	_, err = kv.Get(c, key)
 	return err
+}
+
+// A service that authenticates with an nkey (or a creds file) does not
+// know its user name, so its inboxes are where -nats-inbox-prefix says:
+// the account then grants it that prefix alone, as the users' permission
+// sets do. An nkey client with the relay's permissions works with the
+// relay's prefix; without one its replies go to the shared _INBOX, which
+// it may not subscribe to, so it gets no answer; and another user
+// listening on _INBOX.> and on the relay's prefix reads nothing.
+func TestAnNKeyClientRepliesOnTheInboxesItIsGiven(t *testing.T) {
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, _ := kp.PublicKey()
+	seedBytes, _ := kp.Seed()
+	seed := filepath.Join(t.TempDir(), "relay.nk")
+	if err := os.WriteFile(seed, seedBytes, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	spyPassword := password(natsauth.UserProducer)
+	srv, err := natsserver.StartWith(natsserver.Options{StoreDir: t.TempDir(),
+		Nkeys: []*server.NkeyUser{{Nkey: pub, Permissions: natsauth.Relay()}},
+		Users: []*server.User{
+			{Username: natsauth.UserProducer, Password: spyPassword, Permissions: natsauth.Producer()},
+			{Username: admin, Password: password(admin)},
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	adm, err := nats.Connect(srv.URL, nats.UserInfo(admin, password(admin)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(adm.Close)
+	ajs, _ := jetstream.New(adm)
+	docsStream(t, ajs)
+
+	// The spy: subscriptions the server refuses deliver nothing, which
+	// the count at the end shows.
+	spy, err := nats.Connect(srv.URL, nats.UserInfo(natsauth.UserProducer, spyPassword), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(spy.Close)
+	got := make(chan *nats.Msg, 64)
+	for _, s := range []string{"_INBOX.>", natsauth.InboxPrefix(natsauth.UserRelay) + ".>"} {
+		if _, err := spy.ChanSubscribe(s, got); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := spy.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	info := func(cfg natsauth.ClientConfig) error {
+		opts, err := cfg.Options()
+		if err != nil {
+			return err
+		}
+		nc, err := nats.Connect(srv.URL, append(opts, nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))...)
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		js, _ := jetstream.New(nc)
+		c, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err = js.Stream(c, contract.DocsStream)
+		return err
+	}
+	if err := info(natsauth.ClientConfig{NKeyFile: seed}); err == nil {
+		t.Fatal("an nkey client on the shared _INBOX was answered though its permissions allow only " + natsauth.InboxPrefix(natsauth.UserRelay) + ".>")
+	}
+	if err := info(natsauth.ClientConfig{NKeyFile: seed, InboxPrefix: natsauth.InboxPrefix(natsauth.UserRelay)}); err != nil {
+		t.Fatalf("the nkey client with its inbox prefix: %v", err)
+	}
+	if err := spy.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(got); n > 0 {
+		t.Fatalf("the producer read %d of the relay's answers", n)
+	}
 }
