@@ -34,6 +34,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/converge-sync/converge/internal/sharedkv"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
@@ -52,10 +53,25 @@ const (
 // EnsureStream creates the dead-letter stream unless it exists. It never
 // updates an existing one: every consumer ensures it, and none may change
 // the retention the others rely on (the operator does, with [ApplyStream],
-// and NATS permits nothing else).
+// and NATS permits nothing else). Since any of them may have made it, an
+// existing stream with settings by which dead letters would vanish or be
+// refused (a MaxAge, a bound, another retention) is an error
+// ([sharedkv.Losses]): a poison message must never vanish.
 func EnsureStream(ctx context.Context, js jetstream.JetStream, replicas int) error {
-	if _, err := js.CreateStream(ctx, streamConfig(replicas)); err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+	want := streamConfig(replicas)
+	_, err := js.CreateStream(ctx, want)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 		return fmt.Errorf("ensure stream %s: %w", Stream, err)
+	}
+	s, err := js.Stream(ctx, Stream)
+	if err != nil {
+		return fmt.Errorf("ensure stream %s: %w", Stream, err)
+	}
+	if err := sharedkv.Losses(s.CachedInfo().Config, want); err != nil {
+		return fmt.Errorf("dead letters: %w", err)
 	}
 	return nil
 }

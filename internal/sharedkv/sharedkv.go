@@ -13,13 +13,18 @@
 // none may change the retention the others rely on. A bucket that exists
 // with other settings (made by an earlier version, which allowed roll-ups)
 // is opened as it is, and [Open] says so; `converge streams apply`, run by
-// the operator, brings it to [StreamConfig].
+// the operator, brings it to [StreamConfig]. A bucket whose settings would
+// remove what its users keep (a MaxAge expires a lease while its holder
+// writes, and another instance takes it) is refused ([Losses]): every user
+// may create a shared stream, so one of them could have made it so first.
 package sharedkv
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -74,6 +79,9 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (kv jetstream
 		if err != nil {
 			return nil, false, fmt.Errorf("sharedkv: bucket %s: %w", cfg.Bucket, err)
 		}
+		if err := Losses(info.CachedInfo().Config, StreamConfig(cfg)); err != nil {
+			return nil, false, fmt.Errorf("sharedkv: bucket %s: %w", cfg.Bucket, err)
+		}
 		return kv, refuses(info.CachedInfo().Config), nil
 	}
 	if err != nil {
@@ -84,6 +92,49 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (kv jetstream
 		return nil, false, fmt.Errorf("sharedkv: open bucket %s: %w", cfg.Bucket, err)
 	}
 	return kv, refuses(s.CachedInfo().Config), nil
+}
+
+// Losses reports the settings of an existing shared stream, have, by which
+// the server would remove or refuse what its users store, where want (the
+// stream converge makes) keeps everything: a MaxAge, a bound on messages
+// or bytes, fewer values per subject, a retention that deletes what is
+// acknowledged or unwatched, a smaller largest message, subjects that do
+// not include want's, or a sealed stream. It names each and the command that
+// sets the stream's settings; nil when there is none.
+func Losses(have, want jetstream.StreamConfig) error {
+	var bad []string
+	if have.MaxAge > 0 && (want.MaxAge == 0 || have.MaxAge < want.MaxAge) {
+		bad = append(bad, fmt.Sprintf("MaxAge %v", have.MaxAge))
+	}
+	if have.MaxMsgs > 0 && (want.MaxMsgs <= 0 || have.MaxMsgs < want.MaxMsgs) {
+		bad = append(bad, fmt.Sprintf("MaxMsgs %d", have.MaxMsgs))
+	}
+	if have.MaxBytes > 0 && (want.MaxBytes <= 0 || have.MaxBytes < want.MaxBytes) {
+		bad = append(bad, fmt.Sprintf("MaxBytes %d", have.MaxBytes))
+	}
+	if have.MaxMsgsPerSubject > 0 && (want.MaxMsgsPerSubject <= 0 || have.MaxMsgsPerSubject < want.MaxMsgsPerSubject) {
+		bad = append(bad, fmt.Sprintf("MaxMsgsPerSubject %d", have.MaxMsgsPerSubject))
+	}
+	if have.MaxMsgSize > 0 && (want.MaxMsgSize <= 0 || have.MaxMsgSize < want.MaxMsgSize) {
+		bad = append(bad, fmt.Sprintf("MaxMsgSize %d", have.MaxMsgSize))
+	}
+	if have.Retention != want.Retention {
+		bad = append(bad, "retention "+have.Retention.String())
+	}
+	for _, s := range want.Subjects {
+		if !slices.Contains(have.Subjects, s) {
+			bad = append(bad, fmt.Sprintf("subjects %q (without %q)", have.Subjects, s))
+			break
+		}
+	}
+	if have.Sealed {
+		bad = append(bad, "sealed")
+	}
+	if len(bad) == 0 {
+		return nil
+	}
+	return fmt.Errorf("stream %s exists with %s, by which the server would remove or refuse what converge keeps there; "+
+		"it was not made by converge: the operator's `converge streams apply` sets its settings", have.Name, strings.Join(bad, ", "))
 }
 
 // refuses reports whether the server refuses roll-ups on a stream of

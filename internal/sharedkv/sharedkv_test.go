@@ -2,7 +2,9 @@ package sharedkv_test
 
 import (
 	"context"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -77,4 +79,62 @@ func rollup(t *testing.T, js jetstream.JetStream, bucket, key string) error {
 	m.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupAll)
 	_, err := js.PublishMsg(context.Background(), m)
 	return err
+}
+
+// Every user of a shared bucket may create it, so one of them may have made
+// it first with settings by which the server removes keys: a MaxAge would
+// expire a lease while its holder writes, and another instance would take
+// it. Open refuses such a bucket, naming each setting and the operator's
+// command, until Apply sets its settings.
+func TestABucketThatWouldLoseKeysIsRefused(t *testing.T) {
+	js, err := jetstream.New(testenv.StartNATS(t).Connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	cfg := sharedkv.Config{Bucket: "LEASES", Storage: jetstream.FileStorage}
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "LEASES", TTL: time.Second, MaxBytes: 1 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = sharedkv.Open(ctx, js, cfg)
+	for _, want := range []string{"MaxAge 1s", "MaxBytes 1048576", "converge streams apply"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("open a bucket with a MaxAge and a MaxBytes: %v; want an error naming %q", err, want)
+		}
+	}
+	if err := sharedkv.Apply(ctx, js, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if _, refuses, err := sharedkv.Open(ctx, js, cfg); err != nil || !refuses {
+		t.Fatalf("open after apply: refuses roll-ups %v, %v", refuses, err)
+	}
+}
+
+func TestLosses(t *testing.T) {
+	want := sharedkv.StreamConfig(sharedkv.Config{Bucket: "B"})
+	same := want
+	same.Replicas, same.Description, same.AllowRollup = 3, "other", true
+	if err := sharedkv.Losses(same, want); err != nil {
+		t.Errorf("other replicas, description and roll-ups: %v", err)
+	}
+	for name, change := range map[string]func(c *jetstream.StreamConfig){
+		"MaxAge":     func(c *jetstream.StreamConfig) { c.MaxAge = time.Hour },
+		"MaxMsgs":    func(c *jetstream.StreamConfig) { c.MaxMsgs = 5 },
+		"MaxBytes":   func(c *jetstream.StreamConfig) { c.MaxBytes = 5 },
+		"MaxMsgSize": func(c *jetstream.StreamConfig) { c.MaxMsgSize = 5 },
+		"retention":  func(c *jetstream.StreamConfig) { c.Retention = jetstream.InterestPolicy },
+		"subjects":   func(c *jetstream.StreamConfig) { c.Subjects = []string{"$KV.B.a"} },
+		"sealed":     func(c *jetstream.StreamConfig) { c.Sealed = true },
+		// Fewer values per key than the bucket's history (5 below).
+		"MaxMsgsPerSubject": func(c *jetstream.StreamConfig) { c.MaxMsgsPerSubject = 2 },
+	} {
+		have, w := want, want
+		change(&have)
+		if name == "MaxMsgsPerSubject" {
+			w.MaxMsgsPerSubject = 5
+		}
+		if err := sharedkv.Losses(have, w); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s: %v; want an error naming it", name, err)
+		}
+	}
 }
