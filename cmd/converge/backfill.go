@@ -11,20 +11,16 @@ import (
 
 	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/config"
-	"github.com/converge-sync/converge/internal/service"
 	"github.com/converge-sync/converge/internal/writer"
 )
 
 // envWriterURL names the writer's API for the operator's commands.
 const envWriterURL = "CONVERGE_WRITER_URL"
 
-// newWriterClient is the client of the writer at -writer-url.
+// newWriterClient is the client of the writer at base, without a token,
+// trusting the system's roots.
 func newWriterClient(base string) (*writer.Client, error) {
-	c, err := writer.NewClient(base, nil)
-	if err != nil {
-		return nil, service.Usage("-writer-url must be http://host:port or https://..., got %q", base)
-	}
-	return c, nil
+	return apiAccess{}.writer(base)
 }
 
 // writerHint adds, to the error of a writer that did not answer, where
@@ -53,6 +49,7 @@ func backfill(ctx context.Context, args []string, out io.Writer) error {
 	after := f.String("after", "", "", "with --all: start after this key (to resume)")
 	limit := f.Int("limit", "", writer.DefaultReemitLimit, fmt.Sprintf("with --all: documents per request (1 to %d)", writer.MaxReemitKeys))
 	asJSON := f.Bool("json", "", false, "machine-readable report")
+	access := bindAPIAccess(f, auth.TokenFromEnv)
 	if err := f.Parse(args); err != nil {
 		return err
 	}
@@ -70,11 +67,12 @@ func backfill(ctx context.Context, args []string, out io.Writer) error {
 	case *limit < 1 || *limit > writer.MaxReemitKeys:
 		return fmt.Errorf("backfill: -limit must be from 1 to %d", writer.MaxReemitKeys)
 	}
-	c, err := newWriterClient(*writerURL)
+	a, err := access()
 	if err != nil {
 		return err
 	}
-	if c.Token, err = auth.TokenFromEnv(); err != nil {
+	c, err := a.writer(*writerURL)
+	if err != nil {
 		return err
 	}
 	rep := backfillReport{Reemitted: []writer.ReemittedDocument{}, NotFound: []string{}}

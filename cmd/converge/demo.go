@@ -24,6 +24,7 @@ import (
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/graph/neo4j"
 	"github.com/converge-sync/converge/internal/projector"
+	"github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/stack"
 	"github.com/converge-sync/converge/internal/telemetry"
 	"github.com/converge-sync/converge/internal/verify"
@@ -163,7 +164,7 @@ func demo(ctx context.Context, args []string, out io.Writer) error {
 
 	d.step("rebuilding the index from the stream's start while it serves searches: converge rebuild index")
 	began := time.Now()
-	st, err := runRebuild(ctx, &http.Client{Timeout: 30 * time.Second}, cfg.IndexAddr, s.OperatorToken, 50*time.Millisecond, io.Discard)
+	st, err := runRebuild(ctx, &rebuild.Client{Addr: cfg.IndexAddr, HTTP: &http.Client{Timeout: 30 * time.Second}, Token: s.OperatorToken}, 50*time.Millisecond, io.Discard)
 	if err != nil {
 		return err
 	}
@@ -314,7 +315,11 @@ func (d *demoRun) caughtUp(ctx context.Context) error {
 func (d *demoRun) skipped(ctx context.Context) float64 {
 	var total float64
 	for _, addr := range []string{d.stack.IndexAddr, d.stack.GraphAddr} {
-		m, err := telemetry.Scrape(ctx, "http://"+addr+"/metrics")
+		base, err := auth.BaseURL(addr)
+		if err != nil {
+			continue
+		}
+		m, err := telemetry.Scrape(ctx, base.JoinPath("/metrics").String())
 		if err != nil {
 			continue
 		}

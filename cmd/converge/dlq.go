@@ -306,6 +306,7 @@ func dlqRedrive(ctx context.Context, args []string, out io.Writer) error {
 	f.Var(&seqs, "seq", "redrive the dead letter with this CONVERGE_DLQ sequence (repeatable, or comma-separated)")
 	all := f.Bool("all", "", false, "redrive every dead letter of the consumer")
 	dryRun := f.Bool("dry-run", "", false, "say what would be redriven, change nothing")
+	access := bindAPIAccess(f, auth.TokenFromEnv)
 	pos, err := parseInterspersed(f, args)
 	if err != nil {
 		return err
@@ -322,11 +323,12 @@ func dlqRedrive(ctx context.Context, args []string, out io.Writer) error {
 	if err := config.Require(*natsURL, "nats-url", config.EnvNATSURL); err != nil {
 		return err
 	}
-	wc, err := newWriterClient(*writerURL)
+	a, err := access()
 	if err != nil {
 		return err
 	}
-	if wc.Token, err = auth.TokenFromEnv(); err != nil {
+	wc, err := a.writer(*writerURL)
+	if err != nil {
 		return err
 	}
 	consumer := pos[0]

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/config"
@@ -23,6 +24,7 @@ func graphDocWith(ctx context.Context, args []string, out io.Writer, token token
 	f := config.NewFlags("converge graph")
 	addr := f.String("graph-addr", "CONVERGE_PROJECTOR_GRAPH_ADDR", "127.0.0.1:9104", "the graph projector's metrics address, which serves "+graph.DocumentPath+"{key}")
 	asJSON := f.Bool("json", "", false, "machine-readable output")
+	access := bindAPIAccess(f, token)
 	keys, err := parseInterspersed(f, args)
 	if err != nil {
 		return err
@@ -30,11 +32,15 @@ func graphDocWith(ctx context.Context, args []string, out io.Writer, token token
 	if len(keys) != 1 {
 		return fmt.Errorf("graph needs one document key: converge graph KEY [--json]")
 	}
-	tok, err := token()
+	a, err := access()
 	if err != nil {
 		return err
 	}
-	d, err := (&graph.Client{Addr: *addr, Token: tok}).Document(ctx, keys[0])
+	hc, err := a.httpClient(30 * time.Second)
+	if err != nil {
+		return err
+	}
+	d, err := (&graph.Client{Addr: *addr, HTTP: hc, Token: a.token, InsecurePlainHTTP: a.InsecurePlainHTTP}).Document(ctx, keys[0])
 	if err != nil {
 		return serviceHint[*graph.APIError](err, "projector-graph", "-graph-addr")
 	}

@@ -8,14 +8,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
+	"time"
 
+	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/config"
 	gbackends "github.com/converge-sync/converge/internal/graph/backends"
 	ibackends "github.com/converge-sync/converge/internal/index/backends"
 	"github.com/converge-sync/converge/internal/notifier"
 	"github.com/converge-sync/converge/internal/schema"
 	"github.com/converge-sync/converge/internal/service"
+	"github.com/converge-sync/converge/internal/writer"
 )
 
 const usage = `converge: operate a converge pipeline
@@ -178,4 +182,54 @@ func migrate(ctx context.Context, sub string, args []string, out io.Writer) erro
 	default:
 		return fmt.Errorf("unknown migrate subcommand %q: use up or status", sub)
 	}
+}
+
+// apiAccess is how a command reaches the services' HTTP APIs: the bearer
+// token it sends, the CA of their https:// addresses (-tls-ca) and whether
+// the token may go over plain HTTP beyond loopback (-insecure-plain-http).
+type apiAccess struct {
+	auth.ClientSettings
+	token string
+}
+
+// bindAPIAccess binds -tls-ca and -insecure-plain-http; the returned
+// function, called after parsing, reads the token from token.
+func bindAPIAccess(f *config.Flags, token tokenSource) func() (apiAccess, error) {
+	settings := auth.BindClientFlags(f)
+	return func() (apiAccess, error) {
+		tok, err := token()
+		return apiAccess{ClientSettings: settings(), token: tok}, err
+	}
+}
+
+// httpClient is a client with the timeout that trusts -tls-ca.
+func (a apiAccess) httpClient(timeout time.Duration) (*http.Client, error) {
+	hc, err := a.HTTPClient(timeout)
+	if err != nil {
+		return nil, service.Usage("%v", err)
+	}
+	return hc, nil
+}
+
+// writer is the client of the writer at base (-writer-url), sending the
+// token; a token that would go over plain HTTP beyond loopback is refused
+// here, before any request.
+func (a apiAccess) writer(base string) (*writer.Client, error) {
+	hc, err := a.httpClient(5 * time.Minute)
+	if err != nil {
+		return nil, err
+	}
+	c, err := writer.NewClient(base, hc)
+	if err != nil {
+		return nil, service.Usage("-writer-url must be http://host:port or https://..., got %q", base)
+	}
+	u, err := auth.BaseURL(c.URL())
+	if err != nil {
+		return nil, service.Usage("-writer-url: %v", err)
+	}
+	if err := auth.CheckSend(u, a.token, a.InsecurePlainHTTP); err != nil {
+		return nil, err
+	}
+	c.Token = a.token
+	return c, nil
 }

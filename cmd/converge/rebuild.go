@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"time"
 
@@ -43,6 +42,7 @@ func rebuildCmd(ctx context.Context, args []string, out io.Writer) error {
 		"how long the verify at the end waits for the rebuilt store to catch up with writes still arriving before it reports a disagreement")
 	timeout := f.Duration("timeout", "", 0, "give up waiting after this long (0: wait until done; the rebuild goes on in the projector)")
 	asJSON := f.Bool("json", "", false, "machine-readable report")
+	access := bindAPIAccess(f, auth.TokenFromEnv)
 	var which string
 	if len(args) > 0 && (args[0] == "index" || args[0] == "graph") {
 		which, args = args[0], args[1:]
@@ -62,7 +62,11 @@ func rebuildCmd(ctx context.Context, args []string, out io.Writer) error {
 			return fmt.Errorf("%w (or -no-verify)", err)
 		}
 	}
-	token, err := auth.TokenFromEnv()
+	a, err := access()
+	if err != nil {
+		return err
+	}
+	hc, err := a.httpClient(30 * time.Second)
 	if err != nil {
 		return err
 	}
@@ -76,7 +80,7 @@ func rebuildCmd(ctx context.Context, args []string, out io.Writer) error {
 		progress = io.Discard
 	}
 	start := time.Now()
-	st, err := runRebuild(ctx, &http.Client{Timeout: 30 * time.Second}, addr, token, rebuildPollInterval, progress)
+	st, err := runRebuild(ctx, &rebuild.Client{Addr: addr, HTTP: hc, Token: a.token, InsecurePlainHTTP: a.InsecurePlainHTTP}, rebuildPollInterval, progress)
 	if err != nil {
 		return err
 	}
@@ -91,8 +95,14 @@ func rebuildCmd(ctx context.Context, args []string, out io.Writer) error {
 		// caught up may still be on their way to it, so a disagreement is
 		// final only once it has lasted verifyWait.
 		deadline := time.Now().Add(*verifyWait)
+		// A projector reads its whole store to answer.
+		vc, err := a.httpClient(5 * time.Minute)
+		if err != nil {
+			return err
+		}
+		side := &verify.Remote{Label: which, Addr: addr, Token: a.token, InsecurePlainHTTP: a.InsecurePlainHTTP, Client: vc}
 		for {
-			r, err := verify.Compare(ctx, &postgres.Postgres{Pool: pool}, &verify.Remote{Label: which, Addr: addr, Token: token}, kind, verify.DefaultBuckets, nil)
+			r, err := verify.Compare(ctx, &postgres.Postgres{Pool: pool}, side, kind, verify.DefaultBuckets, nil)
 			if err != nil {
 				return fmt.Errorf("verify after the rebuild: %w", err)
 			}
@@ -131,11 +141,10 @@ func rebuildCmd(ctx context.Context, args []string, out io.Writer) error {
 	return nil
 }
 
-// runRebuild starts a rebuild on the projector at addr (or joins the one in
-// progress) and follows it until it is done, printing progress; token
+// runRebuild starts a rebuild on c's projector (or joins the one in
+// progress) and follows it until it is done, printing progress; c's token
 // needs the admin scope.
-func runRebuild(ctx context.Context, client *http.Client, addr, token string, interval time.Duration, progress io.Writer) (rebuild.Status, error) {
-	c := &rebuild.Client{Addr: addr, HTTP: client, Token: token}
+func runRebuild(ctx context.Context, c *rebuild.Client, interval time.Duration, progress io.Writer) (rebuild.Status, error) {
 	st, _, err := c.Start(ctx)
 	if err != nil {
 		return st, err

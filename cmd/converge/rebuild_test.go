@@ -62,7 +62,7 @@ func TestRunRebuildFollowsProgressThroughARestart(t *testing.T) {
 		step{0, filling},
 		step{0, done})
 	var progress bytes.Buffer
-	st, err := runRebuild(context.Background(), srv.Client(), strings.TrimPrefix(srv.URL, "http://"), "", time.Millisecond, &progress)
+	st, err := runRebuild(context.Background(), &rebuild.Client{Addr: srv.URL, HTTP: srv.Client()}, time.Millisecond, &progress)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +86,7 @@ func TestRunRebuildFollowsProgressThroughARestart(t *testing.T) {
 
 func TestRunRebuildErrors(t *testing.T) {
 	srv := scriptedProjector(t, step{http.StatusServiceUnavailable, rebuild.Status{}})
-	_, err := runRebuild(context.Background(), srv.Client(), strings.TrimPrefix(srv.URL, "http://"), "", time.Millisecond, &bytes.Buffer{})
+	_, err := runRebuild(context.Background(), &rebuild.Client{Addr: srv.URL, HTTP: srv.Client()}, time.Millisecond, &bytes.Buffer{})
 	if err == nil || !strings.Contains(err.Error(), "rebuild_unavailable: not ready yet") {
 		t.Fatalf("refused start: %v; want the projector's error", err)
 	}

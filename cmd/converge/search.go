@@ -6,6 +6,7 @@ import (
 	"io"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/config"
@@ -30,6 +31,7 @@ func searchWith(ctx context.Context, args []string, out io.Writer, token tokenSo
 	addr := f.String("index-addr", "CONVERGE_PROJECTOR_INDEX_ADDR", "127.0.0.1:9103", "the index projector's metrics address, which serves "+index.SearchPath)
 	k := f.Int("k", "", 10, "number of results")
 	asJSON := f.Bool("json", "", false, "machine-readable output")
+	access := bindAPIAccess(f, token)
 	// Flags may come before or after the query.
 	words, err := parseInterspersed(f, args)
 	if err != nil {
@@ -39,11 +41,15 @@ func searchWith(ctx context.Context, args []string, out io.Writer, token tokenSo
 	if query == "" {
 		return fmt.Errorf("search needs a query: converge search \"some text\" [-k N]")
 	}
-	tok, err := token()
+	a, err := access()
 	if err != nil {
 		return err
 	}
-	res, err := (&index.Client{Addr: *addr, Token: tok}).Search(ctx, query, *k)
+	hc, err := a.httpClient(30 * time.Second)
+	if err != nil {
+		return err
+	}
+	res, err := (&index.Client{Addr: *addr, HTTP: hc, Token: a.token, InsecurePlainHTTP: a.InsecurePlainHTTP}).Search(ctx, query, *k)
 	if err != nil {
 		return fmt.Errorf("search: %w", serviceHint[*index.APIError](err, "projector-index", "-index-addr"))
 	}

@@ -57,6 +57,7 @@ func status(ctx context.Context, args []string, out io.Writer) error {
 	asJSON := f.Bool("json", "", false, "machine-readable output")
 	indexAddr := f.String("index-addr", "CONVERGE_PROJECTOR_INDEX_ADDR", "127.0.0.1:9103", "the index projector's metrics address, asked for its live generation's embedder (empty: not asked)")
 	natsAuth := natsauth.Flags(f)
+	access := bindAPIAccess(f, auth.TokenFromEnv)
 	if err := f.Parse(args); err != nil {
 		return err
 	}
@@ -71,12 +72,24 @@ func status(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	var ic *index.Client
+	if *indexAddr != "" {
+		a, err := access()
+		if err != nil {
+			return err
+		}
+		hc, err := a.httpClient(5 * time.Second)
+		if err != nil {
+			return err
+		}
+		ic = &index.Client{Addr: *indexAddr, HTTP: hc, Token: a.token, InsecurePlainHTTP: a.InsecurePlainHTTP}
+	}
 	rep, err := collectStatus(ctx, *pg, *natsURL, *slot, natsOpts...)
 	if err != nil {
 		return err
 	}
-	if *indexAddr != "" {
-		rep.Index = askIndex(ctx, *indexAddr)
+	if ic != nil {
+		rep.Index = askIndex(ctx, ic)
 	}
 	if *asJSON {
 		return writeJSON(out, rep)
@@ -130,23 +143,19 @@ func collectStatus(ctx context.Context, pgURL, natsURL, slot string, natsOpts ..
 	return rep, nil
 }
 
-// askIndex asks the index projector at addr for its live generation, with
-// the token of CONVERGE_TOKEN (the read scope); an error is reported, not
-// returned: the index projector need not run where status does.
-func askIndex(ctx context.Context, addr string) *indexStatus {
-	st := &indexStatus{Addr: addr}
-	token, err := auth.TokenFromEnv()
-	if err == nil {
-		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		var info index.Info
-		if info, err = (&index.Client{Addr: addr, Token: token}).Info(ctx); err == nil {
-			st.Info = &info
-		}
-	}
+// askIndex asks the index projector of c for its live generation (c's
+// token needs the read scope); an error is reported, not returned: the
+// index projector need not run where status does.
+func askIndex(ctx context.Context, c *index.Client) *indexStatus {
+	st := &indexStatus{Addr: c.Addr}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	info, err := c.Info(ctx)
 	if err != nil {
 		st.Error = err.Error()
+		return st
 	}
+	st.Info = &info
 	return st
 }
 

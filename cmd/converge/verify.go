@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"slices"
 	"strings"
@@ -41,19 +42,19 @@ func verifyCmd(ctx context.Context, args []string, out io.Writer) error {
 	repair := f.Bool("repair", "", false, "re-emit, through the writer, every document Postgres can repair, then verify again until the stores agree")
 	writerURL := f.String("writer-url", envWriterURL, "http://127.0.0.1:8080", "with --repair: the writer's API")
 	repairTimeout := f.Duration("repair-timeout", "", 2*time.Minute, "with --repair: how long to wait for the stores to agree")
+	access := bindAPIAccess(f, auth.TokenFromEnv)
 	if err := f.Parse(args); err != nil {
 		return err
 	}
-	token, err := auth.TokenFromEnv()
+	a, err := access()
 	if err != nil {
 		return err
 	}
 	var wc *writer.Client
 	if *repair {
-		if wc, err = newWriterClient(*writerURL); err != nil {
+		if wc, err = a.writer(*writerURL); err != nil {
 			return err
 		}
-		wc.Token = token
 		if *repairTimeout <= 0 {
 			return service.Usage("-repair-timeout must be positive")
 		}
@@ -62,7 +63,12 @@ func verifyCmd(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	withToken(stored, token)
+	// A projector reads its whole store to answer.
+	hc, err := a.httpClient(5 * time.Minute)
+	if err != nil {
+		return err
+	}
+	a.reach(stored, hc)
 	if err := config.Require(*pg, "postgres-url", config.EnvPostgresURL); err != nil {
 		return err
 	}
@@ -137,18 +143,18 @@ func storeSides(list, indexAddr, graphAddr string) ([]verify.Projection, error) 
 // bothSides are the index and the graph, asked of their projectors at
 // these addresses with token.
 func bothSides(indexAddr, graphAddr, token string) []verify.Projection {
-	return withToken([]verify.Projection{
+	return apiAccess{token: token}.reach([]verify.Projection{
 		{Kind: verify.Index, Side: &verify.Remote{Label: "index", Addr: indexAddr}},
 		{Kind: verify.Graph, Side: &verify.Remote{Label: "graph", Addr: graphAddr}},
-	}, token)
+	}, nil)
 }
 
-// withToken sets token on the sides asked of a projector, and returns
-// them.
-func withToken(sides []verify.Projection, token string) []verify.Projection {
+// reach makes the sides asked of a projector send a's token with hc (nil:
+// the sides' default client), and returns them.
+func (a apiAccess) reach(sides []verify.Projection, hc *http.Client) []verify.Projection {
 	for _, s := range sides {
 		if r, ok := s.Side.(*verify.Remote); ok {
-			r.Token = token
+			r.Token, r.InsecurePlainHTTP, r.Client = a.token, a.InsecurePlainHTTP, hc
 		}
 	}
 	return sides

@@ -3,8 +3,6 @@ package auth
 import (
 	"fmt"
 	"net"
-	"net/netip"
-	"strings"
 )
 
 // InsecureNoAuthFlag is the flag that lets a service listen beyond loopback
@@ -28,12 +26,5 @@ func CheckListen(addr string, tokens *Tokens, insecureNoAuth bool) error {
 // localhost, 127.0.0.0/8 or ::1. An empty host is every interface.
 func Loopback(addr string) bool {
 	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	if strings.EqualFold(host, "localhost") {
-		return true
-	}
-	ip, err := netip.ParseAddr(host)
-	return err == nil && ip.IsLoopback()
+	return err == nil && loopbackHost(host)
 }

@@ -9,26 +9,38 @@ import (
 const EnvInsecureNoAuth = "CONVERGE_INSECURE_NO_AUTH"
 
 // Settings are how a service secures its HTTP listeners: the tokens its
-// API accepts, its TLS key pair, and whether it may serve beyond loopback
-// without tokens.
+// API accepts, its TLS key pair, whether it may serve beyond loopback
+// without tokens, and whether it may accept tokens there over plain HTTP.
 type Settings struct {
-	TokensFile     string // empty: authentication off
-	TLSCert        string // with TLSKey; both empty: plain HTTP
-	TLSKey         string
-	InsecureNoAuth bool
+	TokensFile        string // empty: authentication off
+	TLSCert           string // with TLSKey; both empty: plain HTTP
+	TLSKey            string
+	InsecureNoAuth    bool
+	InsecurePlainHTTP bool
 }
 
-// BindFlags binds -tokens-file, -tls-cert, -tls-key and -insecure-no-auth
-// to their environment variables; call the returned function after
-// parsing.
+// BindFlags binds -tokens-file, -tls-cert, -tls-key, -insecure-no-auth
+// and -insecure-plain-http to their environment variables; call the
+// returned function after parsing.
 func BindFlags(f *config.Flags) func() Settings {
 	tokens := f.String("tokens-file", EnvTokensFile, "", "bearer tokens the API accepts, one a line: name scopes token (empty: no authentication, loopback only)")
-	cert := f.String("tls-cert", telemetry.EnvTLSCert, "", "PEM certificate (chain) of the HTTP listeners (empty: plain HTTP)")
+	cert := f.String("tls-cert", telemetry.EnvTLSCert, "", "PEM certificate (chain) of the HTTP listeners (empty: plain HTTP, which refuses tokens beyond loopback)")
 	key := f.String("tls-key", telemetry.EnvTLSKey, "", "PEM private key of -tls-cert")
 	insecure := f.Bool(InsecureNoAuthFlag, EnvInsecureNoAuth, false, "serve the API beyond loopback without a tokens file")
+	plain := f.Bool(InsecurePlainHTTPFlag, EnvInsecurePlainHTTP, false, "accept bearer tokens over plain HTTP beyond loopback (a trusted network), without -tls-cert")
 	return func() Settings {
-		return Settings{TokensFile: *tokens, TLSCert: *cert, TLSKey: *key, InsecureNoAuth: *insecure}
+		return Settings{TokensFile: *tokens, TLSCert: *cert, TLSKey: *key, InsecureNoAuth: *insecure, InsecurePlainHTTP: *plain}
 	}
+}
+
+// CheckListen decides whether a service with these settings may serve its
+// API on addr with tokens (loaded by [Settings.Tokens]): [CheckListen],
+// then [CheckPlainHTTP].
+func (s Settings) CheckListen(addr string, tokens *Tokens) error {
+	if err := CheckListen(addr, tokens, s.InsecureNoAuth); err != nil {
+		return err
+	}
+	return CheckPlainHTTP(addr, tokens, s.TLS().Enabled(), s.InsecurePlainHTTP)
 }
 
 // BindTLSFlags binds -tls-cert and -tls-key alone, for a service that

@@ -5,8 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"net/url"
 
+	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/httpjson"
 )
 
@@ -19,13 +19,17 @@ const DocumentPath = "/v1/graph/"
 var ErrNoDocument = errors.New("graph: no such document")
 
 // Client reads what the graph holds about documents through the graph
-// projector over HTTP, at its metrics address.
+// projector over HTTP or HTTPS, at its metrics address.
 type Client struct {
-	Addr string // host:port
-	// HTTP defaults to a client with a 30-second timeout.
+	// Addr is host:port (plain HTTP) or an http:// or https:// URL.
+	Addr string
+	// HTTP defaults to a client with a 30-second timeout. Its transport
+	// trusts the CA of an https:// Addr's certificate.
 	HTTP *http.Client
-	// Token is sent as a bearer token (the read scope); empty: none.
-	Token string
+	// Token is sent as a bearer token (the read scope); empty: none. It
+	// is refused over plain HTTP beyond loopback unless InsecurePlainHTTP.
+	Token             string
+	InsecurePlainHTTP bool
 }
 
 // APIError is an answer of the graph's read API other than 200.
@@ -54,8 +58,11 @@ func (c *Client) Document(ctx context.Context, key string) (DocumentJSON, error)
 	var out DocumentJSON
 	// The key's slashes stay path separators: the route takes the rest of
 	// the path.
-	u := url.URL{Scheme: "http", Host: c.Addr, Path: DocumentPath + key}
-	err := httpjson.Get(ctx, c.HTTP, u.String(), c.Token, 64<<20, &out)
+	u, err := auth.Endpoint{Addr: c.Addr, Token: c.Token, InsecurePlainHTTP: c.InsecurePlainHTTP}.URL(DocumentPath+key, nil)
+	if err != nil {
+		return out, fmt.Errorf("the graph projector: %w", err)
+	}
+	err = httpjson.Get(ctx, c.HTTP, u, c.Token, 64<<20, &out)
 	var se *httpjson.StatusError
 	switch {
 	case errors.As(err, &se):

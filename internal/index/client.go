@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"strconv"
 
+	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/httpjson"
 )
 
@@ -19,15 +20,19 @@ type SearchResponse struct {
 	Results []SearchResult `json:"results"`
 }
 
-// Client searches the index through the index projector over HTTP, at its
-// metrics address: the query is embedded there, with the index's own
-// embedder.
+// Client searches the index through the index projector over HTTP or
+// HTTPS, at its metrics address: the query is embedded there, with the
+// index's own embedder.
 type Client struct {
-	Addr string // host:port
-	// HTTP defaults to a client with a 30-second timeout.
+	// Addr is host:port (plain HTTP) or an http:// or https:// URL.
+	Addr string
+	// HTTP defaults to a client with a 30-second timeout. Its transport
+	// trusts the CA of an https:// Addr's certificate.
 	HTTP *http.Client
-	// Token is sent as a bearer token (the read scope); empty: none.
-	Token string
+	// Token is sent as a bearer token (the read scope); empty: none. It
+	// is refused over plain HTTP beyond loopback unless InsecurePlainHTTP.
+	Token             string
+	InsecurePlainHTTP bool
 }
 
 // APIError is an answer of the search API other than 200.
@@ -49,18 +54,21 @@ func (e *APIError) Error() string {
 // nearest first.
 func (c *Client) Search(ctx context.Context, query string, k int) (SearchResponse, error) {
 	var out SearchResponse
-	u := url.URL{Scheme: "http", Host: c.Addr, Path: SearchPath, RawQuery: url.Values{"q": {query}, "k": {strconv.Itoa(k)}}.Encode()}
-	return out, c.get(ctx, u, &out)
+	return out, c.get(ctx, SearchPath, url.Values{"q": {query}, "k": {strconv.Itoa(k)}}, &out)
 }
 
 // Info describes the live generation and its embedder ([InfoPath]).
 func (c *Client) Info(ctx context.Context) (Info, error) {
 	var out Info
-	return out, c.get(ctx, url.URL{Scheme: "http", Host: c.Addr, Path: InfoPath}, &out)
+	return out, c.get(ctx, InfoPath, nil, &out)
 }
 
-func (c *Client) get(ctx context.Context, u url.URL, out any) error {
-	err := httpjson.Get(ctx, c.HTTP, u.String(), c.Token, 64<<20, out)
+func (c *Client) get(ctx context.Context, path string, q url.Values, out any) error {
+	u, err := auth.Endpoint{Addr: c.Addr, Token: c.Token, InsecurePlainHTTP: c.InsecurePlainHTTP}.URL(path, q)
+	if err != nil {
+		return fmt.Errorf("the index projector: %w", err)
+	}
+	err = httpjson.Get(ctx, c.HTTP, u, c.Token, 64<<20, out)
 	var se *httpjson.StatusError
 	switch {
 	case errors.As(err, &se):

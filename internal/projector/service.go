@@ -148,7 +148,7 @@ func RunService(ctx context.Context, sc ServiceConfig, store Store, routes map[s
 		return fmt.Errorf("projector: %w", err)
 	}
 	if sc.MetricsAddr != "" && len(routes) > 0 {
-		if err := auth.CheckListen(sc.MetricsAddr, tokens, sc.Security.InsecureNoAuth); err != nil {
+		if err := sc.Security.CheckListen(sc.MetricsAddr, tokens); err != nil {
 			return fmt.Errorf("projector: %w", err)
 		}
 	}

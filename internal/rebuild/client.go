@@ -11,15 +11,19 @@ import (
 	"github.com/converge-sync/converge/internal/httpjson"
 )
 
-// Client asks a projector process for rebuilds over HTTP, at its metrics
-// address ([AdminPath], served by [Manager.Routes]).
+// Client asks a projector process for rebuilds over HTTP or HTTPS, at its
+// metrics address ([AdminPath], served by [Manager.Routes]).
 type Client struct {
-	Addr string // host:port
+	// Addr is host:port (plain HTTP) or an http:// or https:// URL.
+	Addr string
 	// HTTP defaults to a client with a 30-second timeout: each request
-	// answers at once, a rebuild is followed by polling.
+	// answers at once, a rebuild is followed by polling. Its transport
+	// trusts the CA of an https:// Addr's certificate.
 	HTTP *http.Client
-	// Token is sent as a bearer token (the admin scope); empty: none.
-	Token string
+	// Token is sent as a bearer token (the admin scope); empty: none. It
+	// is refused over plain HTTP beyond loopback unless InsecurePlainHTTP.
+	Token             string
+	InsecurePlainHTTP bool
 }
 
 // APIError is an answer of the admin API other than 200 or 202.
@@ -65,7 +69,7 @@ func (c *Client) Wait(ctx context.Context, id string, interval time.Duration, pr
 	for {
 		select {
 		case <-ctx.Done():
-			return st, fmt.Errorf("stopped waiting for rebuild %s (it goes on in the projector; see GET %s): %w", id, c.url(), ctx.Err())
+			return st, fmt.Errorf("stopped waiting for rebuild %s (it goes on in the projector; see GET %s%s): %w", id, c.Addr, AdminPath, ctx.Err())
 		case <-t.C:
 		}
 		next, err := c.Status(ctx)
@@ -92,15 +96,16 @@ func (c *Client) Wait(ctx context.Context, id string, interval time.Duration, pr
 	}
 }
 
-func (c *Client) url() string { return "http://" + c.Addr + AdminPath }
-
 func (c *Client) do(ctx context.Context, method string) (Status, int, error) {
 	var st Status
 	hc := c.HTTP
 	if hc == nil {
 		hc = &http.Client{Timeout: 30 * time.Second}
 	}
-	u := c.url()
+	u, err := auth.Endpoint{Addr: c.Addr, Token: c.Token, InsecurePlainHTTP: c.InsecurePlainHTTP}.URL(AdminPath, nil)
+	if err != nil {
+		return st, 0, fmt.Errorf("projector: %w", err)
+	}
 	req, err := http.NewRequestWithContext(ctx, method, u, http.NoBody)
 	if err != nil {
 		return st, 0, err

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/embed"
 	"github.com/converge-sync/converge/internal/httpjson"
 )
@@ -102,14 +103,18 @@ func httpError(w http.ResponseWriter, status int, msg string) {
 }
 
 // Remote is a projection's side of verify, asked of the projector that
-// owns the store over HTTP (its metrics address).
+// owns the store over HTTP or HTTPS (its metrics address).
 type Remote struct {
 	Label string // "index" or "graph"
-	Addr  string // host:port
-	// Token is sent as a bearer token (the read scope); empty: none.
-	Token string
+	// Addr is host:port (plain HTTP) or an http:// or https:// URL.
+	Addr string
+	// Token is sent as a bearer token (the read scope); empty: none. It
+	// is refused over plain HTTP beyond loopback unless InsecurePlainHTTP.
+	Token             string
+	InsecurePlainHTTP bool
 	// Client defaults to one with a 5-minute timeout: a projector reads
-	// its whole store to answer.
+	// its whole store to answer. Its transport trusts the CA of an
+	// https:// Addr's certificate.
 	Client *http.Client
 
 	embedder *embed.Identity // of the last digests' answer
@@ -151,9 +156,12 @@ func (r *Remote) get(ctx context.Context, path string, q url.Values, v any) erro
 	if c == nil {
 		c = &http.Client{Timeout: 5 * time.Minute}
 	}
-	u := url.URL{Scheme: "http", Host: r.Addr, Path: path, RawQuery: q.Encode()}
+	u, err := auth.Endpoint{Addr: r.Addr, Token: r.Token, InsecurePlainHTTP: r.InsecurePlainHTTP}.URL(path, q)
+	if err != nil {
+		return fmt.Errorf("the %s projector: %w", r.Label, err)
+	}
 	// A bucket's documents may be many: the answer's bound is generous.
-	err := httpjson.Get(ctx, c, u.String(), r.Token, 1<<30, v)
+	err = httpjson.Get(ctx, c, u, r.Token, 1<<30, v)
 	if errors.Is(err, httpjson.ErrNoAnswer) {
 		return fmt.Errorf("the %s projector at %s does not answer: %w", r.Label, r.Addr, err)
 	}

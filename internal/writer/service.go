@@ -36,6 +36,9 @@ type ServiceConfig struct {
 	// allows only on a loopback HTTPAddr unless InsecureNoAuth.
 	TokensFile     string
 	InsecureNoAuth bool
+	// InsecurePlainHTTP lets the API accept tokens over plain HTTP
+	// beyond loopback (see auth.CheckPlainHTTP).
+	InsecurePlainHTTP bool
 	// TLSCert and TLSKey name the key pair of the API and metrics
 	// listeners; both empty: plain HTTP.
 	TLSCert, TLSKey string
@@ -77,7 +80,7 @@ func (c ServiceConfig) Validate() error {
 }
 
 func (c ServiceConfig) security() auth.Settings {
-	return auth.Settings{TokensFile: c.TokensFile, TLSCert: c.TLSCert, TLSKey: c.TLSKey, InsecureNoAuth: c.InsecureNoAuth}
+	return auth.Settings{TokensFile: c.TokensFile, TLSCert: c.TLSCert, TLSKey: c.TLSKey, InsecureNoAuth: c.InsecureNoAuth, InsecurePlainHTTP: c.InsecurePlainHTTP}
 }
 
 // Connections are Postgres, a pool of MaxConns, and NATS when ingest is
@@ -111,6 +114,7 @@ func Flags(f *config.Flags) func() (ServiceConfig, error) {
 		c.Retention.Retention = *retention
 		sec := security()
 		c.TokensFile, c.InsecureNoAuth, c.TLSCert, c.TLSKey = sec.TokensFile, sec.InsecureNoAuth, sec.TLSCert, sec.TLSKey
+		c.InsecurePlainHTTP = sec.InsecurePlainHTTP
 		var err error
 		c.NATSAuth, err = natsAuth()
 		return c, err
@@ -136,7 +140,7 @@ func Run(ctx context.Context, cfg ServiceConfig, deps service.Deps) error {
 	if err != nil {
 		return fmt.Errorf("writer: %w", err)
 	}
-	if err := auth.CheckListen(cfg.HTTPAddr, tokens, cfg.InsecureNoAuth); err != nil {
+	if err := cfg.security().CheckListen(cfg.HTTPAddr, tokens); err != nil {
 		return fmt.Errorf("writer: %w", err)
 	}
 	tlsConfig, err := cfg.security().TLS().Config()
