@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/converge-sync/converge/internal/version"
 )
 
 // Env names shared by the binaries.
@@ -43,12 +45,16 @@ func Lookup(env string) (string, bool, error) {
 // environment variable when that is set.
 type Flags struct {
 	*flag.FlagSet
-	errs []error
+	errs    []error
+	version *bool
 }
 
-// NewFlags returns Flags for a command.
+// NewFlags returns Flags for a command, with -version, which prints the
+// build (internal/version) instead of running the command.
 func NewFlags(name string) *Flags {
-	return &Flags{FlagSet: flag.NewFlagSet(name, flag.ContinueOnError)}
+	f := &Flags{FlagSet: flag.NewFlagSet(name, flag.ContinueOnError)}
+	f.version = f.FlagSet.Bool("version", false, "print the build (version, commit, Go version) and exit")
+	return f
 }
 
 func (f *Flags) lookup(env string) (string, bool) {
@@ -136,11 +142,20 @@ func (f *Flags) Bool(name, env string, def bool, u string) *bool {
 }
 
 // Parse parses args and reports the first bad environment variable, if any.
+// With -version it prints the build to the flag set's output and returns
+// flag.ErrHelp, which a command answers by exiting 0, as it does -h.
 func (f *Flags) Parse(args []string) error {
 	if len(f.errs) > 0 {
 		return f.errs[0]
 	}
-	return f.FlagSet.Parse(args)
+	if err := f.FlagSet.Parse(args); err != nil {
+		return err
+	}
+	if *f.version {
+		fmt.Fprintln(f.Output(), version.Get())
+		return flag.ErrHelp
+	}
+	return nil
 }
 
 // Require reports a missing required value, naming its flag and variable.

@@ -1,6 +1,8 @@
 package config_test
 
 import (
+	"errors"
+	"flag"
 	"os"
 	"path/filepath"
 	"strings"
@@ -8,6 +10,7 @@ import (
 	"time"
 
 	"github.com/converge-sync/converge/internal/config"
+	"github.com/converge-sync/converge/internal/version"
 )
 
 func TestFlagsTakeEnvironmentDefaults(t *testing.T) {
@@ -76,5 +79,25 @@ func TestHelpNeverShowsAValueFromTheEnvironment(t *testing.T) {
 	}
 	if *pw != "hunter2-secret" || *n != 4242 {
 		t.Fatalf("the environment no longer sets the values: %q %d", *pw, *n)
+	}
+}
+
+// -version prints the build and asks for the exit of -h, whatever the
+// other flags; without it, parsing is as before.
+func TestVersionFlag(t *testing.T) {
+	f := config.NewFlags("relay")
+	f.String("metrics-addr", "", "127.0.0.1:9102", "")
+	var out strings.Builder
+	f.SetOutput(&out)
+	if err := f.Parse([]string{"-metrics-addr", "x", "-version"}); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("parse -version: %v, want flag.ErrHelp", err)
+	}
+	if got := strings.TrimSpace(out.String()); got != version.Get().String() || !strings.HasPrefix(got, "converge ") {
+		t.Fatalf("-version printed %q, want %q", got, version.Get().String())
+	}
+	f = config.NewFlags("relay")
+	addr := f.String("metrics-addr", "", "127.0.0.1:9102", "")
+	if err := f.Parse([]string{"-metrics-addr", "x"}); err != nil || *addr != "x" {
+		t.Fatalf("parse without -version: %v, addr %q", err, *addr)
 	}
 }
