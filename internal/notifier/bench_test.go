@@ -264,7 +264,7 @@ func (e *benchNATS) notify(b *testing.B, hookURL string, recv *benchReceiver, ev
 			benchConsumer, info.NumPending, info.NumAckPending, info.AckFloor.Stream, left, e.lastSeq)
 	}
 	recv.expectOnce(b, hookURL, evs)
-	name := redact(hookURL)
+	name := targetNames([]string{hookURL})[0]
 	if sent := testutil.ToFloat64(m.Sent.WithLabelValues(name)); int(sent) != len(evs) {
 		b.Fatalf("the notifier counts %v effects sent, want %d", sent, len(evs))
 	}
@@ -307,7 +307,7 @@ func plainPosts(b *testing.B, hookURL string, recv *benchReceiver, evs []contrac
 	}
 	// A Notifier without New: no dedup store, only what post uses.
 	n := &Notifier{cfg: cfg, client: newClient(cfg.Concurrency), metrics: NewMetrics(nil), log: discardLogger()}
-	t := &target{url: hookURL, name: redact(hookURL), effect: effectName(hookURL)}
+	t := &target{url: hookURL, name: targetNames([]string{hookURL})[0], hidden: hiddenParts(hookURL), effect: effectName(hookURL)}
 	took, err := inParallel(context.Background(), "plain", cfg.Concurrency, len(evs), func(ctx context.Context, i int) error {
 		ev := &evs[i]
 		effect := contract.EffectID(t.effect, ev.ID)

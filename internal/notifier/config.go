@@ -6,7 +6,9 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/converge-sync/converge/internal/clock"
@@ -114,15 +116,18 @@ func (c *Config) Validate() error {
 	if len(c.URLs) == 0 {
 		errs = append(errs, errors.New("at least one webhook URL is required"))
 	}
-	seen := map[string]bool{}
-	for _, u := range c.URLs {
+	// A webhook URL is a credential (its path, query or user info): the
+	// errors name it by its position in the list, never by its text.
+	seen := map[string]int{}
+	for i, u := range c.URLs {
 		if err := checkURL(u); err != nil {
-			errs = append(errs, err)
+			errs = append(errs, fmt.Errorf("webhook URL %d of %d: %w", i+1, len(c.URLs), err))
 		}
-		if seen[u] {
-			errs = append(errs, fmt.Errorf("webhook URL %s is given twice", redact(u)))
+		if first, ok := seen[u]; ok {
+			errs = append(errs, fmt.Errorf("webhook URLs %d and %d of %d are the same", first+1, i+1, len(c.URLs)))
+			continue
 		}
-		seen[u] = true
+		seen[u] = i
 	}
 	if len(c.Secret) == 0 {
 		errs = append(errs, errors.New("a webhook secret is required (receivers verify the signature with it)"))
@@ -142,23 +147,125 @@ func (c *Config) Validate() error {
 	return nil
 }
 
+// checkURL says what is wrong with a webhook URL, in words that quote
+// none of it.
 func checkURL(raw string) error {
 	u, err := url.Parse(raw)
 	if err != nil {
-		return fmt.Errorf("webhook URL %q: %w", redact(raw), err)
+		// Not wrapped: the *url.Error quotes the whole URL, and its cause
+		// may quote a piece of it (a password read as a port).
+		return fmt.Errorf("cannot be parsed: %s", parseProblem(err))
 	}
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("webhook URL %s: want http:// or https:// and a host", redact(raw))
+		return errors.New("want http:// or https:// and a host")
 	}
 	return nil
 }
 
-// redact is the URL without what may be a credential (user info, query,
-// fragment), for logs, metrics and dead letters.
-func redact(raw string) string {
+// parseProblem names the problem url.Parse found, from the error's type
+// or its fixed wording, without any of the text it quotes.
+func parseProblem(err error) string {
+	var escape url.EscapeError
+	var host url.InvalidHostError
+	switch msg := err.Error(); {
+	case errors.As(err, &escape):
+		return "invalid %-escape"
+	case errors.As(err, &host):
+		return "invalid character in the host"
+	case strings.Contains(msg, "invalid port"):
+		return "invalid port"
+	case strings.Contains(msg, "invalid userinfo"):
+		return "invalid user info"
+	case strings.Contains(msg, "control character"):
+		return "control character"
+	case strings.Contains(msg, "missing protocol scheme"):
+		return "no scheme"
+	case strings.Contains(msg, "missing ']' in host"):
+		return "missing ']' in the host"
+	default:
+		return "malformed"
+	}
+}
+
+// elided marks a public name whose URL had more than a scheme and a host.
+const elided = "/…"
+
+// targetNames are the public names of the webhook URLs, in their order:
+// what logs, metrics, effect records, dead letters, spans and errors call
+// each target. A webhook's credential is often its path (a Slack or
+// Discord webhook's token) or its query, or is its user info, so a name is
+// the scheme and the host alone, followed by "/…" if anything else
+// followed them. URLs that share a name are told apart by their place
+// among those that share it ("#2", "#3"), which a given list keeps stable.
+// No digest of a URL is published: a guessed token could be checked
+// against it.
+func targetNames(urls []string) []string {
+	names := make([]string, len(urls))
+	seen := map[string]int{}
+	for i, u := range urls {
+		name := publicName(u)
+		if seen[name]++; seen[name] > 1 {
+			name = fmt.Sprintf("%s#%d", name, seen[name])
+		}
+		names[i] = name
+	}
+	return names
+}
+
+// publicName is raw without its user info, path, query and fragment.
+func publicName(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil || u.Host == "" {
 		return "(unparseable URL)"
 	}
-	return u.Scheme + "://" + u.Host + u.EscapedPath()
+	name := u.Scheme + "://" + u.Host
+	if (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
+		name += elided
+	}
+	return name
+}
+
+// minHidden is the length below which a piece of a URL is not looked for
+// in text: shorter pieces would blank common words, and are no credential.
+const minHidden = 4
+
+// hiddenParts are the pieces of a URL that its public name leaves out, in
+// the forms text may quote them (escaped or not): its user info, user and
+// password; its path, and each segment of it; its query, and each value
+// in it; its fragment. Longest first, so that a piece is hidden whole
+// before a piece of it is looked for.
+func hiddenParts(raw string) []string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil
+	}
+	parts := []string{u.EscapedPath(), u.Path, u.RawQuery, u.Fragment, u.EscapedFragment()}
+	if u.User != nil {
+		pw, _ := u.User.Password()
+		parts = append(parts, u.User.String(), u.User.Username(), pw)
+	}
+	parts = append(parts, strings.Split(u.EscapedPath(), "/")...)
+	parts = append(parts, strings.Split(u.Path, "/")...)
+	if q, err := url.QueryUnescape(u.RawQuery); err == nil {
+		parts = append(parts, q)
+	}
+	for _, values := range u.Query() {
+		parts = append(parts, values...)
+	}
+	var out []string
+	for _, p := range parts {
+		if len(p) >= minHidden && p != "/" && !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	slices.SortFunc(out, func(a, b string) int { return len(b) - len(a) })
+	return out
+}
+
+// hide replaces each of parts in s with "…".
+func hide(s string, parts []string) string {
+	for _, p := range parts {
+		s = strings.ReplaceAll(s, p, "…")
+	}
+	return s
 }

@@ -229,8 +229,8 @@ func TestSIGKILLBetweenClaimAndSend(t *testing.T) {
 		t.Fatalf("record after: %+v %v (want sent, the second attempt)", rec, err)
 	}
 	var takenOver float64
-	for _, u := range urls {
-		takenOver += testutil.ToFloat64(m.TakenOver.WithLabelValues(u))
+	for _, name := range targetNames(urls) {
+		takenOver += testutil.ToFloat64(m.TakenOver.WithLabelValues(name))
 	}
 	if takenOver < 1 {
 		t.Fatal("no claim was taken over")

@@ -101,6 +101,22 @@
 // version order (as retries may make them anyway): receivers order them by
 // version.
 //
+// # Webhook URLs are credentials
+//
+// A webhook URL often carries its credential: a token in its path (Slack's
+// and Discord's webhooks), its query, or its user info. The URL goes into
+// the requests, and, hashed, into the effect ids; nothing else quotes it.
+// Logs, metrics (the target label), effect records, dead letters, spans,
+// errors and the service's start-up line name a target by its public
+// name: the URL's scheme and host, "/…" if anything followed them, and
+// "#2", "#3" for the second and third URL sharing that name, in the
+// order of Config.URLs. A transport error is reported without the
+// *url.Error that quotes the URL, and the parts of the URL the name leaves
+// out are replaced by "…" in the transport's message and in the excerpt
+// of a receiver's answer (which may quote the request's path). An invalid
+// URL is reported by its position in the list and the kind of problem,
+// never by its text.
+//
 // # Signature
 //
 // Each request carries Converge-Timestamp (Unix seconds of the attempt) and

@@ -28,7 +28,7 @@ type record struct {
 	Next     time.Time `json:"next,omitzero"`  // failed: At plus the backoff's delay
 	Owner    string    `json:"owner"`          // the process that wrote the record
 	EventID  string    `json:"event_id"`       // for an operator reading the bucket
-	Target   string    `json:"target"`         // the target, redacted
+	Target   string    `json:"target"`         // the target's public name (targetNames)
 	Last     string    `json:"last,omitempty"` // failed, dead: the last failure
 }
 
@@ -105,11 +105,11 @@ func (n *Notifier) claim(j *job) (claimed, *outcome) {
 			return claimed{}, &outcome{kind: duplicate}
 		case stateDead:
 			return claimed{}, &outcome{kind: dead, rev: e.Revision(),
-				err: fmt.Errorf("%s (gave up after %d attempts)", rec.Last, rec.Attempts)}
+				err: fmt.Errorf("%s (gave up after %d attempts)", lastFailure(rec, j.target), rec.Attempts)}
 		case stateFailed:
 			if wait := backoffLeft(rec, now, n.sightings.since(key, e.Revision(), seen)); wait > 0 {
 				return claimed{}, &outcome{kind: later, after: wait,
-					err: fmt.Errorf("%s (attempt %d of %d failed; the next is due in %v)", rec.Last, rec.Attempts, n.cfg.MaxAttempts, wait.Round(time.Millisecond))}
+					err: fmt.Errorf("%s (attempt %d of %d failed; the next is due in %v)", lastFailure(rec, j.target), rec.Attempts, n.cfg.MaxAttempts, wait.Round(time.Millisecond))}
 			}
 		default: // claimed, or unreadable
 			n.mu.Lock()
@@ -141,6 +141,11 @@ func (n *Notifier) claim(j *job) (claimed, *outcome) {
 	}
 	return claimed{}, storeFailure("claim", key, fmt.Errorf("the record changed %d times in a row", casRounds))
 }
+
+// lastFailure is a record's last failure, as an error of t may quote it:
+// a record written by an older notifier, whose target names kept the
+// URL's path, may quote that path.
+func lastFailure(rec record, t *target) string { return hide(rec.Last, t.hidden) }
 
 // backoffLeft is how long the backoff of a failed record still runs, the
 // record seen here for seenFor: its delay (Next-At, two readings of its

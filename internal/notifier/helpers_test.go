@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -264,3 +265,12 @@ func (e *env) deadLetters(name string) []*jetstream.RawStreamMsg {
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// nameOf is the public name of u, one of urls: its metrics' label.
+func nameOf(urls []string, u string) string {
+	i := slices.Index(urls, u)
+	if i < 0 {
+		panic(u + " is not one of the URLs")
+	}
+	return targetNames(urls)[i]
+}

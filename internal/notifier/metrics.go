@@ -2,8 +2,8 @@ package notifier
 
 import "github.com/prometheus/client_golang/prometheus"
 
-// Metrics of a notifier, labelled by target (a webhook URL without its
-// query, user info or fragment).
+// Metrics of a notifier, labelled by target: its public name, the webhook
+// URL's scheme and host (see targetNames).
 type Metrics struct {
 	Sent           *prometheus.CounterVec // effects answered 2xx
 	Retried        *prometheus.CounterVec // failed attempts that will be retried

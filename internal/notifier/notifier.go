@@ -48,11 +48,13 @@ type Notifier struct {
 	hook func(stage string, effect uuid.UUID)
 }
 
-// target is one webhook URL.
+// target is one webhook URL. The URL is a credential: it goes into
+// requests and, hashed, into effect ids, and nowhere else.
 type target struct {
 	url    string
-	name   string        // redacted, for logs, metrics and dead letters
-	effect string        // effectName(url)
+	name   string        // its public name (targetNames): for logs, metrics, records, dead letters, spans, errors
+	hidden []string      // the parts of url its name leaves out (hiddenParts)
+	effect string        // effectName(url), only ever hashed
 	slots  chan struct{} // requests in flight, at most Concurrency
 }
 
@@ -115,13 +117,10 @@ func New(ctx context.Context, js jetstream.JetStream, cfg Config, metrics *Metri
 	if n.client == nil {
 		n.client = newClient(cfg.Concurrency)
 	}
-	names := map[string]int{}
-	for _, u := range cfg.URLs {
-		name := redact(u)
-		if names[name]++; names[name] > 1 {
-			name = fmt.Sprintf("%s#%d", name, names[name]) // URLs that differ only in what is redacted
-		}
-		n.targets = append(n.targets, &target{url: u, name: name, effect: effectName(u), slots: make(chan struct{}, cfg.Concurrency)})
+	names := targetNames(cfg.URLs)
+	for i, u := range cfg.URLs {
+		n.targets = append(n.targets, &target{url: u, name: names[i], hidden: hiddenParts(u), effect: effectName(u),
+			slots: make(chan struct{}, cfg.Concurrency)})
 	}
 	return n, nil
 }
@@ -141,7 +140,10 @@ func EffectID(url string, eventID uuid.UUID) uuid.UUID {
 }
 
 // effectName is the effect of notifying url, as [contract.EffectID] names
-// it.
+// it. It holds the whole URL, credentials included, so it is only ever
+// hashed (a UUIDv5), never stored or shown. It must not change: the
+// effect ids, and the dedup records keyed by them, must stay the same
+// across an upgrade.
 func effectName(url string) string { return "webhook:" + url }
 
 // Apply notifies events of unknown age (see ApplyDeliveries).

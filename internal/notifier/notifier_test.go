@@ -55,7 +55,7 @@ func TestEveryEventDeliveredThreeTimesIsSentOnce(t *testing.T) {
 		}
 	}
 	for _, path := range []string{"/a", "/b"} {
-		if n := testutil.ToFloat64(m.Sent.WithLabelValues(rcv.srv.URL + path)); n != float64(len(evs)) {
+		if n := testutil.ToFloat64(m.Sent.WithLabelValues(nameOf(cfg.URLs, rcv.url(path)))); n != float64(len(evs)) {
 			t.Errorf("sent to %s: %v, want %d", path, n, len(evs))
 		}
 	}
@@ -72,7 +72,7 @@ func TestEveryEventDeliveredThreeTimesIsSentOnce(t *testing.T) {
 		}
 		var dedup float64
 		for _, path := range []string{"/a", "/b"} {
-			dedup += testutil.ToFloat64(m.Deduplicated.WithLabelValues(rcv.srv.URL + path))
+			dedup += testutil.ToFloat64(m.Deduplicated.WithLabelValues(nameOf(cfg.URLs, rcv.url(path))))
 		}
 		if dedup != float64(effects) {
 			t.Errorf("deduplicated %v, want %d", dedup, effects)
@@ -107,7 +107,7 @@ func TestReplayAndRebuildSendNothingAgain(t *testing.T) {
 	if got := len(rcv.requests()) - sent; got != 0 {
 		t.Fatalf("the replay sent %d new POSTs, want 0", got)
 	}
-	if n := testutil.ToFloat64(m.Deduplicated.WithLabelValues(rcv.srv.URL + "/hook")); n != float64(len(evs)) {
+	if n := testutil.ToFloat64(m.Deduplicated.WithLabelValues(nameOf(cfg.URLs, rcv.url("/hook")))); n != float64(len(evs)) {
 		t.Fatalf("the replay deduplicated %v, want %d", n, len(evs))
 	}
 	e.run("rebuild", cfg) // another consumer, from the stream's start
@@ -195,7 +195,7 @@ func TestServerErrorIsRetried(t *testing.T) {
 	if reqs[0].Body != reqs[1].Body {
 		t.Fatalf("the attempts sent different bodies: %+v %+v", reqs[0].Body, reqs[1].Body)
 	}
-	name := rcv.srv.URL + "/hook"
+	name := nameOf([]string{rcv.url("/hook")}, rcv.url("/hook"))
 	if s, r := testutil.ToFloat64(m.Sent.WithLabelValues(name)), testutil.ToFloat64(m.Retried.WithLabelValues(name)); s != 1 || r != 1 {
 		t.Fatalf("sent %v, retried %v; want 1 and 1", s, r)
 	}
@@ -228,7 +228,7 @@ func TestTimeoutIsRetried(t *testing.T) {
 	if len(rcv.requests()) != 2 || statuses[0] != 1 || statuses[200] != 1 {
 		t.Fatalf("requests: %+v, want one timed out (status 0) and one answered 200", rcv.requests())
 	}
-	if r := testutil.ToFloat64(m.Retried.WithLabelValues(rcv.srv.URL + "/hook")); r != 1 {
+	if r := testutil.ToFloat64(m.Retried.WithLabelValues(nameOf(cfg.URLs, rcv.url("/hook")))); r != 1 {
 		t.Fatalf("retried %v", r)
 	}
 	rcv.check()
@@ -261,11 +261,12 @@ func TestGivingUpDeadLettersTheEvent(t *testing.T) {
 		t.Fatalf("%d dead letters", len(dls))
 	}
 	reason := dls[0].Header.Get(deadletter.HeaderReason)
+	name := nameOf(cfg.URLs, rcv.url("/broken"))
 	if dls[0].Header.Get(deadletter.HeaderCode) != DeadLetterCode || !strings.Contains(reason, "HTTP 503") ||
-		!strings.Contains(reason, `upstream down\nxxx`) || !strings.Contains(reason, "/broken") || strings.Contains(reason, "/ok") {
+		!strings.Contains(reason, `upstream down\nxxx`) || !strings.Contains(reason, "webhook "+name+":") ||
+		strings.Contains(reason, "webhook "+nameOf(cfg.URLs, rcv.url("/ok"))+":") {
 		t.Fatalf("dead letter: code %q, reason %q", dls[0].Header.Get(deadletter.HeaderCode), reason)
 	}
-	name := rcv.srv.URL + "/broken"
 	if d, r := testutil.ToFloat64(m.DeadLettered.WithLabelValues(name)), testutil.ToFloat64(m.Retried.WithLabelValues(name)); d != 1 || r != 2 {
 		t.Fatalf("dead-lettered %v, retried %v; want 1 and 2", d, r)
 	}
@@ -348,7 +349,7 @@ func TestSlowReceiverDoesNotBlockOthers(t *testing.T) {
 			t.Errorf("effect %s: %d POSTs", key, n)
 		}
 	}
-	if n := testutil.ToFloat64(m.Sent.WithLabelValues(rcv.srv.URL + "/slow")); n != docs {
+	if n := testutil.ToFloat64(m.Sent.WithLabelValues(nameOf(cfg.URLs, rcv.url("/slow")))); n != docs {
 		t.Fatalf("sent to /slow: %v", n)
 	}
 }

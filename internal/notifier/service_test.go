@@ -38,7 +38,7 @@ func TestRunServesMetrics(t *testing.T) {
 		defer func() { _ = resp.Body.Close() }()
 		b, _ := io.ReadAll(resp.Body)
 		metrics = string(b)
-		return strings.Contains(metrics, `converge_notifier_sent_total{target="`+rcv.srv.URL+`/hook"} 2`) &&
+		return strings.Contains(metrics, `converge_notifier_sent_total{target="`+nameOf([]string{rcv.url("/hook")}, rcv.url("/hook"))+`"} 2`) &&
 			strings.Contains(metrics, `converge_projector_events_total{projector="notifier",result="applied"} 2`)
 	})
 	for _, name := range []string{"converge_notifier_request_seconds_bucket", "converge_notifier_requests_in_flight"} {

@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -118,11 +120,17 @@ func TestConfigValidate(t *testing.T) {
 		{"no secret", Config{URLs: []string{"https://a.example"}}, "secret is required"},
 		{"not http", Config{URLs: []string{"ftp://a.example"}, Secret: []byte("s")}, "want http:// or https://"},
 		{"no host", Config{URLs: []string{"https:///x"}, Secret: []byte("s")}, "want http:// or https://"},
-		{"twice", Config{URLs: []string{"https://a.example", "https://a.example"}, Secret: []byte("s")}, "given twice"},
+		{"twice", Config{URLs: []string{"https://a.example", "https://b.example", "https://a.example"}, Secret: []byte("s")}, "webhook URLs 1 and 3 of 3 are the same"},
 		{"claim timeout too short", Config{URLs: []string{"https://a.example"}, Secret: []byte("s"), ClaimTimeout: time.Second, HTTPTimeout: 2 * time.Second}, "must exceed the HTTP timeout"},
 		{"window too short", Config{URLs: []string{"https://a.example"}, Secret: []byte("s"), Window: time.Minute}, "the window (1m0s) must exceed"},
 		{"retry bounds", Config{URLs: []string{"https://a.example"}, Secret: []byte("s"), RetryMin: time.Minute, RetryMax: time.Second}, "retry max"},
-		{"credentials not echoed", Config{URLs: []string{"https://u:pw@a.example/x?token=t0ps3cret", "https://u:pw@a.example/x?token=t0ps3cret"}}, "https://a.example/x is given twice"},
+		{"credentials not echoed", Config{URLs: []string{"https://u:pw@a.example/x?token=t0ps3cret", "https://u:pw@a.example/x?token=t0ps3cret"}}, "webhook URLs 1 and 2 of 2 are the same"},
+		{"bad port", Config{URLs: []string{"https://a.example", "https://u:pw@a.example:80x/t0ps3cret"}}, "webhook URL 2 of 2: cannot be parsed: invalid port"},
+		{"password read as a port", Config{URLs: []string{"https://u:t0ps3cret/x@a.example/h"}}, "webhook URL 1 of 1: cannot be parsed: invalid port"},
+		{"bad escape", Config{URLs: []string{"https://u:pw@a.example/t0ps3cret%zz"}}, "webhook URL 1 of 1: cannot be parsed: invalid %-escape"},
+		{"control character", Config{URLs: []string{"https://u:pw@a.example/t0ps3cret\x7f"}}, "webhook URL 1 of 1: cannot be parsed: control character"},
+		{"bad host", Config{URLs: []string{"https://u:pw@a b/t0ps3cret"}}, "webhook URL 1 of 1: cannot be parsed: invalid character in the host"},
+		{"no scheme", Config{URLs: []string{"u:pw@a.example/t0ps3cret"}}, "webhook URL 1 of 1: want http:// or https://"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.cfg.Validate()
@@ -136,16 +144,57 @@ func TestConfigValidate(t *testing.T) {
 	}
 }
 
-func TestRedact(t *testing.T) {
-	for in, want := range map[string]string{
-		"https://a.example/hook":                   "https://a.example/hook",
-		"https://user:pw@a.example:8443/h?token=x": "https://a.example:8443/h",
-		"http://a.example/#frag":                   "http://a.example/",
-		"::":                                       "(unparseable URL)",
-	} {
-		if got := redact(in); got != want {
-			t.Errorf("redact(%q) = %q, want %q", in, got, want)
+// A target's public name is its URL's scheme and host, with "/…" for
+// whatever followed them, and an ordinal among the names it shares.
+func TestTargetNames(t *testing.T) {
+	urls := []string{
+		"https://hooks.slack.com/services/T000/B000/XXXX",
+		"https://hooks.slack.com/services/T000/B000/YYYY",
+		"https://user:pw@a.example:8443?token=x",
+		"http://a.example/",
+		"http://a.example",
+		"http://a.example/#frag",
+		"https://hooks.slack.com/services/T000/B000/ZZZZ",
+		"::",
+	}
+	want := []string{
+		"https://hooks.slack.com/…",
+		"https://hooks.slack.com/…#2",
+		"https://a.example:8443/…",
+		"http://a.example",
+		"http://a.example#2",
+		"http://a.example/…",
+		"https://hooks.slack.com/…#3",
+		"(unparseable URL)",
+	}
+	if got := targetNames(urls); !slices.Equal(got, want) {
+		t.Fatalf("targetNames =\n%q\nwant\n%q", got, want)
+	}
+}
+
+// A receiver's answer that quotes the URL's path or credentials, whole or
+// cut off by the excerpt's end, loses them; the transport's error loses
+// the *url.Error that quotes the whole URL.
+func TestSendErrorHidesTheURL(t *testing.T) {
+	raw := "https://us3r:pa55w0rd@hooks.example.com/services/T000/B000/t0ps3cret?k=qu3ry"
+	hidden := hiddenParts(raw)
+	body := "Cannot POST /services/T000/B000/t0ps3cret for us3r:pa55w0rd (qu3ry)"
+	if got := excerpt([]byte(body), hidden); got != "Cannot POST … for … (…)" {
+		t.Errorf("excerpt = %q", got)
+	}
+	long := strings.Repeat("x", excerptBytes-len("/services/T000/B000/t0ps3")) + "/services/T000/B000/t0ps3"
+	if got := excerpt([]byte(long), hidden); strings.Contains(got, "t0ps") || !strings.HasSuffix(got, "x/…/…/…/…...") {
+		t.Errorf("excerpt cut inside the path = %q", got[len(got)-30:])
+	}
+	cause := errors.New("malformed HTTP response to /services/T000/B000/t0ps3cret")
+	se := &sendError{Target: "https://hooks.example.com/…", Err: withoutURL(&url.Error{Op: "Post", URL: raw, Err: cause}), hidden: hidden}
+	for _, secret := range []string{"t0ps3cret", "pa55w0rd", "us3r", "qu3ry"} {
+		if strings.Contains(se.Error(), secret) {
+			t.Errorf("%q quotes %s", se.Error(), secret)
 		}
+	}
+	if !errors.Is(se, cause) {
+		t.Errorf("the cause is lost: %#v", se.Err)
 	}
 }
 

@@ -106,15 +106,18 @@ const drainBytes = 64 << 10
 // sendError is a failed attempt: a non-2xx answer (Status > 0) or no
 // answer at all (Err: a timeout, a refused connection).
 type sendError struct {
-	Target  string
+	Target  string // the target's public name
 	Status  int
-	Excerpt string
+	Excerpt string // with the URL's hidden parts hidden
 	Err     error
+	// hidden are the parts of the target's URL that its message must not
+	// quote: Err's text is the transport's, which may.
+	hidden []string
 }
 
 func (e *sendError) Error() string {
 	if e.Status == 0 {
-		return fmt.Sprintf("webhook %s: %v", e.Target, e.Err)
+		return fmt.Sprintf("webhook %s: %s", e.Target, hide(e.Err.Error(), e.hidden))
 	}
 	s := fmt.Sprintf("webhook %s: HTTP %d", e.Target, e.Status)
 	if e.Excerpt != "" {
@@ -134,7 +137,7 @@ func (n *Notifier) post(ctx context.Context, t *target, effect uuid.UUID, ev *co
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, t.url, bytes.NewReader(body))
 	if err != nil {
-		return &sendError{Target: t.name, Err: err}
+		return &sendError{Target: t.name, Err: withoutURL(err), hidden: t.hidden}
 	}
 	ts := strconv.FormatInt(n.cfg.Clock.Now().Unix(), 10)
 	req.Header.Set("Content-Type", "application/json")
@@ -170,14 +173,11 @@ func (n *Notifier) post(ctx context.Context, t *target, effect uuid.UUID, ev *co
 		}
 	}
 	if err != nil {
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err // its message holds the whole URL, credentials included
-		}
+		err = withoutURL(err)
 		if errors.Is(err, context.DeadlineExceeded) {
 			err = fmt.Errorf("no answer within %v: %w", n.cfg.HTTPTimeout, err)
 		}
-		return &sendError{Target: t.name, Err: err}
+		return &sendError{Target: t.name, Err: err, hidden: t.hidden}
 	}
 	defer func() { _ = resp.Body.Close() }()
 	head, _ := io.ReadAll(io.LimitReader(resp.Body, excerptBytes))
@@ -185,15 +185,43 @@ func (n *Notifier) post(ctx context.Context, t *target, effect uuid.UUID, ev *co
 	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
 		return nil
 	}
-	return &sendError{Target: t.name, Status: resp.StatusCode, Excerpt: excerpt(head),
-		Err: fmt.Errorf("HTTP %d", resp.StatusCode)}
+	return &sendError{Target: t.name, Status: resp.StatusCode, Excerpt: excerpt(head, t.hidden),
+		Err: fmt.Errorf("HTTP %d", resp.StatusCode), hidden: t.hidden}
 }
 
-// excerpt makes a body prefix printable: valid UTF-8, trimmed.
-func excerpt(b []byte) string {
-	s := strings.TrimSpace(strings.ToValidUTF8(string(b), "\uFFFD"))
+// withoutURL is err without the *url.Error around it, whose message
+// quotes the whole URL, credentials included; the cause is kept.
+func withoutURL(err error) error {
+	for {
+		ue, ok := err.(*url.Error) //nolint:errorlint // only an outer *url.Error is removed: its cause is what is kept
+		if !ok {
+			return err
+		}
+		err = ue.Err
+	}
+}
+
+// excerpt makes a body prefix printable: valid UTF-8, trimmed, without
+// the parts of the URL that are hidden (a receiver may quote the path of
+// the request, as many frameworks' "not found" pages do), nor what is left
+// of one that the prefix cuts off.
+func excerpt(b []byte, hidden []string) string {
+	s := strings.TrimSpace(hide(strings.ToValidUTF8(string(b), "\uFFFD"), hidden))
 	if len(b) == excerptBytes {
-		s += "..." // there may be more
+		s = hideCutOff(s, hidden) + "..." // there may be more
+	}
+	return s
+}
+
+// hideCutOff replaces the end of s with "…" when it is the start of one
+// of the hidden parts.
+func hideCutOff(s string, hidden []string) string {
+	for _, p := range hidden {
+		for k := len(p) - 1; k >= minHidden; k-- {
+			if strings.HasSuffix(s, p[:k]) {
+				return s[:len(s)-k] + "…"
+			}
+		}
 	}
 	return s
 }
