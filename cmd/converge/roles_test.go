@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"net/url"
 	"os"
@@ -60,6 +61,22 @@ func TestRolesApply(t *testing.T) {
 			t.Errorf("apply #%d said:\n%s", i+1, out.String())
 		}
 	}
+	out.Reset()
+	if err := rolesCmd(ctx, []string{"apply", "--json", "-postgres-url", admin, "-database", db, "-relay-addr", "10.0.0.5"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	var report rolesApplyJSON
+	if err := json.Unmarshal(out.Bytes(), &report); err != nil {
+		t.Fatalf("%v:\n%s", err, out.String())
+	}
+	passwordOf := map[string]string{}
+	for _, r := range report.Roles {
+		passwordOf[r.Name] = r.Password
+	}
+	if report.Database != db || report.CreatedDatabase || passwordOf[roles.Writer] != "set" || passwordOf[roles.Owner] != "kept" ||
+		len(report.HBA) == 0 || report.HBA[0].Line != "hostssl "+db+" converge_relay 10.0.0.5/32 scram-sha-256" || report.HBAComplete {
+		t.Errorf("apply --json:\n%s", out.String())
+	}
 	conn, err := pgx.Connect(ctx, admin)
 	if err != nil {
 		t.Fatal(err)
@@ -92,6 +109,58 @@ func TestRolesApplyUsage(t *testing.T) {
 		err := rolesCmd(context.Background(), args, io.Discard)
 		if code := service.ExitCode("converge", err, io.Discard); code != 2 {
 			t.Errorf("roles %q: %v (exit %d), want a usage error", args, err, code)
+		}
+	}
+}
+
+// roles apply prints the pg_hba.conf lines for the addresses it is given
+// (a bare IP address as that address alone), with a placeholder and a
+// warning for an address it is not given, in its text and --json output.
+func TestRolesApplyPrintsHBALines(t *testing.T) {
+	t.Setenv("CONVERGE_RELAY_ADDR", "")
+	t.Setenv("CONVERGE_OWNER_ADDR", "")
+	var out bytes.Buffer
+	if err := rolesCmd(context.Background(), []string{"apply", "--print", "-database", "docs", "-relay-addr", "10.0.0.5"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"\nhostssl docs converge_relay 10.0.0.5/32 scram-sha-256\n",
+		"\nhostssl docs converge_owner <address> scram-sha-256\n",
+		"\nhostssl docs converge_writer,converge_reader all scram-sha-256\n",
+		"\nhost all converge_owner,converge_writer,converge_relay,converge_reader all reject\n",
+		"\nhost replication converge_owner,converge_writer,converge_relay,converge_reader all reject\n",
+		"# <address> must be replaced by an address before use: give -relay-addr and -owner-addr.\n",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("--print lacks %q:\n%s", want, out.String())
+		}
+	}
+
+	out.Reset()
+	t.Setenv("CONVERGE_OWNER_ADDR", "10.0.1.0/24")
+	if err := rolesCmd(context.Background(), []string{"apply", "--print", "--json", "-relay-addr", "fd00::5"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	var plan rolesPlanJSON
+	if err := json.Unmarshal(out.Bytes(), &plan); err != nil {
+		t.Fatalf("%v:\n%s", err, out.String())
+	}
+	var lines []string
+	for _, l := range plan.HBA {
+		lines = append(lines, l.Line)
+	}
+	if !plan.HBAComplete || len(plan.Statements) == 0 || len(lines) < 2 ||
+		lines[0] != "hostssl converge converge_relay fd00::5/128 scram-sha-256" || lines[1] != "hostssl converge converge_owner 10.0.1.0/24 scram-sha-256" {
+		t.Errorf("--print --json: complete %v, %d statements, pg_hba %q", plan.HBAComplete, len(plan.Statements), lines)
+	}
+	if strings.Contains(out.String(), roles.AddressPlaceholder) {
+		t.Errorf("--print --json with both addresses shows a placeholder:\n%s", out.String())
+	}
+
+	for _, addr := range []string{"relay.internal", "10.0.0.300", "fe80::1%eth0"} {
+		err := rolesCmd(context.Background(), []string{"apply", "--print", "-relay-addr", addr}, io.Discard)
+		if code := service.ExitCode("converge", err, io.Discard); code != 2 {
+			t.Errorf("-relay-addr %q: %v (exit %d), want a usage error", addr, err, code)
 		}
 	}
 }

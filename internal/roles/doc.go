@@ -24,6 +24,17 @@
 // privileges of a role that does not exist are skipped, so a database run by
 // one superuser role keeps working.
 //
+// REPLICATION, which the relay and the owner hold, grants more than their
+// slot: on PostgreSQL 15 such a role may create slots with any output
+// plugin and decode every table of a database it may connect to (a
+// publication limits pgoutput alone), drop any slot, create physical slots,
+// and take a base backup of the whole cluster over the same logical
+// replication connection the relay streams on (TestReplicationGrantsMoreThanTheRelaysSlot).
+// Postgres cannot scope the attribute; [HBA] writes the pg_hba.conf lines
+// that limit what can be limited: each REPLICATION role to converge's
+// database from its own address over TLS, and no converge role to another
+// database or to physical replication. docs/security.md says what remains.
+//
 // Passwords come from the caller. A role given none keeps the one it has; a
 // role created without one has none, so password authentication refuses it
 // until one is set. A password is sent as its SCRAM-SHA-256 verifier,

@@ -1,0 +1,96 @@
+package roles_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/converge-sync/converge/internal/roles"
+)
+
+// What REPLICATION lets the relay do beyond streaming its own slot, as
+// PostgreSQL 15 allows it (docs/security.md quotes this test). Over its
+// ordinary connection it creates a slot with another output plugin
+// (test_decoding, which ignores publications) and reads through it the
+// changes of a table it may not SELECT, creates a physical slot, and drops
+// a slot the superuser made. Over its logical replication connection
+// (replication=database, the one its stream needs, which pg_hba.conf
+// matches by the database's name) it creates logical and physical slots
+// and starts a base backup: a copy of the whole cluster. If a later
+// PostgreSQL refuses one of these, this test fails and the document must
+// change with it.
+func TestReplicationGrantsMoreThanTheRelaysSlot(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := newRoled(t)
+	admin := d.connect(t, "postgres")
+	relay := d.connect(t, roles.Relay)
+	for _, sql := range []string{
+		`CREATE TABLE not_the_relays (secret text)`,
+		`SELECT pg_create_logical_replication_slot('superusers_slot', 'pgoutput')`,
+	} {
+		if _, err := admin.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	_, err := relay.Exec(ctx, `SELECT * FROM not_the_relays`)
+	refused(t, "the relay reads a table not granted to it", err, "42501", "permission denied for table not_the_relays")
+
+	allowed := func(what, sql string) {
+		t.Helper()
+		if _, err := relay.Exec(ctx, sql); err != nil {
+			t.Errorf("%s: %v; docs/security.md says PostgreSQL 15 allows it", what, err)
+			return
+		}
+		t.Logf("%s: allowed", what)
+	}
+	allowed("create a slot with test_decoding", `SELECT pg_create_logical_replication_slot('relays_test_decoding', 'test_decoding')`)
+	if _, err := admin.Exec(ctx, `INSERT INTO not_the_relays VALUES ('the secret')`); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := relay.Query(ctx, `SELECT data FROM pg_logical_slot_get_changes('relays_test_decoding', NULL, NULL)`)
+	var changes []string
+	if err == nil {
+		changes, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	if err != nil || !strings.Contains(strings.Join(changes, "\n"), "table public.not_the_relays: INSERT: secret[text]:'the secret'") {
+		t.Errorf("the relay decodes a table it may not SELECT: %q %v; docs/security.md says it does", changes, err)
+	} else {
+		t.Logf("the relay decodes a table it may not SELECT: %q", changes)
+	}
+	allowed("create a physical slot", `SELECT pg_create_physical_replication_slot('relays_physical', true)`)
+	allowed("drop its physical slot", `SELECT pg_drop_replication_slot('relays_physical')`)
+	allowed("drop its test_decoding slot", `SELECT pg_drop_replication_slot('relays_test_decoding')`)
+	allowed("drop the superuser's slot", `SELECT pg_drop_replication_slot('superusers_slot')`)
+
+	walsender, err := pgconn.Connect(ctx, d.url(t, roles.Relay)+"&replication=database")
+	if err != nil {
+		t.Fatalf("the relay's logical replication connection: %v", err)
+	}
+	defer walsender.Close(ctx)
+	if _, err := pglogrepl.CreateReplicationSlot(ctx, walsender, "relays_walsender_logical", "test_decoding",
+		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, Temporary: true}); err != nil {
+		t.Errorf("CREATE_REPLICATION_SLOT ... LOGICAL test_decoding over replication=database: %v; docs/security.md says it is allowed", err)
+	}
+	if _, err := pglogrepl.CreateReplicationSlot(ctx, walsender, "relays_walsender_physical", "",
+		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.PhysicalReplication, Temporary: true}); err != nil {
+		t.Errorf("CREATE_REPLICATION_SLOT ... PHYSICAL over replication=database: %v; docs/security.md says it is allowed", err)
+	}
+	// A temporary slot is the session's: the base backup below needs a
+	// session that holds none.
+	backup, err := pgconn.Connect(ctx, d.url(t, roles.Relay)+"&replication=database")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer backup.Close(ctx)
+	res, err := pglogrepl.StartBaseBackup(ctx, backup, pglogrepl.BaseBackupOptions{Label: "not the relay's", Fast: true})
+	if err != nil {
+		t.Errorf("BASE_BACKUP over replication=database: %v; docs/security.md says it is allowed", err)
+	} else {
+		t.Logf("BASE_BACKUP over replication=database: started at %s", res.LSN)
+	}
+}
