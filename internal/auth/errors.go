@@ -17,6 +17,10 @@ var (
 	ErrNoTokens       = errors.New("the file holds no token: authentication would be off")
 )
 
+// ErrPlainHTTP is matched by the refusal of [CheckPlainHTTP] and
+// [CheckSend]: a bearer token over plain HTTP beyond loopback.
+var ErrPlainHTTP = errors.New("a token would cross the network in clear")
+
 // LineError is a line of a tokens file that was refused. Its message names
 // the file and the line, never the token.
 type LineError struct {

@@ -24,9 +24,9 @@ func CheckPlainHTTP(addr string, tokens *Tokens, tls, insecurePlainHTTP bool) er
 	if !tokens.Enabled() || tls || insecurePlainHTTP || Loopback(addr) {
 		return nil
 	}
-	return fmt.Errorf("auth: refusing to accept bearer tokens over plain HTTP on %s: it is not a loopback address, so the tokens would cross the network in clear; "+
+	return fmt.Errorf("auth: refusing to accept bearer tokens over plain HTTP on %s: it is not a loopback address, so %w; "+
 		"give the listener a certificate (-tls-cert and -tls-key), listen on 127.0.0.1, or pass -%s (%s) if the network is trusted",
-		addr, InsecurePlainHTTPFlag, EnvInsecurePlainHTTP)
+		addr, ErrPlainHTTP, InsecurePlainHTTPFlag, EnvInsecurePlainHTTP)
 }
 
 // CheckSend decides whether a client may send token to the API at u: not
@@ -37,9 +37,9 @@ func CheckSend(u *url.URL, token string, insecurePlainHTTP bool) error {
 	if token == "" || insecurePlainHTTP || u.Scheme != "http" || loopbackHost(u.Hostname()) {
 		return nil
 	}
-	return fmt.Errorf("auth: refusing to send the bearer token over plain HTTP to %s: it is not a loopback address, so the token would cross the network in clear; "+
+	return fmt.Errorf("auth: refusing to send the bearer token over plain HTTP to %s: it is not a loopback address, so %w; "+
 		"use https://%s (with -tls-ca, %s, naming the CA of its certificate), or pass -%s (%s) if the network is trusted",
-		u.Host, u.Host, EnvTLSCA, InsecurePlainHTTPFlag, EnvInsecurePlainHTTP)
+		u.Host, ErrPlainHTTP, u.Host, EnvTLSCA, InsecurePlainHTTPFlag, EnvInsecurePlainHTTP)
 }
 
 // loopbackHost reports whether host (no port) is localhost or a loopback

@@ -139,6 +139,44 @@ func TestRemoteSendsItsToken(t *testing.T) {
 	}
 }
 
+// Remote speaks HTTPS to an https:// address (its Client trusting the
+// projector's CA), and refuses to send its token over plain HTTP beyond
+// loopback without making the request, unless told that the network is
+// trusted.
+func TestRemoteOverHTTPSAndPlainHTTP(t *testing.T) {
+	ctx := context.Background()
+	const token = "verify-token-0123456789"
+	tokens := authtest.Tokens(t, "reader read "+token+"\n")
+	guard := auth.NewGuard(tokens, nil, slog.New(slog.DiscardHandler))
+	srv := httptest.NewTLSServer(guard.Require(auth.Read, verify.Handler(verify.Index, func(context.Context) ([]verify.Doc, error) { return docs(10), nil })))
+	defer srv.Close()
+	truth := &verify.Memory{Label: "postgres", Docs: docs(10)}
+	rep, err := verify.Compare(ctx, truth, &verify.Remote{Label: "index", Addr: srv.URL, Token: token, Client: srv.Client()}, verify.Index, 4, nil)
+	if err != nil || !rep.Agrees {
+		t.Errorf("over https: %v, agrees %v", err, rep.Agrees)
+	}
+
+	for _, addr := range []string{"10.0.0.5:9103", "http://projector-index:9103"} {
+		var asked []string
+		hc := &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			asked = append(asked, r.URL.String())
+			return nil, errors.New("no network in this test")
+		})}
+		_, err := (&verify.Remote{Label: "index", Addr: addr, Token: token, Client: hc}).Digests(ctx, verify.Index, 4)
+		if !errors.Is(err, auth.ErrPlainHTTP) || !strings.Contains(err.Error(), "-insecure-plain-http") || len(asked) != 0 {
+			t.Errorf("%s: %v, requests %v; want the token refused before any request", addr, err, asked)
+		}
+		_, err = (&verify.Remote{Label: "index", Addr: addr, Token: token, Client: hc, InsecurePlainHTTP: true}).Digests(ctx, verify.Index, 4)
+		if errors.Is(err, auth.ErrPlainHTTP) || len(asked) != 1 {
+			t.Errorf("%s with InsecurePlainHTTP: %v, requests %v; want the request made", addr, err, asked)
+		}
+	}
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
 // The index projector's digests name the embedder of its live generation,
 // which verify's report carries; the graph's name none.
 func TestReportNamesTheIndexEmbedder(t *testing.T) {
