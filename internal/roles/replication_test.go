@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -17,10 +18,13 @@ import (
 // ordinary connection it creates a slot with another output plugin
 // (test_decoding, which ignores publications) and reads through it the
 // changes of a table it may not SELECT, creates a physical slot, and drops
-// a slot the superuser made. Over its logical replication connection
+// slots the superuser made, in its database and in another. It connects
+// to another database (PUBLIC's CONNECT there is not converge's to take)
+// and creates a slot there. Over its logical replication connection
 // (replication=database, the one its stream needs, which pg_hba.conf
 // matches by the database's name) it creates logical and physical slots
-// and starts a base backup: a copy of the whole cluster. If a later
+// and starts a base backup: a copy of the whole cluster; over a physical
+// replication connection, a base backup too. If a later
 // PostgreSQL refuses one of these, this test fails and the document must
 // change with it.
 func TestReplicationGrantsMoreThanTheRelaysSlot(t *testing.T) {
@@ -67,6 +71,38 @@ func TestReplicationGrantsMoreThanTheRelaysSlot(t *testing.T) {
 	allowed("drop its test_decoding slot", `SELECT pg_drop_replication_slot('relays_test_decoding')`)
 	allowed("drop the superuser's slot", `SELECT pg_drop_replication_slot('superusers_slot')`)
 
+	// Another database of the cluster: PUBLIC may connect to it (roles
+	// apply takes CONNECT back on converge's database alone), so the
+	// relay decodes there too; a slot made there is dropped from here.
+	otherDB := pg.Cluster.URL("postgres")
+	otherAdmin, err := pgx.Connect(ctx, otherDB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer otherAdmin.Close(ctx)
+	otherSlot := "other_db_" + d.name
+	if _, err := otherAdmin.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, otherSlot); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_, _ = otherAdmin.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, otherSlot)
+	}()
+	if _, err := relay.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, otherSlot); err != nil {
+		t.Errorf("drop a slot of another database: %v; docs/security.md says PostgreSQL 15 allows it", err)
+	}
+	relayElsewhere, err := roles.URL(otherDB, roles.Relay, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	elsewhere, err := pgx.Connect(ctx, relayElsewhere)
+	if err != nil {
+		t.Fatalf("the relay connects to database postgres: %v; docs/security.md says it may", err)
+	}
+	defer elsewhere.Close(ctx)
+	if _, err := elsewhere.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'test_decoding', true)`, "relay_in_"+d.name); err != nil {
+		t.Errorf("a temporary test_decoding slot in database postgres: %v; docs/security.md says it is allowed", err)
+	}
+
 	walsender, err := pgconn.Connect(ctx, d.url(t, roles.Relay)+"&replication=database")
 	if err != nil {
 		t.Fatalf("the relay's logical replication connection: %v", err)
@@ -92,5 +128,21 @@ func TestReplicationGrantsMoreThanTheRelaysSlot(t *testing.T) {
 		t.Errorf("BASE_BACKUP over replication=database: %v; docs/security.md says it is allowed", err)
 	} else {
 		t.Logf("BASE_BACKUP over replication=database: started at %s", res.LSN)
+	}
+
+	// A physical replication connection, which the test cluster's
+	// pg_hba.conf admits (the lines of roles.HBA refuse it: see
+	// TestHBALinesAdmitEachRoleWhereItRuns): a base backup too; a logical
+	// slot needs a database.
+	physical, err := pgconn.Connect(ctx, d.url(t, roles.Relay)+"&replication=true")
+	if err != nil {
+		t.Fatalf("the relay's physical replication connection: %v", err)
+	}
+	defer physical.Close(ctx)
+	_, err = pglogrepl.CreateReplicationSlot(ctx, physical, "relays_physical_logical", "test_decoding",
+		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, Temporary: true})
+	refused(t, "a logical slot over replication=true", err, pgerrcode.ObjectNotInPrerequisiteState, "logical decoding requires a database connection")
+	if _, err := pglogrepl.StartBaseBackup(ctx, physical, pglogrepl.BaseBackupOptions{Label: "not the relay's", Fast: true}); err != nil {
+		t.Errorf("BASE_BACKUP over replication=true: %v; docs/security.md says it is allowed", err)
 	}
 }
