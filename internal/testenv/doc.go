@@ -5,7 +5,11 @@
 // by scripts/neo4j-server.sh and scripts/qdrant-server.sh (as make test
 // does) or by the test process itself: a test leases an emptied Neo4j
 // instance (LeaseNeo4j) or collections of its own name (LeaseQdrant,
-// LeaseQdrantKeyed).
+// LeaseQdrantKeyed). For runs with TLS on every link: certificates made
+// per run (NewCertificates), TLS on the shared cluster (Postgres.EnableTLS),
+// a Qdrant instance of a test's own that serves TLS alone (StartQdrantTLS),
+// and TLS fronts for a server that offers no TLS (TLSFront) or a tool that
+// speaks none (PlainFront).
 //
 // Tests exercise the same Postgres and NATS code paths as production rather
 // than fakes, so the helpers aim to make that cheap: the cluster starts once
