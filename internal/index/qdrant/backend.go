@@ -87,10 +87,11 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	}
 	host, port, tls, _ := parseAddr(cfg.Addr)
 	client, err := qd.NewClient(&qd.Config{
-		Host:   host,
-		Port:   port,
-		APIKey: cfg.APIKey,
-		UseTLS: cfg.UseTLS || tls,
+		Host:      host,
+		Port:      port,
+		APIKey:    cfg.APIKey,
+		UseTLS:    cfg.UseTLS || tls || cfg.TLS != nil,
+		TLSConfig: cfg.TLS,
 		// The version check below replaces the client's, which only logs.
 		SkipCompatibilityCheck: true,
 		PoolSize:               uint(cfg.Parallel),

@@ -1,6 +1,7 @@
 package qdrant
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -17,6 +18,10 @@ type Config struct {
 	Addr   string
 	APIKey string // sent as the api-key metadata when set
 	UseTLS bool
+	// TLS configures the TLS connection (root CAs, client certificates,
+	// minimum version); nil uses the system's roots and TLS 1.3. Setting
+	// it implies UseTLS.
+	TLS *tls.Config
 	// Collection is the collection, or the alias of one, that holds the
 	// chunks and the markers. Default "converge_chunks".
 	Collection string
