@@ -6,17 +6,26 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
+	"maps"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/config"
@@ -26,6 +35,7 @@ import (
 	"github.com/converge-sync/converge/internal/index"
 	"github.com/converge-sync/converge/internal/index/backends"
 	"github.com/converge-sync/converge/internal/index/embedded"
+	"github.com/converge-sync/converge/internal/index/qdrant"
 	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/proc"
 	"github.com/converge-sync/converge/internal/projector"
@@ -44,7 +54,9 @@ type process struct {
 	bin  string
 	args []string
 	env  []string // added to the test's environment
-	addr string   // its metrics address: /readyz
+	// addr is its metrics address as the test and the CLI reach it:
+	// host:port (plain HTTP), or https://host:port in a run with TLS.
+	addr string
 	logs testenv.Buffer
 
 	mu    sync.Mutex
@@ -88,7 +100,21 @@ func (s *process) stop() {
 	}
 }
 
-func (s *process) ready() bool { return stack.HTTPOK("http://" + s.addr + "/readyz") }
+// ready reports whether its /readyz answers 200.
+func (s *process) ready() bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, serviceURL(s.addr)+"/readyz", nil)
+	if err != nil {
+		return false
+	}
+	resp, err := serviceClient.Do(req)
+	if err != nil {
+		return false
+	}
+	_ = resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
 
 func freePort(t *testing.T) string {
 	t.Helper()
@@ -99,6 +125,74 @@ func freePort(t *testing.T) string {
 	return addr
 }
 
+// serviceURL is the base URL of a service's listener at addr: host:port
+// is plain HTTP; an http:// or https:// URL is taken as it is.
+func serviceURL(addr string) string {
+	if strings.Contains(addr, "://") {
+		return addr
+	}
+	return "http://" + addr
+}
+
+// serviceClient is the test's client of the services' HTTP listeners:
+// plain HTTP, and HTTPS to a listener whose certificate the CA of a run
+// going on signed (trustCA). The services of a run all listen on
+// 127.0.0.1, the name their certificate is checked for.
+var serviceClient = &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{
+	MinVersion: tls.VersionTLS12,
+	// The certificate is verified by verifyRunCA, against each run's CA
+	// (they come and go with the runs), not skipped.
+	InsecureSkipVerify: true, //nolint:gosec // verified by VerifyConnection
+	VerifyConnection:   verifyRunCA,
+}}}
+
+// runCAs are the CAs of the runs with TLS going on.
+var runCAs struct {
+	mu    sync.Mutex
+	pools []*x509.CertPool
+}
+
+// trustCA makes serviceClient trust certs' CA until t ends.
+func trustCA(t *testing.T, certs testenv.Certificates) {
+	runCAs.mu.Lock()
+	runCAs.pools = append(runCAs.pools, certs.Pool)
+	runCAs.mu.Unlock()
+	t.Cleanup(func() {
+		runCAs.mu.Lock()
+		defer runCAs.mu.Unlock()
+		runCAs.pools = slices.DeleteFunc(runCAs.pools, func(p *x509.CertPool) bool { return p == certs.Pool })
+		serviceClient.CloseIdleConnections()
+	})
+}
+
+// verifyRunCA accepts a server certificate that one of runCAs signed for
+// 127.0.0.1 (or the name the client asked for).
+func verifyRunCA(cs tls.ConnectionState) error {
+	if len(cs.PeerCertificates) == 0 {
+		return errors.New("no server certificate")
+	}
+	// A client sends no server name for an IP address.
+	name := cs.ServerName
+	if name == "" {
+		name = "127.0.0.1"
+	}
+	opts := x509.VerifyOptions{DNSName: name, Intermediates: x509.NewCertPool()}
+	for _, c := range cs.PeerCertificates[1:] {
+		opts.Intermediates.AddCert(c)
+	}
+	runCAs.mu.Lock()
+	pools := slices.Clone(runCAs.pools)
+	runCAs.mu.Unlock()
+	err := errors.New("no run with TLS is going on: no CA is trusted")
+	for _, pool := range pools {
+		opts.Roots = pool
+		if _, err = cs.PeerCertificates[0].Verify(opts); err == nil {
+			return nil
+		}
+	}
+	return err
+}
+
 // TestBinariesSurviveKillsAndVerify runs the real binaries as separate
 // processes (writer, relay, both projectors; Postgres and NATS are the test's
 // own), SIGKILLs each service once while documents are written, replays
@@ -107,44 +201,47 @@ func freePort(t *testing.T) string {
 // verify` (the binary) that every store agrees; then it damages the index
 // and the graph behind the projectors' backs, checks that verify names
 // exactly those documents, and that `verify --repair` repairs them. It runs
-// three times: with both projectors on the embedded stores (the graph
-// rebuilt blue/green); with the graph on the real Neo4j server (rebuilt in
-// place); and with the index in a collection of the real Qdrant server
-// that takes an API key, where the index is also rebuilt blue/green three
-// times in a row (its projector SIGKILLed during one, documents changing
-// during another), its points are damaged through Qdrant's HTTP API, and
+// twice. First with both projectors on the embedded stores (the graph
+// rebuilt blue/green), over plain connections. Then with TLS on every
+// listener and every link, the graph on the real Neo4j server (rebuilt in
+// place) and the index in a collection of a real Qdrant server that takes
+// an API key, where the index is also rebuilt blue/green three times in a
+// row (its projector SIGKILLed during one, documents changing during
+// another), its points are damaged through Qdrant's HTTP API, and
 // projector-index refuses to start with the read-only key, no key or a
-// wrong one. Each process runs with its own credentials alone, the
-// binaries refuse what those do not allow (checkDenials), the producer's
-// NATS user reads none of the others' inboxes throughout (inboxSpy), and
-// no secret of the run appears in any output, command line or /metrics.
+// wrong one; that run also checks that each link is TLS indeed
+// (checkLinksAreTLS). Each process runs with its own credentials alone,
+// the binaries refuse what those do not allow (checkDenials), the
+// producer's NATS user reads none of the others' inboxes throughout
+// (inboxSpy), and no secret of the run appears in any output, command line
+// or /metrics.
 func TestBinariesSurviveKillsAndVerify(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs every binary")
 	}
 	bin := testenv.BuildBinaries(t)
 	t.Run("embedded-graph", func(t *testing.T) { testBinaries(t, bin, binaryStores{}) })
-	t.Run("neo4j-graph", func(t *testing.T) {
+	t.Run("tls", func(t *testing.T) {
+		certs := testenv.NewCertificates(t)
 		n := testenv.LeaseNeo4j(t)
-		testBinaries(t, bin, binaryStores{neo4j: &n})
-	})
-	t.Run("qdrant-index", func(t *testing.T) {
-		q := testenv.LeaseQdrantKeyed(t)
-		testBinaries(t, bin, binaryStores{qdrant: &q})
+		q := testenv.StartQdrantTLS(t, certs)
+		testBinaries(t, bin, binaryStores{certs: &certs, neo4j: &n, qdrant: &q})
 	})
 }
 
 // binaryStores are the stores of a run of the binaries beside the
 // embedded ones: the graph in Neo4j, the index in a Qdrant collection
-// (with an API key).
+// (with an API key, over TLS); and certs, the CA and key pair of a run
+// with TLS on every listener and every link.
 type binaryStores struct {
+	certs  *testenv.Certificates
 	neo4j  *testenv.Neo4j
-	qdrant *testenv.Qdrant
+	qdrant *testenv.QdrantTLS
 }
 
 // testBinaries is TestBinariesSurviveKillsAndVerify with the graph in
-// st.neo4j and the index in st.qdrant, each embedded when nil. Every
-// process holds its own
+// st.neo4j and the index in st.qdrant, each embedded when nil, and TLS
+// everywhere with st.certs. Every process holds its own
 // credentials alone, passwords and tokens in its environment (never on its
 // command line): the roles are applied on an empty database by `converge
 // roles apply`, which `converge migrate up` migrates as converge_owner; the
@@ -154,11 +251,22 @@ type binaryStores struct {
 // writer and the projectors take tokens files, the CLI the operator's
 // token; projector-index the Qdrant API key. At the end no secret of the
 // run may be in any output.
+//
+// With TLS, the services serve HTTPS alone (-tls-cert, -tls-key), their
+// clients and the CLI trust the run's CA alone (-nats-ca, CONVERGE_TLS_CA,
+// sslmode=verify-full with sslrootcert, SSL_CERT_FILE for the Neo4j and
+// Qdrant drivers), Postgres refuses converge's roles without TLS, and
+// NATS, Qdrant and the Neo4j front (testenv.TLSFront: the test server has
+// no TLS of its own) accept TLS alone.
 func testBinaries(t *testing.T, bin *testenv.Binaries, st binaryStores) {
-	n, q := st.neo4j, st.qdrant
+	n, q, certs := st.neo4j, st.qdrant, st.certs
 	dbURL := pg.NewDatabase(t)
-	adminURL := pg.Cluster.URL("postgres")
-	creds := newCredentials(t, dbURL)
+	creds := newCredentials(t, dbURL, certs)
+	adminURL := creds.postgresURL(pg.Cluster.URL("postgres"))
+	if certs != nil {
+		pg.EnableTLS(t, *certs)
+		trustCA(t, *certs)
+	}
 	if n != nil {
 		creds.secrets["neo4j password"] = n.Password
 	}
@@ -166,10 +274,10 @@ func testBinaries(t *testing.T, bin *testenv.Binaries, st binaryStores) {
 		creds.secrets["qdrant API key"] = q.APIKey
 		creds.secrets["qdrant read-only API key"] = q.ReadOnlyKey
 	}
-	requirePasswords(t, adminURL)
+	requirePasswords(t, pg.Cluster.URL("postgres"), certs != nil)
 	nats := creds.startNATS(t)
 	data := t.TempDir()
-	cmd := &cli{t: t, path: bin.Path("converge")}
+	cmd := &cli{t: t, path: bin.Path("converge"), env: creds.cliEnv()}
 	owner, reader := creds.postgresEnv(t, roles.Owner), creds.postgresEnv(t, roles.Reader)
 	dbName := strings.TrimPrefix(mustParseURL(t, dbURL).Path, "/")
 	if out, err := cmd.run(append([]string{config.EnvPostgresURL + "=" + adminURL}, creds.rolesEnv()...),
@@ -185,10 +293,16 @@ func testBinaries(t *testing.T, bin *testenv.Binaries, st binaryStores) {
 		dropSlots(t, dbURL)
 	})
 
+	// The Neo4j and Qdrant drivers of the projectors trust the system's
+	// roots: with TLS, the run's CA alone.
+	var driversCA []string
+	if certs != nil {
+		driversCA = []string{"SSL_CERT_FILE=" + certs.CAFile}
+	}
 	httpAddr := freePort(t)
-	svc := func(name, addr, natsUser string, env []string, args ...string) *process {
-		args = append(append(args, "-nats-url", nats.URL), natsArgs(natsUser)...)
-		return &process{t: t, name: name, bin: bin.Path(name), args: args, addr: addr,
+	svc := func(name, listen, natsUser string, env []string, args ...string) *process {
+		args = append(append(append(args, "-nats-url", nats.URL), creds.natsArgs(natsUser)...), creds.httpArgs()...)
+		return &process{t: t, name: name, bin: bin.Path(name), args: args, addr: creds.serviceAddr(listen),
 			env: append(creds.natsEnv(natsUser), env...)}
 	}
 	wAddr, rAddr, iAddr, gAddr := freePort(t), freePort(t), freePort(t), freePort(t)
@@ -199,21 +313,27 @@ func testBinaries(t *testing.T, bin *testenv.Binaries, st binaryStores) {
 			"-metrics-addr", rAddr, "-standby-retry", "200ms"),
 		// A short ack wait: what a SIGKILLed projector had in flight is
 		// delivered again after it, not after the default minute.
-		svc("projector-index", iAddr, natsauth.UserIndex, nil,
+		svc("projector-index", iAddr, natsauth.UserIndex, driversCA,
 			"-data-dir", data, "-metrics-addr", iAddr, "-ack-wait", "5s", "-tokens-file", creds.projectorTokens),
-		svc("projector-graph", gAddr, natsauth.UserGraph, nil,
+		svc("projector-graph", gAddr, natsauth.UserGraph, driversCA,
 			"-data-dir", data, "-metrics-addr", gAddr, "-ack-wait", "5s", "-tokens-file", creds.projectorTokens),
 	}
+	graphURL, graphTLS := "", (*tls.Config)(nil)
 	if n != nil {
+		graphURL = n.URL
+		if certs != nil {
+			graphURL = "bolt+s://" + testenv.TLSFront(t, *certs, strings.TrimPrefix(n.URL, "bolt://"))
+			graphTLS = certs.ClientTLS()
+		}
 		// The password through the environment: never on a command line.
 		g := services[3]
-		g.args = append(g.args, "-neo4j-url", n.URL, "-neo4j-user", n.User)
+		g.args = append(g.args, "-neo4j-url", graphURL, "-neo4j-user", n.User)
 		g.env = append(g.env, "CONVERGE_NEO4J_PASSWORD="+n.Password)
 	}
 	if q != nil {
 		// The key through the environment too.
 		x := services[2]
-		x.args = append(x.args, "-qdrant-url", q.URL, "-qdrant-collection", q.Collection)
+		x.args = append(x.args, "-qdrant-url", q.TLSURL, "-qdrant-collection", q.Collection)
 		x.env = append(x.env, backends.EnvQdrantAPIKey+"="+q.APIKey)
 	}
 	t.Cleanup(func() {
@@ -233,8 +353,9 @@ func testBinaries(t *testing.T, bin *testenv.Binaries, st binaryStores) {
 	for _, s := range services {
 		testenv.Eventually(t, s.name+" to be ready", 60*time.Second, s.ready)
 	}
+	relay := services[1]
 	relayActive := func() bool {
-		resp, err := http.Get("http://" + rAddr + "/metrics")
+		resp, err := serviceClient.Get(serviceURL(relay.addr) + "/metrics")
 		if err != nil {
 			return false
 		}
@@ -249,20 +370,22 @@ func testBinaries(t *testing.T, bin *testenv.Binaries, st binaryStores) {
 	}
 	testenv.Eventually(t, "the relay to hold its slot", 30*time.Second, relayActive)
 
-	api := "http://" + httpAddr
-	refusals := checkDenials(t, denialRun{bin: bin, cli: cmd, creds: creds, natsURL: nats.URL, api: api, indexAddr: iAddr, qdrant: q})
+	api := serviceURL(creds.serviceAddr(httpAddr))
+	ix, gx := services[2], services[3]
+	refusals := checkDenials(t, denialRun{bin: bin, cli: cmd, creds: creds, natsURL: nats.URL, api: api, indexAddr: ix.addr,
+		qdrant: q, driversCA: driversCA})
 
 	// The operator's credentials: the reader's URL, the operator's token
 	// (verify reads the projectors, rebuild and --repair are admin's), and
 	// its NATS user (replay, status).
 	opEnv := append(append([]string{}, reader...), auth.EnvToken+"="+creds.operator)
-	opNATS := append(natsArgs(natsauth.UserOperator), "-nats-url", nats.URL)
+	opNATS := append(creds.natsArgs(natsauth.UserOperator), "-nats-url", nats.URL)
 	opNATSEnv := append(append([]string{}, reader...), creds.natsEnv(natsauth.UserOperator)...)
 
 	// From here to the end, the producer listens on every inbox but its
 	// own: it must read none of the deliveries, replies and key-value
 	// answers of the others (checked after the repair).
-	spy := spyOnInboxes(t, nats.URL, natsauth.UserProducer, creds.nats[natsauth.UserProducer])
+	spy := spyOnInboxes(t, nats.URL, natsauth.UserProducer, creds.nats[natsauth.UserProducer], creds.certs)
 
 	// Write 400 documents in batches while each service is SIGKILLed once
 	// at a random point and restarted.
@@ -288,12 +411,17 @@ func testBinaries(t *testing.T, bin *testenv.Binaries, st binaryStores) {
 		t.Fatal(err)
 	}
 
-	verifyArgs := []string{"verify", "--json", "-index-addr", iAddr, "-graph-addr", gAddr}
+	verifyArgs := []string{"verify", "--json", "-index-addr", ix.addr, "-graph-addr", gx.addr}
 	agrees := func() bool {
 		_, err := cmd.run(opEnv, verifyArgs...)
 		return err == nil
 	}
 	testenv.Eventually(t, "converge verify to exit 0 after the kills", 90*time.Second, agrees)
+	var links []string
+	if certs != nil {
+		links = checkLinksAreTLS(t, tlsRun{creds: creds, nats: nats, services: services, apiListen: httpAddr,
+			graphURL: graphURL, neo4j: *n, qdrant: *q})
+	}
 
 	// Replay the index projector from the start, and rebuild the graph
 	// from scratch, SIGKILLing its projector in the middle of the rebuild:
@@ -302,13 +430,12 @@ func testBinaries(t *testing.T, bin *testenv.Binaries, st binaryStores) {
 	if out, err := cmd.run(opNATSEnv, append([]string{"replay", "index", "--from-seq", "1"}, opNATS...)...); err != nil {
 		t.Fatalf("converge replay index: %v\n%s", err, out)
 	}
-	gx := services[3]
-	graphRebuild := startRebuild(t, cmd, opEnv, "graph", gAddr)
+	graphRebuild := startRebuild(t, cmd, opEnv, "graph", gx.addr)
 	// Live traffic during the rebuild: a second version of 100 documents
 	// (new titles, links and tags).
 	changed := changeDocuments(api, creds.write, 2, 0, 100)
-	testenv.Eventually(t, "the graph rebuild to start", 30*time.Second, rebuildStarted(gAddr, creds.operator, ""))
-	killedDuringRebuild := rebuildStatus(gAddr, creds.operator).Phase != rebuild.PhaseDone
+	testenv.Eventually(t, "the graph rebuild to start", 30*time.Second, rebuildStarted(gx.addr, creds.operator, ""))
+	killedDuringRebuild := rebuildStatus(gx.addr, creds.operator).Phase != rebuild.PhaseDone
 	gx.kill()
 	gx.start()
 	testenv.Eventually(t, "projector-graph to be ready after the kill", 60*time.Second, gx.ready)
@@ -329,7 +456,7 @@ func testBinaries(t *testing.T, bin *testenv.Binaries, st binaryStores) {
 	}
 	rebuilds := []*backgroundRebuild{graphRebuild}
 	if q != nil {
-		rebuilds = append(rebuilds, rebuildQdrantIndex(t, qdrantRebuilds{cli: cmd, env: opEnv, q: *q, proc: services[2],
+		rebuilds = append(rebuilds, rebuildQdrantIndex(t, qdrantRebuilds{cli: cmd, env: opEnv, q: q.Qdrant, proc: ix,
 			api: api, writeToken: creds.write, operator: creds.operator, agrees: agrees})...)
 	}
 
@@ -338,7 +465,6 @@ func testBinaries(t *testing.T, bin *testenv.Binaries, st binaryStores) {
 	// HTTP API while projector-index runs): the points of one document
 	// deleted from the embedded index; in Qdrant one chunk point of a
 	// document deleted and another's chunk hash changed.
-	ix := services[2]
 	gx.stop()
 	damagedIndex, damagedGraph := []string{"doc/007"}, "doc/013"
 	var err error
@@ -360,7 +486,7 @@ func testBinaries(t *testing.T, bin *testenv.Binaries, st binaryStores) {
 	}
 	var gs graph.Backend
 	if n != nil {
-		gs, err = neo4j.New(context.Background(), neo4j.Config{URL: n.URL, User: n.User, Password: n.Password})
+		gs, err = neo4j.New(context.Background(), neo4j.Config{URL: graphURL, User: n.User, Password: n.Password, TLS: graphTLS})
 	} else {
 		var liveGraph string
 		if liveGraph, err = graphDirs.Live(); err == nil {
@@ -426,7 +552,7 @@ func testBinaries(t *testing.T, bin *testenv.Binaries, st binaryStores) {
 	}
 	// --repair re-emits those documents through the writer; the normal
 	// path repairs them and verify agrees again.
-	out, err = cmd.run(opEnv, "verify", "--repair", "-index-addr", iAddr, "-graph-addr", gAddr, "-writer-url", api)
+	out, err = cmd.run(opEnv, "verify", "--repair", "-index-addr", ix.addr, "-graph-addr", gx.addr, "-writer-url", api)
 	if err != nil {
 		t.Fatalf("converge verify --repair: %v\n%s", err, out)
 	}
@@ -436,7 +562,7 @@ func testBinaries(t *testing.T, bin *testenv.Binaries, st binaryStores) {
 	if q != nil {
 		// Past the adapter too: every point of the collection is one of
 		// Postgres's chunks or markers again.
-		qdrantEqualsPostgres(t, *q, dbURL)
+		qdrantEqualsPostgres(t, q.Qdrant, dbURL)
 	}
 
 	spy.check(t, func(what, text string) { refusals.observed = append(refusals.observed, what+": "+text) })
@@ -451,7 +577,7 @@ func testBinaries(t *testing.T, bin *testenv.Binaries, st binaryStores) {
 	}
 	sources["command lines"] = argv.String()
 	for _, s := range services {
-		sources[s.name+" /metrics"] = scrape("http://"+s.addr+"/metrics", "")
+		sources[s.name+" /metrics"] = scrape(serviceURL(s.addr)+"/metrics", "")
 	}
 	for i, r := range rebuilds {
 		sources[fmt.Sprintf("converge rebuild output %d", i+1)] = r.out.String()
@@ -468,6 +594,9 @@ func testBinaries(t *testing.T, bin *testenv.Binaries, st binaryStores) {
 	}
 	for _, r := range refusals.observed {
 		t.Logf("refused: %s", r)
+	}
+	for _, l := range links {
+		t.Logf("TLS: %s", l)
 	}
 	t.Logf("graph projector SIGKILLed during its rebuild: %v", killedDuringRebuild)
 	indexRebuilds := ""
@@ -526,12 +655,13 @@ func (r *backgroundRebuild) result(t *testing.T, timeout time.Duration) (rebuild
 }
 
 // rebuildStatus is the status of the last rebuild the projector at addr
-// reports (zero when it does not answer).
+// (host:port or a URL, see serviceURL) reports (zero when it does not
+// answer).
 func rebuildStatus(addr, token string) rebuild.Status {
 	var st rebuild.Status
-	req, _ := http.NewRequest(http.MethodGet, "http://"+addr+rebuild.AdminPath, nil)
+	req, _ := http.NewRequest(http.MethodGet, serviceURL(addr)+rebuild.AdminPath, nil)
 	auth.SetBearer(req.Header, token)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := serviceClient.Do(req)
 	if err != nil {
 		return st
 	}
@@ -610,7 +740,7 @@ func postRetrying(api, token string, docs []contract.Document, timeout time.Dura
 		}
 		req.Header.Set("Content-Type", "application/x-ndjson")
 		auth.SetBearer(req.Header, token)
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := serviceClient.Do(req)
 		if err == nil {
 			ok := resp.StatusCode == http.StatusOK
 			lines := 0
@@ -650,4 +780,194 @@ func dropSlots(t *testing.T, dbURL string) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Logf("replication slots left in the test database")
+}
+
+// tlsRun is what checkLinksAreTLS needs of a run with TLS.
+type tlsRun struct {
+	creds     *credentials
+	nats      natsRun
+	services  []*process
+	apiListen string // the writer's API, host:port
+	graphURL  string // bolt+s:// of the Neo4j front
+	neo4j     testenv.Neo4j
+	qdrant    testenv.QdrantTLS
+}
+
+// checkLinksAreTLS checks, while the services of r run, that every link
+// is TLS indeed, not merely configured: Postgres reports TLS on each
+// connection of converge's roles to the run's database (the relay's
+// replication connection among them) and refuses them a connection
+// without; the NATS server reports TLS on each client connection and
+// answers a plain one with nothing; each HTTP listener refuses plain
+// HTTP and a client that does not trust the run's CA; Neo4j (through its
+// front) and Qdrant refuse a client without the CA, and plain ones. It
+// returns what it saw.
+func checkLinksAreTLS(t *testing.T, r tlsRun) []string {
+	t.Helper()
+	ctx := context.Background()
+	var saw []string
+
+	// Postgres: the test's own connection is the superuser's, without TLS.
+	pool, err := pgxpool.New(ctx, r.creds.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	rows, err := pool.Query(ctx, `
+		SELECT a.usename, a.backend_type, coalesce(s.ssl, false), coalesce(s.version, ''), r.pid IS NOT NULL
+		FROM pg_stat_activity a LEFT JOIN pg_stat_ssl s ON s.pid = a.pid LEFT JOIN pg_stat_replication r ON r.pid = a.pid
+		WHERE a.datname = current_database() AND a.usename = ANY($1)`, roles.Names())
+	if err != nil {
+		t.Fatal(err)
+	}
+	conns := map[string]int{}
+	for rows.Next() {
+		var user, backend, version string
+		var ssl, replication bool
+		if err := rows.Scan(&user, &backend, &ssl, &version, &replication); err != nil {
+			t.Fatal(err)
+		}
+		what := user + " " + backend
+		if replication {
+			what += " (replication)"
+		}
+		if !ssl {
+			t.Errorf("postgres: a connection of %s without TLS", what)
+		}
+		conns[what+" "+version]++
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{roles.Writer + " client backend", roles.Relay + " walsender (replication)"} {
+		if !slices.ContainsFunc(slices.Collect(maps.Keys(conns)), func(k string) bool { return strings.HasPrefix(k, want+" TLS") }) {
+			t.Errorf("postgres: no connection of %s over TLS; the connections of converge's roles: %v", want, conns)
+		}
+	}
+	saw = append(saw, fmt.Sprintf("postgres connections of converge's roles, by role, kind and TLS version: %v", conns))
+	plain, err := roles.URL(r.creds.dbURL, roles.Writer, r.creds.roles[roles.Writer]) // sslmode=disable
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, err := pgx.Connect(ctx, plain); err == nil {
+		_ = c.Close(ctx)
+		t.Errorf("postgres: %s connected without TLS", roles.Writer)
+	} else {
+		saw = append(saw, fmt.Sprintf("postgres refused %s without TLS: %v", roles.Writer, err))
+	}
+
+	// NATS: every client connection, the services' among them, is TLS.
+	cz, err := r.nats.server.Connz(&server.ConnzOptions{Username: true, Limit: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	byUser := map[string]int{}
+	for _, c := range cz.Conns {
+		if c.TLSVersion == "" {
+			t.Errorf("nats: the connection of %s (%s) is not TLS", c.AuthorizedUser, c.Name)
+		}
+		byUser[c.AuthorizedUser+" "+c.TLSVersion]++
+	}
+	for _, user := range []string{natsauth.UserWriter, natsauth.UserRelay, natsauth.UserIndex, natsauth.UserGraph} {
+		if !slices.ContainsFunc(slices.Collect(maps.Keys(byUser)), func(k string) bool { return strings.HasPrefix(k, user+" 1.") }) {
+			t.Errorf("nats: no TLS connection of %s; the connections by user and TLS version: %v", user, byUser)
+		}
+	}
+	saw = append(saw, fmt.Sprintf("nats connections by user and TLS version: %v", byUser))
+	saw = append(saw, "nats: "+plainNATSRefused(t, r.nats.URL))
+
+	// HTTP: each listener answers HTTPS alone, and only to a client that
+	// trusts the run's CA.
+	listens := []string{r.apiListen}
+	for _, s := range r.services {
+		listens = append(listens, strings.TrimPrefix(s.addr, "https://"))
+	}
+	for _, listen := range listens {
+		resp, err := http.Get("http://" + listen + "/readyz")
+		if err == nil {
+			body, _ := io.ReadAll(resp.Body)
+			_ = resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				t.Errorf("http: %s answered plain HTTP: %s", listen, body)
+			}
+		}
+		if resp, err := http.Get("https://" + listen + "/readyz"); err == nil {
+			_ = resp.Body.Close()
+			t.Errorf("https: %s was trusted without the run's CA", listen)
+		}
+	}
+	saw = append(saw, fmt.Sprintf("http: %d listeners refused plain HTTP and clients without the CA", len(listens)))
+
+	// Neo4j, through its TLS front: refused without the CA and in plain.
+	n := r.neo4j
+	for what, cfg := range map[string]neo4j.Config{
+		"without the CA": {URL: r.graphURL, User: n.User, Password: n.Password, MaxRetryTime: time.Second},
+		"in plain bolt":  {URL: "bolt://" + strings.TrimPrefix(r.graphURL, "bolt+s://"), User: n.User, Password: n.Password, MaxRetryTime: time.Second},
+	} {
+		if b, err := neo4j.New(ctx, cfg); err == nil {
+			_ = b.Close()
+			t.Errorf("neo4j: connected %s", what)
+		} else {
+			saw = append(saw, fmt.Sprintf("neo4j refused a client %s: %v", what, err))
+		}
+	}
+
+	// Qdrant: refused without the CA and in plain gRPC; accepted with the
+	// CA given as qdrant.Config.TLS.
+	q := r.qdrant
+	for what, cfg := range map[string]qdrant.Config{
+		"without the CA": {Addr: q.TLSURL, APIKey: q.APIKey, Timeout: 10 * time.Second},
+		"in plain gRPC":  {Addr: strings.TrimPrefix(q.TLSURL, "https://"), APIKey: q.APIKey, Timeout: 10 * time.Second},
+	} {
+		if b, err := qdrant.New(ctx, cfg); err == nil {
+			_ = b.Close()
+			t.Errorf("qdrant: connected %s", what)
+		} else {
+			saw = append(saw, fmt.Sprintf("qdrant refused a client %s: %v", what, err))
+		}
+	}
+	b, err := qdrant.New(ctx, qdrant.Config{Addr: strings.TrimPrefix(q.TLSURL, "https://"), APIKey: q.APIKey, TLS: r.creds.certs.ClientTLS()})
+	if err != nil {
+		t.Errorf("qdrant with the CA: %v", err)
+	} else {
+		_ = b.Close()
+	}
+	if resp, err := http.Get("http://" + strings.TrimPrefix(q.TLSHTTPURL, "https://") + "/readyz"); err == nil {
+		_ = resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			t.Errorf("qdrant: its REST API answered plain HTTP")
+		}
+	}
+	return saw
+}
+
+// plainNATSRefused opens a plain TCP connection to the NATS server at
+// natsURL, checks that its INFO requires TLS, sends a CONNECT and a PING
+// in plain text, and checks that no PONG comes back before the server
+// ends the connection. It returns what the server did.
+func plainNATSRefused(t *testing.T, natsURL string) string {
+	t.Helper()
+	c, err := net.Dial("tcp", mustParseURL(t, natsURL).Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// A bound, not a wait: the server ends the connection at once.
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	rd := bufio.NewReader(c)
+	info, err := rd.ReadString('\n')
+	if err != nil || !strings.Contains(info, `"tls_required":true`) {
+		t.Errorf("nats: the server's INFO does not require TLS: %q, %v", info, err)
+	}
+	if _, err := io.WriteString(c, "CONNECT {\"verbose\":false,\"pedantic\":false}\r\nPING\r\n"); err != nil {
+		return "ended the plain connection before the CONNECT: " + err.Error()
+	}
+	rest, err := io.ReadAll(rd)
+	if bytes.Contains(rest, []byte("PONG")) {
+		t.Errorf("nats: the server answered a plain PING: %q", rest)
+	}
+	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+		t.Errorf("nats: the server kept a plain connection open")
+	}
+	return fmt.Sprintf("a plain connection's INFO requires TLS, and its PING was answered with no PONG (%d bytes, then the end)", len(rest))
 }

@@ -15,8 +15,10 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/config"
@@ -24,8 +26,8 @@ import (
 	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/natsserver"
 	"github.com/converge-sync/converge/internal/roles"
-
 	"github.com/converge-sync/converge/internal/testenv"
+	"github.com/converge-sync/converge/pkg/contract"
 )
 
 // credentialVars are the variables that carry a credential. No child
@@ -36,6 +38,8 @@ var credentialVars = []string{
 	auth.EnvToken, auth.EnvToken + "_FILE", auth.EnvTokensFile,
 	"CONVERGE_OWNER_PASSWORD", "CONVERGE_WRITER_PASSWORD", "CONVERGE_RELAY_PASSWORD", "CONVERGE_READER_PASSWORD",
 	"CONVERGE_NEO4J_PASSWORD", backends.EnvQdrantAPIKey,
+	// Not credentials, but what a run trusts: each child gets the run's.
+	natsauth.EnvCA, auth.EnvTLSCA, "SSL_CERT_FILE", "SSL_CERT_DIR",
 }
 
 // credentials are the secrets of one run of the binaries, made for it: a
@@ -48,12 +52,26 @@ type credentials struct {
 	read                          string            // a read-only token
 	operator                      string            // the operator's token (CONVERGE_TOKEN of the CLI): admin,read
 	writerTokens, projectorTokens string            // the tokens files
-	secrets                       secrets
+	// certs are the CA and key pair of a run with TLS on every listener
+	// and every link; nil: plain connections.
+	certs   *testenv.Certificates
+	secrets secrets
 }
 
-func newCredentials(t *testing.T, dbURL string) *credentials {
+// newCredentials makes the credentials of a run on the database at dbURL;
+// with certs, every connection they make is over TLS, verified against
+// certs' CA, and the key pair's private key is a secret of the run.
+func newCredentials(t *testing.T, dbURL string, certs *testenv.Certificates) *credentials {
 	t.Helper()
-	c := &credentials{dbURL: dbURL, roles: map[string]string{}, nats: map[string]string{}, secrets: secrets{}}
+	c := &credentials{dbURL: dbURL, roles: map[string]string{}, nats: map[string]string{}, certs: certs, secrets: secrets{}}
+	if certs != nil {
+		// Its base64 body, not the header line every key has; the
+		// body's first characters (leakPrefix) are those of every P-256
+		// key too, so any private key printed is caught.
+		body := strings.Join(slices.DeleteFunc(strings.Split(string(certs.KeyPEM), "\n"),
+			func(line string) bool { return line == "" || strings.HasPrefix(line, "-----") }), "\n")
+		c.secrets["TLS private key"] = body
+	}
 	for _, r := range roles.Names() {
 		c.roles[r] = rand.Text()
 		c.secrets["postgres password of "+r] = c.roles[r]
@@ -86,11 +104,26 @@ func newCredentials(t *testing.T, dbURL string) *credentials {
 // roleURL is the test database's URL as role, with its password.
 func (c *credentials) roleURL(t *testing.T, role string) string {
 	t.Helper()
-	u, err := roles.URL(c.dbURL, role, c.roles[role])
+	return c.urlAs(t, role, c.roles[role])
+}
+
+// urlAs is the test database's URL as role with password; with TLS, it
+// requires TLS and verifies the server (sslmode=verify-full).
+func (c *credentials) urlAs(t *testing.T, role, password string) string {
+	t.Helper()
+	u, err := roles.URL(c.dbURL, role, password)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return u
+	return c.postgresURL(u)
+}
+
+// postgresURL is u, with TLS required and verified when the run has TLS.
+func (c *credentials) postgresURL(u string) string {
+	if c.certs == nil {
+		return u
+	}
+	return testenv.VerifyFullURL(u, c.certs.CAFile)
 }
 
 // postgresEnv is the environment that gives a process role's URL: the
@@ -100,8 +133,14 @@ func (c *credentials) postgresEnv(t *testing.T, role string) []string {
 	return []string{config.EnvPostgresURL + "=" + c.roleURL(t, role)}
 }
 
-// natsArgs and natsEnv make a process connect to NATS as user.
-func natsArgs(user string) []string { return []string{"-nats-user", user} }
+// natsArgs and natsEnv make a process connect to NATS as user; with TLS,
+// trusting the run's CA alone.
+func (c *credentials) natsArgs(user string) []string {
+	if c.certs != nil {
+		return []string{"-nats-user", user, "-nats-ca", c.certs.CAFile}
+	}
+	return []string{"-nats-user", user}
+}
 
 func (c *credentials) natsEnv(user string) []string {
 	return []string{natsauth.EnvPassword + "=" + c.nats[user]}
@@ -117,16 +156,72 @@ func (c *credentials) rolesEnv() []string {
 	}
 }
 
+// httpArgs are a service's flags of its HTTP listeners: with TLS, the
+// run's key pair.
+func (c *credentials) httpArgs() []string {
+	if c.certs != nil {
+		return []string{"-tls-cert", c.certs.CertFile, "-tls-key", c.certs.KeyFile}
+	}
+	return nil
+}
+
+// serviceAddr is how the test and the CLI address a service listening on
+// listen (host:port): as is, or as an https:// URL with TLS.
+func (c *credentials) serviceAddr(listen string) string {
+	if c.certs != nil {
+		return "https://" + listen
+	}
+	return listen
+}
+
+// cliEnv is the environment every converge command of the run gets: with
+// TLS, the CA its https:// clients trust.
+func (c *credentials) cliEnv() []string {
+	if c.certs != nil {
+		return []string{auth.EnvTLSCA + "=" + c.certs.CAFile}
+	}
+	return nil
+}
+
+// natsRun is the NATS server of a run, in the test process.
+type natsRun struct {
+	URL    string
+	server *server.Server
+}
+
 // startNATS starts the embedded server admitting the natsauth users alone,
-// each with its password of c.
-func (c *credentials) startNATS(t *testing.T) *natsserver.Server {
+// each with its password of c; with TLS, it requires TLS of every client
+// (the run's key pair).
+func (c *credentials) startNATS(t *testing.T) natsRun {
 	t.Helper()
-	s, err := natsserver.StartWith(natsserver.Options{StoreDir: t.TempDir(), Port: -1, Users: natsauth.Users(c.nats)})
+	if c.certs == nil {
+		s, err := natsserver.StartWith(natsserver.Options{StoreDir: t.TempDir(), Port: -1, Users: natsauth.Users(c.nats)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.Shutdown)
+		return natsRun{URL: s.URL, server: s.Server}
+	}
+	// natsserver's options, with TLS: it offers no TLS of its own.
+	tlsConfig, err := c.certs.ServerTLS()
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(s.Shutdown)
-	return s
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
+		NoLog: true, NoSigs: true, MaxPayload: contract.MaxMessageBytes, Users: natsauth.Users(c.nats),
+		TLS: true, TLSConfig: tlsConfig, TLSTimeout: 10}) // seconds: a loaded machine's handshakes are slow
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ns.Start()
+	t.Cleanup(func() {
+		ns.Shutdown()
+		ns.WaitForShutdown()
+	})
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server with TLS not ready within 10 s")
+	}
+	return natsRun{URL: ns.ClientURL(), server: ns}
 }
 
 // requirePasswords makes the cluster ask converge's roles for their
@@ -134,7 +229,9 @@ func (c *credentials) startNATS(t *testing.T) *natsserver.Server {
 // every local connection, until the test ends: a service given a wrong
 // password is refused, so that the passwords the test hands out are
 // the ones that get each service in. The superuser stays trusted.
-func requirePasswords(t *testing.T, adminURL string) {
+//
+// With tlsOnly, converge's roles are refused on connections without TLS.
+func requirePasswords(t *testing.T, adminURL string, tlsOnly bool) {
 	t.Helper()
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, adminURL)
@@ -150,7 +247,11 @@ func requirePasswords(t *testing.T, adminURL string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rule := "host all " + strings.Join(roles.Names(), ",") + " 127.0.0.1/32 scram-sha-256\n"
+	names := strings.Join(roles.Names(), ",")
+	rule := "host all " + names + " 127.0.0.1/32 scram-sha-256\n"
+	if tlsOnly {
+		rule = "hostssl all " + names + " 127.0.0.1/32 scram-sha-256\nhostnossl all " + names + " 127.0.0.1/32 reject\n"
+	}
 	reload := func(text []byte) error {
 		// Written in place: the file keeps its owner, the server's user.
 		if err := os.WriteFile(path, text, 0o600); err != nil {
@@ -186,6 +287,7 @@ func requirePasswords(t *testing.T, adminURL string) {
 type cli struct {
 	t    *testing.T
 	path string
+	env  []string       // added to every command's (credentials.cliEnv)
 	logs testenv.Buffer // command lines and outputs, for the secrets check
 }
 
@@ -193,7 +295,7 @@ type cli struct {
 // environment without its credentials.
 func (c *cli) command(env []string, args ...string) *exec.Cmd {
 	cmd := exec.Command(c.path, args...)
-	cmd.Env = append(withoutCredentials(), env...)
+	cmd.Env = append(append(withoutCredentials(), c.env...), env...)
 	fmt.Fprintf(&c.logs, "$ converge %s\n", strings.Join(args, " "))
 	return cmd
 }
@@ -260,7 +362,7 @@ func scrape(url string, token string) string {
 		return ""
 	}
 	auth.SetBearer(req.Header, token)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := serviceClient.Do(req)
 	if err != nil {
 		return ""
 	}

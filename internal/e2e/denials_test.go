@@ -35,11 +35,14 @@ type denialRun struct {
 	cli       *cli
 	creds     *credentials
 	natsURL   string
-	api       string // the writer's API, http://host:port
-	indexAddr string // the index projector's metrics address
+	api       string // the writer's API, http://host:port or https://host:port
+	indexAddr string // the index projector's metrics address (host:port or https://host:port)
 	// qdrant is the index's Qdrant instance (with an API key and a
-	// read-only key), nil with the embedded index.
-	qdrant *testenv.Qdrant
+	// read-only key, over TLS), nil with the embedded index.
+	qdrant *testenv.QdrantTLS
+	// driversCA is the environment that makes the Neo4j and Qdrant
+	// drivers trust the run's CA (none without TLS).
+	driversCA []string
 }
 
 // refusals are what checkDenials saw: the processes it started and the
@@ -62,10 +65,11 @@ func checkDenials(t *testing.T, d denialRun) refusals {
 	r := refusals{responses: map[string]string{}}
 	saw := func(what, text string) { r.observed = append(r.observed, what+": "+text) }
 	child := func(name, user, password string, env []string, args ...string) *process {
-		addr := freePort(t)
-		p := &process{t: t, name: name + " as " + user, bin: d.bin.Path(name), addr: addr,
-			args: append([]string{"-nats-url", d.natsURL, "-nats-user", user, "-metrics-addr", addr}, args...),
-			env:  append([]string{natsauth.EnvPassword + "=" + password}, env...)}
+		listen := freePort(t)
+		args = append(append(append([]string{"-nats-url", d.natsURL, "-metrics-addr", listen},
+			d.creds.natsArgs(user)...), d.creds.httpArgs()...), args...)
+		p := &process{t: t, name: name + " as " + user, bin: d.bin.Path(name), addr: d.creds.serviceAddr(listen),
+			args: args, env: append([]string{natsauth.EnvPassword + "=" + password}, env...)}
 		r.processes = append(r.processes, p)
 		return p
 	}
@@ -101,7 +105,7 @@ func checkDenials(t *testing.T, d denialRun) refusals {
 		r.expectStatus(t, c.what, req, c.want)
 	}
 	// The index projector's search: no token, 401.
-	req, err := http.NewRequest(http.MethodGet, "http://"+d.indexAddr+index.SearchPath+"?q=probe&k=1", nil)
+	req, err := http.NewRequest(http.MethodGet, serviceURL(d.indexAddr)+index.SearchPath+"?q=probe&k=1", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,10 +124,7 @@ func checkDenials(t *testing.T, d denialRun) refusals {
 
 	// Postgres checks each role's password: the reader's URL with the
 	// writer's password is refused.
-	wrong, err := roles.URL(d.creds.dbURL, roles.Reader, d.creds.roles[roles.Writer])
-	if err != nil {
-		t.Fatal(err)
-	}
+	wrong := d.creds.urlAs(t, roles.Reader, d.creds.roles[roles.Writer])
 	out, err = d.cli.run([]string{config.EnvPostgresURL + "=" + wrong}, "status")
 	if line := lineWith(out, "password authentication failed"); err == nil || line == "" {
 		t.Errorf("converge status as %s with another role's password: %v\n%s", roles.Reader, err, out)
@@ -162,7 +163,7 @@ func checkDenials(t *testing.T, d denialRun) refusals {
 		t.Errorf("projector-graph as %s is ready", natsauth.UserIndex)
 	}
 	const counter = "converge_nats_permission_violations_total"
-	metrics := scrape("http://"+p.addr+"/metrics", "")
+	metrics := scrape(serviceURL(p.addr)+"/metrics", "")
 	p.mu.Lock()
 	exited := p.child.Exited()
 	p.mu.Unlock()
@@ -202,8 +203,8 @@ func checkQdrantKeyDenials(t *testing.T, d denialRun, child func(name, user, pas
 		{"a wrong key", wrong, q.Collection, "Unauthenticated"},
 	} {
 		p := child("projector-index", natsauth.UserIndex, d.creds.nats[natsauth.UserIndex],
-			[]string{backends.EnvQdrantAPIKey + "=" + c.key},
-			"-qdrant-url", q.URL, "-qdrant-collection", c.collection, "-data-dir", t.TempDir(), "-tokens-file", d.creds.projectorTokens)
+			append([]string{backends.EnvQdrantAPIKey + "=" + c.key}, d.driversCA...),
+			"-qdrant-url", q.TLSURL, "-qdrant-collection", c.collection, "-data-dir", t.TempDir(), "-tokens-file", d.creds.projectorTokens)
 		p.name = "projector-index with " + c.what
 		p.start()
 		code := exitCode(t, p, 60*time.Second)
@@ -222,7 +223,7 @@ func checkQdrantKeyDenials(t *testing.T, d denialRun, child func(name, user, pas
 // expectStatus sends req and checks its status; the body is kept.
 func (r *refusals) expectStatus(t *testing.T, what string, req *http.Request, want int) {
 	t.Helper()
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := serviceClient.Do(req)
 	if err != nil {
 		t.Errorf("%s: %v", what, err)
 		return
@@ -307,7 +308,9 @@ type inboxSpy struct {
 	errs []string
 }
 
-func spyOnInboxes(t *testing.T, natsURL, user, password string) *inboxSpy {
+// spyOnInboxes connects as user with password (trusting certs' CA, when
+// not nil) and subscribes.
+func spyOnInboxes(t *testing.T, natsURL, user, password string, certs *testenv.Certificates) *inboxSpy {
 	t.Helper()
 	s := &inboxSpy{user: user, subjects: []string{"_INBOX.>"}, got: make(chan *nats.Msg, 4096)}
 	for _, u := range slices.Sorted(maps.Keys(natsauth.Permissions())) {
@@ -315,7 +318,11 @@ func spyOnInboxes(t *testing.T, natsURL, user, password string) *inboxSpy {
 			s.subjects = append(s.subjects, natsauth.InboxPrefix(u)+".>")
 		}
 	}
-	opts, err := natsauth.ClientConfig{User: user, Password: password}.Options()
+	cc := natsauth.ClientConfig{User: user, Password: password}
+	if certs != nil {
+		cc.CAFile = certs.CAFile
+	}
+	opts, err := cc.Options()
 	if err != nil {
 		t.Fatal(err)
 	}
