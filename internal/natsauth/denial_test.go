@@ -246,10 +246,7 @@ func TestOperatorCannotPublishDocuments(t *testing.T) {
 	store.relay.allowed(t)
 	// The operator published nothing to the stream: its one attempt,
 	// above, is its only refusal.
-	if err := o.nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(50 * time.Millisecond) // the handler runs on its own goroutine
+	o.settle(t)
 	if errs := o.errors(); len(errs) != 1 {
 		t.Errorf("the operator's refusals: %q, want only converge.docs.x", errs)
 	}

@@ -3,6 +3,7 @@ package natsauth_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -33,10 +34,17 @@ type env struct {
 	srv *natsserver.Server
 	tap *nats.Conn
 
+	marks     chan string // the tap's own marks, as its handler reaches them
+	nmarks    int
 	mu        sync.Mutex
 	recording []string // the users whose grants the subjects published now use
 	subjects  []string
 }
+
+// tapMark prefixes the subjects the tap publishes to itself: its handler
+// takes messages in order, so once it reaches a mark it has taken every
+// message the server sent it before.
+const tapMark = "converge.test.tapmark."
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
@@ -58,7 +66,12 @@ func newEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(tap.Close)
+	e.marks = make(chan string, 1)
 	sub, err := tap.Subscribe(">", func(m *nats.Msg) {
+		if strings.HasPrefix(m.Subject, tapMark) {
+			e.marks <- m.Subject
+			return
+		}
 		e.mu.Lock()
 		if len(e.recording) > 0 {
 			e.subjects = append(e.subjects, m.Subject)
@@ -97,10 +110,22 @@ func (e *env) used(clients ...*client) {
 			t.Fatal(err)
 		}
 	}
-	if err := e.tap.Flush(); err != nil {
+	// Each client's round trip put its publishes before the server's
+	// answer; the tap's mark, published after, reaches the tap's handler
+	// after every message the server sent it for them.
+	e.nmarks++
+	mark := fmt.Sprintf("%s%d", tapMark, e.nmarks)
+	if err := e.tap.Publish(mark, nil); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(100 * time.Millisecond) // the tap's handler runs on its own goroutine
+	select {
+	case got := <-e.marks:
+		if got != mark {
+			t.Fatalf("the tap reached mark %s, want %s", got, mark)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the tap's handler did not reach its mark %s within 10s", mark)
+	}
 	e.mu.Lock()
 	users, subjects := e.recording, e.subjects
 	e.recording, e.subjects = nil, nil
@@ -153,10 +178,46 @@ type client struct {
 	nc   *nats.Conn
 	js   jetstream.JetStream
 
-	mu    sync.Mutex
-	errs  []string // the asynchronous errors, in order
-	log   bytes.Buffer
-	count func() float64
+	mu       sync.Mutex
+	errs     []string // the asynchronous errors, in order, without the barriers'
+	log      bytes.Buffer
+	count    func() float64 // refusals counted, without the barriers'
+	barriers int
+	reached  chan string
+}
+
+// barrierPrefix names the subjects a client subscribes to as a barrier:
+// no user may, and the server's refusal reaches the client's error handler
+// after every error the server sent before it (nats.go runs the handler
+// for each in order, on its own goroutine).
+const barrierPrefix = "converge.test.barrier."
+
+// settle waits until c's error handler has run for every error the server
+// sent c before now.
+func (c *client) settle(t *testing.T) {
+	t.Helper()
+	c.mu.Lock()
+	c.barriers++
+	subject := fmt.Sprintf("%s%d", barrierPrefix, c.barriers)
+	c.mu.Unlock()
+	sub, err := c.nc.SubscribeSync(subject)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := c.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		select {
+		case got := <-c.reached:
+			if got == subject {
+				return
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: the refusal of the barrier %s did not reach the error handler within 10s", c.user, subject)
+		}
+	}
 }
 
 func (e *env) connect(user string) *client {
@@ -164,7 +225,12 @@ func (e *env) connect(user string) *client {
 	t.Helper()
 	c := &client{user: user}
 	counter := natsauth.DeniedCounter(nil)
-	c.count = func() float64 { return testutil.ToFloat64(counter) }
+	c.reached = make(chan string, 1)
+	c.count = func() float64 {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return testutil.ToFloat64(counter) - float64(c.barriers)
+	}
 	handler := natsauth.ErrorHandler(config.NewLogger(&lockedWriter{mu: &c.mu, w: &c.log}, "info"), counter)
 	ac := natsauth.ClientConfig{User: user, Password: password(user)}
 	opts, err := ac.Options()
@@ -173,6 +239,12 @@ func (e *env) connect(user string) *client {
 	}
 	opts = append(opts, nats.Name("test-"+user), nats.ErrorHandler(func(nc *nats.Conn, sub *nats.Subscription, err error) {
 		handler(nc, sub, err)
+		// The server names the subject it refused: `... Subscription to
+		// "converge.test.barrier.1"`.
+		if _, rest, ok := strings.Cut(err.Error(), `Subscription to "`+barrierPrefix); ok {
+			c.reached <- barrierPrefix + strings.TrimSuffix(rest, `"`)
+			return
+		}
 		c.mu.Lock()
 		c.errs = append(c.errs, err.Error())
 		c.mu.Unlock()
@@ -229,10 +301,10 @@ func (c *client) allowed(t *testing.T) {
 	if err := c.nc.Flush(); err != nil {
 		t.Fatalf("%s: flush: %v", c.user, err)
 	}
-	if err := c.nc.LastError(); err != nil {
+	if err := c.nc.LastError(); err != nil && !strings.Contains(err.Error(), barrierPrefix) {
 		t.Errorf("%s: the server refused: %v", c.user, err)
 	}
-	time.Sleep(50 * time.Millisecond) // the handler runs on its own goroutine
+	c.settle(t)
 	if errs := c.errors(); len(errs) > 0 {
 		t.Errorf("%s: the server refused: %q", c.user, errs)
 	}

@@ -191,7 +191,15 @@ func holdLease(t *testing.T, js jetstream.JetStream, stream, name string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(400 * time.Millisecond) // a renewal
+	// A renewal: the key's revision moves on.
+	_, taken, _, err := l.Current(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, "a renewal of lease "+name, 10*time.Second, func() bool {
+		_, rev, _, err := l.Current(ctx(t))
+		return err == nil && rev > taken
+	})
 	if err := term.Check(ctx(t)); err != nil {
 		t.Fatal(err)
 	}

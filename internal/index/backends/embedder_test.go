@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/converge-sync/converge/internal/chunking"
 	"github.com/converge-sync/converge/internal/embed"
@@ -134,10 +135,13 @@ func (c embedderChange) run(t *testing.T) {
 	}
 	// Searches are still answered, with the model of the stored vectors.
 	c.checkSearches(t, p)
+	retried := testutil.ToFloat64(p.Metrics.Retries)
 	publishDoc(t, js, "late", 1, "A document written while the projector refuses to write.")
 	publishDoc(t, js, "pets", 2, embedtest.Corpus["pets"]+" She chases mice in the garden.")
 	want["late"], want["pets"] = 1, 2
-	time.Sleep(time.Second) // a dozen retries at the test's backoff
+	testenv.Eventually(t, "the refused batch to be retried three times", 30*time.Second, func() bool {
+		return testutil.ToFloat64(p.Metrics.Retries) >= retried+3
+	})
 	if got, _ := contentsOf(t, p.live()); got["late"] != 0 || got["pets"] != 1 {
 		t.Fatalf("the refusing generation holds %v; want the events held back", got)
 	}

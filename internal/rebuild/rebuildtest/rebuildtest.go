@@ -24,6 +24,8 @@ import (
 type Process struct {
 	Switch  *rebuild.Switch
 	Manager *rebuild.Manager
+	// Metrics are the live runtime's (its retries, events, ...).
+	Metrics *projector.Metrics
 	cancel  context.CancelFunc
 	done    sync.WaitGroup
 }
@@ -49,7 +51,8 @@ func Start(t testing.TB, js jetstream.JetStream, stores rebuild.Stores, cfg proj
 		p.Stop()
 		t.Fatal(err)
 	}
-	rt, err := projector.New(js, p.Switch, cfg, nil, nil)
+	p.Metrics = projector.NewMetrics(nil)
+	rt, err := projector.New(js, p.Switch, cfg, p.Metrics, nil)
 	if err != nil {
 		p.Stop()
 		t.Fatal(err)
