@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/converge-sync/converge/internal/relay"
 	"github.com/converge-sync/converge/internal/roles"
 )
 
@@ -32,7 +33,7 @@ func TestReplicationGrantsMoreThanTheRelaysSlot(t *testing.T) {
 	ctx := context.Background()
 	d := newRoled(t)
 	admin := d.connect(t, "postgres")
-	relay := d.connect(t, roles.Relay)
+	relayConn := d.connect(t, roles.Relay)
 	for _, sql := range []string{
 		`CREATE TABLE not_the_relays (secret text)`,
 		`SELECT pg_create_logical_replication_slot('superusers_slot', 'pgoutput')`,
@@ -41,12 +42,12 @@ func TestReplicationGrantsMoreThanTheRelaysSlot(t *testing.T) {
 			t.Fatalf("%s: %v", sql, err)
 		}
 	}
-	_, err := relay.Exec(ctx, `SELECT * FROM not_the_relays`)
+	_, err := relayConn.Exec(ctx, `SELECT * FROM not_the_relays`)
 	refused(t, "the relay reads a table not granted to it", err, "42501", "permission denied for table not_the_relays")
 
 	allowed := func(what, sql string) {
 		t.Helper()
-		if _, err := relay.Exec(ctx, sql); err != nil {
+		if _, err := relayConn.Exec(ctx, sql); err != nil {
 			t.Errorf("%s: %v; docs/security.md says PostgreSQL 15 allows it", what, err)
 			return
 		}
@@ -56,7 +57,7 @@ func TestReplicationGrantsMoreThanTheRelaysSlot(t *testing.T) {
 	if _, err := admin.Exec(ctx, `INSERT INTO not_the_relays VALUES ('the secret')`); err != nil {
 		t.Fatal(err)
 	}
-	rows, err := relay.Query(ctx, `SELECT data FROM pg_logical_slot_get_changes('relays_test_decoding', NULL, NULL)`)
+	rows, err := relayConn.Query(ctx, `SELECT data FROM pg_logical_slot_get_changes('relays_test_decoding', NULL, NULL)`)
 	var changes []string
 	if err == nil {
 		changes, err = pgx.CollectRows(rows, pgx.RowTo[string])
@@ -87,7 +88,7 @@ func TestReplicationGrantsMoreThanTheRelaysSlot(t *testing.T) {
 	defer func() {
 		_, _ = otherAdmin.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, otherSlot)
 	}()
-	if _, err := relay.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, otherSlot); err != nil {
+	if _, err := relayConn.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, otherSlot); err != nil {
 		t.Errorf("drop a slot of another database: %v; docs/security.md says PostgreSQL 15 allows it", err)
 	}
 	relayElsewhere, err := roles.URL(otherDB, roles.Relay, "")
@@ -101,6 +102,13 @@ func TestReplicationGrantsMoreThanTheRelaysSlot(t *testing.T) {
 	defer elsewhere.Close(ctx)
 	if _, err := elsewhere.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'test_decoding', true)`, "relay_in_"+d.name); err != nil {
 		t.Errorf("a temporary test_decoding slot in database postgres: %v; docs/security.md says it is allowed", err)
+	}
+
+	// Not REPLICATION's: any role writes a logical message into the WAL,
+	// which the relay's stream carries (the relay acts on its heartbeat
+	// prefix alone).
+	if _, err := d.connect(t, roles.Reader).Exec(ctx, `SELECT pg_logical_emit_message(false, $1, '')`, relay.HeartbeatPrefix); err != nil {
+		t.Errorf("the reader emits a logical message: %v; docs/security.md says any role may", err)
 	}
 
 	walsender, err := pgconn.Connect(ctx, d.url(t, roles.Relay)+"&replication=database")
