@@ -20,10 +20,13 @@ COPY pkg ./pkg
 RUN --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o /out/ ./cmd/...
 
-# Alpine rather than distroless so that healthchecks can use busybox wget
-# against each service's /readyz.
+# Alpine rather than distroless so that healthchecks have a shell and an
+# HTTP client to ask each service's /readyz: curl, since the listeners are
+# https with the stack's own CA (docker-compose.yml), which curl verifies
+# with --cacert and busybox wget cannot be given.
 FROM alpine:3.22
-RUN addgroup -S -g 10001 converge \
+RUN apk add --no-cache curl \
+ && addgroup -S -g 10001 converge \
  && adduser -S -D -H -u 10001 -G converge -s /sbin/nologin converge \
  && mkdir -p /var/lib/converge \
  && chown converge:converge /var/lib/converge

@@ -148,7 +148,7 @@ lint: ## golangci-lint (.golangci.yml) when installed, else go vet
 	else echo "golangci-lint not installed (go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0); running go vet"; $(GO) vet $(PKGS); fi
 
 .PHONY: up
-up: ## with Docker: make the local secrets (deploy/secrets.sh), build the image and start the whole stack (docker-compose.yml), waiting until it is healthy; NOTIFIER=1 adds the webhook notifier
+up: ## with Docker and Go: make the local secrets, CA and certificates once (deploy/secrets.sh, kept across runs), build the image and start the whole stack over TLS (docker-compose.yml), waiting until it is healthy; NOTIFIER=1 adds the webhook notifier
 	sh deploy/secrets.sh
 	$(if $(NOTIFIER),CONVERGE_RELAY_EFFECTS=true) docker compose $(if $(NOTIFIER),--profile notifier) up -d --build --wait
 

@@ -52,21 +52,31 @@ func TestClusterProfile(t *testing.T) {
 		}
 	}
 
+	// Each node runs as the nats service does, with the cluster's
+	// configuration over it, on the files deploy/secrets.sh makes: the
+	// routes' TLS needs the certificate, its key and the CA to load.
 	bin := testenv.BuildNATSServer(t)
-	dir := t.TempDir()
-	conf := strings.Replace(readFile(t, "deploy/nats/converge.conf"), "store_dir: /data", "store_dir: "+filepath.Join(dir, "data"), 1)
-	if err := os.WriteFile(filepath.Join(dir, "converge.conf"), []byte(conf), 0o600); err != nil {
-		t.Fatal(err)
+	secrets := filepath.Join(t.TempDir(), "secrets")
+	runSecretsScript(t, secrets)
+	conf := natsStackConf(t, base, secrets, natsServerConf, natsClusterConf)
+	for _, n := range nodes {
+		s := c.Services[n]
+		if n != "nats" {
+			s.Secrets = append(s.Secrets, base.Services["nats"].Secrets...)
+		}
+		if _, ok := s.secretAt(secretsDir + caSecret); !ok {
+			t.Errorf("%s: the CA is not mounted: the routes verify the other nodes with it", n)
+		}
 	}
-	if err := os.WriteFile(filepath.Join(dir, "cluster.conf"), []byte(readFile(t, "deploy/nats/cluster.conf")), 0o600); err != nil {
-		t.Fatal(err)
+	if !strings.Contains(readFile(t, natsClusterConf), "verify: true") {
+		t.Errorf("%s: the routes do not verify the other nodes' certificates", natsClusterConf)
 	}
 	for _, name := range []string{"nats-1", "nats-2", "nats-3"} {
-		cmd := exec.Command(bin, "-t", "-c", "cluster.conf")
-		cmd.Dir = dir
+		cmd := exec.Command(bin, "-t", "-c", filepath.Base(conf))
+		cmd.Dir = filepath.Dir(conf)
 		cmd.Env = append(os.Environ(), "NATS_SERVER_NAME="+name)
 		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Errorf("node %s: nats-server refuses deploy/nats/cluster.conf: %v\n%s", name, err, out)
+			t.Errorf("node %s: nats-server refuses %s: %v\n%s", name, natsClusterConf, err, out)
 		}
 	}
 }

@@ -41,6 +41,31 @@ type composeService struct {
 	Restart     string       `yaml:"restart"`
 	Volumes     []volumeSpec `yaml:"volumes"`
 	Secrets     []secretRef  `yaml:"secrets"`
+	Networks    networks     `yaml:"networks"`
+}
+
+// networks are the networks a service joins, by name, with its fixed
+// address on each (long syntax) or none (short syntax).
+type networks map[string]struct {
+	IPv4Address string `yaml:"ipv4_address"`
+}
+
+func (n *networks) UnmarshalYAML(node *yaml.Node) error {
+	*n = networks{}
+	if node.Kind == yaml.SequenceNode {
+		var names []string
+		if err := node.Decode(&names); err != nil {
+			return err
+		}
+		for _, name := range names {
+			(*n)[name] = struct {
+				IPv4Address string `yaml:"ipv4_address"`
+			}{}
+		}
+		return nil
+	}
+	type plain networks
+	return node.Decode((*plain)(n))
 }
 
 // secretsDir is where Compose mounts a service's secrets.

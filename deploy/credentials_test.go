@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"log/slog"
 	"maps"
@@ -24,10 +25,10 @@ import (
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/roles"
+	"github.com/converge-sync/converge/internal/telemetry"
 )
 
 const (
-	natsConfPath  = "deploy/nats/converge.conf"
 	secretsScript = "deploy/secrets.sh"
 	// secretsHostDir is where deploy/secrets.sh writes the stack's secrets
 	// and docker-compose.yml reads them.
@@ -35,6 +36,9 @@ const (
 	// superuser is the postgres image's administrator (POSTGRES_USER's
 	// default), as which the roles service applies internal/roles.
 	superuser = "postgres"
+	// caSecret is the secret of the stack's CA certificate, with which
+	// every client verifies the server it reaches.
+	caSecret = "ca-cert"
 )
 
 // holding is what one service of docker-compose.yml holds of credentials:
@@ -43,6 +47,7 @@ type holding struct {
 	postgresRole string   // the role of its CONVERGE_POSTGRES_URL; "": no URL
 	natsUser     string   // its CONVERGE_NATS_USER (internal/natsauth); "": no NATS
 	tokens       bool     // a tokens file (CONVERGE_TOKENS_FILE): it serves an API
+	tls          bool     // a certificate and key for its HTTP listeners (CONVERGE_TLS_CERT, _KEY)
 	secrets      []string // the secrets mounted into it
 	env          []string // its other variables that carry or name a credential
 }
@@ -50,31 +55,42 @@ type holding struct {
 // holdings is who holds what. A service that is not here fails the test:
 // adding one means saying what it may hold.
 var holdings = map[string]holding{
-	"postgres": {secrets: []string{"postgres-password"}, env: []string{"POSTGRES_PASSWORD_FILE"}},
-	"nats":     {},
-	"qdrant":   {env: []string{"QDRANT__SERVICE__API_KEY"}},
-	"neo4j":    {env: []string{"NEO4J_AUTH"}},
+	"postgres": {secrets: []string{"postgres-password", "postgres-tls-cert", "postgres-tls-key"}, env: []string{"POSTGRES_PASSWORD_FILE"}},
+	"nats":     {secrets: []string{"nats-users", "nats-tls-cert", "nats-tls-key"}},
+	"qdrant":   {secrets: []string{"qdrant-config"}},
+	"neo4j":    {secrets: []string{"neo4j-auth"}, env: []string{"NEO4J_AUTH_FILE"}},
 	"roles": {
 		postgresRole: superuser,
-		secrets:      []string{"postgres-pgpass", "owner-password", "writer-password", "relay-password", "reader-password"},
+		secrets:      []string{caSecret, "postgres-pgpass", "owner-password", "writer-password", "relay-password", "reader-password"},
 		env:          []string{"CONVERGE_OWNER_PASSWORD_FILE", "CONVERGE_WRITER_PASSWORD_FILE", "CONVERGE_RELAY_PASSWORD_FILE", "CONVERGE_READER_PASSWORD_FILE"},
 	},
-	"migrate": {postgresRole: roles.Owner, secrets: []string{"owner-pgpass"}},
-	"streams": {natsUser: natsauth.UserOperator},
+	"migrate": {postgresRole: roles.Owner, secrets: []string{caSecret, "owner-pgpass"}},
+	"streams": {natsUser: natsauth.UserOperator, secrets: []string{caSecret, "nats-operator-password"}},
 	"writer": {
-		postgresRole: roles.Writer, natsUser: natsauth.UserWriter, tokens: true,
-		secrets: []string{"writer-pgpass", "writer-tokens"},
+		postgresRole: roles.Writer, natsUser: natsauth.UserWriter, tokens: true, tls: true,
+		secrets: []string{caSecret, "writer-pgpass", "nats-writer-password", "writer-tokens", "writer-tls-cert", "writer-tls-key"},
 	},
-	"relay": {postgresRole: roles.Relay, natsUser: natsauth.UserRelay, secrets: []string{"relay-pgpass"}},
+	"relay": {
+		postgresRole: roles.Relay, natsUser: natsauth.UserRelay, tls: true,
+		secrets: []string{caSecret, "relay-pgpass", "nats-relay-password", "relay-tls-cert", "relay-tls-key"},
+	},
 	"projector-index": {
-		natsUser: natsauth.UserIndex, tokens: true,
-		secrets: []string{"projector-index-tokens"}, env: []string{"CONVERGE_QDRANT_API_KEY"},
+		natsUser: natsauth.UserIndex, tokens: true, tls: true,
+		secrets: []string{caSecret, "nats-projector-index-password", "projector-index-tokens", "projector-index-tls-cert", "projector-index-tls-key", "qdrant-api-key"},
+		env:     []string{"CONVERGE_QDRANT_API_KEY_FILE"},
 	},
 	"projector-graph": {
-		natsUser: natsauth.UserGraph, tokens: true,
-		secrets: []string{"projector-graph-tokens"}, env: []string{"CONVERGE_NEO4J_USER", "CONVERGE_NEO4J_PASSWORD"},
+		natsUser: natsauth.UserGraph, tokens: true, tls: true,
+		secrets: []string{caSecret, "nats-projector-graph-password", "projector-graph-tokens", "projector-graph-tls-cert", "projector-graph-tls-key", "neo4j-password"},
+		env:     []string{"CONVERGE_NEO4J_USER", "CONVERGE_NEO4J_PASSWORD_FILE"},
 	},
-	"notifier": {natsUser: natsauth.UserNotifier, env: []string{"CONVERGE_WEBHOOK_SECRET"}},
+	// The notifier takes no certificate for its /metrics (internal/notifier
+	// binds no -tls-cert); it serves no API and takes no token.
+	"notifier": {
+		natsUser: natsauth.UserNotifier,
+		secrets:  []string{caSecret, "nats-notifier-password", "webhook-secret"},
+		env:      []string{"CONVERGE_WEBHOOK_SECRET_FILE"},
+	},
 }
 
 // vars are the credential variables h gives its service.
@@ -84,10 +100,13 @@ func (h holding) vars() []string {
 		out = append(out, config.EnvPostgresURL)
 	}
 	if h.natsUser != "" {
-		out = append(out, natsauth.EnvUser, natsauth.EnvPassword)
+		out = append(out, natsauth.EnvUser, natsauth.EnvPassword+"_FILE", natsauth.EnvCA)
 	}
 	if h.tokens {
 		out = append(out, auth.EnvTokensFile)
+	}
+	if h.tls {
+		out = append(out, telemetry.EnvTLSCert, telemetry.EnvTLSKey)
 	}
 	slices.Sort(out)
 	return out
@@ -105,11 +124,11 @@ func isCredentialVar(env, value string) bool {
 // holdings: each service gets exactly its own credential variables and
 // secrets; a Postgres URL names its role and takes the password from a
 // mounted pgpass file (never in the URL); the NATS user is the service's
-// own and its password's default is the one whose hash
-// deploy/nats/converge.conf holds; a tokens file is a mounted secret.
+// own and its password a mounted secret (TestSecretsScript checks it is
+// the one whose hash nats-server holds); a tokens file is a mounted
+// secret.
 func TestEachServiceHoldsItsOwnCredentials(t *testing.T) {
 	c := loadCompose(t)
-	hashes := natsHashes(t)
 	for _, name := range slices.Sorted(maps.Keys(holdings)) {
 		if _, ok := c.Services[name]; !ok {
 			t.Errorf("holdings names %s, which is not a service of docker-compose.yml", name)
@@ -164,7 +183,7 @@ func TestEachServiceHoldsItsOwnCredentials(t *testing.T) {
 					t.Errorf("NATS user %s is %s's too", h.natsUser, other)
 				}
 				natsUsers[h.natsUser] = name
-				checkNATSUser(t, s, h.natsUser, hashes)
+				checkNATSUser(t, s, h.natsUser)
 			}
 			if h.tokens {
 				if _, ok := s.secretAt(s.Environment[auth.EnvTokensFile]); !ok {
@@ -197,44 +216,32 @@ func checkPostgresURL(t *testing.T, s composeService, role string) {
 	if _, ok := s.secretAt(u.Query().Get("passfile")); !ok {
 		t.Errorf("CONVERGE_POSTGRES_URL's passfile %q is not a secret mounted into it", u.Query().Get("passfile"))
 	}
+	// verify-full: TLS, and the server's certificate checked against the
+	// stack's CA and for the host name; require or verify-ca would take
+	// any server holding a certificate of the CA, or any at all.
+	if m := u.Query().Get("sslmode"); m != "verify-full" {
+		t.Errorf("CONVERGE_POSTGRES_URL has sslmode=%q, want verify-full", m)
+	}
+	if name, ok := s.secretAt(u.Query().Get("sslrootcert")); !ok || name != caSecret {
+		t.Errorf("CONVERGE_POSTGRES_URL's sslrootcert %q is not the CA's secret %s mounted into it", u.Query().Get("sslrootcert"), caSecret)
+	}
 }
 
-// checkNATSUser: the service connects as user, with the default password
-// whose bcrypt hash the server's configuration holds for that user.
-func checkNATSUser(t *testing.T, s composeService, user string, hashes map[string]string) {
+// checkNATSUser: the service connects as user, with the password of a
+// mounted secret and never one written in the file.
+func checkNATSUser(t *testing.T, s composeService, user string) {
 	t.Helper()
 	if got := s.Environment[natsauth.EnvUser]; got != user {
 		t.Errorf("%s=%q, want %s", natsauth.EnvUser, got, user)
 	}
-	pw := withDefaults(s.Environment[natsauth.EnvPassword])
-	hash, ok := hashes[user]
-	switch {
-	case !ok:
-		t.Errorf("%s has no user %s", natsConfPath, user)
-	case pw == "":
-		t.Errorf("%s has no default", natsauth.EnvPassword)
-	case bcrypt.CompareHashAndPassword([]byte(hash), []byte(pw)) != nil:
-		t.Errorf("%s defaults to %q, which is not the password of user %s in %s", natsauth.EnvPassword, pw, user, natsConfPath)
+	if v, ok := s.Environment[natsauth.EnvPassword]; ok {
+		t.Errorf("%s=%q: take the password from a mounted secret (%s_FILE)", natsauth.EnvPassword, v, natsauth.EnvPassword)
 	}
-}
-
-// natsHashes reads the users of deploy/nats/converge.conf with the
-// server's parser: their password hashes by name. Its users are exactly
-// those internal/natsauth defines (whose tests compare the permissions).
-func natsHashes(t *testing.T) map[string]string {
-	t.Helper()
-	opts, err := server.ProcessConfigFile(filepath.Join(root, natsConfPath))
-	if err != nil {
-		t.Fatal(err)
+	if p := s.Environment[natsauth.EnvPassword+"_FILE"]; p == "" {
+		t.Errorf("%s_FILE is not set", natsauth.EnvPassword)
+	} else if _, ok := s.secretAt(p); !ok {
+		t.Errorf("%s_FILE=%q is not a secret mounted into it", natsauth.EnvPassword, p)
 	}
-	hashes := map[string]string{}
-	for _, u := range opts.Users {
-		hashes[u.Username] = u.Password
-	}
-	if got, want := slices.Sorted(maps.Keys(hashes)), slices.Sorted(maps.Keys(natsauth.Permissions())); !slices.Equal(got, want) {
-		t.Errorf("%s: users %v, want those of internal/natsauth %v", natsConfPath, got, want)
-	}
-	return hashes
 }
 
 // TestPostgresRoles: the postgres service runs with wal_level logical and
@@ -420,28 +427,171 @@ func TestSecretsScript(t *testing.T) {
 		}
 	}
 
+	checkNATSPasswords(t, c, dir, hostFile)
+	secretOfService := func(service, secret string) string {
+		if !slices.Contains(holdings[service].secrets, secret) {
+			t.Fatalf("%s does not hold %s", service, secret)
+		}
+		return readLine(t, hostFile(secret))
+	}
+	if v := secretOfService("notifier", "webhook-secret"); len(v) < 32 {
+		t.Errorf("the webhook secret %q is short", v)
+	}
+	qdrantConf := readFileAbs(t, hostFile("qdrant-config"))
+	if key := secretOfService("projector-index", "qdrant-api-key"); key == "" || !strings.Contains(qdrantConf, "api_key: "+key+"\n") {
+		t.Errorf("qdrant-config does not set the API key projector-index holds:\n%s", qdrantConf)
+	}
+	if pw := secretOfService("projector-graph", "neo4j-password"); pw == "" || readLine(t, hostFile("neo4j-auth")) != "neo4j/"+pw {
+		t.Error("neo4j-auth does not set the password projector-graph holds")
+	}
+
 	env := readEnvFile(t, filepath.Join(dir, "operator.env"))
+	ca := filepath.Join(dir, "ca.crt")
 	if u, err := url.Parse(env[config.EnvPostgresURL]); err != nil || u.User.Username() != roles.Reader ||
-		readLine(t, u.Query().Get("passfile")) != "*:*:*:"+roles.Reader+":"+password[roles.Reader] {
-		t.Errorf("operator.env: CONVERGE_POSTGRES_URL %q: want %s with its pgpass file (%v)", env[config.EnvPostgresURL], roles.Reader, err)
+		readLine(t, u.Query().Get("passfile")) != "*:*:*:"+roles.Reader+":"+password[roles.Reader] ||
+		u.Query().Get("sslmode") != "verify-full" || u.Query().Get("sslrootcert") != ca {
+		t.Errorf("operator.env: CONVERGE_POSTGRES_URL %q: want %s with its pgpass file, verify-full against %s (%v)", env[config.EnvPostgresURL], roles.Reader, ca, err)
 	}
 	if env[natsauth.EnvUser] != natsauth.UserOperator {
 		t.Errorf("operator.env: %s=%q, want %s", natsauth.EnvUser, env[natsauth.EnvUser], natsauth.UserOperator)
 	}
+	if readLine(t, env[natsauth.EnvPassword+"_FILE"]) != readLine(t, hostFile("nats-operator-password")) {
+		t.Errorf("operator.env: %s_FILE does not name the operator's NATS password", natsauth.EnvPassword)
+	}
 	if readLine(t, env[auth.EnvToken+"_FILE"]) != operator {
 		t.Errorf("operator.env: %s_FILE does not name the operator's token", auth.EnvToken)
 	}
-
-	before := map[string]string{}
-	for name := range c.Secrets {
-		before[name] = readLine(t, hostFile(name))
-	}
-	runSecretsScript(t, dir)
-	for name, v := range before {
-		if readLine(t, hostFile(name)) != v {
-			t.Errorf("secret %s: changed by a second run", name)
+	for _, v := range []string{natsauth.EnvCA, auth.EnvTLSCA} {
+		if env[v] != ca {
+			t.Errorf("operator.env: %s=%q, want the stack's CA %s", v, env[v], ca)
 		}
 	}
+	for v, port := range map[string]string{"CONVERGE_WRITER_URL": "8080", "CONVERGE_PROJECTOR_INDEX_ADDR": "9103", "CONVERGE_PROJECTOR_GRAPH_ADDR": "9104"} {
+		if want := "https://127.0.0.1:" + port; env[v] != want {
+			t.Errorf("operator.env: %s=%q, want %s", v, env[v], want)
+		}
+	}
+
+	before := readDir(t, dir)
+	runSecretsScript(t, dir)
+	after := readDir(t, dir)
+	for _, name := range slices.Sorted(maps.Keys(before)) {
+		if after[name] != before[name] {
+			t.Errorf("%s: changed by a second run", name)
+		}
+	}
+	for name := range after {
+		if _, ok := before[name]; !ok {
+			t.Errorf("%s: made by the second run only", name)
+		}
+	}
+}
+
+// checkNATSPasswords: the users file the nats service mounts holds exactly
+// natsauth's users with exactly their permissions, as the server's own
+// parser reads it, and the password each NATS client holds is the one
+// whose hash it holds for that client's user.
+func checkNATSPasswords(t *testing.T, c composeFile, dir string, hostFile func(string) string) {
+	t.Helper()
+	usersSecret := ""
+	for _, r := range c.Services["nats"].Secrets {
+		if r.Target == "/etc/nats/users.conf" {
+			usersSecret = r.Source
+		}
+	}
+	if usersSecret == "" {
+		t.Fatal("nats: no users file mounted at /etc/nats/users.conf (server.conf includes ./users.conf)")
+	}
+	opts, err := server.ProcessConfigFile(hostFile(usersSecret))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := natsauth.Permissions()
+	hashes := map[string]string{}
+	for _, u := range opts.Users {
+		hashes[u.Username] = u.Password
+		p, ok := want[u.Username]
+		if !ok {
+			t.Errorf("%s: user %s is not one of natsauth's", usersSecret, u.Username)
+			continue
+		}
+		if err := samePermissions(u.Permissions, p); err != nil {
+			t.Errorf("%s: user %s: %v", usersSecret, u.Username, err)
+		}
+	}
+	if got, names := slices.Sorted(maps.Keys(hashes)), slices.Sorted(maps.Keys(want)); !slices.Equal(got, names) {
+		t.Errorf("%s: users %v, want those of internal/natsauth %v", usersSecret, got, names)
+	}
+	if len(opts.Nkeys) > 0 || opts.Username != "" || opts.Authorization != "" || opts.NoAuthUser != "" {
+		t.Errorf("%s: another way in besides the users", usersSecret)
+	}
+	for _, name := range slices.Sorted(maps.Keys(holdings)) {
+		h := holdings[name]
+		if h.natsUser == "" {
+			continue
+		}
+		s := c.Services[name]
+		secret, ok := s.secretAt(s.Environment[natsauth.EnvPassword+"_FILE"])
+		if !ok {
+			continue // reported by TestEachServiceHoldsItsOwnCredentials
+		}
+		pw := readLine(t, hostFile(secret))
+		if len(pw) < 32 || bcrypt.CompareHashAndPassword([]byte(hashes[h.natsUser]), []byte(pw)) != nil {
+			t.Errorf("%s: its NATS password (%s) is not the one whose hash nats-server holds for %s", name, secret, h.natsUser)
+		}
+	}
+}
+
+// samePermissions: got grants exactly what want does, by allow lists alone.
+func samePermissions(got, want *server.Permissions) error {
+	if got == nil {
+		return fmt.Errorf("no permissions: it may do anything")
+	}
+	if got.Response != nil {
+		return fmt.Errorf("allow_responses is set")
+	}
+	for _, side := range []struct {
+		name      string
+		got, want *server.SubjectPermission
+	}{{"publish", got.Publish, want.Publish}, {"subscribe", got.Subscribe, want.Subscribe}} {
+		if side.got == nil {
+			return fmt.Errorf("no %s permissions: it may %s anything", side.name, side.name)
+		}
+		if !slices.Equal(slices.Sorted(slices.Values(side.got.Deny)), slices.Sorted(slices.Values(side.want.Deny))) {
+			return fmt.Errorf("%s denies %q, natsauth %q", side.name, side.got.Deny, side.want.Deny)
+		}
+		if g, w := slices.Sorted(slices.Values(side.got.Allow)), slices.Sorted(slices.Values(side.want.Allow)); !slices.Equal(g, w) {
+			return fmt.Errorf("%s allows %q, natsauth %q", side.name, g, w)
+		}
+	}
+	return nil
+}
+
+// readDir is every file of dir by name, with its contents and mode.
+func readDir(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, e := range entries {
+		info, err := e.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[e.Name()] = info.Mode().String() + "\n" + readFileAbs(t, filepath.Join(dir, e.Name()))
+	}
+	return out
+}
+
+func readFileAbs(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
 
 func runSecretsScript(t *testing.T, dir string) {

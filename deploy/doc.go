@@ -1,12 +1,18 @@
 // Package deploy holds the files of the Docker stack that docker-compose.yml
-// runs: the NATS server configuration with its users (nats/) and
-// secrets.sh, which makes the stack's local secrets (Postgres passwords,
-// bearer tokens) in secrets/; and grafana/converge.json, a Grafana
-// dashboard of the metrics the services export, whose every query a test
-// checks against the metrics the services register. It has no code; its tests check
-// docker-compose.yml and the Dockerfile against the binaries they run:
-// commands, flags and environment variables as the binaries define them,
-// published ports, healthchecks, pinned images, and that each service holds
-// its own credentials and no other's (its Postgres role, its NATS user, a
-// tokens file where it serves an API), as made by secrets.sh.
+// runs: the NATS server configuration (nats/server.conf, cluster.conf),
+// Postgres' pg_hba.conf (postgres/), and secrets.sh, which makes the
+// stack's local secrets in secrets/ (Postgres passwords, bearer tokens, the
+// webhook, Qdrant and Neo4j secrets) and runs secretgen, a Go program, for
+// what needs more than random bytes (a CA and the servers' certificates,
+// the NATS users with bcrypt hashes of their passwords); and
+// grafana/converge.json, a Grafana dashboard of the metrics the services
+// export, whose every query a test checks against the metrics the services
+// register. Its tests check docker-compose.yml and the Dockerfile against
+// the binaries they run: commands, flags and environment variables as the
+// binaries define them, published ports, healthchecks, pinned images; that
+// each service holds its own credentials and no other's (its Postgres role,
+// its NATS user, a tokens file where it serves an API), as made by
+// secrets.sh, with no default secret in any Compose file; and that
+// everything is TLS, verified against the stack's CA, with pg_hba.conf
+// admitting the REPLICATION roles from their own containers alone.
 package deploy
