@@ -269,3 +269,16 @@ func hide(s string, parts []string) string {
 	}
 	return s
 }
+
+// String is c without its secrets: the targets by their public names, the
+// signing secret by its length. A Config printed by mistake (%v, %+v, a
+// log field) shows no credential.
+func (c Config) String() string {
+	return fmt.Sprintf("notifier.Config{URLs: %q, Secret: (%d bytes), Window: %v, ClockSkew: %v, NotifyReplayed: %v, ClaimTimeout: %v, HTTPTimeout: %v, "+
+		"SendWait: %v, Concurrency: %d, MaxAttempts: %d, RetryMin: %v, RetryMax: %v, Bucket: %q, Replicas: %d, Owner: %q}",
+		targetNames(c.URLs), len(c.Secret), c.Window, c.ClockSkew, c.NotifyReplayed, c.ClaimTimeout, c.HTTPTimeout,
+		c.SendWait, c.Concurrency, c.MaxAttempts, c.RetryMin, c.RetryMax, c.Bucket, c.Replicas, c.Owner)
+}
+
+// GoString is String, for %#v.
+func (c Config) GoString() string { return c.String() }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -328,5 +329,22 @@ func TestApplyWithoutDeliveries(t *testing.T) {
 	}
 	if perEffect := rcv.check(); len(perEffect) != 1 || perEffect[EffectID(rcv.url("/hook"), ev.ID).String()] != 1 {
 		t.Fatalf("requests: %v", perEffect)
+	}
+}
+
+// A Config printed by mistake, in any verb and inside what holds it, shows
+// neither a webhook's credentials nor the signing secret.
+func TestConfigPrintsNoSecret(t *testing.T) {
+	c := Config{URLs: []string{"https://user:hunter22@hooks.example.com/services/T000/B000/tok3nXYZ?key=q7secret"}, Secret: []byte("signing-s3cret")}
+	sc := ServiceConfig{Notifier: c}
+	for _, s := range []string{fmt.Sprint(c), fmt.Sprintf("%+v", c), fmt.Sprintf("%#v", c), fmt.Sprintf("%v", &c), fmt.Sprintf("%+v", sc)} {
+		for _, secret := range []string{"hunter22", "tok3nXYZ", "q7secret", "signing-s3cret", "T000"} {
+			if strings.Contains(s, secret) {
+				t.Errorf("%q shows %q", s, secret)
+			}
+		}
+		if !strings.Contains(s, "https://hooks.example.com/…") {
+			t.Errorf("%q does not name the target", s)
+		}
 	}
 }
