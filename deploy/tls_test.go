@@ -24,6 +24,7 @@ import (
 
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/natsauth"
+	"github.com/converge-sync/converge/internal/roles"
 	"github.com/converge-sync/converge/internal/telemetry"
 	"github.com/converge-sync/converge/pkg/contract"
 )
@@ -335,6 +336,26 @@ func TestPostgresHBA(t *testing.T) {
 	} {
 		if got := decide(lines, tc.conn); got != tc.want {
 			t.Errorf("%s: %s, want %s", tc.what, got, tc.want)
+		}
+	}
+	// converge's roles' lines are those `converge roles apply` prints for
+	// the addresses the roles service gives it, which are the relay's and
+	// migrate's.
+	r := c.Services["roles"]
+	if r.Environment["CONVERGE_RELAY_ADDR"] != relay.String() || r.Environment["CONVERGE_OWNER_ADDR"] != owner.String() {
+		t.Errorf("roles: CONVERGE_RELAY_ADDR=%q, CONVERGE_OWNER_ADDR=%q, want the relay's %s and migrate's %s",
+			r.Environment["CONVERGE_RELAY_ADDR"], r.Environment["CONVERGE_OWNER_ADDR"], relay, owner)
+	}
+	want, err := roles.HBA(roles.HBAOptions{RelayAddress: relay.String(), OwnerAddress: owner.String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, w := range want {
+		if got := ""; i >= len(lines) || lines[i].text != strings.Join(strings.Fields(w.Line), " ") {
+			if i < len(lines) {
+				got = lines[i].text
+			}
+			t.Errorf("%s: line %d is %q, want %q, as converge roles apply prints it (%s)", file, i+1, got, w.Line, w.Why)
 		}
 	}
 	for _, l := range lines {
