@@ -351,10 +351,11 @@ func TestPostgresHBA(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, w := range want {
-		if got := ""; i >= len(lines) || lines[i].text != strings.Join(strings.Fields(w.Line), " ") {
-			if i < len(lines) {
-				got = lines[i].text
-			}
+		got := "(none)"
+		if i < len(lines) {
+			got = lines[i].text
+		}
+		if got != strings.Join(strings.Fields(w.Line), " ") {
 			t.Errorf("%s: line %d is %q, want %q, as converge roles apply prints it (%s)", file, i+1, got, w.Line, w.Why)
 		}
 	}
