@@ -90,6 +90,9 @@ type removals struct {
 	read     uint64
 	queue    []removalRecord
 	lastRead time.Time
+	// created is when the stream read was made: another time is another
+	// stream of the same name, whose sequences start again.
+	created time.Time
 	// near: the stream was within half of a limit when read at
 	// limitsRead (see nearLimits).
 	near       bool
@@ -129,6 +132,7 @@ func (r *Runtime) openRemovals(ctx context.Context) bool {
 		return false
 	}
 	rm.stream = s
+	rm.created = s.CachedInfo().Created
 	rm.queue = nil
 	for _, seq := range r.LastGap().Resolved {
 		rm.resolved.add(seq)
@@ -269,6 +273,19 @@ func (r *Runtime) followRemovals(ctx context.Context, force bool) bool {
 		return false
 	}
 	last := info.State.LastSeq
+	if !info.Created.Equal(rm.created) || last < rm.read {
+		// The stream was deleted and made again (or restored from an
+		// older backup): its sequences start again, and a position in
+		// the one before would pass over its records until they caught
+		// up. Read it from its start; the events still owed keep their
+		// place in the queue, at the new stream's start.
+		r.log.Warn("the removals' stream was made again since this runtime read it: reading the new one from its start; a removal recorded only in the old one, of an event no runtime held, is not reported",
+			"stream", r.cfg.Removals, "read", rm.read, "last", last)
+		rm.created, rm.read = info.Created, 0
+		for i := range rm.queue {
+			rm.queue[i].rec = 1
+		}
+	}
 	for seq := max(rm.read+1, info.State.FirstSeq); seq <= last; seq++ {
 		a, ok, err := r.removalRecord(cctx, seq)
 		if err != nil {
