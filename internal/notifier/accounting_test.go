@@ -2,14 +2,11 @@ package notifier
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"maps"
 	"math/rand/v2"
 	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strconv"
 	"strings"
@@ -63,185 +60,271 @@ func accountingConfigs(url string) (Config, projector.Config) {
 	return cfg, rc
 }
 
+func accountEveryEvent(t *testing.T, restart bool, sendWait time.Duration) {
+	a := newAccounting(t)
+	cfg, rc := accountingConfigs(a.url())
+	if sendWait > 0 {
+		cfg.SendWait = sendWait
+	}
+	reports := &missedReports{}
+	log := slog.New(reports)
+	metrics := projector.NewMetrics(nil, "notifier")
+	missed := func() uint64 { return uint64(testutil.ToFloat64(metrics.Missed)) }
+
+	stop := a.e.startNotifier(cfg, rc, metrics, log)
+	if restart {
+		a.write(0, accountingEvents/2)
+		stop()
+		stop = a.e.startNotifier(cfg, rc, metrics, log)
+		a.write(accountingEvents/2, accountingEvents)
+	} else {
+		a.write(0, accountingEvents)
+	}
+	a.checkBoundRemoved()
+	a.waitAccounted(15*time.Second, missed)
+	stop()
+
+	received := a.rcv.received()
+	dead := a.dead()
+	receivedSeq := a.receivedSeqs(received, dead)
+	c := a.checkReports(reports.all(), receivedSeq, dead, true, nil)
+	if c.inReports != missed() {
+		t.Errorf("the reports count %d missed, the metric %d", c.inReports, missed())
+	}
+	if rec, _ := a.e.gapRecord(contract.EventsStream, "notifier"); rec.Missed != missed() {
+		t.Errorf("the gap record says %d missed, the metric %d", rec.Missed, missed())
+	}
+	if sum := uint64(len(received)+len(dead)) + missed(); sum != accountingEvents {
+		t.Fatalf("%d received + %d dead-lettered + %d reported missed = %d, want the %d written; neither received, dead-lettered nor in an exact report: %s\nreports:\n%s",
+			len(received), len(dead), missed(), sum, accountingEvents, a.silent(receivedSeq, dead, c.reported), reports.String())
+	}
+	t.Logf("%d written: %d received, %d dead-lettered, %d reported missed (%s); %d handed back and finished in the background",
+		accountingEvents, len(received), len(dead), missed(), reports.kinds(), reports.finishedLate())
+}
+
 // written is an event published to the effects' stream.
 type written struct {
 	ev  contract.Event
 	seq uint64 // its stream sequence
 }
 
-func accountEveryEvent(t *testing.T, restart bool, sendWait time.Duration) {
-	const (
-		bound  = 24 << 10 // bytes: a few dozen events
-		events = 480
-		keys   = 60
-	)
-	e := newRelayedEnv(t, 4, bound)
-	ctx := context.Background()
+// The accounting tests' writes: events events over keys documents, more
+// than a small effects' stream of bound bytes holds.
+const (
+	accountingBound  = 24 << 10 // bytes: a few dozen events
+	accountingEvents = 480
+	accountingKeys   = 60
+)
 
-	all := make([]contract.Event, events)
-	index := make(map[uuid.UUID]int, events)
-	for i := range all {
-		all[i] = upsert(fmt.Sprintf("doc-%02d", i%keys), int64(i/keys+1))
-		index[all[i].ID] = i
+// accounting is the effects' stream of an accounting test, the events to
+// write to it, the receiver they are notified to, and what was written.
+type accounting struct {
+	t     *testing.T
+	e     *env
+	all   []contract.Event
+	index map[uuid.UUID]int // of an event in all
+	rcv   *receiver
+	out   []written
+}
+
+// newAccounting makes the events and a receiver that refuses one event in
+// seven at every attempt (dead-lettered after MaxAttempts), one in three
+// at its first attempt (handed back for a backoff), accepts the rest, and
+// takes 20-50 ms for every answer.
+func newAccounting(t *testing.T) *accounting {
+	a := &accounting{t: t, e: newRelayedEnv(t, 4, accountingBound), all: make([]contract.Event, accountingEvents),
+		index: make(map[uuid.UUID]int, accountingEvents), rcv: newReceiver(t)}
+	for i := range a.all {
+		a.all[i] = upsert(fmt.Sprintf("doc-%02d", i%accountingKeys), int64(i/accountingKeys+1))
+		a.index[a.all[i].ID] = i
 	}
-	// One event in seven is refused at every attempt (dead-lettered after
-	// MaxAttempts), one in three at its first attempt (handed back for a
-	// backoff), the rest accepted; every answer takes 20-50 ms.
-	rcv := newSlowReceiver(t, func(id uuid.UUID, attempt int) int {
-		i, ok := index[id]
+	a.rcv.answer = func(ctx context.Context, q request, attempt int) (int, string) {
+		select {
+		case <-time.After(time.Duration(20+rand.IntN(31)) * time.Millisecond):
+		case <-ctx.Done():
+		}
+		i, ok := a.index[q.Body.EventID]
 		switch {
 		case !ok:
-			t.Errorf("a notification of an event never written: %s", id)
-			return http.StatusBadRequest
+			t.Errorf("a notification of an event never written: %s", q.Body.EventID)
+			return http.StatusBadRequest, "unknown event"
 		case i%7 == 3:
-			return http.StatusServiceUnavailable
+			return http.StatusServiceUnavailable, "refused"
 		case i%3 == 1 && attempt == 1:
-			return http.StatusServiceUnavailable
+			return http.StatusServiceUnavailable, "refused once"
 		}
-		return http.StatusOK
-	})
-	cfg, rc := accountingConfigs(rcv.srv.URL + "/hook")
-	if sendWait > 0 {
-		cfg.SendWait = sendWait
+		return http.StatusOK, "ok"
 	}
+	return a
+}
 
-	reports := &missedReports{}
-	log := slog.New(reports)
-	metrics := projector.NewMetrics(nil, "notifier")
-	start := func() (stop func()) {
-		n, err := New(ctx, e.js, cfg, nil, log)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r, err := projector.New(e.js, n, rc, metrics, log)
-		if err != nil {
-			t.Fatal(err)
-		}
-		runCtx, cancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- r.Run(runCtx) }()
-		select {
-		case <-r.Ready():
-		case err := <-done:
-			t.Fatalf("the runtime ended before it consumed: %v", err)
-		}
-		return func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("run: %v", err)
-			}
-			_ = n.Close()
-		}
-	}
-	stop := start()
+func (a *accounting) url() string { return a.rcv.url("/hook") }
 
-	// The writes, at about twice the rate the receiver takes them.
-	var out []written
-	for i, ev := range all {
-		if restart && i == events/2 {
-			stop()
-			stop = start()
-		}
-		out = append(out, written{ev: ev, seq: e.publishEffect(ev)})
+// write publishes the events from..to (not included) at about twice the
+// rate the receiver takes them.
+func (a *accounting) write(from, to int) {
+	for i := from; i < to; i++ {
+		a.out = append(a.out, written{ev: a.all[i], seq: a.e.publishEffect(a.all[i])})
 		if i%4 == 3 {
 			time.Sleep(8 * time.Millisecond)
 		}
 	}
-	if s := e.streamState(contract.EventsStream); s.FirstSeq <= 1 {
-		t.Fatalf("the stream's bound removed nothing (first sequence %d): the test tests nothing", s.FirstSeq)
-	}
+}
 
-	// Every event accounted for, or the time is up: an event neither
-	// received, dead-lettered nor reported is a silent loss.
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		got := len(rcv.received()) + len(e.deadLetterSeqs("notifier")) + int(testutil.ToFloat64(metrics.Missed))
-		if got >= events || time.Now().After(deadline) {
-			break
-		}
+// checkBoundRemoved fails the test when the stream's bound removed
+// nothing: without removals it tests nothing.
+func (a *accounting) checkBoundRemoved() {
+	a.t.Helper()
+	if s := a.e.streamState(contract.EventsStream); s.FirstSeq <= 1 {
+		a.t.Fatalf("the stream's bound removed nothing (first sequence %d): the test tests nothing", s.FirstSeq)
+	}
+}
+
+// waitAccounted waits until every event is received, dead-lettered or
+// counted by missed, or the time is up: an event none of these is a
+// silent loss, which the checks after it name.
+func (a *accounting) waitAccounted(timeout time.Duration, missed func() uint64) {
+	a.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for len(a.rcv.received())+len(a.dead())+int(missed()) < accountingEvents && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
-	testenv.Eventually(t, "the stream and the consumer to be empty", 10*time.Second, func() bool {
-		c, err := e.js.Consumer(ctx, contract.EventsStream, "notifier")
+	testenv.Eventually(a.t, "the stream and the consumer to be empty", 10*time.Second, func() bool {
+		c, err := a.e.js.Consumer(context.Background(), contract.EventsStream, "notifier")
 		if err != nil {
 			return false
 		}
 		info := c.CachedInfo()
-		return e.streamState(contract.EventsStream).Msgs == 0 && info.NumPending == 0 && info.NumAckPending == 0
+		return a.e.streamState(contract.EventsStream).Msgs == 0 && info.NumPending == 0 && info.NumAckPending == 0
 	})
-	stop()
+}
 
-	received := rcv.received()
-	dead := e.deadLetterSeqs("notifier")
-	missed := uint64(testutil.ToFloat64(metrics.Missed))
-	bySeq := make(map[uint64]written, len(out))
-	for _, w := range out {
+// dead are the stream sequences of the events the notifier dead-lettered.
+func (a *accounting) dead() map[uint64]bool {
+	a.t.Helper()
+	out := map[uint64]bool{}
+	for _, m := range a.e.deadLetters("notifier") {
+		seq, err := strconv.ParseUint(m.Header.Get(deadletter.HeaderSeq), 10, 64)
+		if err != nil {
+			a.t.Fatalf("a dead letter without its sequence: %v", m.Header)
+		}
+		out[seq] = true
+	}
+	return out
+}
+
+// receivedSeqs are the stream sequences of the events of received (by
+// id); none of them may be dead-lettered as well.
+func (a *accounting) receivedSeqs(received map[uuid.UUID]int, dead map[uint64]bool) map[uint64]bool {
+	a.t.Helper()
+	out := map[uint64]bool{}
+	for _, w := range a.out {
+		if received[w.ev.ID] == 0 {
+			continue
+		}
+		out[w.seq] = true
+		if dead[w.seq] {
+			a.t.Errorf("event %d (%s v%d) was received and dead-lettered", w.seq, w.ev.Key, w.ev.Version)
+		}
+	}
+	return out
+}
+
+// reportCheck is what the reports of missed events said, checked against
+// the events received and dead-lettered.
+type reportCheck struct {
+	reported  map[uint64]bool // the sequences of the exact reports
+	inReports uint64          // the events all reports count
+	excused   uint64          // the sequences excused reported though received
+}
+
+// checkReports checks the reports, in the order they were logged. An
+// exact report (every sequence of a range) may name no event received,
+// dead-lettered or reported before, except one excused says it may; a
+// window report (count of a range), when windows is true, may count no
+// more than the range holds events not accounted for otherwise.
+func (a *accounting) checkReports(reports []missedReport, receivedSeq, dead map[uint64]bool, windows bool,
+	excused func(seq uint64, r missedReport) bool) reportCheck {
+	a.t.Helper()
+	bySeq := make(map[uint64]written, len(a.out))
+	for _, w := range a.out {
 		bySeq[w.seq] = w
 	}
-	// No event in two classes.
-	receivedSeq := map[uint64]bool{}
-	for id := range received {
-		w := out[index[id]]
-		receivedSeq[w.seq] = true
-		if dead[w.seq] {
-			t.Errorf("event %d (%s v%d) was received and dead-lettered", w.seq, w.ev.Key, w.ev.Version)
+	c := reportCheck{reported: map[uint64]bool{}}
+	for _, r := range reports {
+		c.inReports += r.count
+		if r.window {
+			if !windows {
+				continue
+			}
+			unaccounted := 0
+			for seq := r.from; seq <= r.to; seq++ {
+				if !receivedSeq[seq] && !dead[seq] && !c.reported[seq] {
+					unaccounted++
+				}
+			}
+			if r.count > uint64(unaccounted) {
+				a.t.Errorf("false report: %d of %d..%d reported missed, but only %d of them were neither received nor dead-lettered (%s)", r.count, r.from, r.to, unaccounted, r.msg)
+			}
+			continue
 		}
-	}
-	reported := map[uint64]bool{}
-	var inReports uint64
-	for _, r := range reports.all() {
-		inReports += r.count
-		unaccounted := 0
 		for seq := r.from; seq <= r.to; seq++ {
 			switch w := bySeq[seq]; {
+			case excused != nil && receivedSeq[seq] && excused(seq, r):
+				c.excused++
 			case receivedSeq[seq]:
-				if !r.window {
-					t.Errorf("false report: event %d (%s v%d) was received and reported missed (%s)", seq, w.ev.Key, w.ev.Version, r.msg)
-				}
+				a.t.Errorf("false report: event %d (%s v%d) was received and reported missed (%s)", seq, w.ev.Key, w.ev.Version, r.msg)
 			case dead[seq]:
-				if !r.window {
-					t.Errorf("false report: event %d (%s v%d) was dead-lettered and reported missed (%s)", seq, w.ev.Key, w.ev.Version, r.msg)
-				}
-			case reported[seq]:
-				if !r.window {
-					t.Errorf("event %d reported missed twice", seq)
-				}
-			default:
-				unaccounted++
+				a.t.Errorf("false report: event %d (%s v%d) was dead-lettered and reported missed (%s)", seq, w.ev.Key, w.ev.Version, r.msg)
+			case c.reported[seq]:
+				a.t.Errorf("event %d reported missed twice", seq)
 			}
-		}
-		if r.window && r.count > uint64(unaccounted) {
-			t.Errorf("false report: %d of %d..%d reported missed, but only %d of them were neither received nor dead-lettered (%s)", r.count, r.from, r.to, unaccounted, r.msg)
-		}
-		if !r.window {
-			for seq := r.from; seq <= r.to; seq++ {
-				reported[seq] = true
-			}
+			c.reported[seq] = true
 		}
 	}
-	cons, err := e.js.Consumer(ctx, contract.EventsStream, "notifier")
+	return c
+}
+
+// silent are the sequences, as text, of the events neither received,
+// dead-lettered nor in an exact report.
+func (a *accounting) silent(receivedSeq, dead, reported map[uint64]bool) string {
+	var out []string
+	for _, w := range a.out {
+		if !receivedSeq[w.seq] && !dead[w.seq] && !reported[w.seq] {
+			out = append(out, strconv.FormatUint(w.seq, 10))
+		}
+	}
+	return strings.Join(out, " ")
+}
+
+// startNotifier starts a notifier with cfg under a runtime with rc,
+// logging to log, and returns once it consumes; stop ends it.
+func (e *env) startNotifier(cfg Config, rc projector.Config, metrics *projector.Metrics, log *slog.Logger) (stop func()) {
+	e.t.Helper()
+	ctx := context.Background()
+	n, err := New(ctx, e.js, cfg, nil, log)
 	if err != nil {
-		t.Fatal(err)
+		e.t.Fatal(err)
 	}
-	if inReports != missed {
-		t.Errorf("the reports count %d missed, the metric %d", inReports, missed)
+	r, err := projector.New(e.js, n, rc, metrics, log)
+	if err != nil {
+		e.t.Fatal(err)
 	}
-	rec, _ := projector.ReadGapRecord(cons.CachedInfo().Config.Metadata)
-	if rec.Missed != missed {
-		t.Errorf("the gap record says %d missed, the metric %d", rec.Missed, missed)
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx) }()
+	select {
+	case <-r.Ready():
+	case err := <-done:
+		e.t.Fatalf("the runtime ended before it consumed: %v", err)
 	}
-	if sum := uint64(len(received)+len(dead)) + missed; sum != events {
-		var silent []string
-		for _, w := range out {
-			if !receivedSeq[w.seq] && !dead[w.seq] && !reported[w.seq] {
-				silent = append(silent, strconv.FormatUint(w.seq, 10))
-			}
+	return func() {
+		cancel()
+		if err := <-done; err != nil {
+			e.t.Errorf("run: %v", err)
 		}
-		t.Fatalf("%d received + %d dead-lettered + %d reported missed = %d, want the %d written; neither received, dead-lettered nor in an exact report: %s\nreports:\n%s",
-			len(received), len(dead), missed, sum, events, strings.Join(silent, " "), reports.String())
+		_ = n.Close()
 	}
-	t.Logf("%d written: %d received, %d dead-lettered, %d reported missed (%s); %d handed back and finished in the background",
-		events, len(received), len(dead), missed, reports.kinds(), reports.finishedLate())
 }
 
 // publishEffect stores ev on the effects' stream as the relay does and
@@ -261,92 +344,6 @@ func (e *env) publishEffect(ev contract.Event) uint64 {
 		e.t.Fatal(err)
 	}
 	return ack.Sequence
-}
-
-func (e *env) streamState(stream string) jetstream.StreamState {
-	e.t.Helper()
-	s, err := e.js.Stream(context.Background(), stream)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return s.CachedInfo().State
-}
-
-// deadLetterSeqs are the stream sequences of the events consumer
-// dead-lettered.
-func (e *env) deadLetterSeqs(consumer string) map[uint64]bool {
-	e.t.Helper()
-	out := map[uint64]bool{}
-	if _, err := e.js.Stream(context.Background(), deadletter.Stream); err != nil {
-		return out // not created yet
-	}
-	for _, m := range e.deadLetters(consumer) {
-		seq, err := strconv.ParseUint(m.Header.Get(deadletter.HeaderSeq), 10, 64)
-		if err != nil {
-			e.t.Fatalf("a dead letter without its sequence: %v", m.Header)
-		}
-		out[seq] = true
-	}
-	return out
-}
-
-// slowReceiver is a webhook receiver that answers each request after 20 to
-// 50 ms with the status status gives the attempt (1 for the first) of an
-// event, and keeps the events it answered 2xx.
-type slowReceiver struct {
-	srv    *httptest.Server
-	status func(event uuid.UUID, attempt int) int
-
-	mu       sync.Mutex
-	attempts map[uuid.UUID]int
-	ok       map[uuid.UUID]int
-}
-
-func newSlowReceiver(t *testing.T, status func(event uuid.UUID, attempt int) int) *slowReceiver {
-	t.Helper()
-	r := &slowReceiver{status: status, attempts: map[uuid.UUID]int{}, ok: map[uuid.UUID]int{}}
-	r.srv = httptest.NewServer(http.HandlerFunc(r.serve))
-	t.Cleanup(r.srv.Close)
-	return r
-}
-
-func (r *slowReceiver) serve(w http.ResponseWriter, req *http.Request) {
-	body, err := io.ReadAll(req.Body)
-	var n Notification
-	if err == nil {
-		err = json.Unmarshal(body, &n)
-	}
-	if err != nil {
-		w.WriteHeader(http.StatusBadRequest)
-		return
-	}
-	r.mu.Lock()
-	r.attempts[n.EventID]++
-	attempt := r.attempts[n.EventID]
-	r.mu.Unlock()
-	select {
-	case <-time.After(time.Duration(20+rand.IntN(31)) * time.Millisecond):
-	case <-req.Context().Done():
-		return
-	}
-	status := r.status(n.EventID, attempt)
-	if status/100 == 2 {
-		r.mu.Lock()
-		r.ok[n.EventID]++
-		r.mu.Unlock()
-	}
-	w.WriteHeader(status)
-}
-
-// received are the events answered 2xx, with the number of such answers.
-func (r *slowReceiver) received() map[uuid.UUID]int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	out := make(map[uuid.UUID]int, len(r.ok))
-	for id, c := range r.ok {
-		out[id] = c
-	}
-	return out
 }
 
 // missedReport is one report of events never delivered: the stream

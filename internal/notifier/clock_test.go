@@ -46,7 +46,7 @@ func redeliverAfter(t *testing.T, res projector.Result, what string) time.Durati
 func TestBackoffEndsWhenTheClockStepsBack(t *testing.T) {
 	e := newEnv(t)
 	rcv := newReceiver(t)
-	rcv.answer = func(_ context.Context, _ string, n int) (int, string) {
+	rcv.answer = func(_ context.Context, _ request, n int) (int, string) {
 		if n == 1 {
 			return http.StatusServiceUnavailable, "down"
 		}
@@ -116,7 +116,7 @@ func TestLiveClaimIsNotTakenOverWithAClockAhead(t *testing.T) {
 			close(release)
 		}
 	}()
-	rcv.answer = func(ctx context.Context, _ string, n int) (int, string) {
+	rcv.answer = func(ctx context.Context, _ request, n int) (int, string) {
 		if n == 1 {
 			arrived <- struct{}{}
 			select {

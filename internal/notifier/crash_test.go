@@ -4,9 +4,9 @@ package notifier
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/converge-sync/converge/internal/projector"
+	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
@@ -57,6 +58,31 @@ func crashRuntime(name string) projector.Config {
 // "<stage> <effect id>" and blocks until killed.
 func runChild() int {
 	stage := os.Getenv(childEnv)
+	cfg := crashConfig(strings.Split(os.Getenv(EnvWebhookURLs), ","))
+	return runNotifierChild(cfg, crashRuntime(crashConsumer), func(n *Notifier, _ *projector.Runtime) {
+		var once sync.Once
+		n.hook = func(s string, effect uuid.UUID) {
+			if s != stage {
+				return
+			}
+			stop := false
+			once.Do(func() {
+				fmt.Printf("%s %s\n", s, effect)
+				stop = true
+			})
+			if stop {
+				select {} // until SIGKILL
+			}
+		}
+	})
+}
+
+// runNotifierChild is the body of every notifier child: it runs a
+// notifier with cfg, owned by "child", on CONVERGE_NATS_URL under a
+// runtime with rc until it is killed; prepare, when set, is given both
+// before the run. It returns the exit code: 2 when the setup failed, 1
+// when the run did.
+func runNotifierChild(cfg Config, rc projector.Config, prepare func(*Notifier, *projector.Runtime)) int {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	nc, err := nats.Connect(os.Getenv("CONVERGE_NATS_URL"))
 	if err != nil {
@@ -68,37 +94,86 @@ func runChild() int {
 		log.Error("jetstream", "err", err)
 		return 2
 	}
-	cfg := crashConfig(strings.Split(os.Getenv(EnvWebhookURLs), ","))
 	cfg.Owner = "child"
 	n, err := New(context.Background(), js, cfg, nil, log)
 	if err != nil {
 		log.Error("notifier", "err", err)
 		return 2
 	}
-	var once sync.Once
-	n.hook = func(s string, effect uuid.UUID) {
-		if s != stage {
-			return
-		}
-		stop := false
-		once.Do(func() {
-			fmt.Printf("%s %s\n", s, effect)
-			stop = true
-		})
-		if stop {
-			select {} // until SIGKILL
-		}
-	}
-	r, err := projector.New(js, n, crashRuntime(crashConsumer), nil, log)
+	r, err := projector.New(js, n, rc, nil, log)
 	if err != nil {
 		log.Error("projector", "err", err)
 		return 2
+	}
+	if prepare != nil {
+		prepare(n, r)
 	}
 	if err := r.Run(context.Background()); err != nil {
 		log.Error("run", "err", err)
 		return 1
 	}
 	return 0
+}
+
+// notifierChild is the test binary run as a notifier child, to be
+// SIGKILLed.
+type notifierChild struct {
+	cmd   *exec.Cmd
+	logs  *testenv.LockedBuffer
+	lines chan string // its first line on stdout
+}
+
+// startChild starts a notifier child of kind (the value of childEnv) on
+// e's server for urls. The cleanup kills it and, when the test failed,
+// logs what it wrote to stderr.
+func startChild(t *testing.T, e *env, kind string, urls []string) *notifierChild {
+	t.Helper()
+	c := &notifierChild{cmd: exec.Command(os.Args[0], "-test.run=^$"), logs: &testenv.LockedBuffer{}, lines: make(chan string, 1)}
+	c.cmd.Env = append(os.Environ(), childEnv+"="+kind, "CONVERGE_NATS_URL="+e.n.URL, EnvWebhookURLs+"="+strings.Join(urls, ","))
+	c.cmd.Stderr = c.logs
+	c.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	stdout, err := c.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = c.cmd.Process.Kill()
+		_ = c.cmd.Wait()
+		if t.Failed() {
+			t.Logf("the notifier child's output:\n%s", c.logs.String())
+		}
+	})
+	go func() {
+		line, _ := bufio.NewReader(stdout).ReadString('\n')
+		c.lines <- strings.TrimSpace(line)
+		_, _ = io.Copy(io.Discard, stdout)
+	}()
+	return c
+}
+
+// firstLine is the first line the child printed, once it did what (within
+// 30 s).
+func (c *notifierChild) firstLine(t *testing.T, what string) string {
+	t.Helper()
+	select {
+	case line := <-c.lines:
+		return line
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the notifier child did not %s within 30s", what)
+		return ""
+	}
+}
+
+// kill SIGKILLs the child and waits for its end.
+func (c *notifierChild) kill(t *testing.T) {
+	t.Helper()
+	if err := c.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.cmd.Wait()
 }
 
 func crashConfig(urls []string) Config {
@@ -114,39 +189,8 @@ func crashConfig(urls []string) Config {
 // it at the kill.
 func crashAt(t *testing.T, e *env, rcv *receiver, stage string, urls []string) (uuid.UUID, int) {
 	t.Helper()
-	var logs bytes.Buffer
-	var logsMu sync.Mutex
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"="+stage, "CONVERGE_NATS_URL="+e.n.URL, EnvWebhookURLs+"="+strings.Join(urls, ","))
-	cmd.Stderr = writerFunc(func(b []byte) (int, error) { logsMu.Lock(); defer logsMu.Unlock(); return logs.Write(b) })
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		if t.Failed() {
-			logsMu.Lock()
-			t.Logf("child output:\n%s", logs.String())
-			logsMu.Unlock()
-		}
-	})
-	lines := make(chan string, 1)
-	go func() {
-		line, _ := bufio.NewReader(stdout).ReadString('\n')
-		lines <- strings.TrimSpace(line)
-	}()
-	var line string
-	select {
-	case line = <-lines:
-	case <-time.After(30 * time.Second):
-		t.Fatalf("the child never reached %q", stage)
-	}
+	child := startChild(t, e, stage, urls)
+	line := child.firstLine(t, "reach "+stage)
 	s, id, ok := strings.Cut(line, " ")
 	effect, err := uuid.Parse(id)
 	if !ok || s != stage || err != nil {
@@ -158,16 +202,9 @@ func crashAt(t *testing.T, e *env, rcv *receiver, stage string, urls []string) (
 			seen++
 		}
 	}
-	if err := cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	_ = cmd.Wait()
+	child.kill(t)
 	return effect, seen
 }
-
-type writerFunc func([]byte) (int, error)
-
-func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
 
 // runAfterCrash runs a notifier on the same consumer as the killed child
 // until it caught up, and checks what every effect got: at least one POST,
@@ -204,15 +241,23 @@ func runAfterCrash(t *testing.T, e *env, rcv *receiver, urls []string, effects i
 	return m
 }
 
-// Killed after the claim and before the send: the claim is taken over
-// once stale, and the effect is sent once, with its key.
-func TestSIGKILLBetweenClaimAndSend(t *testing.T) {
+// newCrashEnv is a server holding two events and a receiver of two
+// targets, at urls: four effects for a notifier child to crash on.
+func newCrashEnv(t *testing.T) (*env, *receiver, []string) {
+	t.Helper()
 	e := newEnv(t)
 	rcv := newReceiver(t)
 	urls := []string{rcv.url("/a"), rcv.url("/b")}
 	for _, ev := range []contract.Event{upsert("doc-1", 1), upsert("doc-2", 1)} {
 		e.publish(ev, time.Now())
 	}
+	return e, rcv, urls
+}
+
+// Killed after the claim and before the send: the claim is taken over
+// once stale, and the effect is sent once, with its key.
+func TestSIGKILLBetweenClaimAndSend(t *testing.T) {
+	e, rcv, urls := newCrashEnv(t)
 	effect, seen := crashAt(t, e, rcv, "claimed", urls)
 	if seen != 0 {
 		t.Fatalf("the receiver saw %d requests of an effect claimed but not sent", seen)
@@ -240,12 +285,7 @@ func TestSIGKILLBetweenClaimAndSend(t *testing.T) {
 // Killed after the send and before the mark: the effect is sent again,
 // with the same key, and the receiver can deduplicate it.
 func TestSIGKILLBetweenSendAndMark(t *testing.T) {
-	e := newEnv(t)
-	rcv := newReceiver(t)
-	urls := []string{rcv.url("/a"), rcv.url("/b")}
-	for _, ev := range []contract.Event{upsert("doc-1", 1), upsert("doc-2", 1)} {
-		e.publish(ev, time.Now())
-	}
+	e, rcv, urls := newCrashEnv(t)
 	effect, seen := crashAt(t, e, rcv, "sent", urls)
 	if seen != 1 {
 		t.Fatalf("the receiver saw %d requests of an effect sent but not marked, want 1", seen)

@@ -53,10 +53,10 @@ type receiver struct {
 	arrivals    map[string]int // by path and key
 	inFlight    map[string]int
 	maxInFlight map[string]int
-	// answer returns the status and body of the n-th request (1-based, in
-	// order of arrival) of an effect on path; it may block (it gets the
-	// request's context).
-	answer func(ctx context.Context, path string, n int) (int, string)
+	// answer returns the status and body of q, the n-th request (1-based,
+	// in order of arrival) of an effect on its path; it may block (it gets
+	// the request's context).
+	answer func(ctx context.Context, q request, n int) (int, string)
 }
 
 func newReceiver(t *testing.T) *receiver {
@@ -98,7 +98,7 @@ func (r *receiver) serve(w http.ResponseWriter, req *http.Request) {
 	r.mu.Unlock()
 	status, text := http.StatusOK, "ok"
 	if answer != nil {
-		status, text = answer(req.Context(), got.Path, n)
+		status, text = answer(req.Context(), got, n)
 	}
 	got.Status = status
 	r.mu.Lock()
@@ -116,6 +116,17 @@ func (r *receiver) requests() []request {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return append([]request(nil), r.reqs...)
+}
+
+// received are the events answered 2xx, with the number of such answers.
+func (r *receiver) received() map[uuid.UUID]int {
+	out := map[uuid.UUID]int{}
+	for _, q := range r.requests() {
+		if q.Status/100 == 2 {
+			out[q.Body.EventID]++
+		}
+	}
+	return out
 }
 
 func (r *receiver) count(path string) int {
@@ -262,6 +273,27 @@ func (e *env) deadLetters(name string) []*jetstream.RawStreamMsg {
 		}
 	}
 	return out
+}
+
+// streamState is the state of stream as the server last reported it.
+func (e *env) streamState(stream string) jetstream.StreamState {
+	e.t.Helper()
+	s, err := e.js.Stream(context.Background(), stream)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return s.CachedInfo().State
+}
+
+// gapRecord is the record of missed events that the runtime keeps in the
+// metadata of consumer on stream, and whether there is one.
+func (e *env) gapRecord(stream, consumer string) (projector.GapRecord, bool) {
+	e.t.Helper()
+	c, err := e.js.Consumer(context.Background(), stream, consumer)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return projector.ReadGapRecord(c.CachedInfo().Config.Metadata)
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }

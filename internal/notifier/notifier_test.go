@@ -176,7 +176,7 @@ func TestReemissionIsNotNotified(t *testing.T) {
 func TestServerErrorIsRetried(t *testing.T) {
 	e := newEnv(t)
 	rcv := newReceiver(t)
-	rcv.answer = func(_ context.Context, _ string, n int) (int, string) {
+	rcv.answer = func(_ context.Context, _ request, n int) (int, string) {
 		if n == 1 {
 			return http.StatusInternalServerError, "temporarily broken"
 		}
@@ -211,7 +211,7 @@ func TestServerErrorIsRetried(t *testing.T) {
 func TestTimeoutIsRetried(t *testing.T) {
 	e := newEnv(t)
 	rcv := newReceiver(t)
-	rcv.answer = func(ctx context.Context, _ string, n int) (int, string) {
+	rcv.answer = func(ctx context.Context, _ request, n int) (int, string) {
 		if n == 1 {
 			<-ctx.Done() // until the notifier gives up
 		}
@@ -242,8 +242,8 @@ func TestGivingUpDeadLettersTheEvent(t *testing.T) {
 	e := newEnv(t)
 	rcv := newReceiver(t)
 	broken := true
-	rcv.answer = func(_ context.Context, path string, _ int) (int, string) {
-		if path == "/broken" && broken {
+	rcv.answer = func(_ context.Context, q request, _ int) (int, string) {
+		if q.Path == "/broken" && broken {
 			return http.StatusServiceUnavailable, "upstream down\n" + strings.Repeat("x", 2000)
 		}
 		return http.StatusOK, "ok"
@@ -304,8 +304,8 @@ func TestSlowReceiverDoesNotBlockOthers(t *testing.T) {
 	e := newEnv(t)
 	rcv := newReceiver(t)
 	release := make(chan struct{})
-	rcv.answer = func(ctx context.Context, path string, _ int) (int, string) {
-		if path == "/slow" {
+	rcv.answer = func(ctx context.Context, q request, _ int) (int, string) {
+		if q.Path == "/slow" {
 			select {
 			case <-release:
 			case <-ctx.Done():

@@ -1,7 +1,6 @@
 package notifier
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -40,24 +39,6 @@ const (
 )
 
 var webhookSecrets = []string{secretPath, secretUser, secretPassword, secretQuery}
-
-// syncBuffer is a log's output, written by concurrent sends.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // otlpCollector receives the spans the OTLP/HTTP exporter sends: the raw
 // requests (every attribute, event and status, as exported) and the
@@ -171,10 +152,10 @@ func TestWebhookSecretsNeverLeave(t *testing.T) {
 
 	// The receiver answers like an Express app: a 500 quotes the path.
 	rcv := newReceiver(t)
-	rcv.answer = func(_ context.Context, path string, n int) (int, string) {
+	rcv.answer = func(_ context.Context, q request, n int) (int, string) {
 		switch {
-		case strings.HasSuffix(path, "-flaky") && n == 1, strings.HasSuffix(path, "-dead"):
-			return http.StatusInternalServerError, "Cannot POST " + path
+		case strings.HasSuffix(q.Path, "-flaky") && n == 1, strings.HasSuffix(q.Path, "-dead"):
+			return http.StatusInternalServerError, "Cannot POST " + q.Path
 		}
 		return http.StatusOK, "ok"
 	}
@@ -189,7 +170,7 @@ func TestWebhookSecretsNeverLeave(t *testing.T) {
 		"http://" + creds + host + "/services/T000/B000/" + secretPath + "-dead#" + secretQuery,
 		"http://" + creds + closed + "/hooks/" + secretPath + "-refused",
 	}
-	logs := &syncBuffer{}
+	logs := &testenv.LockedBuffer{}
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	cfg := testConfig(urls...)
 	cfg.MaxAttempts = 3

@@ -97,15 +97,6 @@ func (e *env) runRuntime(rc projector.Config, store projector.Store) *projector.
 	return m
 }
 
-func (e *env) streamMsgs(stream string) uint64 {
-	e.t.Helper()
-	s, err := e.js.Stream(context.Background(), stream)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return s.CachedInfo().State.Msgs
-}
-
 // The notifier, on the effects' stream, is sent every version of every
 // document even when it reads them long after the documents' stream has
 // dropped all but the last two of each: the 44% of versions never
@@ -130,10 +121,10 @@ func TestNotifierSeesEveryVersionTheHistoryDrops(t *testing.T) {
 			e.relayPublish(upsert(fmt.Sprintf("doc-%02d", k), v), true)
 		}
 	}
-	if n := e.streamMsgs(contract.DocsStream); n != keys*2 {
+	if n := e.streamState(contract.DocsStream).Msgs; n != keys*2 {
 		t.Fatalf("the documents' stream holds %d messages, want its history of 2 per document: %d", n, keys*2)
 	}
-	if n := e.streamMsgs(contract.EventsStream); n != keys*versions {
+	if n := e.streamState(contract.EventsStream).Msgs; n != keys*versions {
 		t.Fatalf("the effects' stream holds %d messages, want every event: %d", n, keys*versions)
 	}
 
@@ -159,7 +150,7 @@ func TestNotifierSeesEveryVersionTheHistoryDrops(t *testing.T) {
 	}
 	// A work queue: what the notifier acknowledged has left the stream.
 	testenv.Eventually(t, "the effects' stream to be empty", 5*time.Second, func() bool {
-		return e.streamMsgs(contract.EventsStream) == 0
+		return e.streamState(contract.EventsStream).Msgs == 0
 	})
 
 	om := e.runRuntime(docsRuntime, on)
@@ -193,7 +184,7 @@ func TestEventsTheEffectsStreamDropsAreReported(t *testing.T) {
 	for i := range published {
 		e.relayPublish(upsert(fmt.Sprintf("doc-%03d", i), 1), true)
 	}
-	kept := e.streamMsgs(contract.EventsStream)
+	kept := e.streamState(contract.EventsStream).Msgs
 	if kept == 0 || kept >= published {
 		t.Fatalf("the effects' stream holds %d of %d events: its bound of %d bytes should have dropped some", kept, published, bound)
 	}
@@ -204,11 +195,7 @@ func TestEventsTheEffectsStreamDropsAreReported(t *testing.T) {
 	if got := len(rcv.check()); got != 1+int(kept) {
 		t.Fatalf("%d effects notified, want the first and the %d kept", got, kept)
 	}
-	cons, err := e.js.Consumer(context.Background(), contract.EventsStream, "notifier")
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec, ok := projector.ReadGapRecord(cons.CachedInfo().Config.Metadata)
+	rec, ok := e.gapRecord(contract.EventsStream, "notifier")
 	if !ok || rec.Missed != published-kept || rec.LastFrom != 2 || rec.LastTo != 1+published-kept {
 		t.Fatalf("gap record %+v (found %v), want %d missed, sequences 2..%d", rec, ok, published-kept, 1+published-kept)
 	}
