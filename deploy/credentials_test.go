@@ -84,12 +84,12 @@ var holdings = map[string]holding{
 		secrets: []string{caSecret, "nats-projector-graph-password", "projector-graph-tokens", "projector-graph-tls-cert", "projector-graph-tls-key", "neo4j-password"},
 		env:     []string{"CONVERGE_NEO4J_USER", "CONVERGE_NEO4J_PASSWORD_FILE"},
 	},
-	// The notifier takes no certificate for its /metrics (internal/notifier
-	// binds no -tls-cert); it serves no API and takes no token.
+	// The notifier serves no API and takes no token; its /metrics has a
+	// certificate like every other listener.
 	"notifier": {
-		natsUser: natsauth.UserNotifier,
-		secrets:  []string{caSecret, "nats-notifier-password", "webhook-secret"},
-		env:      []string{"CONVERGE_WEBHOOK_SECRET_FILE"},
+		natsUser: natsauth.UserNotifier, tls: true,
+		secrets: []string{caSecret, "nats-notifier-password", "webhook-secret", "notifier-tls-cert", "notifier-tls-key"},
+		env:     []string{"CONVERGE_WEBHOOK_SECRET_FILE"},
 	},
 }
 

@@ -68,6 +68,7 @@ var servers = map[string][]string{
 	"relay":           {"relay"},
 	"projector-index": {"projector-index"},
 	"projector-graph": {"projector-graph"},
+	"notifier":        {"notifier"},
 }
 
 // localNames are in every certificate: a healthcheck asks its own
