@@ -435,7 +435,9 @@ func notifierTarget(t *testing.T, p *pipeline, bin *testenv.Binaries, written <-
 // every one published for ingest, is stored, and a new write passes.
 func writerTarget(t *testing.T, p *pipeline, bin *testenv.Binaries, migrate bool) *restartTarget {
 	httpAddr, addr := freePort(t), freePort(t)
-	args := []string{"-http-addr", httpAddr, "-metrics-addr", addr}
+	// A short ack wait: what a SIGKILLed writer took from the ingest
+	// stream is delivered again after it, not after the default 30 s.
+	args := []string{"-http-addr", httpAddr, "-metrics-addr", addr, "-ack-wait", "3s"}
 	var dbURL string
 	if migrate {
 		dbURL = pg.NewDatabase(t)

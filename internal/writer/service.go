@@ -101,6 +101,8 @@ func Flags(f *config.Flags) func() (ServiceConfig, error) {
 	batch := f.Int("batch-size", "CONVERGE_WRITER_BATCH_SIZE", 500, "NDJSON lines per transaction on POST /v1/documents:batch")
 	migrate := f.Bool("migrate", "CONVERGE_WRITER_MIGRATE", false, "apply pending schema migrations at start")
 	grace := f.Duration("shutdown-grace", "CONVERGE_SHUTDOWN_GRACE", 0, "how long in-flight requests may finish on shutdown (0: 15s)")
+	ackWait := f.Duration("ack-wait", "CONVERGE_WRITER_ACK_WAIT", 30*time.Second,
+		"how long an ingest message stays with a writer that took it before it is delivered again (a writer that died holds it that long)")
 	retention := f.Duration("outbox-retention", "CONVERGE_OUTBOX_RETENTION", 24*time.Hour, "delete outbox rows older than this (negative: never); the relay reads WAL, not the table")
 	security := auth.BindFlags(f)
 	natsAuth := natsauth.Flags(f)
@@ -111,6 +113,7 @@ func Flags(f *config.Flags) func() (ServiceConfig, error) {
 		c := ServiceConfig{PostgresURL: *pg, NATSURL: *natsURL, HTTPAddr: *httpAddr, MetricsAddr: *metricsAddr,
 			MaxConns: *maxConns, Migrate: *migrate, ShutdownGrace: *grace}
 		c.API.BatchSize = *batch
+		c.Ingest.AckWait = *ackWait
 		c.Retention.Retention = *retention
 		sec := security()
 		c.TokensFile, c.InsecureNoAuth, c.TLSCert, c.TLSKey = sec.TokensFile, sec.InsecureNoAuth, sec.TLSCert, sec.TLSKey
