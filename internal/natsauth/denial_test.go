@@ -31,7 +31,7 @@ import (
 // converge.docs.> is refused, and so is its subscription to them.
 func TestProjectorCannotPublishDocuments(t *testing.T) {
 	e := newEnv(t)
-	docsStream(t, e.connect(admin).js)
+	e.docsAsAdmin()
 	p := e.connect(natsauth.UserIndex)
 	if err := p.nc.Publish("converge.docs.x", []byte("forged")); err != nil {
 		t.Fatal(err)
@@ -51,8 +51,7 @@ func TestProjectorCannotPublishDocuments(t *testing.T) {
 // read, pull from nor delete another projector's.
 func TestProjectorCannotUseAnotherProjectorsConsumer(t *testing.T) {
 	e := newEnv(t)
-	a := e.connect(admin)
-	docsStream(t, a.js)
+	a := e.docsAsAdmin()
 	if _, err := a.js.CreateOrUpdateConsumer(context.Background(), contract.DocsStream, jetstream.ConsumerConfig{
 		Durable: "graph", AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: contract.DocsSubjectPrefix + ">"}); err != nil {
 		t.Fatal(err)
@@ -156,8 +155,7 @@ func TestProjectorCannotReadAnotherBucket(t *testing.T) {
 // purge it, nor delete a consumer.
 func TestRelayCannotDelete(t *testing.T) {
 	e := newEnv(t)
-	a := e.connect(admin)
-	docsStream(t, a.js)
+	a := e.docsAsAdmin()
 	if _, err := a.js.CreateOrUpdateConsumer(context.Background(), contract.DocsStream, jetstream.ConsumerConfig{
 		Durable: "index", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
 		t.Fatal(err)
@@ -189,7 +187,7 @@ func TestRelayCannotDelete(t *testing.T) {
 // document events.
 func TestWriterCannotPublishDocuments(t *testing.T) {
 	e := newEnv(t)
-	docsStream(t, e.connect(admin).js)
+	e.docsAsAdmin()
 	w := e.connect(natsauth.UserWriter)
 	if err := w.nc.Publish("converge.docs.x", []byte("forged")); err != nil {
 		t.Fatal(err)
@@ -204,8 +202,7 @@ func TestWriterCannotPublishDocuments(t *testing.T) {
 // whose outbox is relayed at once.
 func TestOperatorCannotPublishDocuments(t *testing.T) {
 	e := newEnv(t)
-	a := e.connect(admin)
-	docsStream(t, a.js)
+	a := e.docsAsAdmin()
 	o := e.connect(natsauth.UserOperator)
 	if err := o.nc.Publish("converge.docs.x", []byte("forged")); err != nil {
 		t.Fatal(err)

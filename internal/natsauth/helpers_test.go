@@ -27,8 +27,8 @@ const admin = "test-admin"
 
 func password(user string) string { return "pw-" + user }
 
-// env is an embedded server admitting the users of natsauth.Users and
-// admin.
+// env is an embedded server admitting the users of natsauth.Users, admin
+// and the nkey users a test adds.
 type env struct {
 	t   *testing.T
 	srv *natsserver.Server
@@ -46,14 +46,14 @@ type env struct {
 // message the server sent it before.
 const tapMark = "converge.test.tapmark."
 
-func newEnv(t *testing.T) *env {
+func newEnv(t *testing.T, nkeys ...*server.NkeyUser) *env {
 	t.Helper()
 	pw := map[string]string{}
 	for name := range natsauth.Permissions() {
 		pw[name] = password(name)
 	}
 	users := append(natsauth.Users(pw), &server.User{Username: admin, Password: password(admin)})
-	srv, err := natsserver.StartWith(natsserver.Options{StoreDir: t.TempDir(), Users: users})
+	srv, err := natsserver.StartWith(natsserver.Options{StoreDir: t.TempDir(), Users: users, Nkeys: nkeys})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -324,6 +324,18 @@ func ctx(t *testing.T) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	t.Cleanup(cancel)
 	return c
+}
+
+// docsAsAdmin connects admin, creates CONVERGE_DOCS as the relay does and
+// publishes version 1 of each of keys there, and returns admin's client.
+func (e *env) docsAsAdmin(keys ...string) *client {
+	e.t.Helper()
+	a := e.connect(admin)
+	docsStream(e.t, a.js)
+	for _, key := range keys {
+		publishEvent(e.t, a.js, upsert(e.t, key, 1))
+	}
+	return a
 }
 
 // docsStream creates CONVERGE_DOCS as the relay does.

@@ -19,7 +19,6 @@ import (
 
 	"github.com/converge-sync/converge/internal/lease"
 	"github.com/converge-sync/converge/internal/natsauth"
-	"github.com/converge-sync/converge/internal/natsserver"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
@@ -64,10 +63,8 @@ func TestEachUserSubscribesToItsOwnInboxes(t *testing.T) {
 // though the others' answers did go to their inboxes.
 func TestNobodyReadsAnothersReplies(t *testing.T) {
 	e := newEnv(t)
-	a := e.connect(admin)
+	a := e.docsAsAdmin("a")
 	bg := context.Background()
-	docsStream(t, a.js)
-	publishEvent(t, a.js, upsert(t, "a", 1))
 	if _, err := a.js.CreateOrUpdateConsumer(bg, contract.DocsStream, jetstream.ConsumerConfig{
 		Durable: "index", AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: contract.DocsSubjectPrefix + ">"}); err != nil {
 		t.Fatal(err)
@@ -277,32 +274,12 @@ func TestAnNKeyClientRepliesOnTheInboxesItIsGiven(t *testing.T) {
 	if err := os.WriteFile(seed, seedBytes, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	spyPassword := password(natsauth.UserProducer)
-	srv, err := natsserver.StartWith(natsserver.Options{StoreDir: t.TempDir(),
-		Nkeys: []*server.NkeyUser{{Nkey: pub, Permissions: natsauth.Relay()}},
-		Users: []*server.User{
-			{Username: natsauth.UserProducer, Password: spyPassword, Permissions: natsauth.Producer()},
-			{Username: admin, Password: password(admin)},
-		}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	adm, err := nats.Connect(srv.URL, nats.UserInfo(admin, password(admin)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(adm.Close)
-	ajs, _ := jetstream.New(adm)
-	docsStream(t, ajs)
+	e := newEnv(t, &server.NkeyUser{Nkey: pub, Permissions: natsauth.Relay()})
+	e.docsAsAdmin()
 
 	// The spy: subscriptions the server refuses deliver nothing, which
 	// the count at the end shows.
-	spy, err := nats.Connect(srv.URL, nats.UserInfo(natsauth.UserProducer, spyPassword), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(spy.Close)
+	spy := e.connect(natsauth.UserProducer).nc
 	got := make(chan *nats.Msg, 64)
 	for _, s := range []string{"_INBOX.>", natsauth.InboxPrefix(natsauth.UserRelay) + ".>"} {
 		if _, err := spy.ChanSubscribe(s, got); err != nil {
@@ -318,7 +295,7 @@ func TestAnNKeyClientRepliesOnTheInboxesItIsGiven(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		nc, err := nats.Connect(srv.URL, append(opts, nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))...)
+		nc, err := nats.Connect(e.srv.URL, append(opts, nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))...)
 		if err != nil {
 			return err
 		}

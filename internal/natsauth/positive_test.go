@@ -3,7 +3,6 @@ package natsauth_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -126,12 +125,7 @@ func TestProjectorDoesItsJob(t *testing.T) {
 
 func testProjectorDoesItsJob(t *testing.T, name string) {
 	e := newEnv(t)
-	a := e.connect(admin)
-	docsStream(t, a.js)
-	for i := range 3 {
-		publishEvent(t, a.js, upsert(t, fmt.Sprintf("doc-%d", i), 1))
-	}
-	publishEvent(t, a.js, upsert(t, "poison", 1))
+	a := e.docsAsAdmin("doc-0", "doc-1", "doc-2", "poison")
 	if _, err := a.js.Publish(context.Background(), "converge.docs.garbage", []byte("not an event")); err != nil {
 		t.Fatal(err)
 	}
@@ -235,12 +229,7 @@ func TestProjectorRebuilds(t *testing.T) {
 
 func testProjectorRebuilds(t *testing.T, name string) {
 	e := newEnv(t)
-	a := e.connect(admin)
-	docsStream(t, a.js)
-	for i := range 5 {
-		publishEvent(t, a.js, upsert(t, fmt.Sprintf("doc-%d", i), 1))
-	}
-	publishEvent(t, a.js, upsert(t, "poison", 1))
+	a := e.docsAsAdmin("doc-0", "doc-1", "doc-2", "doc-3", "doc-4", "poison")
 	p := e.connect(natsauth.ProjectorUser(name))
 	e.record(p.user)
 	stores := &inPlaceStores{store: &memStore{versions: map[string]int64{}, poison: map[string]bool{"poison": true}}}
@@ -270,8 +259,7 @@ func testProjectorRebuilds(t *testing.T, name string) {
 // older deployment, then consumes the effects' stream.
 func TestNotifierDoesItsJob(t *testing.T) {
 	e := newEnv(t)
-	a := e.connect(admin)
-	docsStream(t, a.js)
+	a := e.docsAsAdmin()
 	// The older deployment: its consumer on the documents' stream has an
 	// event and a poison message to deliver.
 	if _, err := a.js.CreateOrUpdateConsumer(ctx(t), contract.DocsStream, jetstream.ConsumerConfig{Durable: natsauth.NotifierName,
@@ -435,11 +423,8 @@ func TestWriterAndProducerDoTheirJob(t *testing.T) {
 // dlq list, show and redrive of the ingest consumer's dead letters.
 func TestOperatorDoesItsJob(t *testing.T) {
 	e := newEnv(t)
-	a := e.connect(admin)
+	a := e.docsAsAdmin("doc-1", "doc-2")
 	bg := context.Background()
-	docsStream(t, a.js)
-	publishEvent(t, a.js, upsert(t, "doc-1", 1))
-	publishEvent(t, a.js, upsert(t, "doc-2", 1))
 	if _, err := a.js.CreateOrUpdateConsumer(bg, contract.DocsStream, jetstream.ConsumerConfig{Durable: "index",
 		AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: contract.DocsSubjectPrefix + ">"}); err != nil {
 		t.Fatal(err)
