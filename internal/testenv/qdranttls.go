@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -59,65 +60,78 @@ func StartQdrantTLS(t testing.TB, certs Certificates) QdrantTLS {
 	dir := t.TempDir()
 	q := QdrantTLS{Certs: certs, Qdrant: Qdrant{APIKey: rand.Text(), ReadOnlyKey: rand.Text(),
 		Collection: "t_" + strings.ToLower(rand.Text()[:16])}}
-	var log *os.File
-	var cmd *exec.Cmd
 	// Another process may take a port between freeLoopbackPort and
 	// Qdrant's bind: Qdrant then exits, and the start is tried again.
 	for attempt := 1; ; attempt++ {
-		httpPort, grpcPort := freeLoopbackPort(t), freeLoopbackPort(t)
-		if log, err = os.Create(filepath.Join(dir, fmt.Sprintf("server-%d.log", attempt))); err != nil {
-			t.Fatalf("testenv: %v", err)
-		}
-		cmd = exec.Command(binary, "--disable-telemetry")
-		cmd.Dir = dir // Qdrant writes .qdrant-initialized into its working directory
-		cmd.Stdout, cmd.Stderr = log, log
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		cmd.Env = append(withoutQdrantSettings(),
-			"QDRANT__SERVICE__HOST=127.0.0.1",
-			fmt.Sprintf("QDRANT__SERVICE__HTTP_PORT=%d", httpPort),
-			fmt.Sprintf("QDRANT__SERVICE__GRPC_PORT=%d", grpcPort),
-			"QDRANT__STORAGE__STORAGE_PATH="+filepath.Join(dir, "storage"),
-			"QDRANT__STORAGE__SNAPSHOTS_PATH="+filepath.Join(dir, "snapshots"),
-			"QDRANT__TELEMETRY_DISABLED=true",
-			"QDRANT__SERVICE__ENABLE_TLS=true",
-			"QDRANT__TLS__CERT="+certs.CertFile,
-			"QDRANT__TLS__KEY="+certs.KeyFile,
-			"QDRANT__SERVICE__API_KEY="+q.APIKey,
-			"QDRANT__SERVICE__READ_ONLY_API_KEY="+q.ReadOnlyKey)
-		if err := cmd.Start(); err != nil {
-			_ = log.Close()
-			noQdrant(t, err)
-		}
-		exited := make(chan error, 1)
-		go func() { exited <- cmd.Wait() }()
-		q.TLSURL = fmt.Sprintf("https://127.0.0.1:%d", grpcPort)
-		q.TLSHTTPURL = fmt.Sprintf("https://127.0.0.1:%d", httpPort)
-		if err := q.waitReady(exited); err == nil {
-			t.Cleanup(func() {
-				_ = cmd.Process.Signal(syscall.SIGTERM)
-				select {
-				case <-exited:
-				case <-time.After(10 * time.Second):
-					_ = cmd.Process.Kill()
-					<-exited
-				}
-				_ = log.Close()
-			})
+		stop, err := q.start(t, binary, dir, attempt)
+		if err == nil {
+			t.Cleanup(stop)
 			break
-		} else {
-			_ = cmd.Process.Kill()
-			<-exited
-			_ = log.Close()
-			text, _ := os.ReadFile(log.Name())
-			if attempt < 5 && strings.Contains(string(text), "Address already in use") {
-				continue
-			}
-			t.Fatalf("testenv: Qdrant with TLS: %v; its log:\n%s", err, lastLines(string(text), 20))
+		}
+		if attempt == 5 || !errors.Is(err, errPortTaken) {
+			t.Fatalf("testenv: Qdrant with TLS: %v", err)
 		}
 	}
 	q.URL = PlainFront(t, certs, strings.TrimPrefix(q.TLSURL, "https://"), "h2")
 	q.HTTPURL = "http://" + PlainFront(t, certs, strings.TrimPrefix(q.TLSHTTPURL, "https://"), "http/1.1")
 	return q
+}
+
+// errPortTaken is a start that failed because a port was taken.
+var errPortTaken = errors.New("a port was taken")
+
+// start starts the binary on two free ports, with its files in dir, and
+// waits until it answers; stop stops it.
+func (q *QdrantTLS) start(t testing.TB, binary, dir string, attempt int) (stop func(), err error) {
+	httpPort, grpcPort := freeLoopbackPort(t), freeLoopbackPort(t)
+	logFile, err := os.Create(filepath.Join(dir, fmt.Sprintf("server-%d.log", attempt)))
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(binary, "--disable-telemetry")
+	cmd.Dir = dir // Qdrant writes .qdrant-initialized into its working directory
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // gone with the test process, however it ends
+	cmd.Env = append(withoutQdrantSettings(),
+		"QDRANT__SERVICE__HOST=127.0.0.1",
+		fmt.Sprintf("QDRANT__SERVICE__HTTP_PORT=%d", httpPort),
+		fmt.Sprintf("QDRANT__SERVICE__GRPC_PORT=%d", grpcPort),
+		"QDRANT__STORAGE__STORAGE_PATH="+filepath.Join(dir, "storage"),
+		"QDRANT__STORAGE__SNAPSHOTS_PATH="+filepath.Join(dir, "snapshots"),
+		"QDRANT__TELEMETRY_DISABLED=true",
+		"QDRANT__SERVICE__ENABLE_TLS=true",
+		"QDRANT__TLS__CERT="+q.Certs.CertFile,
+		"QDRANT__TLS__KEY="+q.Certs.KeyFile,
+		"QDRANT__SERVICE__API_KEY="+q.APIKey,
+		"QDRANT__SERVICE__READ_ONLY_API_KEY="+q.ReadOnlyKey)
+	if err := cmd.Start(); err != nil {
+		_ = logFile.Close()
+		return nil, err
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	q.TLSURL = fmt.Sprintf("https://127.0.0.1:%d", grpcPort)
+	q.TLSHTTPURL = fmt.Sprintf("https://127.0.0.1:%d", httpPort)
+	if err := q.waitReady(exited); err != nil {
+		_ = cmd.Process.Kill()
+		<-exited
+		_ = logFile.Close()
+		text, _ := os.ReadFile(logFile.Name())
+		if strings.Contains(string(text), "Address already in use") {
+			return nil, errPortTaken
+		}
+		return nil, fmt.Errorf("%w; its log:\n%s", err, lastLines(string(text), 20))
+	}
+	return func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		_ = logFile.Close()
+	}, nil
 }
 
 // waitReady waits until the REST API answers /readyz over TLS, verified
