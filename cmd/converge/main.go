@@ -87,6 +87,10 @@ func main() {
 }
 
 func run(ctx context.Context, args []string, out io.Writer) error {
+	return trustHint(dispatch(ctx, args, out))
+}
+
+func dispatch(ctx context.Context, args []string, out io.Writer) error {
 	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
 		fmt.Fprint(out, usage)
 		return nil

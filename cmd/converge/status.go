@@ -152,7 +152,7 @@ func askIndex(ctx context.Context, c *index.Client) *indexStatus {
 	defer cancel()
 	info, err := c.Info(ctx)
 	if err != nil {
-		st.Error = err.Error()
+		st.Error = trustHint(err).Error()
 		return st
 	}
 	st.Info = &info
