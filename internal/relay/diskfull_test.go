@@ -46,21 +46,13 @@ func TestRelaySaysWhenJetStreamCannotStore(t *testing.T) {
 	// A missing acknowledgement ends a session after 1 s rather than the
 	// default 5 s: the sessions that fail on the full disk, and the
 	// standby's turns between them, come five times as fast.
-	cfg := relay.Config{PostgresURL: f.dbURL, Slot: "disk_full", StandbyRetry: 100 * time.Millisecond, AckTimeout: time.Second,
+	cfg := relay.Config{Slot: "disk_full", StandbyRetry: 100 * time.Millisecond, AckTimeout: time.Second,
 		Stream: relay.StreamConfig{MaxMsgsPerSubject: -1}}
-	r, err := relay.New(f.nats.Connect(t), cfg, metrics, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := run(t, r)
+	r, stop := f.runWith(t, cfg, metrics, nil)
 	defer stop()
 	// A standby, which takes the slot in turn while the sessions fail.
 	standbyMetrics := relay.NewMetrics(nil)
-	standby, err := relay.New(f.nats.Connect(t), cfg, standbyMetrics, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stopStandby := run(t, standby)
+	standby, stopStandby := f.runWith(t, cfg, standbyMetrics, nil)
 	defer stopStandby()
 	failing := func() error {
 		if err := r.Publishing(context.Background()); err != nil {

@@ -52,7 +52,7 @@ func TestRelayPublishesEveryEventToTheEffectsStream(t *testing.T) {
 	metrics := relay.NewMetrics(nil)
 	cfg := relay.Config{StatusInterval: 50 * time.Millisecond,
 		Stream: relay.StreamConfig{MaxMsgsPerSubject: 2}, Effects: relay.EffectsConfig{Enabled: true}}
-	stop := runUntilStopped(t, f, cfg, metrics)
+	_, stop := f.runWith(t, cfg, metrics, nil)
 	f.waitSlot(t)
 	const docs, versions = 100, 5
 	for v := int64(1); v <= versions; v++ {
@@ -92,7 +92,7 @@ func TestRelayPublishesEveryEventToTheEffectsStream(t *testing.T) {
 	stop()
 
 	again := relay.NewMetrics(nil)
-	stop = runUntilStopped(t, f, cfg, again)
+	_, stop = f.runWith(t, cfg, again, nil)
 	f.write(t, 0, 1, versions+1)
 	testenv.Eventually(t, "the new event in the effects' stream", 20*time.Second, func() bool {
 		return streamInfo(t, f.js, contract.EventsStream).State.Msgs == docs*versions+1
@@ -113,14 +113,10 @@ func TestRelayPublishesEveryEventToTheEffectsStream(t *testing.T) {
 func TestRelayConfirmsOnlyWhatBothStreamsStored(t *testing.T) {
 	f := newFixture(t)
 	metrics := relay.NewMetrics(nil)
-	cfg := relay.Config{PostgresURL: f.dbURL, StandbyRetry: 100 * time.Millisecond,
+	cfg := relay.Config{StandbyRetry: 100 * time.Millisecond,
 		Stream: relay.StreamConfig{MaxMsgsPerSubject: -1}, Effects: relay.EffectsConfig{Enabled: true}}
 	var logs testenv.LockedBuffer
-	r, err := relay.New(f.nats.Connect(t), cfg, metrics, slog.New(slog.NewTextHandler(&logs, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := run(t, r)
+	_, stop := f.runWith(t, cfg, metrics, slog.New(slog.NewTextHandler(&logs, nil)))
 	f.waitSlot(t)
 	f.write(t, 0, 50, 1)
 	testenv.Eventually(t, "50 events in the effects' stream", 20*time.Second, func() bool {
@@ -180,27 +176,24 @@ func TestRelayWithoutEffectsWarnsWhenTheStreamExists(t *testing.T) {
 		t.Fatal(err)
 	}
 	var logs testenv.LockedBuffer
-	r, err := relay.New(f.nats.Connect(t), relay.Config{PostgresURL: f.dbURL}, nil, slog.New(slog.NewTextHandler(&logs, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := run(t, r)
+	_, stop := f.runWith(t, relay.Config{}, nil, slog.New(slog.NewTextHandler(&logs, nil)))
 	testenv.Eventually(t, "the warning", 10*time.Second, func() bool {
 		return strings.Contains(logs.String(), "the effects' stream exists but this relay runs without -effects")
 	})
 	stop()
 }
 
-// runUntilStopped runs a relay with cfg over the fixture's database and
-// server until the returned stop, which checks that Run ended cleanly.
-func runUntilStopped(t *testing.T, f *fixture, cfg relay.Config, metrics *relay.Metrics) (stop func()) {
+// runWith runs a relay with cfg over the fixture's database and server,
+// with metrics and log (each nil: none), until the returned stop, which
+// checks that Run ended cleanly.
+func (f *fixture) runWith(t *testing.T, cfg relay.Config, metrics *relay.Metrics, log *slog.Logger) (r *relay.Relay, stop func()) {
 	t.Helper()
 	cfg.PostgresURL = f.dbURL
-	r, err := relay.New(f.nats.Connect(t), cfg, metrics, nil)
+	r, err := relay.New(f.nats.Connect(t), cfg, metrics, log)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return run(t, r)
+	return r, run(t, r)
 }
 
 // run runs r until the returned stop.

@@ -31,20 +31,9 @@ func TestRecordedPositionSkipsWhatARewoundSlotResends(t *testing.T) {
 	stream := relay.StreamConfig{MaxMsgsPerSubject: -1, Duplicates: time.Second}
 	run := func(slot string, metrics *relay.Metrics) (stop func()) {
 		cfg := fastRelay(slot)
-		cfg.PostgresURL, cfg.Stream = f.dbURL, stream
-		r, err := relay.New(f.nats.Connect(t), cfg, metrics, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rctx, cancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- r.Run(rctx) }()
-		return func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("relay %s: %v", slot, err)
-			}
-		}
+		cfg.Stream = stream
+		_, stop = f.runWith(t, cfg, metrics, nil)
+		return stop
 	}
 	stop := run("pos_a", relay.NewMetrics(nil))
 	waitSlotActive(t, f.pool, "pos_a")

@@ -298,13 +298,7 @@ func TestGracefulShutdownConfirmsEverythingAcknowledged(t *testing.T) {
 	published := streamMsgs(t, f.js)
 
 	metrics := relay.NewMetrics(nil)
-	r, err := relay.New(f.nats.Connect(t), relay.Config{PostgresURL: f.dbURL, Stream: relay.StreamConfig{MaxMsgsPerSubject: -1}}, metrics, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
+	_, stop = f.runWith(t, relay.Config{Stream: relay.StreamConfig{MaxMsgsPerSubject: -1}}, metrics, nil)
 	testenv.Eventually(t, "all 3000 events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 3000 })
 	// The relay counts acknowledgements in publish order, which is commit
 	// order: once it has counted one for each event missing at shutdown,
@@ -312,10 +306,7 @@ func TestGracefulShutdownConfirmsEverythingAcknowledged(t *testing.T) {
 	testenv.Eventually(t, "the relay to count the acknowledgements of the missing events", 20*time.Second, func() bool {
 		return testutil.ToFloat64(metrics.Published) >= float64(3000-published)
 	})
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	stop()
 	if d := testutil.ToFloat64(metrics.Duplicates); d != 0 {
 		t.Fatalf("restart republished %v events already acknowledged before shutdown (%d were in the stream at shutdown)", d, published)
 	}
@@ -340,14 +331,7 @@ func TestConfirmedLSNReportedFromSlotAtStart(t *testing.T) {
 	var slotLSN string
 	_ = f.pool.QueryRow(context.Background(), `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'converge_relay'`).Scan(&slotLSN)
 
-	r, err := relay.New(f.nats.Connect(t), relay.Config{PostgresURL: f.dbURL, HeartbeatInterval: -1,
-		Stream: relay.StreamConfig{MaxMsgsPerSubject: -1}}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
+	r, stop := f.runWith(t, relay.Config{HeartbeatInterval: -1, Stream: relay.StreamConfig{MaxMsgsPerSubject: -1}}, nil, nil)
 	testenv.Eventually(t, "the relay to be active", 10*time.Second, r.Active)
 	// A keepalive may already have moved it on (nothing is in flight), but
 	// never from anything below the slot's position.
@@ -358,10 +342,7 @@ func TestConfirmedLSNReportedFromSlotAtStart(t *testing.T) {
 	if got := r.ConfirmedLSN(); got < want {
 		t.Errorf("relay reports %s at start, the slot holds %s", got, slotLSN)
 	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	stop()
 }
 
 // Slot names are cluster-wide: a relay pointed at a database whose slot name
@@ -398,20 +379,11 @@ func TestCreatingTheSlotOverAFilledOutboxPublishesIt(t *testing.T) {
 	f.write(t, 0, 5, 1) // no slot yet
 	var logs testenv.LockedBuffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
-	r, err := relay.New(f.nats.Connect(t), relay.Config{PostgresURL: f.dbURL}, nil, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
+	r, stop := f.runWith(t, relay.Config{}, nil, log)
 	testenv.Eventually(t, "the relay to be active", 10*time.Second, r.Active)
 	f.write(t, 5, 8, 1)
 	testenv.Eventually(t, "every event in the stream", 10*time.Second, func() bool { return streamMsgs(t, f.js) == 8 })
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	stop()
 	if !strings.Contains(logs.String(), "caught up from the outbox") || !strings.Contains(logs.String(), "published=5") {
 		t.Fatalf("no catch-up of the 5 events written before the slot:\n%s", logs.String())
 	}
