@@ -75,8 +75,11 @@ Usage:
                              run a projector or the notifier (the same as the binaries of those names)
 
 Every command that reads Postgres takes -postgres-url (env CONVERGE_POSTGRES_URL);
-status, replay and dlq also -nats-url (env CONVERGE_NATS_URL). "converge COMMAND -h" lists a
-command's flags.
+status, replay and dlq also -nats-url (env CONVERGE_NATS_URL). The commands that call a
+service's API send the token of CONVERGE_TOKEN (or CONVERGE_TOKEN_FILE), reach https://
+addresses trusting the CAs of -tls-ca (env CONVERGE_TLS_CA; default: the system's roots),
+and refuse to send the token over plain http:// beyond loopback unless -insecure-plain-http
+(env CONVERGE_INSECURE_PLAIN_HTTP). "converge COMMAND -h" lists a command's flags.
 `
 
 func main() {
