@@ -22,12 +22,7 @@ import (
 func newClockedNotifier(t *testing.T, e *env, cfg Config, c clock.Clock, owner string) *Notifier {
 	t.Helper()
 	cfg.Clock, cfg.Owner = c, owner
-	n, err := New(context.Background(), e.js, cfg, nil, discardLogger())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = n.Close() })
-	return n
+	return e.newNotifier(cfg)
 }
 
 // redeliverAfter is the delay a result asks its event to be redelivered

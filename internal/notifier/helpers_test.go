@@ -202,6 +202,18 @@ func testConfig(urls ...string) Config {
 		HTTPTimeout: 5 * time.Second, ClaimTimeout: 10 * time.Second, SendWait: 2 * time.Second, Owner: "test"}
 }
 
+// newNotifier is a notifier with cfg on e's dedup store, closed when the
+// test ends.
+func (e *env) newNotifier(cfg Config) *Notifier {
+	e.t.Helper()
+	n, err := New(context.Background(), e.js, cfg, nil, nil)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { _ = n.Close() })
+	return n
+}
+
 // run runs a notifier named name (its durable consumer) until it has
 // caught up with the stream, and returns its metrics.
 func (e *env) run(name string, cfg Config) *Metrics {

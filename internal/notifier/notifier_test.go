@@ -407,11 +407,7 @@ func TestWebhookCarriesTheEventsTraceContext(t *testing.T) {
 func TestSendOutsideItsTermPostsNothing(t *testing.T) {
 	e := newEnv(t)
 	rcv := newReceiver(t)
-	n, err := New(context.Background(), e.js, testConfig(rcv.url("/a")), NewMetrics(nil), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = n.Close() }()
+	n := e.newNotifier(testConfig(rcv.url("/a")))
 	ev := upsert("doc", 1)
 	ended := projector.WithWritable(context.Background(), func() bool { return false })
 	res := n.ApplyDeliveries(ended, []projector.Delivery{{Event: &ev, CommitTime: time.Now()}})

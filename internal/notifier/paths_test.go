@@ -64,11 +64,7 @@ func newTestNotifier(t *testing.T) (*Notifier, *receiver) {
 	t.Helper()
 	e := newEnv(t)
 	rcv := newReceiver(t)
-	n, err := New(context.Background(), e.js, testConfig(rcv.url("/hook")), nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = n.Close() })
+	n := e.newNotifier(testConfig(rcv.url("/hook")))
 	return n, rcv
 }
 

@@ -362,11 +362,7 @@ func TestOlderRecordsPathIsNotQuoted(t *testing.T) {
 	e := newEnv(t)
 	rcv := newReceiver(t)
 	u := rcv.url("/services/T000/B000/" + secretPath)
-	n, err := New(context.Background(), e.js, testConfig(u), nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = n.Close() }()
+	n := e.newNotifier(testConfig(u))
 	ev := upsert("doc", 1)
 	now := time.Now()
 	old := record{State: stateFailed, Attempts: 1, At: now, Next: now.Add(time.Hour), Owner: "before", EventID: ev.ID.String(),

@@ -107,11 +107,7 @@ func TestNotifierSeesEveryVersionTheHistoryDrops(t *testing.T) {
 	// The old way, for contrast: a notifier on the documents' stream, whose
 	// consumer exists before the events, as a deployed one does.
 	old := newReceiver(t)
-	on, err := New(context.Background(), e.js, testConfig(old.url("/hook")), nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = on.Close() }()
+	on := e.newNotifier(testConfig(old.url("/hook")))
 	docsRuntime := projector.Config{Name: "docs-notifier", EveryEvent: true}
 	e.runRuntime(docsRuntime, on)
 
@@ -130,11 +126,7 @@ func TestNotifierSeesEveryVersionTheHistoryDrops(t *testing.T) {
 
 	rcv := newReceiver(t)
 	cfg := testConfig(rcv.url("/hook"))
-	n, err := New(context.Background(), e.js, cfg, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = n.Close() }()
+	n := e.newNotifier(cfg)
 	m := e.runRuntime(RuntimeConfig(projector.Config{Name: "notifier"}), n)
 	perEffect := rcv.check()
 	if len(perEffect) != keys*versions {
@@ -171,11 +163,7 @@ func TestEventsTheEffectsStreamDropsAreReported(t *testing.T) {
 	e := newRelayedEnv(t, 4, bound)
 	rcv := newReceiver(t)
 	cfg := testConfig(rcv.url("/hook"))
-	n, err := New(context.Background(), e.js, cfg, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = n.Close() }()
+	n := e.newNotifier(cfg)
 	rc := RuntimeConfig(projector.Config{Name: "notifier"})
 	e.relayPublish(upsert("first", 1), true)
 	e.runRuntime(rc, n) // the consumer exists, then the notifier is down
@@ -216,11 +204,7 @@ func TestMigrationFinishesTheOldConsumerThenMoves(t *testing.T) {
 	}
 	rcv := newReceiver(t)
 	ncfg := testConfig(rcv.url("/hook"))
-	nt, err := New(context.Background(), js, ncfg, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = nt.Close() }()
+	nt := e.newNotifier(ncfg)
 
 	// Before: the old relay publishes to the documents' stream alone, and
 	// the old notifier has notified the first 10 events of 30.

@@ -314,11 +314,7 @@ func TestFlags(t *testing.T) {
 func TestApplyWithoutDeliveries(t *testing.T) {
 	e := newEnv(t)
 	rcv := newReceiver(t)
-	n, err := New(context.Background(), e.js, testConfig(rcv.url("/hook")), nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = n.Close() }()
+	n := e.newNotifier(testConfig(rcv.url("/hook")))
 	ev := upsert("doc", 1)
 	res := n.Apply(context.Background(), []*contract.Event{&ev, &ev})
 	if len(res) != 2 || res[0].Err != nil || res[1].Err != nil || res[0].Outcome != projector.Applied {
