@@ -34,6 +34,16 @@
 // service do so only on a loopback address, unless it is given
 // -insecure-no-auth.
 //
+// No token crosses the network in clear. With a tokens file and no TLS key
+// pair, [CheckPlainHTTP] lets a service listen only on a loopback address,
+// unless it is given -insecure-plain-http (the network is trusted);
+// [Settings.CheckListen] applies both rules.
+//
 // On the client side, [TokenFromEnv] reads CONVERGE_TOKEN (or the file
 // named by CONVERGE_TOKEN_FILE), and [Transport] or [SetBearer] sends it.
+// A service's address is host:port (plain HTTP) or an http:// or https://
+// URL ([BaseURL]); [Endpoint.URL] refuses, before any request, a token
+// bound for plain HTTP beyond loopback ([CheckSend]) unless
+// -insecure-plain-http. [ClientSettings] are the CLI's -tls-ca (the CAs of
+// the services' certificates) and -insecure-plain-http.
 package auth

@@ -69,7 +69,7 @@ func (c *Client) Wait(ctx context.Context, id string, interval time.Duration, pr
 	for {
 		select {
 		case <-ctx.Done():
-			return st, fmt.Errorf("stopped waiting for rebuild %s (it goes on in the projector; see GET %s%s): %w", id, c.Addr, AdminPath, ctx.Err())
+			return st, fmt.Errorf("stopped waiting for rebuild %s (it goes on in the projector; see GET %s): %w", id, c.adminURL(), ctx.Err())
 		case <-t.C:
 		}
 		next, err := c.Status(ctx)
@@ -94,6 +94,15 @@ func (c *Client) Wait(ctx context.Context, id string, interval time.Duration, pr
 			return st, nil
 		}
 	}
+}
+
+// adminURL is where the rebuild's status is read, for people.
+func (c *Client) adminURL() string {
+	u, err := auth.BaseURL(c.Addr)
+	if err != nil {
+		return c.Addr + AdminPath
+	}
+	return u.JoinPath(AdminPath).String()
 }
 
 func (c *Client) do(ctx context.Context, method string) (Status, int, error) {
