@@ -5,7 +5,6 @@
 package benchsummary
 
 import (
-	"fmt"
 	"strings"
 	"testing"
 )
@@ -32,5 +31,5 @@ func (r Row) Verdict() string {
 func Log(tb testing.TB, r Row) {
 	tb.Helper()
 	clean := func(s string) string { return strings.ReplaceAll(s, "|", "/") }
-	tb.Log(fmt.Sprintf("SUMMARY|%s|%s|%s|%.3f|%s|%s", clean(r.Target), clean(r.Figure), clean(r.Limit), r.Ratio, clean(r.Goal), r.Verdict()))
+	tb.Logf("SUMMARY|%s|%s|%s|%.3f|%s|%s", clean(r.Target), clean(r.Figure), clean(r.Limit), r.Ratio, clean(r.Goal), r.Verdict())
 }

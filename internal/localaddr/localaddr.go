@@ -20,7 +20,7 @@ import (
 func Free() (string, error) {
 	lo := ephemeralLow()
 	for range 100 {
-		addr := "127.0.0.1:" + strconv.Itoa(1024+rand.IntN(lo-1024))
+		addr := "127.0.0.1:" + strconv.Itoa(1024+rand.IntN(lo-1024)) //nolint:gosec // a port to try, not a secret
 		ln, err := net.Listen("tcp", addr)
 		if err != nil {
 			continue // taken

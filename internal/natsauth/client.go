@@ -15,10 +15,10 @@ import (
 // environment only, never from a flag (a flag's value is in the process
 // list).
 const (
-	EnvCreds    = "CONVERGE_NATS_CREDS"
+	EnvCreds    = "CONVERGE_NATS_CREDS" //nolint:gosec // the names of variables, not credentials
 	EnvNKey     = "CONVERGE_NATS_NKEY"
 	EnvUser     = "CONVERGE_NATS_USER"
-	EnvPassword = "CONVERGE_NATS_PASSWORD"
+	EnvPassword = "CONVERGE_NATS_PASSWORD" //nolint:gosec // as above
 	EnvCA       = "CONVERGE_NATS_CA"
 	EnvCert     = "CONVERGE_NATS_CERT"
 	EnvKey      = "CONVERGE_NATS_KEY"

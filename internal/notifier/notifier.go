@@ -180,7 +180,7 @@ func (n *Notifier) ApplyDeliveries(ctx context.Context, ds []projector.Delivery)
 	wait := time.NewTimer(n.cfg.SendWait)
 	defer wait.Stop()
 	waiting := true
-	for i := range ds {
+	for i, d := range ds {
 		if jobs[i] == nil {
 			continue
 		}
@@ -203,7 +203,7 @@ func (n *Notifier) ApplyDeliveries(ctx context.Context, ds []projector.Delivery)
 					err: fmt.Errorf("webhook %s: no answer within %v; the request goes on meanwhile", j.target.name, n.cfg.SendWait)}
 			}
 		}
-		res[i] = n.settle(ds[i].Event, jobs[i], outs)
+		res[i] = n.settle(d.Event, jobs[i], outs)
 	}
 	return res
 }

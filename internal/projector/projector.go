@@ -602,7 +602,7 @@ func (r *Runtime) loop(ctx context.Context, cons jetstream.Consumer, it jetstrea
 				return true, f
 			}
 			settle = 0
-			if !(r.cfg.StopWhenCaughtUp && b.fetched < r.cfg.BatchSize) && r.cfg.StopAtSeq == 0 {
+			if (!r.cfg.StopWhenCaughtUp || b.fetched >= r.cfg.BatchSize) && r.cfg.StopAtSeq == 0 {
 				continue
 			}
 		case <-recheck:

@@ -205,7 +205,7 @@ func (r *Relay) catchUp(ctx context.Context, db *pgx.Conn, pos *Positions, plan 
 	if err != nil {
 		return cu, fmt.Errorf("relay: catch-up: begin: %w", err)
 	}
-	defer tx.Rollback(context.Background())
+	defer func() { _ = tx.Rollback(context.Background()) }() // read-only: nothing to keep
 	var seen, seenEnd string
 	if err := tx.QueryRow(ctx, `SELECT pg_current_snapshot()::text, pg_current_wal_insert_lsn()::text`).Scan(&seen, &seenEnd); err != nil {
 		return cu, fmt.Errorf("relay: catch-up: read its snapshot: %w", err)

@@ -95,7 +95,8 @@ func Do(ctx context.Context, b Backoff, attempts int, fn func(ctx context.Contex
 		if err == nil {
 			return nil
 		}
-		if p, ok := err.(permanent); ok {
+		if p, ok := err.(permanent); ok { //nolint:errorlint // exactly a Permanent: its cause is the answer; a wrapped one is below
+
 			return p.err
 		}
 		if errors.As(err, new(permanent)) {

@@ -63,7 +63,8 @@ func TestDoStopsOnSuccessPermanentAndAttempts(t *testing.T) {
 	}
 	fatal := errors.New("fatal")
 	calls = 0
-	if err := Do(context.Background(), b, 0, func(context.Context) error { calls++; return Permanent(fatal) }); err != fatal || calls != 1 {
+	if err := Do(context.Background(), b, 0, func(context.Context) error { calls++; return Permanent(fatal) }); err != fatal || calls != 1 { //nolint:errorlint // the cause itself, unwrapped
+
 		t.Fatalf("permanent: err %v, calls %d", err, calls)
 	}
 	// Wrapped on its way up, it is still permanent.

@@ -175,6 +175,7 @@ func (c *Client) post(ctx context.Context, path string, body, v any) error {
 	if err != nil {
 		return fmt.Errorf("the writer at %s does not answer: %w", c.base, err)
 	}
+	defer func() { _ = resp.Body.Close() }() // httpjson.Read closes it too; this covers a panic
 	var se *httpjson.StatusError
 	if err := httpjson.Read(resp, 256<<20, v); errors.As(err, &se) {
 		return &APIError{StatusCode: se.StatusCode, Code: se.Code, Message: se.Message}

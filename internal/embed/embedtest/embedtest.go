@@ -64,7 +64,7 @@ func Start(t testing.TB) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(python, script, "--host", "127.0.0.1", "--port", "0")
+	cmd := exec.Command(python, script, "--host", "127.0.0.1", "--port", "0") //nolint:gosec // the interpreter the test environment names
 	cmd.Stderr = &tail{max: 8 << 10}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -73,8 +73,8 @@ func Start(t testing.TB) string {
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start the embedding server (%s %s): %v", python, script, err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }() // its stderr tail says why, if it matters
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {

@@ -309,7 +309,7 @@ func (g *modelGraph) writeDocument(row map[string]any) bool {
 	if !ok {
 		panic(fmt.Sprintf("model: writeDocuments row without a repair flag: %v", row))
 	}
-	if d.hasVersion && !(d.version < version || repair && d.version == version) {
+	if d.hasVersion && d.version >= version && (!repair || d.version != version) {
 		return false
 	}
 	d.hasVersion, d.version = true, version
