@@ -1,6 +1,7 @@
 package benchsummary
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -11,7 +12,10 @@ type recorder struct {
 }
 
 func (r *recorder) Helper()         {}
-func (r *recorder) Log(args ...any) { r.lines = append(r.lines, args[0].(string)) }
+func (r *recorder) Log(args ...any) { r.lines = append(r.lines, fmt.Sprint(args...)) }
+func (r *recorder) Logf(format string, args ...any) {
+	r.lines = append(r.lines, fmt.Sprintf(format, args...))
+}
 
 func TestLogWritesOneParsableRow(t *testing.T) {
 	r := &recorder{TB: t}
