@@ -132,15 +132,7 @@ func testProjectorDoesItsJob(t *testing.T, name string) {
 	p := e.connect(natsauth.ProjectorUser(name))
 	e.record(p.user)
 	store := &memStore{versions: map[string]int64{}, poison: map[string]bool{"poison": true}}
-	rt, err := projector.New(p.js, store, projector.Config{Name: name, StopWhenCaughtUp: true}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := rt.Run(rctx); err != nil || rctx.Err() != nil {
-		t.Fatalf("run: %v, %v", err, rctx.Err())
-	}
+	runCaughtUp(t, p.js, store, projector.Config{Name: name, StopWhenCaughtUp: true}, "run")
 	holdLease(t, p.js, contract.DocsStream, name)
 	e.used(p)
 	if n := store.len(); n != 3 {
@@ -295,15 +287,7 @@ func TestNotifierDoesItsJob(t *testing.T) {
 	if left, err := notifier.Migrate(ctx(t), n.js, nt, rc, info, slog.New(slog.DiscardHandler)); err != nil || left != 2 {
 		t.Fatalf("move from the documents' stream: %d left, %v; want 2", left, err)
 	}
-	rt, err := projector.New(n.js, nt, rc, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := rt.Run(rctx); err != nil || rctx.Err() != nil {
-		t.Fatalf("run: %v, %v", err, rctx.Err())
-	}
+	runCaughtUp(t, n.js, nt, rc, "run")
 	holdLease(t, n.js, contract.EventsStream, rc.Name)
 	if got := hooks.Load(); got != 2 {
 		t.Errorf("%d webhook requests, want 2", got)
@@ -336,20 +320,29 @@ func TestNotifierDoesItsJob(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt, err = projector.New(n.js, nt, rc, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx2, cancel2 := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel2()
-	if err := rt.Run(rctx2); err != nil || rctx2.Err() != nil {
-		t.Fatalf("run after the crash: %v, %v", err, rctx2.Err())
-	}
+	rt := runCaughtUp(t, n.js, nt, rc, "run after the crash")
 	if rec := rt.LastGap(); rec.RemovalsNext != ack.Sequence+1 || rec.Missed != 0 {
 		t.Errorf("after the removals' stream's record %d of another consumer: %+v, want the position past it and nothing missed", ack.Sequence, rec)
 	}
 	e.used(n)
 	n.allowed(t)
+}
+
+// runCaughtUp runs store under a runtime with rc (which stops when caught
+// up) on js, and fails the test, naming what, unless it caught up within
+// 30 s.
+func runCaughtUp(t *testing.T, js jetstream.JetStream, store projector.Store, rc projector.Config, what string) *projector.Runtime {
+	t.Helper()
+	rt, err := projector.New(js, store, rc, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := rt.Run(rctx); err != nil || rctx.Err() != nil {
+		t.Fatalf("%s: %v, %v", what, err, rctx.Err())
+	}
+	return rt
 }
 
 // ingestStore stores documents in a map.

@@ -121,11 +121,10 @@ func TestStreamRightsAreTheGrants(t *testing.T) {
 // refused, and every stream keeps its settings and its messages.
 func TestNobodyReconfiguresWhatItDoesNotOwn(t *testing.T) {
 	e := newEnv(t)
-	a := e.connect(admin)
 	bg := context.Background()
 	// The deployment, as its services and the operator make it, one
 	// message in each stream.
-	docsStream(t, a.js)
+	a := e.docsAsAdmin()
 	if _, err := relay.EnsureEffectsStream(bg, a.js, relay.Config{Effects: relay.EffectsConfig{Enabled: true}}); err != nil {
 		t.Fatal(err)
 	}
