@@ -106,5 +106,5 @@ func moduleRoot() (string, error) {
 		// internal/testenv/binaries.go
 		return filepath.Join(filepath.Dir(file), "..", ".."), nil
 	}
-	return "", fmt.Errorf("cannot find the module root: go env GOMOD: %v %q", err, out)
+	return "", fmt.Errorf("cannot find the module root: go env GOMOD: %w %q", err, out)
 }

@@ -212,7 +212,7 @@ func (n *NATSProcess) Start() error {
 		}
 		// The port of the killed server may not be free yet: try again.
 		if time.Now().After(deadline) {
-			return fmt.Errorf("nats-server on port %d: %v", n.Port, c.Err())
+			return fmt.Errorf("nats-server on port %d: %w", n.Port, c.Err())
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

@@ -143,7 +143,7 @@ func (q QdrantTLS) waitReady(exited <-chan error) error {
 	for {
 		select {
 		case err := <-exited:
-			return fmt.Errorf("exited before answering: %v", err)
+			return fmt.Errorf("exited before answering: %w", err)
 		default:
 		}
 		if resp, err := client.Get(q.TLSHTTPURL + "/readyz"); err == nil {
