@@ -234,10 +234,9 @@ func printStatus(out io.Writer, rep statusReport) {
 	if ix := rep.Index; ix != nil {
 		fmt.Fprintln(tw)
 		fmt.Fprintln(tw, "INDEX\tGENERATION\tEMBEDDER")
-		switch {
-		case ix.Info == nil:
+		if ix.Info == nil {
 			fmt.Fprintf(tw, "%s\t-\tnot known: %s\n", ix.Addr, ix.Error)
-		default:
+		} else {
 			fmt.Fprintf(tw, "%s\t%s\t%s\n", ix.Addr, ix.Generation, ix.Embedder)
 			if ix.WritesRefused != "" {
 				fmt.Fprintf(tw, "\tWRITES REFUSED\tthe projector is configured with the embedder %s: run `converge rebuild index`\n", ix.Configured)

@@ -521,7 +521,7 @@ func (w *benchWriter) put(ctx context.Context, u string, body []byte) error {
 	defer func() { _ = resp.Body.Close() }()
 	var r writer.WriteResult
 	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil || resp.StatusCode != http.StatusOK || r.Result != string(docstore.Applied) {
-		return fmt.Errorf("writer: PUT %s: %s, result %q, %v", u, resp.Status, r.Result, err)
+		return fmt.Errorf("writer: PUT %s: %s, result %q, %w", u, resp.Status, r.Result, err)
 	}
 	return nil
 }

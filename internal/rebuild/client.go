@@ -124,6 +124,7 @@ func (c *Client) do(ctx context.Context, method string) (Status, int, error) {
 	if err != nil {
 		return st, 0, fmt.Errorf("projector at %s: %w", u, err)
 	}
+	defer func() { _ = resp.Body.Close() }() // httpjson.Read closes it too; this covers a panic
 	var se *httpjson.StatusError
 	if err := httpjson.Read(resp, 1<<20, &st, http.StatusOK, http.StatusAccepted); errors.As(err, &se) {
 		return st, resp.StatusCode, &APIError{URL: u, StatusCode: se.StatusCode, Code: se.Code, Message: se.Message}

@@ -154,7 +154,7 @@ func (b *batch) request() (answered int, err error) {
 				mu.Lock()
 				complete = true
 				mu.Unlock()
-				pw.Close()
+				_ = pw.Close() // a pipe's Close never fails
 				return
 			}
 			if l.err == nil {
@@ -178,7 +178,7 @@ func (b *batch) request() (answered int, err error) {
 	// end stops the sender and keeps what was not answered for the next
 	// request, in input order.
 	end := func(err error) (int, error) {
-		pr.CloseWithError(errBatchEnded)
+		_ = pr.CloseWithError(errBatchEnded) // a pipe's never fails
 		<-sent
 		mu.Lock()
 		defer mu.Unlock()

@@ -331,7 +331,7 @@ func (c *Client) backoff(n int) time.Duration {
 	if d <= 0 || (c.retry.Max > 0 && d > c.retry.Max) {
 		d = c.retry.Max
 	}
-	return time.Duration(float64(d) * (0.75 + rand.Float64()/2))
+	return time.Duration(float64(d) * (0.75 + rand.Float64()/2)) //nolint:gosec // jitter, not a secret
 }
 
 // readError reads an error answer.

@@ -464,7 +464,7 @@ func TestBatchSendsAgainWhatTheBrokenConnectionLeftUnanswered(t *testing.T) {
 		case r.Index == 7:
 			var e *client.Error
 			if !errors.As(r.Err, &e) || e.StatusCode != 0 || e.Code != client.CodeInvalidMeta {
-				return fmt.Errorf("line 7: %v, want a refusal before sending", r.Err)
+				return fmt.Errorf("line 7: %w, want a refusal before sending", r.Err)
 			}
 		case r.Err != nil:
 			return fmt.Errorf("line %d: %w", r.Index, r.Err)
