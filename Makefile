@@ -142,10 +142,8 @@ bench-run: ## the benchmarks of make bench, on the Neo4j server of CONVERGE_TEST
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 15m ./cmd/converge
 
 .PHONY: lint
-lint: ## golangci-lint (.golangci.yml) when installed, else go vet
-	@lint="$$(command -v golangci-lint || echo "$$($(GO) env GOPATH)/bin/golangci-lint")"; \
-	if [ -x "$$lint" ]; then "$$lint" run $(PKGS); \
-	else echo "golangci-lint not installed (go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0); running go vet"; $(GO) vet $(PKGS); fi
+lint: ## golangci-lint (.golangci.yml) at the pinned version, installed into bin/ the first time
+	bash scripts/golangci-lint.sh run $(PKGS)
 
 .PHONY: up
 up: ## with Docker and Go: make the local secrets, CA and certificates once (deploy/secrets.sh, kept across runs), build the image and start the whole stack over TLS (docker-compose.yml), waiting until it is healthy; NOTIFIER=1 adds the webhook notifier
