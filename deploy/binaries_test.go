@@ -125,3 +125,18 @@ func (b *binaries) cliOf(command []string) (cli, []string, error) {
 	}
 	return c, args, nil
 }
+
+// Every binary answers -version with the build it was made from, and
+// exits 0.
+func TestEveryBinaryAnswersVersion(t *testing.T) {
+	b := buildBinaries(t)
+	for _, name := range b.Names {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		out, err := exec.CommandContext(ctx, b.Path(name), "-version").CombinedOutput()
+		cancel()
+		line := strings.TrimSpace(string(out))
+		if err != nil || !regexp.MustCompile(`^converge \S+ commit \S+( \(modified\))? go1\.\d+`).MatchString(line) {
+			t.Errorf("%s -version: %v, %q; want \"converge <version> commit <commit> <go version>\"", name, err, line)
+		}
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"github.com/converge-sync/converge/internal/notifier"
 	"github.com/converge-sync/converge/internal/schema"
 	"github.com/converge-sync/converge/internal/service"
+	"github.com/converge-sync/converge/internal/version"
 	"github.com/converge-sync/converge/internal/writer"
 )
 
@@ -73,6 +74,7 @@ Usage:
                              a convergence report
   converge projector-index | projector-graph | notifier
                              run a projector or the notifier (the same as the binaries of those names)
+  converge version [--json]  the build: module version, commit, Go version (every binary: -version)
 
 Every command that reads Postgres takes -postgres-url (env CONVERGE_POSTGRES_URL);
 status, replay and dlq also -nats-url (env CONVERGE_NATS_URL). The commands that call a
@@ -99,6 +101,8 @@ func dispatch(ctx context.Context, args []string, out io.Writer) error {
 		return nil
 	}
 	switch args[0] {
+	case "version", "-version", "--version":
+		return versionCmd(args[1:], out)
 	case "status":
 		return status(ctx, args[1:], out)
 	case "search":
@@ -239,4 +243,21 @@ func (a apiAccess) writer(base string) (*writer.Client, error) {
 	}
 	c.Token = a.token
 	return c, nil
+}
+
+// versionCmd prints the build of this binary (internal/version).
+func versionCmd(args []string, out io.Writer) error {
+	f := config.NewFlags("converge version")
+	asJSON := f.Bool("json", "", false, "machine-readable output")
+	if err := f.Parse(args); err != nil {
+		return err
+	}
+	if f.NArg() > 0 {
+		return service.Usage("version takes no arguments, got %q", f.Args())
+	}
+	if *asJSON {
+		return writeJSON(out, version.Get())
+	}
+	_, err := fmt.Fprintln(out, version.Get())
+	return err
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/converge-sync/converge/internal/service"
 	"github.com/converge-sync/converge/internal/verify"
+	"github.com/converge-sync/converge/internal/version"
 )
 
 func TestExitCode(t *testing.T) {
@@ -64,5 +66,28 @@ func TestStoreSides(t *testing.T) {
 	}
 	if len(got) != 2 || got[0].Kind != verify.Graph || got[0].Side.Name() != "graph" || got[1].Kind != verify.Index || got[1].Side.Name() != "index" {
 		t.Fatalf("sides %+v", got)
+	}
+}
+
+// converge version prints the build, as text and as JSON; -version does
+// the same on every subcommand's flags.
+func TestVersion(t *testing.T) {
+	var out strings.Builder
+	if err := run(context.Background(), []string{"version"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimSpace(out.String()); got != version.Get().String() {
+		t.Fatalf("converge version printed %q, want %q", got, version.Get().String())
+	}
+	out.Reset()
+	if err := run(context.Background(), []string{"version", "--json"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	var got version.Info
+	if err := json.Unmarshal([]byte(out.String()), &got); err != nil || got != version.Get() {
+		t.Fatalf("converge version --json: %q (%v), want %+v", out.String(), err, version.Get())
+	}
+	if err := run(context.Background(), []string{"version", "extra"}, io.Discard); service.ExitCode("converge", err, io.Discard) != 2 {
+		t.Fatalf("converge version extra: %v, want a usage error", err)
 	}
 }
