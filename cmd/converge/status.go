@@ -18,6 +18,7 @@ import (
 	"github.com/converge-sync/converge/internal/deadletter"
 	"github.com/converge-sync/converge/internal/index"
 	"github.com/converge-sync/converge/internal/natsauth"
+	"github.com/converge-sync/converge/internal/pipeline"
 	"github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/relay"
 	"github.com/converge-sync/converge/internal/writer"
@@ -26,10 +27,10 @@ import (
 
 // statusReport is the output of converge status (--json).
 type statusReport struct {
-	Slot      relay.SlotStatus       `json:"slot"`
-	Outbox    relay.OutboxStatus     `json:"outbox"`
-	Streams   []relay.StreamStatus   `json:"streams,omitempty"`
-	Consumers []relay.ConsumerStatus `json:"consumers,omitempty"`
+	Slot      pipeline.SlotStatus       `json:"slot"`
+	Outbox    pipeline.OutboxStatus     `json:"outbox"`
+	Streams   []pipeline.StreamStatus   `json:"streams,omitempty"`
+	Consumers []pipeline.ConsumerStatus `json:"consumers,omitempty"`
 	// Rebuilds are those in progress, or interrupted and resumed when
 	// their projector starts.
 	Rebuilds []rebuild.State `json:"rebuilds,omitempty"`
@@ -102,16 +103,16 @@ func status(ctx context.Context, args []string, out io.Writer) error {
 // with a NATS URL, the streams, their consumers and the rebuilds (connected
 // with natsOpts: the operator's credentials).
 func collectStatus(ctx context.Context, pgURL, natsURL, slot string, natsOpts ...nats.Option) (statusReport, error) {
-	rep := statusReport{Slot: relay.SlotStatus{Name: slot}}
+	rep := statusReport{Slot: pipeline.SlotStatus{Name: slot}}
 	conn, err := pgx.Connect(ctx, pgURL)
 	if err != nil {
 		return rep, fmt.Errorf("status: connect postgres: %w", err)
 	}
 	defer conn.Close(context.Background())
-	if rep.Slot, err = relay.ReadSlot(ctx, conn, slot); err != nil {
+	if rep.Slot, err = pipeline.ReadSlot(ctx, conn, slot); err != nil {
 		return rep, err
 	}
-	if rep.Outbox, err = relay.ReadOutbox(ctx, conn); err != nil {
+	if rep.Outbox, err = pipeline.ReadOutbox(ctx, conn); err != nil {
 		return rep, err
 	}
 	if natsURL == "" {
@@ -126,12 +127,12 @@ func collectStatus(ctx context.Context, pgURL, natsURL, slot string, natsOpts ..
 	if err != nil {
 		return rep, err
 	}
-	if rep.Streams, err = relay.ReadStreams(ctx, js, contract.DocsStream, contract.EventsStream, writer.IngestStream, deadletter.Stream); err != nil {
+	if rep.Streams, err = pipeline.ReadStreams(ctx, js, contract.DocsStream, contract.EventsStream, writer.IngestStream, deadletter.Stream); err != nil {
 		return rep, err
 	}
-	if rep.Consumers, err = relay.ReadConsumers(ctx, js, relay.ConsumedStream{Stream: contract.DocsStream},
-		relay.ConsumedStream{Stream: contract.EventsStream},
-		relay.ConsumedStream{Stream: writer.IngestStream, DeadLetters: writer.IngestDLQName}); err != nil {
+	if rep.Consumers, err = pipeline.ReadConsumers(ctx, js, pipeline.ConsumedStream{Stream: contract.DocsStream},
+		pipeline.ConsumedStream{Stream: contract.EventsStream},
+		pipeline.ConsumedStream{Stream: writer.IngestStream, DeadLetters: writer.IngestDLQName}); err != nil {
 		return rep, err
 	}
 	if rep.Rebuilds, err = rebuild.InProgress(ctx, js); err != nil {
@@ -251,7 +252,7 @@ func printStatus(out io.Writer, rep statusReport) {
 
 // missed is a consumer's count of events never received, with its last
 // gap: "-" for a consumer that records none.
-func missed(c relay.ConsumerStatus) string {
+func missed(c pipeline.ConsumerStatus) string {
 	if c.LastGap == nil {
 		return "-"
 	}
@@ -273,7 +274,7 @@ func bytesHuman(n int64) string {
 
 // replicasText is a stream's replication: its count, and on a cluster its
 // leader and each follower (current, or how far behind, or offline).
-func replicasText(s relay.StreamStatus) string {
+func replicasText(s pipeline.StreamStatus) string {
 	if s.Leader == "" {
 		return fmt.Sprint(s.Replicas)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/internal/deadletter"
+	"github.com/converge-sync/converge/internal/pipeline"
 	"github.com/converge-sync/converge/internal/relay"
 	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/pkg/contract"
@@ -21,14 +22,14 @@ import (
 func TestReadSlotAndOutbox(t *testing.T) {
 	ctx := context.Background()
 	f := newFixture(t)
-	slot, err := relay.ReadSlot(ctx, f.pool, "converge_relay")
+	slot, err := pipeline.ReadSlot(ctx, f.pool, "converge_relay")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if slot.Name != "converge_relay" || slot.Exists || slot.Active || slot.ConfirmedLSN != "" {
 		t.Fatalf("the slot before the relay's first start: %+v", slot)
 	}
-	outbox, err := relay.ReadOutbox(ctx, f.pool)
+	outbox, err := pipeline.ReadOutbox(ctx, f.pool)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +37,7 @@ func TestReadSlotAndOutbox(t *testing.T) {
 		t.Fatalf("the empty outbox: %+v", outbox)
 	}
 	f.write(t, 0, 30, 1)
-	outbox, err = relay.ReadOutbox(ctx, f.pool)
+	outbox, err = pipeline.ReadOutbox(ctx, f.pool)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +50,7 @@ func TestReadSlotAndOutbox(t *testing.T) {
 	f.write(t, 0, 10, 2)
 	// The 30 written before the slot existed too, from the outbox.
 	testenv.Eventually(t, "40 events", 20*time.Second, func() bool { return streamMsgs(t, f.js) == 40 })
-	slot, err = relay.ReadSlot(ctx, f.pool, "converge_relay")
+	slot, err = pipeline.ReadSlot(ctx, f.pool, "converge_relay")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +59,7 @@ func TestReadSlotAndOutbox(t *testing.T) {
 	}
 	stop()
 	testenv.Eventually(t, "the slot to be inactive", 10*time.Second, func() bool {
-		s, err := relay.ReadSlot(ctx, f.pool, "converge_relay")
+		s, err := pipeline.ReadSlot(ctx, f.pool, "converge_relay")
 		return err == nil && s.Exists && !s.Active && s.ActivePID == nil
 	})
 }
@@ -113,7 +114,7 @@ func TestReadStreamsAndConsumers(t *testing.T) {
 		}
 	}
 
-	streams, err := relay.ReadStreams(ctx, js, contract.DocsStream, "MISSING", deadletter.Stream)
+	streams, err := pipeline.ReadStreams(ctx, js, contract.DocsStream, "MISSING", deadletter.Stream)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,8 +132,8 @@ func TestReadStreamsAndConsumers(t *testing.T) {
 		t.Fatalf("the dead-letter stream: %+v", s)
 	}
 
-	consumers, err := relay.ReadConsumers(ctx, js, relay.ConsumedStream{Stream: contract.DocsStream},
-		relay.ConsumedStream{Stream: "MISSING"}, relay.ConsumedStream{Stream: "TEST_INGEST", DeadLetters: "ingest"})
+	consumers, err := pipeline.ReadConsumers(ctx, js, pipeline.ConsumedStream{Stream: contract.DocsStream},
+		pipeline.ConsumedStream{Stream: "MISSING"}, pipeline.ConsumedStream{Stream: "TEST_INGEST", DeadLetters: "ingest"})
 	if err != nil {
 		t.Fatal(err)
 	}

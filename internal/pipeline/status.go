@@ -1,4 +1,9 @@
-package relay
+// Package pipeline reads the state of the pipeline for an operator
+// (converge status): the relay's slot and the outbox it reads, the streams
+// its events feed, and their durable consumers with their progress, dead
+// letters and last gap. Every read is one query or one JetStream request
+// per thing reported; nothing is written.
+package pipeline
 
 import (
 	"context"
@@ -13,11 +18,6 @@ import (
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/pkg/contract"
 )
-
-// The state of the pipeline around the relay, for an operator (converge
-// status): what it reads (its slot, the outbox) and what its events feed
-// (the streams and their durable consumers). Every read is one query or
-// one JetStream request per thing reported; nothing is written.
 
 // SlotStatus is the relay's replication slot as Postgres reports it.
 type SlotStatus struct {
@@ -111,7 +111,7 @@ func ReadSlot(ctx context.Context, db interface {
 	case errors.Is(err, pgx.ErrNoRows):
 		return st, nil
 	case err != nil:
-		return st, fmt.Errorf("relay: read slot %s: %w", slot, err)
+		return st, fmt.Errorf("pipeline: read slot %s: %w", slot, err)
 	}
 	st.Exists = true
 	return st, nil
@@ -123,7 +123,7 @@ func ReadOutbox(ctx context.Context, db interface {
 }) (OutboxStatus, error) {
 	var st OutboxStatus
 	if err := db.QueryRow(ctx, `SELECT count(*), min(created_at) FROM outbox`).Scan(&st.Rows, &st.Oldest); err != nil {
-		return st, fmt.Errorf("relay: read outbox (is the schema migrated?): %w", err)
+		return st, fmt.Errorf("pipeline: read outbox (is the schema migrated?): %w", err)
 	}
 	return st, nil
 }
@@ -140,11 +140,11 @@ func ReadStreams(ctx context.Context, js jetstream.StreamManager, names ...strin
 			continue
 		}
 		if err != nil {
-			return out, fmt.Errorf("relay: stream %s: %w", name, err)
+			return out, fmt.Errorf("pipeline: stream %s: %w", name, err)
 		}
 		info, err := s.Info(ctx)
 		if err != nil {
-			return out, fmt.Errorf("relay: stream %s: %w", name, err)
+			return out, fmt.Errorf("pipeline: stream %s: %w", name, err)
 		}
 		st.Exists = true
 		st.Messages, st.Bytes, st.FirstSeq, st.LastSeq = info.State.Msgs, info.State.Bytes, info.State.FirstSeq, info.State.LastSeq
@@ -167,7 +167,7 @@ func ReadStreams(ctx context.Context, js jetstream.StreamManager, names ...strin
 func ReadConsumers(ctx context.Context, js jetstream.JetStream, streams ...ConsumedStream) ([]ConsumerStatus, error) {
 	dlq, err := deadletter.Open(ctx, js)
 	if err != nil {
-		return nil, fmt.Errorf("relay: %w", err)
+		return nil, fmt.Errorf("pipeline: %w", err)
 	}
 	var out []ConsumerStatus
 	for _, cs := range streams {
@@ -176,7 +176,7 @@ func ReadConsumers(ctx context.Context, js jetstream.JetStream, streams ...Consu
 			continue
 		}
 		if err != nil {
-			return out, fmt.Errorf("relay: stream %s: %w", cs.Stream, err)
+			return out, fmt.Errorf("pipeline: stream %s: %w", cs.Stream, err)
 		}
 		// A work queue (the effects' stream) removes what was acknowledged:
 		// there is no message at the floor to read.
@@ -202,12 +202,12 @@ func ReadConsumers(ctx context.Context, js jetstream.JetStream, streams ...Consu
 				name = info.Name
 			}
 			if c.DeadLetters, err = dlq.Count(ctx, name); err != nil {
-				return out, fmt.Errorf("relay: %w", err)
+				return out, fmt.Errorf("pipeline: %w", err)
 			}
 			out = append(out, c)
 		}
 		if err := lister.Err(); err != nil {
-			return out, fmt.Errorf("relay: consumers of %s: %w", cs.Stream, err)
+			return out, fmt.Errorf("pipeline: consumers of %s: %w", cs.Stream, err)
 		}
 	}
 	return out, nil
