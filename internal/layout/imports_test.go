@@ -78,7 +78,9 @@ func TestImportRules(t *testing.T) {
 		}
 		return out
 	}
-	postgres := func(i string) bool { return strings.HasPrefix(i, "github.com/jackc/") || strings.HasPrefix(i, "github.com/lib/pq") }
+	postgres := func(i string) bool {
+		return strings.HasPrefix(i, "github.com/jackc/") || strings.HasPrefix(i, "github.com/lib/pq")
+	}
 	stores := []string{"internal/index", "internal/graph"}
 	checked := map[string]int{}
 	for path, p := range pkgs {
