@@ -6,7 +6,7 @@
 #                                       answers, print the CONVERGE_NEO4J_* lines
 #   scripts/neo4j-server.sh stop DIR    stop it cleanly (SIGTERM, then SIGKILL)
 #   scripts/neo4j-server.sh run -- CMD  start in a temporary DIR, run CMD with
-#                                       CONVERGE_TEST_NEO4J_{URL,URLS,USER,PASSWORD,DIR}
+#                                       CONVERGE_TEST_NEO4J_{URL,URLS,USER,PASSWORD,CA,DIR}
 #                                       exported, stop, exit with CMD's status
 #   scripts/neo4j-server.sh run --services -- CMD
 #                                       the same, with CONVERGE_NEO4J_URL, _USER and
@@ -24,6 +24,12 @@
 #   NEO4J_TX_MEMORY   db.memory.transaction.max in bytes (default 0: unbounded)
 #   NEO4J_START_TIMEOUT seconds to wait for Bolt (default 180)
 #   NEO4J_REMOVE_DIR  when set, the server deletes DIR once it has stopped
+#   NEO4J_BOLT_TLS    1 (default): Bolt offers TLS as well as plain text on
+#                     each instance's port (bolt+s:// and bolt://), with a CA
+#                     made for this server in DIR/bolt-tls; start prints its
+#                     path as CONVERGE_NEO4J_CA. 0: plain Bolt alone. The
+#                     certificates are made by `go run ./internal/testenv/testcerts`,
+#                     so TLS needs Go on PATH.
 #
 # Java 17 and Maven are installed from Debian when missing and running as
 # root (as ensure-postgres.sh does for PostgreSQL). Maven keeps its local
@@ -85,11 +91,23 @@ start() {
 	password=$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')
 	local parent=${NEO4J_PARENT_PID:-$PPID}
 	local begin=$SECONDS
+	# A CA of this server's own, made anew at each start: its clients trust
+	# it alone, and nothing else is signed with it (its key is never
+	# written). Go's build cache keeps the program, so this costs about
+	# a second after the first time.
+	local tls_args=() ca=
+	if [[ ${NEO4J_BOLT_TLS:-1} == 1 ]]; then
+		command -v go >/dev/null 2>&1 || die "no go on PATH to make the Bolt TLS certificates (or set NEO4J_BOLT_TLS=0)"
+		rm -rf "$dir/bolt-tls"
+		ca=$(cd "$root" && go run ./internal/testenv/testcerts "$dir/bolt-tls") ||
+			die "making the Bolt TLS certificates in $dir/bolt-tls failed"
+		tls_args=(--bolt-tls "$dir/bolt-tls")
+	fi
 	# setsid: the server has its own process group, so a terminal's Ctrl-C
 	# reaches it only through the parent watch and this script's trap.
 	setsid java -Xmx"${NEO4J_HEAP:-1g}" -XX:+UseSerialGC -cp "$classpath" converge.neo4j.Server \
 		--dir "$dir" --password "$password" --instances "${NEO4J_INSTANCES:-1}" \
-		--parent-pid "$parent" --tx-memory "${NEO4J_TX_MEMORY:-0}" ${NEO4J_REMOVE_DIR:+--remove-dir} \
+		--parent-pid "$parent" --tx-memory "${NEO4J_TX_MEMORY:-0}" ${NEO4J_REMOVE_DIR:+--remove-dir} "${tls_args[@]}" \
 		>"$dir/server.out" 2>"$dir/server.log" </dev/null &
 	local pid=$!
 	echo "$pid" >"$dir/server.pid"
@@ -111,8 +129,9 @@ start() {
 		local hostport=${url#bolt://}
 		(exec 3<>"/dev/tcp/${hostport%:*}/${hostport#*:}") 2>/dev/null || die "Bolt at $url does not answer"
 	done
-	echo "neo4j-server: $(sed -n 's/^CONVERGE_NEO4J_URLS=//p' "$dir/server.env") ready in $((SECONDS - begin)) s (pid $pid, files in $dir)" >&2
+	echo "neo4j-server: $(sed -n 's/^CONVERGE_NEO4J_URLS=//p' "$dir/server.env") ready in $((SECONDS - begin)) s (pid $pid, files in $dir${ca:+, Bolt TLS CA $ca})" >&2
 	cat "$dir/server.env"
+	[[ -z $ca ]] || echo "CONVERGE_NEO4J_CA=$ca"
 }
 
 stop() {
@@ -165,8 +184,8 @@ run)
 	dir=$(mktemp -d "${TMPDIR:-/tmp}/converge-neo4j.XXXXXX")
 	trap 'stop "$dir"; rm -rf "$dir"' EXIT
 	trap 'exit 130' INT TERM
-	NEO4J_PARENT_PID=$$ start "$dir" >/dev/null
-	get() { sed -n "s/^$1=//p" "$dir/server.env"; }
+	NEO4J_PARENT_PID=$$ start "$dir" >"$dir/start.out"
+	get() { sed -n "s/^$1=//p" "$dir/start.out"; }
 	if [[ -n $services ]]; then
 		CONVERGE_NEO4J_URL=$(get CONVERGE_NEO4J_URL) CONVERGE_NEO4J_USER=$(get CONVERGE_NEO4J_USER) \
 			CONVERGE_NEO4J_PASSWORD=$(get CONVERGE_NEO4J_PASSWORD)
@@ -178,8 +197,10 @@ run)
 	# The tests' names only: CONVERGE_NEO4J_* would switch the services that
 	# CMD starts to Neo4j, changing what their tests mean.
 	CONVERGE_TEST_NEO4J_URLS=$(get CONVERGE_NEO4J_URLS) CONVERGE_TEST_NEO4J_URL=$(get CONVERGE_NEO4J_URL) \
-		CONVERGE_TEST_NEO4J_USER=$(get CONVERGE_NEO4J_USER) CONVERGE_TEST_NEO4J_PASSWORD=$(get CONVERGE_NEO4J_PASSWORD)
-	export CONVERGE_TEST_NEO4J_URLS CONVERGE_TEST_NEO4J_URL CONVERGE_TEST_NEO4J_USER CONVERGE_TEST_NEO4J_PASSWORD
+		CONVERGE_TEST_NEO4J_USER=$(get CONVERGE_NEO4J_USER) CONVERGE_TEST_NEO4J_PASSWORD=$(get CONVERGE_NEO4J_PASSWORD) \
+		CONVERGE_TEST_NEO4J_CA=$(get CONVERGE_NEO4J_CA)
+	export CONVERGE_TEST_NEO4J_URLS CONVERGE_TEST_NEO4J_URL CONVERGE_TEST_NEO4J_USER CONVERGE_TEST_NEO4J_PASSWORD \
+		CONVERGE_TEST_NEO4J_CA
 	export CONVERGE_TEST_NEO4J_DIR=$dir
 	status=0
 	"$@" || status=$?

@@ -5,6 +5,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"os"
@@ -26,6 +28,32 @@ type Neo4j struct {
 	URL      string // bolt://127.0.0.1:PORT
 	User     string
 	Password string
+	// CA is the PEM file of the CA that signed the certificate of the
+	// server's Bolt TLS, which it offers on URL's port beside plain Bolt
+	// (see [Neo4j.TLSURL]); empty when the server has no TLS.
+	CA string
+}
+
+// TLSURL is URL with the scheme bolt+s: the same instance over TLS,
+// verified against CA.
+func (n Neo4j) TLSURL() string { return "bolt+s://" + strings.TrimPrefix(n.URL, "bolt://") }
+
+// ClientTLS is a client configuration that trusts CA alone; t fails when
+// the server has no TLS.
+func (n Neo4j) ClientTLS(t testing.TB) *tls.Config {
+	t.Helper()
+	if n.CA == "" {
+		t.Fatalf("testenv: the test Neo4j server at %s offers no Bolt TLS (started with NEO4J_BOLT_TLS=0, or by an older scripts/neo4j-server.sh)", n.URL)
+	}
+	pem, err := os.ReadFile(n.CA)
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		t.Fatalf("testenv: %s holds no PEM certificate", n.CA)
+	}
+	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 }
 
 // Environment of a test run started by `scripts/neo4j-server.sh run` (as
@@ -36,6 +64,7 @@ const (
 	EnvTestNeo4jURL      = "CONVERGE_TEST_NEO4J_URL"
 	EnvTestNeo4jUser     = "CONVERGE_TEST_NEO4J_USER"
 	EnvTestNeo4jPassword = "CONVERGE_TEST_NEO4J_PASSWORD" //nolint:gosec // the name of a variable
+	EnvTestNeo4jCA       = "CONVERGE_TEST_NEO4J_CA"
 	EnvTestNeo4jDir      = "CONVERGE_TEST_NEO4J_DIR"
 )
 
@@ -53,6 +82,7 @@ type neo4jPool struct {
 	urls     []string
 	user     string
 	password string
+	ca       string // the Bolt TLS CA's file; empty: no TLS
 	lockDir  string
 }
 
@@ -85,7 +115,7 @@ func LeaseNeo4j(t testing.TB) Neo4j {
 		t.Fatalf("testenv: %v", err)
 	}
 	t.Cleanup(release)
-	n := Neo4j{URL: url, User: p.user, Password: p.password}
+	n := Neo4j{URL: url, User: p.user, Password: p.password, CA: p.ca}
 	if err := n.wipe(); err != nil {
 		t.Fatalf("testenv: emptying Neo4j at %s: %v", url, err)
 	}
@@ -111,7 +141,7 @@ func findNeo4j() (*neo4jPool, error) {
 	}
 	if urls != "" {
 		p := &neo4jPool{urls: strings.Split(urls, ","), user: os.Getenv(EnvTestNeo4jUser),
-			password: os.Getenv(EnvTestNeo4jPassword), lockDir: os.Getenv(EnvTestNeo4jDir)}
+			password: os.Getenv(EnvTestNeo4jPassword), ca: os.Getenv(EnvTestNeo4jCA), lockDir: os.Getenv(EnvTestNeo4jDir)}
 		if p.lockDir == "" {
 			// Tests of several packages run at once: their leases
 			// must meet in one folder, named after the server.
@@ -153,7 +183,7 @@ func StartNeo4j(t testing.TB, opts Neo4jOptions) Neo4j {
 			_ = exec.Command("bash", script, "stop", p.lockDir).Run()
 		}
 	})
-	return Neo4j{URL: p.urls[0], User: p.user, Password: p.password}
+	return Neo4j{URL: p.urls[0], User: p.user, Password: p.password, CA: p.ca}
 }
 
 // startOwnNeo4j starts the project's server, with instances and the extra
@@ -186,7 +216,7 @@ func startOwnNeo4j(instances int, env ...string) (*neo4jPool, error) {
 		return nil, fmt.Errorf("%s start printed no CONVERGE_NEO4J_URLS line: %q", script, out)
 	}
 	return &neo4jPool{urls: strings.Split(vars["CONVERGE_NEO4J_URLS"], ","), user: vars["CONVERGE_NEO4J_USER"],
-		password: vars["CONVERGE_NEO4J_PASSWORD"], lockDir: dir}, nil
+		password: vars["CONVERGE_NEO4J_PASSWORD"], ca: vars["CONVERGE_NEO4J_CA"], lockDir: dir}, nil
 }
 
 // lease takes the first free instance, waiting for one; release frees it.

@@ -19,6 +19,9 @@ import org.neo4j.configuration.connectors.BoltConnector;
 import org.neo4j.configuration.connectors.HttpConnector;
 import org.neo4j.configuration.connectors.HttpsConnector;
 import org.neo4j.configuration.helpers.SocketAddress;
+import org.neo4j.configuration.ssl.ClientAuth;
+import org.neo4j.configuration.ssl.SslPolicyConfig;
+import org.neo4j.configuration.ssl.SslPolicyScope;
 import org.neo4j.dbms.api.DatabaseManagementService;
 import org.neo4j.dbms.api.DatabaseManagementServiceBuilder;
 import org.neo4j.graphdb.GraphDatabaseService;
@@ -29,12 +32,18 @@ import org.neo4j.graphdb.GraphDatabaseService;
  * password given, with no change required.
  *
  * <p>Usage: {@code Server --dir DIR --password PW [--instances N]
- * [--parent-pid PID] [--tx-memory BYTES] [--remove-dir]}. Each instance is a DBMS of its
+ * [--parent-pid PID] [--tx-memory BYTES] [--bolt-tls CERTDIR] [--remove-dir]}. Each instance is a DBMS of its
  * own (Community has one user database per DBMS), in DIR/instance-I, on a
  * free port. Once every instance answers, DIR/server.env is written
  * (atomically) with one line per setting, and the same lines are printed:
  * CONVERGE_NEO4J_URL, _USER and _PASSWORD for the first instance, and
  * CONVERGE_NEO4J_URLS with every instance's URL, comma-separated.
+ *
+ * <p>With --bolt-tls, Bolt offers TLS too, on the same port (encryption
+ * level OPTIONAL: a client chooses bolt:// or bolt+s://), with the key pair
+ * CERTDIR/server.key (PKCS #8) and CERTDIR/server.crt; clients present no
+ * certificate. Plain Bolt stays, so that the tests that use it are
+ * unaffected.
  *
  * <p>The process stops cleanly on SIGTERM or SIGINT, and when the process
  * named by --parent-pid ends, however it ends; with --remove-dir it then
@@ -50,6 +59,7 @@ public final class Server {
         long parentPid = -1;
         long txMemory = 0;
         boolean removeDir = false;
+        Path boltTls = null;
         for (int i = 0; i < args.length; i++) {
             String value = i + 1 < args.length ? args[i + 1] : null;
             switch (args[i]) {
@@ -58,12 +68,13 @@ public final class Server {
                 case "--instances" -> { instances = Integer.parseInt(require(args[i], value)); i++; }
                 case "--parent-pid" -> { parentPid = Long.parseLong(require(args[i], value)); i++; }
                 case "--tx-memory" -> { txMemory = Long.parseLong(require(args[i], value)); i++; }
+                case "--bolt-tls" -> { boltTls = Path.of(require(args[i], value)).toAbsolutePath(); i++; }
                 case "--remove-dir" -> removeDir = true;
                 default -> fail("unknown argument " + args[i]);
             }
         }
         if (dir == null || password == null) {
-            fail("usage: Server --dir DIR --password PW [--instances N] [--parent-pid PID] [--tx-memory BYTES] [--remove-dir]");
+            fail("usage: Server --dir DIR --password PW [--instances N] [--parent-pid PID] [--tx-memory BYTES] [--bolt-tls CERTDIR] [--remove-dir]");
         }
         if (password.length() < 8) {
             fail("the password must have at least 8 characters (Neo4j's minimum)");
@@ -137,6 +148,15 @@ public final class Server {
                     .setConfig(GraphDatabaseSettings.check_point_interval_time, Duration.ofMinutes(5));
             if (txMemory > 0) {
                 builder.setConfig(GraphDatabaseSettings.memory_transaction_max_size, txMemory);
+            }
+            if (boltTls != null) {
+                SslPolicyConfig policy = SslPolicyConfig.forScope(SslPolicyScope.BOLT);
+                builder.setConfig(BoltConnector.encryption_level, BoltConnector.EncryptionLevel.OPTIONAL)
+                        .setConfig(policy.enabled, true)
+                        .setConfig(policy.base_directory, boltTls)
+                        .setConfig(policy.private_key, boltTls.resolve("server.key"))
+                        .setConfig(policy.public_certificate, boltTls.resolve("server.crt"))
+                        .setConfig(policy.client_auth, ClientAuth.NONE);
             }
             DatabaseManagementService dbms = builder.build();
             synchronized (started) {
