@@ -80,7 +80,11 @@ func (s *Neo4jStores) Live(context.Context) (string, error) { return s.cfg.Neo4j
 // Open connects to the database called name.
 func (s *Neo4jStores) Open(ctx context.Context, name string) (*rebuild.Generation, error) {
 	c := s.cfg
-	backend, err := neo4j.New(ctx, neo4j.Config{URL: c.Neo4jURL, User: c.Neo4jUser, Password: c.Neo4jPassword,
+	tlsConfig, err := c.neo4jTLS()
+	if err != nil {
+		return nil, err
+	}
+	backend, err := neo4j.New(ctx, neo4j.Config{URL: c.Neo4jURL, User: c.Neo4jUser, Password: c.Neo4jPassword, TLS: tlsConfig,
 		Database: name, BatchSize: c.Neo4jBatch, TxTimeout: c.Neo4jTxTimeout, Logger: s.log})
 	if err != nil {
 		return nil, err

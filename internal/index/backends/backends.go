@@ -6,6 +6,12 @@ package backends
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
 
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/embed"
@@ -19,15 +25,20 @@ import (
 const (
 	EnvQdrantURL    = "CONVERGE_QDRANT_URL"
 	EnvQdrantAPIKey = "CONVERGE_QDRANT_API_KEY" //nolint:gosec // the name of a variable, not a credential
+	EnvQdrantCA     = "CONVERGE_QDRANT_CA"
 	EnvEmbedURL     = "CONVERGE_EMBED_URL"
 	EnvEmbedAPIKey  = "CONVERGE_EMBED_API_KEY" //nolint:gosec // the name of a variable, not a credential
 )
 
 // Config names the index store and the embedder.
 type Config struct {
-	QdrantURL        string // host:port of Qdrant's gRPC API; empty: the embedded index
-	QdrantAPIKey     string
-	QdrantTLS        bool
+	QdrantURL    string // host:port of Qdrant's gRPC API; empty: the embedded index
+	QdrantAPIKey string
+	QdrantTLS    bool
+	// QdrantCA is a PEM file of the CA certificates that the Qdrant
+	// server's certificate chains to, trusted instead of the system's
+	// roots; it implies QdrantTLS.
+	QdrantCA         string
 	QdrantCollection string
 	QdrantBatch      int
 	QdrantParallel   int
@@ -45,6 +56,7 @@ func Flags(f *config.Flags) func() *Config {
 	qURL := f.String("qdrant-url", EnvQdrantURL, "", "Qdrant gRPC host:port (empty: the embedded index under -data-dir)")
 	qKey := f.String("qdrant-api-key", EnvQdrantAPIKey, "", "Qdrant API key")
 	qTLS := f.Bool("qdrant-tls", "CONVERGE_QDRANT_TLS", false, "connect to Qdrant over TLS")
+	qCA := f.String("qdrant-ca", EnvQdrantCA, "", "PEM file of the CA certificates the Qdrant server's certificate chains to, trusted instead of the system's roots (implies -qdrant-tls)")
 	qColl := f.String("qdrant-collection", "CONVERGE_QDRANT_COLLECTION", "converge_chunks", "Qdrant collection (or alias)")
 	qBatch := f.Int("qdrant-batch", "CONVERGE_QDRANT_BATCH", 128, "points per Qdrant upsert")
 	qPar := f.Int("qdrant-parallel", "CONVERGE_QDRANT_PARALLEL", 2, "concurrent Qdrant upserts")
@@ -55,10 +67,37 @@ func Flags(f *config.Flags) func() *Config {
 	eDim := f.Int("embed-dim", "CONVERGE_EMBED_DIM", 0, "vector dimension: the model's (required with -embed-url), or the hash embedder's (default 256)")
 	vVec := f.Int("verify-vectors", "CONVERGE_VERIFY_VECTORS", 16, "each verify embeds the chunks of 1 document in N again and compares them with the stored vectors (1: all, 0: none)")
 	return func() *Config {
-		return &Config{QdrantURL: *qURL, QdrantAPIKey: *qKey, QdrantTLS: *qTLS, QdrantCollection: *qColl,
+		return &Config{QdrantURL: *qURL, QdrantAPIKey: *qKey, QdrantTLS: *qTLS, QdrantCA: *qCA, QdrantCollection: *qColl,
 			QdrantBatch: *qBatch, QdrantParallel: *qPar, DataDir: *dataDir,
 			Embed: embed.Config{URL: *eURL, Model: *eModel, APIKey: *eKey, Dimension: *eDim}, VerifyVectors: *vVec}
 	}
+}
+
+// Validate reports a configuration that cannot work: a -qdrant-ca that
+// holds no certificate, or one given with a plain http:// address.
+func (c *Config) Validate() error {
+	_, err := c.qdrantTLS()
+	return err
+}
+
+// qdrantTLS is the TLS configuration that trusts QdrantCA's certificates
+// alone, or nil (the system's roots, or no TLS) without QdrantCA.
+func (c *Config) qdrantTLS() (*tls.Config, error) {
+	if c.QdrantCA == "" {
+		return nil, nil
+	}
+	if strings.HasPrefix(c.QdrantURL, "http://") {
+		return nil, fmt.Errorf("index: -qdrant-ca (%s) is for TLS, and -qdrant-url %s is plain http://", EnvQdrantCA, c.QdrantURL)
+	}
+	pem, err := os.ReadFile(c.QdrantCA)
+	if err != nil {
+		return nil, fmt.Errorf("index: -qdrant-ca (%s): %w", EnvQdrantCA, err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("index: -qdrant-ca (%s): %s holds no PEM certificate", EnvQdrantCA, c.QdrantCA)
+	}
+	return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}, nil
 }
 
 // ServiceConfig is the index projector's configuration.
@@ -72,7 +111,9 @@ type ServiceConfig struct {
 const DefaultMetricsAddr = "127.0.0.1:9103"
 
 // Validate reports a configuration that cannot work.
-func (c ServiceConfig) Validate() error { return c.Projector.Validate() }
+func (c ServiceConfig) Validate() error {
+	return errors.Join(c.Projector.Validate(), c.Store.Validate())
+}
 
 // Connections of the index projector: NATS alone.
 func (c ServiceConfig) Connections() service.Conns { return c.Projector.Connections() }

@@ -2,6 +2,7 @@ package backends
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -25,6 +26,9 @@ type Stores struct {
 	embedder embed.Embedder
 	dirs     rebuild.Dirs
 	log      *slog.Logger
+	// tls is the Qdrant connections' TLS configuration (cfg.QdrantCA);
+	// nil: the system's roots, or no TLS.
+	tls *tls.Config
 	// admin is a Qdrant connection for the alias and collection
 	// operations; nil with the embedded index.
 	admin *qdrant.Backend
@@ -43,6 +47,9 @@ func NewStores(ctx context.Context, c *Config, opts index.Options, log *slog.Log
 		log = slog.New(slog.DiscardHandler)
 	}
 	s := &Stores{cfg: c, opts: opts, embedder: e, dirs: rebuild.Dirs{Root: c.DataDir, Base: "index"}, log: log}
+	if s.tls, err = c.qdrantTLS(); err != nil {
+		return nil, err
+	}
 	if c.QdrantURL != "" {
 		if s.admin, err = s.qdrant(ctx, c.QdrantCollection); err != nil {
 			return nil, err
@@ -61,7 +68,7 @@ func (s *Stores) Close() error {
 
 func (s *Stores) qdrant(ctx context.Context, collection string) (*qdrant.Backend, error) {
 	c := s.cfg
-	return qdrant.New(ctx, qdrant.Config{Addr: c.QdrantURL, APIKey: c.QdrantAPIKey, UseTLS: c.QdrantTLS,
+	return qdrant.New(ctx, qdrant.Config{Addr: c.QdrantURL, APIKey: c.QdrantAPIKey, UseTLS: c.QdrantTLS, TLS: s.tls,
 		Collection: collection, BatchSize: c.QdrantBatch, Parallel: c.QdrantParallel, Timeout: 30 * time.Second})
 }
 
