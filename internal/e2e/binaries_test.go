@@ -254,10 +254,11 @@ type binaryStores struct {
 //
 // With TLS, the services serve HTTPS alone (-tls-cert, -tls-key), their
 // clients and the CLI trust the run's CA alone (-nats-ca, CONVERGE_TLS_CA,
-// sslmode=verify-full with sslrootcert, SSL_CERT_FILE for the Neo4j and
-// Qdrant drivers), Postgres refuses converge's roles without TLS, and
-// NATS, Qdrant and the Neo4j front (testenv.TLSFront: the test server has
-// no TLS of its own) accept TLS alone.
+// sslmode=verify-full with sslrootcert, -qdrant-ca), Postgres refuses
+// converge's roles without TLS, and NATS and Qdrant accept TLS alone.
+// projector-graph reaches the test Neo4j server itself over TLS
+// (bolt+s://), trusting the server's own CA alone (-neo4j-ca); that
+// server offers plain Bolt too, on the same port, for the other tests.
 func testBinaries(t *testing.T, bin *testenv.Binaries, st binaryStores) {
 	n, q, certs := st.neo4j, st.qdrant, st.certs
 	dbURL := pg.NewDatabase(t)
@@ -293,11 +294,12 @@ func testBinaries(t *testing.T, bin *testenv.Binaries, st binaryStores) {
 		dropSlots(t, dbURL)
 	})
 
-	// The Neo4j and Qdrant drivers of the projectors trust the system's
-	// roots: with TLS, the run's CA alone.
-	var driversCA []string
+	// projector-index's Qdrant client trusts the run's CA alone, given
+	// as -qdrant-ca (and to checkDenials' children as its variable).
+	var qdrantCA, driversCA []string
 	if certs != nil {
-		driversCA = []string{"SSL_CERT_FILE=" + certs.CAFile}
+		qdrantCA = []string{"-qdrant-ca", certs.CAFile}
+		driversCA = []string{backends.EnvQdrantCA + "=" + certs.CAFile}
 	}
 	httpAddr := freePort(t)
 	svc := func(name, listen, natsUser string, env []string, args ...string) *process {
@@ -313,20 +315,22 @@ func testBinaries(t *testing.T, bin *testenv.Binaries, st binaryStores) {
 			"-metrics-addr", rAddr, "-standby-retry", "200ms"),
 		// A short ack wait: what a SIGKILLed projector had in flight is
 		// delivered again after it, not after the default minute.
-		svc("projector-index", iAddr, natsauth.UserIndex, driversCA,
-			"-data-dir", data, "-metrics-addr", iAddr, "-ack-wait", "5s", "-tokens-file", creds.projectorTokens),
-		svc("projector-graph", gAddr, natsauth.UserGraph, driversCA,
+		svc("projector-index", iAddr, natsauth.UserIndex, nil, append(qdrantCA,
+			"-data-dir", data, "-metrics-addr", iAddr, "-ack-wait", "5s", "-tokens-file", creds.projectorTokens)...),
+		svc("projector-graph", gAddr, natsauth.UserGraph, nil,
 			"-data-dir", data, "-metrics-addr", gAddr, "-ack-wait", "5s", "-tokens-file", creds.projectorTokens),
 	}
 	graphURL, graphTLS := "", (*tls.Config)(nil)
 	if n != nil {
 		graphURL = n.URL
+		g := services[3]
 		if certs != nil {
-			graphURL = "bolt+s://" + testenv.TLSFront(t, *certs, strings.TrimPrefix(n.URL, "bolt://"))
-			graphTLS = certs.ClientTLS()
+			// The server's own TLS, verified against its own CA (the
+			// script made it, not this run).
+			graphURL, graphTLS = n.TLSURL(), n.ClientTLS(t)
+			g.args = append(g.args, "-neo4j-ca", n.CA)
 		}
 		// The password through the environment: never on a command line.
-		g := services[3]
 		g.args = append(g.args, "-neo4j-url", graphURL, "-neo4j-user", n.User)
 		g.env = append(g.env, "CONVERGE_NEO4J_PASSWORD="+n.Password)
 	}
@@ -788,7 +792,7 @@ type tlsRun struct {
 	nats      natsRun
 	services  []*process
 	apiListen string // the writer's API, host:port
-	graphURL  string // bolt+s:// of the Neo4j front
+	graphURL  string // bolt+s:// of the Neo4j server
 	neo4j     testenv.Neo4j
 	qdrant    testenv.QdrantTLS
 }
@@ -799,9 +803,11 @@ type tlsRun struct {
 // replication connection among them) and refuses them a connection
 // without; the NATS server reports TLS on each client connection and
 // answers a plain one with nothing; each HTTP listener refuses plain
-// HTTP and a client that does not trust the run's CA; Neo4j (through its
-// front) and Qdrant refuse a client without the CA, and plain ones. It
-// returns what it saw.
+// HTTP and a client that does not trust the run's CA; Qdrant refuses a
+// client without the CA, and plain ones; Neo4j's Bolt port answers TLS
+// with a certificate its CA signed, so a client that trusts the system's
+// roots or another CA (the run's) is refused, while plain Bolt stays open
+// on the same port for the other tests. It returns what it saw.
 func checkLinksAreTLS(t *testing.T, r tlsRun) []string {
 	t.Helper()
 	ctx := context.Background()
@@ -898,17 +904,33 @@ func checkLinksAreTLS(t *testing.T, r tlsRun) []string {
 	}
 	saw = append(saw, fmt.Sprintf("http: %d listeners refused plain HTTP and clients without the CA", len(listens)))
 
-	// Neo4j, through its TLS front: refused without the CA and in plain.
+	// Neo4j: its Bolt port serves TLS itself, with the certificate its
+	// own CA signed: a client trusting other roots is refused, one
+	// trusting that CA connects. Plain Bolt is still answered on the same
+	// port (encryption level OPTIONAL), which the other tests use.
 	n := r.neo4j
 	for what, cfg := range map[string]neo4j.Config{
-		"without the CA": {URL: r.graphURL, User: n.User, Password: n.Password, MaxRetryTime: time.Second},
-		"in plain bolt":  {URL: "bolt://" + strings.TrimPrefix(r.graphURL, "bolt+s://"), User: n.User, Password: n.Password, MaxRetryTime: time.Second},
+		"trusting the system's roots":     {URL: r.graphURL, User: n.User, Password: n.Password, MaxRetryTime: time.Second},
+		"trusting another CA (the run's)": {URL: r.graphURL, User: n.User, Password: n.Password, MaxRetryTime: time.Second, TLS: r.creds.certs.ClientTLS()},
 	} {
 		if b, err := neo4j.New(ctx, cfg); err == nil {
 			_ = b.Close()
-			t.Errorf("neo4j: connected %s", what)
+			t.Errorf("neo4j: connected over TLS %s", what)
+		} else if !strings.Contains(err.Error(), "certificate") {
+			t.Errorf("neo4j: a client %s failed, but not on the certificate: %v", what, err)
 		} else {
 			saw = append(saw, fmt.Sprintf("neo4j refused a client %s: %v", what, err))
+		}
+	}
+	for what, cfg := range map[string]neo4j.Config{
+		"over TLS trusting its CA": {URL: r.graphURL, User: n.User, Password: n.Password, TLS: n.ClientTLS(t)},
+		"in plain bolt":            {URL: n.URL, User: n.User, Password: n.Password},
+	} {
+		if b, err := neo4j.New(ctx, cfg); err != nil {
+			t.Errorf("neo4j: a client %s: %v", what, err)
+		} else {
+			_ = b.Close()
+			saw = append(saw, "neo4j accepted a client "+what)
 		}
 	}
 

@@ -22,6 +22,7 @@ import (
 
 	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/config"
+	gbackends "github.com/converge-sync/converge/internal/graph/backends"
 	"github.com/converge-sync/converge/internal/index/backends"
 	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/natsserver"
@@ -39,7 +40,8 @@ var credentialVars = []string{
 	"CONVERGE_OWNER_PASSWORD", "CONVERGE_WRITER_PASSWORD", "CONVERGE_RELAY_PASSWORD", "CONVERGE_READER_PASSWORD",
 	"CONVERGE_NEO4J_PASSWORD", backends.EnvQdrantAPIKey,
 	// Not credentials, but what a run trusts: each child gets the run's.
-	natsauth.EnvCA, auth.EnvTLSCA, "SSL_CERT_FILE", "SSL_CERT_DIR",
+	// SSL_CERT_* would make the Neo4j and Qdrant drivers trust other roots.
+	natsauth.EnvCA, auth.EnvTLSCA, backends.EnvQdrantCA, gbackends.EnvNeo4jCA, "SSL_CERT_FILE", "SSL_CERT_DIR",
 }
 
 // credentials are the secrets of one run of the binaries, made for it: a
