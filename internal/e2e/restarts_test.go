@@ -524,15 +524,29 @@ func writerTarget(t *testing.T, p *pipeline, bin *testenv.Binaries, migrate bool
 	return rt
 }
 
-// emptyDatabase drops everything the migrations made in the database.
+// emptyDatabase drops everything the migrations made in the database. The
+// backends of a SIGKILLed writer go first: Postgres runs a migration's
+// transaction on after its client died, and one that committed after the
+// drop would leave a publication without its tables behind (the drop of
+// the schema waits for its lock, then takes the tables and not the
+// publication), a state no crash of the writer itself can make.
 func emptyDatabase(t *testing.T, dbURL string) {
 	t.Helper()
-	db, err := pgxpool.New(context.Background(), dbURL)
+	ctx := context.Background()
+	db, err := pgxpool.New(ctx, dbURL)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	if _, err := db.Exec(context.Background(),
+	const others = `FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'`
+	if _, err := db.Exec(ctx, `SELECT pg_terminate_backend(pid) `+others); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, "the killed writer's backends to end", 30*time.Second, func() bool {
+		var n int
+		return db.QueryRow(ctx, `SELECT count(*) `+others).Scan(&n) == nil && n == 0
+	})
+	if _, err := db.Exec(ctx,
 		`DROP PUBLICATION IF EXISTS converge_outbox; DROP SCHEMA public CASCADE; CREATE SCHEMA public`); err != nil {
 		t.Fatal(err)
 	}
