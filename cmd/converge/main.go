@@ -14,8 +14,8 @@ import (
 
 	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/config"
-	gbackends "github.com/converge-sync/converge/internal/graph/backends"
-	ibackends "github.com/converge-sync/converge/internal/index/backends"
+	"github.com/converge-sync/converge/internal/graphprojector"
+	"github.com/converge-sync/converge/internal/indexprojector"
 	"github.com/converge-sync/converge/internal/notifier"
 	"github.com/converge-sync/converge/internal/schema"
 	"github.com/converge-sync/converge/internal/service"
@@ -126,9 +126,9 @@ func dispatch(ctx context.Context, args []string, out io.Writer) error {
 	case "notifier":
 		return service.Command(ctx, "notifier", args[1:], notifier.ServiceFlags, notifier.Run)
 	case "projector-index":
-		return service.Command(ctx, "projector-index", args[1:], ibackends.ServiceFlags, ibackends.Run)
+		return service.Command(ctx, "projector-index", args[1:], indexprojector.ServiceFlags, indexprojector.Run)
 	case "projector-graph":
-		return service.Command(ctx, "projector-graph", args[1:], gbackends.ServiceFlags, gbackends.Run)
+		return service.Command(ctx, "projector-graph", args[1:], graphprojector.ServiceFlags, graphprojector.Run)
 	case "streams":
 		return streamsCmd(ctx, args[1:], out)
 	case "roles":

@@ -7,12 +7,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
-
-	gbackends "github.com/converge-sync/converge/internal/graph/backends"
+	"github.com/converge-sync/converge/internal/graphprojector"
 	"github.com/converge-sync/converge/internal/schema"
 	"github.com/converge-sync/converge/internal/service"
 	"github.com/converge-sync/converge/internal/testenv"
+	"github.com/jackc/pgx/v5"
 )
 
 var pg *testenv.Postgres
@@ -21,7 +20,7 @@ func TestMain(m *testing.M) {
 	// The demo starts its graph projector as `<this binary> projector-graph`.
 	if len(os.Args) > 1 && os.Args[1] == "projector-graph" {
 		ctx, stop := service.SignalContext()
-		err := service.Command(ctx, "projector-graph", os.Args[2:], gbackends.ServiceFlags, gbackends.Run)
+		err := service.Command(ctx, "projector-graph", os.Args[2:], graphprojector.ServiceFlags, graphprojector.Run)
 		stop()
 		service.Exit("projector-graph", err)
 	}

@@ -4,8 +4,8 @@
 package main
 
 import (
-	"github.com/converge-sync/converge/internal/graph/backends"
+	"github.com/converge-sync/converge/internal/graphprojector"
 	"github.com/converge-sync/converge/internal/service"
 )
 
-func main() { service.Main("projector-graph", backends.ServiceFlags, backends.Run) }
+func main() { service.Main("projector-graph", graphprojector.ServiceFlags, graphprojector.Run) }

@@ -4,8 +4,8 @@
 package main
 
 import (
-	"github.com/converge-sync/converge/internal/index/backends"
+	"github.com/converge-sync/converge/internal/indexprojector"
 	"github.com/converge-sync/converge/internal/service"
 )
 
-func main() { service.Main("projector-index", backends.ServiceFlags, backends.Run) }
+func main() { service.Main("projector-index", indexprojector.ServiceFlags, indexprojector.Run) }

@@ -22,7 +22,7 @@ import (
 
 	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/config"
-	"github.com/converge-sync/converge/internal/index/backends"
+	"github.com/converge-sync/converge/internal/indexprojector"
 	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/pgcluster"
 	"github.com/converge-sync/converge/internal/roles"
@@ -236,7 +236,7 @@ func startPipeline(t *testing.T, cfg runConfig) *pipeline {
 	var indexEnv []string
 	if q := cfg.qdrant; q != nil {
 		indexArgs = append(indexArgs, "-qdrant-url", q.URL, "-qdrant-collection", q.Collection)
-		indexEnv = []string{backends.EnvQdrantAPIKey + "=" + q.APIKey}
+		indexEnv = []string{indexprojector.EnvQdrantAPIKey + "=" + q.APIKey}
 		p.links.server("qdrant", q.URL)
 	}
 	p.add("projector-index", natsauth.UserIndex, indexEnv, indexArgs...)

@@ -15,7 +15,7 @@ import (
 
 	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/config"
-	"github.com/converge-sync/converge/internal/index/backends"
+	"github.com/converge-sync/converge/internal/indexprojector"
 	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/proc"
 	"github.com/converge-sync/converge/internal/stack"
@@ -28,7 +28,7 @@ var credentialVars = []string{
 	natsauth.EnvUser, natsauth.EnvPassword, natsauth.EnvPassword + "_FILE", natsauth.EnvCreds, natsauth.EnvNKey,
 	auth.EnvToken, auth.EnvToken + "_FILE", auth.EnvTokensFile,
 	"CONVERGE_OWNER_PASSWORD", "CONVERGE_WRITER_PASSWORD", "CONVERGE_RELAY_PASSWORD", "CONVERGE_READER_PASSWORD",
-	"CONVERGE_WEBHOOK_SECRET", backends.EnvQdrantAPIKey,
+	"CONVERGE_WEBHOOK_SECRET", indexprojector.EnvQdrantAPIKey,
 }
 
 // service is one of converge's binaries run as a child process, restarted

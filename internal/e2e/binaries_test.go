@@ -33,9 +33,9 @@ import (
 	graphembedded "github.com/converge-sync/converge/internal/graph/embedded"
 	"github.com/converge-sync/converge/internal/graph/neo4j"
 	"github.com/converge-sync/converge/internal/index"
-	"github.com/converge-sync/converge/internal/index/backends"
 	"github.com/converge-sync/converge/internal/index/embedded"
 	"github.com/converge-sync/converge/internal/index/qdrant"
+	"github.com/converge-sync/converge/internal/indexprojector"
 	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/proc"
 	"github.com/converge-sync/converge/internal/projector"
@@ -299,7 +299,7 @@ func testBinaries(t *testing.T, bin *testenv.Binaries, st binaryStores) {
 	var qdrantCA, driversCA []string
 	if certs != nil {
 		qdrantCA = []string{"-qdrant-ca", certs.CAFile}
-		driversCA = []string{backends.EnvQdrantCA + "=" + certs.CAFile}
+		driversCA = []string{indexprojector.EnvQdrantCA + "=" + certs.CAFile}
 	}
 	httpAddr := freePort(t)
 	svc := func(name, listen, natsUser string, env []string, args ...string) *process {
@@ -338,7 +338,7 @@ func testBinaries(t *testing.T, bin *testenv.Binaries, st binaryStores) {
 		// The key through the environment too.
 		x := services[2]
 		x.args = append(x.args, "-qdrant-url", q.TLSURL, "-qdrant-collection", q.Collection)
-		x.env = append(x.env, backends.EnvQdrantAPIKey+"="+q.APIKey)
+		x.env = append(x.env, indexprojector.EnvQdrantAPIKey+"="+q.APIKey)
 	}
 	t.Cleanup(func() {
 		for _, s := range services {

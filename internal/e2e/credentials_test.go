@@ -22,8 +22,8 @@ import (
 
 	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/config"
-	gbackends "github.com/converge-sync/converge/internal/graph/backends"
-	"github.com/converge-sync/converge/internal/index/backends"
+	"github.com/converge-sync/converge/internal/graphprojector"
+	"github.com/converge-sync/converge/internal/indexprojector"
 	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/natsserver"
 	"github.com/converge-sync/converge/internal/roles"
@@ -38,10 +38,10 @@ var credentialVars = []string{
 	natsauth.EnvUser, natsauth.EnvPassword, natsauth.EnvPassword + "_FILE", natsauth.EnvCreds, natsauth.EnvNKey,
 	auth.EnvToken, auth.EnvToken + "_FILE", auth.EnvTokensFile,
 	"CONVERGE_OWNER_PASSWORD", "CONVERGE_WRITER_PASSWORD", "CONVERGE_RELAY_PASSWORD", "CONVERGE_READER_PASSWORD",
-	"CONVERGE_NEO4J_PASSWORD", backends.EnvQdrantAPIKey,
+	"CONVERGE_NEO4J_PASSWORD", indexprojector.EnvQdrantAPIKey,
 	// Not credentials, but what a run trusts: each child gets the run's.
 	// SSL_CERT_* would make the Neo4j and Qdrant drivers trust other roots.
-	natsauth.EnvCA, auth.EnvTLSCA, backends.EnvQdrantCA, gbackends.EnvNeo4jCA, "SSL_CERT_FILE", "SSL_CERT_DIR",
+	natsauth.EnvCA, auth.EnvTLSCA, indexprojector.EnvQdrantCA, graphprojector.EnvNeo4jCA, "SSL_CERT_FILE", "SSL_CERT_DIR",
 }
 
 // credentials are the secrets of one run of the binaries, made for it: a

@@ -23,7 +23,7 @@ import (
 	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/index"
-	"github.com/converge-sync/converge/internal/index/backends"
+	"github.com/converge-sync/converge/internal/indexprojector"
 	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/roles"
 	"github.com/converge-sync/converge/internal/testenv"
@@ -203,7 +203,7 @@ func checkQdrantKeyDenials(t *testing.T, d denialRun, child func(name, user, pas
 		{"a wrong key", wrong, q.Collection, "Unauthenticated"},
 	} {
 		p := child("projector-index", natsauth.UserIndex, d.creds.nats[natsauth.UserIndex],
-			append([]string{backends.EnvQdrantAPIKey + "=" + c.key}, d.driversCA...),
+			append([]string{indexprojector.EnvQdrantAPIKey + "=" + c.key}, d.driversCA...),
 			"-qdrant-url", q.TLSURL, "-qdrant-collection", c.collection, "-data-dir", t.TempDir(), "-tokens-file", d.creds.projectorTokens)
 		p.name = "projector-index with " + c.what
 		p.start()

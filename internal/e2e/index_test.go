@@ -34,9 +34,9 @@ import (
 	"github.com/converge-sync/converge/internal/docstore"
 	"github.com/converge-sync/converge/internal/embed"
 	"github.com/converge-sync/converge/internal/index"
-	"github.com/converge-sync/converge/internal/index/backends"
 	"github.com/converge-sync/converge/internal/index/embedded"
 	"github.com/converge-sync/converge/internal/index/qdrant"
+	"github.com/converge-sync/converge/internal/indexprojector"
 	"github.com/converge-sync/converge/internal/proc"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/relay"
@@ -80,8 +80,8 @@ func runProjectorChild() int {
 	return runChild("index", func(ctx context.Context) (projector.Store, func() error, error) {
 		var store index.Backend
 		var err error
-		if url := os.Getenv(backends.EnvQdrantURL); url != "" {
-			store, err = qdrant.New(ctx, qdrant.Config{Addr: url, APIKey: os.Getenv(backends.EnvQdrantAPIKey),
+		if url := os.Getenv(indexprojector.EnvQdrantURL); url != "" {
+			store, err = qdrant.New(ctx, qdrant.Config{Addr: url, APIKey: os.Getenv(indexprojector.EnvQdrantAPIKey),
 				Collection: os.Getenv(envQdrantCollection)})
 		} else {
 			store, err = embedded.Open(os.Getenv("CONVERGE_DATA_DIR"), embedded.Options{})
@@ -435,7 +435,7 @@ type indexStore struct {
 func forEachIndexStore(t *testing.T, fn func(t *testing.T, is indexStore)) {
 	t.Run("embedded", func(t *testing.T) {
 		dir := t.TempDir()
-		fn(t, indexStore{env: []string{"CONVERGE_DATA_DIR=" + dir, backends.EnvQdrantURL + "="}, points: embeddedPoints,
+		fn(t, indexStore{env: []string{"CONVERGE_DATA_DIR=" + dir, indexprojector.EnvQdrantURL + "="}, points: embeddedPoints,
 			open: func(t *testing.T) index.Backend {
 				s := openStore(t, dir)
 				t.Cleanup(func() { _ = s.Close() })
@@ -444,7 +444,7 @@ func forEachIndexStore(t *testing.T, fn func(t *testing.T, is indexStore)) {
 	})
 	t.Run("qdrant", func(t *testing.T) {
 		q := testenv.LeaseQdrant(t)
-		env := []string{backends.EnvQdrantURL + "=" + q.URL, backends.EnvQdrantAPIKey + "=" + q.APIKey, envQdrantCollection + "=" + q.Collection}
+		env := []string{indexprojector.EnvQdrantURL + "=" + q.URL, indexprojector.EnvQdrantAPIKey + "=" + q.APIKey, envQdrantCollection + "=" + q.Collection}
 		rest := &qdrantREST{url: q.HTTPURL, key: q.APIKey}
 		fn(t, indexStore{env: env, rest: rest, collection: q.Collection,
 			points: func(index.Backend) func(context.Context) (storedPoints, error) {

@@ -81,7 +81,7 @@ func TestImportRules(t *testing.T) {
 	postgres := func(i string) bool {
 		return strings.HasPrefix(i, "github.com/jackc/") || strings.HasPrefix(i, "github.com/lib/pq")
 	}
-	stores := []string{"internal/index", "internal/graph"}
+	stores := []string{"internal/index", "internal/graph", "internal/indexprojector", "internal/graphprojector"}
 	checked := map[string]int{}
 	for path, p := range pkgs {
 		for _, i := range imports(p) {
@@ -91,7 +91,7 @@ func TestImportRules(t *testing.T) {
 				t.Errorf("%s imports %s: pkg/contract imports no package of the module", path, i)
 			}
 			// Projectors never read Postgres.
-			if under(path, "internal/projector", "internal/index", "internal/graph", "internal/notifier", "internal/rebuild") && !testOnly(path) {
+			if under(path, "internal/projector", "internal/index", "internal/graph", "internal/indexprojector", "internal/graphprojector", "internal/notifier", "internal/rebuild") && !testOnly(path) {
 				checked["projectors"]++
 				if postgres(i) || under(i, "internal/docstore", "internal/schema", "internal/writer", "internal/relay", "internal/verify/postgres") {
 					t.Errorf("%s imports %s: projector code never reads Postgres", path, i)

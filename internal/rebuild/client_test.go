@@ -12,7 +12,7 @@ import (
 
 	"github.com/converge-sync/converge/internal/httpjson"
 	"github.com/converge-sync/converge/internal/index"
-	ibackends "github.com/converge-sync/converge/internal/index/backends"
+	"github.com/converge-sync/converge/internal/indexprojector"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/rebuild/rebuildtest"
@@ -37,7 +37,7 @@ func TestClientStartsAndFollowsARebuild(t *testing.T) {
 	for i := range 20 {
 		rebuildtest.Publish(t, js, "doc-"+string(rune('a'+i)), 1)
 	}
-	stores, err := ibackends.NewStores(ctx, &ibackends.Config{DataDir: t.TempDir()}, index.Options{}, nil)
+	stores, err := indexprojector.NewStores(ctx, &indexprojector.Config{DataDir: t.TempDir()}, index.Options{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +85,7 @@ func TestClientStartsAndFollowsARebuild(t *testing.T) {
 // and reports itself starting.
 func TestClientErrorOfAManagerNotReady(t *testing.T) {
 	ctx := context.Background()
-	stores, err := ibackends.NewStores(ctx, &ibackends.Config{DataDir: t.TempDir()}, index.Options{}, nil)
+	stores, err := indexprojector.NewStores(ctx, &indexprojector.Config{DataDir: t.TempDir()}, index.Options{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,7 +22,7 @@ type liveKey struct{}
 // recStore is a projection with the store's freshness guard, recording
 // who writes when, so that the test can tell which runtime wrote during
 // the rebuild (the rebuild in place of a real Neo4j is tested in
-// internal/graph/backends).
+// internal/graphprojector).
 type recStore struct {
 	mu       sync.Mutex
 	versions map[string]int64

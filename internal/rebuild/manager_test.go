@@ -14,7 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/converge-sync/converge/internal/index"
-	ibackends "github.com/converge-sync/converge/internal/index/backends"
+	"github.com/converge-sync/converge/internal/indexprojector"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/rebuild/rebuildtest"
@@ -42,16 +42,16 @@ func (e *env) publish(t testing.TB, key string, version int64) {
 // process is one index projector process on the embedded index.
 type process struct {
 	*rebuildtest.Process
-	stores *ibackends.Stores
+	stores *indexprojector.Stores
 }
 
 func start(t *testing.T, e *env) *process { return startWith(t, e, nil) }
 
 // startWith starts a process whose rebuild manager sees the stores through
 // wrap (nil: as they are).
-func startWith(t *testing.T, e *env, wrap func(*ibackends.Stores) rebuild.Stores) *process {
+func startWith(t *testing.T, e *env, wrap func(*indexprojector.Stores) rebuild.Stores) *process {
 	t.Helper()
-	stores, err := ibackends.NewStores(context.Background(), &ibackends.Config{DataDir: e.dataDir}, index.Options{}, nil)
+	stores, err := indexprojector.NewStores(context.Background(), &indexprojector.Config{DataDir: e.dataDir}, index.Options{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +64,7 @@ func startWith(t *testing.T, e *env, wrap func(*ibackends.Stores) rebuild.Stores
 
 // failingDrop are stores on which dropping one generation fails.
 type failingDrop struct {
-	*ibackends.Stores
+	*indexprojector.Stores
 	name string
 }
 
@@ -293,7 +293,7 @@ func TestResumedRebuildDropsTheGenerationLiveAtTheSwitch(t *testing.T) {
 
 	// The restarted process switches, then fails to drop the generation it
 	// was found on, and stops there.
-	p = startWith(t, e, func(s *ibackends.Stores) rebuild.Stores { return failingDrop{Stores: s, name: since} })
+	p = startWith(t, e, func(s *indexprojector.Stores) rebuild.Stores { return failingDrop{Stores: s, name: since} })
 	if live := p.Switch.Live().Name; live != since {
 		t.Fatalf("the restarted process runs on %q; want %q", live, since)
 	}

@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/converge-sync/converge/internal/config"
-	gbackends "github.com/converge-sync/converge/internal/graph/backends"
-	ibackends "github.com/converge-sync/converge/internal/index/backends"
+	"github.com/converge-sync/converge/internal/graphprojector"
+	"github.com/converge-sync/converge/internal/indexprojector"
 	"github.com/converge-sync/converge/internal/notifier"
 	"github.com/converge-sync/converge/internal/relay"
 	"github.com/converge-sync/converge/internal/service"
@@ -36,10 +36,10 @@ func commands() map[string]command {
 			return service.Command(ctx, "relay", args, relay.Flags, relay.Run)
 		},
 		"projector-index": func(ctx context.Context, args []string) error {
-			return service.Command(ctx, "projector-index", args, ibackends.ServiceFlags, ibackends.Run)
+			return service.Command(ctx, "projector-index", args, indexprojector.ServiceFlags, indexprojector.Run)
 		},
 		"projector-graph": func(ctx context.Context, args []string) error {
-			return service.Command(ctx, "projector-graph", args, gbackends.ServiceFlags, gbackends.Run)
+			return service.Command(ctx, "projector-graph", args, graphprojector.ServiceFlags, graphprojector.Run)
 		},
 		"notifier": func(ctx context.Context, args []string) error {
 			return service.Command(ctx, "notifier", args, notifier.ServiceFlags, notifier.Run)

@@ -51,8 +51,8 @@ import (
 
 	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/config"
-	gbackends "github.com/converge-sync/converge/internal/graph/backends"
-	ibackends "github.com/converge-sync/converge/internal/index/backends"
+	"github.com/converge-sync/converge/internal/graphprojector"
+	"github.com/converge-sync/converge/internal/indexprojector"
 	"github.com/converge-sync/converge/internal/localaddr"
 	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/natsserver"
@@ -76,8 +76,8 @@ type Config struct {
 	// Metrics addresses of the writer, the relay and the two projectors;
 	// the projectors' also serve search, graph and verify.
 	WriterAddr, RelayAddr, IndexAddr, GraphAddr string
-	Index                                       *ibackends.Config
-	Graph                                       *gbackends.Config
+	Index                                       *indexprojector.Config
+	Graph                                       *graphprojector.Config
 	// GraphChild runs the graph projector as a child process
 	// (GraphChildPath, default this binary, with the arguments
 	// `projector-graph ...`), so that it can be killed; GraphAddrPicked:
@@ -150,10 +150,10 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	if cfg.Index == nil {
-		cfg.Index = &ibackends.Config{}
+		cfg.Index = &indexprojector.Config{}
 	}
 	if cfg.Graph == nil {
-		cfg.Graph = &gbackends.Config{}
+		cfg.Graph = &graphprojector.Config{}
 	}
 	s := &Stack{Config: cfg}
 	defer func() {
@@ -237,8 +237,8 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 		return service.Run(runCtx, c, cfg.Log.With("service", "relay"), relay.Run)
 	})
 	g.Go(func() error {
-		c := ibackends.ServiceConfig{Store: *s.Config.Index, Projector: s.projectorConfig("index", cfg.IndexAddr)}
-		return service.Run(runCtx, c, cfg.Log.With("service", "projector-index"), ibackends.Run)
+		c := indexprojector.ServiceConfig{Store: *s.Config.Index, Projector: s.projectorConfig("index", cfg.IndexAddr)}
+		return service.Run(runCtx, c, cfg.Log.With("service", "projector-index"), indexprojector.Run)
 	})
 	if cfg.GraphChild {
 		if err := s.StartGraphChild(ctx); err != nil {
@@ -246,8 +246,8 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 		}
 	} else {
 		g.Go(func() error {
-			c := gbackends.ServiceConfig{Store: *s.Config.Graph, Projector: s.projectorConfig("graph", cfg.GraphAddr)}
-			return service.Run(runCtx, c, cfg.Log.With("service", "projector-graph"), gbackends.Run)
+			c := graphprojector.ServiceConfig{Store: *s.Config.Graph, Projector: s.projectorConfig("graph", cfg.GraphAddr)}
+			return service.Run(runCtx, c, cfg.Log.With("service", "projector-graph"), graphprojector.Run)
 		})
 	}
 	if cfg.Notifier != nil {

@@ -25,7 +25,7 @@ import (
 
 	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/config"
-	"github.com/converge-sync/converge/internal/index/backends"
+	"github.com/converge-sync/converge/internal/indexprojector"
 	"github.com/converge-sync/converge/internal/lease"
 	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/netfault"
@@ -40,7 +40,7 @@ var credentialVars = []string{
 	config.EnvPostgresURL, config.EnvPostgresURL + "_FILE", "PGPASSWORD", "PGPASSFILE",
 	natsauth.EnvUser, natsauth.EnvPassword, natsauth.EnvPassword + "_FILE", natsauth.EnvCreds, natsauth.EnvNKey,
 	auth.EnvToken, auth.EnvToken + "_FILE", auth.EnvTokensFile,
-	"CONVERGE_NEO4J_PASSWORD", backends.EnvQdrantAPIKey, "CONVERGE_WEBHOOK_SECRET",
+	"CONVERGE_NEO4J_PASSWORD", indexprojector.EnvQdrantAPIKey, "CONVERGE_WEBHOOK_SECRET",
 }
 
 // instance is one of the two processes of a service. Its NATS link goes

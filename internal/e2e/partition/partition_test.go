@@ -16,7 +16,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/converge-sync/converge/internal/config"
-	"github.com/converge-sync/converge/internal/index/backends"
+	"github.com/converge-sync/converge/internal/indexprojector"
 	"github.com/converge-sync/converge/internal/lease"
 	"github.com/converge-sync/converge/internal/netfault"
 	"github.com/converge-sync/converge/internal/notifier"
@@ -172,7 +172,7 @@ func indexService(t *testing.T) service {
 		flags: func(t *testing.T, in *instance, p *pipeline) ([]string, []string) {
 			q := p.qdrant
 			return []string{"-qdrant-url", in.store.Addr(), "-qdrant-collection", q.Collection, "-data-dir", t.TempDir()},
-				[]string{backends.EnvQdrantAPIKey + "=" + q.APIKey}
+				[]string{indexprojector.EnvQdrantAPIKey + "=" + q.APIKey}
 		},
 		check: func(t *testing.T, p *pipeline, final *instance) { p.verify(t, "index", "-index-addr", final.addr) }}
 }

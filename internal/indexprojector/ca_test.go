@@ -1,4 +1,4 @@
-package backends_test
+package indexprojector_test
 
 import (
 	"context"
@@ -9,19 +9,19 @@ import (
 
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/index"
-	"github.com/converge-sync/converge/internal/index/backends"
 	"github.com/converge-sync/converge/internal/index/qdranttest"
+	"github.com/converge-sync/converge/internal/indexprojector"
 	"github.com/converge-sync/converge/internal/testenv"
 )
 
 // storeConfig parses args, with env set first, as projector-index does.
-func storeConfig(t *testing.T, env map[string]string, args ...string) *backends.Config {
+func storeConfig(t *testing.T, env map[string]string, args ...string) *indexprojector.Config {
 	t.Helper()
 	for k, v := range env {
 		t.Setenv(k, v)
 	}
 	f := config.NewFlags("projector-index")
-	get := backends.Flags(f)
+	get := indexprojector.Flags(f)
 	if err := f.Parse(args); err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +46,7 @@ func TestQdrantCARefusesWhatHoldsNoCertificate(t *testing.T) {
 		says string
 	}{
 		{"a missing file", nil, []string{"-qdrant-url", "127.0.0.1:6334", "-qdrant-ca", filepath.Join(dir, "missing.pem")}, "no such file"},
-		{"a missing file in the variable", map[string]string{backends.EnvQdrantCA: filepath.Join(dir, "missing.pem")},
+		{"a missing file in the variable", map[string]string{indexprojector.EnvQdrantCA: filepath.Join(dir, "missing.pem")},
 			[]string{"-qdrant-url", "127.0.0.1:6334"}, "no such file"},
 		{"a file without PEM", nil, []string{"-qdrant-url", "127.0.0.1:6334", "-qdrant-ca", notPEM}, "holds no PEM certificate"},
 		// A key is PEM, but no certificate.
@@ -56,13 +56,13 @@ func TestQdrantCARefusesWhatHoldsNoCertificate(t *testing.T) {
 		t.Run(c.what, func(t *testing.T) {
 			cfg := storeConfig(t, c.env, c.args...)
 			err := cfg.Validate()
-			if err == nil || !strings.Contains(err.Error(), "-qdrant-ca ("+backends.EnvQdrantCA+")") || !strings.Contains(err.Error(), c.says) {
-				t.Fatalf("Validate: %v; want an error naming -qdrant-ca (%s) and saying %q", err, backends.EnvQdrantCA, c.says)
+			if err == nil || !strings.Contains(err.Error(), "-qdrant-ca ("+indexprojector.EnvQdrantCA+")") || !strings.Contains(err.Error(), c.says) {
+				t.Fatalf("Validate: %v; want an error naming -qdrant-ca (%s) and saying %q", err, indexprojector.EnvQdrantCA, c.says)
 			}
-			if err := (backends.ServiceConfig{Store: *cfg}).Validate(); err == nil || !strings.Contains(err.Error(), c.says) {
+			if err := (indexprojector.ServiceConfig{Store: *cfg}).Validate(); err == nil || !strings.Contains(err.Error(), c.says) {
 				t.Errorf("the projector's Validate: %v; want it to say %q", err, c.says)
 			}
-			if _, err := backends.NewStores(context.Background(), cfg, index.Options{}, nil); err == nil {
+			if _, err := indexprojector.NewStores(context.Background(), cfg, index.Options{}, nil); err == nil {
 				t.Fatal("NewStores accepted the configuration")
 			}
 		})
@@ -81,9 +81,9 @@ func TestQdrantCAImpliesTLS(t *testing.T) {
 	srv := qdranttest.Start(t)
 	front := testenv.GRPCTLSFront(t, certs, srv.Addr())
 	open := func(ca string) error {
-		cfg := storeConfig(t, map[string]string{backends.EnvQdrantCA: ca},
+		cfg := storeConfig(t, map[string]string{indexprojector.EnvQdrantCA: ca},
 			"-qdrant-url", front, "-qdrant-collection", "chunks", "-data-dir", t.TempDir())
-		s, err := backends.NewStores(context.Background(), cfg, index.Options{}, nil)
+		s, err := indexprojector.NewStores(context.Background(), cfg, index.Options{}, nil)
 		if err != nil {
 			return err
 		}

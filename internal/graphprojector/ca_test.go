@@ -1,4 +1,4 @@
-package backends_test
+package graphprojector_test
 
 import (
 	"context"
@@ -8,18 +8,18 @@ import (
 	"testing"
 
 	"github.com/converge-sync/converge/internal/config"
-	"github.com/converge-sync/converge/internal/graph/backends"
+	"github.com/converge-sync/converge/internal/graphprojector"
 	"github.com/converge-sync/converge/internal/testenv"
 )
 
 // storeConfig parses args, with env set first, as projector-graph does.
-func storeConfig(t *testing.T, env map[string]string, args ...string) *backends.Config {
+func storeConfig(t *testing.T, env map[string]string, args ...string) *graphprojector.Config {
 	t.Helper()
 	for k, v := range env {
 		t.Setenv(k, v)
 	}
 	f := config.NewFlags("projector-graph")
-	get := backends.Flags(f)
+	get := graphprojector.Flags(f)
 	if err := f.Parse(args); err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +45,7 @@ func TestNeo4jCARefusesWhatCannotVerify(t *testing.T) {
 		says string
 	}{
 		{"a missing file", nil, []string{"-neo4j-url", "bolt+s://127.0.0.1:7687", "-neo4j-ca", filepath.Join(dir, "missing.pem")}, "no such file"},
-		{"a missing file in the variable", map[string]string{backends.EnvNeo4jCA: filepath.Join(dir, "missing.pem")},
+		{"a missing file in the variable", map[string]string{graphprojector.EnvNeo4jCA: filepath.Join(dir, "missing.pem")},
 			[]string{"-neo4j-url", "neo4j+s://127.0.0.1:7687"}, "no such file"},
 		{"a file without PEM", nil, []string{"-neo4j-url", "bolt+s://127.0.0.1:7687", "-neo4j-ca", notPEM}, "holds no PEM certificate"},
 		{"a private key", nil, []string{"-neo4j-url", "bolt+s://127.0.0.1:7687", "-neo4j-ca", certs.KeyFile}, "holds no PEM certificate"},
@@ -55,13 +55,13 @@ func TestNeo4jCARefusesWhatCannotVerify(t *testing.T) {
 		t.Run(c.what, func(t *testing.T) {
 			cfg := storeConfig(t, c.env, c.args...)
 			err := cfg.Validate()
-			if err == nil || !strings.Contains(err.Error(), "-neo4j-ca ("+backends.EnvNeo4jCA+")") || !strings.Contains(err.Error(), c.says) {
-				t.Fatalf("Validate: %v; want an error naming -neo4j-ca (%s) and saying %q", err, backends.EnvNeo4jCA, c.says)
+			if err == nil || !strings.Contains(err.Error(), "-neo4j-ca ("+graphprojector.EnvNeo4jCA+")") || !strings.Contains(err.Error(), c.says) {
+				t.Fatalf("Validate: %v; want an error naming -neo4j-ca (%s) and saying %q", err, graphprojector.EnvNeo4jCA, c.says)
 			}
-			if err := (backends.ServiceConfig{Store: *cfg}).Validate(); err == nil || !strings.Contains(err.Error(), c.says) {
+			if err := (graphprojector.ServiceConfig{Store: *cfg}).Validate(); err == nil || !strings.Contains(err.Error(), c.says) {
 				t.Errorf("the projector's Validate: %v; want it to say %q", err, c.says)
 			}
-			if _, err := backends.NewStores(cfg, nil).Open(context.Background(), "neo4j"); err == nil || !strings.Contains(err.Error(), c.says) {
+			if _, err := graphprojector.NewStores(cfg, nil).Open(context.Background(), "neo4j"); err == nil || !strings.Contains(err.Error(), c.says) {
 				t.Errorf("Open: %v; want it to say %q", err, c.says)
 			}
 		})
@@ -84,7 +84,7 @@ func TestNeo4jCAIsTrusted(t *testing.T) {
 	other := testenv.NewCertificates(t)
 	open := func(env map[string]string, args ...string) error {
 		cfg := storeConfig(t, env, append([]string{"-neo4j-url", n.TLSURL(), "-neo4j-user", n.User, "-neo4j-password", n.Password}, args...)...)
-		g, err := backends.NewStores(cfg, nil).Open(context.Background(), "neo4j")
+		g, err := graphprojector.NewStores(cfg, nil).Open(context.Background(), "neo4j")
 		if err != nil || g.Close == nil {
 			return err
 		}
@@ -93,7 +93,7 @@ func TestNeo4jCAIsTrusted(t *testing.T) {
 	if err := open(nil, "-neo4j-ca", n.CA); err != nil {
 		t.Fatalf("with -neo4j-ca of the server's CA: %v", err)
 	}
-	if err := open(map[string]string{backends.EnvNeo4jCA: other.CAFile}); err == nil || !strings.Contains(err.Error(), "certificate") {
+	if err := open(map[string]string{graphprojector.EnvNeo4jCA: other.CAFile}); err == nil || !strings.Contains(err.Error(), "certificate") {
 		t.Errorf("with another CA: %v; want the server's certificate refused", err)
 	}
 }

@@ -1,4 +1,4 @@
-package backends_test
+package indexprojector_test
 
 import (
 	"context"
@@ -19,7 +19,7 @@ import (
 	"github.com/converge-sync/converge/internal/embed"
 	"github.com/converge-sync/converge/internal/embed/embedtest"
 	"github.com/converge-sync/converge/internal/index"
-	"github.com/converge-sync/converge/internal/index/backends"
+	"github.com/converge-sync/converge/internal/indexprojector"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/rebuild/rebuildtest"
@@ -43,14 +43,14 @@ func publishDoc(t *testing.T, js jetstream.JetStream, key string, version int64,
 // (the one `converge search` uses).
 type embedderProcess struct {
 	*rebuildtest.Process
-	stores *backends.Stores
+	stores *indexprojector.Stores
 	srv    *httptest.Server
 	client *index.Client
 }
 
-func startEmbedderProcess(t *testing.T, js jetstream.JetStream, cfg *backends.Config) *embedderProcess {
+func startEmbedderProcess(t *testing.T, js jetstream.JetStream, cfg *indexprojector.Config) *embedderProcess {
 	t.Helper()
-	stores, err := backends.NewStores(context.Background(), cfg, index.Options{}, nil)
+	stores, err := indexprojector.NewStores(context.Background(), cfg, index.Options{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +101,7 @@ func (p *embedderProcess) live() index.Backend { return backendOf(p.Switch.Live(
 // and a rebuild re-embeds everything into a fresh generation recorded with
 // the new embedder, which becomes live with the events held meanwhile.
 type embedderChange struct {
-	config        func(embed.Config) *backends.Config
+	config        func(embed.Config) *indexprojector.Config
 	before, after embed.Config
 	semantic      bool // check semanticQueries before and after
 }
@@ -213,15 +213,15 @@ func identity(t *testing.T, cfg embed.Config) embed.Identity {
 	return embed.IdentityOf(e)
 }
 
-func embeddedConfig(t *testing.T) func(embed.Config) *backends.Config {
+func embeddedConfig(t *testing.T) func(embed.Config) *indexprojector.Config {
 	dir := t.TempDir()
-	return func(e embed.Config) *backends.Config { return &backends.Config{DataDir: dir, Embed: e} }
+	return func(e embed.Config) *indexprojector.Config { return &indexprojector.Config{DataDir: dir, Embed: e} }
 }
 
 // qdrantConfigOf configures the index on srv: the in-process model
 // (modelServer) or a collection of the test Qdrant server (realServer).
-func qdrantConfigOf(srv *qdrantServer) func(embed.Config) *backends.Config {
-	return func(e embed.Config) *backends.Config {
+func qdrantConfigOf(srv *qdrantServer) func(embed.Config) *indexprojector.Config {
+	return func(e embed.Config) *indexprojector.Config {
 		c := qdrantConfig(srv)
 		c.Embed = e
 		return c

@@ -1,6 +1,7 @@
-// Package backends opens the graph store a configuration names: Neo4j when
-// a URL is set, the embedded graph under the data directory otherwise.
-package backends
+// Package graphprojector is the graph projector's service: it opens the
+// graph store a configuration names (Neo4j when a URL is set, the embedded
+// graph under the data directory otherwise) and runs the projector on it.
+package graphprojector
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package backends_test
+package indexprojector_test
 
 import (
 	"context"
@@ -16,9 +16,9 @@ import (
 
 	"github.com/converge-sync/converge/internal/embed"
 	"github.com/converge-sync/converge/internal/index"
-	"github.com/converge-sync/converge/internal/index/backends"
 	"github.com/converge-sync/converge/internal/index/qdrant"
 	"github.com/converge-sync/converge/internal/index/qdranttest"
+	"github.com/converge-sync/converge/internal/indexprojector"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/rebuild/rebuildtest"
@@ -65,13 +65,13 @@ func (srv *qdrantServer) calls(method string) (n int, ok bool) {
 	return srv.model.Calls(method), true
 }
 
-func qdrantConfig(srv *qdrantServer) *backends.Config {
-	return &backends.Config{QdrantURL: srv.addr, QdrantAPIKey: srv.apiKey, QdrantCollection: srv.alias}
+func qdrantConfig(srv *qdrantServer) *indexprojector.Config {
+	return &indexprojector.Config{QdrantURL: srv.addr, QdrantAPIKey: srv.apiKey, QdrantCollection: srv.alias}
 }
 
-func newStores(t *testing.T, srv *qdrantServer) *backends.Stores {
+func newStores(t *testing.T, srv *qdrantServer) *indexprojector.Stores {
 	t.Helper()
-	s, err := backends.NewStores(context.Background(), qdrantConfig(srv), index.Options{}, nil)
+	s, err := indexprojector.NewStores(context.Background(), qdrantConfig(srv), index.Options{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +126,7 @@ func aliasTarget(t *testing.T, srv *qdrantServer, admin *qdrant.Backend) string 
 	return target
 }
 
-func open(t *testing.T, s *backends.Stores, name string) *rebuild.Generation {
+func open(t *testing.T, s *indexprojector.Stores, name string) *rebuild.Generation {
 	t.Helper()
 	g, err := s.Open(context.Background(), name)
 	if err != nil {
@@ -136,7 +136,7 @@ func open(t *testing.T, s *backends.Stores, name string) *rebuild.Generation {
 	return g
 }
 
-func live(t *testing.T, s *backends.Stores) string {
+func live(t *testing.T, s *indexprojector.Stores) string {
 	t.Helper()
 	name, err := s.Live(context.Background())
 	if err != nil {
@@ -426,12 +426,12 @@ func (e *natsEnv) publish(t testing.TB, key string, version int64) {
 // indexProcess is an index projector process on Qdrant.
 type indexProcess struct {
 	*rebuildtest.Process
-	stores *backends.Stores
+	stores *indexprojector.Stores
 }
 
 func startIndexProcess(t *testing.T, e *natsEnv, srv *qdrantServer) *indexProcess {
 	t.Helper()
-	stores, err := backends.NewStores(context.Background(), qdrantConfig(srv), index.Options{}, nil)
+	stores, err := indexprojector.NewStores(context.Background(), qdrantConfig(srv), index.Options{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

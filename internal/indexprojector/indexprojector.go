@@ -1,8 +1,9 @@
-// Package backends opens the index store a configuration names: a Qdrant
-// collection when a Qdrant address is set, the embedded index under the
+// Package indexprojector is the index projector's service: it opens the
+// index store a configuration names: a Qdrant collection when a Qdrant
+// address is set, the embedded index under the
 // data directory otherwise; and the embedder. It is shared by the index
 // projector and the commands that read the index.
-package backends
+package indexprojector
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package backends_test
+package graphprojector_test
 
 import (
 	"context"
@@ -11,9 +11,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/internal/graph"
-	"github.com/converge-sync/converge/internal/graph/backends"
 	"github.com/converge-sync/converge/internal/graph/graphtest"
 	"github.com/converge-sync/converge/internal/graph/neo4j"
+	"github.com/converge-sync/converge/internal/graphprojector"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/rebuild/rebuildtest"
@@ -68,7 +68,7 @@ func versions(t *testing.T, b graph.Backend) map[string]int64 {
 func TestNeo4jRebuildInPlaceUnderTrafficInterruptedAndResumed(t *testing.T) {
 	js := rebuildtest.Stream(t)
 	n := testenv.LeaseNeo4j(t)
-	cfg := &backends.Config{Neo4jURL: n.URL, Neo4jUser: n.User, Neo4jPassword: n.Password, Neo4jDatabase: "neo4j",
+	cfg := &graphprojector.Config{Neo4jURL: n.URL, Neo4jUser: n.User, Neo4jPassword: n.Password, Neo4jDatabase: "neo4j",
 		Neo4jBatch: 100, DataDir: t.TempDir()}
 	runtime := projector.Config{Name: "graph", BatchSize: 100}
 	const docs = 1500
@@ -81,7 +81,7 @@ func TestNeo4jRebuildInPlaceUnderTrafficInterruptedAndResumed(t *testing.T) {
 	}
 	defer reader.Close()
 
-	p := rebuildtest.Start(t, js, backends.NewStores(cfg, nil), runtime)
+	p := rebuildtest.Start(t, js, graphprojector.NewStores(cfg, nil), runtime)
 	defer func() { p.Stop() }()
 	testenv.Eventually(t, "the live graph to hold every document", 120*time.Second, func() bool {
 		return len(versions(t, reader)) == docs
@@ -108,7 +108,7 @@ func TestNeo4jRebuildInPlaceUnderTrafficInterruptedAndResumed(t *testing.T) {
 	}
 	p.Stop()
 
-	p = rebuildtest.Start(t, js, backends.NewStores(cfg, nil), runtime)
+	p = rebuildtest.Start(t, js, graphprojector.NewStores(cfg, nil), runtime)
 	p.WaitDone(t, st.ID, 180*time.Second)
 	stopTraffic()
 	want := rebuildtest.LastVersions(t, js)
@@ -126,14 +126,14 @@ func TestNeo4jRebuildInPlaceUnderTrafficInterruptedAndResumed(t *testing.T) {
 
 // The graph in Neo4j is rebuilt in place, the embedded graph blue/green.
 func TestNewStoresRebuildsNeo4jInPlace(t *testing.T) {
-	neo := backends.NewStores(&backends.Config{Neo4jURL: "bolt://localhost:7687", Neo4jDatabase: "neo4j", DataDir: t.TempDir()}, nil)
+	neo := graphprojector.NewStores(&graphprojector.Config{Neo4jURL: "bolt://localhost:7687", Neo4jDatabase: "neo4j", DataDir: t.TempDir()}, nil)
 	if _, ok := neo.(rebuild.InPlace); !ok {
 		t.Errorf("the stores of a Neo4j graph (%T) are not rebuilt in place", neo)
 	}
 	if _, ok := neo.(rebuild.BlueGreen); ok {
 		t.Errorf("the stores of a Neo4j graph (%T) are also rebuilt blue/green", neo)
 	}
-	emb := backends.NewStores(&backends.Config{DataDir: t.TempDir()}, nil)
+	emb := graphprojector.NewStores(&graphprojector.Config{DataDir: t.TempDir()}, nil)
 	if _, ok := emb.(rebuild.BlueGreen); !ok {
 		t.Errorf("the stores of the embedded graph (%T) are not rebuilt blue/green", emb)
 	}
