@@ -14,9 +14,11 @@ import (
 	"github.com/converge-sync/converge/internal/indexprojector"
 	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/notifier"
+	"github.com/converge-sync/converge/internal/relay"
 	"github.com/converge-sync/converge/internal/roles"
 	"github.com/converge-sync/converge/internal/stack"
 	"github.com/converge-sync/converge/internal/telemetry"
+	"github.com/converge-sync/converge/internal/writer"
 )
 
 // devFlags binds the flags dev and demo share.
@@ -27,8 +29,8 @@ func devFlags(f *config.Flags, defaults stack.Config) func() (stack.Config, erro
 	httpAddr := f.String("http-addr", config.EnvHTTPAddr, defaults.HTTPAddr, "the writer's API")
 	writerAddr := f.String("writer-metrics-addr", "", defaults.WriterAddr, "the writer's /metrics")
 	relayAddr := f.String("relay-metrics-addr", "", defaults.RelayAddr, "the relay's /metrics")
-	indexAddr := f.String("index-addr", "CONVERGE_PROJECTOR_INDEX_ADDR", defaults.IndexAddr, "the index projector's /metrics, search and verify")
-	graphAddr := f.String("graph-addr", "CONVERGE_PROJECTOR_GRAPH_ADDR", defaults.GraphAddr, "the graph projector's /metrics, graph and verify")
+	indexAddr := f.String("index-addr", envIndexAddr, defaults.IndexAddr, "the index projector's /metrics, search and verify")
+	graphAddr := f.String("graph-addr", envGraphAddr, defaults.GraphAddr, "the graph projector's /metrics, graph and verify")
 	level := f.String("log-level", config.EnvLogLevel, "warn", "debug, info, warn or error")
 	return func() (stack.Config, error) {
 		c := defaults
@@ -51,7 +53,7 @@ func devFlags(f *config.Flags, defaults stack.Config) func() (stack.Config, erro
 	}
 }
 
-var devDefaults = stack.Config{HTTPAddr: "127.0.0.1:8080", WriterAddr: "127.0.0.1:9101", RelayAddr: "127.0.0.1:9102",
+var devDefaults = stack.Config{HTTPAddr: writer.DefaultHTTPAddr, WriterAddr: writer.DefaultMetricsAddr, RelayAddr: relay.DefaultMetricsAddr,
 	IndexAddr: indexprojector.DefaultMetricsAddr, GraphAddr: graphprojector.DefaultMetricsAddr, NotifierAddr: notifier.DefaultMetricsAddr}
 
 // dev runs the whole pipeline in this process until interrupted.

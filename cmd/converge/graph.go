@@ -22,7 +22,7 @@ func graphDoc(ctx context.Context, args []string, out io.Writer) error {
 // arguments are parsed.
 func graphDocWith(ctx context.Context, args []string, out io.Writer, token tokenSource) error {
 	f := config.NewFlags("converge graph")
-	addr := f.String("graph-addr", "CONVERGE_PROJECTOR_GRAPH_ADDR", "127.0.0.1:9104", "the graph projector's metrics address (host:port, or https://host:port), which serves "+graph.DocumentPath+"{key}")
+	addr := graphAddrFlag(f, ", which serves "+graph.DocumentPath+"{key}")
 	asJSON := f.Bool("json", "", false, "machine-readable output")
 	access := bindAPIAccess(f, token)
 	keys, err := parseInterspersed(f, args)

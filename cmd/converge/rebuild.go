@@ -34,8 +34,8 @@ type rebuildReport struct {
 // rebuild, read for the verify) goes with every request to the projector.
 func rebuildCmd(ctx context.Context, args []string, out io.Writer) error {
 	f := config.NewFlags("converge rebuild")
-	indexAddr := f.String("index-addr", "CONVERGE_PROJECTOR_INDEX_ADDR", "127.0.0.1:9103", "the index projector's metrics address (host:port, or https://host:port)")
-	graphAddr := f.String("graph-addr", "CONVERGE_PROJECTOR_GRAPH_ADDR", "127.0.0.1:9104", "the graph projector's metrics address (host:port, or https://host:port)")
+	indexAddr := indexAddrFlag(f, "")
+	graphAddr := graphAddrFlag(f, "")
 	pg := f.String("postgres-url", config.EnvPostgresURL, "", "Postgres URL (for the verify at the end)")
 	noVerify := f.Bool("no-verify", "", false, "do not verify the rebuilt store against Postgres")
 	verifyWait := f.Duration("verify-wait", "", 30*time.Second,

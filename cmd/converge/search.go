@@ -28,7 +28,7 @@ type tokenSource func() (string, error)
 // arguments are parsed.
 func searchWith(ctx context.Context, args []string, out io.Writer, token tokenSource) error {
 	f := config.NewFlags("converge search")
-	addr := f.String("index-addr", "CONVERGE_PROJECTOR_INDEX_ADDR", "127.0.0.1:9103", "the index projector's metrics address (host:port, or https://host:port), which serves "+index.SearchPath)
+	addr := indexAddrFlag(f, ", which serves "+index.SearchPath)
 	k := f.Int("k", "", 10, "number of results")
 	asJSON := f.Bool("json", "", false, "machine-readable output")
 	access := bindAPIAccess(f, token)

@@ -56,7 +56,7 @@ func status(ctx context.Context, args []string, out io.Writer) error {
 	natsURL := f.String("nats-url", config.EnvNATSURL, "", "NATS URL (empty: Postgres only)")
 	slot := f.String("slot", "CONVERGE_RELAY_SLOT", "converge_relay", "the relay's replication slot")
 	asJSON := f.Bool("json", "", false, "machine-readable output")
-	indexAddr := f.String("index-addr", "CONVERGE_PROJECTOR_INDEX_ADDR", "127.0.0.1:9103", "the index projector's metrics address (host:port, or https://host:port), asked for its live generation's embedder (empty: not asked)")
+	indexAddr := indexAddrFlag(f, ", asked for its live generation's embedder (empty: not asked)")
 	natsAuth := natsauth.Flags(f)
 	access := bindAPIAccess(f, auth.TokenFromEnv)
 	if err := f.Parse(args); err != nil {

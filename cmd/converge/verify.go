@@ -34,8 +34,8 @@ type verifyReport = verify.Result
 func verifyCmd(ctx context.Context, args []string, out io.Writer) error {
 	f := config.NewFlags("converge verify")
 	pg := f.String("postgres-url", config.EnvPostgresURL, "", "Postgres URL")
-	indexAddr := f.String("index-addr", "CONVERGE_PROJECTOR_INDEX_ADDR", "127.0.0.1:9103", "the index projector's metrics address (host:port, or https://host:port)")
-	graphAddr := f.String("graph-addr", "CONVERGE_PROJECTOR_GRAPH_ADDR", "127.0.0.1:9104", "the graph projector's metrics address (host:port, or https://host:port)")
+	indexAddr := indexAddrFlag(f, "")
+	graphAddr := graphAddrFlag(f, "")
 	stores := f.String("stores", "", "index,graph", "the projections to verify, comma-separated")
 	buckets := f.Int("buckets", "", verify.DefaultBuckets, "number of digest buckets")
 	asJSON := f.Bool("json", "", false, "machine-readable report")

@@ -55,12 +55,15 @@ func (c ServiceConfig) Connections() service.Conns {
 		NATSAuth: c.NATSAuth, NATSUnbuffered: true}
 }
 
+// DefaultMetricsAddr is the relay's default -metrics-addr.
+const DefaultMetricsAddr = "127.0.0.1:9102"
+
 // Flags binds the relay's settings to flags and their environment
 // variables; call the returned function after parsing.
 func Flags(f *config.Flags) func() (ServiceConfig, error) {
 	pg := f.String("postgres-url", config.EnvPostgresURL, "", "Postgres URL (a replication connection is derived from it)")
 	natsURL := f.String("nats-url", config.EnvNATSURL, "", "NATS URL")
-	metricsAddr := f.String("metrics-addr", config.EnvMetricsAddr, "127.0.0.1:9102", "address of /metrics, /healthz and /readyz (empty: off)")
+	metricsAddr := f.String("metrics-addr", config.EnvMetricsAddr, DefaultMetricsAddr, "address of /metrics, /healthz and /readyz (empty: off)")
 	slot := f.String("slot", "CONVERGE_RELAY_SLOT", "converge_relay", "logical replication slot")
 	window := f.Int("window", "CONVERGE_RELAY_WINDOW", 4096, "publishes awaiting acknowledgement at most")
 	windowBytes := f.Int("window-bytes", "CONVERGE_RELAY_WINDOW_BYTES", 32<<20, "payload bytes awaiting acknowledgement at most")

@@ -90,13 +90,19 @@ func (c ServiceConfig) Connections() service.Conns {
 		PostgresMaxConns: c.withDefaults().MaxConns, NATSAuth: c.NATSAuth}
 }
 
+// The writer's default addresses: its API's and its metrics'.
+const (
+	DefaultHTTPAddr    = "127.0.0.1:8080"
+	DefaultMetricsAddr = "127.0.0.1:9101"
+)
+
 // Flags binds the writer's settings to flags and their environment
 // variables; call the returned function after parsing.
 func Flags(f *config.Flags) func() (ServiceConfig, error) {
 	pg := f.String("postgres-url", config.EnvPostgresURL, "", "Postgres URL")
 	natsURL := f.String("nats-url", config.EnvNATSURL, "", "NATS URL; when set, documents are also consumed from converge.ingest.>")
-	httpAddr := f.String("http-addr", config.EnvHTTPAddr, "127.0.0.1:8080", "address of the document API")
-	metricsAddr := f.String("metrics-addr", config.EnvMetricsAddr, "127.0.0.1:9101", "address of /metrics, /healthz and /readyz (empty: off)")
+	httpAddr := f.String("http-addr", config.EnvHTTPAddr, DefaultHTTPAddr, "address of the document API")
+	metricsAddr := f.String("metrics-addr", config.EnvMetricsAddr, DefaultMetricsAddr, "address of /metrics, /healthz and /readyz (empty: off)")
 	maxConns := f.Int("max-conns", "CONVERGE_WRITER_MAX_CONNS", DefaultMaxConns, "Postgres connections")
 	batch := f.Int("batch-size", "CONVERGE_WRITER_BATCH_SIZE", 500, "NDJSON lines per transaction on POST /v1/documents:batch")
 	migrate := f.Bool("migrate", "CONVERGE_WRITER_MIGRATE", false, "apply pending schema migrations at start")
