@@ -318,3 +318,33 @@ func nameOf(urls []string, u string) string {
 	}
 	return targetNames(urls)[i]
 }
+
+// removalRecords are the stream sequences of stream's events that the
+// removals' stream records removed from consumer's hands.
+func (e *env) removalRecords(stream, consumer string) map[uint64]bool {
+	e.t.Helper()
+	s, err := e.js.Stream(context.Background(), contract.RemovalsStream)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	info, err := s.Info(context.Background())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	out := map[uint64]bool{}
+	for seq := info.State.FirstSeq; info.State.Msgs > 0 && seq <= info.State.LastSeq; seq++ {
+		m, err := s.GetMsg(context.Background(), seq)
+		if err != nil {
+			continue
+		}
+		var a struct {
+			Stream    string `json:"stream"`
+			Consumer  string `json:"consumer"`
+			StreamSeq uint64 `json:"stream_seq"`
+		}
+		if json.Unmarshal(m.Data, &a) == nil && a.Stream == stream && a.Consumer == consumer {
+			out[a.StreamSeq] = true
+		}
+	}
+	return out
+}
