@@ -2,16 +2,15 @@ package auth
 
 import (
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/converge-sync/converge/internal/config"
+	"github.com/converge-sync/converge/internal/telemetry"
 )
 
 // EnvTLSCA is the variable of -tls-ca.
@@ -93,15 +92,11 @@ func (s ClientSettings) TLSConfig() (*tls.Config, error) {
 	if s.CAFile == "" {
 		return nil, nil
 	}
-	pem, err := os.ReadFile(s.CAFile)
+	cfg, err := telemetry.TrustCAFile(s.CAFile)
 	if err != nil {
 		return nil, fmt.Errorf("auth: -tls-ca (%s): %w", EnvTLSCA, err)
 	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("auth: -tls-ca (%s): %s holds no PEM certificate", EnvTLSCA, s.CAFile)
-	}
-	return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}, nil
+	return cfg, nil
 }
 
 // HTTPClient is an HTTP client with the timeout that trusts CAFile's

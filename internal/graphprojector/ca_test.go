@@ -47,8 +47,8 @@ func TestNeo4jCARefusesWhatCannotVerify(t *testing.T) {
 		{"a missing file", nil, []string{"-neo4j-url", "bolt+s://127.0.0.1:7687", "-neo4j-ca", filepath.Join(dir, "missing.pem")}, "no such file"},
 		{"a missing file in the variable", map[string]string{graphprojector.EnvNeo4jCA: filepath.Join(dir, "missing.pem")},
 			[]string{"-neo4j-url", "neo4j+s://127.0.0.1:7687"}, "no such file"},
+		// What a file may hold is telemetry.TrustCAFile's (TestTrustCAFile).
 		{"a file without PEM", nil, []string{"-neo4j-url", "bolt+s://127.0.0.1:7687", "-neo4j-ca", notPEM}, "holds no PEM certificate"},
-		{"a private key", nil, []string{"-neo4j-url", "bolt+s://127.0.0.1:7687", "-neo4j-ca", certs.KeyFile}, "holds no PEM certificate"},
 		{"a bolt:// URL", nil, []string{"-neo4j-url", "bolt://127.0.0.1:7687", "-neo4j-ca", certs.CAFile}, "bolt+s:// or neo4j+s://"},
 		{"a bolt+ssc:// URL", nil, []string{"-neo4j-url", "bolt+ssc://127.0.0.1:7687", "-neo4j-ca", certs.CAFile}, "bolt+s:// or neo4j+s://"},
 	} {

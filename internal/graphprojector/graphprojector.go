@@ -6,17 +6,16 @@ package graphprojector
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"net/url"
-	"os"
 	"time"
 
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/service"
+	"github.com/converge-sync/converge/internal/telemetry"
 )
 
 // Env names of the graph settings.
@@ -81,15 +80,11 @@ func (c *Config) neo4jTLS() (*tls.Config, error) {
 	if u, err := url.Parse(c.Neo4jURL); err != nil || (u.Scheme != "bolt+s" && u.Scheme != "neo4j+s") {
 		return nil, fmt.Errorf("graph: -neo4j-ca (%s) needs a -neo4j-url with the scheme bolt+s:// or neo4j+s://, which verify the server's certificate", EnvNeo4jCA)
 	}
-	pem, err := os.ReadFile(c.Neo4jCA)
+	cfg, err := telemetry.TrustCAFile(c.Neo4jCA)
 	if err != nil {
 		return nil, fmt.Errorf("graph: -neo4j-ca (%s): %w", EnvNeo4jCA, err)
 	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("graph: -neo4j-ca (%s): %s holds no PEM certificate", EnvNeo4jCA, c.Neo4jCA)
-	}
-	return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}, nil
+	return cfg, nil
 }
 
 // ServiceConfig is the graph projector's configuration.

@@ -48,9 +48,8 @@ func TestQdrantCARefusesWhatHoldsNoCertificate(t *testing.T) {
 		{"a missing file", nil, []string{"-qdrant-url", "127.0.0.1:6334", "-qdrant-ca", filepath.Join(dir, "missing.pem")}, "no such file"},
 		{"a missing file in the variable", map[string]string{indexprojector.EnvQdrantCA: filepath.Join(dir, "missing.pem")},
 			[]string{"-qdrant-url", "127.0.0.1:6334"}, "no such file"},
+		// What a file may hold is telemetry.TrustCAFile's (TestTrustCAFile).
 		{"a file without PEM", nil, []string{"-qdrant-url", "127.0.0.1:6334", "-qdrant-ca", notPEM}, "holds no PEM certificate"},
-		// A key is PEM, but no certificate.
-		{"a private key", nil, []string{"-qdrant-url", "127.0.0.1:6334", "-qdrant-ca", certs.KeyFile}, "holds no PEM certificate"},
 		{"a plain http:// address", nil, []string{"-qdrant-url", "http://127.0.0.1:6334", "-qdrant-ca", certs.CAFile}, "plain http://"},
 	} {
 		t.Run(c.what, func(t *testing.T) {

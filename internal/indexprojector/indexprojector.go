@@ -8,10 +8,8 @@ package indexprojector
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 
 	"github.com/converge-sync/converge/internal/config"
@@ -20,6 +18,7 @@ import (
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/service"
+	"github.com/converge-sync/converge/internal/telemetry"
 )
 
 // Env names of the index settings.
@@ -90,15 +89,11 @@ func (c *Config) qdrantTLS() (*tls.Config, error) {
 	if strings.HasPrefix(c.QdrantURL, "http://") {
 		return nil, fmt.Errorf("index: -qdrant-ca (%s) is for TLS, and -qdrant-url %s is plain http://", EnvQdrantCA, c.QdrantURL)
 	}
-	pem, err := os.ReadFile(c.QdrantCA)
+	cfg, err := telemetry.TrustCAFile(c.QdrantCA)
 	if err != nil {
 		return nil, fmt.Errorf("index: -qdrant-ca (%s): %w", EnvQdrantCA, err)
 	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("index: -qdrant-ca (%s): %s holds no PEM certificate", EnvQdrantCA, c.QdrantCA)
-	}
-	return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}, nil
+	return cfg, nil
 }
 
 // ServiceConfig is the index projector's configuration.

@@ -2,6 +2,7 @@ package telemetry
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"os"
@@ -111,4 +112,20 @@ func (kp *keyPair) certificate() *tls.Certificate {
 		_ = kp.load() // on failure the previous pair stays, tried again next time
 	}
 	return kp.cert
+}
+
+// TrustCAFile is a client TLS configuration trusting the CA certificates
+// of the PEM file alone; an error names a file that cannot be read or holds
+// no certificate. The flags that name such a file (-tls-ca, -qdrant-ca,
+// -neo4j-ca) wrap its error with their own name.
+func TrustCAFile(file string) (*tls.Config, error) {
+	pem, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("%s holds no PEM certificate", file)
+	}
+	return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}, nil
 }
