@@ -31,7 +31,6 @@
 package main
 
 import (
-	"bytes"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -313,7 +312,7 @@ func writeNATSUsers(dir string) error {
 		}
 		hashes[user] = string(h)
 	}
-	return writeFile(usersFile, renderUsers(perms, hashes), 0o644)
+	return writeFile(usersFile, []byte(usersHeader+natsauth.Conf(natsauth.Users(hashes))), 0o644)
 }
 
 // keepValue returns the value in file, first making it random when the
@@ -331,42 +330,6 @@ func keepValue(file string) (string, error) {
 	return v, writeFile(file, []byte(v+"\n"), 0o644)
 }
 
-// renderUsers is the nats-server authorization block of the users of
-// perms, each with its password hash: users in name order, subjects as
-// natsauth lists them.
-func renderUsers(perms map[string]*server.Permissions, hashes map[string]string) []byte {
-	var b bytes.Buffer
-	b.WriteString("# The NATS users of the docker-compose.yml stack, made by deploy/secretgen\n")
-	b.WriteString("# from internal/natsauth; each password is in nats-<user>-password.\n")
-	b.WriteString("authorization {\n  users = [\n")
-	for _, name := range slices.Sorted(maps.Keys(perms)) {
-		p := perms[name]
-		fmt.Fprintf(&b, "    {\n      user: %q\n      password: %q\n      permissions: {\n", name, hashes[name])
-		for _, side := range []struct {
-			name string
-			sp   *server.SubjectPermission
-		}{{"publish", p.Publish}, {"subscribe", p.Subscribe}} {
-			if side.sp == nil {
-				continue
-			}
-			fmt.Fprintf(&b, "        %s: {\n", side.name)
-			for _, list := range []struct {
-				name     string
-				subjects []string
-			}{{"allow", side.sp.Allow}, {"deny", side.sp.Deny}} {
-				if len(list.subjects) == 0 {
-					continue
-				}
-				fmt.Fprintf(&b, "          %s: [\n", list.name)
-				for _, s := range list.subjects {
-					fmt.Fprintf(&b, "            %q\n", s)
-				}
-				b.WriteString("          ]\n")
-			}
-			b.WriteString("        }\n")
-		}
-		b.WriteString("      }\n    }\n")
-	}
-	b.WriteString("  ]\n}\n")
-	return b.Bytes()
-}
+// usersHeader heads nats-users.conf.
+const usersHeader = "# The NATS users of the docker-compose.yml stack, made by deploy/secretgen\n" +
+	"# from internal/natsauth; each password is in nats-<user>-password.\n"

@@ -113,36 +113,19 @@ func rewriteConf(t *testing.T) {
 			}
 		}
 	}
-	var out strings.Builder
-	out.WriteString(confBegin + "\n")
-	out.WriteString("authorization {\n  users = [\n")
 	perms := natsauth.Permissions()
-	for _, name := range slices.Sorted(maps.Keys(perms)) {
-		h := hashes[name]
-		if h == "" {
+	for name := range perms {
+		if hashes[name] == "" {
 			hb, err := bcrypt.GenerateFromPassword([]byte(localPassword(name)), 11)
 			if err != nil {
 				t.Fatal(err)
 			}
-			h = string(hb)
+			hashes[name] = string(hb)
 		}
-		p := perms[name]
-		fmt.Fprintf(&out, "    {\n      user: %q\n      password: %q\n      permissions: {\n", name, h)
-		fmt.Fprintf(&out, "        publish: { allow: [\n%s        ] }\n", subjects(p.Publish.Allow))
-		fmt.Fprintf(&out, "        subscribe: { allow: [\n%s        ] }\n", subjects(p.Subscribe.Allow))
-		out.WriteString("      }\n    }\n")
 	}
-	out.WriteString("  ]\n}\n")
-	text = text[:i] + out.String() + text[j:]
+	out := confBegin + "\n" + natsauth.Conf(natsauth.Users(hashes))
+	text = text[:i] + out + text[j:]
 	if err := os.WriteFile(confPath, []byte(text), 0o644); err != nil { //nolint:gosec // a configuration file, read by the container
 		t.Fatal(err)
 	}
-}
-
-func subjects(ss []string) string {
-	var b strings.Builder
-	for _, s := range ss {
-		fmt.Fprintf(&b, "          %q\n", s)
-	}
-	return b.String()
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/converge-sync/converge/internal/localaddr"
+	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/proc"
 	"github.com/converge-sync/converge/pkg/contract"
 )
@@ -266,39 +267,7 @@ func natsConf(port, monitor int, storeDir string, users []*server.User) string {
 	if len(users) == 0 {
 		return b.String()
 	}
-	b.WriteString("authorization {\n  users = [\n")
-	for _, u := range users {
-		fmt.Fprintf(&b, "    {\n      user: %s\n      password: %s\n", strconv.Quote(u.Username), strconv.Quote(u.Password))
-		if p := u.Permissions; p != nil {
-			b.WriteString("      permissions: {\n")
-			for _, side := range []struct {
-				name string
-				sp   *server.SubjectPermission
-			}{{"publish", p.Publish}, {"subscribe", p.Subscribe}} {
-				if side.sp == nil {
-					continue
-				}
-				fmt.Fprintf(&b, "        %s: {\n", side.name)
-				for _, list := range []struct {
-					name     string
-					subjects []string
-				}{{"allow", side.sp.Allow}, {"deny", side.sp.Deny}} {
-					if len(list.subjects) == 0 {
-						continue
-					}
-					quoted := make([]string, len(list.subjects))
-					for i, s := range list.subjects {
-						quoted[i] = strconv.Quote(s)
-					}
-					fmt.Fprintf(&b, "          %s: [%s]\n", list.name, strings.Join(quoted, ", "))
-				}
-				b.WriteString("        }\n")
-			}
-			b.WriteString("      }\n")
-		}
-		b.WriteString("    }\n")
-	}
-	b.WriteString("  ]\n}\n")
+	b.WriteString(natsauth.Conf(users))
 	return b.String()
 }
 
