@@ -54,6 +54,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/converge-sync/converge/internal/natsauth"
+	"github.com/converge-sync/converge/internal/natsserver"
 )
 
 // servers are the certificates to make, by file name, and the compose
@@ -312,7 +313,7 @@ func writeNATSUsers(dir string) error {
 		}
 		hashes[user] = string(h)
 	}
-	return writeFile(usersFile, []byte(usersHeader+natsauth.Conf(natsauth.Users(hashes))), 0o644)
+	return writeFile(usersFile, []byte(usersHeader+natsserver.UsersConf(natsauth.Users(hashes))), 0o644)
 }
 
 // keepValue returns the value in file, first making it random when the

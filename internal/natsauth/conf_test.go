@@ -13,6 +13,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/converge-sync/converge/internal/natsauth"
+	"github.com/converge-sync/converge/internal/natsserver"
 )
 
 var update = flag.Bool("update", false, "rewrite the users of deploy/nats/converge.conf from natsauth.Permissions")
@@ -123,7 +124,7 @@ func rewriteConf(t *testing.T) {
 			hashes[name] = string(hb)
 		}
 	}
-	out := confBegin + "\n" + natsauth.Conf(natsauth.Users(hashes))
+	out := confBegin + "\n" + natsserver.UsersConf(natsauth.Users(hashes))
 	text = text[:i] + out + text[j:]
 	if err := os.WriteFile(confPath, []byte(text), 0o644); err != nil { //nolint:gosec // a configuration file, read by the container
 		t.Fatal(err)

@@ -1,10 +1,8 @@
 package natsauth
 
 import (
-	"fmt"
 	"maps"
 	"slices"
-	"strings"
 
 	"github.com/nats-io/nats-server/v2/server"
 )
@@ -50,46 +48,4 @@ func Users(passwords map[string]string) []*server.User {
 		users = append(users, &server.User{Username: name, Password: pw, Permissions: all[name]})
 	}
 	return users
-}
-
-// Conf is the nats-server configuration block admitting users alone, each
-// with its password (or bcrypt hash) and permissions: what a server's
-// configuration file includes (the compose stack's, deploy/secretgen; a
-// test server run as a process, internal/testenv).
-func Conf(users []*server.User) string {
-	var b strings.Builder
-	b.WriteString("authorization {\n  users = [\n")
-	for _, u := range users {
-		fmt.Fprintf(&b, "    {\n      user: %q\n      password: %q\n", u.Username, u.Password)
-		if p := u.Permissions; p != nil {
-			b.WriteString("      permissions: {\n")
-			for _, side := range []struct {
-				name string
-				sp   *server.SubjectPermission
-			}{{"publish", p.Publish}, {"subscribe", p.Subscribe}} {
-				if side.sp == nil {
-					continue
-				}
-				fmt.Fprintf(&b, "        %s: {\n", side.name)
-				for _, list := range []struct {
-					name     string
-					subjects []string
-				}{{"allow", side.sp.Allow}, {"deny", side.sp.Deny}} {
-					if len(list.subjects) == 0 {
-						continue
-					}
-					fmt.Fprintf(&b, "          %s: [\n", list.name)
-					for _, s := range list.subjects {
-						fmt.Fprintf(&b, "            %q\n", s)
-					}
-					b.WriteString("          ]\n")
-				}
-				b.WriteString("        }\n")
-			}
-			b.WriteString("      }\n")
-		}
-		b.WriteString("    }\n")
-	}
-	b.WriteString("  ]\n}\n")
-	return b.String()
 }

@@ -16,7 +16,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/converge-sync/converge/internal/localaddr"
-	"github.com/converge-sync/converge/internal/natsauth"
+	"github.com/converge-sync/converge/internal/natsserver"
+
 	"github.com/converge-sync/converge/internal/proc"
 	"github.com/converge-sync/converge/pkg/contract"
 )
@@ -267,7 +268,7 @@ func natsConf(port, monitor int, storeDir string, users []*server.User) string {
 	if len(users) == 0 {
 		return b.String()
 	}
-	b.WriteString(natsauth.Conf(users))
+	b.WriteString(natsserver.UsersConf(users))
 	return b.String()
 }
 
