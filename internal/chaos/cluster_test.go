@@ -218,7 +218,7 @@ func startPipeline(t *testing.T, cfg runConfig) *pipeline {
 	// replicas.
 	var replicated []string
 	if cfg.cluster {
-		relayArgs = append(relayArgs, "-stream-replicas", "3")
+		relayArgs = append(relayArgs, "-replicas", "3")
 		replicated = []string{"-replicas", "3"}
 	}
 	if cfg.history != 0 {

@@ -103,14 +103,14 @@ func ServiceFlags(f *config.Flags, name, metricsAddr string) func() (ServiceConf
 		"the consumer's redelivery timeout (extended while a batch is applied); an instance taking over, or restarted, has what the last one held delivered again at once")
 	leaseTTL := f.Duration("lease-ttl", "CONVERGE_LEASE_TTL", lease.DefaultTTL,
 		"how long a standby instance of this projector waits for the writer's lease renewal before it takes over")
-	replicas := f.Int("replicas", "CONVERGE_REPLICAS", 1, "replicas of the streams and buckets this service creates: the leases, the dead letters, the rebuilds' state, the notifier's dedup store (3 on a NATS cluster)")
+	replicas := f.Replicas() // the leases, the dead letters, the rebuilds' state, the notifier's dedup store
 	natsAuth := natsauth.Flags(f)
 	security := auth.BindFlags(f)
 	return func() (ServiceConfig, error) {
 		if err := config.Require(*natsURL, "nats-url", config.EnvNATSURL); err != nil {
 			return ServiceConfig{}, err
 		}
-		if pg, _, _ := config.Lookup(config.EnvPostgresURL); pg != "" {
+		if pg, _, _ := f.Env(config.EnvPostgresURL); pg != "" {
 			return ServiceConfig{}, ErrPostgresCredentials
 		}
 		na, err := natsAuth()

@@ -103,7 +103,7 @@ func Flags(f *config.Flags) func() (ServiceConfig, error) {
 // and those of `converge streams apply`, which sets the streams to them.
 func StreamFlags(f *config.Flags) func() (Config, error) {
 	storage := f.String("stream-storage", "CONVERGE_STREAM_STORAGE", "file", "stream storage: file or memory")
-	replicas := f.Int("stream-replicas", "CONVERGE_STREAM_REPLICAS", 1, "stream replicas")
+	replicas := f.Replicas()
 	dupes := f.Duration("stream-duplicates", "CONVERGE_STREAM_DUPLICATE_WINDOW", 10*time.Minute, "duplicate window; must exceed the longest relay outage plus catch-up")
 	perSubject := f.Int("stream-history", "CONVERGE_STREAM_HISTORY", 4, "events kept per document (-1: all)")
 	effects := f.Bool("effects", "CONVERGE_RELAY_EFFECTS", false, "publish every event to the effects' stream "+contract.EventsStream+" too, which keeps each until the notifier handled it: on wherever a notifier runs")

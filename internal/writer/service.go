@@ -110,6 +110,7 @@ func Flags(f *config.Flags) func() (ServiceConfig, error) {
 	ackWait := f.Duration("ack-wait", "CONVERGE_WRITER_ACK_WAIT", 30*time.Second,
 		"how long an ingest message stays with a writer that took it before it is delivered again (a writer that died holds it that long)")
 	retention := f.Duration("outbox-retention", "CONVERGE_OUTBOX_RETENTION", 24*time.Hour, "delete outbox rows older than this (negative: never); the relay reads WAL, not the table")
+	replicas := f.Replicas() // the ingest stream and its dead letters
 	security := auth.BindFlags(f)
 	natsAuth := natsauth.Flags(f)
 	return func() (ServiceConfig, error) {
@@ -119,7 +120,7 @@ func Flags(f *config.Flags) func() (ServiceConfig, error) {
 		c := ServiceConfig{PostgresURL: *pg, NATSURL: *natsURL, HTTPAddr: *httpAddr, MetricsAddr: *metricsAddr,
 			MaxConns: *maxConns, Migrate: *migrate, ShutdownGrace: *grace}
 		c.API.BatchSize = *batch
-		c.Ingest.AckWait = *ackWait
+		c.Ingest.AckWait, c.Ingest.Replicas = *ackWait, *replicas
 		c.Retention.Retention = *retention
 		sec := security()
 		c.TokensFile, c.InsecureNoAuth, c.TLSCert, c.TLSKey = sec.TokensFile, sec.InsecureNoAuth, sec.TLSCert, sec.TLSKey
