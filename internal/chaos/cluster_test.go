@@ -229,7 +229,7 @@ func startPipeline(t *testing.T, cfg runConfig) *pipeline {
 	relayEnv := append(p.postgresEnv(roles.Relay), "CONVERGE_RELAY_EFFECTS=true")
 	// Short ack waits and claim timeouts: what a SIGKILLed consumer had in
 	// flight comes back within seconds, not minutes.
-	p.add("writer", natsauth.UserWriter, p.postgresEnv(roles.Writer), "-http-addr", httpAddr, "-tokens-file", p.writerTokens)
+	p.add("writer", natsauth.UserWriter, p.postgresEnv(roles.Writer), append([]string{"-http-addr", httpAddr, "-tokens-file", p.writerTokens}, replicated...)...)
 	p.add("relay-a", natsauth.UserRelay, relayEnv, relayArgs...)
 	p.add("relay-b", natsauth.UserRelay, relayEnv, relayArgs...)
 	indexArgs := append([]string{"-data-dir", data, "-ack-wait", "5s", "-tokens-file", p.serviceTokens}, replicated...)
