@@ -48,6 +48,10 @@ fmt-check: ## fail when a file is not gofmt-formatted
 	@out="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"; \
 	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
 
+.PHONY: docs
+docs: ## regenerate the settings' reference in docs/configuration.md from the flags (a test fails when it is stale)
+	$(GO) run ./cmd/converge config docs -write docs/configuration.md
+
 .PHONY: vet
 vet: ## go vet
 	$(GO) vet $(PKGS)
