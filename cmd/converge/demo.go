@@ -66,18 +66,19 @@ func demo(ctx context.Context, args []string, out io.Writer) error {
 	cfg.GraphChild = true
 	d := &demoRun{out: out, began: time.Now()}
 
-	indexIn, graphIn := "the embedded index", "the embedded graph"
-	if cfg.Index.QdrantURL != "" {
-		indexIn = "Qdrant at " + cfg.Index.QdrantURL
-	}
-	if cfg.Graph.Neo4jURL != "" {
-		graphIn = "Neo4j at " + neo4j.RedactURL(cfg.Graph.Neo4jURL)
-	}
-	d.step(fmt.Sprintf("starting the pipeline: a throwaway PostgreSQL 15, an embedded NATS JetStream server, the writer, the relay, the index projector (into %s), and the graph projector as a child process (into %s)", indexIn, graphIn))
+	d.step("starting the pipeline: a throwaway PostgreSQL 15, an embedded NATS JetStream server, the writer, the relay, the index projector, and the graph projector as a child process")
 	s, err := stack.Start(ctx, cfg)
 	if err != nil {
 		return err
 	}
+	indexIn, graphIn := "the embedded index", "the embedded graph"
+	if s.Index.QdrantURL != "" {
+		indexIn = "Qdrant at " + s.Index.QdrantURL
+	}
+	if s.Graph.Neo4jURL != "" {
+		graphIn = "Neo4j at " + neo4j.RedactURL(s.Graph.Neo4jURL)
+	}
+	d.note("the index projector writes into %s, the graph projector into %s", indexIn, graphIn)
 	defer func() { _ = s.Stop() }()
 	d.stack = s
 	d.pool, err = pgxpool.New(ctx, s.ReaderURL)

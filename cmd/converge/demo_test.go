@@ -68,7 +68,7 @@ func TestDemoOnNeo4j(t *testing.T) {
 	t.Setenv("CONVERGE_NEO4J_PASSWORD", n.Password)
 	out := runDemo(t, "-docs", "60")
 	flat := strings.Join(strings.Fields(out.String()), " ")
-	for _, want := range []string{"the graph projector as a child process (into Neo4j at " + n.URL + ")",
+	for _, want := range []string{"the graph projector into Neo4j at " + n.URL,
 		"graph AGREES with Postgres", "index AGREES with Postgres"} {
 		if !strings.Contains(flat, want) {
 			t.Errorf("the demo's output lacks %q", want)

@@ -21,35 +21,30 @@ import (
 	"github.com/converge-sync/converge/internal/writer"
 )
 
-// devFlags binds the flags dev and demo share.
+// devFlags binds the flags dev and demo share: where the pipeline keeps
+// its state, which Postgres and NATS it uses, and the services' addresses.
+// Every other setting of each service is read as that service's binary
+// reads it: from its variables and the configuration file's section of
+// the service (see stack.Config), -config naming the file.
 func devFlags(f *config.Flags, defaults stack.Config) func() (stack.Config, error) {
 	dataDir := f.String("data-dir", "", defaults.DataDir, "keep all state (Postgres, NATS, index, graph) here; empty: a temporary directory removed at exit")
-	pg := f.String("postgres-url", config.EnvPostgresURL, "", "use this Postgres instead of a throwaway cluster")
+	pg := f.String("postgres-url", config.EnvPostgresURL, "", "use this Postgres (an administrator's URL) instead of a throwaway cluster")
 	natsURL := f.String("nats-url", config.EnvNATSURL, "", "use this NATS server instead of an embedded one")
 	httpAddr := f.String("http-addr", config.EnvHTTPAddr, defaults.HTTPAddr, "the writer's API")
 	writerAddr := f.String("writer-metrics-addr", "", defaults.WriterAddr, "the writer's /metrics")
 	relayAddr := f.String("relay-metrics-addr", "", defaults.RelayAddr, "the relay's /metrics")
 	indexAddr := f.String("index-addr", envIndexAddr, defaults.IndexAddr, "the index projector's /metrics, search and verify")
 	graphAddr := f.String("graph-addr", envGraphAddr, defaults.GraphAddr, "the graph projector's /metrics, graph and verify")
+	notifierAddr := f.String("notifier-metrics-addr", "", defaults.NotifierAddr, "the notifier's /metrics (it runs when webhook URLs are set)")
 	level := f.String("log-level", config.EnvLogLevel, "warn", "debug, info, warn or error")
 	return func() (stack.Config, error) {
 		c := defaults
 		c.DataDir, c.PostgresURL, c.NATSURL, c.HTTPAddr = *dataDir, *pg, *natsURL, *httpAddr
-		c.WriterAddr, c.RelayAddr, c.IndexAddr, c.GraphAddr = *writerAddr, *relayAddr, *indexAddr, *graphAddr
+		c.WriterAddr, c.RelayAddr, c.IndexAddr, c.GraphAddr, c.NotifierAddr = *writerAddr, *relayAddr, *indexAddr, *graphAddr, *notifierAddr
+		c.ConfigFile = f.Lookup("config").Value.String()
 		c.Log = config.NewLogger(os.Stderr, *level)
 		c.LogOut = os.Stderr
-		c.Index = &indexprojector.Config{QdrantCollection: "converge_chunks", QdrantBatch: 128, QdrantParallel: 2}
-		c.Index.QdrantURL, _, _ = config.Lookup(indexprojector.EnvQdrantURL)
-		c.Index.QdrantAPIKey, _, _ = config.Lookup(indexprojector.EnvQdrantAPIKey)
-		c.Graph = &graphprojector.Config{Neo4jDatabase: "neo4j", Neo4jBatch: 100, Neo4jUser: "neo4j"}
-		c.Graph.Neo4jURL, _, _ = config.Lookup(graphprojector.EnvNeo4jURL)
-		if u, ok, _ := config.Lookup(graphprojector.EnvNeo4jUser); ok {
-			c.Graph.Neo4jUser = u
-		}
-		c.Graph.Neo4jPassword, _, _ = config.Lookup(graphprojector.EnvNeo4jPassword)
-		var err error
-		c.Notifier, err = notifier.FromEnv()
-		return c, err
+		return c, nil
 	}
 }
 
@@ -67,10 +62,6 @@ func dev(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	notifies := "off (set CONVERGE_WEBHOOK_URLS and CONVERGE_WEBHOOK_SECRET to run it)"
-	if cfg.Notifier != nil {
-		notifies = fmt.Sprintf("posts to %d webhook URL(s); metrics on %s", len(cfg.Notifier.URLs), cfg.NotifierAddr)
-	}
 	// One process: every service's spans under the service name
 	// converge-dev, told apart by their instrumentation scope.
 	stopTracing, err := telemetry.StartTracing(ctx, "converge-dev", cfg.Log)
@@ -86,6 +77,10 @@ func dev(ctx context.Context, args []string, out io.Writer) error {
 	s, err := stack.Start(ctx, cfg)
 	if err != nil {
 		return err
+	}
+	notifies := "off (set CONVERGE_WEBHOOK_URLS and CONVERGE_WEBHOOK_SECRET to run it)"
+	if s.Notifier != nil {
+		notifies = fmt.Sprintf("posts to %d webhook URL(s); metrics on %s", len(s.Notifier.URLs), s.NotifierAddr)
 	}
 	pgWhere := redactURL(s.PostgresURL)
 	if s.Cluster != nil {

@@ -136,9 +136,6 @@ func TestVerifyRepairThroughTheDevStack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Notifier == nil {
-		t.Fatal("dev does not run the notifier with CONVERGE_WEBHOOK_URLS set")
-	}
 	for _, a := range []*string{&cfg.HTTPAddr, &cfg.WriterAddr, &cfg.RelayAddr, &cfg.IndexAddr, &cfg.GraphAddr, &cfg.NotifierAddr} {
 		addr, err := stack.FreeAddr()
 		if err != nil {
@@ -156,6 +153,9 @@ func TestVerifyRepairThroughTheDevStack(t *testing.T) {
 			t.Errorf("stop: %v", err)
 		}
 	})
+	if s.Notifier == nil {
+		t.Fatal("dev does not run the notifier with CONVERGE_WEBHOOK_URLS set")
+	}
 	// converge verify runs as the operator, with the dev stack's token.
 	t.Setenv(auth.EnvToken+"_FILE", s.OperatorTokenFile)
 

@@ -131,7 +131,7 @@ func Flags(f *config.Flags) func() (ClientConfig, error) {
 	inbox := f.String("nats-inbox-prefix", EnvInbox, "",
 		"prefix of the client's reply subjects, the one its NATS permissions let it subscribe to (empty: _INBOX_<user> with -nats-user; with -nats-creds or -nats-nkey give the prefix the account grants, e.g. _INBOX_relay, or replies use the shared _INBOX)")
 	return func() (ClientConfig, error) {
-		pw, _, err := config.Lookup(EnvPassword)
+		pw, _, err := f.Env(EnvPassword)
 		if err != nil {
 			return ClientConfig{}, err
 		}

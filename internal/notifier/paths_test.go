@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -15,48 +14,6 @@ import (
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/pkg/contract"
 )
-
-func TestFromEnv(t *testing.T) {
-	unset := func(k string) {
-		t.Setenv(k, "") // restored after the test
-		os.Unsetenv(k)  //nolint:errcheck
-	}
-	for _, k := range []string{EnvWebhookURLs, EnvWebhookURLs + "_FILE", EnvWebhookSecret, EnvWebhookSecret + "_FILE"} {
-		unset(k)
-	}
-	if c, err := FromEnv(); c != nil || err != nil {
-		t.Fatalf("no URL: %+v, %v; want nil, nil", c, err)
-	}
-	t.Setenv(EnvWebhookURLs, " , ")
-	if c, err := FromEnv(); c != nil || err != nil {
-		t.Fatalf("blank URLs: %+v, %v; want nil, nil", c, err)
-	}
-	t.Setenv(EnvWebhookURLs, "https://a.example/hook, https://b.example/hook")
-	if _, err := FromEnv(); err == nil || !strings.Contains(err.Error(), "secret is required") {
-		t.Fatalf("no secret: %v", err)
-	}
-	t.Setenv(EnvWebhookSecret, "s")
-	c, err := FromEnv()
-	if err != nil || c == nil || len(c.URLs) != 2 || c.URLs[1] != "https://b.example/hook" || string(c.Secret) != "s" ||
-		c.Window != DefaultWindow {
-		t.Fatalf("FromEnv = %+v, %v", c, err)
-	}
-	// The notifier's own variables count, as for the notifier process.
-	t.Setenv("CONVERGE_NOTIFIER_WINDOW", "2h")
-	t.Setenv("CONVERGE_NOTIFIER_MAX_ATTEMPTS", "7")
-	if c, err = FromEnv(); err != nil || c.Window != 2*time.Hour || c.MaxAttempts != 7 {
-		t.Fatalf("FromEnv with CONVERGE_NOTIFIER_* set = %+v, %v", c, err)
-	}
-	t.Setenv("CONVERGE_NOTIFIER_WINDOW", "soon")
-	if _, err := FromEnv(); err == nil || !strings.Contains(err.Error(), "CONVERGE_NOTIFIER_WINDOW") {
-		t.Fatalf("a bad CONVERGE_NOTIFIER_WINDOW: %v", err)
-	}
-	t.Setenv("CONVERGE_NOTIFIER_WINDOW", "2h")
-	t.Setenv(EnvWebhookURLs, "ftp://a.example")
-	if _, err := FromEnv(); err == nil || strings.Count(err.Error(), "notifier:") != 1 {
-		t.Fatalf("invalid URL: %v; want one notifier: prefix", err)
-	}
-}
 
 // newTestNotifier is a notifier on a fresh dedup store, and its one
 // target's receiver.

@@ -42,7 +42,7 @@ func Flags(f *config.Flags) func() (Config, error) {
 	retryMax := f.Duration("retry-max", "CONVERGE_NOTIFIER_RETRY_MAX", DefaultRetryMax, "backoff at most")
 	bucket := f.String("effects-bucket", "CONVERGE_NOTIFIER_BUCKET", DefaultBucket, "JetStream key-value bucket of the dedup store")
 	return func() (Config, error) {
-		secret, err := readSecret(*secretFile)
+		secret, err := readSecret(f, *secretFile)
 		if err != nil {
 			return Config{}, err
 		}
@@ -69,29 +69,7 @@ func parseURLs(list string) []string {
 	return out
 }
 
-// FromEnv is the notifier's configuration from the environment alone:
-// CONVERGE_WEBHOOK_URLS, the secret's variables and every
-// CONVERGE_NOTIFIER_* variable, as the notifier's flags read them,
-// validated; nil when no URL is set. converge dev runs the notifier with
-// it.
-func FromEnv() (*Config, error) {
-	raw, _, err := config.Lookup(EnvWebhookURLs)
-	if err != nil || len(parseURLs(raw)) == 0 {
-		return nil, err
-	}
-	f := config.NewFlags("notifier")
-	get := Flags(f)
-	if err := f.Parse(nil); err != nil {
-		return nil, err
-	}
-	c, err := get()
-	if err != nil {
-		return nil, err
-	}
-	return &c, nil
-}
-
-func readSecret(file string) ([]byte, error) {
+func readSecret(f *config.Flags, file string) ([]byte, error) {
 	if file != "" {
 		b, err := os.ReadFile(file)
 		if err != nil {
@@ -99,7 +77,7 @@ func readSecret(file string) ([]byte, error) {
 		}
 		return []byte(strings.TrimRight(string(b), "\r\n")), nil
 	}
-	v, ok, err := config.Lookup(EnvWebhookSecret)
+	v, ok, err := f.Env(EnvWebhookSecret)
 	if err != nil {
 		return nil, err
 	}

@@ -221,22 +221,45 @@ func Command[C Config](ctx context.Context, name string, args []string, bind fun
 	return command(ctx, name, args, os.Stderr, bind, run)
 }
 
-func command[C Config](ctx context.Context, name string, args []string, logOut io.Writer, bind func(*config.Flags) func() (C, error), run func(context.Context, C, Deps) error) error {
-	f := config.NewFlags(name)
-	level := f.String("log-level", config.EnvLogLevel, "info", "debug, info, warn or error")
-	get := bind(f)
+// Bind binds the command line of service name, as its binary has it:
+// bind's flags and -log-level, reading variables from environ (nil: the
+// process's). Parse the flags, then call get for the configuration.
+func Bind[C Config](name string, environ config.Environ, bind func(*config.Flags) func() (C, error)) (f *config.Flags, get func() (C, error), level *string) {
+	if environ == nil {
+		environ = os.LookupEnv
+	}
+	f = config.NewFlagsIn(name, environ)
+	level = f.String("log-level", config.EnvLogLevel, "info", "debug, info, warn or error")
+	return f, bind(f), level
+}
+
+// Parse is the configuration of service name for args, read as its
+// binary reads it (see [Bind]: its flags, its variables from environ, and
+// the configuration file), validated. Errors are [UsageError]s, or
+// flag.ErrHelp.
+func Parse[C Config](name string, environ config.Environ, args []string, bind func(*config.Flags) func() (C, error)) (C, *string, error) {
+	var zero C
+	f, get, level := Bind(name, environ, bind)
 	if err := f.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return err
+			return zero, nil, err
 		}
-		return &UsageError{Err: err}
+		return zero, nil, &UsageError{Err: err}
 	}
 	cfg, err := get()
 	if err == nil {
 		err = cfg.Validate()
 	}
 	if err != nil {
-		return &UsageError{Err: err}
+		return zero, nil, &UsageError{Err: err}
+	}
+	return cfg, level, nil
+}
+
+func command[C Config](ctx context.Context, name string, args []string, logOut io.Writer, bind func(*config.Flags) func() (C, error), run func(context.Context, C, Deps) error) error {
+	cfg, level, err := Parse(name, nil, args, bind)
+	if err != nil {
+		return err
 	}
 	log := config.NewLogger(logOut, *level)
 	// Traces are exported over OTLP when the environment names an

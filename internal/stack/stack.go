@@ -40,6 +40,8 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -59,7 +61,6 @@ import (
 	"github.com/converge-sync/converge/internal/notifier"
 	"github.com/converge-sync/converge/internal/pgcluster"
 	"github.com/converge-sync/converge/internal/proc"
-	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/relay"
 	"github.com/converge-sync/converge/internal/roles"
 	"github.com/converge-sync/converge/internal/schema"
@@ -76,8 +77,16 @@ type Config struct {
 	// Metrics addresses of the writer, the relay and the two projectors;
 	// the projectors' also serve search, graph and verify.
 	WriterAddr, RelayAddr, IndexAddr, GraphAddr string
-	Index                                       *indexprojector.Config
-	Graph                                       *graphprojector.Config
+	// Each service's settings are read as its binary reads them (its
+	// flags, from the environment and the configuration file), with the
+	// stack's connections, addresses and credentials given as flags; Index
+	// and Graph, when set, replace the stores' settings so read (a test's
+	// stores).
+	Index *indexprojector.Config
+	Graph *graphprojector.Config
+	// ConfigFile is the deployment's configuration file (-config); empty:
+	// the one CONVERGE_CONFIG names, if any.
+	ConfigFile string
 	// GraphChild runs the graph projector as a child process
 	// (GraphChildPath, default this binary, with the arguments
 	// `projector-graph ...`), so that it can be killed; GraphAddrPicked:
@@ -85,8 +94,11 @@ type Config struct {
 	// should another process take it before the child binds it.
 	GraphChild, GraphAddrPicked bool
 	GraphChildPath              string
-	// Notifier, when set, runs the webhook notifier too, with its metrics
-	// on NotifierAddr.
+	// Notifier, when set, runs the webhook notifier too with these
+	// settings, its metrics on NotifierAddr; it runs too, with the settings
+	// its binary would read, when the environment or the configuration file
+	// names webhook URLs. Once started, it is the notifier's settings (nil:
+	// none runs).
 	Notifier     *notifier.Config
 	NotifierAddr string
 	// InfraOnly starts Postgres (with the schema and the slot) and NATS,
@@ -149,12 +161,6 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	if cfg.Index == nil {
-		cfg.Index = &indexprojector.Config{}
-	}
-	if cfg.Graph == nil {
-		cfg.Graph = &graphprojector.Config{}
-	}
 	s := &Stack{Config: cfg}
 	defer func() {
 		if err != nil {
@@ -168,7 +174,6 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 		s.Config.DataDir = s.tempDir
 	}
 	dir := s.Config.DataDir
-	s.Config.Index.DataDir, s.Config.Graph.DataDir = dir, dir
 
 	s.PostgresURL = cfg.PostgresURL
 	if s.PostgresURL == "" {
@@ -209,6 +214,10 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 	if cfg.InfraOnly {
 		return s, nil
 	}
+	svc, err := s.settings()
+	if err != nil {
+		return nil, err
+	}
 
 	runCtx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
@@ -217,28 +226,23 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 
 	listening := make(chan net.Addr, 1)
 	g.Go(func() error {
-		c := writer.ServiceConfig{PostgresURL: s.WriterURL, NATSURL: s.NATSURL, HTTPAddr: cfg.HTTPAddr,
-			MetricsAddr: cfg.WriterAddr, TokensFile: s.TokensFile, NATSAuth: s.NATSAuth(natsauth.UserWriter),
-			OnListen: func(a net.Addr) { listening <- a }}
+		c := svc.writer
+		c.OnListen = func(a net.Addr) { listening <- a }
 		return service.Run(runCtx, c, cfg.Log.With("service", "writer"), writer.Run)
 	})
 	// The relay ensures the stream too; doing it here first spares the
 	// projectors a retry when they start before it.
-	if err := ensureStream(ctx, s.NATSURL, s.NATSAuth(natsauth.UserRelay)); err != nil {
+	if err := ensureStream(ctx, s.NATSURL, svc.relay.NATSAuth, svc.relay.Relay.Stream); err != nil {
 		return nil, err
 	}
 	relays := make(chan *relay.Relay, 1)
 	g.Go(func() error {
-		// The notifier's stream, published by the relay, where a notifier
-		// runs.
-		effects := relay.EffectsConfig{Enabled: cfg.Notifier != nil}
-		c := relay.ServiceConfig{Relay: relay.Config{PostgresURL: s.RelayURL, Effects: effects}, NATSURL: s.NATSURL,
-			NATSAuth: s.NATSAuth(natsauth.UserRelay), MetricsAddr: cfg.RelayAddr, OnStart: func(r *relay.Relay) { relays <- r }}
+		c := svc.relay
+		c.OnStart = func(r *relay.Relay) { relays <- r }
 		return service.Run(runCtx, c, cfg.Log.With("service", "relay"), relay.Run)
 	})
 	g.Go(func() error {
-		c := indexprojector.ServiceConfig{Store: *s.Config.Index, Projector: s.projectorConfig("index", cfg.IndexAddr)}
-		return service.Run(runCtx, c, cfg.Log.With("service", "projector-index"), indexprojector.Run)
+		return service.Run(runCtx, svc.index, cfg.Log.With("service", "projector-index"), indexprojector.Run)
 	})
 	if cfg.GraphChild {
 		if err := s.StartGraphChild(ctx); err != nil {
@@ -246,16 +250,12 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 		}
 	} else {
 		g.Go(func() error {
-			c := graphprojector.ServiceConfig{Store: *s.Config.Graph, Projector: s.projectorConfig("graph", cfg.GraphAddr)}
-			return service.Run(runCtx, c, cfg.Log.With("service", "projector-graph"), graphprojector.Run)
+			return service.Run(runCtx, svc.graph, cfg.Log.With("service", "projector-graph"), graphprojector.Run)
 		})
 	}
-	if cfg.Notifier != nil {
+	if svc.notifier != nil {
 		g.Go(func() error {
-			c := notifier.ServiceConfig{Notifier: *cfg.Notifier, Projector: projector.ServiceConfig{
-				NATSURL: s.NATSURL, MetricsAddr: cfg.NotifierAddr, Runtime: projector.Config{Name: natsauth.NotifierName},
-				NATSAuth: s.NATSAuth(natsauth.UserNotifier)}}
-			return service.Run(runCtx, c, cfg.Log.With("service", "notifier"), notifier.Run)
+			return service.Run(runCtx, *svc.notifier, cfg.Log.With("service", "notifier"), notifier.Run)
 		})
 	}
 
@@ -288,12 +288,130 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 	return s, nil
 }
 
-// projectorConfig is the service configuration of projector name (index
-// or graph) with its metrics and read API on addr: its own NATS user, and
-// the stack's tokens.
-func (s *Stack) projectorConfig(name, addr string) projector.ServiceConfig {
-	return projector.ServiceConfig{NATSURL: s.NATSURL, MetricsAddr: addr, Runtime: projector.Config{Name: name},
-		NATSAuth: s.NATSAuth(natsauth.ProjectorUser(name)), Security: auth.Settings{TokensFile: s.TokensFile}}
+// services are the settings of the services a stack runs.
+type services struct {
+	writer   writer.ServiceConfig
+	relay    relay.ServiceConfig
+	index    indexprojector.ServiceConfig
+	graph    graphprojector.ServiceConfig
+	notifier *notifier.ServiceConfig // nil: no notifier
+}
+
+// settings reads each service's settings as its binary does, from its
+// flags: the stack's connections, addresses, data directory, tokens and
+// NATS user as command-line flags, the rest from the environment and the
+// configuration file. It sets Config.Index, Graph and Notifier to the
+// settings in use.
+func (s *Stack) settings() (svc services, err error) {
+	cfg := s.Config
+	dir := cfg.DataDir
+	if svc.writer, err = parse(s, "writer", natsauth.UserWriter, writer.Flags, nil,
+		"-postgres-url", s.WriterURL, "-nats-url", s.NATSURL, "-http-addr", cfg.HTTPAddr,
+		"-metrics-addr", cfg.WriterAddr, "-tokens-file", s.TokensFile); err != nil {
+		return svc, err
+	}
+	notify, err := s.notifierSettings()
+	if err != nil {
+		return svc, err
+	}
+	// The relay's collector settings are the process's: a stack shares
+	// its process with the caller, whose collector is not the relay's to
+	// tune (0 leaves it alone).
+	if svc.relay, err = parse(s, "relay", natsauth.UserRelay, relay.Flags, nil,
+		"-postgres-url", s.RelayURL, "-nats-url", s.NATSURL, "-metrics-addr", cfg.RelayAddr,
+		"-effects="+strconv.FormatBool(notify != nil), "-gogc", "0", "-memory-limit-mib", "0"); err != nil {
+		return svc, err
+	}
+	projectorArgs := func(addr string) []string {
+		return []string{"-nats-url", s.NATSURL, "-metrics-addr", addr, "-tokens-file", s.TokensFile, "-data-dir", dir}
+	}
+	if svc.index, err = parse(s, "projector-index", natsauth.UserIndex, indexprojector.ServiceFlags, nil, projectorArgs(cfg.IndexAddr)...); err != nil {
+		return svc, err
+	}
+	if cfg.Index != nil {
+		svc.index.Store = *cfg.Index
+		svc.index.Store.DataDir = dir
+	}
+	if svc.graph, err = parse(s, "projector-graph", natsauth.UserGraph, graphprojector.ServiceFlags, nil, projectorArgs(cfg.GraphAddr)...); err != nil {
+		return svc, err
+	}
+	if cfg.Graph != nil {
+		svc.graph.Store = *cfg.Graph
+		svc.graph.Store.DataDir = dir
+	}
+	s.Config.Index, s.Config.Graph = &svc.index.Store, &svc.graph.Store
+	if notify != nil {
+		c, err := parse(s, "notifier", natsauth.UserNotifier, notifier.ServiceFlags, notify,
+			"-nats-url", s.NATSURL, "-metrics-addr", cfg.NotifierAddr)
+		if err != nil {
+			return svc, err
+		}
+		if cfg.Notifier != nil {
+			c.Notifier = *cfg.Notifier
+		}
+		svc.notifier, s.Config.Notifier = &c, &c.Notifier
+	}
+	return svc, nil
+}
+
+// notifierSettings is nil when no notifier runs, else the variables that
+// give the notifier its webhooks: none when the environment or the
+// configuration file does, or Config.Notifier's.
+func (s *Stack) notifierSettings() (map[string]string, error) {
+	if n := s.Config.Notifier; n != nil {
+		// Placeholders that let its flags parse; Config.Notifier replaces
+		// what they make.
+		return map[string]string{notifier.EnvWebhookURLs: strings.Join(n.URLs, ","), notifier.EnvWebhookSecret: "given"}, nil
+	}
+	f, _, _ := service.Bind("notifier", s.environ(natsauth.UserNotifier, nil), notifier.ServiceFlags)
+	var args []string
+	if s.Config.ConfigFile != "" {
+		args = []string{"-config", s.Config.ConfigFile}
+	}
+	if err := f.Parse(args); err != nil {
+		return nil, fmt.Errorf("the notifier's settings: %w", err)
+	}
+	if strings.TrimSpace(f.Lookup("webhook-urls").Value.String()) == "" {
+		return nil, nil
+	}
+	return map[string]string{}, nil
+}
+
+// parse is the settings of service name (see [service.Parse]) for args,
+// with its NATS user's credentials and the configuration file, reading
+// s.environ(user, vars).
+func parse[C service.Config](s *Stack, name, user string, bind func(*config.Flags) func() (C, error), vars map[string]string, args ...string) (C, error) {
+	if na := s.NATSAuth(user); na.User != "" {
+		args = append(args, "-nats-user", na.User)
+	}
+	if s.Config.ConfigFile != "" {
+		args = append(args, "-config", s.Config.ConfigFile)
+	}
+	c, _, err := service.Parse(name, s.environ(user, vars), args, bind)
+	if err != nil {
+		return c, fmt.Errorf("the %s's settings: %w", name, err)
+	}
+	return c, nil
+}
+
+// environ is the environment a service the stack runs reads: this
+// process's, without the credentials that are not the service's own
+// (childUnset: dev's Postgres URL, the operator's NATS user and token),
+// with its NATS user's password, and vars.
+func (s *Stack) environ(user string, vars map[string]string) config.Environ {
+	pw := s.natsPasswords[user]
+	return func(key string) (string, bool) {
+		if v, ok := vars[key]; ok {
+			return v, true
+		}
+		if key == natsauth.EnvPassword && pw != "" {
+			return pw, true
+		}
+		if slices.Contains(childUnset, key) {
+			return "", false
+		}
+		return os.LookupEnv(key)
+	}
 }
 
 // NATSAuth is the credentials of user (a natsauth user name) on the
@@ -354,8 +472,9 @@ func writeSecret(path, text string) error {
 }
 
 // ensureStream creates the stream unless it exists, connected as
-// credentials say (the relay's: the stream is its to create).
-func ensureStream(ctx context.Context, natsURL string, credentials natsauth.ClientConfig) error {
+// credentials say (the relay's: the stream is its to create), with the
+// relay's settings.
+func ensureStream(ctx context.Context, natsURL string, credentials natsauth.ClientConfig, stream relay.StreamConfig) error {
 	opts, err := credentials.Options()
 	if err != nil {
 		return err
@@ -369,7 +488,7 @@ func ensureStream(ctx context.Context, natsURL string, credentials natsauth.Clie
 	if err != nil {
 		return err
 	}
-	if _, err := relay.EnsureStream(ctx, js, relay.StreamConfig{}); err != nil {
+	if _, err := relay.EnsureStream(ctx, js, stream); err != nil {
 		return fmt.Errorf("create the stream: %w", err)
 	}
 	return nil
@@ -427,6 +546,9 @@ func (s *Stack) StartGraphChild(ctx context.Context) error {
 		// seconds rather than after the default minute.
 		args := []string{"projector-graph", "-nats-url", s.NATSURL, "-data-dir", s.Config.DataDir,
 			"-metrics-addr", addr, "-log-level", "warn", "-ack-wait", "5s", "-tokens-file", s.TokensFile}
+		if s.Config.ConfigFile != "" {
+			args = append(args, "-config", s.Config.ConfigFile)
+		}
 		var env []string
 		if na := s.NATSAuth(natsauth.UserGraph); na.User != "" {
 			// The password in the environment alone: a flag's value is
