@@ -74,9 +74,13 @@ Usage:
                              a convergence report
   converge projector-index | projector-graph | notifier
                              run a projector or the notifier (the same as the binaries of those names)
+  converge config check FILE check a deployment's configuration file: each setting one of the
+                             flags of the commands reading its section (docs/configuration.md)
+  converge config docs       every command's settings, flags, variables and defaults, in Markdown
   converge version [--json]  the build: module version, commit, Go version (every binary: -version)
 
-Every command that reads Postgres takes -postgres-url (env CONVERGE_POSTGRES_URL);
+Every command reads the deployment's configuration file named by -config (env CONVERGE_CONFIG):
+flags win over variables, variables over the file. Every command that reads Postgres takes -postgres-url (env CONVERGE_POSTGRES_URL);
 status, replay and dlq also -nats-url (env CONVERGE_NATS_URL). The commands that call a
 service's API send the token of CONVERGE_TOKEN (or CONVERGE_TOKEN_FILE), reach https://
 addresses trusting the CAs of -tls-ca (env CONVERGE_TLS_CA; default: the system's roots),
@@ -131,6 +135,8 @@ func dispatch(ctx context.Context, args []string, out io.Writer) error {
 		return service.Command(ctx, "projector-graph", args[1:], graphprojector.ServiceFlags, graphprojector.Run)
 	case "streams":
 		return streamsCmd(ctx, args[1:], out)
+	case "config":
+		return configCmd(args[1:], out)
 	case "roles":
 		return rolesCmd(ctx, args[1:], out)
 	case "migrate":
