@@ -143,7 +143,7 @@ bench-run: ## the benchmarks of make bench, on the Neo4j server of CONVERGE_TEST
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count 3 ./internal/index ./internal/graph
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -count 1 ./internal/index/embedded ./internal/graph/embedded ./internal/index/qdrant ./internal/embed ./internal/storage/wal
 	$(GO) test -run '^$$' -bench 'BenchmarkApplyNeo4j|BenchmarkProjectorNeo4j' -benchtime 50x -count 3 ./internal/graph/neo4j
-	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 15m ./cmd/converge
+	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 15m ./internal/stack
 
 .PHONY: lint
 lint: ## golangci-lint (.golangci.yml) at the pinned version, installed into bin/ the first time
