@@ -97,6 +97,15 @@ type Config struct {
 	Clock clock.Clock
 }
 
+// The defaults of a [Config]'s fields, and of the flags that set them
+// ([ServiceFlags]).
+const (
+	DefaultBatchSize  = 256
+	DefaultParallel   = 2
+	DefaultAckWait    = 60 * time.Second
+	DefaultMaxDeliver = 5
+)
+
 func (c *Config) setDefaults() error {
 	if c.Name == "" {
 		return errors.New("projector: a name is required (it names the durable consumer and the dead-letter subject)")
@@ -108,19 +117,19 @@ func (c *Config) setDefaults() error {
 		c.SubjectPrefix = contract.DocsSubjectPrefix
 	}
 	if c.BatchSize <= 0 {
-		c.BatchSize = 256
+		c.BatchSize = DefaultBatchSize
 	}
 	if c.MaxWait <= 0 {
 		c.MaxWait = 200 * time.Millisecond
 	}
 	if c.Parallel <= 0 {
-		c.Parallel = 2
+		c.Parallel = DefaultParallel
 	}
 	if c.AckWait <= 0 {
-		c.AckWait = 60 * time.Second
+		c.AckWait = DefaultAckWait
 	}
 	if c.MaxDeliver <= 0 {
-		c.MaxDeliver = 5
+		c.MaxDeliver = DefaultMaxDeliver
 	}
 	if c.Clock == nil {
 		c.Clock = clock.Wall()

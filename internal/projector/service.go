@@ -96,10 +96,10 @@ func ServiceFlags(f *config.Flags, name, metricsAddr string) func() (ServiceConf
 	natsURL := f.String("nats-url", config.EnvNATSURL, "", "NATS URL")
 	addr := f.String("metrics-addr", config.EnvMetricsAddr, metricsAddr, "address of /metrics, /healthz, /readyz and the projector's read API (empty: off)")
 	durable := f.String("name", "CONVERGE_PROJECTOR_NAME", name, "durable consumer name; dead letters go to converge.dlq.<name>")
-	batch := f.Int("batch", "CONVERGE_PROJECTOR_BATCH", 256, "messages fetched and applied at once")
-	parallel := f.Int("parallel", "CONVERGE_PROJECTOR_PARALLEL", 2, "shards of a batch applied at once")
-	maxDeliver := f.Int("max-deliver", "CONVERGE_PROJECTOR_MAX_DELIVER", 5, "deliveries after which an event the store rejects is dead-lettered")
-	ackWait := f.Duration("ack-wait", "CONVERGE_PROJECTOR_ACK_WAIT", 60*time.Second,
+	batch := f.Int("batch", "CONVERGE_PROJECTOR_BATCH", DefaultBatchSize, "messages fetched and applied at once")
+	parallel := f.Int("parallel", "CONVERGE_PROJECTOR_PARALLEL", DefaultParallel, "shards of a batch applied at once")
+	maxDeliver := f.Int("max-deliver", "CONVERGE_PROJECTOR_MAX_DELIVER", DefaultMaxDeliver, "deliveries after which an event the store rejects is dead-lettered")
+	ackWait := f.Duration("ack-wait", "CONVERGE_PROJECTOR_ACK_WAIT", DefaultAckWait,
 		"the consumer's redelivery timeout (extended while a batch is applied); an instance taking over, or restarted, has what the last one held delivered again at once")
 	leaseTTL := f.Duration("lease-ttl", "CONVERGE_LEASE_TTL", lease.DefaultTTL,
 		"how long a standby instance of this projector waits for the writer's lease renewal before it takes over")
