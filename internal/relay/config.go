@@ -59,10 +59,30 @@ type Config struct {
 	Clock clock.Clock
 }
 
+// Default values of [Config]: a zero field takes its default, and the
+// field's flag (see [Flags]), where it has one, defaults to it too.
+const (
+	DefaultSlot              = "converge_relay"
+	DefaultPublication       = "converge_outbox"
+	DefaultWindow            = 4096
+	DefaultWindowBytes       = 32 << 20
+	DefaultAckTimeout        = 5 * time.Second
+	DefaultStatusInterval    = time.Second
+	DefaultHeartbeatInterval = 10 * time.Second
+	DefaultLagCheckInterval  = 5 * time.Second
+	DefaultLagAlarmBytes     = 1 << 30
+	DefaultStandbyRetry      = 2 * time.Second
+	DefaultShutdownTimeout   = 30 * time.Second
+)
+
 // DefaultEffectsMaxAge is the effects' stream's default age limit: the
 // notifier's default window (notifier.DefaultWindow), beyond which it
 // would not notify an event anyway.
 const DefaultEffectsMaxAge = 7 * 24 * time.Hour
+
+// DefaultEffectsMaxBytes is the effects' stream's default size bound:
+// unlimited.
+const DefaultEffectsMaxBytes = -1
 
 // EffectsConfig is the effects' stream, contract.EventsStream: every
 // event, in commit order, on converge.events.<token>, for the consumers
@@ -116,42 +136,51 @@ type StreamConfig struct {
 	MaxAge time.Duration
 }
 
+// Default values of [StreamConfig], which the flags of the relay and of
+// `converge streams apply` take too (see [StreamFlags]); -replicas is
+// config's one replica count, whose default is the same.
+const (
+	DefaultStreamReplicas          = 1
+	DefaultStreamDuplicates        = 10 * time.Minute
+	DefaultStreamMaxMsgsPerSubject = 4
+)
+
 func (c *Config) setDefaults() {
 	if c.Clock == nil {
 		c.Clock = clock.Wall()
 	}
 	if c.Slot == "" {
-		c.Slot = "converge_relay"
+		c.Slot = DefaultSlot
 	}
 	if c.Publication == "" {
-		c.Publication = "converge_outbox"
+		c.Publication = DefaultPublication
 	}
 	if c.Window <= 0 {
-		c.Window = 4096
+		c.Window = DefaultWindow
 	}
 	if c.WindowBytes <= 0 {
-		c.WindowBytes = 32 << 20
+		c.WindowBytes = DefaultWindowBytes
 	}
 	if c.StatusInterval <= 0 {
-		c.StatusInterval = time.Second
+		c.StatusInterval = DefaultStatusInterval
 	}
 	if c.HeartbeatInterval == 0 {
-		c.HeartbeatInterval = 10 * time.Second
+		c.HeartbeatInterval = DefaultHeartbeatInterval
 	}
 	if c.LagCheckInterval <= 0 {
-		c.LagCheckInterval = 5 * time.Second
+		c.LagCheckInterval = DefaultLagCheckInterval
 	}
 	if c.LagAlarmBytes <= 0 {
-		c.LagAlarmBytes = 1 << 30
+		c.LagAlarmBytes = DefaultLagAlarmBytes
 	}
 	if c.StandbyRetry <= 0 {
-		c.StandbyRetry = 2 * time.Second
+		c.StandbyRetry = DefaultStandbyRetry
 	}
 	if c.AckTimeout <= 0 {
-		c.AckTimeout = 5 * time.Second
+		c.AckTimeout = DefaultAckTimeout
 	}
 	if c.ShutdownTimeout <= 0 {
-		c.ShutdownTimeout = 30 * time.Second
+		c.ShutdownTimeout = DefaultShutdownTimeout
 	}
 	c.Stream.setDefaults()
 	if c.Effects.Name == "" {
@@ -161,7 +190,7 @@ func (c *Config) setDefaults() {
 		c.Effects.MaxAge = DefaultEffectsMaxAge
 	}
 	if c.Effects.MaxBytes <= 0 {
-		c.Effects.MaxBytes = -1
+		c.Effects.MaxBytes = DefaultEffectsMaxBytes
 	}
 	if c.Effects.Replicas <= 0 {
 		c.Effects.Replicas = c.Stream.Replicas
@@ -173,13 +202,13 @@ func (s *StreamConfig) setDefaults() {
 		s.Name = contract.DocsStream
 	}
 	if s.Replicas <= 0 {
-		s.Replicas = 1
+		s.Replicas = DefaultStreamReplicas
 	}
 	if s.Duplicates <= 0 {
-		s.Duplicates = 10 * time.Minute
+		s.Duplicates = DefaultStreamDuplicates
 	}
 	if s.MaxMsgsPerSubject == 0 {
-		s.MaxMsgsPerSubject = 4
+		s.MaxMsgsPerSubject = DefaultStreamMaxMsgsPerSubject
 	}
 }
 
