@@ -41,11 +41,22 @@ type Store interface {
 // APIConfig of the HTTP API.
 type APIConfig struct {
 	// BatchSize is how many NDJSON lines go into one transaction.
+	// Default 500.
 	BatchSize int
 	// Guard checks each request's bearer token: the document routes need
 	// the write scope (reading one back, read or write), re-emission the
 	// admin scope. Nil serves every request.
 	Guard *auth.Guard
+}
+
+// DefaultAPIBatchSize is the default of APIConfig.BatchSize, and of
+// -batch-size.
+const DefaultAPIBatchSize = 500
+
+func (c *APIConfig) setDefaults() {
+	if c.BatchSize <= 0 {
+		c.BatchSize = DefaultAPIBatchSize
+	}
 }
 
 // API serves the writer's HTTP routes.
@@ -59,9 +70,7 @@ type API struct {
 
 // NewAPI returns the HTTP API over store.
 func NewAPI(store Store, cfg APIConfig, metrics *Metrics, log *slog.Logger) *API {
-	if cfg.BatchSize <= 0 {
-		cfg.BatchSize = 500
-	}
+	cfg.setDefaults()
 	if metrics == nil {
 		metrics = NewMetrics(nil)
 	}

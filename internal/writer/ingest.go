@@ -47,24 +47,35 @@ type IngestConfig struct {
 	Replicas   int           // stream replicas; default 1
 }
 
+// Default values of [IngestConfig]; the writer's -ack-wait defaults to
+// DefaultIngestAckWait too.
+const (
+	DefaultIngestBatchSize  = 256
+	DefaultIngestMaxWait    = 200 * time.Millisecond
+	DefaultIngestAckWait    = 30 * time.Second
+	DefaultIngestRetryDelay = time.Second
+	DefaultIngestMaxAge     = 7 * 24 * time.Hour
+	DefaultIngestReplicas   = 1
+)
+
 func (c *IngestConfig) setDefaults() {
 	if c.BatchSize <= 0 {
-		c.BatchSize = 256
+		c.BatchSize = DefaultIngestBatchSize
 	}
 	if c.MaxWait <= 0 {
-		c.MaxWait = 200 * time.Millisecond
+		c.MaxWait = DefaultIngestMaxWait
 	}
 	if c.AckWait <= 0 {
-		c.AckWait = 30 * time.Second
+		c.AckWait = DefaultIngestAckWait
 	}
 	if c.RetryDelay <= 0 {
-		c.RetryDelay = time.Second
+		c.RetryDelay = DefaultIngestRetryDelay
 	}
 	if c.MaxAge <= 0 {
-		c.MaxAge = 7 * 24 * time.Hour
+		c.MaxAge = DefaultIngestMaxAge
 	}
 	if c.Replicas <= 0 {
-		c.Replicas = 1
+		c.Replicas = DefaultIngestReplicas
 	}
 }
 

@@ -18,21 +18,35 @@ type RetentionConfig struct {
 	Batch     int           // rows per delete; default 1000
 }
 
+// Default values of [RetentionConfig]; the writer's -outbox-retention
+// defaults to DefaultOutboxRetention too.
+const (
+	DefaultOutboxRetention   = 24 * time.Hour
+	DefaultRetentionInterval = time.Minute
+	DefaultRetentionBatch    = 1000
+)
+
+// setDefaults fills the settings left zero; a negative Retention (never)
+// stays.
+func (c *RetentionConfig) setDefaults() {
+	if c.Retention == 0 {
+		c.Retention = DefaultOutboxRetention
+	}
+	if c.Interval <= 0 {
+		c.Interval = DefaultRetentionInterval
+	}
+	if c.Batch <= 0 {
+		c.Batch = DefaultRetentionBatch
+	}
+}
+
 // RunOutboxRetention deletes old outbox rows in small batches until ctx
 // ends. The writer does it because it is the only writer of Postgres.
 func RunOutboxRetention(ctx context.Context, p OutboxPruner, cfg RetentionConfig, m *Metrics, log *slog.Logger) {
 	if cfg.Retention < 0 {
 		return
 	}
-	if cfg.Retention == 0 {
-		cfg.Retention = 24 * time.Hour
-	}
-	if cfg.Interval <= 0 {
-		cfg.Interval = time.Minute
-	}
-	if cfg.Batch <= 0 {
-		cfg.Batch = 1000
-	}
+	cfg.setDefaults()
 	t := time.NewTicker(cfg.Interval)
 	defer t.Stop()
 	for {

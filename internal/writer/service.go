@@ -104,12 +104,12 @@ func Flags(f *config.Flags) func() (ServiceConfig, error) {
 	httpAddr := f.String("http-addr", config.EnvHTTPAddr, DefaultHTTPAddr, "address of the document API")
 	metricsAddr := f.String("metrics-addr", config.EnvMetricsAddr, DefaultMetricsAddr, "address of /metrics, /healthz and /readyz (empty: off)")
 	maxConns := f.Int("max-conns", "CONVERGE_WRITER_MAX_CONNS", DefaultMaxConns, "Postgres connections")
-	batch := f.Int("batch-size", "CONVERGE_WRITER_BATCH_SIZE", 500, "NDJSON lines per transaction on POST /v1/documents:batch")
+	batch := f.Int("batch-size", "CONVERGE_WRITER_BATCH_SIZE", DefaultAPIBatchSize, "NDJSON lines per transaction on POST /v1/documents:batch")
 	migrate := f.Bool("migrate", "CONVERGE_WRITER_MIGRATE", false, "apply pending schema migrations at start")
-	grace := f.Duration("shutdown-grace", "CONVERGE_SHUTDOWN_GRACE", 0, "how long in-flight requests may finish on shutdown (0: 15s)")
-	ackWait := f.Duration("ack-wait", "CONVERGE_WRITER_ACK_WAIT", 30*time.Second,
+	grace := f.Duration("shutdown-grace", "CONVERGE_SHUTDOWN_GRACE", 0, "how long in-flight requests may finish on shutdown (0: "+DefaultShutdownGrace.String()+")")
+	ackWait := f.Duration("ack-wait", "CONVERGE_WRITER_ACK_WAIT", DefaultIngestAckWait,
 		"how long an ingest message stays with a writer that took it before it is delivered again (a writer that died holds it that long)")
-	retention := f.Duration("outbox-retention", "CONVERGE_OUTBOX_RETENTION", 24*time.Hour, "delete outbox rows older than this (negative: never); the relay reads WAL, not the table")
+	retention := f.Duration("outbox-retention", "CONVERGE_OUTBOX_RETENTION", DefaultOutboxRetention, "delete outbox rows older than this (negative: never); the relay reads WAL, not the table")
 	replicas := f.Replicas() // the ingest stream and its dead letters
 	security := auth.BindFlags(f)
 	natsAuth := natsauth.Flags(f)
