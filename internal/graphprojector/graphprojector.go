@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/converge-sync/converge/internal/config"
+	"github.com/converge-sync/converge/internal/graph/neo4j"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/service"
@@ -49,9 +50,9 @@ func Flags(f *config.Flags) func() *Config {
 	user := f.String("neo4j-user", EnvNeo4jUser, "neo4j", "Neo4j user")
 	password := f.String("neo4j-password", EnvNeo4jPassword, "", "Neo4j password")
 	ca := f.String("neo4j-ca", EnvNeo4jCA, "", "PEM file of the CA certificates the Neo4j server's certificate chains to, trusted instead of the system's roots (with a bolt+s:// or neo4j+s:// URL)")
-	database := f.String("neo4j-database", "CONVERGE_NEO4J_DATABASE", "neo4j", "Neo4j database")
-	batch := f.Int("neo4j-batch", "CONVERGE_NEO4J_BATCH", 100, "documents per Neo4j transaction")
-	txTimeout := f.Duration("neo4j-tx-timeout", "CONVERGE_NEO4J_TX_TIMEOUT", 5*time.Second,
+	database := f.String("neo4j-database", "CONVERGE_NEO4J_DATABASE", neo4j.DefaultDatabase, "Neo4j database")
+	batch := f.Int("neo4j-batch", "CONVERGE_NEO4J_BATCH", neo4j.DefaultBatchSize, "documents per Neo4j transaction")
+	txTimeout := f.Duration("neo4j-tx-timeout", "CONVERGE_NEO4J_TX_TIMEOUT", neo4j.DefaultTxTimeout,
 		"bound of each Neo4j write transaction: how long a writer that stopped mid-transaction (paused, cut off) can hold its locks")
 	dataDir := f.String("data-dir", config.EnvDataDir, "./.converge", "directory of the embedded stores")
 	return func() *Config {

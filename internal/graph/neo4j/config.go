@@ -59,12 +59,18 @@ const MaxBatchSize = 10000
 // MaxWipeBatchSize is the largest Config.WipeBatchSize.
 const MaxWipeBatchSize = 100000
 
+// Default values of [Config] that the graph projector's flags
+// (-neo4j-database, -neo4j-batch, -neo4j-tx-timeout) take too.
 const (
-	defaultDatabase     = "neo4j"
-	defaultBatchSize    = 100
+	DefaultDatabase  = "neo4j"
+	DefaultBatchSize = 100
+	DefaultTxTimeout = 5 * time.Second
+)
+
+// Default values of the other fields of [Config].
+const (
 	defaultWipeBatch    = 10000
 	defaultMaxRetryTime = 30 * time.Second
-	defaultTxTimeout    = 5 * time.Second
 	defaultSchemaWait   = 2 * time.Minute
 )
 
@@ -76,10 +82,10 @@ var schemes = map[string]bool{
 
 func (c *Config) setDefaults() {
 	if c.Database == "" {
-		c.Database = defaultDatabase
+		c.Database = DefaultDatabase
 	}
 	if c.BatchSize == 0 {
-		c.BatchSize = defaultBatchSize
+		c.BatchSize = DefaultBatchSize
 	}
 	if c.WipeBatchSize == 0 {
 		c.WipeBatchSize = defaultWipeBatch
@@ -88,7 +94,7 @@ func (c *Config) setDefaults() {
 		c.MaxRetryTime = defaultMaxRetryTime
 	}
 	if c.TxTimeout == 0 {
-		c.TxTimeout = defaultTxTimeout
+		c.TxTimeout = DefaultTxTimeout
 	}
 	if c.SchemaWait == 0 {
 		c.SchemaWait = defaultSchemaWait
