@@ -15,6 +15,7 @@ import (
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/embed"
 	"github.com/converge-sync/converge/internal/index"
+	"github.com/converge-sync/converge/internal/index/qdrant"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/service"
@@ -57,14 +58,14 @@ func Flags(f *config.Flags) func() *Config {
 	qKey := f.String("qdrant-api-key", EnvQdrantAPIKey, "", "Qdrant API key")
 	qTLS := f.Bool("qdrant-tls", "CONVERGE_QDRANT_TLS", false, "connect to Qdrant over TLS")
 	qCA := f.String("qdrant-ca", EnvQdrantCA, "", "PEM file of the CA certificates the Qdrant server's certificate chains to, trusted instead of the system's roots (implies -qdrant-tls)")
-	qColl := f.String("qdrant-collection", "CONVERGE_QDRANT_COLLECTION", "converge_chunks", "Qdrant collection (or alias)")
-	qBatch := f.Int("qdrant-batch", "CONVERGE_QDRANT_BATCH", 128, "points per Qdrant upsert")
-	qPar := f.Int("qdrant-parallel", "CONVERGE_QDRANT_PARALLEL", 2, "concurrent Qdrant upserts")
+	qColl := f.String("qdrant-collection", "CONVERGE_QDRANT_COLLECTION", qdrant.DefaultCollection, "Qdrant collection (or alias)")
+	qBatch := f.Int("qdrant-batch", "CONVERGE_QDRANT_BATCH", qdrant.DefaultBatchSize, "points per Qdrant upsert")
+	qPar := f.Int("qdrant-parallel", "CONVERGE_QDRANT_PARALLEL", qdrant.DefaultParallel, "concurrent Qdrant upserts")
 	dataDir := f.String("data-dir", config.EnvDataDir, "./.converge", "directory of the embedded stores")
 	eURL := f.String("embed-url", EnvEmbedURL, "", "base URL of an OpenAI-compatible /v1/embeddings endpoint (empty: the local hash embedder)")
 	eModel := f.String("embed-model", "CONVERGE_EMBED_MODEL", "", "embedding model (with -embed-url)")
 	eKey := f.String("embed-api-key", EnvEmbedAPIKey, "", "embedding API key (with -embed-url)")
-	eDim := f.Int("embed-dim", "CONVERGE_EMBED_DIM", 0, "vector dimension: the model's (required with -embed-url), or the hash embedder's (default 256)")
+	eDim := f.Int("embed-dim", "CONVERGE_EMBED_DIM", 0, fmt.Sprintf("vector dimension: the model's (required with -embed-url), or the hash embedder's (default %d)", embed.DefaultHashDimension))
 	vVec := f.Int("verify-vectors", "CONVERGE_VERIFY_VECTORS", 16, "each verify embeds the chunks of 1 document in N again and compares them with the stored vectors (1: all, 0: none)")
 	return func() *Config {
 		return &Config{QdrantURL: *qURL, QdrantAPIKey: *qKey, QdrantTLS: *qTLS, QdrantCA: *qCA, QdrantCollection: *qColl,

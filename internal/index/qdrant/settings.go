@@ -8,6 +8,17 @@ import (
 	"github.com/converge-sync/converge/internal/index"
 )
 
+// Default values of [Config], exported for the index projector's flags
+// (-qdrant-collection, -qdrant-batch, -qdrant-parallel), which take them
+// too, and for its Stores (the Timeout). Each is written once, in
+// config.go, whose setDefaults gives them to a zero Config.
+const (
+	DefaultCollection = defaultCollection
+	DefaultBatchSize  = defaultBatchSize
+	DefaultParallel   = defaultParallel
+	DefaultTimeout    = defaultTimeout
+)
+
 // checkSettings refuses, at start, a collection whose settings the backend
 // cannot work under, naming the setting, instead of failing each event.
 //
