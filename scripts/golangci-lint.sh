@@ -15,8 +15,10 @@ lint="$dir/golangci-lint"
 
 if [ ! -x "$lint" ] || ! "$lint" version 2>/dev/null | grep -q "version $version "; then
 	echo "installing golangci-lint $version into $dir" >&2
+	start=$(date +%s)
 	mkdir -p "$dir"
 	GOBIN="$PWD/$dir" go install "github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v$version"
+	echo "installed golangci-lint $version in $(($(date +%s) - start)) s" >&2
 fi
 if [ $# -eq 0 ]; then
 	set -- run ./...
