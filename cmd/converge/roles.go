@@ -21,6 +21,9 @@ var rolePasswordEnv = map[string]string{
 	roles.Writer: "CONVERGE_WRITER_PASSWORD",
 	roles.Relay:  "CONVERGE_RELAY_PASSWORD",
 	roles.Reader: "CONVERGE_READER_PASSWORD",
+	// Optional: a role a team grants to its application's own role needs
+	// no password; one a producer connects as does.
+	roles.Producer: "CONVERGE_PRODUCER_PASSWORD",
 }
 
 // rolesCmd is `converge roles apply`: make the cluster hold converge's

@@ -89,11 +89,17 @@ func TestCatalogHoldsTheDefinition(t *testing.T) {
 			t.Errorf("%s is not in roles.Tables or roles.Sequences: add it there and grant it", rel)
 		}
 	}
-	want := map[string]map[string]string{roles.Writer: {}, roles.Relay: {}, roles.Reader: {}}
+	want := map[string]map[string]string{roles.Writer: {}, roles.Relay: {}, roles.Reader: {}, roles.Producer: {}}
 	for _, rel := range rels {
 		switch {
 		case rel == "schema_migrations":
 			want[roles.Writer][rel] = "SELECT"
+		case rel == "converge_inbox":
+			// Producers hand over; the writer takes, refuses, deletes.
+			want[roles.Writer][rel] = "DELETE SELECT UPDATE"
+			want[roles.Producer][rel] = "INSERT SELECT"
+		case rel == "sequence converge_inbox_id_seq":
+			// An identity column's: inserts need no privilege on it.
 		case strings.HasPrefix(rel, "sequence "):
 			want[roles.Writer][rel] = "USAGE"
 		default:

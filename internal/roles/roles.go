@@ -6,6 +6,10 @@ const (
 	Writer = "converge_writer"
 	Relay  = "converge_relay"
 	Reader = "converge_reader"
+	// Producer hands documents over in its own transactions (the
+	// converge_inbox table); a team grants it to its application's role,
+	// or connects as it.
+	Producer = "converge_producer"
 )
 
 // Publication is the publication the relay streams (migration 1 creates it,
@@ -45,8 +49,10 @@ type TableGrant struct {
 // one adds it here and grants it below; the roles tests check both against
 // the catalog of a migrated database.
 var (
-	Tables    = []string{"documents", "chunks", "outbox", "schema_migrations"}
-	Sequences = []string{"outbox_emission_seq"}
+	Tables    = []string{"documents", "chunks", "outbox", "schema_migrations", "converge_inbox"}
+	// converge_inbox_id_seq is its identity column's, which an insert
+	// uses without any privilege on it: nobody is granted it.
+	Sequences = []string{"outbox_emission_seq", "converge_inbox_id_seq"}
 )
 
 // Definition is every role, in the order Apply creates them.
@@ -62,6 +68,9 @@ var Definition = []Role{
 			// SELECT because upserts (ON CONFLICT ... WHERE) and deletes
 			// read the rows they change.
 			{Privileges: "SELECT, INSERT, UPDATE, DELETE", Objects: []string{"documents", "chunks", "outbox"}},
+			// It takes what producers handed over, marks what it refuses
+			// and deletes what it applied.
+			{Privileges: "SELECT, UPDATE, DELETE", Objects: []string{"converge_inbox"}},
 			// Re-emissions number their outbox rows from it (nextval).
 			{Privileges: "USAGE", Sequence: true, Objects: []string{"outbox_emission_seq"}},
 			// Its readiness check reads the schema version.
@@ -80,7 +89,16 @@ var Definition = []Role{
 		Name: Reader, Job: "read-only: `converge verify`, `converge status`, `converge migrate status`",
 		OnDatabase: "CONNECT", OnSchema: "USAGE",
 		Grants: []TableGrant{
-			{Privileges: "SELECT", Objects: []string{"documents", "chunks", "outbox", "schema_migrations"}},
+			{Privileges: "SELECT", Objects: []string{"documents", "chunks", "outbox", "schema_migrations", "converge_inbox"}},
+		},
+	},
+	{
+		Name: Producer, Job: "a producer: hands documents over in its own transactions (INSERT INTO converge_inbox) and reads what it handed over",
+		OnDatabase: "CONNECT", OnSchema: "USAGE",
+		Grants: []TableGrant{
+			// SELECT to find its refused rows; the identity column needs
+			// no privilege on its sequence.
+			{Privileges: "SELECT, INSERT", Objects: []string{"converge_inbox"}},
 		},
 	},
 }

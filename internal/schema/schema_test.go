@@ -43,7 +43,7 @@ func features(t *testing.T, url string) string {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	var emission, metaText, fk, lz4, trace, xid bool
+	var emission, metaText, fk, lz4, trace, xid, inbox bool
 	if err := conn.QueryRow(context.Background(), `SELECT
 		EXISTS (SELECT FROM information_schema.columns WHERE table_name = 'outbox' AND column_name = 'emission')
 		AND EXISTS (SELECT FROM pg_class WHERE relname = 'outbox_emission_seq' AND relkind = 'S'),
@@ -52,14 +52,15 @@ func features(t *testing.T, url string) string {
 		EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'outbox'::regclass AND attname = 'payload' AND attcompression = 'l'),
 		EXISTS (SELECT FROM information_schema.columns WHERE table_name = 'outbox' AND column_name = 'trace_context'),
 		EXISTS (SELECT FROM information_schema.columns WHERE table_name = 'outbox' AND column_name = 'xid')
-		AND EXISTS (SELECT FROM pg_class WHERE relname = 'outbox_xid' AND relkind = 'i')`).Scan(&emission, &metaText, &fk, &lz4, &trace, &xid); err != nil {
+		AND EXISTS (SELECT FROM pg_class WHERE relname = 'outbox_xid' AND relkind = 'i'),
+		to_regclass('converge_inbox') IS NOT NULL AND EXISTS (SELECT FROM pg_trigger WHERE tgname = 'converge_inbox_notify')`).Scan(&emission, &metaText, &fk, &lz4, &trace, &xid, &inbox); err != nil {
 		t.Fatal(err)
 	}
 	var out []string
 	for _, f := range []struct {
 		has  bool
 		name string
-	}{{emission, "emission"}, {metaText, "meta_text"}, {fk, "fk"}, {lz4, "lz4"}, {trace, "trace"}, {xid, "xid"}} {
+	}{{emission, "emission"}, {metaText, "meta_text"}, {fk, "fk"}, {lz4, "lz4"}, {trace, "trace"}, {xid, "xid"}, {inbox, "inbox"}} {
 		if f.has {
 			out = append(out, f.name)
 		}
@@ -67,26 +68,26 @@ func features(t *testing.T, url string) string {
 	return strings.Join(out, " ")
 }
 
-// The newest schema is version 7. Each down migration undoes exactly its
+// The newest schema is version 8. Each down migration undoes exactly its
 // up migration, one step at a time down to version 1, and up again.
 func TestMigrationsUpAndDown(t *testing.T) {
 	ctx := context.Background()
 	url := pg.NewDatabase(t)
 	latest, err := schema.LatestVersion()
-	if err != nil || latest != 7 {
-		t.Fatalf("latest embedded version %d (%v), want 7", latest, err)
+	if err != nil || latest != 8 {
+		t.Fatalf("latest embedded version %d (%v), want 8", latest, err)
 	}
 	st, err := schema.Up(ctx, url)
-	if err != nil || !st.Current() || st.Version != 7 {
+	if err != nil || !st.Current() || st.Version != 8 {
 		t.Fatalf("up: %+v %v", st, err)
 	}
-	want := map[uint]string{7: "emission meta_text lz4 trace xid", 6: "emission meta_text lz4 trace", 5: "emission meta_text lz4", 4: "emission meta_text", 3: "emission meta_text fk", 2: "emission fk", 1: "fk"}
+	want := map[uint]string{8: "emission meta_text lz4 trace xid inbox", 7: "emission meta_text lz4 trace xid", 6: "emission meta_text lz4 trace", 5: "emission meta_text lz4", 4: "emission meta_text", 3: "emission meta_text fk", 2: "emission fk", 1: "fk"}
 	if !pg.HasLZ4(t) {
 		// Version 5 changes nothing on such a server.
-		want[5], want[6], want[7] = want[4], want[4]+" trace", want[4]+" trace xid"
+		want[5], want[6], want[7], want[8] = want[4], want[4]+" trace", want[4]+" trace xid", want[4]+" trace xid inbox"
 	}
-	if got := features(t, url); got != want[7] {
-		t.Fatalf("version 7 has %q, want %q", got, want[7])
+	if got := features(t, url); got != want[8] {
+		t.Fatalf("version 8 has %q, want %q", got, want[8])
 	}
 	// Version 4 allows a chunk without its document; going down removes
 	// it, or the constraint could not come back.
@@ -96,7 +97,7 @@ func TestMigrationsUpAndDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for v := uint(6); v >= 1; v-- {
+	for v := uint(7); v >= 1; v-- {
 		if err := m.Steps(-1); err != nil {
 			t.Fatalf("down to version %d: %v", v, err)
 		}
@@ -113,7 +114,7 @@ func TestMigrationsUpAndDown(t *testing.T) {
 	if st, err := schema.Inspect(ctx, url); err != nil || st.Current() || st.Version != 1 {
 		t.Fatalf("inspect at version 1: %+v %v", st, err)
 	}
-	if st, err := schema.Up(ctx, url); err != nil || st.Version != 7 || features(t, url) != want[7] {
+	if st, err := schema.Up(ctx, url); err != nil || st.Version != 8 || features(t, url) != want[8] {
 		t.Fatalf("up again: %+v %v, features %q", st, err, features(t, url))
 	}
 }
@@ -159,8 +160,8 @@ func TestUpSettlesADirtyVersion(t *testing.T) {
 		at   uint // the version Up applied before the "kill"
 		mark uint // the version marked dirty
 	}{
-		{"applied, not yet marked clean", 7, 7},
-		{"not applied", 6, 7},
+		{"applied, not yet marked clean", 8, 8},
+		{"not applied", 7, 8},
 		{"idempotent, run again", 4, 5},
 		{"the first, not applied", 0, 1},
 	} {
@@ -189,9 +190,9 @@ func TestUpSettlesADirtyVersion(t *testing.T) {
 			if err != nil || !st.Current() {
 				t.Fatalf("up over a dirty version %d: %+v, %v", c.mark, st, err)
 			}
-			want := "emission meta_text lz4 trace xid"
+			want := "emission meta_text lz4 trace xid inbox"
 			if !pg.HasLZ4(t) {
-				want = "emission meta_text trace xid"
+				want = "emission meta_text trace xid inbox"
 			}
 			if got := features(t, url); got != want {
 				t.Fatalf("after: %q, want %q", got, want)

@@ -123,8 +123,9 @@ type Stack struct {
 	// throwaway cluster's superuser on its converge database); these are
 	// converge's roles on the same database, with their passwords (never
 	// print them): the schema's owner, the writer, the relay, and the
-	// read-only role of verify and status.
-	OwnerURL, WriterURL, RelayURL, ReaderURL string
+	// read-only role of verify and status; and the producers' role, which
+	// hands documents over in its own transactions (converge_inbox).
+	OwnerURL, WriterURL, RelayURL, ReaderURL, ProducerURL string
 
 	// TokensFile (in the data directory, 0600) holds the bearer tokens
 	// the writer and both projectors accept: OperatorToken (scopes admin
@@ -512,7 +513,8 @@ func (s *Stack) applyRoles(ctx context.Context) error {
 	}
 	defer conn.Close(context.Background())
 	opts := roles.Options{Database: strings.TrimPrefix(u.Path, "/"), Passwords: map[string]string{}}
-	urls := map[string]*string{roles.Owner: &s.OwnerURL, roles.Writer: &s.WriterURL, roles.Relay: &s.RelayURL, roles.Reader: &s.ReaderURL}
+	urls := map[string]*string{roles.Owner: &s.OwnerURL, roles.Writer: &s.WriterURL, roles.Relay: &s.RelayURL, roles.Reader: &s.ReaderURL,
+		roles.Producer: &s.ProducerURL}
 	for _, name := range roles.Names() {
 		pw := rand.Text() // 26 characters of base32: printable, URL-safe
 		opts.Passwords[name] = pw
