@@ -191,6 +191,63 @@ func (s *Store) Withdraw(ctx context.Context, key string, version int64) (Outcom
 // outcome and do not prevent the others; the returned error is for the
 // batch as a whole (the database failed), in which case nothing was stored.
 func (s *Store) Apply(ctx context.Context, writes []Write) ([]Outcome, error) {
+	outs, rounds := s.prepareRounds(writes)
+	if len(rounds) == 0 {
+		return outs, nil
+	}
+	// Asked before any transaction holds a connection of the pool.
+	traced := s.traced(ctx)
+	err := s.retry(ctx, func() error {
+		if len(rounds) == 1 {
+			return s.applySingleRound(ctx, rounds[0], outs, traced)
+		}
+		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error { return applyRounds(ctx, tx, rounds, outs, traced) })
+	})
+	if err != nil {
+		return nil, err
+	}
+	return outs, nil
+}
+
+// ApplyTx is [Store.Apply] inside the caller's transaction tx, which it
+// neither retries nor ends: what the writer applies together with its
+// own changes to other tables (the inbox's rows it takes). An error
+// leaves tx to be rolled back (or, inside a savepoint, the savepoint).
+func (s *Store) ApplyTx(ctx context.Context, tx pgx.Tx, writes []Write) ([]Outcome, error) {
+	outs, rounds := s.prepareRounds(writes)
+	if len(rounds) == 0 {
+		return outs, nil
+	}
+	// Asked in tx: the caller's transaction holds one of the pool's
+	// connections already, and the pool may have no other.
+	if err := applyRounds(ctx, tx, rounds, outs, s.tracedIn(ctx, tx)); err != nil {
+		return nil, err
+	}
+	return outs, nil
+}
+
+// applyRounds locks the keys of every round and writes the rounds, in tx.
+func applyRounds(ctx context.Context, tx pgx.Tx, rounds []round, outs []Outcome, traced bool) error {
+	if _, err := tx.Exec(ctx, lockSQL, rounds[0].keys()); err != nil {
+		return fmt.Errorf("docstore: lock keys: %w", err)
+	}
+	for _, r := range rounds {
+		sql, args := applyStatement(r, traced)
+		rows, err := tx.Query(ctx, sql, args...)
+		if err != nil {
+			return fmt.Errorf("docstore: apply: %w", err)
+		}
+		if err := finishRound(r, rows, outs); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// prepareRounds validates and derives every write: the outcome of each
+// (its error, for an invalid one), and the valid ones in rounds of
+// distinct keys, each sorted by key.
+func (s *Store) prepareRounds(writes []Write) ([]Outcome, []round) {
 	outs := make([]Outcome, len(writes))
 	rounds := make([]round, 0, 1)
 	seen := make(map[string]int, len(writes))
@@ -213,40 +270,11 @@ func (s *Store) Apply(ctx context.Context, writes []Write) ([]Outcome, error) {
 		}
 		rounds[r] = append(rounds[r], p)
 	}
-	if len(rounds) == 0 {
-		return outs, nil
-	}
 	for _, r := range rounds {
 		// A consistent row lock order across concurrent batches.
 		slices.SortFunc(r, func(a, b prepared) int { return strings.Compare(a.key, b.key) })
 	}
-	// Asked before any transaction holds a connection of the pool.
-	traced := s.traced(ctx)
-	err := s.retry(ctx, func() error {
-		if len(rounds) == 1 {
-			return s.applySingleRound(ctx, rounds[0], outs, traced)
-		}
-		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, lockSQL, rounds[0].keys()); err != nil {
-				return fmt.Errorf("docstore: lock keys: %w", err)
-			}
-			for _, r := range rounds {
-				sql, args := applyStatement(r, traced)
-				rows, err := tx.Query(ctx, sql, args...)
-				if err != nil {
-					return fmt.Errorf("docstore: apply: %w", err)
-				}
-				if err := finishRound(r, rows, outs); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-	})
-	if err != nil {
-		return nil, err
-	}
-	return outs, nil
+	return outs, rounds
 }
 
 // applySQL writes a round; applySQLUntraced on an outbox without the
@@ -333,7 +361,15 @@ func applyStatement(r round, traced bool) (string, []any) {
 // version 6). A writer newer than its schema keeps writing, without the
 // trace contexts, until `converge migrate up`: it looks again a minute
 // later.
-func (s *Store) traced(ctx context.Context) bool {
+func (s *Store) traced(ctx context.Context) bool { return s.tracedIn(ctx, s.pool) }
+
+// rowQuerier is a pool or a transaction.
+type rowQuerier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// tracedIn is traced, asked of q.
+func (s *Store) tracedIn(ctx context.Context, q rowQuerier) bool {
 	if s.traceColumn.Load() {
 		return true
 	}
@@ -342,7 +378,7 @@ func (s *Store) traced(ctx context.Context) bool {
 		return false
 	}
 	var ok bool
-	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_attribute
+	err := q.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_attribute
 		WHERE attrelid = 'outbox'::regclass AND attname = 'trace_context' AND NOT attisdropped)`).Scan(&ok)
 	if err != nil {
 		return false // the write itself will meet the failure
