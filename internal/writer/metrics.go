@@ -14,6 +14,7 @@ type Metrics struct {
 	Retries      prometheus.Counter
 	DeadLetter   *prometheus.CounterVec // ingest messages dead-lettered, by code
 	OutboxPruned prometheus.Counter
+	InboxRefused *prometheus.CounterVec // handed-over documents refused, by code
 }
 
 // NewMetrics creates the writer's metrics and registers them with reg.
@@ -23,10 +24,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "converge_writer_requests_total", Help: "HTTP requests by route and status code.",
 		}, []string{"route", "code"}),
 		Documents: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "converge_writer_documents_total", Help: "Document writes by source (http, batch, ingest) and result (applied, unchanged, stale, conflict, invalid); re-emissions as source reemit, result reemitted or not_found.",
+			Name: "converge_writer_documents_total", Help: "Document writes by source (http, batch, ingest, inbox) and result (applied, unchanged, stale, conflict, invalid); re-emissions as source reemit, result reemitted or not_found.",
 		}, []string{"source", "result"}),
 		TxSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "converge_writer_tx_seconds", Help: "Latency of one write transaction, by path (single, batch, ingest, reemit).",
+			Name: "converge_writer_tx_seconds", Help: "Latency of one write transaction, by path (single, batch, ingest, inbox, reemit).",
 			Buckets: prometheus.ExponentialBuckets(0.0002, 2, 16),
 		}, []string{"path"}),
 		Retries: prometheus.NewCounter(prometheus.CounterOpts{
@@ -38,9 +39,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		OutboxPruned: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "converge_writer_outbox_pruned_total", Help: "Outbox rows deleted by retention.",
 		}),
+		InboxRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "converge_writer_inbox_refused_total",
+			Help: "Documents handed over in converge_inbox that the writer refused (kept there with the code and message), by code.",
+		}, []string{"code"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Requests, m.Documents, m.TxSeconds, m.Retries, m.DeadLetter, m.OutboxPruned)
+		reg.MustRegister(m.Requests, m.Documents, m.TxSeconds, m.Retries, m.DeadLetter, m.OutboxPruned, m.InboxRefused)
 	}
 	return m
 }

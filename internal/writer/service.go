@@ -31,6 +31,9 @@ type ServiceConfig struct {
 	Ingest        IngestConfig
 	Store         docstore.Config
 	Retention     RetentionConfig
+	// Inbox drains converge_inbox, the documents producers hand over in
+	// their own transactions, unless Off.
+	Inbox InboxConfig
 	// TokensFile names the bearer tokens the API accepts (see package
 	// auth), reloaded on SIGHUP; empty: no authentication, which Run
 	// allows only on a loopback HTTPAddr unless InsecureNoAuth.
@@ -110,6 +113,8 @@ func Flags(f *config.Flags) func() (ServiceConfig, error) {
 	ackWait := f.Duration("ack-wait", "CONVERGE_WRITER_ACK_WAIT", DefaultIngestAckWait,
 		"how long an ingest message stays with a writer that took it before it is delivered again (a writer that died holds it that long)")
 	retention := f.Duration("outbox-retention", "CONVERGE_OUTBOX_RETENTION", DefaultOutboxRetention, "delete outbox rows older than this (negative: never); the relay reads WAL, not the table")
+	inbox := f.Bool("inbox", "CONVERGE_WRITER_INBOX", true, "apply the documents producers hand over in their own transactions (converge_inbox), woken by LISTEN/NOTIFY")
+	inboxBatch := f.Int("inbox-batch", "CONVERGE_WRITER_INBOX_BATCH", DefaultInboxBatch, "handed-over documents applied per transaction")
 	replicas := f.Replicas() // the ingest stream and its dead letters
 	security := auth.BindFlags(f)
 	natsAuth := natsauth.Flags(f)
@@ -122,6 +127,7 @@ func Flags(f *config.Flags) func() (ServiceConfig, error) {
 		c.API.BatchSize = *batch
 		c.Ingest.AckWait, c.Ingest.Replicas = *ackWait, *replicas
 		c.Retention.Retention = *retention
+		c.Inbox.Off, c.Inbox.BatchSize = !*inbox, *inboxBatch
 		sec := security()
 		c.TokensFile, c.InsecureNoAuth, c.TLSCert, c.TLSKey = sec.TokensFile, sec.InsecureNoAuth, sec.TLSCert, sec.TLSKey
 		c.InsecurePlainHTTP = sec.InsecurePlainHTTP
@@ -220,6 +226,10 @@ func Run(ctx context.Context, cfg ServiceConfig, deps service.Deps) error {
 		RunOutboxRetention(ctx, store, cfg.Retention, metrics, log.With("component", "retention"))
 		return nil
 	})
+	if !cfg.Inbox.Off {
+		inbox := NewInbox(deps.Postgres, store, cfg.Inbox, metrics, log.With("component", "inbox"))
+		g.Go(func() error { return inbox.Run(ctx) })
+	}
 
 	if tokens.Enabled() {
 		g.Go(func() error {

@@ -1,0 +1,276 @@
+package writer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/converge-sync/converge/internal/docstore"
+	"github.com/converge-sync/converge/internal/retry"
+)
+
+// InboxChannel is the channel the inbox's trigger notifies when a
+// transaction that handed documents over commits (migration 8).
+const InboxChannel = "converge_inbox"
+
+// DefaultInboxBatch is how many handed-over rows one transaction takes.
+const DefaultInboxBatch = 256
+
+// InboxConfig of the inbox's drain.
+type InboxConfig struct {
+	// Off: the writer does not drain converge_inbox (another writer
+	// does, or no producer hands documents over).
+	Off bool
+	// BatchSize is how many rows one transaction takes; default
+	// DefaultInboxBatch.
+	BatchSize int
+	// RetryMin and RetryMax bound the backoff after a failure (the
+	// database unreachable); defaults 100ms and 10s.
+	RetryMin, RetryMax time.Duration
+}
+
+func (c *InboxConfig) setDefaults() {
+	if c.BatchSize <= 0 {
+		c.BatchSize = DefaultInboxBatch
+	}
+	if c.RetryMin <= 0 {
+		c.RetryMin = 100 * time.Millisecond
+	}
+	if c.RetryMax < c.RetryMin {
+		c.RetryMax = max(10*time.Second, c.RetryMin)
+	}
+}
+
+// InboxStore is what the inbox applies with: a docstore.Store.
+type InboxStore interface {
+	ApplyTx(ctx context.Context, tx pgx.Tx, writes []docstore.Write) ([]docstore.Outcome, error)
+}
+
+// Inbox applies the documents producers hand over in their own
+// transactions (converge_inbox): each row is applied as the API applies
+// PUT /v1/documents/{key} (or DELETE, withdraw true) and deleted in the
+// same transaction, or, when the API would refuse it, kept with the
+// refusal's code and message. Rows are taken with FOR UPDATE SKIP LOCKED,
+// so that several writers drain at once and none takes a row another
+// holds; a writer that dies mid-transaction leaves its rows untaken (its
+// transaction is rolled back) for the next. It drains when it starts,
+// whenever it (re)connects, and when the trigger's notification says a
+// producer committed, never on a timer.
+type Inbox struct {
+	pool    *pgxpool.Pool
+	store   InboxStore
+	cfg     InboxConfig
+	metrics *Metrics
+	log     *slog.Logger
+}
+
+// NewInbox returns the inbox's drain over pool.
+func NewInbox(pool *pgxpool.Pool, store InboxStore, cfg InboxConfig, metrics *Metrics, log *slog.Logger) *Inbox {
+	cfg.setDefaults()
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if metrics == nil {
+		metrics = NewMetrics(nil)
+	}
+	return &Inbox{pool: pool, store: store, cfg: cfg, metrics: metrics, log: log}
+}
+
+// Run drains the inbox until ctx ends: after LISTEN on a connection of
+// its own, and then each time a notification arrives. A failure (the
+// database gone) is logged and retried with backoff; it returns nil when
+// ctx ends.
+func (in *Inbox) Run(ctx context.Context) error {
+	backoff := retry.Backoff{Min: in.cfg.RetryMin, Max: in.cfg.RetryMax}
+	for attempt := 0; ; attempt++ {
+		err := in.listen(ctx, func() { attempt = 0 })
+		if ctx.Err() != nil {
+			return nil
+		}
+		in.log.Warn("inbox: draining stopped; retrying", "err", err, "attempt", attempt+1)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(backoff.Delay(attempt)):
+		}
+	}
+}
+
+// listen holds one connection listening on InboxChannel and drains after
+// LISTEN (what committed before it is not notified to it) and after every
+// notification.
+func (in *Inbox) listen(ctx context.Context, healthy func()) error {
+	conn, err := in.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	// The connection's session listens: it leaves the pool for good.
+	listener := conn.Hijack()
+	defer listener.Close(context.Background()) //nolint:errcheck // closing a connection being given up
+	if _, err := listener.Exec(ctx, "LISTEN "+InboxChannel); err != nil {
+		return fmt.Errorf("inbox: listen: %w", err)
+	}
+	for {
+		if _, err := in.Drain(ctx); err != nil {
+			return err
+		}
+		healthy()
+		if _, err := listener.WaitForNotification(ctx); err != nil {
+			return fmt.Errorf("inbox: wait for a notification: %w", err)
+		}
+	}
+}
+
+// Drain applies what is pending in the inbox, a batch per transaction,
+// until a batch finds fewer rows than it may take; it returns how many
+// rows it took (applied or refused).
+func (in *Inbox) Drain(ctx context.Context) (int, error) {
+	total := 0
+	for {
+		n, err := in.drainBatch(ctx)
+		total += n
+		if err != nil || n < in.cfg.BatchSize {
+			return total, err
+		}
+	}
+}
+
+// inboxRow is one row taken from the inbox.
+type inboxRow struct {
+	id       int64
+	key      string
+	document []byte
+}
+
+const takeInboxSQL = `SELECT id, key, document::text FROM converge_inbox
+WHERE refused_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`
+
+// drainBatch takes up to a batch of pending rows, applies them, deletes
+// the applied ones and marks the refused ones, in one transaction.
+func (in *Inbox) drainBatch(ctx context.Context) (int, error) {
+	start := time.Now()
+	tx, err := in.pool.Begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("inbox: begin: %w", err)
+	}
+	defer tx.Rollback(context.Background()) //nolint:errcheck // after Commit, a no-op
+	rows, err := tx.Query(ctx, takeInboxSQL, in.cfg.BatchSize)
+	if err != nil {
+		return 0, fmt.Errorf("inbox: take: %w", err)
+	}
+	taken, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (inboxRow, error) {
+		var row inboxRow
+		var doc string
+		err := r.Scan(&row.id, &row.key, &doc)
+		row.document = []byte(doc)
+		return row, err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("inbox: take: %w", err)
+	}
+	if len(taken) == 0 {
+		return 0, nil
+	}
+	outs := make([]docstore.Outcome, len(taken))
+	var writes []docstore.Write
+	var at []int // the index in taken of each write
+	for i, row := range taken {
+		wr, err := decodeInbox(row)
+		if err != nil {
+			outs[i] = docstore.Outcome{Key: row.key, Err: err}
+			continue
+		}
+		writes = append(writes, wr)
+		at = append(at, i)
+	}
+	applied, err := applyIsolatingTx(ctx, tx, in.store, writes)
+	if err != nil {
+		return 0, err
+	}
+	for j, o := range applied {
+		outs[at[j]] = o
+	}
+	var done, refusedIDs []int64
+	var codes, messages []string
+	for i, o := range outs {
+		if o.Err == nil {
+			done = append(done, taken[i].id)
+			continue
+		}
+		_, code := errorStatus(o.Err)
+		refusedIDs, codes, messages = append(refusedIDs, taken[i].id), append(codes, code), append(messages, o.Err.Error())
+	}
+	if len(done) > 0 {
+		if _, err := tx.Exec(ctx, `DELETE FROM converge_inbox WHERE id = ANY($1)`, done); err != nil {
+			return 0, fmt.Errorf("inbox: delete the applied rows: %w", err)
+		}
+	}
+	if len(refusedIDs) > 0 {
+		if _, err := tx.Exec(ctx, `UPDATE converge_inbox i SET refused_at = now(), refused_code = r.code, refused_message = r.message
+			FROM unnest($1::int8[], $2::text[], $3::text[]) AS r(id, code, message) WHERE i.id = r.id`,
+			refusedIDs, codes, messages); err != nil {
+			return 0, fmt.Errorf("inbox: mark the refused rows: %w", err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, fmt.Errorf("inbox: commit: %w", err)
+	}
+	in.metrics.TxSeconds.WithLabelValues("inbox").Observe(time.Since(start).Seconds())
+	in.metrics.count("inbox", outs)
+	for i, id := range refusedIDs {
+		in.metrics.InboxRefused.WithLabelValues(codes[i]).Inc()
+		in.log.Warn("inbox: refused a handed-over document; it stays in converge_inbox with the reason", "id", id, "code", codes[i])
+	}
+	return len(taken), nil
+}
+
+// decodeInbox is the write a row hands over, validated as the API
+// validates a PUT's body; {"version": N, "withdrawn": true} withdraws, as
+// on the ingest subjects.
+func decodeInbox(row inboxRow) (docstore.Write, error) {
+	return decodeWrite(row.document, row.key, true)
+}
+
+// applyIsolatingTx is applyIsolating inside tx: each attempt in a
+// savepoint, so that a write Postgres rejects (a permanent error) rolls
+// back its part alone while the rest is applied.
+func applyIsolatingTx(ctx context.Context, tx pgx.Tx, store InboxStore, writes []docstore.Write) ([]docstore.Outcome, error) {
+	if len(writes) == 0 {
+		return nil, nil
+	}
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: savepoint: %w", err)
+	}
+	outs, err := store.ApplyTx(ctx, sp, writes)
+	if err == nil {
+		if err := sp.Commit(ctx); err != nil {
+			return nil, fmt.Errorf("inbox: release savepoint: %w", err)
+		}
+		return outs, nil
+	}
+	if rerr := sp.Rollback(ctx); rerr != nil {
+		return nil, errors.Join(err, rerr)
+	}
+	switch {
+	case !permanent(err):
+		return nil, err
+	case len(writes) == 1:
+		return []docstore.Outcome{{Key: writes[0].Doc.Key, Version: writes[0].Doc.Version, Err: err}}, nil
+	}
+	mid := len(writes) / 2
+	left, err := applyIsolatingTx(ctx, tx, store, writes[:mid])
+	if err != nil {
+		return nil, err
+	}
+	right, err := applyIsolatingTx(ctx, tx, store, writes[mid:])
+	if err != nil {
+		return nil, err
+	}
+	return append(left, right...), nil
+}
