@@ -49,7 +49,7 @@ type TableGrant struct {
 // one adds it here and grants it below; the roles tests check both against
 // the catalog of a migrated database.
 var (
-	Tables    = []string{"documents", "chunks", "outbox", "schema_migrations", "converge_inbox"}
+	Tables = []string{"documents", "chunks", "outbox", "schema_migrations", "converge_inbox"}
 	// converge_inbox_id_seq is its identity column's, which an insert
 	// uses without any privilege on it: nobody is granted it.
 	Sequences = []string{"outbox_emission_seq", "converge_inbox_id_seq"}
