@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/converge-sync/converge/internal/docstore"
 	"github.com/converge-sync/converge/internal/retry"
@@ -18,8 +20,15 @@ import (
 // transaction that handed documents over commits (migration 8).
 const InboxChannel = "converge_inbox"
 
-// DefaultInboxBatch is how many handed-over rows one transaction takes.
-const DefaultInboxBatch = 256
+// Defaults of an [InboxConfig].
+const (
+	// DefaultInboxBatch is how many handed-over rows one transaction
+	// takes.
+	DefaultInboxBatch = 256
+	// DefaultInboxParallel is how many transactions of one writer drain
+	// at once, as the batch API's clients write at once.
+	DefaultInboxParallel = 4
+)
 
 // InboxConfig of the inbox's drain.
 type InboxConfig struct {
@@ -29,6 +38,11 @@ type InboxConfig struct {
 	// BatchSize is how many rows one transaction takes; default
 	// DefaultInboxBatch.
 	BatchSize int
+	// Parallel is how many transactions drain at once; default
+	// DefaultInboxParallel. Rows of one document taken by two of them
+	// are applied in either order: the freshness guard keeps the newest
+	// version, as for two PUTs.
+	Parallel int
 	// RetryMin and RetryMax bound the backoff after a failure (the
 	// database unreachable); defaults 100ms and 10s.
 	RetryMin, RetryMax time.Duration
@@ -37,6 +51,9 @@ type InboxConfig struct {
 func (c *InboxConfig) setDefaults() {
 	if c.BatchSize <= 0 {
 		c.BatchSize = DefaultInboxBatch
+	}
+	if c.Parallel <= 0 {
+		c.Parallel = DefaultInboxParallel
 	}
 	if c.RetryMin <= 0 {
 		c.RetryMin = 100 * time.Millisecond
@@ -127,17 +144,25 @@ func (in *Inbox) listen(ctx context.Context, healthy func()) error {
 }
 
 // Drain applies what is pending in the inbox, a batch per transaction,
-// until a batch finds fewer rows than it may take; it returns how many
-// rows it took (applied or refused).
+// Parallel transactions at once, each until its batch finds fewer rows
+// than it may take; it returns how many rows it took (applied or
+// refused).
 func (in *Inbox) Drain(ctx context.Context) (int, error) {
-	total := 0
-	for {
-		n, err := in.drainBatch(ctx)
-		total += n
-		if err != nil || n < in.cfg.BatchSize {
-			return total, err
-		}
+	var total atomic.Int64
+	var g errgroup.Group
+	for range in.cfg.Parallel {
+		g.Go(func() error {
+			for {
+				n, err := in.drainBatch(ctx)
+				total.Add(int64(n))
+				if err != nil || n < in.cfg.BatchSize {
+					return err
+				}
+			}
+		})
 	}
+	err := g.Wait()
+	return int(total.Load()), err
 }
 
 // inboxRow is one row taken from the inbox.

@@ -115,6 +115,7 @@ func Flags(f *config.Flags) func() (ServiceConfig, error) {
 	retention := f.Duration("outbox-retention", "CONVERGE_OUTBOX_RETENTION", DefaultOutboxRetention, "delete outbox rows older than this (negative: never); the relay reads WAL, not the table")
 	inbox := f.Bool("inbox", "CONVERGE_WRITER_INBOX", true, "apply the documents producers hand over in their own transactions (converge_inbox), woken by LISTEN/NOTIFY")
 	inboxBatch := f.Int("inbox-batch", "CONVERGE_WRITER_INBOX_BATCH", DefaultInboxBatch, "handed-over documents applied per transaction")
+	inboxParallel := f.Int("inbox-parallel", "CONVERGE_WRITER_INBOX_PARALLEL", DefaultInboxParallel, "transactions applying handed-over documents at once")
 	replicas := f.Replicas() // the ingest stream and its dead letters
 	security := auth.BindFlags(f)
 	natsAuth := natsauth.Flags(f)
@@ -127,7 +128,7 @@ func Flags(f *config.Flags) func() (ServiceConfig, error) {
 		c.API.BatchSize = *batch
 		c.Ingest.AckWait, c.Ingest.Replicas = *ackWait, *replicas
 		c.Retention.Retention = *retention
-		c.Inbox.Off, c.Inbox.BatchSize = !*inbox, *inboxBatch
+		c.Inbox.Off, c.Inbox.BatchSize, c.Inbox.Parallel = !*inbox, *inboxBatch, *inboxParallel
 		sec := security()
 		c.TokensFile, c.InsecureNoAuth, c.TLSCert, c.TLSKey = sec.TokensFile, sec.InsecureNoAuth, sec.TLSCert, sec.TLSKey
 		c.InsecurePlainHTTP = sec.InsecurePlainHTTP
