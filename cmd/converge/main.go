@@ -17,6 +17,7 @@ import (
 	"github.com/converge-sync/converge/internal/graphprojector"
 	"github.com/converge-sync/converge/internal/indexprojector"
 	"github.com/converge-sync/converge/internal/notifier"
+	"github.com/converge-sync/converge/internal/relay"
 	"github.com/converge-sync/converge/internal/schema"
 	"github.com/converge-sync/converge/internal/service"
 	"github.com/converge-sync/converge/internal/version"
@@ -152,7 +153,7 @@ func dispatch(ctx context.Context, args []string, out io.Writer) error {
 func migrate(ctx context.Context, sub string, args []string, out io.Writer) error {
 	f := config.NewFlags("converge migrate " + sub)
 	pg := f.String("postgres-url", config.EnvPostgresURL, "", "Postgres URL")
-	slot := f.String("slot", "CONVERGE_RELAY_SLOT", "converge_relay", "the relay's replication slot, created by up so that no event written before the relay's first start is missed (empty: don't create)")
+	slot := f.String("slot", "CONVERGE_RELAY_SLOT", relay.DefaultSlot, "the relay's replication slot, created by up so that no event written before the relay's first start is missed (empty: don't create)")
 	if err := f.Parse(args); err != nil {
 		return err
 	}

@@ -54,7 +54,7 @@ func status(ctx context.Context, args []string, out io.Writer) error {
 	f := config.NewFlags("converge status")
 	pg := f.String("postgres-url", config.EnvPostgresURL, "", "Postgres URL")
 	natsURL := f.String("nats-url", config.EnvNATSURL, "", "NATS URL (empty: Postgres only)")
-	slot := f.String("slot", "CONVERGE_RELAY_SLOT", "converge_relay", "the relay's replication slot")
+	slot := f.String("slot", "CONVERGE_RELAY_SLOT", relay.DefaultSlot, "the relay's replication slot")
 	asJSON := f.Bool("json", "", false, "machine-readable output")
 	indexAddr := indexAddrFlag(f, ", asked for its live generation's embedder (empty: not asked)")
 	natsAuth := natsauth.Flags(f)

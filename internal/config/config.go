@@ -33,6 +33,9 @@ const (
 	EnvMetricsAddr = "CONVERGE_METRICS_ADDR"
 	EnvDataDir     = "CONVERGE_DATA_DIR"
 	EnvLogLevel    = "CONVERGE_LOG_LEVEL"
+	// DefaultDataDir is -data-dir's default: where the embedded stores
+	// (the index, the graph) keep their files.
+	DefaultDataDir = "./.converge"
 	// EnvConfig names the deployment's configuration file (-config).
 	EnvConfig = "CONVERGE_CONFIG"
 )

@@ -54,7 +54,7 @@ func Flags(f *config.Flags) func() *Config {
 	batch := f.Int("neo4j-batch", "CONVERGE_NEO4J_BATCH", neo4j.DefaultBatchSize, "documents per Neo4j transaction")
 	txTimeout := f.Duration("neo4j-tx-timeout", "CONVERGE_NEO4J_TX_TIMEOUT", neo4j.DefaultTxTimeout,
 		"bound of each Neo4j write transaction: how long a writer that stopped mid-transaction (paused, cut off) can hold its locks")
-	dataDir := f.String("data-dir", config.EnvDataDir, "./.converge", "directory of the embedded stores")
+	dataDir := f.String("data-dir", config.EnvDataDir, config.DefaultDataDir, "directory of the embedded stores")
 	return func() *Config {
 		return &Config{Neo4jURL: *url, Neo4jUser: *user, Neo4jPassword: *password, Neo4jCA: *ca, Neo4jDatabase: *database,
 			Neo4jBatch: *batch, Neo4jTxTimeout: *txTimeout, DataDir: *dataDir}

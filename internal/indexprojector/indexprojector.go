@@ -61,7 +61,7 @@ func Flags(f *config.Flags) func() *Config {
 	qColl := f.String("qdrant-collection", "CONVERGE_QDRANT_COLLECTION", qdrant.DefaultCollection, "Qdrant collection (or alias)")
 	qBatch := f.Int("qdrant-batch", "CONVERGE_QDRANT_BATCH", qdrant.DefaultBatchSize, "points per Qdrant upsert")
 	qPar := f.Int("qdrant-parallel", "CONVERGE_QDRANT_PARALLEL", qdrant.DefaultParallel, "concurrent Qdrant upserts")
-	dataDir := f.String("data-dir", config.EnvDataDir, "./.converge", "directory of the embedded stores")
+	dataDir := f.String("data-dir", config.EnvDataDir, config.DefaultDataDir, "directory of the embedded stores")
 	eURL := f.String("embed-url", EnvEmbedURL, "", "base URL of an OpenAI-compatible /v1/embeddings endpoint (empty: the local hash embedder)")
 	eModel := f.String("embed-model", "CONVERGE_EMBED_MODEL", "", "embedding model (with -embed-url)")
 	eKey := f.String("embed-api-key", EnvEmbedAPIKey, "", "embedding API key (with -embed-url)")

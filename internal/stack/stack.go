@@ -193,7 +193,7 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 	if _, err := schema.Up(ctx, s.OwnerURL); err != nil {
 		return nil, err
 	}
-	if _, err := schema.EnsureSlot(ctx, s.RelayURL, "converge_relay"); err != nil {
+	if _, err := schema.EnsureSlot(ctx, s.RelayURL, relay.DefaultSlot); err != nil {
 		return nil, err
 	}
 
@@ -218,6 +218,14 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 	svc, err := s.settings()
 	if err != nil {
 		return nil, err
+	}
+	if slot := svc.relay.Relay.Slot; slot != relay.DefaultSlot {
+		// A slot of the relay's settings (CONVERGE_RELAY_SLOT, the
+		// configuration file), made before the first write as the
+		// default one was.
+		if _, err := schema.EnsureSlot(ctx, s.RelayURL, slot); err != nil {
+			return nil, err
+		}
 	}
 
 	runCtx, cancel := context.WithCancel(context.Background())
