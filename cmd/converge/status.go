@@ -29,6 +29,7 @@ import (
 type statusReport struct {
 	Slot      pipeline.SlotStatus       `json:"slot"`
 	Outbox    pipeline.OutboxStatus     `json:"outbox"`
+	Inbox     pipeline.InboxStatus      `json:"inbox"`
 	Streams   []pipeline.StreamStatus   `json:"streams,omitempty"`
 	Consumers []pipeline.ConsumerStatus `json:"consumers,omitempty"`
 	// Rebuilds are those in progress, or interrupted and resumed when
@@ -115,6 +116,9 @@ func collectStatus(ctx context.Context, pgURL, natsURL, slot string, natsOpts ..
 	if rep.Outbox, err = pipeline.ReadOutbox(ctx, conn); err != nil {
 		return rep, err
 	}
+	if rep.Inbox, err = pipeline.ReadInbox(ctx, conn); err != nil {
+		return rep, err
+	}
 	if natsURL == "" {
 		return rep, nil
 	}
@@ -190,6 +194,12 @@ func printStatus(out io.Writer, rep statusReport) {
 		oldest = rep.Outbox.Oldest.Format(time.RFC3339)
 	}
 	fmt.Fprintf(tw, "OUTBOX\t%d rows\toldest %s\n", rep.Outbox.Rows, oldest)
+	oldest = "-"
+	if rep.Inbox.OldestPending != nil {
+		oldest = rep.Inbox.OldestPending.Format(time.RFC3339)
+	}
+	fmt.Fprintf(tw, "INBOX\t%d pending\toldest %s\t%d refused (SELECT key, refused_code, refused_message FROM converge_inbox WHERE refused_at IS NOT NULL)\n",
+		rep.Inbox.Pending, oldest, rep.Inbox.Refused)
 	if len(rep.Streams) > 0 {
 		fmt.Fprintln(tw)
 		fmt.Fprintln(tw, "STREAM\tMESSAGES\tBYTES\tSEQ\tSUBJECTS\tCONSUMERS\tREPLICAS\tLAST")

@@ -32,6 +32,11 @@ func TestStatusReportsSlotOutboxAndStreams(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _, _ = conn.Exec(context.Background(), `SELECT pg_drop_replication_slot('converge_relay')`) })
+	// Two documents handed over and not taken yet, one refused.
+	if _, err := conn.Exec(ctx, `INSERT INTO converge_inbox (key, document) VALUES ('a', '{"version": 1}'), ('b', '{"version": 1}');
+		INSERT INTO converge_inbox (key, document, refused_at, refused_code, refused_message) VALUES ('c', '{}', now(), 'missing_version', 'version is missing')`); err != nil {
+		t.Fatal(err)
+	}
 	n := testenv.StartNATS(t)
 	js, err := jetstream.New(n.Connect(t))
 	if err != nil {
@@ -122,6 +127,9 @@ func TestStatusReportsSlotOutboxAndStreams(t *testing.T) {
 	if nc := rep.Consumers[1]; nc.Stream != contract.EventsStream || nc.Pending != 1 || nc.Missed != 3 || nc.LastGap == nil || nc.LastGap.LastFrom != 2 || nc.LastGap.LastTo != 4 || !nc.LastGap.At.Equal(gapAt) {
 		t.Fatalf("notifier consumer %+v (last gap %+v), want 3 missed, last 2..4", nc, nc.LastGap)
 	}
+	if rep.Inbox.Pending != 2 || rep.Inbox.Refused != 1 || rep.Inbox.OldestPending == nil {
+		t.Fatalf("inbox %+v, want 2 pending and 1 refused", rep.Inbox)
+	}
 	c := rep.Consumers[0]
 	if c.Missed != 0 || c.LastGap != nil {
 		t.Fatalf("index consumer reports a gap: %+v", c.LastGap)
@@ -138,7 +146,7 @@ func TestStatusReportsSlotOutboxAndStreams(t *testing.T) {
 	if err := run(ctx, []string{"status", "-postgres-url", url, "-nats-url", n.URL}, &out); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"converge_relay", "standby/stopped", contract.DocsStream, contract.EventsStream, "OUTBOX", "CONSUMER", "index",
+	for _, want := range []string{"converge_relay", "standby/stopped", contract.DocsStream, contract.EventsStream, "OUTBOX", "INBOX", "2 pending", "1 refused", "CONSUMER", "index",
 		"REBUILD", "graph-20261130T100000Z", "MISSED", "3 (last 2..4 at 2026-11-30T09:30:00Z)"} {
 		if !strings.Contains(out.String(), want) {
 			t.Fatalf("table lacks %q:\n%s", want, out.String())

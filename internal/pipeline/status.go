@@ -39,6 +39,15 @@ type OutboxStatus struct {
 	Oldest *time.Time `json:"oldest,omitempty"`
 }
 
+// InboxStatus is what producers handed over in their own transactions
+// (converge_inbox): rows the writers have not taken yet, and rows they
+// refused (kept with their reason).
+type InboxStatus struct {
+	Pending       int64      `json:"pending"`
+	OldestPending *time.Time `json:"oldest_pending,omitempty"`
+	Refused       int64      `json:"refused"`
+}
+
 // StreamStatus is a stream's state.
 type StreamStatus struct {
 	Name      string    `json:"name"`
@@ -124,6 +133,18 @@ func ReadOutbox(ctx context.Context, db interface {
 	var st OutboxStatus
 	if err := db.QueryRow(ctx, `SELECT count(*), min(created_at) FROM outbox`).Scan(&st.Rows, &st.Oldest); err != nil {
 		return st, fmt.Errorf("pipeline: read outbox (is the schema migrated?): %w", err)
+	}
+	return st, nil
+}
+
+// ReadInbox reports the inbox's pending and refused rows.
+func ReadInbox(ctx context.Context, db interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}) (InboxStatus, error) {
+	var st InboxStatus
+	if err := db.QueryRow(ctx, `SELECT count(*) FILTER (WHERE refused_at IS NULL), min(handed_over_at) FILTER (WHERE refused_at IS NULL),
+		count(*) FILTER (WHERE refused_at IS NOT NULL) FROM converge_inbox`).Scan(&st.Pending, &st.OldestPending, &st.Refused); err != nil {
+		return st, fmt.Errorf("pipeline: read converge_inbox (is the schema migrated?): %w", err)
 	}
 	return st, nil
 }
