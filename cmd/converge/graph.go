@@ -25,6 +25,7 @@ func graphDocWith(ctx context.Context, args []string, out io.Writer, token token
 	addr := graphAddrFlag(f, ", which serves "+graph.DocumentPath+"{key}")
 	asJSON := f.Bool("json", "", false, "machine-readable output")
 	access := bindAPIAccess(f, token)
+	after, wait := bindAfter(f)
 	keys, err := parseInterspersed(f, args)
 	if err != nil {
 		return err
@@ -40,7 +41,8 @@ func graphDocWith(ctx context.Context, args []string, out io.Writer, token token
 	if err != nil {
 		return err
 	}
-	d, err := (&graph.Client{Addr: *addr, HTTP: hc, Token: a.token, InsecurePlainHTTP: a.InsecurePlainHTTP}).Document(ctx, keys[0])
+	d, err := (&graph.Client{Addr: *addr, HTTP: hc, Token: a.token, InsecurePlainHTTP: a.InsecurePlainHTTP,
+		After: *after, Wait: *wait}).Document(ctx, keys[0])
 	if err != nil {
 		return serviceHint[*graph.APIError](err, "projector-graph", "-graph-addr")
 	}

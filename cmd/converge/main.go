@@ -40,7 +40,7 @@ Usage:
                              relay's stream settings (the relay's flags and environment), as the
                              operator: the services create them when absent and never change them
   converge status [--json]   the relay's slot (state, confirmed LSN, lag), the outbox and the streams
-  converge search TEXT [-k N] [--json]
+  converge search TEXT [-k N] [--json] [-after KEY@VERSION [-wait 5s]]
                              the index's chunks nearest to TEXT, asked of the index projector
                              (-index-addr, env CONVERGE_PROJECTOR_INDEX_ADDR, default 127.0.0.1:9103)
   converge verify [--json] [-stores index,graph] [--repair [-writer-url URL] [-repair-timeout 2m]]
@@ -63,7 +63,7 @@ Usage:
   converge dlq list|show|redrive
                              dead letters of each consumer: list them, show one consumer's, and
                              send them back to their stream once the cause is fixed (converge dlq help)
-  converge graph KEY [--json]
+  converge graph KEY [--json] [-after KEY@VERSION [-wait 5s]]
                              the document as the graph holds it: node, chunks, links out and in, tags,
                              asked of the graph projector (-graph-addr, env CONVERGE_PROJECTOR_GRAPH_ADDR,
                              default 127.0.0.1:9104)

@@ -32,6 +32,7 @@ func searchWith(ctx context.Context, args []string, out io.Writer, token tokenSo
 	k := f.Int("k", "", 10, "number of results")
 	asJSON := f.Bool("json", "", false, "machine-readable output")
 	access := bindAPIAccess(f, token)
+	after, wait := bindAfter(f)
 	// Flags may come before or after the query.
 	words, err := parseInterspersed(f, args)
 	if err != nil {
@@ -49,7 +50,8 @@ func searchWith(ctx context.Context, args []string, out io.Writer, token tokenSo
 	if err != nil {
 		return err
 	}
-	res, err := (&index.Client{Addr: *addr, HTTP: hc, Token: a.token, InsecurePlainHTTP: a.InsecurePlainHTTP}).Search(ctx, query, *k)
+	res, err := (&index.Client{Addr: *addr, HTTP: hc, Token: a.token, InsecurePlainHTTP: a.InsecurePlainHTTP,
+		After: *after, Wait: *wait}).Search(ctx, query, *k)
 	if err != nil {
 		return fmt.Errorf("search: %w", serviceHint[*index.APIError](err, "projector-index", "-index-addr"))
 	}

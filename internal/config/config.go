@@ -222,6 +222,13 @@ func (f *Flags) Bool(name, env string, def bool, u string) *bool {
 	return p
 }
 
+// Var defines a flag of value's own type (repeatable, say), without a
+// variable: read from the command line and the configuration file.
+func (f *Flags) Var(value flag.Value, name, u string) {
+	f.FlagSet.Var(value, name, u)
+	f.settings = append(f.settings, Setting{Flag: name, Default: value.String(), Usage: u})
+}
+
 // Parse parses args and reports the first bad environment variable, if any.
 // With -version it prints the build to the flag set's output and returns
 // flag.ErrHelp, which a command answers by exiting 0, as it does -h.

@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
+	"time"
 
+	"github.com/converge-sync/converge/internal/atleast"
 	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/httpjson"
 )
@@ -30,13 +33,19 @@ type Client struct {
 	// is refused over plain HTTP beyond loopback unless InsecurePlainHTTP.
 	Token             string
 	InsecurePlainHTTP bool
+	// After are writes (what the writer answered) that each read waits
+	// for the graph to hold, at most Wait (0: the server's 5s): read your
+	// writes. A read the wait outlasts fails with the APIError code
+	// not_yet_applied, naming how far the graph is.
+	After []atleast.Write
+	Wait  time.Duration
 }
 
 // APIError is an answer of the graph's read API other than 200.
 type APIError struct {
 	Addr       string
 	StatusCode int
-	Code       string // "not_found", "missing_key", "graph_unavailable"; "" when the body was no error of the API
+	Code       string // "not_found", "missing_key", "graph_unavailable", "not_yet_applied"; "" when the body was no error of the API
 	Message    string
 }
 
@@ -58,7 +67,9 @@ func (c *Client) Document(ctx context.Context, key string) (DocumentJSON, error)
 	var out DocumentJSON
 	// The key's slashes stay path separators: the route takes the rest of
 	// the path.
-	u, err := auth.Endpoint{Addr: c.Addr, Token: c.Token, InsecurePlainHTTP: c.InsecurePlainHTTP}.URL(DocumentPath+key, nil)
+	q := url.Values{}
+	atleast.Query(q, c.Wait, c.After...)
+	u, err := auth.Endpoint{Addr: c.Addr, Token: c.Token, InsecurePlainHTTP: c.InsecurePlainHTTP}.URL(DocumentPath+key, q)
 	if err != nil {
 		return out, fmt.Errorf("the graph projector: %w", err)
 	}

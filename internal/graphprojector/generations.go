@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 
+	"github.com/converge-sync/converge/internal/atleast"
 	"github.com/converge-sync/converge/internal/graph"
 	"github.com/converge-sync/converge/internal/graph/embedded"
 	"github.com/converge-sync/converge/internal/graph/neo4j"
@@ -124,7 +125,7 @@ func generation(ctx context.Context, name string, backend graph.Backend) (*rebui
 		Name:  name,
 		Store: p,
 		Routes: map[string]http.Handler{
-			"GET /v1/graph/{key...}": graph.DocumentHandler(backend),
+			"GET /v1/graph/{key...}": atleast.Handler(graphVersions(backend), graph.DocumentHandler(backend)),
 			"GET /v1/verify/": verify.Handler(verify.Graph, func(ctx context.Context) ([]verify.Doc, error) {
 				return verify.ReadGraph(ctx, backend)
 			}),
@@ -139,4 +140,22 @@ func (c *Config) Describe() string {
 		return fmt.Sprintf("neo4j %s database %s", c.Neo4jURL, c.Neo4jDatabase)
 	}
 	return "embedded graph under " + c.DataDir
+}
+
+// graphVersions are the versions the graph holds of keys (a withdrawn
+// document's node keeps its version; a stub, made by a link, has none).
+func graphVersions(b graph.Backend) atleast.Versions {
+	return func(ctx context.Context, keys []string) (map[string]int64, error) {
+		out := make(map[string]int64, len(keys))
+		for _, key := range keys {
+			v, ok, err := b.Document(ctx, key)
+			if err != nil {
+				return nil, err
+			}
+			if ok && !v.Stub {
+				out[key] = v.Version
+			}
+		}
+		return out, nil
+	}
 }

@@ -7,7 +7,9 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"time"
 
+	"github.com/converge-sync/converge/internal/atleast"
 	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/httpjson"
 )
@@ -33,13 +35,19 @@ type Client struct {
 	// is refused over plain HTTP beyond loopback unless InsecurePlainHTTP.
 	Token             string
 	InsecurePlainHTTP bool
+	// After are writes (what the writer answered) that each search waits
+	// for the index to hold, at most Wait (0: the server's 5s): read your
+	// writes. A search the wait outlasts fails with the APIError code
+	// not_yet_applied, naming how far the index is.
+	After []atleast.Write
+	Wait  time.Duration
 }
 
 // APIError is an answer of the search API other than 200.
 type APIError struct {
 	Addr       string
 	StatusCode int
-	Code       string // "missing_query", "invalid_k", "search_failed"; "" when the body was no error of the API
+	Code       string // "missing_query", "invalid_k", "search_failed", "not_yet_applied"; "" when the body was no error of the API
 	Message    string
 }
 
@@ -54,7 +62,9 @@ func (e *APIError) Error() string {
 // nearest first.
 func (c *Client) Search(ctx context.Context, query string, k int) (SearchResponse, error) {
 	var out SearchResponse
-	return out, c.get(ctx, SearchPath, url.Values{"q": {query}, "k": {strconv.Itoa(k)}}, &out)
+	q := url.Values{"q": {query}, "k": {strconv.Itoa(k)}}
+	atleast.Query(q, c.Wait, c.After...)
+	return out, c.get(ctx, SearchPath, q, &out)
 }
 
 // Info describes the live generation and its embedder ([InfoPath]).

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/converge-sync/converge/internal/atleast"
 	"github.com/converge-sync/converge/internal/embed"
 	"github.com/converge-sync/converge/internal/index"
 	"github.com/converge-sync/converge/internal/index/embedded"
@@ -136,7 +137,7 @@ func (s *Stores) Open(ctx context.Context, name string) (*rebuild.Generation, er
 		Name:  name,
 		Store: x,
 		Routes: map[string]http.Handler{
-			"GET /v1/search": index.SearchHandler(x),
+			"GET /v1/search": atleast.Handler(indexVersions(backend), index.SearchHandler(x)),
 			"GET /v1/verify/": verify.Handler(verify.Index, func(ctx context.Context) ([]verify.Doc, error) {
 				return verify.ReadIndex(ctx, backend, verify.CheckVectors(x.ReadEmbedder(), s.cfg.VerifyVectors))
 			}, verify.WithEmbedder(stored)),
@@ -210,4 +211,20 @@ func (c *Config) Describe() string {
 		return fmt.Sprintf("qdrant %s collection %s", c.QdrantURL, c.QdrantCollection)
 	}
 	return "embedded index under " + c.DataDir
+}
+
+// indexVersions are the versions the index holds of keys: its markers (a
+// withdrawn document's included).
+func indexVersions(b index.Backend) atleast.Versions {
+	return func(ctx context.Context, keys []string) (map[string]int64, error) {
+		markers, err := b.Markers(ctx, keys)
+		if err != nil {
+			return nil, err
+		}
+		out := make(map[string]int64, len(markers))
+		for key, m := range markers {
+			out[key] = m.Version
+		}
+		return out, nil
+	}
 }

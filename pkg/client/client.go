@@ -184,6 +184,16 @@ type Result struct {
 	EventID string `json:"event_id"`
 }
 
+// After is the write as the projections' read APIs take it, KEY@VERSION:
+// a search (GET /v1/search?after=...) or a graph read (GET
+// /v1/graph/{key}?after=...) given it waits until that projection holds
+// this version or a newer one (wait= bounds it, 5s by default), and
+// answers 503 not_yet_applied, saying how far the projection is, if it
+// does not within the wait. `converge search -after` and `converge graph
+// -after` take it too. After a stale write it names the version sent,
+// which the projection already passed.
+func (r Result) After() string { return r.Key + "@" + strconv.FormatInt(r.Version, 10) }
+
 // Outcomes of a write.
 const (
 	Applied   = "applied"
