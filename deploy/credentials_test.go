@@ -61,8 +61,8 @@ var holdings = map[string]holding{
 	"neo4j":    {secrets: []string{"neo4j-auth"}, env: []string{"NEO4J_AUTH_FILE"}},
 	"roles": {
 		postgresRole: superuser,
-		secrets:      []string{caSecret, "postgres-pgpass", "owner-password", "writer-password", "relay-password", "reader-password"},
-		env:          []string{"CONVERGE_OWNER_PASSWORD_FILE", "CONVERGE_WRITER_PASSWORD_FILE", "CONVERGE_RELAY_PASSWORD_FILE", "CONVERGE_READER_PASSWORD_FILE"},
+		secrets:      []string{caSecret, "postgres-pgpass", "owner-password", "writer-password", "relay-password", "reader-password", "producer-password"},
+		env:          []string{"CONVERGE_OWNER_PASSWORD_FILE", "CONVERGE_WRITER_PASSWORD_FILE", "CONVERGE_RELAY_PASSWORD_FILE", "CONVERGE_READER_PASSWORD_FILE", "CONVERGE_PRODUCER_PASSWORD_FILE"},
 	},
 	"migrate": {postgresRole: roles.Owner, secrets: []string{caSecret, "owner-pgpass"}},
 	"streams": {natsUser: natsauth.UserOperator, secrets: []string{caSecret, "nats-operator-password"}},

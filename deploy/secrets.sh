@@ -16,7 +16,7 @@
 #                         when it initializes the volume)
 #   postgres-pgpass       the same, as a pgpass line, for the roles service
 #   <role>-password       converge_<role>'s, for `converge roles apply`, which
-#                         sets it (role: owner, writer, relay, reader)
+#                         sets it (role: owner, writer, relay, reader, producer)
 #   <role>-pgpass         the same as a pgpass line, for the service that logs
 #                         in as converge_<role> (passfile= in its URL)
 #   operator-token        the operator's bearer token (CONVERGE_TOKEN_FILE)
@@ -76,7 +76,7 @@ value() { head -n 1 "$dir/$1"; }
 
 keep postgres-password
 printf '*:*:*:postgres:%s\n' "$(value postgres-password)" | put postgres-pgpass
-for role in owner writer relay reader; do
+for role in owner writer relay reader producer; do
 	keep "$role-password"
 	printf '*:*:*:converge_%s:%s\n' "$role" "$(value "$role-password")" | put "$role-pgpass"
 done

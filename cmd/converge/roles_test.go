@@ -126,9 +126,9 @@ func TestRolesApplyPrintsHBALines(t *testing.T) {
 	for _, want := range []string{
 		"\nhostssl docs converge_relay 10.0.0.5/32 scram-sha-256\n",
 		"\nhostssl docs converge_owner <address> scram-sha-256\n",
-		"\nhostssl docs converge_writer,converge_reader all scram-sha-256\n",
-		"\nhost all converge_owner,converge_writer,converge_relay,converge_reader all reject\n",
-		"\nhost replication converge_owner,converge_writer,converge_relay,converge_reader all reject\n",
+		"\nhostssl docs converge_writer,converge_reader,converge_producer all scram-sha-256\n",
+		"\nhost all converge_owner,converge_writer,converge_relay,converge_reader,converge_producer all reject\n",
+		"\nhost replication converge_owner,converge_writer,converge_relay,converge_reader,converge_producer all reject\n",
 		"# <address> must be replaced by an address before use: give -relay-addr and -owner-addr.\n",
 	} {
 		if !strings.Contains(out.String(), want) {
