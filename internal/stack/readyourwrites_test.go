@@ -2,6 +2,7 @@ package stack_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -109,7 +110,8 @@ func TestReadYourWritesIsNeverStale(t *testing.T) {
 	// A write the index does not hold within the wait: a clear error that
 	// says how far it is.
 	_, err = (&index.Client{Addr: s.IndexAddr, Token: s.OperatorToken, After: []atleast.Write{{Key: "ryw/00", Version: 1 << 40}}, Wait: 50 * time.Millisecond}).Search(ctx, "x", 1)
-	if ae, ok := err.(*index.APIError); !ok || ae.Code != "not_yet_applied" || ae.StatusCode != 503 {
+	var ae *index.APIError
+	if !errors.As(err, &ae) || ae.Code != "not_yet_applied" || ae.StatusCode != 503 {
 		t.Fatalf("a write never made: %v, want 503 not_yet_applied", err)
 	}
 }
