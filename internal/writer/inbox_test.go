@@ -245,7 +245,9 @@ func TestInboxRowsOfADeadWriterAreTakenAgain(t *testing.T) {
 	// A failing check must not leave the first drain holding its
 	// connection: the pool's Close would wait for it.
 	t.Cleanup(release)
-	first := writer.NewInbox(e.pool, held, writer.InboxConfig{}, e.metrics, nil)
+	// One transaction at a time: a second one of this writer starting
+	// late, after the kill, would take the row back itself.
+	first := writer.NewInbox(e.pool, held, writer.InboxConfig{Parallel: 1}, e.metrics, nil)
 	drained := make(chan error, 1)
 	go func() { _, err := first.Drain(ctx); drained <- err }()
 	<-held.entered
