@@ -263,6 +263,10 @@ func (f *Flags) Parse(args []string) error {
 // stream and bucket a service creates.
 const EnvReplicas = "CONVERGE_REPLICAS"
 
+// DefaultReplicas is -replicas' default, and that of every stream and
+// bucket configuration left at zero: one copy.
+const DefaultReplicas = 1
+
 // envStreamReplicas is the relay's former variable of its streams'
 // replicas, now -replicas'.
 const envStreamReplicas = "CONVERGE_STREAM_REPLICAS"
@@ -278,7 +282,7 @@ func (f *Flags) Replicas() *int {
 	if _, ok, _ := f.Env(envStreamReplicas); ok {
 		f.errs = append(f.errs, fmt.Errorf("config: %s is now %s (-replicas), the one replica count of every stream and bucket", envStreamReplicas, EnvReplicas))
 	}
-	return f.Int("replicas", EnvReplicas, 1, "replicas of each stream and bucket this service creates (3 on a NATS cluster of three); the same for every service")
+	return f.Int("replicas", EnvReplicas, DefaultReplicas, "replicas of each stream and bucket this service creates (3 on a NATS cluster of three); the same for every service")
 }
 
 // Require reports a missing required value, naming its flag and variable.

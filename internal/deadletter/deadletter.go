@@ -34,6 +34,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/sharedkv"
 	"github.com/converge-sync/converge/pkg/contract"
 )
@@ -91,7 +92,7 @@ func streamConfig(replicas int) jetstream.StreamConfig {
 		Description: "dead letters of every converge consumer, with the reason in headers",
 		Subjects:    []string{contract.DLQSubjectPrefix + ">"},
 		Storage:     jetstream.FileStorage,
-		Replicas:    max(replicas, 1),
+		Replicas:    max(replicas, config.DefaultReplicas),
 	}
 }
 

@@ -49,6 +49,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/internal/clock"
+	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/sharedkv"
 )
 
@@ -116,7 +117,7 @@ func (c *Config) setDefaults() error {
 		c.TTL = DefaultTTL
 	}
 	if c.Replicas <= 0 {
-		c.Replicas = 1
+		c.Replicas = config.DefaultReplicas
 	}
 	if c.Poll <= 0 {
 		c.Poll = c.TTL / 6

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/converge-sync/converge/internal/clock"
+	"github.com/converge-sync/converge/internal/config"
 )
 
 // Config of a [Notifier]. Zero fields take the defaults documented on them.
@@ -89,7 +90,7 @@ func (c *Config) setDefaults() {
 	orDefault(&c.MaxAttempts, DefaultMaxAttempts)
 	orDefault(&c.RetryMin, DefaultRetryMin)
 	orDefault(&c.RetryMax, max(DefaultRetryMax, c.RetryMin))
-	orDefault(&c.Replicas, 1)
+	orDefault(&c.Replicas, config.DefaultReplicas)
 	if c.Bucket == "" {
 		c.Bucket = DefaultBucket
 	}

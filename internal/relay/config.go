@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/internal/clock"
+	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
@@ -140,7 +141,7 @@ type StreamConfig struct {
 // `converge streams apply` take too (see [StreamFlags]); -replicas is
 // config's one replica count, whose default is the same.
 const (
-	DefaultStreamReplicas          = 1
+	DefaultStreamReplicas          = config.DefaultReplicas
 	DefaultStreamDuplicates        = 10 * time.Minute
 	DefaultStreamMaxMsgsPerSubject = 4
 )

@@ -28,6 +28,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/converge-sync/converge/internal/config"
 )
 
 // Config is a shared bucket's settings: those of jetstream.KeyValueConfig
@@ -53,7 +55,7 @@ func StreamConfig(cfg Config) jetstream.StreamConfig {
 		MaxMsgs:           -1,
 		MaxConsumers:      -1,
 		Storage:           cfg.Storage,
-		Replicas:          max(cfg.Replicas, 1),
+		Replicas:          max(cfg.Replicas, config.DefaultReplicas),
 		Discard:           jetstream.DiscardNew,
 		Duplicates:        2 * time.Minute,
 		AllowDirect:       true,

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/deadletter"
 	"github.com/converge-sync/converge/internal/docstore"
 	"github.com/converge-sync/converge/internal/telemetry"
@@ -55,7 +56,7 @@ const (
 	DefaultIngestAckWait    = 30 * time.Second
 	DefaultIngestRetryDelay = time.Second
 	DefaultIngestMaxAge     = 7 * 24 * time.Hour
-	DefaultIngestReplicas   = 1
+	DefaultIngestReplicas   = config.DefaultReplicas
 )
 
 func (c *IngestConfig) setDefaults() {
