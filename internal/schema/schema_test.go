@@ -35,7 +35,9 @@ func exec(t *testing.T, url, sql string) {
 // version 2), "meta_text" (version 3), "fk" (chunks.key references
 // documents, version 1 to 3), "lz4" (outbox payloads compressed with lz4,
 // version 5, on a server built with it), "trace" (outbox.trace_context,
-// version 6), "xid" (outbox.xid and its index, version 7).
+// version 6), "xid" (outbox.xid and its index, version 7), "inbox"
+// (converge_inbox, version 8), "sources" (converge_source_rows and the
+// inbox's source rows, version 9).
 func features(t *testing.T, url string) string {
 	t.Helper()
 	conn, err := pgx.Connect(context.Background(), url)
@@ -43,7 +45,7 @@ func features(t *testing.T, url string) string {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	var emission, metaText, fk, lz4, trace, xid, inbox bool
+	var emission, metaText, fk, lz4, trace, xid, inbox, sources bool
 	if err := conn.QueryRow(context.Background(), `SELECT
 		EXISTS (SELECT FROM information_schema.columns WHERE table_name = 'outbox' AND column_name = 'emission')
 		AND EXISTS (SELECT FROM pg_class WHERE relname = 'outbox_emission_seq' AND relkind = 'S'),
@@ -53,14 +55,16 @@ func features(t *testing.T, url string) string {
 		EXISTS (SELECT FROM information_schema.columns WHERE table_name = 'outbox' AND column_name = 'trace_context'),
 		EXISTS (SELECT FROM information_schema.columns WHERE table_name = 'outbox' AND column_name = 'xid')
 		AND EXISTS (SELECT FROM pg_class WHERE relname = 'outbox_xid' AND relkind = 'i'),
-		to_regclass('converge_inbox') IS NOT NULL AND EXISTS (SELECT FROM pg_trigger WHERE tgname = 'converge_inbox_notify')`).Scan(&emission, &metaText, &fk, &lz4, &trace, &xid, &inbox); err != nil {
+		to_regclass('converge_inbox') IS NOT NULL AND EXISTS (SELECT FROM pg_trigger WHERE tgname = 'converge_inbox_notify'),
+		to_regclass('converge_source_rows') IS NOT NULL AND EXISTS (SELECT FROM information_schema.columns WHERE table_name = 'converge_inbox' AND column_name = 'row_id')
+		AND EXISTS (SELECT FROM pg_proc WHERE proname = 'converge_source_changed')`).Scan(&emission, &metaText, &fk, &lz4, &trace, &xid, &inbox, &sources); err != nil {
 		t.Fatal(err)
 	}
 	var out []string
 	for _, f := range []struct {
 		has  bool
 		name string
-	}{{emission, "emission"}, {metaText, "meta_text"}, {fk, "fk"}, {lz4, "lz4"}, {trace, "trace"}, {xid, "xid"}, {inbox, "inbox"}} {
+	}{{emission, "emission"}, {metaText, "meta_text"}, {fk, "fk"}, {lz4, "lz4"}, {trace, "trace"}, {xid, "xid"}, {inbox, "inbox"}, {sources, "sources"}} {
 		if f.has {
 			out = append(out, f.name)
 		}
@@ -68,27 +72,30 @@ func features(t *testing.T, url string) string {
 	return strings.Join(out, " ")
 }
 
-// The newest schema is version 8. Each down migration undoes exactly its
+// The newest schema is version 9. Each down migration undoes exactly its
 // up migration, one step at a time down to version 1, and up again.
 func TestMigrationsUpAndDown(t *testing.T) {
 	ctx := context.Background()
 	url := pg.NewDatabase(t)
 	latest, err := schema.LatestVersion()
-	if err != nil || latest != 8 {
-		t.Fatalf("latest embedded version %d (%v), want 8", latest, err)
+	if err != nil || latest != 9 {
+		t.Fatalf("latest embedded version %d (%v), want 9", latest, err)
 	}
 	st, err := schema.Up(ctx, url)
-	if err != nil || !st.Current() || st.Version != 8 {
+	if err != nil || !st.Current() || st.Version != 9 {
 		t.Fatalf("up: %+v %v", st, err)
 	}
-	want := map[uint]string{8: "emission meta_text lz4 trace xid inbox", 7: "emission meta_text lz4 trace xid", 6: "emission meta_text lz4 trace", 5: "emission meta_text lz4", 4: "emission meta_text", 3: "emission meta_text fk", 2: "emission fk", 1: "fk"}
+	want := map[uint]string{9: "emission meta_text lz4 trace xid inbox sources", 8: "emission meta_text lz4 trace xid inbox", 7: "emission meta_text lz4 trace xid", 6: "emission meta_text lz4 trace", 5: "emission meta_text lz4", 4: "emission meta_text", 3: "emission meta_text fk", 2: "emission fk", 1: "fk"}
 	if !pg.HasLZ4(t) {
 		// Version 5 changes nothing on such a server.
-		want[5], want[6], want[7], want[8] = want[4], want[4]+" trace", want[4]+" trace xid", want[4]+" trace xid inbox"
+		want[5], want[6], want[7], want[8], want[9] = want[4], want[4]+" trace", want[4]+" trace xid", want[4]+" trace xid inbox", want[4]+" trace xid inbox sources"
 	}
-	if got := features(t, url); got != want[8] {
-		t.Fatalf("version 8 has %q, want %q", got, want[8])
+	if got := features(t, url); got != want[9] {
+		t.Fatalf("version 9 has %q, want %q", got, want[9])
 	}
+	// Version 9's source rows go when it goes: version 8 requires a key
+	// and a document.
+	exec(t, url, `INSERT INTO converge_inbox (source, row_id) VALUES ('articles', '1')`)
 	// Version 4 allows a chunk without its document; going down removes
 	// it, or the constraint could not come back.
 	exec(t, url, `INSERT INTO chunks (id, key, version, ordinal, text, content_hash)
@@ -97,7 +104,7 @@ func TestMigrationsUpAndDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for v := uint(7); v >= 1; v-- {
+	for v := uint(8); v >= 1; v-- {
 		if err := m.Steps(-1); err != nil {
 			t.Fatalf("down to version %d: %v", v, err)
 		}
@@ -114,7 +121,7 @@ func TestMigrationsUpAndDown(t *testing.T) {
 	if st, err := schema.Inspect(ctx, url); err != nil || st.Current() || st.Version != 1 {
 		t.Fatalf("inspect at version 1: %+v %v", st, err)
 	}
-	if st, err := schema.Up(ctx, url); err != nil || st.Version != 8 || features(t, url) != want[8] {
+	if st, err := schema.Up(ctx, url); err != nil || st.Version != 9 || features(t, url) != want[9] {
 		t.Fatalf("up again: %+v %v, features %q", st, err, features(t, url))
 	}
 }
@@ -160,8 +167,8 @@ func TestUpSettlesADirtyVersion(t *testing.T) {
 		at   uint // the version Up applied before the "kill"
 		mark uint // the version marked dirty
 	}{
-		{"applied, not yet marked clean", 8, 8},
-		{"not applied", 7, 8},
+		{"applied, not yet marked clean", 9, 9},
+		{"not applied", 8, 9},
 		{"idempotent, run again", 4, 5},
 		{"the first, not applied", 0, 1},
 	} {
@@ -190,9 +197,9 @@ func TestUpSettlesADirtyVersion(t *testing.T) {
 			if err != nil || !st.Current() {
 				t.Fatalf("up over a dirty version %d: %+v, %v", c.mark, st, err)
 			}
-			want := "emission meta_text lz4 trace xid inbox"
+			want := "emission meta_text lz4 trace xid inbox sources"
 			if !pg.HasLZ4(t) {
-				want = "emission meta_text trace xid inbox"
+				want = "emission meta_text trace xid inbox sources"
 			}
 			if got := features(t, url); got != want {
 				t.Fatalf("after: %q, want %q", got, want)

@@ -165,15 +165,17 @@ func (in *Inbox) Drain(ctx context.Context) (int, error) {
 	return int(total.Load()), err
 }
 
-// inboxRow is one row taken from the inbox.
+// inboxRow is one row taken from the inbox: a document handed over, or
+// (source set) a changed row of a mapped table.
 type inboxRow struct {
-	id       int64
-	key      string
-	document []byte
+	id          int64
+	key         string
+	document    []byte
+	source, row string
 }
 
-const takeInboxSQL = `SELECT id, key, document::text FROM converge_inbox
-WHERE refused_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`
+const takeInboxSQL = `SELECT id, coalesce(key, ''), coalesce(document::text, ''), coalesce(source, ''), coalesce(row_id, '')
+FROM converge_inbox WHERE refused_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`
 
 // drainBatch takes up to a batch of pending rows, applies them, deletes
 // the applied ones and marks the refused ones, in one transaction.
@@ -191,7 +193,7 @@ func (in *Inbox) drainBatch(ctx context.Context) (int, error) {
 	taken, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (inboxRow, error) {
 		var row inboxRow
 		var doc string
-		err := r.Scan(&row.id, &row.key, &doc)
+		err := r.Scan(&row.id, &row.key, &doc, &row.source, &row.row)
 		row.document = []byte(doc)
 		return row, err
 	})
@@ -203,22 +205,63 @@ func (in *Inbox) drainBatch(ctx context.Context) (int, error) {
 	}
 	outs := make([]docstore.Outcome, len(taken))
 	var writes []docstore.Write
-	var at []int // the index in taken of each write
+	var at []int           // the index in taken of each write; -1 for a source's
+	var of []*sourceChange // the source change of each write; nil for a document's
+	changes := map[[2]string]*sourceChange{}
+	var order []*sourceChange
 	for i, row := range taken {
+		if row.source != "" {
+			c := changes[[2]string{row.source, row.row}]
+			if c == nil {
+				c = &sourceChange{source: row.source, row: row.row}
+				changes[[2]string{row.source, row.row}] = c
+				order = append(order, c)
+			}
+			c.at = append(c.at, i)
+			continue
+		}
 		wr, err := decodeInbox(row)
 		if err != nil {
 			outs[i] = docstore.Outcome{Key: row.key, Err: err}
 			continue
 		}
-		writes = append(writes, wr)
-		at = append(at, i)
+		writes, at, of = append(writes, wr), append(at, i), append(of, nil)
+	}
+	if len(order) > 0 {
+		if err := prepareSources(ctx, tx, order); err != nil {
+			return 0, err
+		}
+		for _, c := range order {
+			if c.err != nil {
+				continue
+			}
+			for _, w := range c.writes {
+				writes, at, of = append(writes, w), append(at, -1), append(of, c)
+			}
+		}
 	}
 	applied, err := applyIsolatingTx(ctx, tx, in.store, writes)
 	if err != nil {
 		return 0, err
 	}
 	for j, o := range applied {
-		outs[at[j]] = o
+		if at[j] >= 0 {
+			outs[at[j]] = o
+		} else if o.Err != nil && of[j].err == nil {
+			of[j].err = o.Err
+		}
+	}
+	var settled []*sourceChange
+	for _, c := range order {
+		for _, i := range c.at {
+			outs[i] = docstore.Outcome{Key: c.key, Result: c.result, Err: c.err}
+		}
+		if c.err == nil {
+			settled = append(settled, c)
+		}
+	}
+	if err := finishSources(ctx, tx, settled); err != nil {
+		return 0, err
 	}
 	var done, refusedIDs []int64
 	var codes, messages []string
@@ -249,7 +292,7 @@ func (in *Inbox) drainBatch(ctx context.Context) (int, error) {
 	in.metrics.count("inbox", outs)
 	for i, id := range refusedIDs {
 		in.metrics.InboxRefused.WithLabelValues(codes[i]).Inc()
-		in.log.Warn("inbox: refused a handed-over document; it stays in converge_inbox with the reason", "id", id, "code", codes[i])
+		in.log.Warn("inbox: refused a handed-over row; it stays in converge_inbox with the reason", "id", id, "code", codes[i])
 	}
 	return len(taken), nil
 }
