@@ -15,6 +15,7 @@ import (
 	"github.com/converge-sync/converge/internal/notifier"
 	"github.com/converge-sync/converge/internal/relay"
 	"github.com/converge-sync/converge/internal/service"
+	"github.com/converge-sync/converge/internal/source"
 	"github.com/converge-sync/converge/internal/writer"
 )
 
@@ -54,6 +55,7 @@ var cliCommands = [][]string{
 	{"dev"}, {"demo"}, {"migrate", "up"}, {"migrate", "status"}, {"roles", "apply"}, {"streams", "apply"},
 	{"status"}, {"search"}, {"verify"}, {"backfill"}, {"replay"}, {"rebuild"},
 	{"dlq", "list"}, {"dlq", "show"}, {"dlq", "redrive"}, {"graph"}, {"version"},
+	{"source", "apply"}, {"source", "sql"}, {"source", "status"},
 }
 
 // cliFlags are the flags of each converge command, as it binds them
@@ -102,7 +104,15 @@ func configCmd(args []string, out io.Writer) error {
 		for _, s := range config.Sections {
 			n += len(file.Keys(s))
 		}
-		fmt.Fprintf(out, "%s: %d settings, each one a setting of the commands that read its section\n", args[1], n)
+		sources, err := source.Parse(file.Path, file.Sources())
+		if err != nil {
+			return &service.UsageError{Err: err}
+		}
+		fmt.Fprintf(out, "%s: %d settings, each one a setting of the commands that read its section", args[1], n)
+		if len(sources) > 0 {
+			fmt.Fprintf(out, "; %d sources", len(sources))
+		}
+		fmt.Fprintln(out)
 		return nil
 	}
 	return service.Usage("config: unknown subcommand %q: docs or check", args[0])

@@ -75,6 +75,10 @@ Usage:
                              a convergence report
   converge projector-index | projector-graph | notifier
                              run a projector or the notifier (the same as the binaries of those names)
+  converge source apply|sql|status
+                             map tables a team already has to documents (the configuration file's
+                             sources section): triggers hand changed rows over, the writer applies
+                             them (converge source help, docs/sources.md)
   converge config check FILE check a deployment's configuration file: each setting one of the
                              flags of the commands reading its section (docs/configuration.md)
   converge config docs       every command's settings, flags, variables and defaults, in Markdown
@@ -140,6 +144,8 @@ func dispatch(ctx context.Context, args []string, out io.Writer) error {
 		return configCmd(args[1:], out)
 	case "roles":
 		return rolesCmd(ctx, args[1:], out)
+	case "source":
+		return sourceCmd(ctx, args[1:], out)
 	case "migrate":
 		if len(args) < 2 {
 			return fmt.Errorf("migrate needs a subcommand: up or status\n\n%s", usage)

@@ -74,6 +74,7 @@ type Flags struct {
 	settings []Setting
 	envSet   map[string]bool // flag names whose variable is set
 	environ  Environ
+	file     *File // read by Parse from -config
 }
 
 // Setting is one flag as bound: what `-h` and docs/configuration.md show.
@@ -256,8 +257,12 @@ func (f *Flags) Parse(args []string) error {
 	if err != nil {
 		return err
 	}
+	f.file = file
 	return f.apply(file)
 }
+
+// File is the configuration file Parse read (-config), or nil.
+func (f *Flags) File() *File { return f.file }
 
 // EnvReplicas is -replicas' variable: the one replica count of every
 // stream and bucket a service creates.

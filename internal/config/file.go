@@ -20,6 +20,10 @@ const (
 	SectionCommon = "common"
 	SectionDev    = "dev"
 	SectionCLI    = "cli"
+	// SectionSources holds the mappings of tables to documents that
+	// `converge source apply` installs (package source): not settings
+	// of a command, but a mapping of source names to their mappings.
+	SectionSources = "sources"
 )
 
 // Sections are the configuration file's sections, in the order a file
@@ -66,7 +70,12 @@ func SectionOf(name string) string {
 type File struct {
 	Path     string
 	sections map[string][]entry
+	sources  *yaml.Node
 }
+
+// Sources is the file's sources section (nil when it has none), for
+// package source to read.
+func (f *File) Sources() *yaml.Node { return f.sources }
 
 type entry struct {
 	key, value string
@@ -104,8 +113,15 @@ func ParseFile(path string, b []byte) (*File, error) {
 	}
 	for i := 0; i+1 < len(root.Content); i += 2 {
 		k, v := root.Content[i], root.Content[i+1]
+		if k.Value == SectionSources {
+			if f.sources != nil {
+				return nil, fmt.Errorf("config file %s:%d: section %s given twice", path, k.Line, k.Value)
+			}
+			f.sources = v
+			continue
+		}
 		if !slices.Contains(Sections, k.Value) {
-			return nil, fmt.Errorf("config file %s:%d: unknown section %q (the sections: %s)", path, k.Line, k.Value, strings.Join(Sections, ", "))
+			return nil, fmt.Errorf("config file %s:%d: unknown section %q (the sections: %s, %s)", path, k.Line, k.Value, strings.Join(Sections, ", "), SectionSources)
 		}
 		if _, dup := f.sections[k.Value]; dup {
 			return nil, fmt.Errorf("config file %s:%d: section %s given twice", path, k.Line, k.Value)

@@ -12,8 +12,8 @@ import (
 // Result of applying one mapping.
 type Result struct {
 	Name  string
-	Table string // the mapped table, qualified
-	View  string // its view, qualified
+	Table string // the mapped table, schema.name
+	View  string // its view, schema.name
 	// Created: the source was not installed; Changed: its mapping
 	// differed from the installed one. Either hands every row over.
 	Created, Changed bool
@@ -35,7 +35,7 @@ func Apply(ctx context.Context, conn *pgx.Conn, m Mapping, reemit bool) (Result,
 		if err != nil {
 			return err
 		}
-		res.Table, res.View = p.table.String(), p.view
+		res.Table, res.View = p.table.schema+"."+p.table.name, p.table.schema+"."+ViewPrefix+m.Name
 		var old *string
 		if err := tx.QueryRow(ctx, `SELECT obj_description(to_regclass($1), 'pg_class')`, p.view).Scan(&old); err != nil {
 			return fmt.Errorf("source %s: read the installed view: %w", m.Name, err)

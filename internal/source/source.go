@@ -287,10 +287,11 @@ func SQL(ctx context.Context, conn *pgx.Conn, m Mapping) (string, error) {
 		return "", err
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "-- source %s: %s mapped to documents\nBEGIN;\n", m.Name, p.table)
+	fmt.Fprintf(&b, "-- source %s: %s.%s mapped to documents\nBEGIN;\n", m.Name, p.table.schema, p.table.name)
 	fmt.Fprintf(&b, "DROP VIEW IF EXISTS %s;\nCREATE VIEW %s AS\n%s;\n", p.view, p.view, p.query)
 	fmt.Fprintf(&b, "COMMENT ON VIEW %s IS %s;\n", p.view, quoteLiteral(p.comment(m.Name)))
 	fmt.Fprintf(&b, "GRANT SELECT ON %s TO %s;\n", p.view, WriterRole)
+	fmt.Fprintf(&b, "GRANT USAGE ON SCHEMA %s TO %s; -- when it has none\n", pgx.Identifier{p.table.schema}.Sanitize(), WriterRole)
 	for _, t := range p.triggerOn {
 		for _, n := range triggerNames(m.Name) {
 			fmt.Fprintf(&b, "DROP TRIGGER IF EXISTS %s ON %s;\n", pgx.Identifier{n}.Sanitize(), t)
