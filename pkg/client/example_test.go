@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log"
 	"slices"
+	"time"
 
 	"github.com/converge-sync/converge/pkg/client"
 	"github.com/converge-sync/converge/pkg/contract"
@@ -94,4 +95,23 @@ func ExampleError() {
 		fmt.Println(e.StatusCode, e.Code, errors.Is(err, client.ErrForbidden))
 	}
 	// Output: 403 forbidden true
+}
+
+// Write a document, then search for it at once: the search waits until
+// the index projector (its metrics address) holds that version.
+func ExampleReader_Search() {
+	ctx := context.Background()
+	w, _ := client.New(writerURL, client.WithToken(token))
+	res, err := w.Put(ctx, contract.Document{Key: "kb/wal", Version: 7, Body: "Postgres writes ahead."})
+	if err != nil {
+		log.Fatal(err)
+	}
+	r, _ := client.NewReader("http://127.0.0.1:9103", client.WithToken(readToken))
+	hits, err := r.Search(ctx, "write-ahead log", 5, client.After(res), client.Wait(10*time.Second))
+	if err != nil {
+		log.Fatal(err) // after 10s: a *client.NotYetAppliedError, naming the version the index holds
+	}
+	for _, h := range hits {
+		fmt.Println(h.Key, h.Version, h.Score) // kb/wal among them, at version 7 or newer
+	}
 }
