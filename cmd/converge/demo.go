@@ -16,6 +16,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -25,6 +26,7 @@ import (
 	"github.com/converge-sync/converge/internal/graph/neo4j"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/rebuild"
+	"github.com/converge-sync/converge/internal/source"
 	"github.com/converge-sync/converge/internal/stack"
 	"github.com/converge-sync/converge/internal/telemetry"
 	"github.com/converge-sync/converge/internal/verify"
@@ -163,6 +165,10 @@ func demo(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 
+	if err := d.mappedTable(ctx, cfg.IndexAddr); err != nil {
+		return err
+	}
+
 	d.step("rebuilding the index from the stream's start while it serves searches: converge rebuild index")
 	began := time.Now()
 	st, err := runRebuild(ctx, &rebuild.Client{Addr: cfg.IndexAddr, HTTP: &http.Client{Timeout: 30 * time.Second}, Token: s.OperatorToken}, 50*time.Millisecond, io.Discard)
@@ -198,6 +204,97 @@ type demoRun struct {
 	kills       int
 	phases      []string
 	rebuilt     string
+}
+
+// demoProducts is a team's own table, and demoProductsMapping its
+// mapping to documents, as a configuration file's sources section gives
+// it.
+const demoProducts = `CREATE SCHEMA shop;
+CREATE TABLE shop.products (id int PRIMARY KEY, name text NOT NULL, description text NOT NULL, category text NOT NULL);
+INSERT INTO shop.products SELECT i, 'Product ' || i, 'A sturdy ' || (ARRAY['kettle', 'lamp', 'chair', 'rope'])[1 + i % 4] || ', model ' || i || '.',
+    (ARRAY['kitchen', 'light', 'furniture', 'outdoor'])[1 + i % 4] FROM generate_series(1, 40) i`
+
+var demoProductsMapping = source.Mapping{Name: "products", Table: "shop.products",
+	Key: "'product/' || id", Title: "name", Body: "description", Tags: "ARRAY[category]"}
+
+// mappedTable maps a table the team already has, changes it in one of
+// its own transactions, and shows the index and the graph following.
+func (d *demoRun) mappedTable(ctx context.Context, indexAddr string) error {
+	d.step("a table the team already has, mapped to documents: converge source apply (docs/sources.md)")
+	admin, err := pgx.Connect(ctx, d.stack.PostgresURL)
+	if err != nil {
+		return err
+	}
+	defer admin.Close(context.Background())
+	if _, err := admin.Exec(ctx, demoProducts); err != nil {
+		return fmt.Errorf("demo: create shop.products: %w", err)
+	}
+	res, err := source.Apply(ctx, admin, demoProductsMapping, false)
+	if err != nil {
+		return err
+	}
+	d.note("source products: %s mapped by view %s; %d rows handed over to the writer", res.Table, res.View, res.HandedOver)
+	if err := d.inboxDrained(ctx); err != nil {
+		return err
+	}
+	if err := d.converge(ctx, "mapped table"); err != nil {
+		return err
+	}
+	d.note("the team's own transaction: one product rewritten, one deleted, one added")
+	if err := pgx.BeginFunc(ctx, admin, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE shop.products SET description = 'A kettle that whistles like a volcano about to erupt.' WHERE id = 7;
+			DELETE FROM shop.products WHERE id = 8;
+			INSERT INTO shop.products VALUES (41, 'Product 41', 'A lantern for long nights.', 'light')`)
+		return err
+	}); err != nil {
+		return err
+	}
+	if err := d.inboxDrained(ctx); err != nil {
+		return err
+	}
+	if err := d.converge(ctx, "mapped table changed"); err != nil {
+		return err
+	}
+	d.note(`converge search "kettle that whistles like a volcano"`)
+	if err := searchWith(ctx, []string{"-index-addr", indexAddr, "-k", "1", "kettle that whistles like a volcano"}, d.out, d.operatorToken); err != nil {
+		return err
+	}
+	d.note("converge graph product/7")
+	if err := graphDocWith(ctx, []string{"-graph-addr", d.stack.GraphAddr, "product/7"}, d.out, d.operatorToken); err != nil {
+		return err
+	}
+	var withdrawn bool
+	if err := d.pool.QueryRow(ctx, `SELECT deleted FROM documents WHERE key = 'product/8'`).Scan(&withdrawn); err != nil {
+		return err
+	}
+	d.note("product/8, its row deleted: withdrawn %v", withdrawn)
+	return nil
+}
+
+// inboxDrained waits until the writer has taken every row handed over:
+// until then the stores agree with a Postgres that does not hold the
+// change yet.
+func (d *demoRun) inboxDrained(ctx context.Context) error {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var pending, refused int
+		if err := d.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE refused_at IS NULL), count(*) FILTER (WHERE refused_at IS NOT NULL) FROM converge_inbox`).Scan(&pending, &refused); err != nil {
+			return err
+		}
+		switch {
+		case refused > 0:
+			return fmt.Errorf("demo: the writer refused %d handed-over rows (SELECT * FROM converge_inbox WHERE refused_at IS NOT NULL)", refused)
+		case pending == 0:
+			return nil
+		case time.Now().After(deadline):
+			return fmt.Errorf("demo: %d handed-over rows still pending after a minute", pending)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // operatorToken is the stack's operator token, as a tokenSource.

@@ -45,6 +45,8 @@ func TestDemo(t *testing.T) {
 		"rebuild index: blue/green into index-",
 		"wiki/volcanoes/",
 		"document wiki/volcanoes/000: version",
+		"source products: shop.products mapped by view shop.converge_source_products; 40 rows handed over",
+		"product/7", "document product/7: version 2", "product/8, its row deleted: withdrawn true",
 	} {
 		if !strings.Contains(strings.Join(strings.Fields(out.String()), " "), strings.Join(strings.Fields(want), " ")) {
 			t.Errorf("the demo's output lacks %q", want)
