@@ -36,7 +36,7 @@ type projectorMetrics struct {
 	events  float64   // converge_projector_events_total, every result
 }
 
-func scrapeProjector(b *testing.B, addr string) projectorMetrics {
+func scrapeProjector(b testing.TB, addr string) projectorMetrics {
 	b.Helper()
 	m := scrapeMetrics(b, addr)
 	var pm projectorMetrics
@@ -61,7 +61,7 @@ func (s *benchStack) scrapeRelay(b *testing.B) histogram {
 	return h
 }
 
-func scrapeMetrics(b *testing.B, addr string) telemetry.Metrics {
+func scrapeMetrics(b testing.TB, addr string) telemetry.Metrics {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

@@ -69,6 +69,7 @@ func TestReadYourWritesIsNeverStale(t *testing.T) {
 
 	const rounds = 120
 	var searchWaits, graphWaits []time.Duration
+	applied := scrapeProjector(t, s.IndexAddr).latency
 	for i := range rounds {
 		body := fmt.Sprintf("read your writes round %d of the check, word%d", i, i*7919)
 		res, err := wc.Put(ctx, contract.Document{Key: fmt.Sprintf("ryw/%02d", i%12), Version: int64(i + 1), Title: "ryw", Body: body})
@@ -104,8 +105,14 @@ func TestReadYourWritesIsNeverStale(t *testing.T) {
 		slices.Sort(ds)
 		return ds[len(ds)*p/100].Round(100 * time.Microsecond)
 	}
-	t.Logf("%d writes each read at once, never stale: search with after= p50 %v p99 %v; graph read after the search p50 %v p99 %v",
-		rounds, q(searchWaits, 50), q(searchWaits, 99), q(graphWaits, 50), q(graphWaits, 99))
+	lat, err := scrapeProjector(t, s.IndexAddr).latency.minus(applied)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := func(sec float64) time.Duration { return time.Duration(sec * float64(time.Second)).Round(100 * time.Microsecond) }
+	t.Logf("%d writes each read at once, never stale: search with after= p50 %v p99 %v; graph read after the search p50 %v p99 %v; "+
+		"meanwhile the index projector's commit -> applied (its histogram, %d events with the load's) p50 %v p99 %v",
+		rounds, q(searchWaits, 50), q(searchWaits, 99), q(graphWaits, 50), q(graphWaits, 99), int(lat.count), ms(lat.quantile(0.5)), ms(lat.quantile(0.99)))
 
 	// A write the index does not hold within the wait: a clear error that
 	// says how far it is.
