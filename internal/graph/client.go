@@ -65,14 +65,22 @@ func (e *APIError) Is(target error) bool {
 // (a stub when it is only linked to), chunks, links out and in, and tags.
 func (c *Client) Document(ctx context.Context, key string) (DocumentJSON, error) {
 	var out DocumentJSON
-	// The key's slashes stay path separators: the route takes the rest of
-	// the path.
 	q := url.Values{}
 	atleast.Query(q, c.Wait, c.After...)
-	u, err := auth.Endpoint{Addr: c.Addr, Token: c.Token, InsecurePlainHTTP: c.InsecurePlainHTTP}.URL(DocumentPath+key, q)
+	base, err := auth.Endpoint{Addr: c.Addr, Token: c.Token, InsecurePlainHTTP: c.InsecurePlainHTTP}.URL(DocumentPath, q)
 	if err != nil {
 		return out, fmt.Errorf("the graph projector: %w", err)
 	}
+	// The key is one escaped segment (its slashes as %2F), which the
+	// route's {key...} reads back whole: as path separators, "a/../b" or
+	// "a//b" would be cleaned and redirected to another document's path.
+	pu, err := url.Parse(base)
+	if err != nil {
+		return out, fmt.Errorf("the graph projector: %w", err)
+	}
+	pu.RawPath = pu.EscapedPath() + url.PathEscape(key)
+	pu.Path += key
+	u := pu.String()
 	err = httpjson.Get(ctx, c.HTTP, u, c.Token, 64<<20, &out)
 	var se *httpjson.StatusError
 	switch {

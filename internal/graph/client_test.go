@@ -48,6 +48,16 @@ func TestClientDocument(t *testing.T) {
 	if d, err := c.Document(ctx, "guide/b"); err != nil || !d.Stub {
 		t.Fatalf("a stub: %+v, %v", d, err)
 	}
+	// Keys a path would be cleaned of: read as they are, not redirected
+	// to another document's path.
+	for _, key := range []string{"dir/../guide/c", "guide//c", "./guide/c", "guide/c/"} {
+		if _, err := store.Apply(ctx, []graph.Doc{{Key: key, Version: 4, Title: key, ContentHash: "h4"}}); err != nil {
+			t.Fatal(err)
+		}
+		if d, err := c.Document(ctx, key); err != nil || d.Key != key || d.Version != 4 {
+			t.Errorf("key %q: %+v, %v", key, d, err)
+		}
+	}
 
 	_, err = c.Document(ctx, "nobody")
 	var apiErr *graph.APIError
