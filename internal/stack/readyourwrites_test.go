@@ -109,7 +109,9 @@ func TestReadYourWritesIsNeverStale(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ms := func(sec float64) time.Duration { return time.Duration(sec * float64(time.Second)).Round(100 * time.Microsecond) }
+	ms := func(sec float64) time.Duration {
+		return time.Duration(sec * float64(time.Second)).Round(100 * time.Microsecond)
+	}
 	t.Logf("%d writes each read at once, never stale: search with after= p50 %v p99 %v; graph read after the search p50 %v p99 %v; "+
 		"meanwhile the index projector's commit -> applied (its histogram, %d events with the load's) p50 %v p99 %v",
 		rounds, q(searchWaits, 50), q(searchWaits, 99), q(graphWaits, 50), q(graphWaits, 99), int(lat.count), ms(lat.quantile(0.5)), ms(lat.quantile(0.99)))
