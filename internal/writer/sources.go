@@ -58,7 +58,7 @@ func prepareSources(ctx context.Context, tx pgx.Tx, changes []*sourceChange) err
 	locks := make([]int64, 0, len(changes))
 	for _, c := range changes {
 		h := fnv.New64a()
-		h.Write([]byte(c.source + "\x00" + c.row))
+		_, _ = h.Write([]byte(c.source + "\x00" + c.row)) // a hash.Hash never fails
 		locks = append(locks, int64(h.Sum64())) //nolint:gosec // a lock's number: any 64 bits
 	}
 	slices.Sort(locks)
