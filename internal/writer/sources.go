@@ -59,7 +59,7 @@ func prepareSources(ctx context.Context, tx pgx.Tx, changes []*sourceChange) err
 	for _, c := range changes {
 		h := fnv.New64a()
 		_, _ = h.Write([]byte(c.source + "\x00" + c.row)) // a hash.Hash never fails
-		locks = append(locks, int64(h.Sum64())) //nolint:gosec // a lock's number: any 64 bits
+		locks = append(locks, int64(h.Sum64()))           //nolint:gosec // a lock's number: any 64 bits
 	}
 	slices.Sort(locks)
 	locks = slices.Compact(locks)
