@@ -525,6 +525,9 @@ func TestOpenAPIListsEveryCodeInTheSource(t *testing.T) {
 		contract.CodeUnknownSchema:    "an event's, in the projectors",
 		contract.CodeIdentityMismatch: "an event's, in the projectors",
 		"subject_mismatch":            "the queue path's: a document on another document's ingest subject",
+		writer.CodeUnknownSource:      "a mapped table's changed row's, kept in converge_inbox",
+		writer.CodeDuplicateKey:       "a mapped table's changed row's, kept in converge_inbox",
+		writer.CodeRowTwice:           "a mapped table's changed row's, kept in converge_inbox",
 	}
 	found := map[string]string{}
 	for _, dir := range []string{"../../pkg/contract", ".", "../docstore", "../auth", "../httpjson"} {
