@@ -15,6 +15,9 @@ type Config struct {
 	// Dimension is, with URL, the length of the model's vectors (required);
 	// without, the hash dimension (default [DefaultHashDimension]).
 	Dimension int
+	// BatchSize and Concurrency are, with URL, the texts per request and
+	// the requests in flight at most (see [HTTPConfig]); 0: the defaults.
+	BatchSize, Concurrency int
 }
 
 // Validate reports a configuration [New] would refuse.
@@ -22,6 +25,9 @@ func (c Config) Validate() error {
 	if c.URL == "" {
 		if c.Model != "" || c.APIKey != "" {
 			return errors.New("embed: a model or API key is configured without the URL of an embeddings endpoint")
+		}
+		if c.BatchSize != 0 || c.Concurrency != 0 {
+			return errors.New("embed: a batch size or concurrency is configured without the URL of an embeddings endpoint (the hash embedder sends no requests)")
 		}
 		if c.Dimension == 0 {
 			return nil
@@ -32,7 +38,7 @@ func (c Config) Validate() error {
 }
 
 func (c Config) httpConfig() HTTPConfig {
-	return HTTPConfig{URL: c.URL, Model: c.Model, APIKey: c.APIKey, Dimension: c.Dimension}
+	return HTTPConfig{URL: c.URL, Model: c.Model, APIKey: c.APIKey, Dimension: c.Dimension, BatchSize: c.BatchSize, Concurrency: c.Concurrency}
 }
 
 // New returns the embedder cfg describes; the HTTP embedder takes the

@@ -23,6 +23,10 @@ func TestNew(t *testing.T) {
 		{"URL without dimension", Config{URL: "https://api.openai.com", Model: "text-embedding-3-small"},
 			`dimension of model "text-embedding-3-small" is not configured`, 0},
 		{"URL not http", Config{URL: "api.openai.com", Model: "m", Dimension: 8}, "not an http or https URL", 0},
+		{"batch and concurrency", Config{URL: "http://127.0.0.1:1", Model: "m", Dimension: 8, BatchSize: 128, Concurrency: 16}, "m", 8},
+		{"batch without URL", Config{BatchSize: 32}, "batch size or concurrency is configured without the URL", 0},
+		{"batch too large", Config{URL: "http://127.0.0.1:1", Model: "m", Dimension: 8, BatchSize: 4096}, "batch size 4096: it must be from 1 to 2048", 0},
+		{"negative concurrency", Config{URL: "http://127.0.0.1:1", Model: "m", Dimension: 8, Concurrency: -1}, "concurrency -1: it must be from 1 to 256", 0},
 	} {
 		e, err := New(tc.cfg)
 		if tc.dim == 0 {

@@ -13,8 +13,11 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/converge-sync/converge/internal/retry"
 )
@@ -24,6 +27,12 @@ const (
 	DefaultBatchSize  = 64
 	DefaultTimeout    = 30 * time.Second
 	DefaultMaxRetries = 5
+	// DefaultConcurrency is how many requests are in flight at most, over
+	// every caller of one embedder.
+	DefaultConcurrency = 4
+	// MaxBatchSize and MaxConcurrency bound the settings.
+	MaxBatchSize   = 2048
+	MaxConcurrency = 256
 )
 
 const (
@@ -55,8 +64,13 @@ type HTTPConfig struct {
 	// Dimension is the length of the vectors the model returns; required.
 	// A vector of another length is a [*DimensionError].
 	Dimension int
-	// BatchSize is the number of texts per request. Default 64.
+	// BatchSize is the number of texts per request: the size the
+	// endpoint serves best. Default 64.
 	BatchSize int
+	// Concurrency is how many requests are in flight at most, shared by
+	// every call of the embedder (the projector's shards included): a
+	// call's batches are sent at once up to it. Default 4.
+	Concurrency int
 	// Timeout bounds each attempt of a request, reading the response
 	// included. Default 30s.
 	Timeout time.Duration
@@ -79,8 +93,11 @@ func (c HTTPConfig) Validate() error {
 	if c.Dimension <= 0 {
 		return fmt.Errorf("embed: the dimension of model %q is not configured (it is the length of the vectors the model returns)", c.Model)
 	}
-	if c.BatchSize < 0 {
-		return fmt.Errorf("embed: negative batch size %d", c.BatchSize)
+	if c.BatchSize < 0 || c.BatchSize > MaxBatchSize {
+		return fmt.Errorf("embed: batch size %d: it must be from 1 to %d (0: the default, %d)", c.BatchSize, MaxBatchSize, DefaultBatchSize)
+	}
+	if c.Concurrency < 0 || c.Concurrency > MaxConcurrency {
+		return fmt.Errorf("embed: concurrency %d: it must be from 1 to %d (0: the default, %d)", c.Concurrency, MaxConcurrency, DefaultConcurrency)
 	}
 	if c.Timeout < 0 {
 		return fmt.Errorf("embed: negative timeout %s", c.Timeout)
@@ -89,13 +106,17 @@ func (c HTTPConfig) Validate() error {
 }
 
 // HTTP embeds texts with an OpenAI-compatible embeddings endpoint
-// (POST /v1/embeddings). Requests carry at most BatchSize texts and are sent
-// one after the other; a failed attempt is retried with exponential backoff
-// and jitter when the server was rate limiting or failing, or the network
-// failed, waiting at least as long as the server's Retry-After (or
-// retry-after-ms) asks; a server asking for more than two minutes gets no
-// retry, its error is returned. Other 4xx answers are not retried. Vectors
-// are L2-normalised. It is safe for concurrent use.
+// (POST /v1/embeddings). Requests carry at most BatchSize texts; a call's
+// requests are sent at once, and at most Concurrency are in flight over
+// every call (the rest wait for a slot: back-pressure on the callers). A
+// failed attempt is retried with exponential backoff and jitter when the
+// server was rate limiting or failing, or the network failed, waiting at
+// least as long as the server's Retry-After (or retry-after-ms) asks; and
+// while a server that asked so waits, no other request is sent to it
+// either (a rate limit is the endpoint's, not one request's). A server
+// asking for more than two minutes gets no retry, its error is returned.
+// Other 4xx answers are not retried. Vectors are L2-normalised. It is safe
+// for concurrent use.
 type HTTP struct {
 	endpoint   string
 	redacted   string // endpoint for messages, without credentials
@@ -103,6 +124,7 @@ type HTTP struct {
 	apiKey     string
 	dim        int
 	batchSize  int
+	slots      chan struct{} // one per request in flight
 	timeout    time.Duration
 	maxRetries int
 	client     *http.Client
@@ -111,6 +133,9 @@ type HTTP struct {
 	backoffBase   time.Duration
 	backoffMax    time.Duration
 	maxRetryAfter time.Duration
+
+	mu        sync.Mutex
+	notBefore time.Time // no request is sent before: a server's Retry-After
 }
 
 var _ Embedder = (*HTTP)(nil)
@@ -138,6 +163,11 @@ func NewHTTP(cfg HTTPConfig) (*HTTP, error) {
 	if e.batchSize == 0 {
 		e.batchSize = DefaultBatchSize
 	}
+	concurrency := cfg.Concurrency
+	if concurrency == 0 {
+		concurrency = DefaultConcurrency
+	}
+	e.slots = make(chan struct{}, concurrency)
 	if e.timeout == 0 {
 		e.timeout = DefaultTimeout
 	}
@@ -180,22 +210,71 @@ func (e *HTTP) Name() string { return e.model }
 // Dimension is the configured dimension of the model.
 func (e *HTTP) Dimension() int { return e.dim }
 
-// Embed returns one unit vector per text, in order. An error names the
-// batch that failed; the vectors of earlier batches are not returned.
+// BatchSize is the number of texts per request.
+func (e *HTTP) BatchSize() int { return e.batchSize }
+
+// Concurrency is how many requests are in flight at most.
+func (e *HTTP) Concurrency() int { return cap(e.slots) }
+
+// Embed returns one unit vector per text, in order. Its batches are sent
+// at once, within the embedder's concurrency. An error names the first
+// batch that failed, and ends the call's other requests; no vector is
+// returned then.
 func (e *HTTP) Embed(ctx context.Context, texts []string) ([][]float32, error) {
 	flat := make([]float32, len(texts)*e.dim)
 	out := make([][]float32, len(texts))
+	g, gctx := errgroup.WithContext(ctx)
 	for start := 0; start < len(texts); start += e.batchSize {
 		end := min(start+e.batchSize, len(texts))
-		if err := e.embedBatch(ctx, texts[start:end], flat[start*e.dim:end*e.dim]); err != nil {
-			return nil, fmt.Errorf("embed: model %q at %s, texts %d to %d of %d: %w",
-				e.model, e.redacted, start, end-1, len(texts), err)
-		}
-		for i := start; i < end; i++ {
-			out[i] = flat[i*e.dim : (i+1)*e.dim : (i+1)*e.dim]
-		}
+		g.Go(func() error {
+			if err := e.embedBatch(gctx, texts[start:end], flat[start*e.dim:end*e.dim]); err != nil {
+				return fmt.Errorf("embed: model %q at %s, texts %d to %d of %d: %w",
+					e.model, e.redacted, start, end-1, len(texts), err)
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	for i := range texts {
+		out[i] = flat[i*e.dim : (i+1)*e.dim : (i+1)*e.dim]
 	}
 	return out, nil
+}
+
+// slot waits for a request slot and for the end of the pause a server
+// asked for; release frees the slot.
+func (e *HTTP) slot(ctx context.Context) (release func(), err error) {
+	select {
+	case e.slots <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	release = func() { <-e.slots }
+	for {
+		e.mu.Lock()
+		wait := time.Until(e.notBefore)
+		e.mu.Unlock()
+		if wait <= 0 {
+			return release, nil
+		}
+		// The slot stays held while the server's pause lasts: the other
+		// callers wait too, rather than send what it would refuse.
+		if err := retry.Sleep(ctx, wait); err != nil {
+			release()
+			return nil, err
+		}
+	}
+}
+
+// pause holds every request until wait has passed.
+func (e *HTTP) pause(wait time.Duration) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if t := time.Now().Add(wait); t.After(e.notBefore) {
+		e.notBefore = t
+	}
 }
 
 type embeddingRequest struct {
@@ -210,7 +289,12 @@ func (e *HTTP) embedBatch(ctx context.Context, texts []string, dst []float32) er
 		return fmt.Errorf("encode request: %w", err)
 	}
 	for failed := 0; ; failed++ {
+		release, err := e.slot(ctx)
+		if err != nil {
+			return err
+		}
 		wait, err := e.attempt(ctx, body, len(texts), dst)
+		release()
 		if err == nil {
 			return nil
 		}
@@ -228,6 +312,9 @@ func (e *HTTP) embedBatch(ctx context.Context, texts []string, dst []float32) er
 		}
 		if wait > e.maxRetryAfter {
 			return fmt.Errorf("the server asks to retry after %s, longer than %s: %w", wait, e.maxRetryAfter, err)
+		}
+		if wait > 0 {
+			e.pause(wait)
 		}
 		// The server's Retry-After, when longer, wins over the backoff.
 		if retry.Sleep(ctx, max(wait, e.backoff(failed+1))) != nil {

@@ -9,11 +9,14 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/sync/errgroup"
 )
 
 // fakeVector is what the test servers return for a text: the text's length
@@ -133,8 +136,9 @@ func TestHTTPBatching(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(sizes, []int{4, 4, 2}) {
-		t.Errorf("batch sizes %v, want [4 4 2]", sizes)
+	slices.Sort(sizes) // the batches are sent at once
+	if !slices.Equal(sizes, []int{2, 4, 4}) {
+		t.Errorf("batch sizes %v, want 4, 4 and 2", sizes)
 	}
 	if len(got) != len(in) {
 		t.Fatalf("%d vectors for %d texts", len(got), len(in))
@@ -158,10 +162,13 @@ func TestHTTPBatching(t *testing.T) {
 }
 
 func TestHTTPDefaultBatchSize(t *testing.T) {
+	var mu sync.Mutex
 	var sizes []int
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		req := decodeRequest(t, r)
+		mu.Lock()
 		sizes = append(sizes, len(req.Input))
+		mu.Unlock()
 		embeddings(w, req.Model, req.Input, 4)
 	}))
 	defer srv.Close()
@@ -169,8 +176,84 @@ func TestHTTPDefaultBatchSize(t *testing.T) {
 	if _, err := e.Embed(context.Background(), texts(130)); err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(sizes, []int{64, 64, 2}) {
-		t.Errorf("batch sizes %v, want [64 64 2]", sizes)
+	slices.Sort(sizes)
+	if !slices.Equal(sizes, []int{2, 64, 64}) {
+		t.Errorf("batch sizes %v, want 64, 64 and 2", sizes)
+	}
+}
+
+// Two callers embedding at once share the embedder's concurrency: the
+// server never holds more requests than it, and holds that many.
+func TestHTTPConcurrencyIsSharedByItsCallers(t *testing.T) {
+	var inFlight, most atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		req := decodeRequest(t, r)
+		n := inFlight.Add(1)
+		for {
+			m := most.Load()
+			if n <= m || most.CompareAndSwap(m, n) {
+				break
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+		inFlight.Add(-1)
+		embeddings(w, req.Model, req.Input, 4)
+	}))
+	defer srv.Close()
+	e := newTestHTTP(t, srv, HTTPConfig{BatchSize: 2, Concurrency: 3})
+	var g errgroup.Group
+	for range 2 {
+		g.Go(func() error {
+			_, err := e.Embed(context.Background(), texts(20)) // 10 requests each
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if got := most.Load(); got != 3 {
+		t.Fatalf("at most %d requests in flight, want 3 (the concurrency)", got)
+	}
+}
+
+// A 429 with Retry-After pauses every request of the embedder, not only
+// the refused one: nothing is sent to the server until the pause it asked
+// for has passed, and then every text is embedded.
+func TestHTTPRetryAfterPausesEveryRequest(t *testing.T) {
+	const pause = 300 * time.Millisecond
+	var mu sync.Mutex
+	var refusedAt time.Time
+	var after []time.Duration // when each request after the refusal arrived, from it
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		req := decodeRequest(t, r)
+		mu.Lock()
+		if refusedAt.IsZero() {
+			refusedAt = time.Now()
+			mu.Unlock()
+			w.Header().Set("Retry-After-Ms", strconv.Itoa(int(pause/time.Millisecond)))
+			http.Error(w, `{"error": {"message": "rate limited"}}`, http.StatusTooManyRequests)
+			return
+		}
+		after = append(after, time.Since(refusedAt))
+		mu.Unlock()
+		time.Sleep(30 * time.Millisecond) // the requests already sent are still here when the 429 is answered
+		embeddings(w, req.Model, req.Input, 4)
+	}))
+	defer srv.Close()
+	e := newTestHTTP(t, srv, HTTPConfig{BatchSize: 1, Concurrency: 4})
+	got, err := e.Embed(context.Background(), texts(12))
+	if err != nil || len(got) != 12 {
+		t.Fatalf("%d vectors, %v", len(got), err)
+	}
+	early := 0
+	for _, d := range after {
+		if d < pause-20*time.Millisecond {
+			early++
+		}
+	}
+	// The three sent beside the refused one arrive at once; none after.
+	if early > 3 {
+		t.Fatalf("%d requests reached the server within the %v it asked to be left alone (arrivals %v)", early, pause, after)
 	}
 }
 

@@ -66,11 +66,17 @@ func Flags(f *config.Flags) func() *Config {
 	eModel := f.String("embed-model", "CONVERGE_EMBED_MODEL", "", "embedding model (with -embed-url)")
 	eKey := f.String("embed-api-key", EnvEmbedAPIKey, "", "embedding API key (with -embed-url)")
 	eDim := f.Int("embed-dim", "CONVERGE_EMBED_DIM", 0, fmt.Sprintf("vector dimension: the model's (required with -embed-url), or the hash embedder's (default %d)", embed.DefaultHashDimension))
+	eBatch := f.Int("embed-batch", "CONVERGE_EMBED_BATCH", embed.DefaultBatchSize, "texts per request to the embeddings endpoint: the size it serves best (with -embed-url)")
+	eConc := f.Int("embed-concurrency", "CONVERGE_EMBED_CONCURRENCY", embed.DefaultConcurrency, "requests in flight at most to the embeddings endpoint, over every shard (with -embed-url); a 429's Retry-After pauses them all")
 	vVec := f.Int("verify-vectors", "CONVERGE_VERIFY_VECTORS", 16, "each verify embeds the chunks of 1 document in N again and compares them with the stored vectors (1: all, 0: none)")
 	return func() *Config {
-		return &Config{QdrantURL: *qURL, QdrantAPIKey: *qKey, QdrantTLS: *qTLS, QdrantCA: *qCA, QdrantCollection: *qColl,
+		c := &Config{QdrantURL: *qURL, QdrantAPIKey: *qKey, QdrantTLS: *qTLS, QdrantCA: *qCA, QdrantCollection: *qColl,
 			QdrantBatch: *qBatch, QdrantParallel: *qPar, DataDir: *dataDir,
 			Embed: embed.Config{URL: *eURL, Model: *eModel, APIKey: *eKey, Dimension: *eDim}, VerifyVectors: *vVec}
+		if *eURL != "" {
+			c.Embed.BatchSize, c.Embed.Concurrency = *eBatch, *eConc
+		}
+		return c
 	}
 }
 
@@ -120,13 +126,15 @@ func (c ServiceConfig) Connections() service.Conns { return c.Projector.Connecti
 func ServiceFlags(f *config.Flags) func() (ServiceConfig, error) {
 	sc := projector.ServiceFlags(f, "index", DefaultMetricsAddr)
 	reuse := f.Bool("reuse-vectors", "CONVERGE_INDEX_REUSE_VECTORS", false, "reuse the stored vectors of unchanged chunks (worth it with a remote embedder)")
+	ahead := f.Bool("embed-ahead", "CONVERGE_EMBED_AHEAD", true, "with -embed-url and without -reuse-vectors: embed the next batch's chunks while the current one is written, so that the endpoint is not idle meanwhile")
 	store := Flags(f)
 	return func() (ServiceConfig, error) {
 		p, err := sc()
 		if err != nil {
 			return ServiceConfig{}, err
 		}
-		return ServiceConfig{Projector: p, Store: *store(), Options: index.Options{ReuseVectors: *reuse}}, nil
+		st := *store()
+		return ServiceConfig{Projector: p, Store: st, Options: index.Options{ReuseVectors: *reuse, EmbedAhead: *ahead && st.Embed.URL != ""}}, nil
 	}
 }
 
