@@ -64,6 +64,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
 
 	"github.com/converge-sync/converge/internal/embed"
 	"github.com/converge-sync/converge/internal/projector"
@@ -75,6 +76,13 @@ type Index struct {
 	backend  ReadWriter
 	embedder embed.Embedder
 	reuse    bool
+	ahead    bool
+
+	// aheadMu guards the vectors Prepare embedded for the next batches,
+	// by chunk hash: the latest Prepare's and the one's before it, so
+	// that what no Apply took is dropped after two batches.
+	aheadMu             sync.Mutex
+	aheadCur, aheadPrev map[string][]float32
 
 	// identity is the configured embedder's. mismatch is set when the
 	// store records another embedder's vectors: the index then refuses
@@ -93,6 +101,11 @@ type Options struct {
 	// version and reuses those of unchanged chunks instead of embedding
 	// them again: worth a read when embedding is remote and costly.
 	ReuseVectors bool
+	// EmbedAhead embeds the chunks of the next batch while the runtime
+	// applies the current one ([Index.Prepare]), so that a remote
+	// embedder is not idle while the store is written. Without
+	// ReuseVectors only (which would reuse some of those vectors).
+	EmbedAhead bool
 	// ReadEmbedder, when set, returns an embedder for the identity
 	// recorded in a store whose vectors another embedder than the
 	// configured one made, so that its searches are still answered (with
@@ -134,7 +147,8 @@ func New(ctx context.Context, backend ReadWriter, embedder embed.Embedder, opts 
 	if err != nil {
 		return nil, fmt.Errorf("index: read the store's embedder: %w", err)
 	}
-	x := &Index{backend: backend, embedder: embedder, reuse: opts.ReuseVectors, identity: want, reader: embedder}
+	x := &Index{backend: backend, embedder: embedder, reuse: opts.ReuseVectors, ahead: opts.EmbedAhead && !opts.ReuseVectors,
+		identity: want, reader: embedder}
 	if recorded && have != want {
 		x.mismatch = &EmbedderMismatchError{Stored: have, Configured: want}
 		x.reader, err = nil, errors.New("no embedder for the store's vectors is available")
@@ -208,6 +222,59 @@ func (x *Index) Apply(ctx context.Context, events []*contract.Event) []projector
 		}
 	}
 	return results
+}
+
+// Prepare implements projector.Preparer: with EmbedAhead, it embeds the
+// chunks of the events the store does not hold yet (by their version
+// markers), for the Apply of the same events to find. It changes nothing
+// in the store, and a failure only leaves Apply to embed them itself.
+func (x *Index) Prepare(ctx context.Context, events []*contract.Event) {
+	if !x.ahead || x.mismatch != nil {
+		return
+	}
+	markers, err := x.backend.Markers(ctx, keysOf(events))
+	if err != nil {
+		return
+	}
+	var texts, hashes []string
+	seen := map[string]bool{}
+	for _, ev := range events {
+		if m, ok := markers[ev.Key]; ev.Kind != contract.KindUpserted || ok && m.Version >= ev.Version {
+			continue
+		}
+		for _, c := range ev.Chunks {
+			if !seen[c.Hash] {
+				seen[c.Hash] = true
+				texts, hashes = append(texts, c.Text), append(hashes, c.Hash)
+			}
+		}
+	}
+	if len(texts) == 0 {
+		return
+	}
+	vecs, err := x.embedder.Embed(ctx, texts)
+	if err != nil || len(vecs) != len(texts) {
+		return
+	}
+	next := make(map[string][]float32, len(texts))
+	for i, h := range hashes {
+		next[h] = vecs[i]
+	}
+	x.aheadMu.Lock()
+	x.aheadPrev, x.aheadCur = x.aheadCur, next
+	x.aheadMu.Unlock()
+}
+
+// takeAhead returns the vector Prepare embedded for a chunk of hash h (a
+// text), if any. Chunks of equal text share it; the vectors are dropped
+// two Prepares later.
+func (x *Index) takeAhead(h string) []float32 {
+	x.aheadMu.Lock()
+	defer x.aheadMu.Unlock()
+	if v, ok := x.aheadCur[h]; ok {
+		return v
+	}
+	return x.aheadPrev[h]
 }
 
 // apply returns per-event results, or one error for all of them.
@@ -378,6 +445,13 @@ func (x *Index) points(ctx context.Context, events []*contract.Event, markers ma
 				if points[i].Key == ev.Key && points[i].Vector == nil {
 					points[i].Vector = byHash[points[i].ChunkHash]
 				}
+			}
+		}
+	}
+	if x.ahead {
+		for i := range points {
+			if points[i].Vector == nil {
+				points[i].Vector = x.takeAhead(points[i].ChunkHash)
 			}
 		}
 	}

@@ -98,6 +98,15 @@ func (r *Runtime) prepare(ctx context.Context, msgs []jetstream.Msg) prepared {
 		// finished: while it waits for the batch before it, and while it is
 		// applied (a slow store, transient retries).
 		b.stopKeep = r.keepAlive(msgs)
+		if p, ok := r.store.(Preparer); ok {
+			// In the fetcher, one batch ahead: while the batch before this
+			// one is applied.
+			events := make([]*contract.Event, len(b.items))
+			for i, it := range b.items {
+				events[i] = it.ev
+			}
+			p.Prepare(ctx, events)
+		}
 	}
 	return b
 }

@@ -78,6 +78,15 @@ type Store interface {
 	Apply(ctx context.Context, events []*contract.Event) []Result
 }
 
+// Preparer is a Store that does part of a batch's work ahead: the runtime
+// calls Prepare with the events of the next batch while it applies the
+// current one, and Apply with the same events afterwards (perhaps fewer,
+// perhaps again after a failure). Prepare must not change the store, and
+// cannot fail: what it could not do, Apply does.
+type Preparer interface {
+	Prepare(ctx context.Context, events []*contract.Event)
+}
+
 // Delivery is an event with what its message tells besides the event.
 type Delivery struct {
 	Event *contract.Event

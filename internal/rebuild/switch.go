@@ -71,6 +71,14 @@ func (s *Switch) Apply(ctx context.Context, events []*contract.Event) []projecto
 	return s.Live().Store.Apply(ctx, events)
 }
 
+// Prepare lets the live generation's store prepare a batch ahead of its
+// Apply, when it can (projector.Preparer).
+func (s *Switch) Prepare(ctx context.Context, events []*contract.Event) {
+	if p, ok := s.Live().Store.(projector.Preparer); ok {
+		p.Prepare(ctx, events)
+	}
+}
+
 // Pause waits for the store calls in progress and holds further ones back
 // until the returned function is called.
 func (s *Switch) Pause() (resume func()) {

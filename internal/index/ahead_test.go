@@ -1,0 +1,113 @@
+package index_test
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/converge-sync/converge/internal/embed"
+	"github.com/converge-sync/converge/internal/index"
+	"github.com/converge-sync/converge/internal/index/embedded"
+	"github.com/converge-sync/converge/internal/testenv/corpus"
+	"github.com/converge-sync/converge/pkg/contract"
+)
+
+// countingEmbedder counts the texts it embeds.
+type countingEmbedder struct {
+	embed.Embedder
+	mu    sync.Mutex
+	texts int
+}
+
+func (c *countingEmbedder) Embed(ctx context.Context, texts []string) ([][]float32, error) {
+	c.mu.Lock()
+	c.texts += len(texts)
+	c.mu.Unlock()
+	return c.Embedder.Embed(ctx, texts)
+}
+
+func (c *countingEmbedder) count() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.texts
+}
+
+// With EmbedAhead, Prepare embeds the chunks of the events the store does
+// not hold yet, and their Apply embeds nothing more and stores the same
+// vectors it would have; events the store holds are not embedded ahead
+// (a replay costs the embedder nothing), and without EmbedAhead Prepare
+// does nothing.
+func TestPrepareEmbedsAheadForApply(t *testing.T) {
+	ctx := context.Background()
+	h, err := embed.NewHash(benchDim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	words := strings.Fields("ahead of the write the embedder works on the next batch")
+	evs := corpus.UpsertedEvents(corpus.Sequential(20, corpus.Shape{Title: corpus.Fixed("t"), Body: corpus.FilledParagraphs(3, 600, words...)}))
+	events := make([]*contract.Event, len(evs))
+	chunks := 0
+	for i := range evs {
+		events[i] = &evs[i]
+		chunks += len(evs[i].Chunks)
+	}
+	open := func(opts index.Options) (*index.Index, *countingEmbedder, *embedded.Store) {
+		be, err := embedded.Open(t.TempDir(), embedded.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = be.Close() })
+		e := &countingEmbedder{Embedder: h}
+		x, err := index.New(ctx, be, e, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return x, e, be
+	}
+
+	x, e, be := open(index.Options{EmbedAhead: true})
+	x.Prepare(ctx, events[:10])
+	if got := e.count(); got == 0 || got > chunks {
+		t.Fatalf("Prepare embedded %d texts", got)
+	}
+	prepared := e.count()
+	for _, r := range x.Apply(ctx, events[:10]) {
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
+	}
+	if got := e.count(); got != prepared {
+		t.Fatalf("Apply embedded %d texts more after Prepare", got-prepared)
+	}
+	// The vectors are the ones Apply would have made.
+	for _, ev := range events[:10] {
+		pts, err := be.Points(ctx, ev.Key, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range pts {
+			want, _ := h.Embed(ctx, []string{p.Text})
+			if !slices.Equal(p.Vector, want[0]) {
+				t.Fatalf("%s chunk %d: the vector embedded ahead differs from the text's", ev.Key, p.Ordinal)
+			}
+		}
+	}
+	// Held already: a replay of them is not embedded ahead.
+	x.Prepare(ctx, events[:10])
+	if got := e.count(); got != prepared {
+		t.Fatalf("Prepare of events the store holds embedded %d texts", got-prepared)
+	}
+
+	y, f, _ := open(index.Options{})
+	y.Prepare(ctx, events)
+	if f.count() != 0 {
+		t.Fatalf("without EmbedAhead, Prepare embedded %d texts", f.count())
+	}
+	z, g, _ := open(index.Options{EmbedAhead: true, ReuseVectors: true})
+	z.Prepare(ctx, events)
+	if g.count() != 0 {
+		t.Fatalf("with ReuseVectors, Prepare embedded %d texts (some would be reused)", g.count())
+	}
+}
