@@ -129,9 +129,9 @@ fuzz-api: deps ## Schemathesis (from PyPI, into bin/schemathesis) against the wr
 		$(GO) test -count=1 -v -timeout 30m -run '^TestSchemathesis$$' ./internal/writer
 
 .PHONY: bench
-bench: deps ## benchmarks; each comparison runs both sides in one run and prints the ratio, then one summary table (starts Neo4j and Qdrant servers for the graph's and the index's)
+bench: deps ## benchmarks; each comparison runs both sides in one run and prints the ratio, then one summary table (starts Neo4j and Qdrant servers for the graph's and the index's, and the local embedding server)
 	@mkdir -p $(BIN)
-	@bash -o pipefail -c 'NEO4J_HEAP=$${NEO4J_HEAP:-2g} bash scripts/qdrant-server.sh run -- bash scripts/neo4j-server.sh run -- $(MAKE) --no-print-directory bench-run 2>&1 | tee $(BIN)/bench.out'; \
+	@$(EMBED_SERVER) bash -o pipefail -c 'NEO4J_HEAP=$${NEO4J_HEAP:-2g} bash scripts/qdrant-server.sh run -- bash scripts/neo4j-server.sh run -- $(MAKE) --no-print-directory bench-run 2>&1 | tee $(BIN)/bench.out'; \
 	status=$$?; echo; echo "make bench: summary (this machine's figures; the ratios are the targets)"; \
 	bash scripts/bench-summary.sh $(BIN)/bench.out; exit $$status
 

@@ -78,11 +78,11 @@ type Index struct {
 	reuse    bool
 	ahead    bool
 
-	// aheadMu guards the vectors Prepare embedded for the next batches,
-	// by chunk hash: the latest Prepare's and the one's before it, so
-	// that what no Apply took is dropped after two batches.
+	// aheadMu guards the vectors Prepare asked for, by chunk hash: the
+	// latest Prepare's and the one's before it, so that what no Apply
+	// took is dropped after two batches.
 	aheadMu             sync.Mutex
-	aheadCur, aheadPrev map[string][]float32
+	aheadCur, aheadPrev map[string]*aheadVector
 
 	// identity is the configured embedder's. mismatch is set when the
 	// store records another embedder's vectors: the index then refuses
@@ -224,10 +224,13 @@ func (x *Index) Apply(ctx context.Context, events []*contract.Event) []projector
 	return results
 }
 
-// Prepare implements projector.Preparer: with EmbedAhead, it embeds the
-// chunks of the events the store does not hold yet (by their version
-// markers), for the Apply of the same events to find. It changes nothing
-// in the store, and a failure only leaves Apply to embed them itself.
+// Prepare implements projector.Preparer: with EmbedAhead, it starts
+// embedding the chunks of the events the store does not hold yet (by
+// their version markers) and returns at once; the Apply of the same
+// events waits for those vectors instead of asking for them again. So the
+// embedder has the next batch's requests queued while the runtime writes
+// the current one, and is never idle between batches. It changes nothing
+// in the store; a failure only leaves Apply to embed the texts itself.
 func (x *Index) Prepare(ctx context.Context, events []*contract.Event) {
 	if !x.ahead || x.mismatch != nil {
 		return
@@ -236,45 +239,75 @@ func (x *Index) Prepare(ctx context.Context, events []*contract.Event) {
 	if err != nil {
 		return
 	}
-	var texts, hashes []string
-	seen := map[string]bool{}
+	next := map[string]*aheadVector{}
+	var texts []string
+	var pending []*aheadVector
+	x.aheadMu.Lock()
 	for _, ev := range events {
 		if m, ok := markers[ev.Key]; ev.Kind != contract.KindUpserted || ok && m.Version >= ev.Version {
 			continue
 		}
 		for _, c := range ev.Chunks {
-			if !seen[c.Hash] {
-				seen[c.Hash] = true
-				texts, hashes = append(texts, c.Text), append(hashes, c.Hash)
+			if _, ok := next[c.Hash]; ok {
+				continue
 			}
+			if v := x.aheadLocked(c.Hash); v != nil {
+				next[c.Hash] = v // asked for by the Prepare before: shared
+				continue
+			}
+			v := &aheadVector{done: make(chan struct{})}
+			next[c.Hash] = v
+			texts, pending = append(texts, c.Text), append(pending, v)
 		}
 	}
+	x.aheadPrev, x.aheadCur = x.aheadCur, next
+	x.aheadMu.Unlock()
 	if len(texts) == 0 {
 		return
 	}
-	vecs, err := x.embedder.Embed(ctx, texts)
-	if err != nil || len(vecs) != len(texts) {
-		return
-	}
-	next := make(map[string][]float32, len(texts))
-	for i, h := range hashes {
-		next[h] = vecs[i]
-	}
-	x.aheadMu.Lock()
-	x.aheadPrev, x.aheadCur = x.aheadCur, next
-	x.aheadMu.Unlock()
+	go func() {
+		vecs, err := x.embedder.Embed(ctx, texts)
+		ok := err == nil && len(vecs) == len(texts)
+		for i, v := range pending {
+			if ok {
+				v.vec = vecs[i]
+			}
+			close(v.done)
+		}
+	}()
 }
 
-// takeAhead returns the vector Prepare embedded for a chunk of hash h (a
-// text), if any. Chunks of equal text share it; the vectors are dropped
-// two Prepares later.
-func (x *Index) takeAhead(h string) []float32 {
-	x.aheadMu.Lock()
-	defer x.aheadMu.Unlock()
+// aheadVector is a vector Prepare asked for: vec is set (or left nil, on
+// a failure) before done is closed.
+type aheadVector struct {
+	done chan struct{}
+	vec  []float32
+}
+
+func (x *Index) aheadLocked(h string) *aheadVector {
 	if v, ok := x.aheadCur[h]; ok {
 		return v
 	}
 	return x.aheadPrev[h]
+}
+
+// takeAhead returns the vector Prepare asked for a chunk of hash h (a
+// text), waiting for it, or nil when Prepare did not ask for it or could
+// not get it. Chunks of equal text share it; what the two latest Prepares
+// asked for is kept, the rest dropped.
+func (x *Index) takeAhead(ctx context.Context, h string) []float32 {
+	x.aheadMu.Lock()
+	v := x.aheadLocked(h)
+	x.aheadMu.Unlock()
+	if v == nil {
+		return nil
+	}
+	select {
+	case <-v.done:
+		return v.vec
+	case <-ctx.Done():
+		return nil
+	}
 }
 
 // apply returns per-event results, or one error for all of them.
@@ -451,7 +484,7 @@ func (x *Index) points(ctx context.Context, events []*contract.Event, markers ma
 	if x.ahead {
 		for i := range points {
 			if points[i].Vector == nil {
-				points[i].Vector = x.takeAhead(points[i].ChunkHash)
+				points[i].Vector = x.takeAhead(ctx, points[i].ChunkHash)
 			}
 		}
 	}

@@ -120,6 +120,22 @@ func (c *Comparison) Report(b *testing.B, prefix string) {
 		Goal: fmt.Sprintf(">= %.1f", Target), Met: q >= Target})
 }
 
+// Log logs the medians and their ratio in one line, without a target: a
+// figure kept beside the compared one (a former baseline, say).
+func (c *Comparison) Log(b *testing.B) {
+	b.Helper()
+	if len(c.rounds) == 0 {
+		return
+	}
+	var proj, raw, ratio []float64
+	for _, r := range c.rounds {
+		p, w := c.N/r.Projector.Seconds(), c.N/r.Raw.Seconds()
+		proj, raw, ratio = append(proj, p), append(raw, w), append(ratio, p/w)
+	}
+	b.Logf("%s: projector %.0f %s/s, raw write %.0f %s/s, ratio %.3f; medians of %d rounds, ratios %s",
+		c.Name, median(proj), c.Unit, median(raw), c.Unit, median(ratio), len(c.rounds), fmtRatios(ratio))
+}
+
 func median(xs []float64) float64 {
 	s := slices.Clone(xs)
 	slices.Sort(s)
