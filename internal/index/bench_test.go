@@ -124,9 +124,9 @@ func BenchmarkProjector(b *testing.B) {
 					cmpUnsynced.Add(projectortest.Round{Projector: withPre, Raw: unsynced})
 				}
 			}
+			cmpUnsynced.Log(b)
 			cmpPre.Report(b, "")
 			cmpHash.Report(b, "hash_")
-			cmpUnsynced.Log(b)
 			b.Logf("%s: %d documents, %d points, dim %d", bb.name, benchDocs, points, benchDim)
 		})
 	}
@@ -244,7 +244,9 @@ func projectWith(b *testing.B, js jetstream.JetStream, run *int, be index.Backen
 	}
 	*run++
 	elapsed := projectortest.Project(b, js, fmt.Sprintf("bench-%d", *run), x)
-	b.Logf("projector run %d (%s): %v, of which in store calls %s", *run, e.Name(), elapsed.Round(time.Millisecond), tb)
+	if testing.Verbose() { // a benchmark's log keeps its first 10 lines: the figures come after the runs
+		b.Logf("projector run %d (%s): %v, of which in store calls %s", *run, e.Name(), elapsed.Round(time.Millisecond), tb)
+	}
 	counts, err := be.Counts(ctx, []string{evs[0].Key, evs[len(evs)-1].Key})
 	if err != nil || counts[evs[0].Key] != len(evs[0].Chunks) || counts[evs[len(evs)-1].Key] != len(evs[len(evs)-1].Chunks) {
 		b.Fatalf("after the run: counts %v, %v", counts, err)
