@@ -22,6 +22,10 @@ const (
 	CodeRowTwice      = "row_twice"
 )
 
+// sourceLockClass is the advisory lock class of the sources' rows
+// ("SOUR").
+const sourceLockClass int32 = 0x534F5552
+
 // sourceChange is one changed row of a source, as handed over (perhaps
 // several times: at indexes at of the batch).
 type sourceChange struct {
@@ -55,15 +59,17 @@ type docState struct {
 // changes of one row apply them one after the other, each reading what
 // committed before it: versions follow the commits.
 func prepareSources(ctx context.Context, tx pgx.Tx, changes []*sourceChange) error {
-	locks := make([]int64, 0, len(changes))
+	locks := make([]int32, 0, len(changes))
 	for _, c := range changes {
-		h := fnv.New64a()
+		h := fnv.New32a()
 		_, _ = h.Write([]byte(c.source + "\x00" + c.row)) // a hash.Hash never fails
-		locks = append(locks, int64(h.Sum64()))           //nolint:gosec // a lock's number: any 64 bits
+		locks = append(locks, int32(h.Sum32()))           //nolint:gosec // a lock's number: any 32 bits
 	}
 	slices.Sort(locks)
 	locks = slices.Compact(locks)
-	if _, err := tx.Exec(ctx, `SELECT count(pg_advisory_xact_lock(l)) FROM unnest($1::int8[]) AS l`, locks); err != nil {
+	// The class keeps them apart from the documents' key locks (docstore's
+	// 0x434F4E56) and from other applications' advisory locks.
+	if _, err := tx.Exec(ctx, `SELECT count(pg_advisory_xact_lock($1, l)) FROM unnest($2::int4[]) AS l`, sourceLockClass, locks); err != nil {
 		return fmt.Errorf("inbox: lock the sources' rows: %w", err)
 	}
 	bySource := map[string][]*sourceChange{}
