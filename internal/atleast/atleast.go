@@ -83,6 +83,31 @@ type NotYetError struct {
 	Behind []Behind
 }
 
+// NotYetBody is the body of a 503 not_yet_applied: the error, and beside
+// it the writes the projection does not hold yet, as data.
+type NotYetBody struct {
+	Error    httpjson.ErrorBody `json:"error"`
+	Behind   []BehindJSON       `json:"behind"`
+	WaitedMS int64              `json:"waited_ms"`
+}
+
+// BehindJSON is a write not held yet: the version asked for, and the
+// version held (0: none).
+type BehindJSON struct {
+	Key     string `json:"key"`
+	Version int64  `json:"version"`
+	Holds   int64  `json:"holds"`
+}
+
+func writeNotYet(w http.ResponseWriter, e *NotYetError) {
+	body := NotYetBody{Error: httpjson.ErrorBody{Code: "not_yet_applied", Message: e.Error()}, WaitedMS: e.Waited.Milliseconds(),
+		Behind: make([]BehindJSON, len(e.Behind))}
+	for i, b := range e.Behind {
+		body.Behind[i] = BehindJSON{Key: b.Key, Version: b.Version, Holds: b.Holds}
+	}
+	httpjson.Write(w, http.StatusServiceUnavailable, body)
+}
+
 // Behind is one write a projection does not hold yet.
 type Behind struct {
 	Write
@@ -179,7 +204,7 @@ func Handler(versions Versions, h http.Handler) http.Handler {
 		switch {
 		case errors.As(err, &notYet):
 			w.Header().Set("Retry-After", "1")
-			httpjson.Error(w, http.StatusServiceUnavailable, "not_yet_applied", notYet.Error())
+			writeNotYet(w, notYet)
 			return
 		case err != nil:
 			httpjson.Error(w, http.StatusServiceUnavailable, "unavailable", "reading what the projection holds: "+err.Error())

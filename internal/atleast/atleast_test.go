@@ -2,6 +2,7 @@ package atleast_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -92,6 +93,12 @@ func TestHandler(t *testing.T) {
 	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), "not_yet_applied") ||
 		!strings.Contains(rec.Body.String(), "a@9 (it holds version 2)") || served != 2 {
 		t.Fatalf("after a@9: %d %s", rec.Code, rec.Body)
+	}
+	// The writes not held, as data beside the message.
+	var body atleast.NotYetBody
+	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil || len(body.Behind) != 1 ||
+		body.Behind[0] != (atleast.BehindJSON{Key: "a", Version: 9, Holds: 2}) || body.WaitedMS < 20 || body.Error.Code != "not_yet_applied" {
+		t.Fatalf("after a@9: body %s (%v)", rec.Body, err)
 	}
 	for _, bad := range []url.Values{{"after": {"a"}}, {"after": {"a@1"}, "wait": {"2h"}}, {"after": {"a@1"}, "wait": {"soon"}}} {
 		if rec := get(bad); rec.Code != http.StatusBadRequest {

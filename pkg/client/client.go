@@ -352,9 +352,17 @@ func readError(resp *http.Response) error {
 			Code    string `json:"code"`
 			Message string `json:"message"`
 		} `json:"error"`
+		// A projector's not_yet_applied answer names the writes it does
+		// not hold yet.
+		Behind   []PendingWrite `json:"behind"`
+		WaitedMS *int64         `json:"waited_ms"`
 	}
 	if json.Unmarshal(data, &b) == nil && b.Error != nil && b.Error.Code != "" {
-		return &Error{StatusCode: resp.StatusCode, Code: b.Error.Code, Message: b.Error.Message}
+		e := &Error{StatusCode: resp.StatusCode, Code: b.Error.Code, Message: b.Error.Message}
+		if b.WaitedMS != nil {
+			e.notYet = &notYetData{pending: b.Behind, waited: time.Duration(*b.WaitedMS) * time.Millisecond}
+		}
+		return e
 	}
 	msg := strings.TrimSpace(string(data))
 	if len(msg) > 200 {

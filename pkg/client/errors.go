@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 )
 
 // Codes of the writer's error answers (api/openapi.json lists each with
@@ -79,6 +80,14 @@ type Error struct {
 	Code       string // "" when the answer was not the writer's error shape (a proxy's page, say)
 	Message    string
 	Line       int // the input line of a batch, 0 otherwise
+
+	notYet *notYetData // a projector's not_yet_applied data, when its answer had them
+}
+
+// notYetData are the writes a projector's not_yet_applied answer names.
+type notYetData struct {
+	pending []PendingWrite
+	waited  time.Duration
 }
 
 func (e *Error) Error() string {

@@ -306,9 +306,9 @@ type NotYetAppliedError struct {
 
 // PendingWrite is a write a projection did not hold yet.
 type PendingWrite struct {
-	Key     string
-	Version int64 // the version the read asked for
-	Holds   int64 // the version the projection held; 0: none
+	Key     string `json:"key"`
+	Version int64  `json:"version"` // the version the read asked for
+	Holds   int64  `json:"holds"`   // the version the projection held; 0: none
 }
 
 func (e *NotYetAppliedError) Error() string {
@@ -321,12 +321,18 @@ func (e *NotYetAppliedError) Unwrap() error { return e.Err }
 // Is makes errors.Is(err, ErrNotYetApplied) true.
 func (e *NotYetAppliedError) Is(target error) bool { return target == ErrNotYetApplied }
 
-// newNotYetApplied reads the projector's message, "after waiting 50ms the
+// newNotYetApplied takes the writes not held from the answer's behind
+// list, or, from a projector that sent none, reads its message, "after waiting 50ms the
 // projection has not applied 2 of the writes asked for: a@2 (it holds
 // version 1), b@1 (it holds no version)". Its list is read against the
 // writes asked for (keys may hold ", " or "@").
 func newNotYetApplied(base string, e *Error, asked []string) *NotYetAppliedError {
 	err := &NotYetAppliedError{Err: e, base: base}
+	if e.notYet != nil {
+		// The answer's data (projectors from this version on).
+		err.Pending, err.Waited = e.notYet.pending, e.notYet.waited
+		return err
+	}
 	msg := e.Message
 	if rest, ok := strings.CutPrefix(msg, notYetPrefix); ok {
 		if d, _, ok := strings.Cut(rest, " "); ok {
