@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // converge source apply installs the configuration file's mappings and
@@ -75,5 +76,27 @@ sources:
 		if err := dispatch(ctx, []string{"config", "check", file}, &out); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("config check of %q: %v, want %q", c.yaml, err, c.want)
 		}
+	}
+}
+
+// verify notes rows handed over and not applied yet (or refused): the
+// stores were compared without them.
+func TestHandedOverNote(t *testing.T) {
+	ctx := context.Background()
+	url := pg.MigratedDatabase(t)
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if note := handedOverNote(ctx, pool); note != "" {
+		t.Fatalf("an empty inbox: %q", note)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO converge_inbox (source, row_id) VALUES ('posts', '1'), ('posts', '2');
+		INSERT INTO converge_inbox (key, document, refused_at, refused_code, refused_message) VALUES ('c', '{}', now(), 'missing_version', 'version is missing')`); err != nil {
+		t.Fatal(err)
+	}
+	if note := handedOverNote(ctx, pool); !strings.Contains(note, "2 handed-over rows not applied yet and 1 refused") {
+		t.Fatalf("note %q", note)
 	}
 }

@@ -104,11 +104,32 @@ func verifyCmd(ctx context.Context, args []string, out io.Writer) error {
 		if rep.Repair != nil {
 			printRepaired(out, rep.Repair)
 		}
+		if note := handedOverNote(ctx, pool); note != "" {
+			fmt.Fprintln(out, note)
+		}
 	}
 	if !rep.Agrees {
 		return errDisagree
 	}
 	return nil
+}
+
+// handedOverNote says, when converge_inbox holds rows the writers have
+// not applied yet (documents handed over in SQL, changed rows of mapped
+// tables) or refused, that the stores were compared with Postgres's
+// documents as they are, without those; "" when there are none (or the
+// schema has no inbox).
+func handedOverNote(ctx context.Context, pool *pgxpool.Pool) string {
+	var pending, refused int64
+	if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE refused_at IS NULL), count(*) FILTER (WHERE refused_at IS NOT NULL)
+		FROM converge_inbox`).Scan(&pending, &refused); err != nil || pending+refused == 0 {
+		return ""
+	}
+	note := fmt.Sprintf("note: converge_inbox holds %d handed-over rows not applied yet", pending)
+	if refused > 0 {
+		note += fmt.Sprintf(" and %d refused (SELECT * FROM converge_inbox WHERE refused_at IS NOT NULL)", refused)
+	}
+	return note + ": the stores were compared with Postgres's documents without them"
 }
 
 // storeSides are the projections of list (-stores), each asked of its
