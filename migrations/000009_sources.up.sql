@@ -18,12 +18,14 @@ ALTER TABLE converge_inbox
 -- Which document each mapped row gave, kept by the writer: a row deleted
 -- (or gone from its source's view) withdraws it, a row whose key changed
 -- withdraws the old key. One row per key: two rows giving the same key
--- are refused.
+-- are refused. The check is at commit, so that rows may trade keys in
+-- one transaction.
 CREATE TABLE converge_source_rows (
     source text NOT NULL,
     row_id text NOT NULL,
-    key    text NOT NULL UNIQUE,
-    PRIMARY KEY (source, row_id)
+    key    text NOT NULL,
+    PRIMARY KEY (source, row_id),
+    CONSTRAINT converge_source_rows_key UNIQUE (key) DEFERRABLE INITIALLY DEFERRED
 );
 
 -- The trigger function of mapped tables: FOR EACH STATEMENT with

@@ -321,6 +321,21 @@ WITH input AS (
 SELECT i.key, i.key IN (SELECT key FROM doc), d.version, d.deleted, d.content_hash
 FROM input i LEFT JOIN documents d ON d.key = i.key`
 
+// LockKeys takes in tx, for the rest of it, the locks every writer of
+// documents takes on their keys before it reads or writes them (Apply and
+// ApplyTx take them again, which costs nothing): what another writer
+// reads of those documents after it is what tx will leave. Taken in one
+// order, as Apply takes them.
+func LockKeys(ctx context.Context, tx pgx.Tx, keys []string) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, lockSQL, keys); err != nil {
+		return fmt.Errorf("docstore: lock keys: %w", err)
+	}
+	return nil
+}
+
 // lockSQL serialises writers of the same keys for the rest of the
 // transaction. Without it, two concurrent writes of one key could each take
 // their snapshot before the other committed, and the later one would

@@ -205,8 +205,7 @@ func (in *Inbox) drainBatch(ctx context.Context) (int, error) {
 	}
 	outs := make([]docstore.Outcome, len(taken))
 	var writes []docstore.Write
-	var at []int           // the index in taken of each write; -1 for a source's
-	var of []*sourceChange // the source change of each write; nil for a document's
+	var at []int // the index in taken of each write
 	changes := map[[2]string]*sourceChange{}
 	var order []*sourceChange
 	for i, row := range taken {
@@ -225,30 +224,46 @@ func (in *Inbox) drainBatch(ctx context.Context) (int, error) {
 			outs[i] = docstore.Outcome{Key: row.key, Err: err}
 			continue
 		}
-		writes, at, of = append(writes, wr), append(at, i), append(of, nil)
+		writes, at = append(writes, wr), append(at, i)
 	}
 	if len(order) > 0 {
-		if err := prepareSources(ctx, tx, order); err != nil {
+		// The rows' locks first, before any document's key lock.
+		if err := lockSourceRows(ctx, tx, order); err != nil {
 			return 0, err
 		}
-		for _, c := range order {
-			if c.err != nil {
-				continue
-			}
-			for _, w := range c.writes {
-				writes, at, of = append(writes, w), append(at, -1), append(of, c)
-			}
-		}
 	}
+	// The documents handed over first, then the sources' rows, whose
+	// versions follow what is stored then (a key handed over both ways in
+	// one batch gets the row's document last, at the next version).
 	applied, err := applyIsolatingTx(ctx, tx, in.store, writes)
 	if err != nil {
 		return 0, err
 	}
 	for j, o := range applied {
-		if at[j] >= 0 {
-			outs[at[j]] = o
-		} else if o.Err != nil && of[j].err == nil {
-			of[j].err = o.Err
+		outs[at[j]] = o
+	}
+	if len(order) > 0 {
+		if err := prepareSources(ctx, tx, order); err != nil {
+			return 0, err
+		}
+		var sw []docstore.Write
+		var of []*sourceChange // the change of each of sw
+		for _, c := range order {
+			if c.err != nil {
+				continue
+			}
+			for _, w := range c.writes {
+				sw, of = append(sw, w), append(of, c)
+			}
+		}
+		applied, err := applyIsolatingTx(ctx, tx, in.store, sw)
+		if err != nil {
+			return 0, err
+		}
+		for j, o := range applied {
+			if o.Err != nil && of[j].err == nil {
+				of[j].err = o.Err
+			}
 		}
 	}
 	var settled []*sourceChange

@@ -528,6 +528,7 @@ func TestOpenAPIListsEveryCodeInTheSource(t *testing.T) {
 		writer.CodeUnknownSource:      "a mapped table's changed row's, kept in converge_inbox",
 		writer.CodeDuplicateKey:       "a mapped table's changed row's, kept in converge_inbox",
 		writer.CodeRowTwice:           "a mapped table's changed row's, kept in converge_inbox",
+		writer.CodeRowUnreadable:      "a mapped table's changed row's, kept in converge_inbox",
 	}
 	found := map[string]string{}
 	for _, dir := range []string{"../../pkg/contract", ".", "../docstore", "../auth", "../httpjson"} {

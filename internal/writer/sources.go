@@ -3,11 +3,13 @@ package writer
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"slices"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/converge-sync/converge/internal/docstore"
 	"github.com/converge-sync/converge/internal/source"
@@ -20,10 +22,12 @@ const (
 	CodeUnknownSource = "unknown_source"
 	CodeDuplicateKey  = "duplicate_key"
 	CodeRowTwice      = "row_twice"
+	CodeRowUnreadable = "row_unreadable"
 )
 
 // sourceLockClass is the advisory lock class of the sources' rows
-// ("SOUR").
+// ("SOUR"), apart from the documents' key locks (docstore's "CONV") and
+// from other applications' advisory locks.
 const sourceLockClass int32 = 0x534F5552
 
 // sourceChange is one changed row of a source, as handed over (perhaps
@@ -32,11 +36,16 @@ type sourceChange struct {
 	source, row string
 	at          []int
 
-	err    error            // a refusal
-	writes []docstore.Write // what applying it writes (none: unchanged)
-	key    string           // the key its row gives now; "" for none
+	err    error             // a refusal
+	now    *viewRow          // the row's document now; nil: none
+	doc    contract.Document // now's document, normalised
+	before string            // the key the row gave before; "" for none
+	writes []docstore.Write  // what applying it writes (none: unchanged)
+	key    string            // the key its row gives now; "" for none
 	result docstore.Result
 }
+
+func (c *sourceChange) self() [2]string { return [2]string{c.source, c.row} }
 
 // viewRow is a row of a source's view.
 type viewRow struct {
@@ -51,14 +60,12 @@ type docState struct {
 	hash    string
 }
 
-// prepareSources reads, in tx, the document each changed row gives now
-// and decides its writes: an upsert at the next version of its key when
-// its content changed, a withdrawal of the key it gave before when the row
-// is gone from the view or its key changed. The rows are locked first
-// (transaction advisory locks, in one order), so that two writers taking
-// changes of one row apply them one after the other, each reading what
-// committed before it: versions follow the commits.
-func prepareSources(ctx context.Context, tx pgx.Tx, changes []*sourceChange) error {
+// lockSourceRows takes the changed rows' locks, in one order, for the
+// rest of tx: two writers holding changes of one row apply them one after
+// the other, and each reads (in a later statement) what committed before
+// it, so that versions follow the commits. Taken first in a batch, before
+// any document's key lock.
+func lockSourceRows(ctx context.Context, tx pgx.Tx, changes []*sourceChange) error {
 	locks := make([]int32, 0, len(changes))
 	for _, c := range changes {
 		h := fnv.New32a()
@@ -67,11 +74,20 @@ func prepareSources(ctx context.Context, tx pgx.Tx, changes []*sourceChange) err
 	}
 	slices.Sort(locks)
 	locks = slices.Compact(locks)
-	// The class keeps them apart from the documents' key locks (docstore's
-	// 0x434F4E56) and from other applications' advisory locks.
 	if _, err := tx.Exec(ctx, `SELECT count(pg_advisory_xact_lock($1, l)) FROM unnest($2::int4[]) AS l`, sourceLockClass, locks); err != nil {
 		return fmt.Errorf("inbox: lock the sources' rows: %w", err)
 	}
+	return nil
+}
+
+// prepareSources reads, in tx (the rows locked), the document each
+// changed row gives now and decides its writes: an upsert at the next
+// version of its key when its content changed, a withdrawal of the key it
+// gave before when the row is gone from the view or gives another key
+// (unless another row of the batch takes that key). The keys are locked
+// as every writer of documents locks them before they are read, so the
+// versions read are the ones the writes follow.
+func prepareSources(ctx context.Context, tx pgx.Tx, changes []*sourceChange) error {
 	bySource := map[string][]*sourceChange{}
 	var names []string
 	for _, c := range changes {
@@ -81,26 +97,38 @@ func prepareSources(ctx context.Context, tx pgx.Tx, changes []*sourceChange) err
 		bySource[c.source] = append(bySource[c.source], c)
 	}
 	slices.Sort(names)
-	rowsNow := map[*sourceChange]*viewRow{}
-	before := map[*sourceChange]string{}
 	for _, name := range names {
-		cs := bySource[name]
-		if err := readSource(ctx, tx, name, cs, rowsNow, before); err != nil {
+		if err := readSource(ctx, tx, name, bySource[name]); err != nil {
 			return err
 		}
 	}
-	// The keys' owners and their documents, as stored.
+	// The documents now: each change's new one validated; the keys
+	// locked, then their owners and stored versions read.
 	var keys []string
 	for _, c := range changes {
-		if r := rowsNow[c]; r != nil {
-			keys = append(keys, r.key)
+		if c.err != nil {
+			continue
 		}
-		if k := before[c]; k != "" {
-			keys = append(keys, k)
+		if c.now != nil {
+			d := contract.Document{Key: c.now.key, Version: 1, Title: c.now.title, Body: c.now.body,
+				Tags: c.now.tags, Links: c.now.links, Meta: json.RawMessage(c.now.meta)}
+			norm, err := d.Normalize()
+			if err != nil {
+				c.err = err
+				continue
+			}
+			c.doc, c.key = norm, norm.Key
+			keys = append(keys, c.key)
+		}
+		if c.before != "" {
+			keys = append(keys, c.before)
 		}
 	}
 	slices.Sort(keys)
 	keys = slices.Compact(keys)
+	if err := docstore.LockKeys(ctx, tx, keys); err != nil {
+		return fmt.Errorf("inbox: %w", err)
+	}
 	owners := map[string][2]string{}
 	rows, err := tx.Query(ctx, `SELECT key, source, row_id FROM converge_source_rows WHERE key = ANY($1)`, keys)
 	if err != nil {
@@ -111,7 +139,7 @@ func prepareSources(ctx context.Context, tx pgx.Tx, changes []*sourceChange) err
 		return fmt.Errorf("inbox: read the keys' rows: %w", err)
 	}
 	docs := map[string]docState{}
-	rows, err = tx.Query(ctx, `SELECT key, version, deleted, content_hash FROM documents WHERE key = ANY($1) ORDER BY key FOR UPDATE`, keys)
+	rows, err = tx.Query(ctx, `SELECT key, version, deleted, content_hash FROM documents WHERE key = ANY($1)`, keys)
 	if err != nil {
 		return fmt.Errorf("inbox: read the keys' documents: %w", err)
 	}
@@ -119,28 +147,38 @@ func prepareSources(ctx context.Context, tx pgx.Tx, changes []*sourceChange) err
 	if _, err := pgx.ForEachRow(rows, []any{&k, &d.version, &d.deleted, &d.hash}, func() error { docs[k] = d; return nil }); err != nil {
 		return fmt.Errorf("inbox: read the keys' documents: %w", err)
 	}
+	// Keys the batch's rows give up are free for the batch's other rows
+	// (a row deleted and another inserted with its key, two rows trading
+	// keys); then the first row of the batch to give a key takes it.
 	for _, c := range changes {
-		if c.err != nil {
+		if c.err == nil && c.before != "" && c.before != c.key && owners[c.before] == c.self() {
+			delete(owners, c.before)
+		}
+	}
+	takenBy := map[string]*sourceChange{}
+	for _, c := range changes {
+		if c.err != nil || c.key == "" {
 			continue
 		}
-		decide(c, rowsNow[c], before[c], owners, docs)
-		if c.err == nil && c.key != "" {
-			// A later row of the batch giving the same key finds this one.
-			if _, ok := owners[c.key]; !ok {
-				owners[c.key] = [2]string{c.source, c.row}
-			}
+		if o, ok := owners[c.key]; ok && o != c.self() {
+			c.err = &contract.ValidationError{Code: CodeDuplicateKey, Field: "key",
+				Message: fmt.Sprintf("row %s of source %s gives key %q, which row %s of source %s gives already", c.row, c.source, c.key, o[1], o[0])}
+			continue
+		}
+		owners[c.key], takenBy[c.key] = c.self(), c
+	}
+	for _, c := range changes {
+		if c.err == nil {
+			decide(c, takenBy, docs)
 		}
 	}
 	return nil
 }
 
-// readSource reads the rows of source name that changes name, through
-// its view, and the keys they gave before.
-func readSource(ctx context.Context, tx pgx.Tx, name string, cs []*sourceChange, now map[*sourceChange]*viewRow, before map[*sourceChange]string) error {
-	ids := make([]string, len(cs))
-	for i, c := range cs {
-		ids[i] = c.row
-	}
+// readSource reads the rows of source name that cs changed, through its
+// view, and the keys they gave before. A row the view cannot give (a value
+// its expressions refuse, an identity that is not one) is refused alone.
+func readSource(ctx context.Context, tx pgx.Tx, name string, cs []*sourceChange) error {
 	var views []string
 	var typ string
 	rows, err := tx.Query(ctx, `SELECT c.oid::regclass::text, format_type(a.atttypid, a.atttypmod)
@@ -163,41 +201,38 @@ func readSource(ctx context.Context, tx pgx.Tx, name string, cs []*sourceChange,
 		}
 		return nil
 	}
-	byRow := map[string]*sourceChange{}
-	for _, c := range cs {
-		byRow[c.row] = c
-	}
-	rows, err = tx.Query(ctx, fmt.Sprintf(`SELECT row_id::text, coalesce(key, ''), coalesce(title, ''), coalesce(body, ''),
-		coalesce(tags, '{}'), coalesce(links, '{}'), coalesce(meta::text, '{}') FROM %s WHERE row_id = ANY($1::text[]::%s[])`, views[0], typ), ids)
-	if err != nil {
-		return fmt.Errorf("inbox: read source %s's rows: %w", name, err)
-	}
-	var id string
-	var vr viewRow
-	if _, err := pgx.ForEachRow(rows, []any{&id, &vr.key, &vr.title, &vr.body, &vr.tags, &vr.links, &vr.meta}, func() error {
-		c := byRow[id]
-		if c == nil {
-			return nil
+	query := fmt.Sprintf(`SELECT row_id::text, coalesce(key, ''), coalesce(title, ''), coalesce(body, ''),
+		coalesce(array_remove(tags, NULL), '{}'), coalesce(array_remove(links, NULL), '{}'), coalesce(meta::text, '{}')
+		FROM %s WHERE row_id = ANY($1::text[]::%s[])`, views[0], typ)
+	if err := readRows(ctx, tx, name, query, cs); err != nil {
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) {
+			return err
 		}
-		if now[c] != nil {
-			c.err = &contract.ValidationError{Code: CodeRowTwice, Field: "source",
-				Message: fmt.Sprintf("source %s's view gives row %s more than once: its mapping must give one document per row", name, id)}
-			return nil
+		// One row spoils the read: each alone, so that only it is refused.
+		for _, c := range cs {
+			if err := readRows(ctx, tx, name, query, []*sourceChange{c}); err != nil {
+				if !errors.As(err, &pgErr) {
+					return err
+				}
+				c.now, c.err = nil, &contract.ValidationError{Code: CodeRowUnreadable, Field: "source",
+					Message: fmt.Sprintf("row %s of source %s cannot be read through its view: %s (%s)", c.row, name, pgErr.Message, pgErr.Code)}
+			}
 		}
-		row := vr
-		now[c] = &row
-		return nil
-	}); err != nil {
-		return fmt.Errorf("inbox: read source %s's rows: %w", name, err)
+	}
+	ids := make([]string, len(cs))
+	byRow := make(map[string]*sourceChange, len(cs))
+	for i, c := range cs {
+		ids[i], byRow[c.row] = c.row, c
 	}
 	rows, err = tx.Query(ctx, `SELECT row_id, key FROM converge_source_rows WHERE source = $1 AND row_id = ANY($2)`, name, ids)
 	if err != nil {
 		return fmt.Errorf("inbox: read source %s's keys: %w", name, err)
 	}
-	var key string
+	var id, key string
 	if _, err := pgx.ForEachRow(rows, []any{&id, &key}, func() error {
 		if c := byRow[id]; c != nil {
-			before[c] = key
+			c.before = key
 		}
 		return nil
 	}); err != nil {
@@ -206,52 +241,82 @@ func readSource(ctx context.Context, tx pgx.Tx, name string, cs []*sourceChange,
 	return nil
 }
 
-// decide sets c's writes: now is what its row gives (nil: nothing),
-// before the key it gave.
-func decide(c *sourceChange, now *viewRow, before string, owners map[string][2]string, docs map[string]docState) {
+// readRows reads the view's rows of cs with query, in a savepoint of tx:
+// a failure rolls it back alone, and is returned.
+func readRows(ctx context.Context, tx pgx.Tx, name, query string, cs []*sourceChange) error {
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("inbox: savepoint: %w", err)
+	}
+	ids := make([]string, len(cs))
+	byRow := make(map[string]*sourceChange, len(cs))
+	for i, c := range cs {
+		ids[i], byRow[c.row] = c.row, c
+	}
+	got := map[*sourceChange]*viewRow{}
+	rows, err := sp.Query(ctx, query, ids)
+	if err == nil {
+		var id string
+		var vr viewRow
+		_, err = pgx.ForEachRow(rows, []any{&id, &vr.key, &vr.title, &vr.body, &vr.tags, &vr.links, &vr.meta}, func() error {
+			c := byRow[id]
+			if c == nil {
+				return nil
+			}
+			if got[c] != nil {
+				c.err = &contract.ValidationError{Code: CodeRowTwice, Field: "source",
+					Message: fmt.Sprintf("source %s's view gives row %s more than once: its mapping must give one document per row", name, id)}
+				return nil
+			}
+			row := vr
+			got[c] = &row
+			return nil
+		})
+	}
+	if err != nil {
+		if rerr := sp.Rollback(ctx); rerr != nil {
+			return errors.Join(err, rerr)
+		}
+		return err
+	}
+	if err := sp.Commit(ctx); err != nil {
+		return fmt.Errorf("inbox: release savepoint: %w", err)
+	}
+	for _, c := range cs {
+		if c.err == nil {
+			c.now = got[c]
+		}
+	}
+	return nil
+}
+
+// decide sets c's writes from what its row gives now (c.doc, c.key; no
+// key: nothing) and the key it gave before; takenBy names the change of
+// the batch that gives each key.
+func decide(c *sourceChange, takenBy map[string]*sourceChange, docs map[string]docState) {
 	withdraw := func(key string) {
 		if d, ok := docs[key]; ok && !d.deleted {
 			c.writes = append(c.writes, docstore.Write{Doc: contract.Document{Key: key, Version: d.version + 1}, Withdraw: true})
 		}
 	}
-	if now == nil {
-		if before != "" {
-			withdraw(before)
+	if c.before != "" && c.before != c.key && takenBy[c.before] == nil {
+		withdraw(c.before)
+	}
+	if c.key != "" {
+		d, ok := docs[c.key]
+		if !ok || d.deleted || d.hash != contract.ContentHash(c.doc) {
+			doc := c.doc
+			doc.Version = 1
+			if ok {
+				doc.Version = d.version + 1
+			}
+			c.writes = append(c.writes, docstore.Write{Doc: doc})
 		}
-		c.result = docstore.Applied
-		if len(c.writes) == 0 {
-			c.result = docstore.Unchanged
-		}
-		return
 	}
-	if o, ok := owners[now.key]; ok && (o[0] != c.source || o[1] != c.row) {
-		c.err = &contract.ValidationError{Code: CodeDuplicateKey, Field: "key",
-			Message: fmt.Sprintf("row %s of source %s gives key %q, which row %s of source %s gives already", c.row, c.source, now.key, o[1], o[0])}
-		return
-	}
-	doc := contract.Document{Key: now.key, Version: 1, Title: now.title, Body: now.body, Tags: now.tags, Links: now.links, Meta: json.RawMessage(now.meta)}
-	norm, err := doc.Normalize()
-	if err != nil {
-		c.err = err
-		return
-	}
-	c.key = now.key
-	if before != "" && before != now.key {
-		withdraw(before)
-	}
-	d, ok := docs[now.key]
-	if ok && !d.deleted && d.hash == contract.ContentHash(norm) {
-		c.result = docstore.Unchanged
-		if len(c.writes) > 0 {
-			c.result = docstore.Applied
-		}
-		return
-	}
-	if ok {
-		doc.Version = d.version + 1
-	}
-	c.writes = append(c.writes, docstore.Write{Doc: doc})
 	c.result = docstore.Applied
+	if len(c.writes) == 0 {
+		c.result = docstore.Unchanged
+	}
 }
 
 // finishSources records, in tx, the key each applied change's row gives.

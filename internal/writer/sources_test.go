@@ -173,3 +173,110 @@ func TestSourceRefusalsAreKept(t *testing.T) {
 		t.Errorf("%d of the valid rows' documents stored, want 2", n)
 	}
 }
+
+// drainAll drains the inbox with one transaction at a time, and fails the
+// test on an error: nothing a row holds may stop the drain.
+func drainAll(t *testing.T, e *env) {
+	t.Helper()
+	if _, err := writer.NewInbox(e.pool, e.store, writer.InboxConfig{Parallel: 1}, e.metrics, nil).Drain(context.Background()); err != nil {
+		t.Fatalf("drain: %v", err)
+	}
+}
+
+// refusals are the inbox's refused rows, "source row_id code".
+func refusals(t *testing.T, e *env) []string {
+	t.Helper()
+	rows, err := e.pool.Query(context.Background(), `SELECT coalesce(source, key), coalesce(row_id, ''), refused_code FROM converge_inbox WHERE refused_at IS NOT NULL ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	var s, r, c string
+	if _, err := pgx.ForEachRow(rows, []any{&s, &r, &c}, func() error { out = append(out, s+" "+r+" "+c); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// A row whose document the view cannot give (meta that is not JSON, an
+// identity that is not one) is refused alone: the rest of the batch is
+// applied, and the drain goes on. A NULL among the tags is left out.
+func TestSourceRowThatCannotBeReadIsRefusedAlone(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	if _, err := e.pool.Exec(ctx, `CREATE TABLE notes (id bigint PRIMARY KEY, body text, extra text, cat text);
+		INSERT INTO notes VALUES (1, 'fine', '{"a": 1}', NULL), (2, 'bad meta', 'not json', 'x'), (3, 'fine too', '{}', 'y')`); err != nil {
+		t.Fatal(err)
+	}
+	applySource(t, e, source.Mapping{Name: "notes", Table: "notes", Body: "body", Meta: "extra::jsonb", Tags: "ARRAY[cat]"})
+	if _, err := e.pool.Exec(ctx, `INSERT INTO converge_inbox (source, row_id) VALUES ('notes', 'abc')`); err != nil {
+		t.Fatal(err)
+	}
+	drainAll(t, e)
+	got := refusals(t, e)
+	if len(got) != 2 || got[0] != "notes 2 row_unreadable" || got[1] != "notes abc row_unreadable" {
+		t.Fatalf("refused %q, want rows 2 and abc unreadable", got)
+	}
+	if n := count(t, e, `SELECT count(*) FROM documents WHERE key IN ('notes/1', 'notes/3') AND NOT deleted`); n != 2 {
+		t.Fatalf("%d of the readable rows applied, want 2", n)
+	}
+	if n := count(t, e, `SELECT count(*) FROM converge_inbox WHERE refused_at IS NULL`); n != 0 {
+		t.Fatalf("%d rows left pending", n)
+	}
+}
+
+// Rows that give up a key and rows that take it in one transaction: a row
+// deleted and another inserted with its key, two rows trading keys. The
+// documents follow, at their next versions, and nothing is refused.
+func TestSourceKeysMoveBetweenRowsInOneTransaction(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	if _, err := e.pool.Exec(ctx, `CREATE TABLE notes (id int PRIMARY KEY, slug text, body text);
+		INSERT INTO notes VALUES (1, 'a', 'first a'), (3, 'c', 'cee'), (4, 'd', 'dee')`); err != nil {
+		t.Fatal(err)
+	}
+	applySource(t, e, source.Mapping{Name: "notes", Table: "notes", Key: "slug", Body: "body"})
+	drainAll(t, e)
+	if _, err := e.pool.Exec(ctx, `BEGIN;
+		DELETE FROM notes WHERE id = 1; INSERT INTO notes VALUES (2, 'a', 'second a');
+		UPDATE notes SET slug = CASE slug WHEN 'c' THEN 'd' ELSE 'c' END WHERE id IN (3, 4);
+		COMMIT`); err != nil {
+		t.Fatal(err)
+	}
+	drainAll(t, e)
+	if got := refusals(t, e); len(got) != 0 {
+		t.Fatalf("refused %q", got)
+	}
+	for key, want := range map[string]string{"a": "second a", "c": "dee", "d": "cee"} {
+		rec, err := e.store.Get(ctx, key)
+		if err != nil || rec.Withdrawn || rec.Version != 2 || rec.Body != want {
+			t.Errorf("%s: %+v, %v; want %q at version 2", key, rec, err, want)
+		}
+	}
+}
+
+// A key handed over as a document and given by a source's row in one
+// batch: the document first, then the row's at the next version; nothing
+// refused, nothing silently lost.
+func TestSourceRowAndDocumentOfOneKeyInOneBatch(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	if _, err := e.pool.Exec(ctx, `CREATE TABLE notes (id int PRIMARY KEY, body text)`); err != nil {
+		t.Fatal(err)
+	}
+	applySource(t, e, source.Mapping{Name: "notes", Table: "notes", Key: "'x'", Body: "body"})
+	if _, err := e.pool.Exec(ctx, `BEGIN;
+		INSERT INTO converge_inbox (key, document) VALUES ('x', '{"version": 1, "body": "handed over"}');
+		INSERT INTO notes VALUES (1, 'from the table');
+		COMMIT`); err != nil {
+		t.Fatal(err)
+	}
+	drainAll(t, e)
+	if got := refusals(t, e); len(got) != 0 {
+		t.Fatalf("refused %q", got)
+	}
+	rec, err := e.store.Get(ctx, "x")
+	if err != nil || rec.Version != 2 || rec.Body != "from the table" {
+		t.Fatalf("x: %+v, %v; want the row's document at version 2", rec, err)
+	}
+}
