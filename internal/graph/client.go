@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/converge-sync/converge/internal/atleast"
@@ -78,7 +79,11 @@ func (c *Client) Document(ctx context.Context, key string) (DocumentJSON, error)
 	if err != nil {
 		return out, fmt.Errorf("the graph projector: %w", err)
 	}
-	pu.RawPath = pu.EscapedPath() + url.PathEscape(key)
+	esc := url.PathEscape(key)
+	if strings.Trim(key, ".") == "" { // "." and "..": a path would drop them
+		esc = strings.Repeat("%2E", len(key))
+	}
+	pu.RawPath = pu.EscapedPath() + esc
 	pu.Path += key
 	u := pu.String()
 	err = httpjson.Get(ctx, c.HTTP, u, c.Token, 64<<20, &out)

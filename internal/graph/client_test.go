@@ -50,7 +50,7 @@ func TestClientDocument(t *testing.T) {
 	}
 	// Keys a path would be cleaned of: read as they are, not redirected
 	// to another document's path.
-	for _, key := range []string{"dir/../guide/c", "guide//c", "./guide/c", "guide/c/"} {
+	for _, key := range []string{"dir/../guide/c", "guide//c", "./guide/c", "guide/c/", ".", ".."} {
 		if _, err := store.Apply(ctx, []graph.Doc{{Key: key, Version: 4, Title: key, ContentHash: "h4"}}); err != nil {
 			t.Fatal(err)
 		}

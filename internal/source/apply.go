@@ -101,8 +101,11 @@ func Apply(ctx context.Context, conn *pgx.Conn, m Mapping, reemit bool) (Result,
 			}
 		}
 		if res.Created || res.Changed || reemit {
-			tag, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO public.converge_inbox (source, row_id) SELECT $1, (%s)::text FROM %s`,
-				pgx.Identifier{m.row()}.Sanitize(), p.table), m.Name)
+			// A row without an identity gives no document (the triggers
+			// skip it too).
+			col := pgx.Identifier{m.row()}.Sanitize()
+			tag, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO public.converge_inbox (source, row_id) SELECT $1, (%s)::text FROM %s WHERE %s IS NOT NULL`,
+				col, p.table, col), m.Name)
 			if err != nil {
 				return fmt.Errorf("source %s: %w", m.Name, explain(err, "hand its rows over"))
 			}

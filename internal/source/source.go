@@ -53,8 +53,9 @@ const WriterRole = "converge_writer"
 // Table, which they name by its unqualified name (articles.id) or not at
 // all (id).
 type Mapping struct {
-	// Name of the source: a lower-case letter, then up to 39 lower-case
-	// letters, digits or underscores.
+	// Name of the source: a lower-case letter, then up to 37 lower-case
+	// letters, digits or underscores (its triggers' names, which hold it,
+	// are Postgres identifiers of at most 63 bytes).
 	Name string `yaml:"-"`
 	// Table is the mapped table, [schema.]name.
 	Table string `yaml:"table"`
@@ -87,13 +88,13 @@ type Follow struct {
 	Row string `yaml:"row"`
 }
 
-var namePattern = regexp.MustCompile(`^[a-z][a-z0-9_]{0,39}$`)
+var namePattern = regexp.MustCompile(`^[a-z][a-z0-9_]{0,37}$`)
 
 // Validate checks the mapping's names; its expressions are checked by
 // Postgres when Apply creates the view.
 func (m *Mapping) Validate() error {
 	if !namePattern.MatchString(m.Name) {
-		return fmt.Errorf("source %q: the name must be a lower-case letter then up to 39 lower-case letters, digits or underscores", m.Name)
+		return fmt.Errorf("source %q: the name must be a lower-case letter then up to 37 lower-case letters, digits or underscores", m.Name)
 	}
 	if m.Table == "" {
 		return fmt.Errorf("source %s: table is required", m.Name)
@@ -300,7 +301,7 @@ func SQL(ctx context.Context, conn *pgx.Conn, m Mapping) (string, error) {
 	for _, s := range p.triggers {
 		b.WriteString(s + ";\n")
 	}
-	fmt.Fprintf(&b, "-- the backfill: every row handed over\nINSERT INTO public.converge_inbox (source, row_id) SELECT %s, (%s)::text FROM %s;\nCOMMIT;\n",
-		quoteLiteral(m.Name), pgx.Identifier{m.row()}.Sanitize(), p.table)
+	fmt.Fprintf(&b, "-- the backfill: every row handed over\nINSERT INTO public.converge_inbox (source, row_id) SELECT %s, (%s)::text FROM %s WHERE %s IS NOT NULL;\nCOMMIT;\n",
+		quoteLiteral(m.Name), pgx.Identifier{m.row()}.Sanitize(), p.table, pgx.Identifier{m.row()}.Sanitize())
 	return b.String(), nil
 }
