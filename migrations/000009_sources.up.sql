@@ -20,12 +20,12 @@ ALTER TABLE converge_inbox
 -- withdraws the old key. One row per key: two rows giving the same key
 -- are refused. The check is at commit, so that rows may trade keys in
 -- one transaction.
-CREATE TABLE converge_source_rows (
+CREATE TABLE converge_mapped_rows (
     source text NOT NULL,
     row_id text NOT NULL,
     key    text NOT NULL,
     PRIMARY KEY (source, row_id),
-    CONSTRAINT converge_source_rows_key UNIQUE (key) DEFERRABLE INITIALLY DEFERRED
+    CONSTRAINT converge_mapped_rows_key UNIQUE (key) DEFERRABLE INITIALLY DEFERRED
 );
 
 -- The trigger function of mapped tables: FOR EACH STATEMENT with

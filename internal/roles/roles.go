@@ -49,7 +49,7 @@ type TableGrant struct {
 // one adds it here and grants it below; the roles tests check both against
 // the catalog of a migrated database.
 var (
-	Tables = []string{"documents", "chunks", "outbox", "schema_migrations", "converge_inbox", "converge_source_rows"}
+	Tables = []string{"documents", "chunks", "outbox", "schema_migrations", "converge_inbox", "converge_mapped_rows"}
 	// converge_inbox_id_seq is its identity column's, which an insert
 	// uses without any privilege on it: nobody is granted it.
 	Sequences = []string{"outbox_emission_seq", "converge_inbox_id_seq"}
@@ -72,7 +72,7 @@ var Definition = []Role{
 			// and deletes what it applied.
 			{Privileges: "SELECT, UPDATE, DELETE", Objects: []string{"converge_inbox"}},
 			// It keeps which document each row of a mapped table gave.
-			{Privileges: "SELECT, INSERT, UPDATE, DELETE", Objects: []string{"converge_source_rows"}},
+			{Privileges: "SELECT, INSERT, UPDATE, DELETE", Objects: []string{"converge_mapped_rows"}},
 			// Re-emissions number their outbox rows from it (nextval).
 			{Privileges: "USAGE", Sequence: true, Objects: []string{"outbox_emission_seq"}},
 			// Its readiness check reads the schema version.
@@ -91,7 +91,7 @@ var Definition = []Role{
 		Name: Reader, Job: "read-only: `converge verify`, `converge status`, `converge migrate status`",
 		OnDatabase: "CONNECT", OnSchema: "USAGE",
 		Grants: []TableGrant{
-			{Privileges: "SELECT", Objects: []string{"documents", "chunks", "outbox", "schema_migrations", "converge_inbox", "converge_source_rows"}},
+			{Privileges: "SELECT", Objects: []string{"documents", "chunks", "outbox", "schema_migrations", "converge_inbox", "converge_mapped_rows"}},
 		},
 	},
 	{

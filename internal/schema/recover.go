@@ -31,7 +31,7 @@ var applied = map[uint]string{
 	6: `SELECT EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'outbox'::regclass AND attname = 'trace_context' AND NOT attisdropped)`,
 	7: `SELECT EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'outbox'::regclass AND attname = 'xid' AND NOT attisdropped)`,
 	8: `SELECT to_regclass('converge_inbox') IS NOT NULL`,
-	9: `SELECT to_regclass('converge_source_rows') IS NOT NULL`,
+	9: `SELECT to_regclass('converge_mapped_rows') IS NOT NULL`,
 }
 
 // recoverDirty marks a dirty version clean, or the one before it, from

@@ -36,7 +36,7 @@ func exec(t *testing.T, url, sql string) {
 // documents, version 1 to 3), "lz4" (outbox payloads compressed with lz4,
 // version 5, on a server built with it), "trace" (outbox.trace_context,
 // version 6), "xid" (outbox.xid and its index, version 7), "inbox"
-// (converge_inbox, version 8), "sources" (converge_source_rows and the
+// (converge_inbox, version 8), "sources" (converge_mapped_rows and the
 // inbox's source rows, version 9).
 func features(t *testing.T, url string) string {
 	t.Helper()
@@ -56,7 +56,7 @@ func features(t *testing.T, url string) string {
 		EXISTS (SELECT FROM information_schema.columns WHERE table_name = 'outbox' AND column_name = 'xid')
 		AND EXISTS (SELECT FROM pg_class WHERE relname = 'outbox_xid' AND relkind = 'i'),
 		to_regclass('converge_inbox') IS NOT NULL AND EXISTS (SELECT FROM pg_trigger WHERE tgname = 'converge_inbox_notify'),
-		to_regclass('converge_source_rows') IS NOT NULL AND EXISTS (SELECT FROM information_schema.columns WHERE table_name = 'converge_inbox' AND column_name = 'row_id')
+		to_regclass('converge_mapped_rows') IS NOT NULL AND EXISTS (SELECT FROM information_schema.columns WHERE table_name = 'converge_inbox' AND column_name = 'row_id')
 		AND EXISTS (SELECT FROM pg_proc WHERE proname = 'converge_source_changed')`).Scan(&emission, &metaText, &fk, &lz4, &trace, &xid, &inbox, &sources); err != nil {
 		t.Fatal(err)
 	}

@@ -142,7 +142,7 @@ func ReadStatus(ctx context.Context, q interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }) ([]Status, error) {
 	rows, err := q.Query(ctx, `SELECT source, sum(given), sum(pending), sum(refused) FROM (
-		SELECT source, count(*) AS given, 0 AS pending, 0 AS refused FROM converge_source_rows GROUP BY source
+		SELECT source, count(*) AS given, 0 AS pending, 0 AS refused FROM converge_mapped_rows GROUP BY source
 		UNION ALL
 		SELECT source, 0, count(*) FILTER (WHERE refused_at IS NULL), count(*) FILTER (WHERE refused_at IS NOT NULL)
 		FROM converge_inbox WHERE source IS NOT NULL GROUP BY source) s

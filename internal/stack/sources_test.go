@@ -114,7 +114,7 @@ func TestAMappedTableIsFollowed(t *testing.T) {
 	mustExec(t, app, shopSchema)
 
 	// The owner hands over and nothing more of converge's.
-	for _, sql := range []string{`SELECT 1 FROM documents`, `SELECT 1 FROM outbox`, `SELECT 1 FROM converge_source_rows`,
+	for _, sql := range []string{`SELECT 1 FROM documents`, `SELECT 1 FROM outbox`, `SELECT 1 FROM converge_mapped_rows`,
 		`UPDATE converge_inbox SET refused_at = now()`, `DELETE FROM converge_inbox`} {
 		var pgErr *pgconn.PgError
 		if _, err := app.Exec(ctx, sql); !errors.As(err, &pgErr) || pgErr.Code != "42501" {

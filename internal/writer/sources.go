@@ -130,7 +130,7 @@ func prepareSources(ctx context.Context, tx pgx.Tx, changes []*sourceChange) err
 		return fmt.Errorf("inbox: %w", err)
 	}
 	owners := map[string][2]string{}
-	rows, err := tx.Query(ctx, `SELECT key, source, row_id FROM converge_source_rows WHERE key = ANY($1)`, keys)
+	rows, err := tx.Query(ctx, `SELECT key, source, row_id FROM converge_mapped_rows WHERE key = ANY($1)`, keys)
 	if err != nil {
 		return fmt.Errorf("inbox: read the keys' rows: %w", err)
 	}
@@ -225,7 +225,7 @@ func readSource(ctx context.Context, tx pgx.Tx, name string, cs []*sourceChange)
 	for i, c := range cs {
 		ids[i], byRow[c.row] = c.row, c
 	}
-	rows, err = tx.Query(ctx, `SELECT row_id, key FROM converge_source_rows WHERE source = $1 AND row_id = ANY($2)`, name, ids)
+	rows, err = tx.Query(ctx, `SELECT row_id, key FROM converge_mapped_rows WHERE source = $1 AND row_id = ANY($2)`, name, ids)
 	if err != nil {
 		return fmt.Errorf("inbox: read source %s's keys: %w", name, err)
 	}
@@ -330,14 +330,14 @@ func finishSources(ctx context.Context, tx pgx.Tx, applied []*sourceChange) erro
 		srcs, rowIDs, keys = append(srcs, c.source), append(rowIDs, c.row), append(keys, c.key)
 	}
 	if len(gone) > 0 {
-		if _, err := tx.Exec(ctx, `DELETE FROM converge_source_rows s USING unnest($1::text[], $2::text[]) AS g(source, row_id)
+		if _, err := tx.Exec(ctx, `DELETE FROM converge_mapped_rows s USING unnest($1::text[], $2::text[]) AS g(source, row_id)
 			WHERE s.source = g.source AND s.row_id = g.row_id`, gone, goneRows); err != nil {
 			return fmt.Errorf("inbox: forget the sources' gone rows: %w", err)
 		}
 	}
 	if len(keys) > 0 {
-		if _, err := tx.Exec(ctx, `INSERT INTO converge_source_rows (source, row_id, key) SELECT * FROM unnest($1::text[], $2::text[], $3::text[])
-			ON CONFLICT (source, row_id) DO UPDATE SET key = EXCLUDED.key WHERE converge_source_rows.key <> EXCLUDED.key`, srcs, rowIDs, keys); err != nil {
+		if _, err := tx.Exec(ctx, `INSERT INTO converge_mapped_rows (source, row_id, key) SELECT * FROM unnest($1::text[], $2::text[], $3::text[])
+			ON CONFLICT (source, row_id) DO UPDATE SET key = EXCLUDED.key WHERE converge_mapped_rows.key <> EXCLUDED.key`, srcs, rowIDs, keys); err != nil {
 			return fmt.Errorf("inbox: record the sources' keys: %w", err)
 		}
 	}
