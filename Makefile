@@ -139,7 +139,7 @@ bench: deps ## benchmarks; each comparison runs both sides in one run and prints
 bench-run: ## the benchmarks of make bench, on the Neo4j server of CONVERGE_TEST_NEO4J_URL (or one each package starts)
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -count 1 ./internal/docstore ./internal/chunking ./pkg/contract
 	$(GO) test -run '^$$' -bench '^BenchmarkNotifier$$' -benchtime 1x -count 3 ./internal/notifier
-	$(GO) test -run '^$$' -bench '^BenchmarkInbox$$' -benchtime 1x -count 1 ./internal/writer
+	$(GO) test -run '^$$' -bench '^Benchmark(Inbox|Source)$$' -benchtime 1x -count 1 ./internal/writer
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count $${RELAY_RUNS:-3} ./internal/relay
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count 3 ./internal/index ./internal/graph
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -count 1 ./internal/index/embedded ./internal/graph/embedded ./internal/index/qdrant ./internal/embed ./internal/storage/wal

@@ -49,7 +49,7 @@ func handOver(t *testing.T, e *env, rollback bool, docs map[string]string) {
 	}
 }
 
-func count(t *testing.T, e *env, sql string, args ...any) int {
+func count(t testing.TB, e *env, sql string, args ...any) int {
 	t.Helper()
 	var n int
 	if err := e.pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
