@@ -280,3 +280,17 @@ func TestSourceRowAndDocumentOfOneKeyInOneBatch(t *testing.T) {
 		t.Fatalf("x: %+v, %v; want the row's document at version 2", rec, err)
 	}
 }
+
+// No source's view takes the name of one of converge's tables: a source
+// named rows (converge_source_rows) is applied and followed.
+func TestASourceNamedRows(t *testing.T) {
+	e := newEnv(t)
+	if _, err := e.pool.Exec(context.Background(), `CREATE TABLE things (id int PRIMARY KEY, body text); INSERT INTO things VALUES (1, 'a thing')`); err != nil {
+		t.Fatal(err)
+	}
+	applySource(t, e, source.Mapping{Name: "rows", Table: "things", Body: "body"})
+	drainAll(t, e)
+	if rec, err := e.store.Get(context.Background(), "rows/1"); err != nil || rec.Body != "a thing" {
+		t.Fatalf("rows/1: %+v, %v", rec, err)
+	}
+}
