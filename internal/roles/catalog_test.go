@@ -365,3 +365,30 @@ func TestApplyLeavesOtherTablesPublicGrants(t *testing.T) {
 		t.Errorf("converge_writer keeps a privilege on another application's table: acl %q", acl)
 	}
 }
+
+// A mapped table's view in the schema keeps the writer's SELECT when the
+// roles are applied again (which takes back every privilege on the
+// schema's tables and views first).
+func TestApplyKeepsTheSourceViewsGrant(t *testing.T) {
+	d := newRoled(t)
+	admin := d.connect(t, "postgres")
+	ctx := context.Background()
+	for _, sql := range []string{
+		`CREATE TABLE things (id int PRIMARY KEY, body text)`,
+		`CREATE VIEW converge_source_things AS SELECT id AS row_id, body FROM things`,
+		`GRANT SELECT ON converge_source_things TO converge_writer`,
+	} {
+		if _, err := admin.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	apply(t, d.adminURL, roles.Options{Database: d.name})
+	var ok, other bool
+	if err := admin.QueryRow(ctx, `SELECT has_table_privilege('converge_writer', 'converge_source_things', 'SELECT'),
+		has_table_privilege('converge_writer', 'things', 'SELECT')`).Scan(&ok, &other); err != nil {
+		t.Fatal(err)
+	}
+	if !ok || other {
+		t.Fatalf("after apply: the writer may read the view %v (want true), the table %v (want false)", ok, other)
+	}
+}

@@ -190,6 +190,17 @@ func objectGrants(roles []Role) []Statement {
 		sql := "REVOKE ALL ON SEQUENCE " + qualified(q) + " FROM PUBLIC"
 		out = append(out, Statement{SQL: sql, Shown: sql, When: exists(q)})
 	}
+	// The views of mapped tables (converge source apply) in the schema
+	// lost the writer's SELECT with the REVOKE above: given back.
+	out = append(out, Statement{SQL: `DO $$
+DECLARE v regclass;
+BEGIN
+    FOR v IN SELECT c.oid::regclass FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = ` + literal(Schema) + ` AND c.relkind = 'v' AND c.relname LIKE 'converge\_source\_%' LOOP
+        EXECUTE format('GRANT SELECT ON %s TO %I', v, ` + literal(Writer) + `);
+    END LOOP;
+END
+$$`, Shown: "GRANT SELECT ON each source's view (" + Schema + ".converge_source_*) TO " + Writer})
 	for _, r := range roles {
 		for _, g := range r.Grants {
 			kind := "TABLE"
