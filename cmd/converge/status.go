@@ -198,7 +198,7 @@ func printStatus(out io.Writer, rep statusReport) {
 	if rep.Inbox.OldestPending != nil {
 		oldest = rep.Inbox.OldestPending.Format(time.RFC3339)
 	}
-	fmt.Fprintf(tw, "INBOX\t%d pending\toldest %s\t%d refused (SELECT key, refused_code, refused_message FROM converge_inbox WHERE refused_at IS NOT NULL)\n",
+	fmt.Fprintf(tw, "INBOX\t%d pending\toldest %s\t%d refused (SELECT key, source, row_id, refused_code, refused_message FROM converge_inbox WHERE refused_at IS NOT NULL)\n",
 		rep.Inbox.Pending, oldest, rep.Inbox.Refused)
 	if len(rep.Streams) > 0 {
 		fmt.Fprintln(tw)
