@@ -336,6 +336,17 @@ func LockKeys(ctx context.Context, tx pgx.Tx, keys []string) error {
 	return nil
 }
 
+// TryLockKey takes key's lock in tx as LockKeys does, if no other
+// transaction holds it, and reports whether it did: for a lock taken out
+// of LockKeys' order, which may not wait.
+func TryLockKey(ctx context.Context, tx pgx.Tx, key string) (bool, error) {
+	var ok bool
+	if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(1129270870, hashtext($1))`, key).Scan(&ok); err != nil {
+		return false, fmt.Errorf("docstore: lock key: %w", err)
+	}
+	return ok, nil
+}
+
 // lockSQL serialises writers of the same keys for the rest of the
 // transaction. Without it, two concurrent writes of one key could each take
 // their snapshot before the other committed, and the later one would

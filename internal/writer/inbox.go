@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -155,6 +156,16 @@ func (in *Inbox) Drain(ctx context.Context) (int, error) {
 			for {
 				n, err := in.drainBatch(ctx)
 				total.Add(int64(n))
+				if errors.Is(err, errDeferred) {
+					// What it waits for is another transaction's: soon
+					// committed.
+					select {
+					case <-ctx.Done():
+						return ctx.Err()
+					case <-time.After(20 * time.Millisecond):
+					}
+					continue
+				}
 				if err != nil || n < in.cfg.BatchSize {
 					return err
 				}
@@ -226,10 +237,24 @@ func (in *Inbox) drainBatch(ctx context.Context) (int, error) {
 		}
 		writes, at = append(writes, wr), append(at, i)
 	}
+	var pulled []*sourceChange
 	if len(order) > 0 {
-		// The rows' locks first, before any document's key lock.
+		// The rows' locks first, then their documents read; then every
+		// key of the batch locked at once, in one order, before anything
+		// is written.
 		if err := lockSourceRows(ctx, tx, order); err != nil {
 			return 0, err
+		}
+		if err := readSources(ctx, tx, order); err != nil {
+			return 0, err
+		}
+		keys := sourceKeys(order)
+		for _, w := range writes {
+			keys = append(keys, w.Doc.Key)
+		}
+		slices.Sort(keys)
+		if err := docstore.LockKeys(ctx, tx, slices.Compact(keys)); err != nil {
+			return 0, fmt.Errorf("inbox: %w", err)
 		}
 	}
 	// The documents handed over first, then the sources' rows, whose
@@ -242,32 +267,18 @@ func (in *Inbox) drainBatch(ctx context.Context) (int, error) {
 	for j, o := range applied {
 		outs[at[j]] = o
 	}
+	deferred := false
 	if len(order) > 0 {
-		if err := prepareSources(ctx, tx, order); err != nil {
+		if pulled, err = settleSources(ctx, tx, in.store, order); err != nil {
 			return 0, err
-		}
-		var sw []docstore.Write
-		var of []*sourceChange // the change of each of sw
-		for _, c := range order {
-			if c.err != nil {
-				continue
-			}
-			for _, w := range c.writes {
-				sw, of = append(sw, w), append(of, c)
-			}
-		}
-		applied, err := applyIsolatingTx(ctx, tx, in.store, sw)
-		if err != nil {
-			return 0, err
-		}
-		for j, o := range applied {
-			if o.Err != nil && of[j].err == nil {
-				of[j].err = o.Err
-			}
 		}
 	}
 	var settled []*sourceChange
-	for _, c := range order {
+	for _, c := range append(order, pulled...) {
+		if c.deferred {
+			deferred = true
+			continue
+		}
 		for _, i := range c.at {
 			outs[i] = docstore.Outcome{Key: c.key, Result: c.result, Err: c.err}
 		}
@@ -280,7 +291,18 @@ func (in *Inbox) drainBatch(ctx context.Context) (int, error) {
 	}
 	var done, refusedIDs []int64
 	var codes, messages []string
+	left := map[int]bool{} // the rows of deferred changes: left pending
+	for _, c := range order {
+		if c.deferred {
+			for _, i := range c.at {
+				left[i] = true
+			}
+		}
+	}
 	for i, o := range outs {
+		if left[i] {
+			continue
+		}
 		if o.Err == nil {
 			done = append(done, taken[i].id)
 			continue
@@ -305,12 +327,19 @@ func (in *Inbox) drainBatch(ctx context.Context) (int, error) {
 	}
 	in.metrics.TxSeconds.WithLabelValues("inbox").Observe(time.Since(start).Seconds())
 	in.metrics.count("inbox", outs)
+	if deferred {
+		return len(taken), errDeferred
+	}
 	for i, id := range refusedIDs {
 		in.metrics.InboxRefused.WithLabelValues(codes[i]).Inc()
 		in.log.Warn("inbox: refused a handed-over row; it stays in converge_inbox with the reason", "id", id, "code", codes[i])
 	}
 	return len(taken), nil
 }
+
+// errDeferred is a batch that left rows for later: another transaction
+// held what they need. The drain takes them again shortly.
+var errDeferred = errors.New("inbox: rows left for another transaction to finish first")
 
 // decodeInbox is the write a row hands over, validated as the API
 // validates a PUT's body; {"version": N, "withdrawn": true} withdraws, as

@@ -36,13 +36,14 @@ type sourceChange struct {
 	source, row string
 	at          []int
 
-	err    error             // a refusal
-	now    *viewRow          // the row's document now; nil: none
-	doc    contract.Document // now's document, normalised
-	before string            // the key the row gave before; "" for none
-	writes []docstore.Write  // what applying it writes (none: unchanged)
-	key    string            // the key its row gives now; "" for none
-	result docstore.Result
+	err      error             // a refusal
+	deferred bool              // left for a later batch: another transaction holds what it needs
+	now      *viewRow          // the row's document now; nil: none
+	doc      contract.Document // now's document, normalised
+	before   string            // the key the row gave before; "" for none
+	writes   []docstore.Write  // what applying it writes (none: unchanged)
+	key      string            // the key its row gives now; "" for none
+	result   docstore.Result
 }
 
 func (c *sourceChange) self() [2]string { return [2]string{c.source, c.row} }
@@ -80,14 +81,9 @@ func lockSourceRows(ctx context.Context, tx pgx.Tx, changes []*sourceChange) err
 	return nil
 }
 
-// prepareSources reads, in tx (the rows locked), the document each
-// changed row gives now and decides its writes: an upsert at the next
-// version of its key when its content changed, a withdrawal of the key it
-// gave before when the row is gone from the view or gives another key
-// (unless another row of the batch takes that key). The keys are locked
-// as every writer of documents locks them before they are read, so the
-// versions read are the ones the writes follow.
-func prepareSources(ctx context.Context, tx pgx.Tx, changes []*sourceChange) error {
+// readSources reads, in tx (the rows locked), the document each changed
+// row gives now (validated) and the key it gave before.
+func readSources(ctx context.Context, tx pgx.Tx, changes []*sourceChange) error {
 	bySource := map[string][]*sourceChange{}
 	var names []string
 	for _, c := range changes {
@@ -102,77 +98,214 @@ func prepareSources(ctx context.Context, tx pgx.Tx, changes []*sourceChange) err
 			return err
 		}
 	}
-	// The documents now: each change's new one validated; the keys
-	// locked, then their owners and stored versions read.
+	for _, c := range changes {
+		if c.err != nil || c.now == nil {
+			continue
+		}
+		d := contract.Document{Key: c.now.key, Version: 1, Title: c.now.title, Body: c.now.body,
+			Tags: c.now.tags, Links: c.now.links, Meta: json.RawMessage(c.now.meta)}
+		norm, err := d.Normalize()
+		if err != nil {
+			c.err = err
+			continue
+		}
+		c.doc, c.key = norm, norm.Key
+	}
+	return nil
+}
+
+// sourceKeys are the keys the changes give now and gave before.
+func sourceKeys(changes []*sourceChange) []string {
 	var keys []string
 	for _, c := range changes {
 		if c.err != nil {
 			continue
 		}
-		if c.now != nil {
-			d := contract.Document{Key: c.now.key, Version: 1, Title: c.now.title, Body: c.now.body,
-				Tags: c.now.tags, Links: c.now.links, Meta: json.RawMessage(c.now.meta)}
-			norm, err := d.Normalize()
-			if err != nil {
-				c.err = err
-				continue
-			}
-			c.doc, c.key = norm, norm.Key
+		if c.key != "" {
 			keys = append(keys, c.key)
 		}
 		if c.before != "" {
 			keys = append(keys, c.before)
 		}
 	}
-	slices.Sort(keys)
-	keys = slices.Compact(keys)
-	if err := docstore.LockKeys(ctx, tx, keys); err != nil {
-		return fmt.Errorf("inbox: %w", err)
+	return keys
+}
+
+// settleSources decides and applies, in tx (the rows and their keys
+// locked), the changes' writes: an upsert at the next version of a key
+// whose content changed, a withdrawal of the key a row gave before when it
+// gives none now or another one (unless another row takes it). Which row
+// gives each key is settled first: a key a row of the batch gives up is
+// free for the batch's others; a key a row outside the batch is recorded
+// with is taken from it when that row no longer gives it (its change is
+// then applied here too: pulled into the batch), and refused as a
+// duplicate when it does. Every change's writes are applied together in a
+// savepoint: when one is refused (its document too large, say), all are
+// rolled back, it is refused, and the rest settled again, so that no key
+// is released by a change that is not applied. It returns the changes
+// pulled in.
+func settleSources(ctx context.Context, tx pgx.Tx, store InboxStore, changes []*sourceChange) ([]*sourceChange, error) {
+	var pulled []*sourceChange
+	for {
+		all := append(slices.Clone(changes), pulled...)
+		again, more, err := settleOwners(ctx, tx, all)
+		if err != nil {
+			return nil, err
+		}
+		if again {
+			pulled = append(pulled, more...)
+			continue
+		}
+		docs, err := readDocs(ctx, tx, sourceKeys(all))
+		if err != nil {
+			return nil, err
+		}
+		takenBy := map[string]*sourceChange{}
+		for _, c := range all {
+			if active(c) && c.key != "" {
+				takenBy[c.key] = c
+			}
+		}
+		var writes []docstore.Write
+		var of []*sourceChange
+		for _, c := range all {
+			c.writes = nil
+			if !active(c) {
+				continue
+			}
+			decide(c, takenBy, docs)
+			for _, w := range c.writes {
+				writes, of = append(writes, w), append(of, c)
+			}
+		}
+		sp, err := tx.Begin(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("inbox: savepoint: %w", err)
+		}
+		outs, err := applyIsolatingTx(ctx, sp, store, writes)
+		if err != nil {
+			return nil, err
+		}
+		refused := false
+		for j, o := range outs {
+			if o.Err != nil && of[j].err == nil {
+				of[j].err, refused = o.Err, true
+			}
+		}
+		if !refused {
+			if err := sp.Commit(ctx); err != nil {
+				return nil, fmt.Errorf("inbox: release savepoint: %w", err)
+			}
+			return pulled, nil
+		}
+		if err := sp.Rollback(ctx); err != nil {
+			return nil, fmt.Errorf("inbox: roll back to savepoint: %w", err)
+		}
 	}
-	owners := map[string][2]string{}
-	rows, err := tx.Query(ctx, `SELECT key, source, row_id FROM converge_mapped_rows WHERE key = ANY($1)`, keys)
+}
+
+func active(c *sourceChange) bool { return c.err == nil && !c.deferred }
+
+// settleOwners settles which change gives each key, refusing duplicates;
+// again reports that it must run again (a refusal took a release back,
+// or a row outside the batch was pulled in: more).
+func settleOwners(ctx context.Context, tx pgx.Tx, all []*sourceChange) (again bool, more []*sourceChange, err error) {
+	owners, err := readOwners(ctx, tx, sourceKeys(all))
 	if err != nil {
-		return fmt.Errorf("inbox: read the keys' rows: %w", err)
+		return false, nil, err
 	}
-	var k, s, r string
-	if _, err := pgx.ForEachRow(rows, []any{&k, &s, &r}, func() error { owners[k] = [2]string{s, r}; return nil }); err != nil {
-		return fmt.Errorf("inbox: read the keys' rows: %w", err)
+	inBatch := map[[2]string]*sourceChange{}
+	for _, c := range all {
+		inBatch[c.self()] = c
 	}
-	docs := map[string]docState{}
-	rows, err = tx.Query(ctx, `SELECT key, version, deleted, content_hash FROM documents WHERE key = ANY($1)`, keys)
-	if err != nil {
-		return fmt.Errorf("inbox: read the keys' documents: %w", err)
-	}
-	var d docState
-	if _, err := pgx.ForEachRow(rows, []any{&k, &d.version, &d.deleted, &d.hash}, func() error { docs[k] = d; return nil }); err != nil {
-		return fmt.Errorf("inbox: read the keys' documents: %w", err)
-	}
-	// Keys the batch's rows give up are free for the batch's other rows
-	// (a row deleted and another inserted with its key, two rows trading
-	// keys); then the first row of the batch to give a key takes it.
-	for _, c := range changes {
-		if c.err == nil && c.before != "" && c.before != c.key && owners[c.before] == c.self() {
+	for _, c := range all {
+		if active(c) && c.before != "" && c.before != c.key && owners[c.before] == c.self() {
 			delete(owners, c.before)
 		}
 	}
-	takenBy := map[string]*sourceChange{}
-	for _, c := range changes {
-		if c.err != nil || c.key == "" {
+	for _, c := range all {
+		if !active(c) || c.key == "" {
 			continue
 		}
-		if o, ok := owners[c.key]; ok && o != c.self() {
+		o, ok := owners[c.key]
+		if !ok || o == c.self() {
+			owners[c.key] = c.self()
+			continue
+		}
+		if d := inBatch[o]; d != nil {
+			// A row of the batch that keeps the key, or one refused
+			// or deferred: a duplicate.
 			c.err = &contract.ValidationError{Code: CodeDuplicateKey, Field: "key",
 				Message: fmt.Sprintf("row %s of source %s gives key %q, which row %s of source %s gives already", c.row, c.source, c.key, o[1], o[0])}
-			continue
+			return true, nil, nil
 		}
-		owners[c.key], takenBy[c.key] = c.self(), c
+		// Recorded for a row outside the batch: pulled in, if nothing
+		// else holds it; its change settles the key.
+		p, err := pull(ctx, tx, o)
+		if err != nil {
+			return false, nil, err
+		}
+		if p == nil {
+			c.deferred = true
+			return true, nil, nil
+		}
+		return true, []*sourceChange{p}, nil
 	}
-	for _, c := range changes {
-		if c.err == nil {
-			decide(c, takenBy, docs)
+	return false, nil, nil
+}
+
+// pull takes row o's lock without waiting (its lock is out of the
+// batch's order) and reads its change as the batch's are read, with the
+// key it gives now locked the same way; nil when another transaction
+// holds either.
+func pull(ctx context.Context, tx pgx.Tx, o [2]string) (*sourceChange, error) {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(o[0] + "\x00" + o[1])) // a hash.Hash never fails
+	var ok bool
+	if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1, $2)`, sourceLockClass, int32(h.Sum32())).Scan(&ok); err != nil { //nolint:gosec // a lock's number
+		return nil, fmt.Errorf("inbox: lock a source's row: %w", err)
+	}
+	if !ok {
+		return nil, nil
+	}
+	p := &sourceChange{source: o[0], row: o[1]}
+	if err := readSources(ctx, tx, []*sourceChange{p}); err != nil {
+		return nil, err
+	}
+	if p.err == nil && p.key != "" {
+		ok, err := docstore.TryLockKey(ctx, tx, p.key)
+		if err != nil || !ok {
+			return nil, err
 		}
 	}
-	return nil
+	return p, nil
+}
+
+func readOwners(ctx context.Context, tx pgx.Tx, keys []string) (map[string][2]string, error) {
+	owners := map[string][2]string{}
+	rows, err := tx.Query(ctx, `SELECT key, source, row_id FROM converge_mapped_rows WHERE key = ANY($1)`, keys)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: read the keys' rows: %w", err)
+	}
+	var k, s, r string
+	if _, err := pgx.ForEachRow(rows, []any{&k, &s, &r}, func() error { owners[k] = [2]string{s, r}; return nil }); err != nil {
+		return nil, fmt.Errorf("inbox: read the keys' rows: %w", err)
+	}
+	return owners, nil
+}
+
+func readDocs(ctx context.Context, tx pgx.Tx, keys []string) (map[string]docState, error) {
+	docs := map[string]docState{}
+	rows, err := tx.Query(ctx, `SELECT key, version, deleted, content_hash FROM documents WHERE key = ANY($1)`, keys)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: read the keys' documents: %w", err)
+	}
+	var k string
+	var d docState
+	if _, err := pgx.ForEachRow(rows, []any{&k, &d.version, &d.deleted, &d.hash}, func() error { docs[k] = d; return nil }); err != nil {
+		return nil, fmt.Errorf("inbox: read the keys' documents: %w", err)
+	}
+	return docs, nil
 }
 
 // readSource reads the rows of source name that cs changed, through its
@@ -209,10 +342,13 @@ func readSource(ctx context.Context, tx pgx.Tx, name string, cs []*sourceChange)
 		if !errors.As(err, &pgErr) {
 			return err
 		}
+		if transient(pgErr) {
+			return err
+		}
 		// One row spoils the read: each alone, so that only it is refused.
 		for _, c := range cs {
 			if err := readRows(ctx, tx, name, query, []*sourceChange{c}); err != nil {
-				if !errors.As(err, &pgErr) {
+				if !errors.As(err, &pgErr) || transient(pgErr) {
 					return err
 				}
 				c.now, c.err = nil, &contract.ValidationError{Code: CodeRowUnreadable, Field: "source",
@@ -239,6 +375,18 @@ func readSource(ctx context.Context, tx pgx.Tx, name string, cs []*sourceChange)
 		return fmt.Errorf("inbox: read source %s's keys: %w", name, err)
 	}
 	return nil
+}
+
+// transient reports an error of the server's state rather than of a
+// row's values (a connection, a deadlock or serialisation failure, a
+// lock or statement timeout, resources, a shutdown): the batch is tried
+// again rather than the row refused.
+func transient(e *pgconn.PgError) bool {
+	switch e.Code[:2] {
+	case "08", "40", "53", "55", "57", "58", "XX":
+		return true
+	}
+	return false
 }
 
 // readRows reads the view's rows of cs with query, in a savepoint of tx:

@@ -294,3 +294,88 @@ func TestASourceNamedRows(t *testing.T) {
 		t.Fatalf("rows/1: %+v, %v", rec, err)
 	}
 }
+
+// Two rows trading keys, taken in separate batches: the key's recorded
+// row, outside the batch, no longer gives it, so its change is applied in
+// the same batch; nothing is refused and both documents follow.
+func TestSourceKeysTradedAcrossBatches(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	if _, err := e.pool.Exec(ctx, `CREATE TABLE notes (id int PRIMARY KEY, slug text, body text);
+		INSERT INTO notes VALUES (3, 'c', 'cee'), (4, 'd', 'dee')`); err != nil {
+		t.Fatal(err)
+	}
+	applySource(t, e, source.Mapping{Name: "notes", Table: "notes", Key: "slug", Body: "body"})
+	drainAll(t, e)
+	if _, err := e.pool.Exec(ctx, `UPDATE notes SET slug = CASE slug WHEN 'c' THEN 'd' ELSE 'c' END`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := writer.NewInbox(e.pool, e.store, writer.InboxConfig{Parallel: 1, BatchSize: 1}, e.metrics, nil).Drain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := refusals(t, e); len(got) != 0 {
+		t.Fatalf("refused %q", got)
+	}
+	for key, want := range map[string]string{"c": "dee", "d": "cee"} {
+		if rec, err := e.store.Get(ctx, key); err != nil || rec.Withdrawn || rec.Body != want {
+			t.Errorf("%s: %+v, %v; want %q", key, rec, err, want)
+		}
+	}
+}
+
+// A row refused while it gives up a key another row of the batch takes:
+// the key is not released (the other row is refused too, as a duplicate of
+// the refused row's recorded key), and the drain goes on, never failing
+// at commit on the keys' uniqueness.
+func TestSourceRefusedRowKeepsTheKeyItGaveUp(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	if _, err := e.pool.Exec(ctx, `CREATE TABLE notes (id int PRIMARY KEY, slug text, body text);
+		INSERT INTO notes VALUES (1, 'a', 'one'), (3, 'x', 'ex')`); err != nil {
+		t.Fatal(err)
+	}
+	applySource(t, e, source.Mapping{Name: "notes", Table: "notes", Key: "slug", Body: "body"})
+	drainAll(t, e)
+	if _, err := e.pool.Exec(ctx, `BEGIN; UPDATE notes SET slug = 'x' WHERE id = 1; INSERT INTO notes VALUES (4, 'a', 'four'); COMMIT`); err != nil {
+		t.Fatal(err)
+	}
+	drainAll(t, e)
+	drainAll(t, e) // again: nothing left to fail on
+	got := refusals(t, e)
+	if len(got) != 2 || got[0] != "notes 1 duplicate_key" || got[1] != "notes 4 duplicate_key" {
+		t.Fatalf("refused %q, want rows 1 and 4 as duplicates", got)
+	}
+	for key, want := range map[string]string{"a": "one", "x": "ex"} {
+		if rec, err := e.store.Get(ctx, key); err != nil || rec.Withdrawn || rec.Body != want {
+			t.Errorf("%s: %+v, %v; want %q unchanged", key, rec, err, want)
+		}
+	}
+}
+
+// A row moving to a new key while the row taking its old key is refused
+// (its document too large): the old key is withdrawn, not left live with
+// no row giving it.
+func TestSourceKeyGivenUpToARefusedRowIsWithdrawn(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	if _, err := e.pool.Exec(ctx, `CREATE TABLE notes (id int PRIMARY KEY, slug text, body text);
+		INSERT INTO notes VALUES (1, 'a', 'one')`); err != nil {
+		t.Fatal(err)
+	}
+	applySource(t, e, source.Mapping{Name: "notes", Table: "notes", Key: "slug", Body: "body"})
+	drainAll(t, e)
+	if _, err := e.pool.Exec(ctx, `BEGIN; UPDATE notes SET slug = 'b' WHERE id = 1;
+		INSERT INTO notes VALUES (2, 'a', repeat('"', 4190000)); COMMIT`); err != nil {
+		t.Fatal(err)
+	}
+	drainAll(t, e)
+	if got := refusals(t, e); len(got) != 1 || got[0] != "notes 2 event_too_large" {
+		t.Fatalf("refused %q, want row 2 alone (event_too_large)", got)
+	}
+	if rec, err := e.store.Get(ctx, "a"); err != nil || !rec.Withdrawn {
+		t.Fatalf("a: %+v, %v; want withdrawn (no row gives it)", rec, err)
+	}
+	if rec, err := e.store.Get(ctx, "b"); err != nil || rec.Body != "one" {
+		t.Fatalf("b: %+v, %v", rec, err)
+	}
+}
