@@ -341,11 +341,15 @@ func LockKeys(ctx context.Context, tx pgx.Tx, keys []string) error {
 // of LockKeys' order, which may not wait.
 func TryLockKey(ctx context.Context, tx pgx.Tx, key string) (bool, error) {
 	var ok bool
-	if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(1129270870, hashtext($1))`, key).Scan(&ok); err != nil {
+	if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(`+keyLockClass+`, hashtext($1))`, key).Scan(&ok); err != nil {
 		return false, fmt.Errorf("docstore: lock key: %w", err)
 	}
 	return ok, nil
 }
+
+// keyLockClass is the advisory lock class of the documents' keys,
+// 0x434F4E56 ("CONV"), as SQL.
+const keyLockClass = "1129270870"
 
 // lockSQL serialises writers of the same keys for the rest of the
 // transaction. Without it, two concurrent writes of one key could each take
@@ -356,7 +360,7 @@ func TryLockKey(ctx context.Context, tx pgx.Tx, key string) (bool, error) {
 // applications' advisory locks, and a hash collision only serialises two
 // unrelated keys.
 const lockSQL = `
-SELECT pg_advisory_xact_lock(1129270870, h)
+SELECT pg_advisory_xact_lock(` + keyLockClass + `, h)
 FROM (SELECT DISTINCT hashtext(k) AS h FROM unnest($1::text[]) AS k) l
 ORDER BY h`
 

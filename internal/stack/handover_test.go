@@ -3,8 +3,6 @@ package stack_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,11 +12,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/converge-sync/converge/internal/docstore"
-	"github.com/converge-sync/converge/internal/stack"
 	"github.com/converge-sync/converge/internal/telemetry"
-	"github.com/converge-sync/converge/internal/testenv"
-	"github.com/converge-sync/converge/internal/verify"
-	vpostgres "github.com/converge-sync/converge/internal/verify/postgres"
 	"github.com/converge-sync/converge/internal/writer"
 )
 
@@ -35,23 +29,7 @@ func TestHandedOverWhileWritersRestart(t *testing.T) {
 	t.Setenv("CONVERGE_WRITER_INBOX", "false")
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
-	cfg := stack.Config{Log: slog.New(slog.DiscardHandler), LogOut: io.Discard}
-	for _, a := range []*string{&cfg.HTTPAddr, &cfg.WriterAddr, &cfg.RelayAddr, &cfg.IndexAddr, &cfg.GraphAddr, &cfg.NotifierAddr} {
-		addr, err := stack.FreeAddr()
-		if err != nil {
-			t.Fatal(err)
-		}
-		*a = addr
-	}
-	s, err := stack.Start(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := s.Stop(); err != nil {
-			t.Errorf("stop: %v", err)
-		}
-	})
+	s := startStack(t, ctx)
 	admin, err := pgxpool.New(ctx, s.PostgresURL)
 	if err != nil {
 		t.Fatal(err)
@@ -119,13 +97,7 @@ func TestHandedOverWhileWritersRestart(t *testing.T) {
 	if err := g.Wait(); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, "the inbox drained by the restarting writers", 3*time.Minute, func() bool {
-		var pending int
-		if err := admin.QueryRow(ctx, `SELECT count(*) FROM converge_inbox`).Scan(&pending); err != nil {
-			t.Fatal(err)
-		}
-		return pending == 0
-	})
+	waitInboxDrained(t, ctx, admin, "the restarting writers")
 	close(stopDrains)
 	drains.Wait()
 	var stored, outbox int
@@ -136,20 +108,8 @@ func TestHandedOverWhileWritersRestart(t *testing.T) {
 	if stored != 10000 || outbox != 10000 {
 		t.Fatalf("%d documents stored and %d outbox rows, want 10000 each: each applied once", stored, outbox)
 	}
-	testenv.Eventually(t, "the stream to hold every event of the outbox", 3*time.Minute, func() bool {
-		var all uint64
-		if err := admin.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&all); err != nil {
-			t.Fatal(err)
-		}
-		return streamMsgs(t, s) == all
-	})
-	testenv.Eventually(t, "verify to agree", 3*time.Minute, func() bool {
-		res, err := verify.Run(ctx, &vpostgres.Postgres{Pool: admin}, []verify.Projection{
-			{Kind: verify.Index, Side: &verify.Remote{Label: "index", Addr: s.IndexAddr, Token: s.OperatorToken}},
-			{Kind: verify.Graph, Side: &verify.Remote{Label: "graph", Addr: s.GraphAddr, Token: s.OperatorToken}},
-		}, verify.DefaultBuckets, nil)
-		return err == nil && res.Agrees
-	})
+	waitStreamHoldsOutbox(t, ctx, s, admin)
+	waitAgrees(t, ctx, s, admin, "after the hand-over")
 	// The stack's own writer drained none of them: the restarting
 	// writers did it all.
 	if n := scrapeMetrics(t, s.WriterAddr).Sum("converge_writer_documents_total", telemetry.Labels{"source": "inbox"}); n != 0 {

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"slices"
 	"sync"
 	"testing"
@@ -14,7 +12,6 @@ import (
 	"github.com/converge-sync/converge/internal/atleast"
 	"github.com/converge-sync/converge/internal/graph"
 	"github.com/converge-sync/converge/internal/index"
-	"github.com/converge-sync/converge/internal/stack"
 	"github.com/converge-sync/converge/pkg/client"
 	"github.com/converge-sync/converge/pkg/contract"
 )
@@ -30,25 +27,7 @@ func TestReadYourWritesIsNeverStale(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	// No data directory: the stack makes a temporary one, and the
-	// throwaway cluster one the server's OS user may enter.
-	cfg := stack.Config{Log: slog.New(slog.DiscardHandler), LogOut: io.Discard}
-	for _, a := range []*string{&cfg.HTTPAddr, &cfg.WriterAddr, &cfg.RelayAddr, &cfg.IndexAddr, &cfg.GraphAddr, &cfg.NotifierAddr} {
-		addr, err := stack.FreeAddr()
-		if err != nil {
-			t.Fatal(err)
-		}
-		*a = addr
-	}
-	s, err := stack.Start(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := s.Stop(); err != nil {
-			t.Errorf("stop: %v", err)
-		}
-	})
+	s := startStack(t, ctx)
 	wc, err := client.New(s.APIURL, client.WithToken(s.WriterToken))
 	if err != nil {
 		t.Fatal(err)

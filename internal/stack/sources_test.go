@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -14,16 +12,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/converge-sync/converge/internal/roles"
 	"github.com/converge-sync/converge/internal/source"
-	"github.com/converge-sync/converge/internal/stack"
-	"github.com/converge-sync/converge/internal/testenv"
-	"github.com/converge-sync/converge/internal/verify"
-	vpostgres "github.com/converge-sync/converge/internal/verify/postgres"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
@@ -79,23 +70,7 @@ func TestAMappedTableIsFollowed(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	cfg := stack.Config{Log: slog.New(slog.DiscardHandler), LogOut: io.Discard}
-	for _, a := range []*string{&cfg.HTTPAddr, &cfg.WriterAddr, &cfg.RelayAddr, &cfg.IndexAddr, &cfg.GraphAddr, &cfg.NotifierAddr} {
-		addr, err := stack.FreeAddr()
-		if err != nil {
-			t.Fatal(err)
-		}
-		*a = addr
-	}
-	s, err := stack.Start(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := s.Stop(); err != nil {
-			t.Errorf("stop: %v", err)
-		}
-	})
+	s := startStack(t, ctx)
 	admin, err := pgxpool.New(ctx, s.PostgresURL)
 	if err != nil {
 		t.Fatal(err)
@@ -141,24 +116,12 @@ func TestAMappedTableIsFollowed(t *testing.T) {
 	check := func(step string, wantDocs int) {
 		t.Helper()
 		start := time.Now()
-		testenv.Eventually(t, step+": every handed-over row applied", 3*time.Minute, func() bool {
-			var pending int
-			if err := admin.QueryRow(ctx, `SELECT count(*) FROM converge_inbox`).Scan(&pending); err != nil {
-				t.Fatal(err)
-			}
-			return pending == 0
-		})
+		waitInboxDrained(t, ctx, admin, step)
 		docs := mappedMatchesDocuments(t, admin, step)
 		if docs != wantDocs {
 			t.Fatalf("%s: %d documents, want %d", step, docs, wantDocs)
 		}
-		testenv.Eventually(t, step+": verify agrees", 3*time.Minute, func() bool {
-			res, err := verify.Run(ctx, &vpostgres.Postgres{Pool: admin}, []verify.Projection{
-				{Kind: verify.Index, Side: &verify.Remote{Label: "index", Addr: s.IndexAddr, Token: s.OperatorToken}},
-				{Kind: verify.Graph, Side: &verify.Remote{Label: "graph", Addr: s.GraphAddr, Token: s.OperatorToken}},
-			}, verify.DefaultBuckets, nil)
-			return err == nil && res.Agrees
-		})
+		waitAgrees(t, ctx, s, admin, step)
 		t.Logf("%s: %d documents agree, %v after the change", step, docs, time.Since(start).Round(time.Millisecond))
 	}
 
@@ -241,90 +204,6 @@ func TestAMappedTableIsFollowed(t *testing.T) {
 	if err := admin.QueryRow(ctx, `SELECT count(*) FROM documents WHERE key LIKE 'featured/%' AND NOT deleted`).Scan(&featured); err != nil || featured != 45 {
 		t.Fatalf("%d featured documents (%v), want 45 (ids 1 to 50 but 3 to 7)", featured, err)
 	}
-
-	// Documents handed over in SQL beside the mapped table: eight
-	// producer connections, 10,000 documents, 50 a transaction, each
-	// with a row of the producer's own; then the stream holds every
-	// event of the outbox and verify agrees.
-	start := time.Now()
-	var g errgroup.Group
-	for p := range 8 {
-		g.Go(func() error {
-			for lo := p * 50; lo < 10000; lo += 8 * 50 {
-				keys, docs := make([]string, 0, 50), make([]string, 0, 50)
-				for i := lo; i < lo+50; i++ {
-					keys = append(keys, fmt.Sprintf("handed/%05d", i))
-					docs = append(docs, fmt.Sprintf(`{"version": 1, "title": "handed %d", "body": "A document handed over in SQL, number %d."}`, i, i))
-				}
-				if err := pgx.BeginFunc(ctx, app, func(tx pgx.Tx) error {
-					if _, err := tx.Exec(ctx, `UPDATE shop.authors SET name = name WHERE id = 1`); err != nil {
-						return err
-					}
-					_, err := tx.Exec(ctx, `INSERT INTO converge_inbox (key, document) SELECT * FROM unnest($1::text[], $2::json[])`, keys, docs)
-					return err
-				}); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-	}
-	if err := g.Wait(); err != nil {
-		t.Fatal(err)
-	}
-	testenv.Eventually(t, "the documents handed over applied", 3*time.Minute, func() bool {
-		var pending int
-		if err := admin.QueryRow(ctx, `SELECT count(*) FROM converge_inbox`).Scan(&pending); err != nil {
-			t.Fatal(err)
-		}
-		return pending == 0
-	})
-	var handed int
-	if err := admin.QueryRow(ctx, `SELECT count(*) FROM documents WHERE key LIKE 'handed/%' AND version = 1 AND NOT deleted`).Scan(&handed); err != nil || handed != 10000 {
-		t.Fatalf("%d handed-over documents stored (%v), want 10000", handed, err)
-	}
-	testenv.Eventually(t, "the stream to hold every event of the outbox", 3*time.Minute, func() bool {
-		var outbox uint64
-		if err := admin.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&outbox); err != nil {
-			t.Fatal(err)
-		}
-		return streamMsgs(t, s) == outbox
-	})
-	testenv.Eventually(t, "verify to agree after the hand-over", 3*time.Minute, func() bool {
-		res, err := verify.Run(ctx, &vpostgres.Postgres{Pool: admin}, []verify.Projection{
-			{Kind: verify.Index, Side: &verify.Remote{Label: "index", Addr: s.IndexAddr, Token: s.OperatorToken}},
-			{Kind: verify.Graph, Side: &verify.Remote{Label: "graph", Addr: s.GraphAddr, Token: s.OperatorToken}},
-		}, verify.DefaultBuckets, nil)
-		return err == nil && res.Agrees
-	})
-	t.Logf("10,000 documents handed over by 8 producers: applied, relayed and agreed %v after the first", time.Since(start).Round(time.Millisecond))
-}
-
-// streamMsgs is how many messages the documents' stream holds.
-func streamMsgs(t *testing.T, s *stack.Stack) uint64 {
-	t.Helper()
-	opts, err := s.OperatorNATS.Options()
-	if err != nil {
-		t.Fatal(err)
-	}
-	nc, err := nats.Connect(s.NATSURL, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := js.Stream(context.Background(), contract.DocsStream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := st.Info(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return info.State.Msgs
 }
 
 // mappedMatchesDocuments checks that the live documents of the articles

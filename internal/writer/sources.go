@@ -48,6 +48,14 @@ type sourceChange struct {
 
 func (c *sourceChange) self() [2]string { return [2]string{c.source, c.row} }
 
+// sourceRowLock is the number of a source's row's advisory lock, in
+// class sourceLockClass.
+func sourceRowLock(source, row string) int32 {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(source + "\x00" + row)) // a hash.Hash never fails
+	return int32(h.Sum32())                       //nolint:gosec // a lock's number: any 32 bits
+}
+
 // viewRow is a row of a source's view.
 type viewRow struct {
 	key, title, body string
@@ -259,10 +267,8 @@ func settleOwners(ctx context.Context, tx pgx.Tx, all []*sourceChange) (again bo
 // key it gives now locked the same way; nil when another transaction
 // holds either.
 func pull(ctx context.Context, tx pgx.Tx, o [2]string) (*sourceChange, error) {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(o[0] + "\x00" + o[1])) // a hash.Hash never fails
 	var ok bool
-	if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1, $2)`, sourceLockClass, int32(h.Sum32())).Scan(&ok); err != nil { //nolint:gosec // a lock's number
+	if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1, $2)`, sourceLockClass, sourceRowLock(o[0], o[1])).Scan(&ok); err != nil {
 		return nil, fmt.Errorf("inbox: lock a source's row: %w", err)
 	}
 	if !ok {
@@ -356,11 +362,7 @@ func readSource(ctx context.Context, tx pgx.Tx, name string, cs []*sourceChange)
 			}
 		}
 	}
-	ids := make([]string, len(cs))
-	byRow := make(map[string]*sourceChange, len(cs))
-	for i, c := range cs {
-		ids[i], byRow[c.row] = c.row, c
-	}
+	ids, byRow := rowsOf(cs)
 	rows, err = tx.Query(ctx, `SELECT row_id, key FROM converge_mapped_rows WHERE source = $1 AND row_id = ANY($2)`, name, ids)
 	if err != nil {
 		return fmt.Errorf("inbox: read source %s's keys: %w", name, err)
@@ -389,6 +391,16 @@ func transient(e *pgconn.PgError) bool {
 	return false
 }
 
+// rowsOf are the row identities of cs, and each one's change.
+func rowsOf(cs []*sourceChange) ([]string, map[string]*sourceChange) {
+	ids := make([]string, len(cs))
+	byRow := make(map[string]*sourceChange, len(cs))
+	for i, c := range cs {
+		ids[i], byRow[c.row] = c.row, c
+	}
+	return ids, byRow
+}
+
 // readRows reads the view's rows of cs with query, in a savepoint of tx:
 // a failure rolls it back alone, and is returned.
 func readRows(ctx context.Context, tx pgx.Tx, name, query string, cs []*sourceChange) error {
@@ -396,11 +408,7 @@ func readRows(ctx context.Context, tx pgx.Tx, name, query string, cs []*sourceCh
 	if err != nil {
 		return fmt.Errorf("inbox: savepoint: %w", err)
 	}
-	ids := make([]string, len(cs))
-	byRow := make(map[string]*sourceChange, len(cs))
-	for i, c := range cs {
-		ids[i], byRow[c.row] = c.row, c
-	}
+	ids, byRow := rowsOf(cs)
 	got := map[*sourceChange]*viewRow{}
 	rows, err := sp.Query(ctx, query, ids)
 	if err == nil {

@@ -379,3 +379,63 @@ func TestSourceKeyGivenUpToARefusedRowIsWithdrawn(t *testing.T) {
 		t.Fatalf("b: %+v, %v", rec, err)
 	}
 }
+
+// A key recorded for a row outside the batch whose lock another
+// transaction holds (another writer applying that row's change) is not
+// refused: the batch's rows wait, pending, and are applied once that
+// transaction has ended.
+func TestSourceRowHeldElsewhereIsLeftForLater(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	if _, err := e.pool.Exec(ctx, `CREATE TABLE notes (id int PRIMARY KEY, slug text, body text);
+		INSERT INTO notes VALUES (3, 'c', 'cee'), (4, 'd', 'dee')`); err != nil {
+		t.Fatal(err)
+	}
+	applySource(t, e, source.Mapping{Name: "notes", Table: "notes", Key: "slug", Body: "body"})
+	drainAll(t, e)
+	if _, err := e.pool.Exec(ctx, `UPDATE notes SET slug = CASE slug WHEN 'c' THEN 'd' ELSE 'c' END`); err != nil {
+		t.Fatal(err)
+	}
+	// The row a batch of one takes first, and the other one, held.
+	var first string
+	if err := e.pool.QueryRow(ctx, `SELECT row_id FROM converge_inbox ORDER BY id LIMIT 1`).Scan(&first); err != nil {
+		t.Fatal(err)
+	}
+	held := map[string]string{"3": "4", "4": "3"}[first]
+	other, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Rollback(ctx) //nolint:errcheck
+	if _, err := other.Exec(ctx, `SELECT pg_advisory_xact_lock($1, $2)`, writer.SourceLockClass, writer.SourceRowLock("notes", held)); err != nil {
+		t.Fatal(err)
+	}
+	drained := make(chan error, 1)
+	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	go func() {
+		_, err := writer.NewInbox(e.pool, e.store, writer.InboxConfig{Parallel: 1, BatchSize: 1}, e.metrics, nil).Drain(dctx)
+		drained <- err
+	}()
+	time.Sleep(300 * time.Millisecond)
+	if got := refusals(t, e); len(got) != 0 {
+		t.Fatalf("refused %q while the other row was held", got)
+	}
+	if n := count(t, e, `SELECT count(*) FROM converge_inbox`); n != 2 {
+		t.Fatalf("%d rows pending while the other row was held, want both", n)
+	}
+	if err := other.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-drained; err != nil {
+		t.Fatalf("drain: %v", err)
+	}
+	if got := refusals(t, e); len(got) != 0 {
+		t.Fatalf("refused %q", got)
+	}
+	for key, want := range map[string]string{"c": "dee", "d": "cee"} {
+		if rec, err := e.store.Get(ctx, key); err != nil || rec.Body != want {
+			t.Errorf("%s: %+v, %v; want %q", key, rec, err, want)
+		}
+	}
+}
