@@ -294,6 +294,11 @@ func (e *HTTP) embedBatch(ctx context.Context, texts []string, dst []float32) er
 			return err
 		}
 		wait, err := e.attempt(ctx, body, len(texts), dst)
+		if err != nil && wait > 0 && wait <= e.maxRetryAfter {
+			// Before the slot is freed: a request waiting for it must
+			// find the pause already set.
+			e.pause(wait)
+		}
 		release()
 		if err == nil {
 			return nil
@@ -312,9 +317,6 @@ func (e *HTTP) embedBatch(ctx context.Context, texts []string, dst []float32) er
 		}
 		if wait > e.maxRetryAfter {
 			return fmt.Errorf("the server asks to retry after %s, longer than %s: %w", wait, e.maxRetryAfter, err)
-		}
-		if wait > 0 {
-			e.pause(wait)
 		}
 		// The server's Retry-After, when longer, wins over the backoff.
 		if retry.Sleep(ctx, max(wait, e.backoff(failed+1))) != nil {
