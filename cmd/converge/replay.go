@@ -23,6 +23,8 @@ func replay(ctx context.Context, args []string, out io.Writer) error {
 	stream := f.String("stream", "", contract.DocsStream, "the projectors' stream")
 	fromSeq := f.Int("from-seq", "", 0, "replay from this stream sequence (1: everything)")
 	fromTime := f.String("from-time", "", "", "replay from this time (RFC 3339, e.g. 2026-11-30T10:00:00Z)")
+	partitions := f.Int("partitions", config.EnvPartitions, 0, "the projector runs in this many partitions: replay each partition's consumer on "+contract.PartsStream+" (its sequences are that stream's)")
+	partition := f.Int("partition", "", -1, "with -partitions: replay this partition alone")
 	natsAuth := natsauth.Flags(f)
 	names, err := parseInterspersed(f, args)
 	if err != nil {
@@ -54,14 +56,32 @@ func replay(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	defer nc.Close()
-	pending, err := projector.Replay(ctx, js, *stream, names[0], projector.ReplayFrom{Seq: uint64(*fromSeq), Time: start})
-	if err != nil {
-		return err
-	}
 	from := fmt.Sprintf("sequence %d", *fromSeq)
 	if !start.IsZero() {
 		from = start.Format(time.RFC3339)
 	}
-	fmt.Fprintf(out, "consumer %s of %s now delivers from %s: %d events to redeliver\n", names[0], *stream, from, pending)
+	consumers := []string{names[0]}
+	switch {
+	case *partitions > 1:
+		*stream = contract.PartsStream
+		consumers = nil
+		for p := range *partitions {
+			if *partition < 0 || *partition == p {
+				consumers = append(consumers, contract.PartitionName(names[0], p))
+			}
+		}
+		if len(consumers) == 0 {
+			return fmt.Errorf("replay: -partition %d: the partitions are 0 to %d", *partition, *partitions-1)
+		}
+	case *partition >= 0:
+		return errors.New("replay: -partition needs -partitions (the projector's number of partitions)")
+	}
+	for _, c := range consumers {
+		pending, err := projector.Replay(ctx, js, *stream, c, projector.ReplayFrom{Seq: uint64(*fromSeq), Time: start})
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "consumer %s of %s now delivers from %s: %d events to redeliver\n", c, *stream, from, pending)
+	}
 	return nil
 }

@@ -30,6 +30,9 @@ func streamsCmd(ctx context.Context, args []string, out io.Writer) error {
 	f := config.NewFlags("converge streams apply")
 	natsURL := f.String("nats-url", config.EnvNATSURL, "", "NATS URL")
 	streams := relay.StreamFlags(f)
+	partitions := f.Int("partitions", config.EnvPartitions, 0,
+		"also create the partitioned stream "+contract.PartsStream+" of this many partitions (2 to 16), which the projectors started with the same -partitions consume; 0: leave it as it is")
+	repartition := f.Bool("repartition", "", false, "with -partitions: make the partitioned stream anew when it has another number of partitions (stop every partitioned projector first)")
 	natsAuth := natsauth.Flags(f)
 	if err := f.Parse(args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -57,6 +60,13 @@ func streamsCmd(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(out, "%s: applied\n", contract.DocsStream)
+	if *partitions != 0 {
+		res, err := relay.ApplyPartsStream(ctx, js, cfg.Stream, *partitions, *repartition)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "%s: %s (%d partitions)\n", contract.PartsStream, res, *partitions)
+	}
 	if cfg.Effects.Enabled {
 		if _, err := relay.ApplyEffectsStream(ctx, js, cfg); err != nil {
 			return err

@@ -290,6 +290,11 @@ func (f *Flags) Replicas() *int {
 	return f.Int("replicas", EnvReplicas, DefaultReplicas, "replicas of each stream and bucket this service creates (3 on a NATS cluster of three); the same for every service")
 }
 
+// EnvPartitions is -partitions' variable: the number of partitions of a
+// deployment's documents (`converge streams apply` and the projectors,
+// which must agree; the partitioned stream records it).
+const EnvPartitions = "CONVERGE_PARTITIONS"
+
 // Require reports a missing required value, naming its flag and variable.
 func Require(value, flagName, env string) error {
 	if value == "" {

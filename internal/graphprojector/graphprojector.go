@@ -99,7 +99,11 @@ const DefaultMetricsAddr = "127.0.0.1:9104"
 
 // Validate reports a configuration that cannot work.
 func (c ServiceConfig) Validate() error {
-	return errors.Join(c.Projector.Validate(), c.Store.Validate())
+	var part error
+	if c.Projector.Partitions > 1 && c.Store.Neo4jURL == "" {
+		part = errors.New("-partitions: the embedded graph lives in one process: partitions need Neo4j (-neo4j-url), which every instance shares")
+	}
+	return errors.Join(c.Projector.Validate(), c.Store.Validate(), part)
 }
 
 // Connections of the graph projector: NATS alone.
@@ -109,12 +113,14 @@ func (c ServiceConfig) Connections() service.Conns { return c.Projector.Connecti
 // environment variables; call the returned function after parsing.
 func ServiceFlags(f *config.Flags) func() (ServiceConfig, error) {
 	sc := projector.ServiceFlags(f, "graph", DefaultMetricsAddr)
+	partitions := projector.PartitionsFlag(f)
 	store := Flags(f)
 	return func() (ServiceConfig, error) {
 		p, err := sc()
 		if err != nil {
 			return ServiceConfig{}, err
 		}
+		p.Partitions = *partitions
 		return ServiceConfig{Projector: p, Store: *store()}, nil
 	}
 }

@@ -81,8 +81,8 @@ type Index struct {
 	// aheadMu guards the vectors Prepare asked for, by chunk hash: the
 	// latest Prepare's and the one's before it, so that what no Apply
 	// took is dropped after two batches.
-	aheadMu             sync.Mutex
-	aheadCur, aheadPrev map[string]*aheadVector
+	aheadMu sync.Mutex
+	lanes   map[string]*aheadLane // by runtime (projector.RuntimeName)
 
 	// identity is the configured embedder's. mismatch is set when the
 	// store records another embedder's vectors: the index then refuses
@@ -251,7 +251,7 @@ func (x *Index) Prepare(ctx context.Context, events []*contract.Event) {
 			if _, ok := next[c.Hash]; ok {
 				continue
 			}
-			if v := x.aheadLocked(c.Hash); v != nil {
+			if v := x.aheadLocked(ctx, c.Hash); v != nil {
 				next[c.Hash] = v // asked for by the Prepare before: shared
 				continue
 			}
@@ -260,7 +260,8 @@ func (x *Index) Prepare(ctx context.Context, events []*contract.Event) {
 			texts, pending = append(texts, c.Text), append(pending, v)
 		}
 	}
-	x.aheadPrev, x.aheadCur = x.aheadCur, next
+	lane := x.laneLocked(ctx)
+	lane.prev, lane.cur = lane.cur, next
 	x.aheadMu.Unlock()
 	if len(texts) == 0 {
 		return
@@ -284,20 +285,41 @@ type aheadVector struct {
 	vec  []float32
 }
 
-func (x *Index) aheadLocked(h string) *aheadVector {
-	if v, ok := x.aheadCur[h]; ok {
+// aheadLane is what the two latest Prepares of one runtime asked for.
+type aheadLane struct {
+	cur, prev map[string]*aheadVector
+}
+
+// laneLocked is the lane of ctx's runtime: the runtimes of a partitioned
+// projector each prepare their own next batch.
+func (x *Index) laneLocked(ctx context.Context) *aheadLane {
+	name := projector.RuntimeName(ctx)
+	l := x.lanes[name]
+	if l == nil {
+		if x.lanes == nil {
+			x.lanes = map[string]*aheadLane{}
+		}
+		l = &aheadLane{}
+		x.lanes[name] = l
+	}
+	return l
+}
+
+func (x *Index) aheadLocked(ctx context.Context, h string) *aheadVector {
+	l := x.laneLocked(ctx)
+	if v, ok := l.cur[h]; ok {
 		return v
 	}
-	return x.aheadPrev[h]
+	return l.prev[h]
 }
 
 // takeAhead returns the vector Prepare asked for a chunk of hash h (a
 // text), waiting for it, or nil when Prepare did not ask for it or could
 // not get it. Chunks of equal text share it; what the two latest Prepares
-// asked for is kept, the rest dropped.
+// of ctx's runtime asked for is kept, the rest dropped.
 func (x *Index) takeAhead(ctx context.Context, h string) []float32 {
 	x.aheadMu.Lock()
-	v := x.aheadLocked(h)
+	v := x.aheadLocked(ctx, h)
 	x.aheadMu.Unlock()
 	if v == nil {
 		return nil

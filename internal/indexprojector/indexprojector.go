@@ -115,7 +115,11 @@ const DefaultMetricsAddr = "127.0.0.1:9103"
 
 // Validate reports a configuration that cannot work.
 func (c ServiceConfig) Validate() error {
-	return errors.Join(c.Projector.Validate(), c.Store.Validate())
+	var part error
+	if c.Projector.Partitions > 1 && c.Store.QdrantURL == "" {
+		part = errors.New("-partitions: the embedded index lives in one process: partitions need Qdrant (-qdrant-url), which every instance shares")
+	}
+	return errors.Join(c.Projector.Validate(), c.Store.Validate(), part)
 }
 
 // Connections of the index projector: NATS alone.
@@ -125,6 +129,7 @@ func (c ServiceConfig) Connections() service.Conns { return c.Projector.Connecti
 // environment variables; call the returned function after parsing.
 func ServiceFlags(f *config.Flags) func() (ServiceConfig, error) {
 	sc := projector.ServiceFlags(f, "index", DefaultMetricsAddr)
+	partitions := projector.PartitionsFlag(f)
 	reuse := f.Bool("reuse-vectors", "CONVERGE_INDEX_REUSE_VECTORS", false, "reuse the stored vectors of unchanged chunks (worth it with a remote embedder)")
 	ahead := f.Bool("embed-ahead", "CONVERGE_EMBED_AHEAD", true, "with -embed-url and without -reuse-vectors: embed the next batch's chunks while the current one is written, so that the endpoint is not idle meanwhile")
 	store := Flags(f)
@@ -133,6 +138,7 @@ func ServiceFlags(f *config.Flags) func() (ServiceConfig, error) {
 		if err != nil {
 			return ServiceConfig{}, err
 		}
+		p.Partitions = *partitions
 		st := *store()
 		return ServiceConfig{Projector: p, Store: st, Options: index.Options{ReuseVectors: *reuse, EmbedAhead: *ahead && st.Embed.URL != ""}}, nil
 	}

@@ -99,6 +99,11 @@ type Config struct {
 	// Renewed), which are for people: no decision reads them. Nil:
 	// clock.Wall().
 	Clock clock.Clock
+	// Want, when set, is asked before every taking: while it says no,
+	// Acquire takes nothing but keeps following the key, so that once it
+	// says yes a lease its holder stopped renewing a TTL ago is taken at
+	// once (a partition another instance should hold, see [Members]).
+	Want func() bool
 }
 
 func (c *Config) setDefaults() error {
@@ -216,13 +221,17 @@ func (l *Lease) Acquire(ctx context.Context, standby func(holder Value)) (*Term,
 		case !held:
 			// Free (never taken, or released): Create is a compare-and-set
 			// on the key's absence or its delete marker.
+			seenRev = 0
+			if !l.wanted() {
+				break
+			}
 			if t, err := l.take(ctx, sent, 0); err == nil {
 				return t, nil
 			} else if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 				l.log.Warn("taking the lease failed; trying again", "err", err)
 			}
 		default:
-			if v.Holder == l.cfg.Holder && v.Incarnation != l.cfg.incarnation && v.process().gone(l.cfg.self) {
+			if v.Holder == l.cfg.Holder && v.Incarnation != l.cfg.incarnation && v.process().gone(l.cfg.self) && l.wanted() {
 				// An earlier run of this instance, whose process has ended.
 				if t, err := l.take(ctx, sent, rev); err == nil {
 					l.log.Info("took the lease over from an earlier run of this instance", "previous", v.Incarnation, "previous_pid", v.PID)
@@ -238,7 +247,7 @@ func (l *Lease) Acquire(ctx context.Context, standby func(holder Value)) (*Term,
 				}
 				break
 			}
-			if time.Since(seenAt) < l.cfg.TTL {
+			if time.Since(seenAt) < l.cfg.TTL || !l.wanted() {
 				break
 			}
 			// No renewal for a whole TTL: the holder's term is over.
@@ -259,6 +268,9 @@ func (l *Lease) Acquire(ctx context.Context, standby func(holder Value)) (*Term,
 		}
 	}
 }
+
+// wanted is Config.Want's answer (yes without one).
+func (l *Lease) wanted() bool { return l.cfg.Want == nil || l.cfg.Want() }
 
 // value is what this instance writes in the key.
 func (l *Lease) value(since, renewed time.Time) Value {

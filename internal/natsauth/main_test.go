@@ -32,6 +32,14 @@ var exempt = map[string]map[string]string{
 		// projector holds, and a refused answer would stall the listing.
 		"$JS.FC.KV_CONVERGE_REBUILDS.>": "flow control of the listing of the rebuilds' bucket",
 	},
+	natsauth.ProjectorUser("index"): {
+		// The same: a projector's watch of its members reads a handful of
+		// keys.
+		"$JS.FC.KV_CONVERGE_LEASES.>": "flow control of the watch of the projector's members",
+	},
+	natsauth.ProjectorUser("graph"): {
+		"$JS.FC.KV_CONVERGE_LEASES.>": "flow control of the watch of the projector's members",
+	},
 }
 
 func reportUnused() int {

@@ -86,19 +86,39 @@ func Relay() *server.Permissions {
 // target); and keep its own key, name, in the rebuilds' bucket. It holds
 // its own lease, name, in the leases' bucket, and resets its own consumer
 // when it takes the lease (what the previous instance held is delivered
-// again). It publishes nothing to converge.docs.> and reads no other
+// again). Run in partitions, it consumes the partitioned stream with its
+// partitions' consumers (name-p00 to name-p15), dead-letters to theirs,
+// holds their leases and its members' keys (name.> in the leases'
+// bucket) and watches its members (a push ordered consumer of those keys
+// alone). It publishes nothing to converge.docs.> and reads no other
 // consumer and no other bucket or key.
 func Projector(name string) *server.Permissions {
 	rb := RebuildConsumer(name)
+	parts := []string{api + "STREAM.INFO." + contract.PartsStream}
+	dlq := []string{name, rb}
+	for p := range contract.MaxPartitions {
+		c := contract.PartitionName(name, p)
+		parts = append(parts, consume(contract.PartsStream, c)...)
+		parts = append(parts, api+"CONSUMER.RESET."+contract.PartsStream+"."+c)
+		dlq = append(dlq, c)
+	}
+	kv := "KV_" + lease.Bucket
+	members := "$KV." + lease.Bucket + "." + name + ".members.*"
 	return perms(ProjectorUser(name),
 		[]string{api + "STREAM.INFO." + contract.DocsStream},
 		consume(contract.DocsStream, name),
 		leaseOf(contract.DocsStream, name),
 		consume(contract.DocsStream, rb),
 		[]string{api + "CONSUMER.DELETE." + contract.DocsStream + "." + rb},
-		deadLetters(name, rb),
+		deadLetters(dlq...),
 		sharedBucketCreate(RebuildBucket),
 		bucketKey(RebuildBucket, name),
+		parts,
+		bucketKey(lease.Bucket, name+".>"),
+		// The watch's ordered consumer, deleted when the watch stops (the
+		// server names it; any ephemeral consumer of the bucket's stream
+		// could be named, which costs its watcher a new one).
+		[]string{api + "CONSUMER.CREATE." + kv + ".*." + members, api + "CONSUMER.DELETE." + kv + ".*", "$JS.FC." + kv + ".>"},
 	)
 }
 
@@ -176,11 +196,17 @@ func Operator() *server.Permissions {
 	for _, s := range []string{docs, events, ingest} {
 		p = append(p, api+"CONSUMER.LIST."+s)
 	}
+	parts := contract.PartsStream
 	p = append(p,
-		// replay: any consumer of the documents' stream.
+		// replay: any consumer of the documents' stream, and of the
+		// partitioned stream.
 		api+"CONSUMER.INFO."+docs+".*",
 		api+"CONSUMER.DELETE."+docs+".*",
 		api+"CONSUMER.CREATE."+docs+".*.>",
+		api+"STREAM.INFO."+parts,
+		api+"CONSUMER.INFO."+parts+".*",
+		api+"CONSUMER.DELETE."+parts+".*",
+		api+"CONSUMER.CREATE."+parts+".*.>",
 		// dlq: ordered consumers (random names) of the dead letters.
 		api+"CONSUMER.CREATE."+dlq+".>",
 		api+"CONSUMER.MSG.NEXT."+dlq+".*",
@@ -200,9 +226,11 @@ func Operator() *server.Permissions {
 		api+"DIRECT.GET.KV_"+PositionBucket+".$KV."+PositionBucket+".*.catchup",
 	)
 	// streams apply.
-	for _, s := range []string{docs, events, contract.RemovalsStream, dlq, "KV_" + lease.Bucket, kv} {
+	for _, s := range []string{docs, events, contract.RemovalsStream, dlq, "KV_" + lease.Bucket, kv, parts} {
 		p = append(p, streamWrite(s)...)
 	}
+	// streams apply -repartition.
+	p = append(p, api+"STREAM.DELETE."+parts)
 	return perms(UserOperator, p)
 }
 

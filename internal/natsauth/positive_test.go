@@ -521,6 +521,9 @@ func TestOperatorAppliesStreams(t *testing.T) {
 		if _, err := relay.ApplyEffectsStream(ctx(t), o.js, relay.Config{Effects: relay.EffectsConfig{Enabled: true}}); err != nil {
 			t.Fatal(err)
 		}
+		if _, err := relay.ApplyPartsStream(ctx(t), o.js, relay.StreamConfig{}, 4, false); err != nil {
+			t.Fatal(err)
+		}
 		if err := deadletter.ApplyStream(ctx(t), o.js, 1); err != nil {
 			t.Fatal(err)
 		}
@@ -529,6 +532,10 @@ func TestOperatorAppliesStreams(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+	}
+	// -repartition: the partitioned stream made anew.
+	if res, err := relay.ApplyPartsStream(ctx(t), o.js, relay.StreamConfig{}, 8, true); err != nil || res != relay.PartsRecreated {
+		t.Fatalf("repartition: %v, %v", res, err)
 	}
 	e.used(o)
 	o.allowed(t)

@@ -126,3 +126,14 @@ func IsRepair(ctx context.Context) bool {
 	repair, _ := ctx.Value(repairKey{}).(bool)
 	return repair
 }
+
+type runtimeKey struct{}
+
+// RuntimeName is the name of the runtime whose store call ctx is ("" for
+// a call of no runtime): a store that keeps work between a runtime's
+// calls (a [Preparer]) keeps it apart for each of the runtimes that share
+// it (a partitioned projector runs one per partition it holds).
+func RuntimeName(ctx context.Context) string {
+	name, _ := ctx.Value(runtimeKey{}).(string)
+	return name
+}

@@ -80,7 +80,13 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	nc, js := testenv.StartNATS(t).DocsStream(t)
+	return newEnvOn(t, testenv.StartNATS(t))
+}
+
+// newEnvOn is newEnv on the server n.
+func newEnvOn(t *testing.T, n *testenv.NATS) *env {
+	t.Helper()
+	nc, js := n.DocsStream(t)
 	return &env{js: js, nc: nc}
 }
 

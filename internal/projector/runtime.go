@@ -68,6 +68,7 @@ func (r *Runtime) Ready() <-chan struct{} { return r.ready }
 // Run returns: messages are acknowledged or, if ctx ended during a retry,
 // released for redelivery.
 func (r *Runtime) Run(ctx context.Context) error {
+	ctx = context.WithValue(ctx, runtimeKey{}, r.cfg.Name)
 	if err := deadletter.EnsureStream(ctx, r.js, max(r.cfg.Replicas, 1)); err != nil {
 		return fmt.Errorf("projector %s: %w", r.cfg.Name, err)
 	}

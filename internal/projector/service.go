@@ -49,6 +49,11 @@ type ServiceConfig struct {
 	// Lease makes this instance the store's only writer while others of
 	// the same name stand by (see internal/lease).
 	Lease LeaseConfig
+	// Partitions, when 2 or more, has the instances of this projector
+	// share its store by partition (see partitions.go): the number of the
+	// partitioned stream (contract.PartsStream), the same for every
+	// instance. 0 or 1: one writer, instances standing by.
+	Partitions int
 }
 
 // LeaseConfig is how instances of one projector share its store.
@@ -123,6 +128,14 @@ func ServiceFlags(f *config.Flags, name, metricsAddr string) func() (ServiceConf
 	}
 }
 
+// PartitionsFlag binds -partitions (CONVERGE_PARTITIONS) of a projector
+// whose store every instance shares (Qdrant, Neo4j): see
+// ServiceConfig.Partitions.
+func PartitionsFlag(f *config.Flags) *int {
+	return f.Int("partitions", config.EnvPartitions, 0,
+		"share the store among this projector's instances by partition: the number of partitions of the partitioned stream (`converge streams apply -partitions N`), the same for every instance; 0: one instance writes, the others stand by")
+}
+
 // routeScope is the scope a projector's route needs: admin under
 // /v1/admin/ and for any method that changes state (so that a new route
 // fails closed), read for the rest.
@@ -160,11 +173,80 @@ func RunService(ctx context.Context, sc ServiceConfig, store Store, routes map[s
 	if err != nil {
 		return err
 	}
-	var term atomic.Pointer[lease.Term]
-	rc := sc.Runtime
-	if rc.Clock == nil {
-		rc.Clock = deps.Clock
+	if sc.Runtime.Clock == nil {
+		sc.Runtime.Clock = deps.Clock
 	}
+	var work func(context.Context) error
+	var ready func() error
+	if sc.Partitions > 1 {
+		p, err := newPartitioned(sc, js, store, deps)
+		if err != nil {
+			return err
+		}
+		work, ready = p.run, p.ready
+	} else {
+		h, err := newHolder(sc, sc.Runtime, js, store, deps, nil)
+		if err != nil {
+			return err
+		}
+		work, ready = h.run, h.ready
+	}
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return work(ctx) })
+	if tokens.Enabled() {
+		g.Go(func() error { tokens.Watch(ctx, deps.Log.With("component", "auth")); return nil })
+	}
+	if sc.MetricsAddr != "" {
+		checks := []telemetry.Check{
+			service.NATSCheck(deps.NATS),
+			{Name: "consumer", Func: func(context.Context) error { return ready() }},
+		}
+		guard := auth.NewGuard(tokens, deps.Registry, deps.Log.With("component", "auth"))
+		mux := http.NewServeMux()
+		mux.Handle("/", telemetry.Handler(deps.Registry, checks...))
+		for pattern, h := range routes {
+			mux.Handle(pattern, guard.Require(routeScope(pattern), h))
+		}
+		g.Go(func() error {
+			return telemetry.Serve(ctx, sc.MetricsAddr, mux, 5*time.Second, nil, telemetry.WithTLS(tlsConfig))
+		})
+	}
+	return g.Wait()
+}
+
+// holder runs the runtime while this instance holds the store's lease (or
+// a partition's), and stands by while another does.
+type holder struct {
+	sc      ServiceConfig
+	js      jetstream.JetStream
+	r       *Runtime
+	metrics *Metrics
+	term    *atomic.Pointer[lease.Term]
+	log     *slog.Logger
+	standby atomic.Bool
+	// part, for a partition's holder: whether this instance should hold
+	// it, and when to ask again. Nil: the store's one writer, which
+	// stops when the deployment has moved to partitions.
+	part *lease.Members
+	// leaseKey is the lease's key: the runtime's name by default.
+	leaseKey string
+	lease    *lease.Lease // once opened
+}
+
+// leaseName is the key of the lease this holder takes.
+func (h *holder) leaseName() string {
+	if h.leaseKey != "" {
+		return h.leaseKey
+	}
+	return h.sc.Runtime.Name
+}
+
+// newHolder is the holder of the runtime rc over store, with its fence
+// (the lease rc.Name), its metrics and its runtime; part is the members
+// that decide whether a partition's holder should hold it (nil: not a
+// partition).
+func newHolder(sc ServiceConfig, rc Config, js jetstream.JetStream, store Store, deps service.Deps, part *lease.Members) (*holder, error) {
+	var term atomic.Pointer[lease.Term]
 	rc.Fence = func(ctx context.Context) error {
 		t := term.Load()
 		if t == nil {
@@ -184,74 +266,50 @@ func RunService(ctx context.Context, sc ServiceConfig, store Store, routes map[s
 		cancel(lease.ErrLost)
 		return ctx, func() {}
 	}
-	metrics := NewMetrics(deps.Registry, sc.Runtime.Name)
+	metrics := NewMetrics(deps.Registry, rc.Name)
 	r, err := New(js, store, rc, metrics, deps.Log)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	h := &holder{sc: sc, js: js, r: r, metrics: metrics, term: &term, log: deps.Log.With("projector", sc.Runtime.Name)}
-	g, ctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return h.run(ctx) })
-	if tokens.Enabled() {
-		g.Go(func() error { tokens.Watch(ctx, deps.Log.With("component", "auth")); return nil })
-	}
-	if sc.MetricsAddr != "" {
-		checks := []telemetry.Check{
-			service.NATSCheck(deps.NATS),
-			{Name: "consumer", Func: func(context.Context) error {
-				if h.standby.Load() {
-					return nil // ready to take over
-				}
-				select {
-				case <-r.Ready():
-					return nil
-				default:
-					return errors.New("consumer not created yet")
-				}
-			}},
-		}
-		guard := auth.NewGuard(tokens, deps.Registry, deps.Log.With("component", "auth"))
-		mux := http.NewServeMux()
-		mux.Handle("/", telemetry.Handler(deps.Registry, checks...))
-		for pattern, h := range routes {
-			mux.Handle(pattern, guard.Require(routeScope(pattern), h))
-		}
-		g.Go(func() error {
-			return telemetry.Serve(ctx, sc.MetricsAddr, mux, 5*time.Second, nil, telemetry.WithTLS(tlsConfig))
-		})
-	}
-	return g.Wait()
+	sc.Runtime = r.cfg
+	return &holder{sc: sc, js: js, r: r, metrics: metrics, term: &term, part: part, log: deps.Log.With("projector", rc.Name)}, nil
 }
 
-// holder runs the runtime while this instance holds the store's lease, and
-// stands by while another does.
-type holder struct {
-	sc      ServiceConfig
-	js      jetstream.JetStream
-	r       *Runtime
-	metrics *Metrics
-	term    *atomic.Pointer[lease.Term]
-	log     *slog.Logger
-	standby atomic.Bool
+// ready is nil once the runtime's consumer exists, or while this instance
+// stands by, ready to take over.
+func (h *holder) ready() error {
+	if h.standby.Load() {
+		return nil
+	}
+	select {
+	case <-h.r.Ready():
+		return nil
+	default:
+		return errors.New("consumer not created yet")
+	}
 }
 
-// holderName is this instance's name in the lease: the configured one, or
-// the host and the metrics address, the same across restarts and
+// holderName is this instance's name in the leases: the configured one,
+// or the host and the metrics address, the same across restarts and
 // different for two instances on one host.
-func (h *holder) holderName() string {
-	if h.sc.Lease.Holder != "" || h.sc.MetricsAddr == "" {
-		return h.sc.Lease.Holder
+func holderName(sc ServiceConfig) string {
+	if sc.Lease.Holder != "" || sc.MetricsAddr == "" {
+		return sc.Lease.Holder
 	}
 	host, _ := os.Hostname()
-	return host + "/" + h.sc.MetricsAddr
+	return host + "/" + sc.MetricsAddr
 }
 
 func (h *holder) run(ctx context.Context) error {
-	name := h.sc.Runtime.Name
+	name := h.leaseName()
 	var l *lease.Lease
 	for attempt := 1; ; attempt++ {
 		var err error
-		l, err = lease.Open(ctx, h.js, lease.Config{Name: name, TTL: h.sc.Lease.TTL, Replicas: h.sc.Lease.Replicas, Holder: h.holderName(), Clock: h.r.cfg.Clock}, h.log)
+		lc := lease.Config{Name: name, TTL: h.sc.Lease.TTL, Replicas: h.sc.Lease.Replicas, Holder: holderName(h.sc), Clock: h.r.cfg.Clock}
+		if h.part != nil {
+			lc.Want = func() bool { return h.part.Wants(name) }
+		}
+		l, err = lease.Open(ctx, h.js, lc, h.log)
 		if err == nil {
 			break
 		}
@@ -261,6 +319,7 @@ func (h *holder) run(ctx context.Context) error {
 		h.log.Warn("opening the leases' bucket failed; trying again", "err", err)
 		_ = retry.Sleep(ctx, retry.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}.Delay(attempt))
 	}
+	h.lease = l
 	prepared := false
 	for {
 		t, err := l.Acquire(ctx, func(v lease.Value) {
@@ -270,6 +329,14 @@ func (h *holder) run(ctx context.Context) error {
 		})
 		if err != nil {
 			return nil // ctx ended
+		}
+		if h.part == nil {
+			// A deployment moved to partitions: the store's one writer
+			// must not write beside the partitions' (see partitioned).
+			if err := partitionedNow(ctx, l); err != nil {
+				t.Release()
+				return err
+			}
 		}
 		h.standby.Store(false)
 		h.metrics.Standby.Set(0)
@@ -284,6 +351,8 @@ func (h *holder) run(ctx context.Context) error {
 		}
 		var fe *FencedError
 		switch {
+		case errors.Is(err, errUnwanted):
+			h.log.Info("handed the partition over to the instance that should hold it", "held_for", time.Since(began).Round(time.Millisecond))
 		case errors.As(err, &fe), errors.Is(err, lease.ErrLost):
 			h.log.Error("lost the store's lease; standing by", "held_for", time.Since(began).Round(time.Millisecond), "err", err)
 		case err != nil:
@@ -298,13 +367,7 @@ func (h *holder) run(ctx context.Context) error {
 func (h *holder) hold(ctx context.Context, t *lease.Term, prepared *bool) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	go func() {
-		select {
-		case <-t.Lost():
-			cancel(lease.ErrLost)
-		case <-ctx.Done():
-		}
-	}()
+	go h.watchTerm(ctx, t, cancel)
 	if h.sc.Prepare != nil && !*prepared {
 		if err := h.sc.Prepare(ctx, h.js); err != nil {
 			if c := context.Cause(ctx); errors.Is(c, lease.ErrLost) {
@@ -328,7 +391,7 @@ func (h *holder) hold(ctx context.Context, t *lease.Term, prepared *bool) error 
 		g.Go(func() error { return h.sc.Alongside(gctx, h.js, Fencing{Fence: h.r.cfg.Fence, Bound: h.r.cfg.Bound}) })
 	}
 	err := g.Wait()
-	if c := context.Cause(ctx); err == nil && errors.Is(c, lease.ErrLost) {
+	if c := context.Cause(ctx); err == nil && (errors.Is(c, lease.ErrLost) || errors.Is(c, errUnwanted) || errors.Is(c, ErrPartitioned)) {
 		return c
 	}
 	return err

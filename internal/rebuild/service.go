@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"net/http"
+
+	"github.com/converge-sync/converge/internal/httpjson"
 
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/service"
@@ -41,11 +44,22 @@ func RunService(ctx context.Context, sc projector.ServiceConfig, stores Stores, 
 	}
 	routes := sw.Routes()
 	maps.Copy(routes, m.Routes())
+	if sc.Partitions > 1 {
+		// The partitions' writers run in several processes, which a
+		// rebuild would have to hold back together.
+		routes["POST "+AdminPath] = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			httpjson.Error(w, http.StatusServiceUnavailable, "rebuild_unavailable", ErrPartitioned.Error())
+		})
+		return projector.RunService(ctx, sc, sw, routes, deps)
+	}
 	// Rebuilds write the store too: they run while this instance holds
 	// its lease, and resume on the instance that takes it over.
 	sc.Alongside = m.RunFenced
 	return projector.RunService(ctx, sc, sw, routes, deps)
 }
+
+// ErrPartitioned refuses a rebuild of a projector running in partitions.
+var ErrPartitioned = errors.New("rebuild: a projector running in partitions is not rebuilt by its instances (its writers run in several processes): mend what differs with `converge verify -repair`, or have every partition read the stream again with `converge replay <name> -partitions N -from-seq 1`")
 
 // stopped is nil when ctx was canceled while starting (a stop is not a
 // failure).

@@ -1,0 +1,242 @@
+// Partitions: N instances of one projector share its store, each partition
+// of the documents written by one instance at a time.
+
+package projector
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/converge-sync/converge/internal/lease"
+	"github.com/converge-sync/converge/internal/retry"
+	"github.com/converge-sync/converge/internal/service"
+	"github.com/converge-sync/converge/pkg/contract"
+)
+
+// A partitioned projector (ServiceConfig.Partitions > 1) consumes the
+// partitioned stream (contract.PartsStream) with one runtime per
+// partition: durable consumer <name>-pNN on the partition's subjects, its
+// own lease <name>.pNN, its own dead letters converge.dlq.<name>-pNN. Every
+// instance follows the others (lease.Members) and holds the partitions
+// rendezvous hashing gives it among the live ones; it hands a partition
+// over (its batch in hand finished, its lease released) when an instance
+// joins that should hold it, and takes a dead instance's partitions once
+// their leases expire, as a standby takes the store's lease. A partition
+// has one writer at a time: the lease, taken only by the instance that
+// wants it, with the fencing of the store's lease.
+//
+// The move of a running deployment: the operator creates the partitioned
+// stream (`converge streams apply -partitions N`, which the server fills
+// from the documents' stream's first message), then restarts the
+// instances with -partitions N. The first of them marks the projector
+// partitioned (lease.MarkPartitioned) and waits for the store's lease,
+// <name>: the one writer of before sees the mark, finishes its batch and
+// stops (and an instance started without -partitions refuses to start).
+// Only then does any partition write; each partition's consumer starts at
+// the partitioned stream's first message, and the stores' version guards
+// skip what the one writer applied already. Every event reaches its
+// partition in the documents' stream's order, and no two writers write one
+// document at any moment.
+
+// errUnwanted ends a partition's term: another live instance should hold
+// it.
+var errUnwanted = errors.New("projector: another live instance should hold this partition")
+
+// ErrPartitioned refuses to run a projector without partitions whose
+// instances have moved to them.
+var ErrPartitioned = errors.New("projector: this projector runs in partitions")
+
+// partitionedNow is an [ErrPartitioned] when the projector of l has been
+// marked partitioned; an unreadable mark is looked at again later.
+func partitionedNow(ctx context.Context, l *lease.Lease) error {
+	n, err := l.Partitioned(ctx)
+	if err != nil || n < 2 {
+		return nil
+	}
+	return fmt.Errorf("%w (%d partitions, recorded in %s): start every instance of it with -partitions %d", ErrPartitioned, n, lease.Bucket, n)
+}
+
+// PartitionLease is the lease of partition p of the projector called name.
+func PartitionLease(name string, p int) string {
+	return name + ".p" + fmt.Sprintf("%02d", p)
+}
+
+// watchTerm ends the term's context when the lease is lost; for a
+// partition, when this instance should no longer hold it; for the store's
+// one writer, when the projector has moved to partitions.
+func (h *holder) watchTerm(ctx context.Context, t *lease.Term, cancel context.CancelCauseFunc) {
+	var tick <-chan time.Time
+	if h.part == nil && h.lease != nil {
+		every := time.NewTicker(h.lease.Config().TTL)
+		defer every.Stop()
+		tick = every.C
+	}
+	var changed <-chan struct{}
+	if h.part != nil {
+		changed = h.part.Changed()
+		if !h.part.Wants(h.leaseName()) {
+			cancel(errUnwanted)
+			return
+		}
+	}
+	for {
+		select {
+		case <-t.Lost():
+			cancel(lease.ErrLost)
+			return
+		case <-ctx.Done():
+			return
+		case <-changed:
+			changed = h.part.Changed()
+			if !h.part.Wants(h.leaseName()) {
+				cancel(errUnwanted)
+				return
+			}
+		case <-tick:
+			if err := partitionedNow(ctx, h.lease); err != nil {
+				h.log.Error("the projector has moved to partitions: this instance, without them, stops writing", "err", err)
+				cancel(err)
+				return
+			}
+		}
+	}
+}
+
+// partitioned runs the partitions this instance should hold.
+type partitioned struct {
+	sc      ServiceConfig
+	js      jetstream.JetStream
+	store   Store
+	deps    service.Deps
+	log     *slog.Logger
+	started atomic.Bool
+	waiting atomic.Pointer[string] // what it waits for before holding anything
+}
+
+func newPartitioned(sc ServiceConfig, js jetstream.JetStream, store Store, deps service.Deps) (*partitioned, error) {
+	if sc.Partitions > contract.MaxPartitions {
+		return nil, fmt.Errorf("projector %s: -partitions %d: at most %d", sc.Runtime.Name, sc.Partitions, contract.MaxPartitions)
+	}
+	if sc.Alongside != nil || sc.Prepare != nil {
+		return nil, fmt.Errorf("projector %s: partitions do not run work beside the runtime (rebuilds, a notifier's move)", sc.Runtime.Name)
+	}
+	p := &partitioned{sc: sc, js: js, store: store, deps: deps, log: deps.Log.With("projector", sc.Runtime.Name, "partitions", sc.Partitions)}
+	p.wait("the partitioned stream")
+	return p, nil
+}
+
+func (p *partitioned) wait(what string) { p.waiting.Store(&what) }
+
+// ready is nil once this instance has joined the members and runs its
+// partitions' holders.
+func (p *partitioned) ready() error {
+	if p.started.Load() {
+		return nil
+	}
+	return errors.New("waiting for " + *p.waiting.Load())
+}
+
+// retrying calls f until it succeeds or ctx ends (nil then).
+func (p *partitioned) retrying(ctx context.Context, what string, f func() error) error {
+	for attempt := 1; ; attempt++ {
+		err := f()
+		if err == nil || ctx.Err() != nil {
+			return ctx.Err()
+		}
+		p.log.Warn(what+" failed; trying again", "err", err)
+		_ = retry.Sleep(ctx, retry.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}.Delay(attempt))
+	}
+}
+
+func (p *partitioned) run(ctx context.Context) error {
+	name, n := p.sc.Runtime.Name, p.sc.Partitions
+	if err := p.waitStream(ctx); err != nil || ctx.Err() != nil {
+		return err
+	}
+	holder := holderName(p.sc)
+	p.wait("the store's lease: its writer without partitions must stop first")
+	var whole *lease.Lease
+	if err := p.retrying(ctx, "opening the leases' bucket", func() (err error) {
+		whole, err = lease.Open(ctx, p.js, lease.Config{Name: name, TTL: p.sc.Lease.TTL, Replicas: p.sc.Lease.Replicas, Holder: holder, Clock: p.sc.Runtime.Clock}, p.log)
+		return err
+	}); err != nil || ctx.Err() != nil {
+		return nil
+	}
+	if err := p.retrying(ctx, "marking the projector partitioned", func() error { return whole.MarkPartitioned(ctx, n) }); err != nil || ctx.Err() != nil {
+		return nil
+	}
+	t, err := whole.Acquire(ctx, func(v lease.Value) {
+		p.log.Info("waiting for the store's writer without partitions to stop (it reads the partitions' mark within its lease's TTL)", "writer", v.Holder)
+	})
+	if err != nil {
+		return nil // ctx ended
+	}
+	t.Release()
+
+	p.wait("the other instances")
+	var members *lease.Members
+	if err := p.retrying(ctx, "opening the members", func() (err error) {
+		members, err = lease.OpenMembers(ctx, p.js, name, holder, p.sc.Lease.TTL, p.sc.Lease.Replicas, p.log)
+		return err
+	}); err != nil || ctx.Err() != nil {
+		return nil
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return members.Run(gctx) })
+	select {
+	case <-members.Joined():
+	case <-gctx.Done():
+		return g.Wait()
+	}
+	for part := range n {
+		rc := p.sc.Runtime
+		rc.Name = contract.PartitionName(name, part)
+		rc.Stream = contract.PartsStream
+		rc.SubjectPrefix = contract.PartitionSubjectPrefix(part)
+		h, err := newHolder(p.sc, rc, p.js, p.store, p.deps, members)
+		if err != nil {
+			return err
+		}
+		h.leaseKey = PartitionLease(name, part)
+		g.Go(func() error { return h.run(gctx) })
+	}
+	p.started.Store(true)
+	p.log.Info("partitions: following the other instances", "member", members.ID(), "live", len(members.Live()))
+	return g.Wait()
+}
+
+// waitStream waits for the partitioned stream, and checks its number of
+// partitions.
+func (p *partitioned) waitStream(ctx context.Context) error {
+	told := false
+	for {
+		s, err := p.js.Stream(ctx, contract.PartsStream)
+		switch {
+		case err == nil:
+			have := s.CachedInfo().Config.Metadata[contract.MetaPartitions]
+			if have != strconv.Itoa(p.sc.Partitions) {
+				return fmt.Errorf("projector %s: the partitioned stream %s has %s partitions, -partitions is %d: give every instance the stream's number (or make the stream anew: converge streams apply -partitions %d -repartition, every instance stopped)",
+					p.sc.Runtime.Name, contract.PartsStream, have, p.sc.Partitions, p.sc.Partitions)
+			}
+			return nil
+		case ctx.Err() != nil:
+			return nil
+		case errors.Is(err, jetstream.ErrStreamNotFound):
+			if !told {
+				p.log.Warn("waiting for the partitioned stream: run `converge streams apply -partitions " + strconv.Itoa(p.sc.Partitions) + "` as the operator")
+				told = true
+			}
+		default:
+			p.log.Warn("reading the partitioned stream failed; trying again", "err", err)
+		}
+		_ = retry.Sleep(ctx, time.Second)
+	}
+}

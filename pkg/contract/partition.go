@@ -1,0 +1,70 @@
+package contract
+
+import (
+	"hash/fnv"
+	"strconv"
+)
+
+// Partitions. A deployment may split the documents into a fixed number of
+// partitions, each written by one projector instance at a time. The
+// partition of a document is a pure function of its key:
+// [Partition](key, n). The relay's stream is not changed: the NATS server
+// copies it into [PartsStream], each message on the subject
+// "converge.part.<partition>.<token>", by the stream source's subject
+// transform "converge.docs.*" -> "converge.part.{{partition(n,1)}}.{{wildcard(1)}}"
+// (FNV-1a of the token, modulo n), which Partition computes the same way.
+const (
+	// PartsStream is the stream of document events by partition, sourced
+	// by the server from [DocsStream] (see [PartitionTransform]).
+	PartsStream = "CONVERGE_DOCS_PARTS"
+	// PartsSubjectPrefix prefixes the subjects of [PartsStream].
+	PartsSubjectPrefix = "converge.part."
+	// MaxPartitions bounds a deployment's partitions: each partition is a
+	// durable consumer and a lease per projector.
+	MaxPartitions = 16
+	// MetaPartitions is the key, in [PartsStream]'s metadata, of its
+	// number of partitions.
+	MetaPartitions = "converge.partitions"
+)
+
+// Partition is the partition (0 to n-1) of the document key in a
+// deployment of n partitions: the FNV-1a hash (32 bits) of its subject
+// token, modulo n. n <= 1 is a deployment without partitions: 0.
+func Partition(key string, n int) int {
+	if n <= 1 {
+		return 0
+	}
+	return TokenPartition(SubjectToken(key), n)
+}
+
+// TokenPartition is [Partition] of the document whose subject token is
+// token.
+func TokenPartition(token string, n int) int {
+	if n <= 1 {
+		return 0
+	}
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(token))
+	return int(h.Sum32() % uint32(n))
+}
+
+// PartitionSubjectPrefix is the prefix of partition p's subjects in
+// [PartsStream]: "converge.part.<p>.", followed by a document's token.
+func PartitionSubjectPrefix(p int) string { return PartsSubjectPrefix + strconv.Itoa(p) + "." }
+
+// PartitionTransform is the subject transform, from [DocsStream]'s
+// subjects, of a [PartsStream] of n partitions.
+func PartitionTransform(n int) (source, destination string) {
+	return DocsSubjectPrefix + "*", PartsSubjectPrefix + "{{partition(" + strconv.Itoa(n) + ",1)}}.{{wildcard(1)}}"
+}
+
+// PartitionName is the name of partition p of the projector called name:
+// its durable consumer on [PartsStream], its lease, its dead-letter
+// subject's last token ("index-p03").
+func PartitionName(name string, p int) string {
+	s := strconv.Itoa(p)
+	if len(s) < 2 {
+		s = "0" + s
+	}
+	return name + "-p" + s
+}
