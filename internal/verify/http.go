@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -24,6 +25,9 @@ type digestsJSON struct {
 	Buckets []BucketDigest `json:"buckets"`
 	// Embedder made the vectors of the index's live generation.
 	Embedder *embed.Identity `json:"embedder,omitempty"`
+	// Only lists the buckets asked for with b= (the others are left
+	// zero); absent: every bucket's digest.
+	Only []int `json:"only,omitempty"`
 }
 
 // HandlerOption adds to what [Handler] answers.
@@ -43,9 +47,12 @@ func WithEmbedder(id embed.Identity) HandlerOption {
 // process that owns it:
 //
 //	GET /v1/verify/digests?buckets=N        the digest of each of N buckets
+//	GET /v1/verify/digests?buckets=N&b=1,7  the digests of buckets 1 and 7 alone
 //	GET /v1/verify/buckets?buckets=N&b=1,7  the documents of buckets 1 and 7
 //
-// read is called once per request.
+// read is called once per request; with b=, its context carries the
+// buckets asked for, so that [ReadIndex] and [ReadGraph] read only their
+// documents.
 func Handler(kind Kind, read func(context.Context) ([]Doc, error), opts ...HandlerOption) http.Handler {
 	var o handlerOptions
 	for _, opt := range opts {
@@ -57,28 +64,31 @@ func Handler(kind Kind, read func(context.Context) ([]Doc, error), opts ...Handl
 		if !ok {
 			return
 		}
-		docs, err := read(r.Context())
+		ctx := r.Context()
+		var only []int
+		if r.URL.Query().Has("b") {
+			if only, ok = bucketList(w, r, n); !ok {
+				return
+			}
+			ctx = withBuckets(ctx, n, only)
+		}
+		docs, err := read(ctx)
 		if err != nil {
 			httpError(w, http.StatusServiceUnavailable, err.Error())
 			return
 		}
-		httpjson.Write(w, http.StatusOK, digestsJSON{Kind: kind, Buckets: Digests(kind, n, docs), Embedder: o.embedder})
+		httpjson.Write(w, http.StatusOK, digestsJSON{Kind: kind, Buckets: Digests(kind, n, docs), Embedder: o.embedder, Only: only})
 	})
 	mux.HandleFunc("GET /v1/verify/buckets", func(w http.ResponseWriter, r *http.Request) {
 		n, ok := bucketsParam(w, r)
 		if !ok {
 			return
 		}
-		var want []int
-		for _, s := range strings.Split(r.URL.Query().Get("b"), ",") {
-			b, err := strconv.Atoi(s)
-			if err != nil || b < 0 || b >= n {
-				httpError(w, http.StatusBadRequest, fmt.Sprintf("b must list buckets from 0 to %d, got %q", n-1, s))
-				return
-			}
-			want = append(want, b)
+		want, ok := bucketList(w, r, n)
+		if !ok {
+			return
 		}
-		docs, err := read(r.Context())
+		docs, err := read(withBuckets(r.Context(), n, want))
 		if err != nil {
 			httpError(w, http.StatusServiceUnavailable, err.Error())
 			return
@@ -96,6 +106,20 @@ func bucketsParam(w http.ResponseWriter, r *http.Request) (int, bool) {
 		return 0, false
 	}
 	return n, true
+}
+
+// bucketList is the b= parameter: buckets of n, comma-separated.
+func bucketList(w http.ResponseWriter, r *http.Request, n int) ([]int, bool) {
+	var want []int
+	for _, s := range strings.Split(r.URL.Query().Get("b"), ",") {
+		b, err := strconv.Atoi(s)
+		if err != nil || b < 0 || b >= n {
+			httpError(w, http.StatusBadRequest, fmt.Sprintf("b must list buckets from 0 to %d, got %q", n-1, s))
+			return nil, false
+		}
+		want = append(want, b)
+	}
+	return want, true
 }
 
 func httpError(w http.ResponseWriter, status int, msg string) {
@@ -140,14 +164,40 @@ func (r *Remote) Digests(ctx context.Context, kind Kind, n int) ([]BucketDigest,
 	return out.Buckets, nil
 }
 
-// Buckets implements Side.
-func (r *Remote) Buckets(ctx context.Context, _ Kind, n int, buckets []int) (map[int][]Doc, error) {
+// DigestsOf implements [BucketDigester]: the projector reads the
+// documents of those buckets alone. A projector that predates b= answers
+// every bucket's digest, which serves as well.
+func (r *Remote) DigestsOf(ctx context.Context, kind Kind, n int, buckets []int) (map[int]BucketDigest, error) {
+	var out digestsJSON
+	if err := r.get(ctx, "/v1/verify/digests", url.Values{"buckets": {strconv.Itoa(n)}, "b": {bucketsText(buckets)}}, &out); err != nil {
+		return nil, err
+	}
+	if out.Kind != kind || len(out.Buckets) != n {
+		return nil, fmt.Errorf("%s at %s answered %d %s digests, want %d %s", r.Label, r.Addr, len(out.Buckets), out.Kind, n, kind)
+	}
+	r.embedder = out.Embedder
+	got := make(map[int]BucketDigest, len(buckets))
+	for _, b := range buckets {
+		if out.Only != nil && !slices.Contains(out.Only, b) {
+			return nil, fmt.Errorf("%s at %s did not answer bucket %d", r.Label, r.Addr, b)
+		}
+		got[b] = out.Buckets[b]
+	}
+	return got, nil
+}
+
+func bucketsText(buckets []int) string {
 	bs := make([]string, len(buckets))
 	for i, b := range buckets {
 		bs[i] = strconv.Itoa(b)
 	}
+	return strings.Join(bs, ",")
+}
+
+// Buckets implements Side.
+func (r *Remote) Buckets(ctx context.Context, _ Kind, n int, buckets []int) (map[int][]Doc, error) {
 	out := map[int][]Doc{}
-	err := r.get(ctx, "/v1/verify/buckets", url.Values{"buckets": {strconv.Itoa(n)}, "b": {strings.Join(bs, ",")}}, &out)
+	err := r.get(ctx, "/v1/verify/buckets", url.Values{"buckets": {strconv.Itoa(n)}, "b": {bucketsText(buckets)}}, &out)
 	return out, err
 }
 

@@ -61,7 +61,9 @@ func (c *readConfig) checked(key string) bool {
 // its points (in version, then ordinal order, so that points left over from
 // another version show up as chunks that differ), each point's hash
 // computed from what a search returns of it (see [IndexChunkHash]), not
-// from the hashes its payload declares.
+// from the hashes its payload declares. Asked by [Handler] for a few
+// buckets, it reads every marker and the points of those buckets'
+// documents alone.
 func ReadIndex(ctx context.Context, b interface {
 	index.MarkerScanner
 	Points(ctx context.Context, key string, withVectors bool) ([]index.Point, error)
@@ -72,7 +74,9 @@ func ReadIndex(ctx context.Context, b interface {
 	}
 	var markers []index.Marker
 	if err := b.ScanMarkers(ctx, func(m index.Marker) error {
-		markers = append(markers, m)
+		if wanted(ctx, m.Key) {
+			markers = append(markers, m)
+		}
 		return nil
 	}); err != nil {
 		return nil, err
@@ -137,11 +141,12 @@ func cosine(a, b []float32) float64 {
 }
 
 // ReadGraph reads every document node of the graph, stubs excepted (a stub
-// is a link target that was never written).
+// is a link target that was never written). Asked by [Handler] for a few
+// buckets, it still scans every node and keeps those buckets' documents.
 func ReadGraph(ctx context.Context, b graph.Backend) ([]Doc, error) {
 	var docs []Doc
 	err := b.ScanDocuments(ctx, func(v graph.View) error {
-		if v.Stub {
+		if v.Stub || !wanted(ctx, v.Key) {
 			return nil
 		}
 		d := Doc{Key: v.Key, Version: v.Version, Deleted: v.Deleted, ContentHash: v.ContentHash, Links: v.Links, Tags: v.Tags}

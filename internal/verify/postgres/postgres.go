@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/converge-sync/converge/internal/verify"
@@ -74,7 +75,13 @@ FROM (`+docLines+`) x GROUP BY bucket`, n, kind == verify.Graph)
 
 // Buckets implements verify.Side.
 func (p *Postgres) Buckets(ctx context.Context, kind verify.Kind, n int, buckets []int) (map[int][]verify.Doc, error) {
-	rows, err := p.Pool.Query(ctx, `
+	return readBuckets(ctx, p.Pool, kind, n, buckets)
+}
+
+func readBuckets(ctx context.Context, db interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}, kind verify.Kind, n int, buckets []int) (map[int][]verify.Doc, error) {
+	rows, err := db.Query(ctx, `
 SELECT bucket, key, version, deleted, content_hash, links, tags, title, ids, hashes FROM (
   SELECT (('x' || substr(encode(sha256(convert_to(d.key, 'UTF8')), 'hex'), 1, 8))::bit(32)::bigint % $1)::int AS bucket,
          d.key, d.version, d.deleted, d.content_hash,
