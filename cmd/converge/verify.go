@@ -43,8 +43,17 @@ func verifyCmd(ctx context.Context, args []string, out io.Writer) error {
 	writerURL := f.String("writer-url", envWriterURL, "http://127.0.0.1:8080", "with --repair: the writer's API")
 	repairTimeout := f.Duration("repair-timeout", "", 2*time.Minute, "with --repair: how long to wait for the stores to agree")
 	access := bindAPIAccess(f, auth.TokenFromEnv)
+	watch := bindWatch(f)
 	if err := f.Parse(args); err != nil {
 		return err
+	}
+	if *watch.on {
+		if *asJSON {
+			return service.Usage("-watch reports on /v1/verify/status and in its log, not with --json")
+		}
+		if err := watch.validate(*buckets); err != nil {
+			return err
+		}
 	}
 	a, err := access()
 	if err != nil {
@@ -81,6 +90,13 @@ func verifyCmd(ctx context.Context, args []string, out io.Writer) error {
 	}
 	defer pool.Close()
 	truth := &postgres.Postgres{Pool: pool}
+	if *watch.on {
+		var re verify.Reemitter
+		if wc != nil {
+			re = hintedWriter{wc}
+		}
+		return runWatch(ctx, watch, truth, stored, *buckets, re, out)
+	}
 	rep, err := runVerify(ctx, truth, stored, *buckets, !*asJSON)
 	if err != nil {
 		return err
