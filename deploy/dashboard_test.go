@@ -18,15 +18,31 @@ import (
 	"github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/relay"
 	"github.com/converge-sync/converge/internal/telemetry"
+	"github.com/converge-sync/converge/internal/verify"
 	"github.com/converge-sync/converge/internal/writer"
 )
 
 // exported names every metric the services register: each service's own
 // (as its Run registers them on its registry), the bearer-token guard's,
-// the NATS permission counter's, the rebuilds', and the Go and process
-// collectors every registry carries. Described, not gathered, so that a
-// vector none of whose labels was seen yet counts too.
+// the NATS permission counter's, the rebuilds', the continuous verifier's
+// (converge verify -watch), and the Go and process collectors every
+// registry carries. Described, not gathered, so that a vector none of
+// whose labels was seen yet counts too.
 func exported(t *testing.T) map[string]bool {
+	t.Helper()
+	out := map[string]bool{}
+	for name := range described(t) {
+		out[name] = true
+	}
+	if !out["converge_relay_slot_lag_bytes"] || !out["converge_projector_dead_letters_total"] || !out["go_goroutines"] {
+		t.Fatalf("the metrics described are not the services': %v", out)
+	}
+	return out
+}
+
+// described is the description of every metric the services register, by
+// name (see exported).
+func described(t *testing.T) map[string]*prometheus.Desc {
 	t.Helper()
 	reg := telemetry.NewRegistry()
 	writer.NewMetrics(reg)
@@ -42,20 +58,18 @@ func exported(t *testing.T) map[string]bool {
 	if err := m.Register(reg); err != nil {
 		t.Fatal(err)
 	}
+	verify.NewWatchMetrics(reg)
 	ch := make(chan *prometheus.Desc)
 	go func() {
 		reg.Describe(ch)
 		close(ch)
 	}()
 	fqName := regexp.MustCompile(`fqName: "([^"]+)"`)
-	out := map[string]bool{}
+	out := map[string]*prometheus.Desc{}
 	for d := range ch {
 		if m := fqName.FindStringSubmatch(d.String()); m != nil {
-			out[m[1]] = true
+			out[m[1]] = d
 		}
-	}
-	if !out["converge_relay_slot_lag_bytes"] || !out["converge_projector_dead_letters_total"] || !out["go_goroutines"] {
-		t.Fatalf("the metrics described are not the services': %v", out)
 	}
 	return out
 }
@@ -97,8 +111,8 @@ var metricName = regexp.MustCompile(`\b((?:converge|process|go)_[a-z0-9_]+)\b`)
 
 // The dashboard queries only metrics the services export, and shows every
 // part of the pipeline the operations need: slot lag, consumer lag, commit
-// to stored and to applied, dead letters, the notifier's outcomes and the
-// rebuilds.
+// to stored and to applied, dead letters, the notifier's outcomes, the
+// rebuilds, and what the continuous verifier proves.
 func TestDashboardQueriesExportedMetrics(t *testing.T) {
 	data, err := os.ReadFile("grafana/converge.json")
 	if err != nil {
@@ -152,7 +166,8 @@ func TestDashboardQueriesExportedMetrics(t *testing.T) {
 		"converge_projector_commit_to_applied_seconds", "converge_projector_dead_letters_total",
 		"converge_writer_ingest_dead_letters_total", "converge_notifier_dead_lettered_total", "converge_notifier_sent_total",
 		"converge_notifier_deduplicated_total", "converge_rebuild_in_progress", "converge_rebuilds_completed_total",
-		"converge_projector_missed_events_total",
+		"converge_projector_missed_events_total", "converge_verify_proven_fraction", "converge_verify_differences",
+		"converge_verify_last_full_pass_timestamp_seconds", "converge_verify_repairs_total",
 	} {
 		if !queried[need] {
 			t.Errorf("the dashboard does not show %s", need)

@@ -7,7 +7,9 @@
 // the NATS users with bcrypt hashes of their passwords); and
 // grafana/converge.json, a Grafana dashboard of the metrics the services
 // export, whose every query a test checks against the metrics the services
-// register. Its tests check docker-compose.yml and the Dockerfile against
+// register; and prometheus/alerts.yml, Prometheus alerting rules on the
+// pipeline and on what converge verify -watch proves, whose every metric
+// and label a test checks against the same registries. Its tests check docker-compose.yml and the Dockerfile against
 // the binaries they run: commands, flags and environment variables as the
 // binaries define them, published ports, healthchecks, pinned images; that
 // each service holds its own credentials and no other's (its Postgres role,
