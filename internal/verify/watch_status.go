@@ -59,9 +59,17 @@ type StoreProof struct {
 	FullPasses   int        `json:"full_passes"`
 	// UnsettledBuckets differed at their last comparison with a
 	// difference not named yet.
-	UnsettledBuckets []int             `json:"unsettled_buckets"`
+	UnsettledBuckets []int `json:"unsettled_buckets"`
+	// Differences are the differences named, in key order, at most
+	// [MaxStatusDifferences] of DifferencesNamed.
 	Differences      []NamedDifference `json:"differences"`
+	DifferencesNamed int               `json:"differences_named"`
 }
+
+// MaxStatusDifferences bounds the differences a [StoreProof] lists: a
+// store emptied by accident differs on every document, which its log
+// names one by one.
+const MaxStatusDifferences = 1000
 
 // Status is what w knows now.
 func (w *Watcher) Status() WatchStatus {
@@ -106,6 +114,8 @@ func (w *Watcher) proof(store string) StoreProof {
 		pr.Differences = append(pr.Differences, *d)
 	}
 	slices.SortFunc(pr.Differences, func(a, b NamedDifference) int { return strings.Compare(a.Key, b.Key) })
+	pr.DifferencesNamed = len(pr.Differences)
+	pr.Differences = pr.Differences[:min(len(pr.Differences), MaxStatusDifferences)]
 	return pr
 }
 
@@ -124,7 +134,7 @@ func (w *Watcher) publish(store string) {
 	m.ProvenDocuments.WithLabelValues(store).Set(float64(pr.ProvenDocuments))
 	m.OldestProof.WithLabelValues(store).Set(unixSeconds(pr.ProvenSince))
 	m.LastFullPass.WithLabelValues(store).Set(unixSeconds(pr.LastFullPass))
-	m.Differences.WithLabelValues(store).Set(float64(len(pr.Differences)))
+	m.Differences.WithLabelValues(store).Set(float64(pr.DifferencesNamed))
 	m.Unsettled.WithLabelValues(store).Set(float64(len(pr.UnsettledBuckets)))
 }
 

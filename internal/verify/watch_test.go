@@ -250,7 +250,7 @@ func TestWatcherNeverNamesAWriteInFlight(t *testing.T) {
 		return slices.ContainsFunc(proofOf(w).Differences, func(d verify.NamedDifference) bool { return d.Key == "doc-05" })
 	})
 	eventually(t, "several comparisons with doc-03 in flight", func() bool { mu.Lock(); defer mu.Unlock(); return reads >= 10 })
-	if pr := proofOf(w); len(pr.Differences) != 1 || pr.Differences[0].Key != "doc-05" || pr.Differences[0].Problem != verify.StaleChunks {
+	if pr := proofOf(w); len(pr.Differences) != 1 || pr.DifferencesNamed != 1 || pr.Differences[0].Key != "doc-05" || pr.Differences[0].Problem != verify.StaleChunks {
 		t.Fatalf("named %+v, want doc-05's stale chunks alone\n%s", pr.Differences, logs)
 	}
 	if n := testutil.ToFloat64(m.Named.WithLabelValues("graph")); n != 1 {
