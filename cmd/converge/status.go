@@ -131,10 +131,10 @@ func collectStatus(ctx context.Context, pgURL, natsURL, slot string, natsOpts ..
 	if err != nil {
 		return rep, err
 	}
-	if rep.Streams, err = pipeline.ReadStreams(ctx, js, contract.DocsStream, contract.EventsStream, writer.IngestStream, deadletter.Stream); err != nil {
+	if rep.Streams, err = pipeline.ReadStreams(ctx, js, contract.DocsStream, contract.EventsStream, writer.IngestStream, deadletter.Stream, contract.PartsStream); err != nil {
 		return rep, err
 	}
-	if rep.Consumers, err = pipeline.ReadConsumers(ctx, js, pipeline.ConsumedStream{Stream: contract.DocsStream},
+	if rep.Consumers, err = pipeline.ReadConsumers(ctx, js, pipeline.ConsumedStream{Stream: contract.DocsStream}, pipeline.ConsumedStream{Stream: contract.PartsStream},
 		pipeline.ConsumedStream{Stream: contract.EventsStream},
 		pipeline.ConsumedStream{Stream: writer.IngestStream, DeadLetters: writer.IngestDLQName}); err != nil {
 		return rep, err
@@ -206,8 +206,11 @@ func printStatus(out io.Writer, rep statusReport) {
 		for _, s := range rep.Streams {
 			if !s.Exists {
 				why := ""
-				if s.Name == contract.EventsStream {
+				switch s.Name {
+				case contract.EventsStream:
 					why = " (the relay creates it with -effects, for the notifier)"
+				case contract.PartsStream:
+					why = " (projectors run in partitions consume it: converge streams apply -partitions N)"
 				}
 				fmt.Fprintf(tw, "%s\tmissing%s\n", s.Name, why)
 				continue
@@ -222,12 +225,27 @@ func printStatus(out io.Writer, rep statusReport) {
 	if len(rep.Consumers) > 0 {
 		fmt.Fprintln(tw)
 		fmt.Fprintln(tw, "CONSUMER\tSTREAM\tPENDING\tUNACKED\tREDELIVERED\tDEAD LETTERS\tMISSED\tLAST APPLIED COMMIT")
+		var holders []pipeline.ConsumerStatus
 		for _, c := range rep.Consumers {
 			last := "-"
 			if c.LastApplied != nil {
 				last = fmt.Sprintf("%s (%s ago)", c.LastApplied.Format(time.RFC3339), now.Sub(*c.LastApplied).Round(time.Second))
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\n", c.Name, c.Stream, c.Pending, c.AckPending, c.Redelivered, c.DeadLetters, missed(c), last)
+			if c.Stream == contract.PartsStream {
+				holders = append(holders, c)
+			}
+		}
+		if len(holders) > 0 {
+			fmt.Fprintln(tw)
+			fmt.Fprintln(tw, "PARTITION\tHELD BY")
+			for _, c := range holders {
+				h := c.Holder
+				if h == "" {
+					h = "- (nobody: its instance stopped or died; another takes it within the lease's TTL)"
+				}
+				fmt.Fprintf(tw, "%s\t%s\n", c.Name, h)
+			}
 		}
 	}
 	if len(rep.Rebuilds) > 0 {

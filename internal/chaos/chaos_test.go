@@ -58,6 +58,9 @@ type runConfig struct {
 	// each (projector-graph-b, notifier-b), one writing, one standing by.
 	standby bool
 	neo4j   testenv.Neo4j
+	// partitions, with neo4j, runs the graph projector in this many
+	// partitions on three instances (projector-graph, -b and -c).
+	partitions int
 	// cluster runs NATS as a cluster of three, every stream and bucket
 	// with three replicas.
 	cluster bool

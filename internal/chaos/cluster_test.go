@@ -25,6 +25,7 @@ import (
 	"github.com/converge-sync/converge/internal/indexprojector"
 	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/pgcluster"
+	"github.com/converge-sync/converge/internal/relay"
 	"github.com/converge-sync/converge/internal/roles"
 	"github.com/converge-sync/converge/internal/stack"
 	"github.com/converge-sync/converge/internal/testenv"
@@ -243,7 +244,29 @@ func startPipeline(t *testing.T, cfg runConfig) *pipeline {
 	notifierArgs := []string{"-webhook-urls", p.hookURL, "-claim-timeout", "10s", "-http-timeout", "5s",
 		"-retry-min", "200ms", "-retry-max", "2s", "-tokens-file", p.serviceTokens}
 	notifierEnv := []string{"CONVERGE_WEBHOOK_SECRET=" + secret}
-	if cfg.standby {
+	switch {
+	case cfg.partitions > 0:
+		// The documents' stream made as the relay makes it, and the
+		// partitioned stream over it, as the operator does.
+		sc := relay.StreamConfig{MaxMsgsPerSubject: int64(cfg.history)}
+		if cfg.cluster {
+			sc.Replicas = 3
+		}
+		if _, err := relay.EnsureStream(context.Background(), p.js, sc); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := relay.ApplyPartsStream(context.Background(), p.js, sc, cfg.partitions, false); err != nil {
+			t.Fatal(err)
+		}
+		p.links.server("neo4j", hostPort(cfg.neo4j.URL))
+		graphEnv := []string{"CONVERGE_NEO4J_URL=" + cfg.neo4j.URL, "CONVERGE_NEO4J_USER=" + cfg.neo4j.User, "CONVERGE_NEO4J_PASSWORD=" + cfg.neo4j.Password}
+		graphArgs := []string{"-lease-ttl", standbyTTL.String(), "-neo4j-tx-timeout", "3s", "-tokens-file", p.serviceTokens,
+			"-partitions", fmt.Sprint(cfg.partitions)}
+		for _, name := range []string{"projector-graph", "projector-graph-b", "projector-graph-c"} {
+			p.add(name, natsauth.UserGraph, graphEnv, graphArgs...)
+		}
+		p.add("notifier", natsauth.UserNotifier, notifierEnv, append(append(notifierArgs, "-ack-wait", "5s"), replicated...)...)
+	case cfg.standby:
 		// The stores shared by two instances: Neo4j, the notifier's
 		// bucket. The ack wait stays at its default: a takeover does not
 		// wait for it.
@@ -255,7 +278,7 @@ func startPipeline(t *testing.T, cfg runConfig) *pipeline {
 		notifierArgs = append(notifierArgs, "-lease-ttl", standbyTTL.String())
 		p.add("notifier", natsauth.UserNotifier, notifierEnv, notifierArgs...)
 		p.add("notifier-b", natsauth.UserNotifier, notifierEnv, notifierArgs...)
-	} else {
+	default:
 		p.add("projector-graph", natsauth.UserGraph, nil, append([]string{"-data-dir", data, "-ack-wait", "5s", "-tokens-file", p.serviceTokens}, replicated...)...)
 		p.add("notifier", natsauth.UserNotifier, notifierEnv, append(append(notifierArgs, "-ack-wait", "5s"), replicated...)...)
 	}
@@ -279,7 +302,7 @@ func startPipeline(t *testing.T, cfg runConfig) *pipeline {
 // run the relay), connecting to NATS as natsUser with its password in the
 // environment, never on the command line.
 func (p *pipeline) add(name, natsUser string, env []string, args ...string) {
-	bin := strings.TrimSuffix(name, "-b")
+	bin := strings.TrimSuffix(strings.TrimSuffix(name, "-b"), "-c")
 	if strings.HasPrefix(name, "relay") {
 		bin = "relay"
 	}

@@ -41,6 +41,7 @@ type Members struct {
 	live    []string              // sorted ids
 	changed chan struct{}         // closed and replaced when live changes
 	joined  chan struct{}         // closed once the first watch caught up
+	parts   []string              // the partitions the members share
 }
 
 type memberSeen struct {
@@ -64,9 +65,10 @@ func MemberID(holder string) string {
 // membersPrefix is the keys' prefix of name's members.
 func membersPrefix(name string) string { return name + ".members." }
 
-// OpenMembers opens the members of the service called name, this instance
-// being holder (the same as its leases'); Run announces it.
-func OpenMembers(ctx context.Context, js jetstream.JetStream, name, holder string, ttl time.Duration, replicas int, log *slog.Logger) (*Members, error) {
+// OpenMembers opens the members of the service called name, sharing
+// parts (the names of the partitions' leases), this instance being holder
+// (the same as its leases'); Run announces it.
+func OpenMembers(ctx context.Context, js jetstream.JetStream, name, holder string, parts []string, ttl time.Duration, replicas int, log *slog.Logger) (*Members, error) {
 	if ttl <= 0 {
 		ttl = DefaultTTL
 	}
@@ -77,7 +79,7 @@ func OpenMembers(ctx context.Context, js jetstream.JetStream, name, holder strin
 	if err != nil {
 		return nil, fmt.Errorf("lease: members of %s: %w", name, err)
 	}
-	m := &Members{kv: kv, name: name, id: MemberID(holder), holder: holder, ttl: ttl, log: log.With("members", name),
+	m := &Members{kv: kv, name: name, id: MemberID(holder), holder: holder, ttl: ttl, log: log.With("members", name), parts: slices.Clone(parts),
 		seen: map[string]memberSeen{}, changed: make(chan struct{}), joined: make(chan struct{})}
 	m.live = []string{m.id}
 	return m, nil
@@ -105,27 +107,65 @@ func (m *Members) Changed() <-chan struct{} {
 // members already there.
 func (m *Members) Joined() <-chan struct{} { return m.joined }
 
-// Wants reports whether this instance is the one live member that should
-// hold the partition called part.
+// Wants reports whether this instance is the live member that should hold
+// the partition called part, one of the parts the members were opened
+// with.
 func (m *Members) Wants(part string) bool {
 	select {
 	case <-m.joined:
 	default:
 		return false // the others are not known yet
 	}
-	return Owner(m.Live(), part) == m.id
+	return Assign(m.Live(), m.parts)[part] == m.id
 }
 
-// Owner is the member of live that should hold part: the one whose hash
-// with part is the greatest (rendezvous hashing), so that a member joining
-// or leaving moves only the partitions it takes or had.
-func Owner(live []string, part string) string {
+// Assign gives each of parts to one of the live members: rendezvous
+// hashing with bounded loads. Each partition ranks the members by their
+// hash with it. Taken in a fixed order, each partition goes to the first
+// member of its ranking that holds fewer than the partitions over the
+// members (rounded down); the ones left, one each, to the first of their
+// ranking without one more. So every member holds its share or one more,
+// every member computes the same assignment from the same live set, and a
+// member joining or leaving moves few partitions besides those it takes or
+// had.
+func Assign(live, parts []string) map[string]string {
+	got := make(map[string]string, len(parts))
+	if len(live) == 0 {
+		return got
+	}
+	floor := len(parts) / len(live)
+	held := map[string]int{}
+	extra := map[string]bool{}
+	var left []string
+	ordered := slices.Sorted(slices.Values(parts))
+	for _, part := range ordered {
+		if id := firstRanked(live, part, func(id string) bool { return held[id] < floor }); id != "" {
+			got[part] = id
+			held[id]++
+			continue
+		}
+		left = append(left, part)
+	}
+	for _, part := range left {
+		id := firstRanked(live, part, func(id string) bool { return !extra[id] })
+		got[part] = id
+		extra[id] = true
+	}
+	return got
+}
+
+// firstRanked is the member of live, ranked by its hash with part, that
+// comes first among those ok takes ("" when none).
+func firstRanked(live []string, part string, ok func(id string) bool) string {
 	var best string
 	var bestH uint64
 	for _, id := range live {
+		if !ok(id) {
+			continue
+		}
 		sum := sha256.Sum256([]byte(id + "\x00" + part))
-		if s := binary.BigEndian.Uint64(sum[:8]); best == "" || s > bestH || (s == bestH && id > best) {
-			best, bestH = id, s
+		if h := binary.BigEndian.Uint64(sum[:8]); best == "" || h > bestH || (h == bestH && id > best) {
+			best, bestH = id, h
 		}
 	}
 	return best

@@ -2,6 +2,7 @@ package natsauth_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"github.com/converge-sync/converge/internal/deadletter"
 	"github.com/converge-sync/converge/internal/lease"
 	"github.com/converge-sync/converge/internal/natsauth"
+	"github.com/converge-sync/converge/internal/pipeline"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/relay"
 	"github.com/converge-sync/converge/internal/service"
@@ -57,6 +59,11 @@ func testPartitionedProjectorDoesItsJob(t *testing.T, name string) {
 			garbage[p] = true
 		}
 	}
+	// The consumer of the one writer of before.
+	if _, err := a.js.CreateOrUpdateConsumer(ctx(t), contract.DocsStream, jetstream.ConsumerConfig{Durable: name,
+		AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: contract.DocsSubjectPrefix + ">"}); err != nil {
+		t.Fatal(err)
+	}
 	p := e.connect(natsauth.ProjectorUser(name))
 	e.record(p.user)
 	store := &memStore{versions: map[string]int64{}}
@@ -89,6 +96,9 @@ func testPartitionedProjectorDoesItsJob(t *testing.T, name string) {
 		}
 		return true
 	})
+	if _, err := a.js.Consumer(ctx(t), contract.DocsStream, name); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		t.Errorf("the consumer of the writer without partitions: %v, want it deleted", err)
+	}
 	kv, err := a.js.KeyValue(ctx(t), lease.Bucket)
 	if err != nil {
 		t.Fatal(err)
@@ -104,9 +114,25 @@ func testPartitionedProjectorDoesItsJob(t *testing.T, name string) {
 	e.used(p)
 	p.allowed(t)
 
-	// The operator replays one partition.
+	// The operator reads the partitions' status, and replays one.
 	o := e.connect(natsauth.UserOperator)
 	e.record(o.user)
+	if _, err := pipeline.ReadStreams(ctx(t), o.js, contract.PartsStream); err != nil {
+		t.Fatal(err)
+	}
+	run("every partition taken for the status", func() bool {
+		cs, err := pipeline.ReadConsumers(ctx(t), o.js, pipeline.ConsumedStream{Stream: contract.PartsStream})
+		if err != nil {
+			t.Fatal(err)
+		}
+		held := 0
+		for _, c := range cs {
+			if c.Holder == "instance" && c.DeadLetters == 1 && c.LastApplied != nil {
+				held++
+			}
+		}
+		return len(cs) == parts && held == parts
+	})
 	if _, err := projector.Replay(ctx(t), o.js, contract.PartsStream, contract.PartitionName(name, 3), projector.ReplayFrom{Seq: 1}); err != nil {
 		t.Fatal(err)
 	}

@@ -109,7 +109,7 @@ func Projector(name string) *server.Permissions {
 		consume(contract.DocsStream, name),
 		leaseOf(contract.DocsStream, name),
 		consume(contract.DocsStream, rb),
-		[]string{api + "CONSUMER.DELETE." + contract.DocsStream + "." + rb},
+		[]string{api + "CONSUMER.DELETE." + contract.DocsStream + "." + rb, api + "CONSUMER.DELETE." + contract.DocsStream + "." + name},
 		deadLetters(dlq...),
 		sharedBucketCreate(RebuildBucket),
 		bucketKey(RebuildBucket, name),
@@ -204,6 +204,12 @@ func Operator() *server.Permissions {
 		api+"CONSUMER.DELETE."+docs+".*",
 		api+"CONSUMER.CREATE."+docs+".*.>",
 		api+"STREAM.INFO."+parts,
+		// status: the partitions' consumers, the message at each one's
+		// floor, and who holds each partition's lease.
+		api+"CONSUMER.LIST."+parts,
+		api+"STREAM.MSG.GET."+parts,
+		api+"STREAM.INFO.KV_"+lease.Bucket,
+		api+"DIRECT.GET.KV_"+lease.Bucket+".$KV."+lease.Bucket+".*.*",
 		api+"CONSUMER.INFO."+parts+".*",
 		api+"CONSUMER.DELETE."+parts+".*",
 		api+"CONSUMER.CREATE."+parts+".*.>",

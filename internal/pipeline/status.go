@@ -7,14 +7,18 @@ package pipeline
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/internal/deadletter"
+	"github.com/converge-sync/converge/internal/lease"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/pkg/contract"
 )
@@ -93,6 +97,9 @@ type ConsumerStatus struct {
 	// runtime records them in the consumer's metadata; nil: none recorded.
 	Missed  uint64               `json:"missed_events"`
 	LastGap *projector.GapRecord `json:"last_gap,omitempty"`
+	// Holder, for a partition's consumer (contract.PartsStream), is the
+	// instance that holds the partition's lease ("" when none does).
+	Holder string `json:"holder,omitempty"`
 }
 
 // ConsumedStream is a stream whose durable consumers [ReadConsumers]
@@ -218,6 +225,9 @@ func ReadConsumers(ctx context.Context, js jetstream.JetStream, streams ...Consu
 					}
 				}
 			}
+			if cs.Stream == contract.PartsStream {
+				c.Holder = partitionHolder(ctx, js, info.Name)
+			}
 			name := cs.DeadLetters
 			if name == "" {
 				name = info.Name
@@ -232,4 +242,31 @@ func ReadConsumers(ctx context.Context, js jetstream.JetStream, streams ...Consu
 		}
 	}
 	return out, nil
+}
+
+// partitionHolder is the holder of the lease of the partition whose
+// consumer is consumer (<name>-pNN), "" when none holds it or it cannot be
+// read.
+func partitionHolder(ctx context.Context, js jetstream.JetStream, consumer string) string {
+	i := strings.LastIndex(consumer, "-p")
+	if i < 0 {
+		return ""
+	}
+	part, err := strconv.Atoi(consumer[i+2:])
+	if err != nil {
+		return ""
+	}
+	kv, err := js.KeyValue(ctx, lease.Bucket)
+	if err != nil {
+		return ""
+	}
+	e, err := kv.Get(ctx, projector.PartitionLease(consumer[:i], part))
+	if err != nil {
+		return ""
+	}
+	var v lease.Value
+	if json.Unmarshal(e.Value(), &v) != nil {
+		return ""
+	}
+	return v.Holder
 }

@@ -26,7 +26,8 @@ import (
 // partition: durable consumer <name>-pNN on the partition's subjects, its
 // own lease <name>.pNN, its own dead letters converge.dlq.<name>-pNN. Every
 // instance follows the others (lease.Members) and holds the partitions
-// rendezvous hashing gives it among the live ones; it hands a partition
+// rendezvous hashing with bounded loads gives it among the live ones (a
+// share each, within one); it hands a partition
 // over (its batch in hand finished, its lease released) when an instance
 // joins that should hold it, and takes a dead instance's partitions once
 // their leases expire, as a standby takes the store's lease. A partition
@@ -180,11 +181,29 @@ func (p *partitioned) run(ctx context.Context) error {
 		return nil // ctx ended
 	}
 	t.Release()
+	// The one writer's consumer is over: it would show a lag nobody
+	// consumes. (Started again without partitions, the projector would
+	// make it anew from the stream's first message.)
+	stream := p.sc.Runtime.Stream
+	if stream == "" {
+		stream = contract.DocsStream
+	}
+	switch err := p.js.DeleteConsumer(ctx, stream, name); {
+	case err == nil:
+		p.log.Info("deleted the consumer of the writer without partitions", "stream", stream, "consumer", name)
+	case errors.Is(err, jetstream.ErrConsumerNotFound), ctx.Err() != nil:
+	default:
+		p.log.Warn("deleting the consumer of the writer without partitions failed; it stays, unconsumed", "err", err)
+	}
 
 	p.wait("the other instances")
 	var members *lease.Members
+	var leases []string
+	for part := range n {
+		leases = append(leases, PartitionLease(name, part))
+	}
 	if err := p.retrying(ctx, "opening the members", func() (err error) {
-		members, err = lease.OpenMembers(ctx, p.js, name, holder, p.sc.Lease.TTL, p.sc.Lease.Replicas, p.log)
+		members, err = lease.OpenMembers(ctx, p.js, name, holder, leases, p.sc.Lease.TTL, p.sc.Lease.Replicas, p.log)
 		return err
 	}); err != nil || ctx.Err() != nil {
 		return nil

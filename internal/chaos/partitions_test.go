@@ -1,0 +1,188 @@
+//go:build linux
+
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/converge-sync/converge/internal/lease"
+	"github.com/converge-sync/converge/internal/projector"
+	"github.com/converge-sync/converge/internal/testenv"
+	"github.com/converge-sync/converge/pkg/contract"
+)
+
+// TestPartitionsTakeOver runs the graph projector on Neo4j as three
+// processes sharing four partitions under load: the partitions spread over
+// the three; the one holding most is SIGKILLed, and the other two take
+// its partitions within the lease's bound, with everything committed
+// before the kill applied soon after; started again, it gets its share
+// back. At the end converge verify agrees, and nothing acknowledged is
+// lost.
+func TestPartitionsTakeOver(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs every service as a process of its own, with faults")
+	}
+	t.Parallel()
+	const parts = 4
+	cfg := configFromFlags()
+	cfg.partitions, cfg.neo4j = parts, testenv.LeaseNeo4j(t)
+	cfg.rate, cfg.docs = 200, 200
+	p := startPipeline(t, cfg)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("logs of every process: %s", p.logDir)
+		}
+	})
+	ctx := context.Background()
+	l, stopLoad := p.startLoad(ctx, cfg)
+	defer stopLoad()
+	instances := []*service{p.service("projector-graph"), p.service("projector-graph-b"), p.service("projector-graph-c")}
+	byAddr := map[string]*service{}
+	for _, s := range instances {
+		byAddr[s.addr] = s
+	}
+	// held is which instance holds each partition (by its metrics
+	// address, the end of its default holder name).
+	held := func() map[int]*service {
+		got := map[int]*service{}
+		kv, err := p.js.KeyValue(ctx, lease.Bucket)
+		if err != nil {
+			return got
+		}
+		for part := range parts {
+			e, err := kv.Get(ctx, projector.PartitionLease("graph", part))
+			if err != nil {
+				continue
+			}
+			var v lease.Value
+			if json.Unmarshal(e.Value(), &v) != nil {
+				continue
+			}
+			for addr, s := range byAddr {
+				if strings.HasSuffix(v.Holder, "/"+addr) && s.running() {
+					got[part] = s
+				}
+			}
+		}
+		return got
+	}
+	spread := func(want ...*service) bool {
+		h := held()
+		if len(h) != parts {
+			return false
+		}
+		holding := map[*service]bool{}
+		for _, s := range h {
+			holding[s] = true
+		}
+		for _, s := range want {
+			if !holding[s] {
+				return false
+			}
+		}
+		return len(holding) == len(want)
+	}
+	describe := func() string {
+		h := held()
+		var b strings.Builder
+		for _, part := range slices.Sorted(maps.Keys(h)) {
+			fmt.Fprintf(&b, " p%d:%s", part, h[part].name)
+		}
+		return b.String()
+	}
+	testenv.Eventually(t, "the partitions spread over the three instances", time.Minute, func() bool { return spread(instances...) })
+	t.Logf("partitions:%s", describe())
+	time.Sleep(2 * time.Second) // load flows to every partition
+
+	// The instance holding most partitions, SIGKILLed.
+	count := map[*service]int{}
+	for _, s := range held() {
+		count[s]++
+	}
+	victim := instances[0]
+	for _, s := range instances {
+		if count[s] > count[victim] {
+			victim = s
+		}
+	}
+	var others []*service
+	for _, s := range instances {
+		if s != victim {
+			others = append(others, s)
+		}
+	}
+	lasts := p.partitionLasts(ctx, parts)
+	at := time.Now()
+	victim.kill()
+	testenv.Eventually(t, "the others to take the killed instance's partitions", 30*time.Second, func() bool { return spread(others...) })
+	toWriters := time.Since(at)
+	testenv.Eventually(t, "everything committed before the kill applied", 2*time.Minute, func() bool {
+		for part, last := range lasts {
+			if p.ackFloor(ctx, contract.PartsStream, contract.PartitionName("graph", part)) < last {
+				return false
+			}
+		}
+		return true
+	})
+	toDone := time.Since(at)
+	t.Logf("SIGKILL %s (%d partitions): the others hold every partition after %s (lease TTL %v), everything before the kill applied after %s; partitions:%s",
+		victim.name, count[victim], short(toWriters), standbyTTL, short(toDone), describe())
+	if toWriters > 5*standbyTTL {
+		t.Errorf("the killed instance's partitions were taken after %v, beyond the lease's bound (%v and a poll)", toWriters, standbyTTL)
+	}
+
+	victim.start()
+	at = time.Now()
+	testenv.Eventually(t, "the restarted instance to get its share back", time.Minute, func() bool { return spread(instances...) })
+	t.Logf("%s restarted: back to three instances after %s; partitions:%s", victim.name, short(time.Since(at)), describe())
+
+	stopLoad()
+	loadEnd := time.Now()
+	if _, out, err := p.verifyAgrees(ctx, loadEnd, 2*time.Minute); err != nil {
+		t.Errorf("%v\n%s", err, out)
+	}
+	if _, err := p.drained(ctx, loadEnd, 2*time.Minute); err != nil {
+		t.Error(err)
+	}
+	st, err := p.readPostgres(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lost, n := checkWrites(l.acknowledged(), st); n > 0 {
+		t.Errorf("%d acknowledged writes are not in Postgres at their version: %v", n, lost)
+	}
+	if dead := p.deadLetters(ctx); dead > 0 {
+		t.Errorf("%d dead letters", dead)
+	}
+}
+
+// partitionLasts is the last sequence of each partition's subjects in the
+// partitioned stream (none: 0).
+func (p *pipeline) partitionLasts(ctx context.Context, parts int) map[int]uint64 {
+	s, err := p.js.Stream(ctx, contract.PartsStream)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	lasts := map[int]uint64{}
+	for part := range parts {
+		m, err := s.GetLastMsgForSubject(ctx, contract.PartitionSubjectPrefix(part)+">")
+		switch {
+		case err == nil:
+			lasts[part] = m.Sequence
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+		default:
+			p.t.Fatalf("last message of partition %d: %v", part, err)
+		}
+	}
+	return lasts
+}
