@@ -2,10 +2,7 @@ package index_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
@@ -14,6 +11,7 @@ import (
 	"github.com/converge-sync/converge/internal/benchsummary"
 	"github.com/converge-sync/converge/internal/embed"
 	"github.com/converge-sync/converge/internal/embed/embedtest"
+	"github.com/converge-sync/converge/internal/embed/latencytest"
 	"github.com/converge-sync/converge/internal/index"
 	"github.com/converge-sync/converge/internal/index/embedded"
 	"github.com/converge-sync/converge/internal/projector/projectortest"
@@ -24,48 +22,6 @@ import (
 // embedTarget is the share of its embedder's own throughput the index
 // projector reaches, embedding every chunk.
 const embedTarget = 0.9
-
-// latencyServer is an OpenAI-compatible embeddings endpoint that answers
-// each request after a fixed latency (a remote model's round trip), with
-// the hash embedder's vectors; it serves any number of requests at once.
-func latencyServer(b testing.TB, latency time.Duration) string {
-	b.Helper()
-	h, err := embed.NewHash(benchDim)
-	if err != nil {
-		b.Fatal(err)
-	}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var req struct {
-			Model string   `json:"model"`
-			Input []string `json:"input"`
-		}
-		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		time.Sleep(latency)
-		vecs, err := h.Embed(r.Context(), req.Input)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		type item struct {
-			Index     int       `json:"index"`
-			Embedding []float32 `json:"embedding"`
-		}
-		out := struct {
-			Model string `json:"model"`
-			Data  []item `json:"data"`
-		}{Model: req.Model}
-		for i, v := range vecs {
-			out.Data = append(out.Data, item{Index: i, Embedding: v})
-		}
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(out)
-	}))
-	b.Cleanup(srv.Close)
-	return srv.URL
-}
 
 // BenchmarkProjectorKeepsTheEmbedderBusy measures, for each embedder, the
 // index projector end to end (the stream, the runtime's shards, the
@@ -96,8 +52,8 @@ func BenchmarkProjectorKeepsTheEmbedderBusy(b *testing.B) {
 		dim   int
 		url   func(b testing.TB) string
 	}{
-		{"latency-20ms", "fixed-latency", benchDim, func(b testing.TB) string { return latencyServer(b, 20*time.Millisecond) }},
-		{"latency-100ms", "fixed-latency", benchDim, func(b testing.TB) string { return latencyServer(b, 100*time.Millisecond) }},
+		{"latency-20ms", "fixed-latency", benchDim, func(b testing.TB) string { return latencytest.Start(b, 20*time.Millisecond, benchDim).URL }},
+		{"latency-100ms", "fixed-latency", benchDim, func(b testing.TB) string { return latencytest.Start(b, 100*time.Millisecond, benchDim).URL }},
 		{"local-model", embedtest.Model256, 256, embedtest.Start},
 	} {
 		b.Run(s.name, func(b *testing.B) {
