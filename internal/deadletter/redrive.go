@@ -266,5 +266,6 @@ func orDash(s string) string {
 // isDocument reports whether subject is a document event's: of the
 // documents' stream or of the effects' stream.
 func isDocument(subject string) bool {
-	return strings.HasPrefix(subject, contract.DocsSubjectPrefix) || strings.HasPrefix(subject, contract.EventsSubjectPrefix)
+	return strings.HasPrefix(subject, contract.DocsSubjectPrefix) || strings.HasPrefix(subject, contract.PartsSubjectPrefix) ||
+		strings.HasPrefix(subject, contract.EventsSubjectPrefix)
 }

@@ -44,6 +44,11 @@ func PathOf(subject, stream string) (Path, error) {
 			return "", fmt.Errorf("its subject %s is one of %s, not of the stream %s it names", subject, contract.DocsStream, stream)
 		}
 		return Reemit, nil
+	case strings.HasPrefix(subject, contract.PartsSubjectPrefix):
+		if stream != "" && stream != contract.PartsStream {
+			return "", fmt.Errorf("its subject %s is one of %s, not of the stream %s it names", subject, contract.PartsStream, stream)
+		}
+		return Reemit, nil
 	case strings.HasPrefix(subject, contract.EventsSubjectPrefix):
 		if stream != "" && stream != contract.EventsStream {
 			return "", fmt.Errorf("its subject %s is one of %s, not of the stream %s it names", subject, contract.EventsStream, stream)
@@ -52,8 +57,8 @@ func PathOf(subject, stream string) (Path, error) {
 	case strings.HasPrefix(subject, contract.IngestSubjectPrefix):
 		return Republish, nil
 	default:
-		return "", fmt.Errorf("its subject %s (stream %s) is neither a document's (%s> or %s>) nor an ingest one (%s>)",
-			subject, orDash(stream), contract.DocsSubjectPrefix, contract.EventsSubjectPrefix, contract.IngestSubjectPrefix)
+		return "", fmt.Errorf("its subject %s (stream %s) is neither a document's (%s>, %s> or %s>) nor an ingest one (%s>)",
+			subject, orDash(stream), contract.DocsSubjectPrefix, contract.PartsSubjectPrefix, contract.EventsSubjectPrefix, contract.IngestSubjectPrefix)
 	}
 }
 
@@ -97,10 +102,25 @@ func documentKey(subject string, p Payload) (string, error) {
 	if err := contract.ValidateKey(p.Key); err != nil {
 		return "", fmt.Errorf("its data names the key %q, which is not valid: %w", p.Key, err)
 	}
-	if contract.Subject(p.Key) != subject {
+	if !keySubject(subject, p.Key) {
 		return "", fmt.Errorf("its data names the key %q, whose subject is not its original %s", p.Key, subject)
 	}
 	return p.Key, nil
+}
+
+// keySubject reports whether subject is the subject of key's events in
+// the documents' stream, or in a partition of the partitioned stream.
+func keySubject(subject, key string) bool {
+	if contract.Subject(key) == subject {
+		return true
+	}
+	rest, ok := strings.CutPrefix(subject, contract.PartsSubjectPrefix)
+	if !ok {
+		return false
+	}
+	part, token, ok := strings.Cut(rest, ".")
+	n, err := strconv.Atoi(part)
+	return ok && err == nil && n >= 0 && n < contract.MaxPartitions && token == contract.SubjectToken(key)
 }
 
 // reemit asks w to re-emit the documents of batch (document dead letters,

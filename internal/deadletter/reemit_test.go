@@ -90,6 +90,9 @@ func TestRedriveReemitsDocuments(t *testing.T) {
 		t.Fatal(err)
 	}
 	fx.DeadLetter(t, "index", contract.Subject("docs/a"), data, "store_rejected")
+	// And one of a partition's consumer (a projector run in partitions),
+	// from the partitioned stream's subject of docs/a.
+	fx.DeadLetter(t, "index", contract.PartitionSubjectPrefix(2)+contract.SubjectToken("docs/a"), data, "store_rejected")
 	q := open(t, fx)
 	idx := fx.Seqs["index"]
 	docsBefore := deadlettertest.Msgs(t, fx.Docs)
@@ -97,7 +100,7 @@ func TestRedriveReemitsDocuments(t *testing.T) {
 
 	var got []deadletter.Redriven
 	n, err := q.Redrive(ctx, deadletter.Redrive{Consumer: "index", All: true, Writer: w}, func(r deadletter.Redriven) { got = append(got, r) })
-	if err != nil || n != 2 || len(got) != 4 {
+	if err != nil || n != 3 || len(got) != 5 {
 		t.Fatalf("redrive: %d, %v, %+v", n, err, got)
 	}
 	if fmt.Sprint(w.requests) != "[[docs/a docs/c]]" {
@@ -109,7 +112,7 @@ func TestRedriveReemitsDocuments(t *testing.T) {
 			t.Errorf("docs/a: %+v", r)
 		}
 	}
-	if len(m["docs/a"]) != 2 {
+	if len(m["docs/a"]) != 3 {
 		t.Errorf("docs/a: %+v", m["docs/a"])
 	}
 	if c := m["docs/c"]; len(c) != 1 || !strings.Contains(c[0].Kept, `no document "docs/c" (not found`) || c[0].Seq != idx[2] || fx.Gone(t, idx[2]) {
@@ -247,6 +250,8 @@ func TestPathOf(t *testing.T) {
 		{contract.Subject("k"), contract.DocsStream, deadletter.Reemit, ""},
 		{contract.Subject("k"), "", deadletter.Reemit, ""},
 		{contract.Subject("k"), "OTHER", "", "not of the stream OTHER"},
+		{contract.PartitionSubjectPrefix(3) + contract.SubjectToken("k"), contract.PartsStream, deadletter.Reemit, ""},
+		{contract.PartitionSubjectPrefix(3) + contract.SubjectToken("k"), contract.DocsStream, "", "not of the stream CONVERGE_DOCS"},
 		{contract.EventsSubject("k"), contract.EventsStream, deadletter.Reemit, ""},
 		{contract.EventsSubject("k"), contract.DocsStream, "", "not of the stream CONVERGE_DOCS"},
 		{contract.IngestSubject("k"), "CONVERGE_INGEST", deadletter.Republish, ""},

@@ -70,7 +70,8 @@ func (s *Stores) Close() error {
 func (s *Stores) qdrant(ctx context.Context, collection string) (*qdrant.Backend, error) {
 	c := s.cfg
 	return qdrant.New(ctx, qdrant.Config{Addr: c.QdrantURL, APIKey: c.QdrantAPIKey, UseTLS: c.QdrantTLS, TLS: s.tls,
-		Collection: collection, BatchSize: c.QdrantBatch, Parallel: c.QdrantParallel, Timeout: 30 * time.Second})
+		Collection: collection, BatchSize: c.QdrantBatch, Parallel: c.QdrantParallel, Timeout: 30 * time.Second,
+		Shards: c.QdrantShards, Replication: c.QdrantReplication, WriteConsistency: c.QdrantWriteConsistency})
 }
 
 // Live is the collection the alias names (the configured name itself when

@@ -43,8 +43,12 @@ type Config struct {
 	QdrantCollection string
 	QdrantBatch      int
 	QdrantParallel   int
-	DataDir          string // the embedded index lives in DataDir/index
-	Embed            embed.Config
+	// QdrantShards, QdrantReplication and QdrantWriteConsistency are the
+	// cluster settings of the collections the projector creates (see
+	// qdrant.Config).
+	QdrantShards, QdrantReplication, QdrantWriteConsistency int
+	DataDir                                                 string // the embedded index lives in DataDir/index
+	Embed                                                   embed.Config
 	// VerifyVectors: each verify embeds the chunks of 1 document in
 	// VerifyVectors again and compares them with the stored vectors (1:
 	// all; 0: none).
@@ -61,6 +65,9 @@ func Flags(f *config.Flags) func() *Config {
 	qColl := f.String("qdrant-collection", "CONVERGE_QDRANT_COLLECTION", qdrant.DefaultCollection, "Qdrant collection (or alias)")
 	qBatch := f.Int("qdrant-batch", "CONVERGE_QDRANT_BATCH", qdrant.DefaultBatchSize, "points per Qdrant upsert")
 	qPar := f.Int("qdrant-parallel", "CONVERGE_QDRANT_PARALLEL", qdrant.DefaultParallel, "concurrent Qdrant upserts")
+	qShards := f.Int("qdrant-shards", "CONVERGE_QDRANT_SHARDS", 0, "shards of a collection the projector creates, on a Qdrant cluster (its shard_number: a multiple of the nodes); 0: Qdrant's default, one")
+	qRepl := f.Int("qdrant-replication", "CONVERGE_QDRANT_REPLICATION", 0, "copies of each shard of a collection the projector creates, on a Qdrant cluster (its replication_factor; 2 survives a node's loss); 0: Qdrant's default, one")
+	qWC := f.Int("qdrant-write-consistency", "CONVERGE_QDRANT_WRITE_CONSISTENCY", 0, "copies of a shard that must confirm each write of a collection the projector creates (its write_consistency_factor, at most -qdrant-replication); 0: Qdrant's default, one")
 	dataDir := f.String("data-dir", config.EnvDataDir, config.DefaultDataDir, "directory of the embedded stores")
 	eURL := f.String("embed-url", EnvEmbedURL, "", "base URL of an OpenAI-compatible /v1/embeddings endpoint (empty: the local hash embedder)")
 	eModel := f.String("embed-model", "CONVERGE_EMBED_MODEL", "", "embedding model (with -embed-url)")
@@ -71,7 +78,7 @@ func Flags(f *config.Flags) func() *Config {
 	vVec := f.Int("verify-vectors", "CONVERGE_VERIFY_VECTORS", 16, "each verify embeds the chunks of 1 document in N again and compares them with the stored vectors (1: all, 0: none)")
 	return func() *Config {
 		c := &Config{QdrantURL: *qURL, QdrantAPIKey: *qKey, QdrantTLS: *qTLS, QdrantCA: *qCA, QdrantCollection: *qColl,
-			QdrantBatch: *qBatch, QdrantParallel: *qPar, DataDir: *dataDir,
+			QdrantBatch: *qBatch, QdrantParallel: *qPar, QdrantShards: *qShards, QdrantReplication: *qRepl, QdrantWriteConsistency: *qWC, DataDir: *dataDir,
 			Embed: embed.Config{URL: *eURL, Model: *eModel, APIKey: *eKey, Dimension: *eDim}, VerifyVectors: *vVec}
 		if *eURL != "" {
 			c.Embed.BatchSize, c.Embed.Concurrency = *eBatch, *eConc

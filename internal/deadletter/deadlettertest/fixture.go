@@ -99,8 +99,17 @@ func (fx *Fixture) DeadLetter(t testing.TB, consumer, subject string, data []byt
 	t.Helper()
 	ctx := context.Background()
 	stream := writer.IngestStream
-	if strings.HasPrefix(subject, contract.DocsSubjectPrefix) {
+	switch {
+	case strings.HasPrefix(subject, contract.DocsSubjectPrefix):
 		stream = contract.DocsStream
+	case strings.HasPrefix(subject, contract.PartsSubjectPrefix):
+		// A partition's message: the partitioned stream, here a plain
+		// stream of its subjects (the server's sourcing is the relay's
+		// tests' business).
+		stream = contract.PartsStream
+		if _, err := fx.JS.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{contract.PartsSubjectPrefix + ">"}}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	m := nats.NewMsg(subject)
 	m.Data = data

@@ -268,13 +268,23 @@ func (b *Backend) info(ctx context.Context) (*qd.CollectionInfo, error) {
 
 func (b *Backend) create(ctx context.Context, dim int) error {
 	return b.call(ctx, func(ctx context.Context) error {
-		_, err := b.client.GetCollectionsClient().Create(ctx, &qd.CreateCollection{
+		cc := &qd.CreateCollection{
 			CollectionName: b.cfg.Collection,
 			VectorsConfig: qd.NewVectorsConfig(&qd.VectorParams{
 				Size:     uint64(dim),
 				Distance: qd.Distance_Cosine,
 			}),
-		})
+		}
+		if n := b.cfg.Shards; n > 0 {
+			cc.ShardNumber = qd.PtrOf(uint32(n))
+		}
+		if n := b.cfg.Replication; n > 0 {
+			cc.ReplicationFactor = qd.PtrOf(uint32(n))
+		}
+		if n := b.cfg.WriteConsistency; n > 0 {
+			cc.WriteConsistencyFactor = qd.PtrOf(uint32(n))
+		}
+		_, err := b.client.GetCollectionsClient().Create(ctx, cc)
 		return err
 	})
 }

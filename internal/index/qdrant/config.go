@@ -33,6 +33,12 @@ type Config struct {
 	Parallel int
 	// Timeout bounds each request to Qdrant. Default 30s.
 	Timeout time.Duration
+	// Shards, Replication and WriteConsistency are the settings of a
+	// collection the backend creates, for a Qdrant cluster (its
+	// shard_number, replication_factor and write_consistency_factor);
+	// 0: Qdrant's defaults (one shard, one copy). A collection that
+	// exists keeps its own.
+	Shards, Replication, WriteConsistency int
 }
 
 // Limits of the Config fields.

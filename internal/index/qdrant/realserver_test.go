@@ -288,3 +288,20 @@ func TestDeleteStaleOfPointsWithoutVersionParts(t *testing.T) {
 		}
 	})
 }
+
+// A collection the backend creates takes the configured shards; on a
+// single server replication and write consistency of one are what it can
+// keep. (A cluster's replication is not exercised here: one server.)
+func TestCreatedCollectionHasTheConfiguredShards(t *testing.T) {
+	s := realServer(t)
+	b := s.open(t, func(c *qdrant.Config) { c.Shards, c.Replication, c.WriteConsistency = 3, 1, 1 })
+	must(t, b.Ensure(ctx(), dim))
+	info, err := s.client(t).GetCollectionInfo(ctx(), s.collection())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := info.GetConfig().GetParams()
+	if p.GetShardNumber() != 3 || p.GetReplicationFactor() != 1 || p.GetWriteConsistencyFactor() != 1 {
+		t.Errorf("collection params %v: want 3 shards, replication 1, write consistency 1", p)
+	}
+}
