@@ -202,3 +202,24 @@ func TestProjectorHoldsOnlyItsOwnPartitions(t *testing.T) {
 	}
 	p.refused(t, "Publish to", contract.DLQSubject(graph3))
 }
+
+// The notifier's one writer, run as a service past its lease's TTL, looks
+// for no partitions' mark: a key it may not read.
+func TestNotifierLooksForNoPartitionsMark(t *testing.T) {
+	e := newEnv(t)
+	a := e.docsAsAdmin()
+	if _, err := relay.EnsureEffectsStream(ctx(t), a.js, relay.Config{Effects: relay.EffectsConfig{Enabled: true}}); err != nil {
+		t.Fatal(err)
+	}
+	n := e.connect(natsauth.UserNotifier)
+	sc := projector.ServiceConfig{NATSURL: e.srv.URL, Unpartitioned: true,
+		Runtime: projector.Config{Name: natsauth.NotifierName, Stream: contract.EventsStream, SubjectPrefix: contract.EventsSubjectPrefix},
+		Lease:   projector.LeaseConfig{TTL: 600 * time.Millisecond}}
+	runCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := projector.RunService(runCtx, sc, &memStore{versions: map[string]int64{}}, nil,
+		service.Deps{NATS: n.nc, Registry: prometheus.NewRegistry(), Log: slog.New(slog.DiscardHandler)}); err != nil {
+		t.Fatal(err)
+	}
+	n.allowed(t)
+}

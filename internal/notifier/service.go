@@ -138,6 +138,9 @@ func Run(ctx context.Context, cfg ServiceConfig, deps service.Deps) error {
 		return err
 	}
 	sc := cfg.Projector
+	// Its effects keep one writer: it never runs in partitions, nor looks
+	// for their mark (a key it may not read).
+	sc.Unpartitioned = true
 	log := deps.Log
 	if cfg.Notifier.Replicas <= 0 {
 		cfg.Notifier.Replicas = sc.Runtime.Replicas

@@ -75,7 +75,7 @@ func PartitionLease(name string, p int) string {
 // one writer, when the projector has moved to partitions.
 func (h *holder) watchTerm(ctx context.Context, t *lease.Term, cancel context.CancelCauseFunc) {
 	var tick <-chan time.Time
-	if h.part == nil && h.lease != nil {
+	if h.part == nil && h.lease != nil && !h.sc.Unpartitioned {
 		every := time.NewTicker(h.lease.Config().TTL)
 		defer every.Stop()
 		tick = every.C
@@ -125,6 +125,9 @@ type partitioned struct {
 func newPartitioned(sc ServiceConfig, js jetstream.JetStream, store Store, deps service.Deps) (*partitioned, error) {
 	if sc.Partitions > contract.MaxPartitions {
 		return nil, fmt.Errorf("projector %s: -partitions %d: at most %d", sc.Runtime.Name, sc.Partitions, contract.MaxPartitions)
+	}
+	if sc.Unpartitioned {
+		return nil, fmt.Errorf("projector %s: this service does not run in partitions", sc.Runtime.Name)
 	}
 	if sc.Alongside != nil || sc.Prepare != nil {
 		return nil, fmt.Errorf("projector %s: partitions do not run work beside the runtime (rebuilds, a notifier's move)", sc.Runtime.Name)

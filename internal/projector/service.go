@@ -54,6 +54,9 @@ type ServiceConfig struct {
 	// partitioned stream (contract.PartsStream), the same for every
 	// instance. 0 or 1: one writer, instances standing by.
 	Partitions int
+	// Unpartitioned is a service that never runs in partitions (the
+	// notifier): its one writer does not look for the partitions' mark.
+	Unpartitioned bool
 }
 
 // LeaseConfig is how instances of one projector share its store.
@@ -330,7 +333,7 @@ func (h *holder) run(ctx context.Context) error {
 		if err != nil {
 			return nil // ctx ended
 		}
-		if h.part == nil {
+		if h.part == nil && !h.sc.Unpartitioned {
 			// A deployment moved to partitions: the store's one writer
 			// must not write beside the partitions' (see partitioned).
 			if err := partitionedNow(ctx, l); err != nil {
