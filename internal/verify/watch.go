@@ -121,7 +121,9 @@ func (c WatchConfig) Interval() time.Duration {
 //     before its read shows as the store ahead of Postgres's read; it was
 //     committed before the second read, which then sees another document:
 //     so a write in flight is never named, and a difference named is one
-//     the store held once it had every event before the first read.
+//     the store held once it had every event before the first read. A
+//     store ahead whose document Postgres holds as the store does when
+//     asked again is no difference (see catchUp).
 //
 // With a Reemitter, a difference named that a re-emission repairs is
 // re-emitted through the writer once, and compared again after the
@@ -306,11 +308,19 @@ func (w *Watcher) settle(ctx context.Context, p Projection, buckets []int) {
 			w.failed(ctx, name, name, err)
 			return
 		}
+		byBucket := make(map[int][]Difference, len(buckets))
+		for _, b := range buckets {
+			byBucket[b] = diffBucket(p.Kind, want[b], got[b])
+		}
+		if err := w.catchUp(ctx, p, byBucket); err != nil {
+			w.failed(ctx, name, w.truth.Name(), err)
+			return
+		}
 		cur := map[string]seen{}
 		var open []int
 		var repair []string
 		for _, b := range buckets {
-			diffs := diffBucket(p.Kind, want[b], got[b])
+			diffs := byBucket[b]
 			if len(diffs) == 0 {
 				w.agree(name, b, at, len(want[b]))
 				continue
@@ -351,6 +361,49 @@ func (w *Watcher) settle(ctx context.Context, p Projection, buckets []int) {
 		}
 		buckets = open
 	}
+}
+
+// ahead reports whether d shows the store ahead of Postgres's read: a
+// version newer than Postgres's, or a document Postgres did not have.
+func ahead(d Difference) bool { return d.Problem == VersionMismatch || d.Problem == Extra }
+
+// catchUp drops from diffs (by bucket) each difference that shows the
+// store ahead of Postgres's read whose document Postgres holds now, as the
+// store held it: a write committed after Postgres was read, which the
+// store applied before it was read, and which agrees. The document is
+// then proven in agreement as of the store's read, after the bucket's
+// other documents were (at the Postgres read), so that a bucket being
+// written can be proven whole.
+func (w *Watcher) catchUp(ctx context.Context, p Projection, diffs map[int][]Difference) error {
+	var buckets []int
+	for b, ds := range diffs {
+		if slices.ContainsFunc(ds, ahead) {
+			buckets = append(buckets, b)
+		}
+	}
+	if len(buckets) == 0 {
+		return nil
+	}
+	slices.Sort(buckets)
+	now, _, err := w.truth.BucketsAt(ctx, p.Kind, w.cfg.Buckets, buckets)
+	if err != nil {
+		return err
+	}
+	for _, b := range buckets {
+		held := make(map[string]Doc, len(now[b]))
+		for _, d := range now[b] {
+			held[d.Key] = d
+		}
+		diffs[b] = slices.DeleteFunc(diffs[b], func(d Difference) bool {
+			pg, ok := held[d.Key]
+			if !ahead(d) || !ok || d.Actual == nil {
+				return false
+			}
+			_, differs := diffDoc(p.Kind, pg, *d.Actual)
+			return !differs
+		})
+	}
+	return nil
 }
 
 // waitPassed waits until store's projection passed pos, at most Wait; it

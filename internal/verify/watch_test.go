@@ -31,8 +31,9 @@ type pipeline struct {
 	auto    bool
 	reads   int // of Postgres's digests
 	// afterRead, when set, runs after each read of Postgres, outside the
-	// lock.
-	afterRead func()
+	// lock; whilePassing runs at each question to the projection's
+	// progress, before it is answered.
+	afterRead, whilePassing func()
 }
 
 func newPipeline() *pipeline {
@@ -98,6 +99,9 @@ func (p *pipeline) BucketsAt(ctx context.Context, kind verify.Kind, n int, bucke
 // Passed implements verify.Progress: the projection applied every write
 // up to pos.
 func (p *pipeline) Passed(_ context.Context, _ string, pos verify.Position) (bool, error) {
+	if p.whilePassing != nil {
+		p.whilePassing()
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return verify.Position(p.applied) >= pos, nil
@@ -255,5 +259,35 @@ func TestWatcherNeverNamesAWriteInFlight(t *testing.T) {
 	}
 	if n := testutil.ToFloat64(m.Named.WithLabelValues("graph")); n != 1 {
 		t.Errorf("%v differences named, want 1\n%s", n, logs)
+	}
+}
+
+// A bucket whose document is written while the watcher waits for the
+// projection, each time, and applied by the projection before the store
+// is read, is still proven: the store ahead holds what Postgres holds when
+// asked again.
+func TestWatcherProvesABucketBeingWritten(t *testing.T) {
+	p := newPipeline()
+	for i := range 8 {
+		p.write(verifytest.Doc(fmt.Sprintf("doc-%02d", i), 1, "h1", 2))
+	}
+	p.setAuto()
+	var mu sync.Mutex
+	version := int64(1)
+	p.whilePassing = func() {
+		mu.Lock()
+		version++
+		v := version
+		mu.Unlock()
+		p.write(verifytest.Doc("doc-03", v, fmt.Sprintf("h%d", v), 2))
+	}
+	w, m, logs := watch(t, p, verify.WatchConfig{Checks: 4})
+	eventually(t, "a bucket being written proven", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return version > 20 && proofOf(w).ProvenFraction == 1
+	})
+	if n := testutil.ToFloat64(m.Named.WithLabelValues("graph")); n != 0 {
+		t.Errorf("%v differences named\n%s", n, logs)
 	}
 }
