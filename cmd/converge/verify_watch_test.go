@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"slices"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/natsauth"
+	"github.com/converge-sync/converge/internal/service"
 	"github.com/converge-sync/converge/internal/stack"
 	"github.com/converge-sync/converge/internal/telemetry"
 	"github.com/converge-sync/converge/internal/verify"
@@ -253,5 +255,31 @@ func TestVerifyWatchNamesAndRepairsADamagedStore(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), `"msg":"repaired`) {
 		t.Errorf("the log does not say the repairs:\n%s", logs.String())
+	}
+}
+
+// converge verify -watch refuses, before it connects to anything, what
+// cannot work: no NATS to read the projections' progress from, a status
+// naming documents' keys served beyond loopback, a step of no bucket, and
+// --json, which a run that never ends cannot print.
+func TestVerifyWatchRefusesWhatCannotWork(t *testing.T) {
+	t.Setenv(config.EnvNATSURL, "")
+	const pgURL = "postgres://converge@127.0.0.1:1/converge?connect_timeout=1"
+	for _, tc := range []struct {
+		args []string
+		want string
+		exit int
+	}{
+		{[]string{"-json"}, "-watch reports on /v1/verify/status", 2},
+		{[]string{}, "-nats-url (or CONVERGE_NATS_URL) is required", 1},
+		{[]string{"-nats-url", "nats://127.0.0.1:1", "-metrics-addr", "0.0.0.0:9106"}, "serve it on loopback", 2},
+		{[]string{"-nats-url", "nats://127.0.0.1:1", "-watch-step", "0"}, "-watch-step from 1 to -buckets (1024)", 2},
+		{[]string{"-nats-url", "nats://127.0.0.1:1", "-watch-pass", "0s"}, "-watch-pass and -watch-wait must be positive", 2},
+	} {
+		args := append([]string{"verify", "-watch", "-postgres-url", pgURL}, tc.args...)
+		err := run(context.Background(), args, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), tc.want) || service.ExitCode("converge", err, io.Discard) != tc.exit {
+			t.Errorf("%v: %v (exit %d), want exit %d and %q", args, err, service.ExitCode("converge", err, io.Discard), tc.exit, tc.want)
+		}
 	}
 }
