@@ -16,6 +16,13 @@
 // What crosses the wire, and what is compared, grows with the number of
 // differences, not with the corpus; each side still reads its own store
 // once to compute its digests.
+//
+// [Watcher] verifies continuously: a few buckets at a time at a set pace,
+// each store compared once its projection has passed the WAL position
+// Postgres was read at ([Progress], read by [Pipeline] from the relay's
+// slot, the stream and the projectors' consumers), a difference named when
+// two comparisons in a row find it, and, with a [Reemitter], repaired.
+// It only reads, but for the re-emissions, which the writer records.
 package verify
 
 import (
