@@ -179,6 +179,7 @@ func benchScale(b *testing.B, what string, store func(b *testing.B, run int) sca
 			line := fmt.Sprintf("%s, %d instance(s): %.0f events/s, %.0f chunks/s in %v (the server fed the partitioned stream in %v); split %v, applied %v; CPU: the instances %.2f cores, the benchmark's process (NATS, the embeddings endpoint) %.2f, the machine busy %.2f of %d (all processes)",
 				what, instances, r.eventsPerSec(), r.chunksPerSec(), r.elapsed.Round(time.Millisecond), r.fill.Round(time.Millisecond),
 				r.split, r.applied, r.instanceCPU.Seconds()/r.elapsed.Seconds(), r.ownCPU.Seconds()/r.elapsed.Seconds(), r.machineBusy, runtime.NumCPU())
+			line += fmt.Sprintf("; batches retried after a transient store error: %d", r.retries)
 			if r.serverCPU >= 0 || r.serverTxPerSec >= 0 {
 				line += fmt.Sprintf("; Neo4j's own figures: CPU %.2f cores, %.0f transactions/s (%.1f events each)", r.serverCPU, r.serverTxPerSec, r.eventsPerSec()/r.serverTxPerSec)
 			}

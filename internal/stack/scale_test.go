@@ -116,6 +116,7 @@ type scaleResult struct {
 	split            []int         // partitions each instance held
 	applied          []int         // events each instance applied
 	restarts         []string      // instances' exits while they were starting (each started again)
+	retries          int           // batches the instances retried after a transient store error (a deadlock, say)
 	fill             time.Duration // the server's copy of the stream into the partitioned one
 	instanceCPU      time.Duration // the instances' processes' CPU time, together
 	ownCPU           time.Duration // this process's (NATS, the embeddings endpoint, the polls)
@@ -289,6 +290,10 @@ func runScale(t testing.TB, bin *testenv.Binaries, p scaleProjector, evs []contr
 					p.binary, i+1, got, part, want, perPart[part], owner[part]+1)
 			}
 			res.applied[i] += got
+		}
+		res.retries += int(m.Sum("converge_projector_retries_total", nil))
+		if dl := m.Sum("converge_projector_dead_letters_total", nil); dl > 0 {
+			t.Errorf("%s %d dead-lettered %.0f events", p.binary, i+1, dl)
 		}
 	}
 	stored, err := p.stored(ctx)
