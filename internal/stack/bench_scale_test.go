@@ -141,7 +141,7 @@ func BenchmarkPartitionsScale(b *testing.B) {
 		embedder := latencytest.Start(b, scaleLatency, scaleDim)
 		b.Logf("the embedder: %v per request, %d chunks a request, %d request(s) in flight per instance: one instance is bound at %.0f chunks/s by the latency",
 			scaleLatency, scaleEmbedBatch, scaleEmbedConcurrency, float64(scaleEmbedBatch*scaleEmbedConcurrency)/scaleLatency.Seconds())
-		benchScale(b, "index projector on Qdrant, 20 ms embedder", func(b *testing.B, run int) scaleProjector {
+		benchScale(b, "index projector on Qdrant, 20 ms embedder", fmt.Sprintf(">= %.1f", scaleTarget), func(b *testing.B, run int) scaleProjector {
 			return indexScaleProjector(q, fmt.Sprintf("%s_%d", q.Collection, run), embedder.URL)
 		}, bin, evs)
 		b.Logf("the embedder answered %d requests, at most %d at once", embedder.Requests(), embedder.PeakInFlight())
@@ -149,15 +149,15 @@ func BenchmarkPartitionsScale(b *testing.B) {
 	b.Run("graph", func(b *testing.B) {
 		evs := scaleEvents(n * graphScaleFactor)
 		b.Logf("%d documents (%d chunks)", len(evs), countChunks(evs))
-		benchScale(b, "graph projector on Neo4j", func(b *testing.B, _ int) scaleProjector {
+		benchScale(b, "graph projector on Neo4j", fmt.Sprintf(">= %.1f below Neo4j's saturation", scaleTarget), func(b *testing.B, _ int) scaleProjector {
 			return graphScaleProjector(b, testenv.LeaseNeo4j(b))
 		}, bin, evs)
 	})
 }
 
 // benchScale runs the projector that store makes with each number of
-// instances, a sub-benchmark each, and reports the ratios.
-func benchScale(b *testing.B, what string, store func(b *testing.B, run int) scaleProjector, bin *testenv.Binaries, evs []contract.Event) {
+// instances, a sub-benchmark each, and reports the ratios against goal.
+func benchScale(b *testing.B, what, goal string, store func(b *testing.B, run int) scaleProjector, bin *testenv.Binaries, evs []contract.Event) {
 	var one scaleResult
 	run := 0
 	b.Run("warm-up", func(b *testing.B) {
@@ -195,7 +195,7 @@ func benchScale(b *testing.B, what string, store func(b *testing.B, run int) sca
 				line += fmt.Sprintf("; ratio %.3f (target >= %.1f: %s), the split allows %.3f", ratio, scaleTarget, verdict, bound)
 				benchsummary.Log(b, benchsummary.Row{Target: fmt.Sprintf("%s, %d instances / %d x one", what, instances, instances),
 					Figure: fmt.Sprintf("%.0f events/s", r.eventsPerSec()), Limit: fmt.Sprintf("%d x %.0f events/s", instances, one.eventsPerSec()),
-					Ratio: ratio, Goal: fmt.Sprintf(">= %.1f", scaleTarget), Met: ratio >= scaleTarget})
+					Ratio: ratio, Goal: goal, Met: ratio >= scaleTarget})
 			}
 			if len(r.restarts) > 0 {
 				line += fmt.Sprintf("; instances that exited while the partitions were being shared, and were started again: %s", strings.Join(r.restarts, "; "))
