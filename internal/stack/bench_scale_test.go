@@ -180,7 +180,7 @@ func benchScale(b *testing.B, what, goal string, store func(b *testing.B, run in
 				what, instances, r.eventsPerSec(), r.chunksPerSec(), r.elapsed.Round(time.Millisecond), r.fill.Round(time.Millisecond),
 				r.split, r.applied, r.instanceCPU.Seconds()/r.elapsed.Seconds(), r.ownCPU.Seconds()/r.elapsed.Seconds(), r.machineBusy, runtime.NumCPU())
 			line += fmt.Sprintf("; batches retried after a transient store error: %d", r.retries)
-			if r.serverCPU >= 0 || r.serverTxPerSec >= 0 {
+			if r.serverCPU >= 0 || r.serverTxPerSec > 0 {
 				line += fmt.Sprintf("; Neo4j's own figures: CPU %.2f cores, %.0f transactions/s (%.1f events each)", r.serverCPU, r.serverTxPerSec, r.eventsPerSec()/r.serverTxPerSec)
 			}
 			if one.elapsed > 0 && instances > 1 {
@@ -230,11 +230,15 @@ func TestPartitionsScaleShort(t *testing.T) {
 				t.Logf("1 instance: %.0f events/s, %.0f chunks/s", r.eventsPerSec(), r.chunksPerSec())
 				return
 			}
+			ratio := 0.0
+			if one.elapsed > 0 {
+				ratio = r.eventsPerSec() / (float64(instances) * one.eventsPerSec())
+			}
 			if len(r.restarts) > 0 {
 				t.Logf("instances that exited while the partitions were being shared, and were started again: %s", strings.Join(r.restarts, "; "))
 			}
 			t.Logf("%d instances: %.0f events/s, %.0f chunks/s, split %v, applied %v; ratio %.2f (printed only: a short run on a shared machine measures nothing)",
-				instances, r.eventsPerSec(), r.chunksPerSec(), r.split, r.applied, r.eventsPerSec()/(float64(instances)*one.eventsPerSec()))
+				instances, r.eventsPerSec(), r.chunksPerSec(), r.split, r.applied, ratio)
 		})
 	}
 }
