@@ -284,3 +284,18 @@ func TestTheOneWriterStopsWhenPartitionsBegin(t *testing.T) {
 		t.Fatal(store.bad)
 	}
 }
+
+// A runtime stopped while it starts (a partition handed over at once)
+// ends without an error: an error ends the instance's process.
+func TestRunStoppedWhileStartingIsNoError(t *testing.T) {
+	e := newEnv(t)
+	r, err := projector.New(e.js, newMemStore(), projector.Config{Name: "index-p00"}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := r.Run(ctx); err != nil {
+		t.Fatalf("Run stopped before it started: %v", err)
+	}
+}

@@ -70,6 +70,9 @@ func (r *Runtime) Ready() <-chan struct{} { return r.ready }
 func (r *Runtime) Run(ctx context.Context) error {
 	ctx = context.WithValue(ctx, runtimeKey{}, r.cfg.Name)
 	if err := deadletter.EnsureStream(ctx, r.js, max(r.cfg.Replicas, 1)); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while starting (a partition handed over at once)
+		}
 		return fmt.Errorf("projector %s: %w", r.cfg.Name, err)
 	}
 	r.fenced.Store(nil)
