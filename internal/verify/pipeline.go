@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/converge-sync/converge/pkg/contract"
 )
 
 // Pipeline is the [Progress] of the projections read where the pipeline
@@ -40,8 +43,9 @@ type Pipeline struct {
 	// ("index": "index", "graph": "graph").
 	Consumers map[string]string
 
-	mu   sync.Mutex
-	seqs map[Position]uint64 // the stream's last sequence once a position was confirmed
+	mu         sync.Mutex
+	seqs       map[Position]uint64   // the stream's last sequence once a position was confirmed
+	thresholds map[string]Thresholds // by projector@sequence, for projectors run in partitions
 }
 
 // maxRemembered bounds the positions whose stream sequence is kept.
@@ -58,6 +62,13 @@ func (p *Pipeline) Passed(ctx context.Context, store string, pos Position) (bool
 		return false, err
 	}
 	c, err := p.JS.Consumer(ctx, p.Stream, durable)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		// A projector run in partitions has a consumer per partition on
+		// the partitioned stream instead.
+		if passed, ok, err := p.partitionsPassed(ctx, durable, seq); ok || err != nil {
+			return passed, err
+		}
+	}
 	if err != nil {
 		return false, fmt.Errorf("verify: the %s projector's consumer %s on %s: %w", store, durable, p.Stream, err)
 	}
@@ -65,8 +76,118 @@ func (p *Pipeline) Passed(ctx context.Context, store string, pos Position) (bool
 	if err != nil {
 		return false, fmt.Errorf("verify: the %s projector's consumer %s: %w", store, durable, err)
 	}
+	return acknowledgedThrough(info, seq), nil
+}
+
+// acknowledgedThrough reports whether the consumer has acknowledged every
+// message of its filter up to seq: its acknowledgement floor is there, or
+// nothing it was delivered is unacknowledged and it was delivered that far
+// (or everything).
+func acknowledgedThrough(info *jetstream.ConsumerInfo, seq uint64) bool {
 	return info.AckFloor.Stream >= seq ||
-		(info.NumAckPending == 0 && (info.Delivered.Stream >= seq || info.NumPending == 0)), nil
+		(info.NumAckPending == 0 && (info.Delivered.Stream >= seq || info.NumPending == 0))
+}
+
+// Thresholds are, for a projector run in partitions, the sequence of the
+// partitioned stream each partition's consumer must have acknowledged for
+// the projector to have applied the documents' stream up to a sequence:
+// by partition, the last message of that partition once the partitioned
+// stream had copied that far (a partition without one needs nothing).
+type Thresholds map[int]uint64
+
+// PartitionThresholds are the [Thresholds] of the projector called name
+// for seq, a sequence of the documents' stream. ok is false when the
+// projector does not run in partitions (no partitioned stream, or no
+// consumer of its partitions); ready is false while the partitioned stream
+// has not copied that far. Read once, they stay right: later messages of a
+// partition come after them.
+func PartitionThresholds(ctx context.Context, js jetstream.JetStream, name string, seq uint64) (th Thresholds, ok, ready bool, err error) {
+	s, err := js.Stream(ctx, contract.PartsStream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, false, false, nil
+	}
+	if err != nil {
+		return nil, false, false, fmt.Errorf("verify: stream %s: %w", contract.PartsStream, err)
+	}
+	n, err := strconv.Atoi(s.CachedInfo().Config.Metadata[contract.MetaPartitions])
+	if err != nil || n < 2 {
+		return nil, false, false, nil
+	}
+	if _, err := js.Consumer(ctx, contract.PartsStream, contract.PartitionName(name, 0)); err != nil {
+		return nil, false, false, nil
+	}
+	last := s.CachedInfo().State.LastSeq
+	if last == 0 {
+		return Thresholds{}, true, seq == 0, nil
+	}
+	m, err := s.GetMsg(ctx, last)
+	if err != nil {
+		return nil, true, false, fmt.Errorf("verify: stream %s, message %d: %w", contract.PartsStream, last, err)
+	}
+	// "CONVERGE_DOCS <sequence> ...": where in the documents' stream the
+	// copy had come to.
+	fields := strings.Fields(m.Header.Get("Nats-Stream-Source"))
+	if len(fields) < 2 {
+		return nil, true, false, fmt.Errorf("verify: message %d of %s names no source sequence", last, contract.PartsStream)
+	}
+	copied, err := strconv.ParseUint(fields[1], 10, 64)
+	if err != nil {
+		return nil, true, false, fmt.Errorf("verify: message %d of %s: source %q", last, contract.PartsStream, fields)
+	}
+	if copied < seq {
+		return nil, true, false, nil
+	}
+	th = Thresholds{}
+	for part := range n {
+		pm, err := s.GetLastMsgForSubject(ctx, contract.PartitionSubjectPrefix(part)+">")
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, true, false, fmt.Errorf("verify: the last message of partition %d: %w", part, err)
+		}
+		th[part] = pm.Sequence
+	}
+	return th, true, true, nil
+}
+
+// PartitionsAcknowledged reports whether every partition's consumer of
+// the projector called name has acknowledged its messages up to th.
+func PartitionsAcknowledged(ctx context.Context, js jetstream.JetStream, name string, th Thresholds) (bool, error) {
+	for part, through := range th {
+		c, err := js.Consumer(ctx, contract.PartsStream, contract.PartitionName(name, part))
+		if err != nil {
+			return false, fmt.Errorf("verify: the consumer of partition %d of %s: %w", part, name, err)
+		}
+		if !acknowledgedThrough(c.CachedInfo(), through) {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// partitionsPassed is [Pipeline.Passed] for a projector run in
+// partitions, its thresholds read once per sequence.
+func (p *Pipeline) partitionsPassed(ctx context.Context, name string, seq uint64) (passed, ok bool, err error) {
+	key := name + "@" + strconv.FormatUint(seq, 10)
+	p.mu.Lock()
+	th, known := p.thresholds[key]
+	p.mu.Unlock()
+	if !known {
+		var ready bool
+		th, ok, ready, err = PartitionThresholds(ctx, p.JS, name, seq)
+		if !ok || !ready || err != nil {
+			return false, ok, err
+		}
+		p.mu.Lock()
+		if p.thresholds == nil || len(p.thresholds) >= maxRemembered {
+			p.thresholds = map[string]Thresholds{}
+		}
+		p.thresholds[key] = th
+		p.mu.Unlock()
+	}
+	passed, err = PartitionsAcknowledged(ctx, p.JS, name, th)
+	return passed, true, err
 }
 
 // streamSeq is the stream's last sequence read once the slot confirmed
