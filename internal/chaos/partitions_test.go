@@ -147,20 +147,7 @@ func TestPartitionsTakeOver(t *testing.T) {
 	t.Logf("%s restarted: back to three instances after %s; partitions:%s", victim.name, short(time.Since(at)), describe())
 
 	stopLoad()
-	loadEnd := time.Now()
-	if _, out, err := p.verifyAgrees(ctx, loadEnd, 2*time.Minute); err != nil {
-		t.Errorf("%v\n%s", err, out)
-	}
-	if _, err := p.drained(ctx, loadEnd, 2*time.Minute); err != nil {
-		t.Error(err)
-	}
-	st, err := p.readPostgres(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if lost, n := checkWrites(l.acknowledged(), st); n > 0 {
-		t.Errorf("%d acknowledged writes are not in Postgres at their version: %v", n, lost)
-	}
+	p.checkAfterLoad(ctx, l)
 	if dead := p.deadLetters(ctx); dead > 0 {
 		t.Errorf("%d dead letters", dead)
 	}

@@ -181,20 +181,7 @@ func TestStandbyTakesOver(t *testing.T) {
 	}
 
 	stopLoad()
-	loadEnd := time.Now()
-	if _, out, err := p.verifyAgrees(ctx, loadEnd, 2*time.Minute); err != nil {
-		t.Errorf("%v\n%s", err, out)
-	}
-	if _, err := p.drained(ctx, loadEnd, 2*time.Minute); err != nil {
-		t.Error(err)
-	}
-	st, err := p.readPostgres(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if lost, n := checkWrites(l.acknowledged(), st); n > 0 {
-		t.Errorf("%d acknowledged writes are not in Postgres at their version: %v", n, lost)
-	}
+	st := p.checkAfterLoad(ctx, l)
 	er := compareEffects(p.recv.deliveries(), st, p.hookURL, nil)
 	if er.Missing > 0 {
 		t.Errorf("the receiver was never notified of %d of %d events; e.g. %v", er.Missing, er.Events, er.Examples)
@@ -246,4 +233,27 @@ func (p *pipeline) ackFloor(ctx context.Context, stream, consumer string) uint64
 		return 0
 	}
 	return c.CachedInfo().AckFloor.Stream
+}
+
+// checkAfterLoad checks, once the load has stopped, that converge verify
+// agrees, that every consumer drained, and that every acknowledged write
+// is in Postgres at its version; it returns what Postgres holds.
+func (p *pipeline) checkAfterLoad(ctx context.Context, l *load) *postgresState {
+	t := p.t
+	t.Helper()
+	loadEnd := time.Now()
+	if _, out, err := p.verifyAgrees(ctx, loadEnd, 2*time.Minute); err != nil {
+		t.Errorf("%v\n%s", err, out)
+	}
+	if _, err := p.drained(ctx, loadEnd, 2*time.Minute); err != nil {
+		t.Error(err)
+	}
+	st, err := p.readPostgres(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lost, n := checkWrites(l.acknowledged(), st); n > 0 {
+		t.Errorf("%d acknowledged writes are not in Postgres at their version: %v", n, lost)
+	}
+	return st
 }

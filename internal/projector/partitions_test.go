@@ -76,6 +76,30 @@ type instance struct {
 	id     string
 	cancel context.CancelFunc
 	done   chan error
+	reg    *prometheus.Registry
+}
+
+// standby is the instance's converge_projector_standby of partition p.
+func (in *instance) standby(t *testing.T, p int) float64 {
+	t.Helper()
+	mfs, err := in.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "converge_projector_standby" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "projector" && l.GetValue() == contract.PartitionName("index", p) {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("instance %s has no converge_projector_standby of partition %d", in.id, p)
+	return -1
 }
 
 func startInstance(t *testing.T, url, id string, parts int, store *sharedStore) *instance {
@@ -85,14 +109,14 @@ func startInstance(t *testing.T, url, id string, parts int, store *sharedStore) 
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	in := &instance{id: id, cancel: cancel, done: make(chan error, 1)}
+	in := &instance{id: id, cancel: cancel, done: make(chan error, 1), reg: prometheus.NewRegistry()}
 	sc := projector.ServiceConfig{NATSURL: url, Partitions: parts,
 		Runtime: projector.Config{Name: "index", BatchSize: 32, LagInterval: 200 * time.Millisecond},
 		Lease:   projector.LeaseConfig{TTL: 600 * time.Millisecond, Holder: id}}
 	go func() {
 		defer nc.Close()
 		in.done <- projector.RunService(ctx, sc, instanceStore{s: store, id: id}, nil,
-			service.Deps{NATS: nc, Registry: prometheus.NewRegistry(), Log: slog.New(slog.DiscardHandler)})
+			service.Deps{NATS: nc, Registry: in.reg, Log: slog.New(slog.DiscardHandler)})
 	}()
 	t.Cleanup(in.stop)
 	return in
@@ -198,6 +222,17 @@ func TestPartitionsAreSharedAndHandedOver(t *testing.T) {
 	}
 	publishAll()
 	converged("a and b apply every event")
+	for p, h := range got {
+		for _, in := range []*instance{a, b} {
+			want := 0.0
+			if in.id != h {
+				want = 1
+			}
+			if v := in.standby(t, p); v != want {
+				t.Errorf("instance %s: converge_projector_standby of partition %d (held by %s) is %v, want %v", in.id, p, h, v, want)
+			}
+		}
+	}
 
 	publishAll()
 	began := time.Now()

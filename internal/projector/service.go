@@ -325,6 +325,11 @@ func (h *holder) run(ctx context.Context) error {
 	h.lease = l
 	prepared := false
 	for {
+		if h.part != nil {
+			// A partition this instance does not hold (yet, or any more):
+			// another writes it, or will.
+			h.metrics.Standby.Set(1)
+		}
 		t, err := l.Acquire(ctx, func(v lease.Value) {
 			h.standby.Store(true)
 			h.metrics.Standby.Set(1)
