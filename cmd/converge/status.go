@@ -210,7 +210,7 @@ func printStatus(out io.Writer, rep statusReport) {
 				case contract.EventsStream:
 					why = " (the relay creates it with -effects, for the notifier)"
 				case contract.PartsStream:
-					why = " (projectors run in partitions consume it: converge streams apply -partitions N)"
+					continue // only a deployment in partitions has one
 				}
 				fmt.Fprintf(tw, "%s\tmissing%s\n", s.Name, why)
 				continue

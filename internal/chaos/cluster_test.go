@@ -25,7 +25,6 @@ import (
 	"github.com/converge-sync/converge/internal/indexprojector"
 	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/pgcluster"
-	"github.com/converge-sync/converge/internal/relay"
 	"github.com/converge-sync/converge/internal/roles"
 	"github.com/converge-sync/converge/internal/stack"
 	"github.com/converge-sync/converge/internal/testenv"
@@ -246,22 +245,12 @@ func startPipeline(t *testing.T, cfg runConfig) *pipeline {
 	notifierEnv := []string{"CONVERGE_WEBHOOK_SECRET=" + secret}
 	switch {
 	case cfg.partitions > 0:
-		// The documents' stream made as the relay makes it, and the
-		// partitioned stream over it, as the operator does.
-		sc := relay.StreamConfig{MaxMsgsPerSubject: int64(cfg.history)}
-		if cfg.cluster {
-			sc.Replicas = 3
-		}
-		if _, err := relay.EnsureStream(context.Background(), p.js, sc); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := relay.ApplyPartsStream(context.Background(), p.js, sc, cfg.partitions, false); err != nil {
-			t.Fatal(err)
-		}
+		// Three instances of the graph projector on Neo4j, started
+		// without partitions (one writes, two stand by): the test moves
+		// them to partitions (moveToPartitions).
 		p.links.server("neo4j", hostPort(cfg.neo4j.URL))
 		graphEnv := []string{"CONVERGE_NEO4J_URL=" + cfg.neo4j.URL, "CONVERGE_NEO4J_USER=" + cfg.neo4j.User, "CONVERGE_NEO4J_PASSWORD=" + cfg.neo4j.Password}
-		graphArgs := []string{"-lease-ttl", standbyTTL.String(), "-neo4j-tx-timeout", "3s", "-tokens-file", p.serviceTokens,
-			"-partitions", fmt.Sprint(cfg.partitions)}
+		graphArgs := []string{"-lease-ttl", standbyTTL.String(), "-neo4j-tx-timeout", "3s", "-tokens-file", p.serviceTokens}
 		for _, name := range []string{"projector-graph", "projector-graph-b", "projector-graph-c"} {
 			p.add(name, natsauth.UserGraph, graphEnv, graphArgs...)
 		}

@@ -17,17 +17,21 @@ import (
 
 	"github.com/converge-sync/converge/internal/lease"
 	"github.com/converge-sync/converge/internal/projector"
+	"github.com/converge-sync/converge/internal/relay"
 	"github.com/converge-sync/converge/internal/testenv"
+	"github.com/converge-sync/converge/internal/verify"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
 // TestPartitionsTakeOver runs the graph projector on Neo4j as three
-// processes sharing four partitions under load: the partitions spread over
-// the three; the one holding most is SIGKILLed, and the other two take
-// its partitions within the lease's bound, with everything committed
-// before the kill applied soon after; started again, it gets its share
-// back. At the end converge verify agrees, and nothing acknowledged is
-// lost.
+// processes under load, one writing and two standing by, and moves them to
+// four partitions as an operator would: the partitioned stream applied,
+// then each instance restarted with -partitions, one after the other.
+// The partitions spread over the three; the one holding most is
+// SIGKILLed, and the other two take its partitions within the lease's
+// bound, with everything committed before the kill applied soon after;
+// started again, it gets its share back. At the end converge verify
+// agrees, every consumer has drained, and nothing acknowledged is lost.
 func TestPartitionsTakeOver(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs every service as a process of its own, with faults")
@@ -100,8 +104,38 @@ func TestPartitionsTakeOver(t *testing.T) {
 		}
 		return b.String()
 	}
+	testenv.Eventually(t, "one instance writing", time.Minute, func() bool {
+		return p.ackFloor(ctx, contract.DocsStream, "graph") > 0
+	})
+	time.Sleep(2 * time.Second) // load flows to the one writer
+
+	// The move.
+	sc := relay.StreamConfig{MaxMsgsPerSubject: int64(cfg.history)}
+	if _, err := relay.ApplyPartsStream(ctx, p.js, sc, parts, false); err != nil {
+		t.Fatal(err)
+	}
+	at := time.Now()
+	lastBefore := p.lastSeq(ctx, contract.DocsStream)
+	for _, s := range instances {
+		s.kill()
+		s.setArgs(append(s.argsNow(), "-partitions", fmt.Sprint(parts)))
+		s.start()
+	}
 	testenv.Eventually(t, "the partitions spread over the three instances", time.Minute, func() bool { return spread(instances...) })
-	t.Logf("partitions:%s", describe())
+	moved := time.Since(at)
+	testenv.Eventually(t, "everything committed before the move applied", 2*time.Minute, func() bool {
+		th, ok, ready, err := verify.PartitionThresholds(ctx, p.js, "graph", lastBefore)
+		if err != nil || !ok || !ready {
+			return false
+		}
+		done, err := verify.PartitionsAcknowledged(ctx, p.js, "graph", th)
+		return err == nil && done
+	})
+	t.Logf("moved to %d partitions: spread over the three instances %s after the first restart, everything before it applied %s after; partitions:%s",
+		parts, short(moved), short(time.Since(at)), describe())
+	if _, err := p.js.Consumer(ctx, contract.DocsStream, "graph"); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		t.Errorf("the one writer's consumer after the move: %v, want it deleted", err)
+	}
 	time.Sleep(2 * time.Second) // load flows to every partition
 
 	// The instance holding most partitions, SIGKILLed.
@@ -122,7 +156,7 @@ func TestPartitionsTakeOver(t *testing.T) {
 		}
 	}
 	lasts := p.partitionLasts(ctx, parts)
-	at := time.Now()
+	at = time.Now()
 	victim.kill()
 	testenv.Eventually(t, "the others to take the killed instance's partitions", 30*time.Second, func() bool { return spread(others...) })
 	toWriters := time.Since(at)

@@ -95,6 +95,20 @@ func (s *service) watch(c *proc.Child) {
 	})
 }
 
+// argsNow is the process's arguments; setArgs changes them for its next
+// start (a restart with another configuration).
+func (s *service) argsNow() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string{}, s.args...)
+}
+
+func (s *service) setArgs(args []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.args = args
+}
+
 // kill SIGKILLs the process and reaps it; start brings it back.
 func (s *service) kill() {
 	s.mu.Lock()
