@@ -54,7 +54,7 @@ func serviceFlags() []commandFlags {
 var cliCommands = [][]string{
 	{"dev"}, {"demo"}, {"migrate", "up"}, {"migrate", "status"}, {"roles", "apply"}, {"streams", "apply"},
 	{"status"}, {"search"}, {"verify"}, {"backfill"}, {"replay"}, {"rebuild"},
-	{"dlq", "list"}, {"dlq", "show"}, {"dlq", "redrive"}, {"graph"}, {"version"},
+	{"dlq", "list"}, {"dlq", "show"}, {"dlq", "redrive"}, {"console"}, {"graph"}, {"version"},
 	{"source", "apply"}, {"source", "sql"}, {"source", "status"},
 }
 

@@ -63,6 +63,10 @@ Usage:
   converge dlq list|show|redrive
                              dead letters of each consumer: list them, show one consumer's, and
                              send them back to their stream once the cause is fixed (converge dlq help)
+  converge console [-addr 127.0.0.1:9107]
+                             the operator's web page: the pipeline's picture with lag and rate at
+                             every stage, each store's agreement, dead letters (redriven by an admin
+                             token), leases, partitions and rebuilds, live (docs/console.md)
   converge graph KEY [--json] [-after KEY@VERSION [-wait 5s]]
                              the document as the graph holds it: node, chunks, links out and in, tags,
                              asked of the graph projector (-graph-addr, env CONVERGE_PROJECTOR_GRAPH_ADDR,
@@ -128,6 +132,8 @@ func dispatch(ctx context.Context, args []string, out io.Writer) error {
 		return rebuildCmd(ctx, args[1:], out)
 	case "dlq":
 		return dlqCmd(ctx, args[1:], out)
+	case "console":
+		return consoleCmd(ctx, args[1:], out)
 	case "dev":
 		return dev(ctx, args[1:], out)
 	case "demo":
