@@ -61,7 +61,8 @@ vet: ## go vet
 EMBED_SERVER = venv="$$(bash scripts/ensure-venv.sh embedserver)" && CONVERGE_EMBED_SERVER="$$venv/python"
 
 .PHONY: test
-test: deps fmt-check vet ## everything CI runs: gofmt, go vet, go test -race (starts its own Postgres, NATS, Qdrant, Neo4j and local embedding server)
+test: deps fmt-check vet ## everything CI runs: gofmt, go vet, go test -race (starts its own Postgres, NATS, Qdrant, Neo4j and local embedding server; installs Chromium for the console's browser test)
+	@bash scripts/ensure-chromium.sh >/dev/null || echo "make test: no Chromium; the console's browser test is skipped (fails with CI=true)"
 	$(EMBED_SERVER) \
 		NEO4J_INSTANCES=$${NEO4J_INSTANCES:-3} bash scripts/qdrant-server.sh run -- \
 		bash scripts/neo4j-server.sh run -- $(GO) test -race -count=1 -timeout 12m $(PKGS)
