@@ -203,7 +203,7 @@ function drawDeadLetters(dl) {
     const head = ["seq", "time", "code", "reason", "original", "payload"].concat(admin ? [""] : []).map((h) => el("th", {}, h));
     const more = pg.truncated ? " (the oldest " + pg.dead_letters.length + " shown)" : "";
     return el("div", { class: "page", "data-consumer": pg.consumer },
-      el("h3", {}, pg.consumer + ": " + pg.total + " dead letters on " + pg.subject + more),
+      el("h3", {}, pg.consumer + ": " + pg.total + (pg.total === 1 ? " dead letter" : " dead letters") + " on " + pg.subject + more),
       el("table", {}, el("thead", {}, el("tr", {}, ...head)), el("tbody", {}, ...rows)));
   });
   document.getElementById("deadletter-pages").replaceChildren(...out);
