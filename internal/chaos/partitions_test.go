@@ -123,11 +123,13 @@ func TestPartitionsTakeOver(t *testing.T) {
 	}
 	testenv.Eventually(t, "the partitions spread over the three instances", time.Minute, func() bool { return spread(instances...) })
 	moved := time.Since(at)
+	var th verify.Thresholds
+	testenv.Eventually(t, "the partitioned stream to copy everything committed before the move", time.Minute, func() bool {
+		got, ok, ready, err := verify.PartitionThresholds(ctx, p.js, "graph", lastBefore)
+		th = got
+		return err == nil && ok && ready
+	})
 	testenv.Eventually(t, "everything committed before the move applied", 2*time.Minute, func() bool {
-		th, ok, ready, err := verify.PartitionThresholds(ctx, p.js, "graph", lastBefore)
-		if err != nil || !ok || !ready {
-			return false
-		}
 		done, err := verify.PartitionsAcknowledged(ctx, p.js, "graph", th)
 		return err == nil && done
 	})

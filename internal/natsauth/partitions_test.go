@@ -42,6 +42,25 @@ func testPartitionedProjectorDoesItsJob(t *testing.T, name string) {
 	if _, err := relay.ApplyPartsStream(ctx(t), a.js, relay.StreamConfig{}, parts, false); err != nil {
 		t.Fatal(err)
 	}
+	// The one writer of before, which applied three events: the
+	// partitions start after them.
+	for i := range 3 {
+		publishEvent(t, a.js, upsert(t, fmt.Sprintf("applied-%d", i), 1))
+	}
+	old, err := a.js.CreateOrUpdateConsumer(ctx(t), contract.DocsStream, jetstream.ConsumerConfig{Durable: name,
+		AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: contract.DocsSubjectPrefix + ">"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := old.Fetch(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for m := range batch.Messages() {
+		if err := m.DoubleAck(ctx(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	// An event and an undecodable message in each partition.
 	var keys []string
 	garbage := map[int]bool{}
@@ -59,11 +78,10 @@ func testPartitionedProjectorDoesItsJob(t *testing.T, name string) {
 			garbage[p] = true
 		}
 	}
-	// The consumer of the one writer of before.
-	if _, err := a.js.CreateOrUpdateConsumer(ctx(t), contract.DocsStream, jetstream.ConsumerConfig{Durable: name,
-		AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: contract.DocsSubjectPrefix + ">"}); err != nil {
-		t.Fatal(err)
-	}
+	testenv.Eventually(t, "the partitioned stream to copy every message", 10*time.Second, func() bool {
+		s, err := a.js.Stream(ctx(t), contract.PartsStream)
+		return err == nil && s.CachedInfo().State.Msgs == uint64(3+len(keys)+len(garbage))
+	})
 	p := e.connect(natsauth.ProjectorUser(name))
 	e.record(p.user)
 	store := &memStore{versions: map[string]int64{}}
@@ -96,6 +114,11 @@ func testPartitionedProjectorDoesItsJob(t *testing.T, name string) {
 		}
 		return true
 	})
+	for i := range 3 {
+		if v := store.version(fmt.Sprintf("applied-%d", i)); v != 0 {
+			t.Errorf("applied-%d, which the one writer applied, was handed to the partitions again", i)
+		}
+	}
 	if _, err := a.js.Consumer(ctx(t), contract.DocsStream, name); !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		t.Errorf("the consumer of the writer without partitions: %v, want it deleted", err)
 	}
@@ -222,4 +245,10 @@ func TestNotifierLooksForNoPartitionsMark(t *testing.T) {
 		t.Fatal(err)
 	}
 	n.allowed(t)
+}
+
+func (s *memStore) version(key string) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.versions[key]
 }

@@ -94,7 +94,9 @@ func Relay() *server.Permissions {
 // consumer and no other bucket or key.
 func Projector(name string) *server.Permissions {
 	rb := RebuildConsumer(name)
-	parts := []string{api + "STREAM.INFO." + contract.PartsStream}
+	// The stream's info and, moving from one writer, its messages by
+	// sequence (where the partitions start).
+	parts := []string{api + "STREAM.INFO." + contract.PartsStream, api + "STREAM.MSG.GET." + contract.PartsStream}
 	dlq := []string{name, rb}
 	for p := range contract.MaxPartitions {
 		c := contract.PartitionName(name, p)

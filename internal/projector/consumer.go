@@ -45,27 +45,33 @@ const PinGroup = "writer"
 // again itself, from the stream's first message.
 var ConsumerGrace = 2 * time.Second
 
-// consume creates (or updates) the durable consumer and applies batches
-// until ctx ends, or with StopWhenCaughtUp until nothing is pending (done
-// true). An error is a reason to start again: the consumer was deleted, the
-// connection closed.
-func (r *Runtime) consume(ctx context.Context) (done bool, err error) {
-	cc := jetstream.ConsumerConfig{
-		Durable:       r.cfg.Name,
-		Description:   "converge projector " + r.cfg.Name,
+// consumerConfig is the durable consumer of a runtime of c (defaults
+// applied), delivering from the stream's first message.
+func consumerConfig(c Config) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       c.Name,
+		Description:   "converge projector " + c.Name,
 		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       r.cfg.AckWait,
-		MaxAckPending: 4 * r.cfg.BatchSize,
+		AckWait:       c.AckWait,
+		MaxAckPending: 4 * c.BatchSize,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
-		FilterSubject: r.cfg.SubjectPrefix + ">",
+		FilterSubject: c.SubjectPrefix + ">",
 		MaxDeliver:    -1, // dead letters are the runtime's decision
 		// One pinned client: a process that stopped pulling (killed,
 		// paused, fenced) gets nothing more once the next one unpins it,
 		// even through the pull requests it left waiting on the server.
 		PriorityPolicy: jetstream.PriorityPolicyPinned,
 		PriorityGroups: []string{PinGroup},
-		PinnedTTL:      r.cfg.AckWait,
+		PinnedTTL:      c.AckWait,
 	}
+}
+
+// consume creates (or updates) the durable consumer and applies batches
+// until ctx ends, or with StopWhenCaughtUp until nothing is pending (done
+// true). An error is a reason to start again: the consumer was deleted, the
+// connection closed.
+func (r *Runtime) consume(ctx context.Context) (done bool, err error) {
+	cc := consumerConfig(r.cfg)
 	switch existing, err := r.js.Consumer(ctx, r.cfg.Stream, r.cfg.Name); {
 	case err == nil:
 		// Where it starts is the operator's (converge replay); the rest is

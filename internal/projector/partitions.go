@@ -183,21 +183,10 @@ func (p *partitioned) run(ctx context.Context) error {
 	if err != nil {
 		return nil // ctx ended
 	}
+	// While no other instance writes: the partitions start where the one
+	// writer of before stopped, and its consumer goes.
+	p.takeOverFromOneWriter(ctx, name, n)
 	t.Release()
-	// The one writer's consumer is over: it would show a lag nobody
-	// consumes. (Started again without partitions, the projector would
-	// make it anew from the stream's first message.)
-	stream := p.sc.Runtime.Stream
-	if stream == "" {
-		stream = contract.DocsStream
-	}
-	switch err := p.js.DeleteConsumer(ctx, stream, name); {
-	case err == nil:
-		p.log.Info("deleted the consumer of the writer without partitions", "stream", stream, "consumer", name)
-	case errors.Is(err, jetstream.ErrConsumerNotFound), ctx.Err() != nil:
-	default:
-		p.log.Warn("deleting the consumer of the writer without partitions failed; it stays, unconsumed", "err", err)
-	}
 
 	p.wait("the other instances")
 	var members *lease.Members
@@ -219,11 +208,7 @@ func (p *partitioned) run(ctx context.Context) error {
 		return g.Wait()
 	}
 	for part := range n {
-		rc := p.sc.Runtime
-		rc.Name = contract.PartitionName(name, part)
-		rc.Stream = contract.PartsStream
-		rc.SubjectPrefix = contract.PartitionSubjectPrefix(part)
-		h, err := newHolder(p.sc, rc, p.js, p.store, p.deps, members)
+		h, err := newHolder(p.sc, p.runtimeConfig(part), p.js, p.store, p.deps, members)
 		if err != nil {
 			return err
 		}
@@ -261,4 +246,108 @@ func (p *partitioned) waitStream(ctx context.Context) error {
 		}
 		_ = retry.Sleep(ctx, time.Second)
 	}
+}
+
+// runtimeConfig is the runtime configuration of partition part.
+func (p *partitioned) runtimeConfig(part int) Config {
+	rc := p.sc.Runtime
+	rc.Name = contract.PartitionName(p.sc.Runtime.Name, part)
+	rc.Stream = contract.PartsStream
+	rc.SubjectPrefix = contract.PartitionSubjectPrefix(part)
+	return rc
+}
+
+// takeOverFromOneWriter, called while this instance holds the store's
+// lease, moves a projector that had one writer to its partitions: each
+// partition's consumer that does not exist yet starts at the first message
+// of the partitioned stream the one writer had not acknowledged (every
+// message before it is applied: the one writer acknowledged it, and wrote
+// nothing since it gave the lease up), and the one writer's consumer is
+// deleted, as nobody consumes it any more. Without that consumer (a
+// deployment that began in partitions, or moved already) it does nothing;
+// where its position cannot be read, the partitions start at the
+// partitioned stream's first message, which the stores' version guards
+// make a replay.
+func (p *partitioned) takeOverFromOneWriter(ctx context.Context, name string, n int) {
+	stream := p.sc.Runtime.Stream
+	if stream == "" {
+		stream = contract.DocsStream
+	}
+	old, err := p.js.Consumer(ctx, stream, name)
+	switch {
+	case errors.Is(err, jetstream.ErrConsumerNotFound), ctx.Err() != nil:
+		return
+	case err != nil:
+		p.log.Warn("reading the consumer of the writer without partitions failed; the partitions start at the partitioned stream's first message", "err", err)
+		return
+	}
+	floor := old.CachedInfo().AckFloor.Stream
+	start, err := p.partsSeqAfter(ctx, floor)
+	if err != nil {
+		p.log.Warn("finding where the partitions start failed; they start at the partitioned stream's first message", "err", err)
+		start = 0
+	}
+	for part := range n {
+		rc := p.runtimeConfig(part)
+		if err := rc.setDefaults(); err != nil {
+			return
+		}
+		cc := consumerConfig(rc)
+		if start > 1 {
+			cc.DeliverPolicy, cc.OptStartSeq = jetstream.DeliverByStartSequencePolicy, start
+		}
+		// Create only: a partition's consumer that exists keeps its
+		// position.
+		if _, err := p.js.CreateConsumer(ctx, contract.PartsStream, cc); err != nil && !errors.Is(err, jetstream.ErrConsumerExists) {
+			p.log.Warn("creating a partition's consumer failed; its runtime creates it at the partitioned stream's first message", "consumer", rc.Name, "err", err)
+		}
+	}
+	p.log.Info("the partitions take over from the writer without partitions", "its_ack_floor", floor, "partitions_start_at", max(start, 1))
+	switch err := p.js.DeleteConsumer(ctx, stream, name); {
+	case err == nil:
+		p.log.Info("deleted the consumer of the writer without partitions", "stream", stream, "consumer", name)
+	case errors.Is(err, jetstream.ErrConsumerNotFound), ctx.Err() != nil:
+	default:
+		p.log.Warn("deleting the consumer of the writer without partitions failed; it stays, unconsumed", "err", err)
+	}
+}
+
+// partsSeqAfter is the sequence of the partitioned stream from which its
+// messages come from the documents' stream after its sequence floor: a
+// binary search on the source sequences the copies carry, which grow with
+// the partitioned stream's sequence. Past the last message when none does
+// yet.
+func (p *partitioned) partsSeqAfter(ctx context.Context, floor uint64) (uint64, error) {
+	s, err := p.js.Stream(ctx, contract.PartsStream)
+	if err != nil {
+		return 0, err
+	}
+	state := s.CachedInfo().State
+	if state.LastSeq == 0 {
+		return 1, nil
+	}
+	lo, hi := state.FirstSeq, state.LastSeq+1
+	for lo < hi {
+		mid := lo + (hi-lo)/2
+		// The first message at or after mid (the stream's limits may have
+		// removed some).
+		m, err := s.GetMsg(ctx, mid, jetstream.WithGetMsgSubject(contract.PartsSubjectPrefix+">"))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			hi = mid
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		src, err := contract.SourceSequence(m.Header.Get(contract.HeaderStreamSource))
+		if err != nil {
+			return 0, err
+		}
+		if src > floor {
+			hi = mid
+		} else {
+			lo = m.Sequence + 1
+		}
+	}
+	return lo, nil
 }

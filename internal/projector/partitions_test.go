@@ -34,6 +34,7 @@ type sharedStore struct {
 	mu      sync.Mutex
 	writing map[int]map[string]int // partition -> instance -> calls in progress
 	wrote   map[int]map[string]bool
+	events  map[string]int // instance -> events it was handed
 	bad     error
 }
 
@@ -61,6 +62,10 @@ func (i instanceStore) Apply(ctx context.Context, events []*contract.Event) []pr
 		s.writing[p][i.id]++
 		s.wrote[p][i.id] = true
 	}
+	if s.events == nil {
+		s.events = map[string]int{}
+	}
+	s.events[i.id] += len(events)
 	s.mu.Unlock()
 	res := s.memStore.Apply(ctx, events)
 	s.mu.Lock()
@@ -263,9 +268,11 @@ func TestPartitionsAreSharedAndHandedOver(t *testing.T) {
 	t.Logf("instances that wrote each partition: %v", writers)
 }
 
-// An instance started without partitions once the projector runs in them
-// refuses to start, naming the number; and the one writer of before, still
-// running when the partitions' instances start, stops writing first.
+// The move of a running projector to partitions: the one writer of
+// before, still running when the partitions' instance starts, stops
+// writing first; the partitions start where it stopped (they are not
+// handed what it applied again); and an instance started without
+// partitions afterwards refuses to start, naming the number.
 func TestTheOneWriterStopsWhenPartitionsBegin(t *testing.T) {
 	const parts, keys = 2, 200
 	n := testenv.StartNATS(t)
@@ -302,6 +309,13 @@ func TestTheOneWriterStopsWhenPartitionsBegin(t *testing.T) {
 		}
 		return true
 	})
+	store.mu.Lock()
+	handed := store.events["p"]
+	store.mu.Unlock()
+	if handed > keys+keys/4 {
+		t.Errorf("the partitions were handed %d events: the %d of version 2 and %d the one writer had applied already", handed, keys, handed-keys)
+	}
+	t.Logf("the partitions were handed %d events for %d new versions", handed, keys)
 	again := startInstance(t, n.URL, "again", 0, store)
 	select {
 	case err := <-again.done:

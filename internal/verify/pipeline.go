@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 
 	"github.com/jackc/pgx/v5"
@@ -124,15 +123,10 @@ func PartitionThresholds(ctx context.Context, js jetstream.JetStream, name strin
 	if err != nil {
 		return nil, true, false, fmt.Errorf("verify: stream %s, message %d: %w", contract.PartsStream, last, err)
 	}
-	// "CONVERGE_DOCS <sequence> ...": where in the documents' stream the
-	// copy had come to.
-	fields := strings.Fields(m.Header.Get("Nats-Stream-Source"))
-	if len(fields) < 2 {
-		return nil, true, false, fmt.Errorf("verify: message %d of %s names no source sequence", last, contract.PartsStream)
-	}
-	copied, err := strconv.ParseUint(fields[1], 10, 64)
+	// Where in the documents' stream the copy had come to.
+	copied, err := contract.SourceSequence(m.Header.Get(contract.HeaderStreamSource))
 	if err != nil {
-		return nil, true, false, fmt.Errorf("verify: message %d of %s: source %q", last, contract.PartsStream, fields)
+		return nil, true, false, fmt.Errorf("verify: message %d of %s: %w", last, contract.PartsStream, err)
 	}
 	if copied < seq {
 		return nil, true, false, nil

@@ -1,8 +1,10 @@
 package contract
 
 import (
+	"fmt"
 	"hash/fnv"
 	"strconv"
+	"strings"
 )
 
 // Partitions. A deployment may split the documents into a fixed number of
@@ -67,4 +69,23 @@ func PartitionName(name string, p int) string {
 		s = "0" + s
 	}
 	return name + "-p" + s
+}
+
+// HeaderStreamSource is the header the NATS server sets on each message it
+// copies into [PartsStream]: "CONVERGE_DOCS <sequence> ...", the stream and
+// the sequence it was copied from.
+const HeaderStreamSource = "Nats-Stream-Source"
+
+// SourceSequence is the sequence in [DocsStream] of a message of
+// [PartsStream], read from its [HeaderStreamSource] header's value.
+func SourceSequence(header string) (uint64, error) {
+	fields := strings.Fields(header)
+	if len(fields) < 2 {
+		return 0, fmt.Errorf("contract: %s %q names no sequence", HeaderStreamSource, header)
+	}
+	seq, err := strconv.ParseUint(fields[1], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("contract: %s %q: %w", HeaderStreamSource, header, err)
+	}
+	return seq, nil
 }
