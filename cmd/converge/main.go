@@ -35,10 +35,11 @@ Usage:
                              converge_relay, converge_reader) and their privileges, as an administrator;
                              passwords from CONVERGE_{OWNER,WRITER,RELAY,READER}_PASSWORD(_FILE);
                              --print shows the statements (no passwords) and applies nothing
-  converge streams apply [-nats-url URL] [-stream-history N] [-effects] [...]
+  converge streams apply [-nats-url URL] [-stream-history N] [-effects] [-partitions N] [...]
                              create converge's streams and shared buckets, or bring them to the
                              relay's stream settings (the relay's flags and environment), as the
-                             operator: the services create them when absent and never change them
+                             operator: the services create them when absent and never change them;
+                             -partitions N adds the partitioned stream of projectors run in N partitions
   converge status [--json]   the relay's slot (state, confirmed LSN, lag), the outbox and the streams
   converge search TEXT [-k N] [--json] [-after KEY@VERSION [-wait 5s]]
                              the index's chunks nearest to TEXT, asked of the index projector
@@ -47,14 +48,15 @@ Usage:
                              prove that the index and the graph agree with Postgres, document by
                              document (bucket digests; exit 0 only when every store agrees); with
                              --repair, re-emit every document Postgres can repair through the writer
-                             and wait until the stores agree
+                             and wait until the stores agree; -watch verifies continuously at a set
+                             pace, with metrics and /v1/verify/status (docs/verification.md)
   converge backfill --keys k1,k2,... | --all [-after KEY] [-limit N] [-writer-url URL] [--json]
                              re-emit documents through the writer (-writer-url, env CONVERGE_WRITER_URL,
                              default http://127.0.0.1:8080): their current version's event is relayed
                              again and every projection rewrites it
-  converge replay PROJECTOR --from-seq N | --from-time T
-                             move a projector's consumer back; it receives every event from there
-                             again and skips what its store already holds
+  converge replay PROJECTOR --from-seq N | --from-time T [-partitions N [-partition P]]
+                             move a projector's consumer back (each of its partitions' consumers);
+                             it receives every event from there again and skips what its store holds
   converge rebuild index|graph [--json] [-no-verify] [-timeout D]
                              rebuild a projection from the stream's start while live traffic
                              continues (the index and the embedded graph blue/green, with an atomic
