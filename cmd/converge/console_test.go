@@ -322,7 +322,8 @@ func TestConsoleInABrowser(t *testing.T) {
 	// Redriven from the page, once confirmed: republished to the writer,
 	// which dead-letters it again (its cause is in its data), under a
 	// new sequence.
-	if err := chromedp.Run(admin, chromedp.Click(fmt.Sprintf(`button.redrive[data-consumer="ingest"][data-seq="%d"]`, seq), chromedp.ByQuery)); err != nil {
+	button := fmt.Sprintf(`button.redrive[data-consumer="ingest"][data-seq="%d"]`, seq)
+	if err := chromedp.Run(admin, chromedp.WaitVisible(button, chromedp.ByQuery), chromedp.Click(button, chromedp.ByQuery)); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, admin, "the redrive's result", `document.getElementById('redrive-result').textContent.includes('redriven (republish')`, 20*time.Second)

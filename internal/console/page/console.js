@@ -22,9 +22,10 @@ function td(text, cls) { return el("td", cls ? { class: cls } : {}, text === und
 
 function fill(tbody, rows) { tbody.replaceChildren(...rows); }
 
-function when(t) {
+function when(t, noAgo) {
   if (!t) return "-";
   const d = new Date(t);
+  if (noAgo) return d.toISOString().replace("T", " ").replace(/\.\d+Z$/, "Z");
   const ago = Math.max(0, Math.round((Date.now() - d.getTime()) / 1000));
   return d.toISOString().replace("T", " ").replace(/\.\d+Z$/, "Z") + " (" + ago + "s ago)";
 }
@@ -100,12 +101,24 @@ async function poll() {
   timer = setTimeout(poll, (access && access.refresh_ms) || 1000);
 }
 
+// drawn keeps what each section last drew: a section whose data did not
+// change is left alone, so that a button is not replaced under the
+// pointer.
+const drawn = {};
+
+function changed(section, data) {
+  const key = JSON.stringify(data);
+  if (drawn[section] === key) return false;
+  drawn[section] = key;
+  return true;
+}
+
 function draw(rd) {
   drawPicture(rd.stages || []);
   drawAgreement(rd.agreement);
-  drawDeadLetters(rd.dead_letters || {});
+  if (changed("deadletters", rd.dead_letters && rd.dead_letters.pages)) drawDeadLetters(rd.dead_letters || {});
   drawRebuilds(rd.rebuilds || []);
-  drawHolders(rd.holders || []);
+  if (changed("holders", rd.holders)) drawHolders(rd.holders || []);
   drawStreams(rd.streams || [], rd.consumers || []);
   const errs = rd.errors || [];
   document.getElementById("errors").hidden = errs.length === 0;
@@ -192,7 +205,7 @@ function drawDeadLetters(dl) {
   const out = pages.map((pg) => {
     const rows = pg.dead_letters.map((e) => {
       const orig = (e.original_subject || "-") + (e.original_stream ? " (" + e.original_stream + " seq " + e.original_seq + ")" : "");
-      const cells = [td("#" + e.seq), td(when(e.time)), td(e.code || "-"), td(e.reason || "-", "reason"), td(orig, "payload"), td(payloadText(e.payload), "payload")];
+      const cells = [td("#" + e.seq), td(when(e.time, true)), td(e.code || "-"), td(e.reason || "-", "reason"), td(orig, "payload"), td(payloadText(e.payload), "payload")];
       if (admin) {
         const b = el("button", { class: "redrive", type: "button", "data-consumer": pg.consumer, "data-seq": e.seq }, "Redrive");
         b.addEventListener("click", () => redrive(pg.consumer, e.seq, payloadText(e.payload)));
