@@ -24,15 +24,15 @@ import (
 // A partitioned projector (ServiceConfig.Partitions > 1) consumes the
 // partitioned stream (contract.PartsStream) with one runtime per
 // partition: durable consumer <name>-pNN on the partition's subjects, its
-// own lease <name>.pNN, its own dead letters converge.dlq.<name>-pNN. Every
-// instance follows the others (lease.Members) and holds the partitions
-// rendezvous hashing with bounded loads gives it among the live ones (a
-// share each, within one); it hands a partition
-// over (its batch in hand finished, its lease released) when an instance
-// joins that should hold it, and takes a dead instance's partitions once
-// their leases expire, as a standby takes the store's lease. A partition
-// has one writer at a time: the lease, taken only by the instance that
-// wants it, with the fencing of the store's lease.
+// own lease <name>.pNN, its own dead letters converge.dlq.<name>-pNN.
+// Every instance follows the others (lease.Members) and holds the
+// partitions that rendezvous hashing with bounded loads gives it among the
+// live ones (a share each, within one). It hands a partition over (its
+// batch in hand finished, its lease released) when an instance joins that
+// should hold it, and takes a dead instance's partitions once their leases
+// expire, as a standby takes the store's lease. A partition has one writer
+// at a time: the lease, taken only by the instance that wants it, with the
+// fencing of the store's lease.
 //
 // The move of a running deployment: the operator creates the partitioned
 // stream (`converge streams apply -partitions N`, which the server fills
@@ -41,11 +41,13 @@ import (
 // partitioned (lease.MarkPartitioned) and waits for the store's lease,
 // <name>: the one writer of before sees the mark, finishes its batch and
 // stops (and an instance started without -partitions refuses to start).
-// Only then does any partition write; each partition's consumer starts at
-// the partitioned stream's first message, and the stores' version guards
-// skip what the one writer applied already. Every event reaches its
-// partition in the documents' stream's order, and no two writers write one
-// document at any moment.
+// Still holding that lease, it starts each partition's consumer at the
+// first copy of a message the one writer had not acknowledged
+// (takeOverFromOneWriter), and deletes the one writer's consumer. Only
+// then does any partition write. Every event reaches its partition in the
+// documents' stream's order, what the one writer applied without
+// acknowledging comes again (the stores' version guards skip it), and no
+// two writers write one document at any moment.
 
 // errUnwanted ends a partition's term: another live instance should hold
 // it.
