@@ -17,12 +17,10 @@ import (
 
 	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
-	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/internal/auth"
-	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/console"
 	"github.com/converge-sync/converge/internal/deadletter"
 	"github.com/converge-sync/converge/internal/natsauth"
@@ -162,29 +160,10 @@ func TestConsoleInABrowser(t *testing.T) {
 	began := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	dbURL := pg.NewDatabase(t)
-	t.Cleanup(func() {
-		c, err := pgx.Connect(context.Background(), dbURL)
-		if err == nil {
-			_, _ = c.Exec(context.Background(), `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = current_database()`)
-			_ = c.Close(context.Background())
-		}
-	})
-	f := config.NewFlags("test")
-	flags := devFlags(f, stack.Config{DataDir: t.TempDir()})
-	if err := f.Parse([]string{"-postgres-url", dbURL, "-log-level", "error"}); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := flags()
-	if err != nil {
-		t.Fatal(err)
-	}
+	dbURL := devDatabase(t)
+	cfg := devConfig(t, dbURL)
 	var verifyAddr, consoleAddr string
-	for _, a := range []*string{&cfg.HTTPAddr, &cfg.WriterAddr, &cfg.RelayAddr, &cfg.IndexAddr, &cfg.GraphAddr, &verifyAddr, &consoleAddr} {
-		if *a, err = stack.FreeAddr(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	freeAddrs(t, &verifyAddr, &consoleAddr)
 	cfg.GraphChild = true
 	// Small batches: a rebuild lasts long enough to be seen moving.
 	t.Setenv("CONVERGE_PROJECTOR_BATCH", "2")

@@ -41,6 +41,35 @@ func devDatabase(t *testing.T) string {
 	return dbURL
 }
 
+// devConfig is the dev stack's configuration on dbURL, as `converge dev`
+// parses it, on free addresses.
+func devConfig(t *testing.T, dbURL string) stack.Config {
+	t.Helper()
+	f := config.NewFlags("test")
+	flags := devFlags(f, stack.Config{DataDir: t.TempDir()})
+	if err := f.Parse([]string{"-postgres-url", dbURL, "-log-level", "error"}); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := flags()
+	if err != nil {
+		t.Fatal(err)
+	}
+	freeAddrs(t, &cfg.HTTPAddr, &cfg.WriterAddr, &cfg.RelayAddr, &cfg.IndexAddr, &cfg.GraphAddr, &cfg.NotifierAddr)
+	return cfg
+}
+
+// freeAddrs sets each of addrs to a free loopback address.
+func freeAddrs(t *testing.T, addrs ...*string) {
+	t.Helper()
+	for _, a := range addrs {
+		addr, err := stack.FreeAddr()
+		if err != nil {
+			t.Fatal(err)
+		}
+		*a = addr
+	}
+}
+
 // status asks `converge status --json` with the environment as it is.
 func statusJSON(ctx context.Context, dbURL, natsURL string) (statusReport, error) {
 	var out bytes.Buffer
@@ -70,20 +99,7 @@ func TestDevStackServicesUseTheirOwnCredentials(t *testing.T) {
 	t.Setenv(natsauth.EnvUser, "someone")
 	t.Setenv(natsauth.EnvPassword, "not-the-child's")
 
-	f := config.NewFlags("test")
-	flags := devFlags(f, stack.Config{DataDir: t.TempDir()})
-	if err := f.Parse([]string{"-postgres-url", dbURL, "-log-level", "error"}); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := flags()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, a := range []*string{&cfg.HTTPAddr, &cfg.WriterAddr, &cfg.RelayAddr, &cfg.IndexAddr, &cfg.GraphAddr, &cfg.NotifierAddr} {
-		if *a, err = stack.FreeAddr(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	cfg := devConfig(t, dbURL)
 	cfg.GraphChild, cfg.LogOut = true, io.Discard
 	s, err := stack.Start(ctx, cfg)
 	if err != nil {

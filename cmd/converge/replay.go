@@ -63,6 +63,9 @@ func replay(ctx context.Context, args []string, out io.Writer) error {
 	consumers := []string{names[0]}
 	switch {
 	case *partitions > 1:
+		if *stream != contract.DocsStream {
+			return fmt.Errorf("replay: -stream %s with -partitions: a projector's partitions are on %s", *stream, contract.PartsStream)
+		}
 		*stream = contract.PartsStream
 		consumers = nil
 		for p := range *partitions {

@@ -17,10 +17,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/converge-sync/converge/internal/auth"
-	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/graph"
 	graphembedded "github.com/converge-sync/converge/internal/graph/embedded"
 	"github.com/converge-sync/converge/internal/notifier"
@@ -84,14 +82,7 @@ func TestVerifyRepairThroughTheDevStack(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	dbURL := pg.NewDatabase(t)
-	t.Cleanup(func() {
-		c, err := pgx.Connect(context.Background(), dbURL)
-		if err == nil {
-			_, _ = c.Exec(context.Background(), `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = current_database()`)
-			_ = c.Close(context.Background())
-		}
-	})
+	dbURL := devDatabase(t)
 	// The stack runs the notifier too, posting to this receiver.
 	const secret = "test-secret"
 	var hooksMu sync.Mutex
@@ -127,22 +118,7 @@ func TestVerifyRepairThroughTheDevStack(t *testing.T) {
 		return len(hooks), slices.Clone(badHooks)
 	}
 
-	f := config.NewFlags("test")
-	flags := devFlags(f, stack.Config{DataDir: t.TempDir()})
-	if err := f.Parse([]string{"-postgres-url", dbURL, "-log-level", "error"}); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := flags()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, a := range []*string{&cfg.HTTPAddr, &cfg.WriterAddr, &cfg.RelayAddr, &cfg.IndexAddr, &cfg.GraphAddr, &cfg.NotifierAddr} {
-		addr, err := stack.FreeAddr()
-		if err != nil {
-			t.Fatal(err)
-		}
-		*a = addr
-	}
+	cfg := devConfig(t, dbURL)
 	cfg.GraphChild = true
 	s, err := stack.Start(ctx, cfg)
 	if err != nil {

@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/natsauth"
@@ -56,31 +54,10 @@ func TestVerifyWatchNamesAndRepairsADamagedStore(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	dbURL := pg.NewDatabase(t)
-	t.Cleanup(func() {
-		c, err := pgx.Connect(context.Background(), dbURL)
-		if err == nil {
-			_, _ = c.Exec(context.Background(), `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = current_database()`)
-			_ = c.Close(context.Background())
-		}
-	})
-	f := config.NewFlags("test")
-	flags := devFlags(f, stack.Config{DataDir: t.TempDir()})
-	if err := f.Parse([]string{"-postgres-url", dbURL, "-log-level", "error"}); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := flags()
-	if err != nil {
-		t.Fatal(err)
-	}
+	dbURL := devDatabase(t)
+	cfg := devConfig(t, dbURL)
 	var metricsAddr string
-	for _, a := range []*string{&cfg.HTTPAddr, &cfg.WriterAddr, &cfg.RelayAddr, &cfg.IndexAddr, &cfg.GraphAddr, &metricsAddr} {
-		addr, err := stack.FreeAddr()
-		if err != nil {
-			t.Fatal(err)
-		}
-		*a = addr
-	}
+	freeAddrs(t, &metricsAddr)
 	cfg.GraphChild = true
 	s, err := stack.Start(ctx, cfg)
 	if err != nil {

@@ -124,16 +124,6 @@ func TestChaos(t *testing.T) {
 		cfg.notRun = append(cfg.notRun, "fill disk (no file system of its own for the NATS store here)")
 	}
 	t.Logf("links a fault can cut or freeze: %v", p.links.list())
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("logs of every process: %s", p.logDir)
-			for _, s := range p.services {
-				if ex := s.exits(); len(ex) > 0 {
-					t.Logf("%s exited on its own %d times: %v", s.name, len(ex), ex)
-				}
-			}
-		}
-	})
 	ctx := context.Background()
 
 	l, stopLoad := p.startLoad(ctx, cfg)

@@ -95,6 +95,17 @@ func startPipeline(t *testing.T, cfg runConfig) *pipeline {
 	} else if err := os.MkdirAll(p.logDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	// Registered first, so it runs last: after the services' clean-up.
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("logs of every process: %s", p.logDir)
+			for _, s := range p.services {
+				if ex := s.exits(); len(ex) > 0 {
+					t.Logf("%s exited on its own %d times: %v", s.name, len(ex), ex)
+				}
+			}
+		}
+	})
 	p.bin = testenv.BuildBinaries(t)
 	natsBin := testenv.BuildNATSServer(t)
 

@@ -49,11 +49,6 @@ func TestNATSClusterLosesItsStreamLeader(t *testing.T) {
 	cfg.cluster = true
 	cfg.rate = 200
 	p := startPipeline(t, cfg)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("logs of every process: %s", p.logDir)
-		}
-	})
 	ctx := context.Background()
 	l, stopLoad := p.startLoad(ctx, cfg)
 	defer stopLoad()

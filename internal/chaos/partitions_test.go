@@ -42,11 +42,6 @@ func TestPartitionsTakeOver(t *testing.T) {
 	cfg.partitions, cfg.neo4j = parts, testenv.LeaseNeo4j(t)
 	cfg.rate, cfg.docs = 200, 200
 	p := startPipeline(t, cfg)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("logs of every process: %s", p.logDir)
-		}
-	})
 	ctx := context.Background()
 	l, stopLoad := p.startLoad(ctx, cfg)
 	defer stopLoad()

@@ -91,11 +91,6 @@ func TestStandbyTakesOver(t *testing.T) {
 	cfg.standby, cfg.neo4j = true, testenv.LeaseNeo4j(t)
 	cfg.rate, cfg.docs = 200, 200
 	p := startPipeline(t, cfg)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("logs of every process: %s", p.logDir)
-		}
-	})
 	ctx := context.Background()
 	l, stopLoad := p.startLoad(ctx, cfg)
 	defer stopLoad()

@@ -30,18 +30,19 @@ import (
 // when wanted ([Config.Want]), keep one writer per partition whatever two
 // members believe for a moment.
 type Members struct {
-	kv      jetstream.KeyValue
-	name    string
-	id      string
-	holder  string
-	ttl     time.Duration
-	log     *slog.Logger
-	mu      sync.Mutex
-	seen    map[string]memberSeen // by id
-	live    []string              // sorted ids
-	changed chan struct{}         // closed and replaced when live changes
-	joined  chan struct{}         // closed once the first watch caught up
-	parts   []string              // the partitions the members share
+	kv       jetstream.KeyValue
+	name     string
+	id       string
+	holder   string
+	ttl      time.Duration
+	log      *slog.Logger
+	mu       sync.Mutex
+	seen     map[string]memberSeen // by id
+	live     []string              // sorted ids
+	changed  chan struct{}         // closed and replaced when live changes
+	joined   chan struct{}         // closed once the first watch caught up
+	parts    []string              // the partitions the members share
+	assigned map[string]string     // Assign(live, parts), made anew when live changes
 }
 
 type memberSeen struct {
@@ -82,6 +83,7 @@ func OpenMembers(ctx context.Context, js jetstream.JetStream, name, holder strin
 	m := &Members{kv: kv, name: name, id: MemberID(holder), holder: holder, ttl: ttl, log: log.With("members", name), parts: slices.Clone(parts),
 		seen: map[string]memberSeen{}, changed: make(chan struct{}), joined: make(chan struct{})}
 	m.live = []string{m.id}
+	m.assigned = Assign(m.live, m.parts)
 	return m, nil
 }
 
@@ -116,7 +118,9 @@ func (m *Members) Wants(part string) bool {
 	default:
 		return false // the others are not known yet
 	}
-	return Assign(m.Live(), m.parts)[part] == m.id
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.assigned[part] == m.id
 }
 
 // Assign gives each of parts to one of the live members: rendezvous
@@ -281,6 +285,7 @@ func (m *Members) update() {
 	}
 	m.log.Info("members changed", "live", len(live), "was", len(m.live))
 	m.live = live
+	m.assigned = Assign(live, m.parts)
 	close(m.changed)
 	m.changed = make(chan struct{})
 }

@@ -198,6 +198,7 @@ func ReadConsumers(ctx context.Context, js jetstream.JetStream, streams ...Consu
 		return nil, fmt.Errorf("pipeline: %w", err)
 	}
 	var out []ConsumerStatus
+	var leases jetstream.KeyValue // the leases' bucket, opened at the first partition
 	for _, cs := range streams {
 		s, err := js.Stream(ctx, cs.Stream)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
@@ -226,7 +227,10 @@ func ReadConsumers(ctx context.Context, js jetstream.JetStream, streams ...Consu
 				}
 			}
 			if cs.Stream == contract.PartsStream {
-				c.Holder = partitionHolder(ctx, js, info.Name)
+				if leases == nil {
+					leases, _ = js.KeyValue(ctx, lease.Bucket) // nil when unreadable: no holders
+				}
+				c.Holder = partitionHolder(ctx, leases, info.Name)
 			}
 			name := cs.DeadLetters
 			if name == "" {
@@ -247,7 +251,10 @@ func ReadConsumers(ctx context.Context, js jetstream.JetStream, streams ...Consu
 // partitionHolder is the holder of the lease of the partition whose
 // consumer is consumer (<name>-pNN), "" when none holds it or it cannot be
 // read.
-func partitionHolder(ctx context.Context, js jetstream.JetStream, consumer string) string {
+func partitionHolder(ctx context.Context, leases jetstream.KeyValue, consumer string) string {
+	if leases == nil {
+		return ""
+	}
 	i := strings.LastIndex(consumer, "-p")
 	if i < 0 {
 		return ""
@@ -256,11 +263,7 @@ func partitionHolder(ctx context.Context, js jetstream.JetStream, consumer strin
 	if err != nil {
 		return ""
 	}
-	kv, err := js.KeyValue(ctx, lease.Bucket)
-	if err != nil {
-		return ""
-	}
-	e, err := kv.Get(ctx, projector.PartitionLease(consumer[:i], part))
+	e, err := leases.Get(ctx, projector.PartitionLease(consumer[:i], part))
 	if err != nil {
 		return ""
 	}

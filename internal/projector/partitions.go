@@ -58,10 +58,14 @@ var errUnwanted = errors.New("projector: another live instance should hold this 
 var ErrPartitioned = errors.New("projector: this projector runs in partitions")
 
 // partitionedNow is an [ErrPartitioned] when the projector of l has been
-// marked partitioned; an unreadable mark is looked at again later.
+// marked partitioned, nil when it has not, and the reading's error when
+// the mark cannot be read.
 func partitionedNow(ctx context.Context, l *lease.Lease) error {
 	n, err := l.Partitioned(ctx)
-	if err != nil || n < 2 {
+	if err != nil {
+		return fmt.Errorf("projector: reading the partitions' mark: %w", err)
+	}
+	if n < 2 {
 		return nil
 	}
 	return fmt.Errorf("%w (%d partitions, recorded in %s): start every instance of it with -partitions %d", ErrPartitioned, n, lease.Bucket, n)
@@ -104,7 +108,8 @@ func (h *holder) watchTerm(ctx context.Context, t *lease.Term, cancel context.Ca
 				return
 			}
 		case <-tick:
-			if err := partitionedNow(ctx, h.lease); err != nil {
+			// An unreadable mark is read again at the next tick.
+			if err := partitionedNow(ctx, h.lease); errors.Is(err, ErrPartitioned) {
 				h.log.Error("the projector has moved to partitions: this instance, without them, stops writing", "err", err)
 				cancel(err)
 				return
@@ -197,7 +202,10 @@ func (p *partitioned) run(ctx context.Context) error {
 		leases = append(leases, PartitionLease(name, part))
 	}
 	if err := p.retrying(ctx, "opening the members", func() (err error) {
-		members, err = lease.OpenMembers(ctx, p.js, name, holder, leases, p.sc.Lease.TTL, p.sc.Lease.Replicas, p.log)
+		// The leases' holder name, defaults applied (host-pid without a
+		// configured one or a metrics address): two instances must not
+		// share a member id.
+		members, err = lease.OpenMembers(ctx, p.js, name, whole.Config().Holder, leases, p.sc.Lease.TTL, p.sc.Lease.Replicas, p.log)
 		return err
 	}); err != nil || ctx.Err() != nil {
 		return nil

@@ -348,3 +348,46 @@ func TestRunStoppedWhileStartingIsNoError(t *testing.T) {
 		t.Fatalf("Run stopped before it started: %v", err)
 	}
 }
+
+// An instance without a configured holder name or a metrics address
+// announces itself under the leases' default name (host and pid), not
+// under an empty one that every such instance would share.
+func TestMemberWithoutAHolderNameIsNamed(t *testing.T) {
+	n := testenv.StartNATS(t)
+	e := newEnvOn(t, n)
+	if _, err := relay.ApplyPartsStream(context.Background(), e.js, relay.StreamConfig{}, 2, false); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	sc := projector.ServiceConfig{NATSURL: n.URL, Partitions: 2, Runtime: projector.Config{Name: "index"},
+		Lease: projector.LeaseConfig{TTL: 600 * time.Millisecond}}
+	go func() {
+		done <- projector.RunService(ctx, sc, newMemStore(), nil, service.Deps{NATS: e.nc, Log: slog.New(slog.DiscardHandler)})
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	var keys []string
+	testenv.Eventually(t, "the instance to announce itself", 20*time.Second, func() bool {
+		kv, err := e.js.KeyValue(context.Background(), lease.Bucket)
+		if err != nil {
+			return false
+		}
+		lister, err := kv.ListKeysFiltered(context.Background(), "index.members.*")
+		if err != nil {
+			return false
+		}
+		keys = keys[:0]
+		for k := range lister.Keys() {
+			keys = append(keys, k)
+		}
+		return len(keys) == 1
+	})
+	if keys[0] == "index.members."+lease.MemberID("") {
+		t.Fatalf("the instance announced itself under the empty holder name's id: %s", keys[0])
+	}
+}

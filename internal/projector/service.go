@@ -340,10 +340,16 @@ func (h *holder) run(ctx context.Context) error {
 		}
 		if h.part == nil && !h.sc.Unpartitioned {
 			// A deployment moved to partitions: the store's one writer
-			// must not write beside the partitions' (see partitioned).
+			// must not write beside the partitions' (see partitioned),
+			// nor before it knows it has not.
 			if err := partitionedNow(ctx, l); err != nil {
 				t.Release()
-				return err
+				if errors.Is(err, ErrPartitioned) {
+					return err
+				}
+				h.log.Warn("the partitions' mark cannot be read; taking the lease again", "err", err)
+				_ = retry.Sleep(ctx, time.Second)
+				continue
 			}
 		}
 		h.standby.Store(false)

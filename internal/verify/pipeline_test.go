@@ -19,7 +19,7 @@ import (
 // stream once the partitioned stream has copied that far and every
 // partition's consumer acknowledged its messages up to there; not while
 // one partition lags, nor before the copy. Without partitions it says so.
-func TestPartitionsPassed(t *testing.T) {
+func TestPartitionThresholds(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	n := testenv.StartNATS(t)

@@ -77,9 +77,7 @@ type docState struct {
 func lockSourceRows(ctx context.Context, tx pgx.Tx, changes []*sourceChange) error {
 	locks := make([]int32, 0, len(changes))
 	for _, c := range changes {
-		h := fnv.New32a()
-		_, _ = h.Write([]byte(c.source + "\x00" + c.row)) // a hash.Hash never fails
-		locks = append(locks, int32(h.Sum32()))           //nolint:gosec // a lock's number: any 32 bits
+		locks = append(locks, sourceRowLock(c.source, c.row))
 	}
 	slices.Sort(locks)
 	locks = slices.Compact(locks)
@@ -241,8 +239,14 @@ func settleOwners(ctx context.Context, tx pgx.Tx, all []*sourceChange) (again bo
 			continue
 		}
 		if d := inBatch[o]; d != nil {
-			// A row of the batch that keeps the key, or one refused
-			// or deferred: a duplicate.
+			if d.deferred {
+				// It may give the key up once it can be applied: wait
+				// with it.
+				c.deferred = true
+				return true, nil, nil
+			}
+			// A row of the batch that keeps the key, or one refused:
+			// a duplicate.
 			c.err = &contract.ValidationError{Code: CodeDuplicateKey, Field: "key",
 				Message: fmt.Sprintf("row %s of source %s gives key %q, which row %s of source %s gives already", c.row, c.source, c.key, o[1], o[0])}
 			return true, nil, nil

@@ -439,3 +439,58 @@ func TestSourceRowHeldElsewhereIsLeftForLater(t *testing.T) {
 		}
 	}
 }
+
+// A row that takes the key another row of its batch gives up, while that
+// one waits for a row another transaction holds, waits with it instead of
+// being refused as a duplicate.
+func TestSourceRowTakingTheKeyOfADeferredRowWaits(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	if _, err := e.pool.Exec(ctx, `CREATE TABLE notes (id int PRIMARY KEY, slug text, body text);
+		INSERT INTO notes VALUES (3, 'a', 'three'), (4, 'b', 'four'), (5, 'z', 'five')`); err != nil {
+		t.Fatal(err)
+	}
+	applySource(t, e, source.Mapping{Name: "notes", Table: "notes", Key: "slug", Body: "body"})
+	drainAll(t, e)
+	// One batch of two: row 3 takes b from row 4 (outside the batch, held
+	// elsewhere), row 5 takes a from row 3; row 4's own change comes after.
+	if _, err := e.pool.Exec(ctx, `UPDATE notes SET slug = CASE id WHEN 3 THEN 'b' ELSE 'a' END WHERE id IN (3, 5)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(ctx, `UPDATE notes SET slug = 'y' WHERE id = 4`); err != nil {
+		t.Fatal(err)
+	}
+	other, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Rollback(ctx) //nolint:errcheck
+	if _, err := other.Exec(ctx, `SELECT pg_advisory_xact_lock($1, $2)`, writer.SourceLockClass, writer.SourceRowLock("notes", "4")); err != nil {
+		t.Fatal(err)
+	}
+	drained := make(chan error, 1)
+	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	go func() {
+		_, err := writer.NewInbox(e.pool, e.store, writer.InboxConfig{Parallel: 1, BatchSize: 2}, e.metrics, nil).Drain(dctx)
+		drained <- err
+	}()
+	time.Sleep(300 * time.Millisecond) // the batch tried, and waits
+	if got := refusals(t, e); len(got) != 0 {
+		t.Fatalf("refused %q while row 4 was held", got)
+	}
+	if err := other.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-drained; err != nil {
+		t.Fatalf("drain: %v", err)
+	}
+	if got := refusals(t, e); len(got) != 0 {
+		t.Fatalf("refused %q", got)
+	}
+	for key, want := range map[string]string{"a": "five", "b": "three", "y": "four"} {
+		if rec, err := e.store.Get(ctx, key); err != nil || rec.Body != want {
+			t.Errorf("%s: %+v, %v; want %q", key, rec, err, want)
+		}
+	}
+}
