@@ -4,13 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/prometheus/common/expfmt"
 
 	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/deadletter"
@@ -277,27 +274,14 @@ func (c *Console) getJSON(ctx context.Context, addr, path string, out any) error
 	return httpjson.Get(ctx, c.cfg.HTTP, u, c.cfg.Token, 8<<20, out)
 }
 
-// scrape reads the /metrics of the service at addr.
+// scrape reads the /metrics of the service at addr (open to all: no
+// token).
 func (c *Console) scrape(ctx context.Context, addr string) (telemetry.Metrics, error) {
-	u, err := auth.Endpoint{Addr: addr, Token: c.cfg.Token, InsecurePlainHTTP: c.cfg.InsecurePlainHTTP}.URL("/metrics", nil)
+	u, err := auth.Endpoint{Addr: addr, InsecurePlainHTTP: c.cfg.InsecurePlainHTTP}.URL("/metrics", nil)
 	if err != nil {
 		return telemetry.Metrics{}, err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, http.NoBody)
-	if err != nil {
-		return telemetry.Metrics{}, err
-	}
-	req.Header.Set("Accept", string(expfmt.NewFormat(expfmt.TypeTextPlain)))
-	auth.SetBearer(req.Header, c.cfg.Token)
-	resp, err := c.cfg.HTTP.Do(req)
-	if err != nil {
-		return telemetry.Metrics{}, err
-	}
-	defer func() { _ = resp.Body.Close() }()
-	if resp.StatusCode != http.StatusOK {
-		return telemetry.Metrics{}, fmt.Errorf("%s: %s", u, resp.Status)
-	}
-	return telemetry.Parse(resp.Body)
+	return telemetry.ScrapeWith(ctx, c.cfg.HTTP, u)
 }
 
 // lsnBytes is a WAL position ("16/B374D848") as a byte offset.

@@ -33,12 +33,20 @@ type Metrics struct {
 // Scrape GETs the /metrics endpoint at url, asking for the Prometheus text
 // format, and parses the answer.
 func Scrape(ctx context.Context, url string) (Metrics, error) {
+	return ScrapeWith(ctx, http.DefaultClient, url)
+}
+
+// maxScrape bounds the exposition a scrape reads.
+const maxScrape = 32 << 20
+
+// ScrapeWith is [Scrape] through client (a TLS configuration of its own).
+func ScrapeWith(ctx context.Context, client *http.Client, url string) (Metrics, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return Metrics{}, fmt.Errorf("telemetry: scrape %s: %w", url, err)
 	}
 	req.Header.Set("Accept", string(expfmt.NewFormat(expfmt.TypeTextPlain)))
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return Metrics{}, fmt.Errorf("telemetry: scrape: %w", err)
 	}
@@ -49,7 +57,7 @@ func Scrape(ctx context.Context, url string) (Metrics, error) {
 	if f := expfmt.ResponseFormat(resp.Header); f.FormatType() != expfmt.TypeTextPlain {
 		return Metrics{}, fmt.Errorf("telemetry: scrape %s: answered %q, not the text format", url, resp.Header.Get("Content-Type"))
 	}
-	m, err := Parse(resp.Body)
+	m, err := Parse(io.LimitReader(resp.Body, maxScrape))
 	if err != nil {
 		return Metrics{}, fmt.Errorf("telemetry: scrape %s: %w", url, err)
 	}

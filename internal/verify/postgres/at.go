@@ -11,7 +11,8 @@ import (
 
 var _ verify.PositionedTruth = (*Postgres)(nil)
 
-// bucketOf is the bucket of d.key among $1, as verify.Bucket computes it.
+// bucketOf is the bucket of d.key among $1, as verify.Bucket computes it:
+// the one expression of every query here that reads buckets.
 const bucketOf = `(('x' || substr(encode(sha256(convert_to(d.key, 'UTF8')), 'hex'), 1, 8))::bit(32)::bigint % $1)::int`
 
 // DigestsAt implements verify.PositionedTruth: the digests of buckets

@@ -30,7 +30,7 @@ func (p *Postgres) Name() string { return "postgres" }
 // graph's line.
 const docLines = `
 SELECT d.key,
-       (('x' || substr(encode(sha256(convert_to(d.key, 'UTF8')), 'hex'), 1, 8))::bit(32)::bigint % $1)::int AS bucket,
+       ` + bucketOf + ` AS bucket,
        d.key || E'\x1f' || d.version::text || E'\x1f' || CASE WHEN d.deleted THEN '1' ELSE '0' END || E'\x1f' || d.content_hash || E'\x1f' ||
        coalesce((SELECT string_agg(c.id::text || ':' || ` + chunkHash + `, ',' ORDER BY c.ordinal) FROM chunks c WHERE c.key = d.key), '') ||
        CASE WHEN $2 THEN
@@ -83,7 +83,7 @@ func readBuckets(ctx context.Context, db interface {
 }, kind verify.Kind, n int, buckets []int) (map[int][]verify.Doc, error) {
 	rows, err := db.Query(ctx, `
 SELECT bucket, key, version, deleted, content_hash, links, tags, title, ids, hashes FROM (
-  SELECT (('x' || substr(encode(sha256(convert_to(d.key, 'UTF8')), 'hex'), 1, 8))::bit(32)::bigint % $1)::int AS bucket,
+  SELECT `+bucketOf+` AS bucket,
          d.key, d.version, d.deleted, d.content_hash,
          CASE WHEN d.deleted THEN '{}' ELSE d.links END AS links, CASE WHEN d.deleted THEN '{}' ELSE d.tags END AS tags,
          CASE WHEN d.deleted THEN '' ELSE d.title END AS title,
