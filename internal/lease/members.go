@@ -42,18 +42,24 @@ type Members struct {
 	changed  chan struct{}         // closed and replaced when live changes
 	joined   chan struct{}         // closed once the first watch caught up
 	parts    []string              // the partitions the members share
-	assigned map[string]string     // Assign(live, parts), made anew when live changes
+	assigned map[string]string     // Assign(live, parts), or all to claimer, made anew when either changes
+	claiming bool                  // this instance claims every partition (Claim)
+	claimer  string                // the live member every partition goes to; "" when none claims
 }
 
 type memberSeen struct {
-	rev uint64
-	at  time.Time // when this reader saw rev first (monotonic)
+	rev    uint64
+	at     time.Time // when this reader saw rev first (monotonic)
+	claims bool      // its value claims every partition
 }
 
-// memberValue is a member's key's value, for people.
+// memberValue is a member's key's value.
 type memberValue struct {
 	Holder  string    `json:"holder"`
 	Renewed time.Time `json:"renewed"`
+	// ClaimsAll is set by a member that needs to hold every partition
+	// for a while (a rebuild's coordinator, see [Members.Claim]).
+	ClaimsAll bool `json:"claims_all,omitempty"`
 }
 
 // MemberID is the id of the instance called holder among its service's
@@ -108,6 +114,27 @@ func (m *Members) Changed() <-chan struct{} {
 // Joined is closed once this instance has announced itself and read the
 // members already there.
 func (m *Members) Joined() <-chan struct{} { return m.joined }
+
+// Claim has every partition go to this instance (on) while it is live,
+// or ends its claim: the others hand theirs over as they read it, as they
+// do to a member that joins. Where two live members claim, the one of the
+// smaller id wins. A claim ends with its member: one that dies gives its
+// partitions back to the others' assignment.
+func (m *Members) Claim(ctx context.Context, on bool) {
+	m.mu.Lock()
+	m.claiming = on
+	m.mu.Unlock()
+	m.announce(ctx)
+	m.update()
+}
+
+// Claimer is the live member every partition goes to, "" when none
+// claims them.
+func (m *Members) Claimer() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.claimer
+}
 
 // Wants reports whether this instance is the live member that should hold
 // the partition called part, one of the parts the members were opened
@@ -187,14 +214,7 @@ func (m *Members) Run(ctx context.Context) error {
 			m.log.Warn("leaving the members failed; the others see this instance gone a TTL from now", "err", err)
 		}
 	}()
-	announce := func() {
-		b, _ := json.Marshal(memberValue{Holder: m.holder, Renewed: time.Now().UTC()})
-		actx, cancel := context.WithTimeout(ctx, m.ttl/3)
-		defer cancel()
-		if _, err := m.kv.Put(actx, key, b); err != nil && ctx.Err() == nil {
-			m.log.Warn("announcing this instance failed; trying again", "err", err)
-		}
-	}
+	announce := func() { m.announce(ctx) }
 	announce()
 	go m.follow(ctx)
 	t := time.NewTicker(m.ttl / 3)
@@ -210,6 +230,19 @@ func (m *Members) Run(ctx context.Context) error {
 		case <-check.C:
 			m.update()
 		}
+	}
+}
+
+// announce writes this instance's key: it is live, and claims or not.
+func (m *Members) announce(ctx context.Context) {
+	m.mu.Lock()
+	v := memberValue{Holder: m.holder, Renewed: time.Now().UTC(), ClaimsAll: m.claiming}
+	m.mu.Unlock()
+	b, _ := json.Marshal(v)
+	actx, cancel := context.WithTimeout(ctx, m.ttl/3)
+	defer cancel()
+	if _, err := m.kv.Put(actx, membersPrefix(m.name)+m.id, b); err != nil && ctx.Err() == nil {
+		m.log.Warn("announcing this instance failed; trying again", "err", err)
 	}
 }
 
@@ -257,7 +290,10 @@ func (m *Members) watch(ctx context.Context, w jetstream.KeyWatcher) {
 			m.mu.Lock()
 			if e.Operation() == jetstream.KeyValuePut {
 				if s, ok := m.seen[id]; !ok || s.rev != e.Revision() {
-					m.seen[id] = memberSeen{rev: e.Revision(), at: time.Now()}
+					// A value that cannot be read claims nothing.
+					var v memberValue
+					_ = json.Unmarshal(e.Value(), &v)
+					m.seen[id] = memberSeen{rev: e.Revision(), at: time.Now(), claims: v.ClaimsAll}
 				}
 			} else {
 				delete(m.seen, id)
@@ -268,24 +304,36 @@ func (m *Members) watch(ctx context.Context, w jetstream.KeyWatcher) {
 	}
 }
 
-// update recomputes the live members, telling Changed's readers of a
-// change.
+// update recomputes the live members and the claimer, telling Changed's
+// readers of a change.
 func (m *Members) update() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	live := []string{m.id}
+	claimer := ""
+	if m.claiming {
+		claimer = m.id
+	}
 	for id, s := range m.seen {
 		if id != m.id && time.Since(s.at) < m.ttl {
 			live = append(live, id)
+			if s.claims && (claimer == "" || id < claimer) {
+				claimer = id
+			}
 		}
 	}
 	slices.Sort(live)
-	if slices.Equal(live, m.live) {
+	if slices.Equal(live, m.live) && claimer == m.claimer {
 		return
 	}
-	m.log.Info("members changed", "live", len(live), "was", len(m.live))
-	m.live = live
+	m.log.Info("members changed", "live", len(live), "was", len(m.live), "claimer", claimer)
+	m.live, m.claimer = live, claimer
 	m.assigned = Assign(live, m.parts)
+	if claimer != "" {
+		for part := range m.assigned {
+			m.assigned[part] = claimer
+		}
+	}
 	close(m.changed)
 	m.changed = make(chan struct{})
 }

@@ -1,10 +1,15 @@
 package lease_test
 
 import (
+	"context"
 	"fmt"
 	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/internal/lease"
+	"github.com/converge-sync/converge/internal/testenv"
 )
 
 // The assignment gives every partition to one live member, each member
@@ -50,4 +55,60 @@ func TestAssignIsBalancedAndStable(t *testing.T) {
 			before = got
 		}
 	}
+}
+
+// A member's claim has every partition go to it, on every member, while
+// it is live: the smaller id of two claimers wins, an ended claim gives
+// the partitions back to the assignment, and so does a claimer that
+// leaves.
+func TestClaimTakesEveryPartition(t *testing.T) {
+	js, err := jetstream.New(testenv.StartNATS(t).Connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	parts := []string{"x.p00", "x.p01", "x.p02", "x.p03"}
+	ctx := context.Background()
+	open := func(holder string) (*lease.Members, context.CancelFunc) {
+		m, err := lease.OpenMembers(ctx, js, "x", holder, parts, 600*time.Millisecond, 1, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); _ = m.Run(rctx) }()
+		t.Cleanup(func() { cancel(); <-done })
+		return m, func() { cancel(); <-done }
+	}
+	a, _ := open("a")
+	b, stopB := open("b")
+	held := func(m *lease.Members) int {
+		n := 0
+		for _, p := range parts {
+			if m.Wants(p) {
+				n++
+			}
+		}
+		return n
+	}
+	split := func(what string, wantA, wantB int) {
+		t.Helper()
+		testenv.Eventually(t, what, 10*time.Second, func() bool { return held(a) == wantA && held(b) == wantB })
+	}
+	split("a and b share the partitions", 2, 2)
+	a.Claim(ctx, true)
+	split("every partition goes to a, which claims them", 4, 0)
+	b.Claim(ctx, true)
+	first, second := a, b
+	if b.ID() < a.ID() {
+		first, second = b, a
+	}
+	testenv.Eventually(t, "the claimer of the smaller id to win on both", 10*time.Second, func() bool {
+		return held(first) == 4 && held(second) == 0 && a.Claimer() == first.ID() && b.Claimer() == first.ID()
+	})
+	a.Claim(ctx, false)
+	split("every partition goes to b, the one claimer left", 0, 4)
+	stopB()
+	testenv.Eventually(t, "a to hold every partition once the claimer left", 10*time.Second, func() bool {
+		return held(a) == 4 && a.Claimer() == ""
+	})
 }
