@@ -17,6 +17,7 @@ import (
 
 	"github.com/converge-sync/converge/internal/lease"
 	"github.com/converge-sync/converge/internal/projector"
+	"github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/relay"
 	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/internal/verify"
@@ -30,7 +31,8 @@ import (
 // The partitions spread over the three; the one holding most is
 // SIGKILLed, and the other two take its partitions within the lease's
 // bound, with everything committed before the kill applied soon after;
-// started again, it gets its share back. At the end converge verify
+// started again, it gets its share back. The graph is then rebuilt in
+// place, under load, asked of one of the instances. At the end converge verify
 // agrees, every consumer has drained, and nothing acknowledged is lost.
 func TestPartitionsTakeOver(t *testing.T) {
 	if testing.Short() {
@@ -176,6 +178,30 @@ func TestPartitionsTakeOver(t *testing.T) {
 	at = time.Now()
 	testenv.Eventually(t, "the restarted instance to get its share back", time.Minute, func() bool { return spread(instances...) })
 	t.Logf("%s restarted: back to three instances after %s; partitions:%s", victim.name, short(time.Since(at)), describe())
+
+	// A rebuild in place (Neo4j holds one graph) under load, asked of one
+	// instance: whichever coordinates takes every partition, wipes and
+	// fills the graph, and hands the partitions back.
+	c := &rebuild.Client{Addr: others[0].addr, Token: p.operatorToken}
+	var st rebuild.Status
+	testenv.Eventually(t, "a rebuild to start", 30*time.Second, func() bool {
+		var started bool
+		var err error
+		st, started, err = c.Start(ctx)
+		if err != nil {
+			t.Logf("starting a rebuild: %v", err)
+		}
+		return err == nil && started
+	})
+	at = time.Now()
+	wctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	if _, err := c.Wait(wctx, st.ID, 200*time.Millisecond, nil); err != nil {
+		t.Fatal(err)
+	}
+	rebuilt := time.Since(at)
+	testenv.Eventually(t, "the partitions spread again after the rebuild", time.Minute, func() bool { return spread(instances...) })
+	t.Logf("rebuilt in place, asked of %s, in %s; spread again %s after it began; partitions:%s", others[0].name, short(rebuilt), short(time.Since(at)), describe())
 
 	stopLoad()
 	p.checkAfterLoad(ctx, l)

@@ -88,9 +88,9 @@ func Relay() *server.Permissions {
 // when it takes the lease (what the previous instance held is delivered
 // again). Run in partitions, it consumes the partitioned stream with its
 // partitions' consumers (name-p00 to name-p15), dead-letters to theirs,
-// holds their leases and its members' keys (name.> in the leases'
-// bucket) and watches its members (a push ordered consumer of those keys
-// alone). It publishes nothing to converge.docs.> and reads no other
+// holds their leases, its rebuilds' coordinator's (name.rebuild) and its
+// members' keys (name.> in the leases' bucket) and watches its members (a
+// push ordered consumer of those keys alone). It publishes nothing to converge.docs.> and reads no other
 // consumer and no other bucket or key.
 func Projector(name string) *server.Permissions {
 	rb := RebuildConsumer(name)

@@ -36,6 +36,48 @@ func (f Fencing) Do(ctx context.Context, write func(ctx context.Context) error) 
 	return err
 }
 
+// And is the fence of both f and o: a write passes both fences, and is
+// bound to both terms.
+func (f Fencing) And(o Fencing) Fencing {
+	return Fencing{
+		Fence: func(ctx context.Context) error {
+			for _, fence := range []func(context.Context) error{f.Fence, o.Fence} {
+				if fence != nil {
+					if err := fence(ctx); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		},
+		Bound: func(ctx context.Context) (context.Context, context.CancelFunc) {
+			var cancels []context.CancelFunc
+			for _, bound := range []func(context.Context) (context.Context, context.CancelFunc){f.Bound, o.Bound} {
+				if bound != nil {
+					var cancel context.CancelFunc
+					ctx, cancel = bound(ctx)
+					cancels = append(cancels, cancel)
+				}
+			}
+			return ctx, func() {
+				for _, cancel := range cancels {
+					cancel()
+				}
+			}
+		},
+	}
+}
+
+// Exclusive, given to the work beside the runtime of a projector that
+// runs in partitions (ServiceConfig.Alongside), has every partition handed
+// to this instance and waits until it holds them all: no other instance
+// then writes the store, and the runtimes of this one write through the
+// store it was given (which a rebuild holds back). It returns the fence of
+// those partitions' terms, as they are at that moment (a partition lost
+// and taken again may have been written by another instance meanwhile, so
+// the fence refuses it), and the function that ends the claim.
+type Exclusive func(ctx context.Context) (Fencing, func(), error)
+
 type writableKey struct{}
 
 // WithWritable marks ctx, a store call's, with writable: whether the

@@ -127,6 +127,8 @@ type partitioned struct {
 	log     *slog.Logger
 	started atomic.Bool
 	waiting atomic.Pointer[string] // what it waits for before holding anything
+	members *lease.Members         // once joined
+	holders []*holder              // one per partition, once joined
 }
 
 func newPartitioned(sc ServiceConfig, js jetstream.JetStream, store Store, deps service.Deps) (*partitioned, error) {
@@ -136,8 +138,8 @@ func newPartitioned(sc ServiceConfig, js jetstream.JetStream, store Store, deps 
 	if sc.Unpartitioned {
 		return nil, fmt.Errorf("projector %s: this service does not run in partitions", sc.Runtime.Name)
 	}
-	if sc.Alongside != nil || sc.Prepare != nil {
-		return nil, fmt.Errorf("projector %s: partitions do not run work beside the runtime (rebuilds, a notifier's move)", sc.Runtime.Name)
+	if sc.Prepare != nil {
+		return nil, fmt.Errorf("projector %s: partitions do not prepare their runtimes (a notifier's move)", sc.Runtime.Name)
 	}
 	p := &partitioned{sc: sc, js: js, store: store, deps: deps, log: deps.Log.With("projector", sc.Runtime.Name, "partitions", sc.Partitions)}
 	p.wait("the partitioned stream")
@@ -217,17 +219,112 @@ func (p *partitioned) run(ctx context.Context) error {
 	case <-gctx.Done():
 		return g.Wait()
 	}
+	p.members = members
 	for part := range n {
 		h, err := newHolder(p.sc, p.runtimeConfig(part), p.js, p.store, p.deps, members)
 		if err != nil {
 			return err
 		}
 		h.leaseKey = PartitionLease(name, part)
+		p.holders = append(p.holders, h)
 		g.Go(func() error { return h.run(gctx) })
+	}
+	if p.sc.Alongside != nil {
+		g.Go(func() error { return p.coordinate(gctx, holder) })
 	}
 	p.started.Store(true)
 	p.log.Info("partitions: following the other instances", "member", members.ID(), "live", len(members.Live()))
 	return g.Wait()
+}
+
+// CoordinatorLease is the lease of the instance of a partitioned
+// projector called name that runs the work beside its runtimes (its
+// rebuilds): one instance among them, any.
+func CoordinatorLease(name string) string { return name + ".rebuild" }
+
+// coordinate runs ServiceConfig.Alongside while this instance holds the
+// coordinator's lease, standing by while another does.
+func (p *partitioned) coordinate(ctx context.Context, holder string) error {
+	key := CoordinatorLease(p.sc.Runtime.Name)
+	log := p.log.With("lease", key)
+	var l *lease.Lease
+	if err := p.retrying(ctx, "opening the coordinator's lease", func() (err error) {
+		l, err = lease.Open(ctx, p.js, lease.Config{Name: key, TTL: p.sc.Lease.TTL, Replicas: p.sc.Lease.Replicas, Holder: holder, Clock: p.sc.Runtime.Clock}, log)
+		return err
+	}); err != nil || ctx.Err() != nil {
+		return nil
+	}
+	for {
+		t, err := l.Acquire(ctx, nil)
+		if err != nil {
+			return nil // ctx ended
+		}
+		log.Info("this instance coordinates the projector's rebuilds")
+		tctx, cancel := context.WithCancelCause(ctx)
+		go func() {
+			select {
+			case <-t.Lost():
+				cancel(lease.ErrLost)
+			case <-tctx.Done():
+			}
+		}()
+		err = p.sc.Alongside(tctx, p.js, Fencing{Fence: t.Check, Bound: t.Bound}, p.holdAll)
+		lost := errors.Is(context.Cause(tctx), lease.ErrLost)
+		cancel(nil)
+		t.Release()
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err != nil && !lost:
+			return err
+		}
+		log.Warn("lost the coordinator's lease; standing by", "err", err)
+	}
+}
+
+// holdAll is this instance's [Exclusive]: it claims every partition and
+// waits until it holds them all.
+func (p *partitioned) holdAll(ctx context.Context) (Fencing, func(), error) {
+	p.members.Claim(ctx, true)
+	release := func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.sc.Lease.TTL)
+		defer cancel()
+		p.members.Claim(rctx, false)
+	}
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	began, told := time.Now(), time.Now()
+	for {
+		var terms []*lease.Term
+		for _, h := range p.holders {
+			if term := h.term.Load(); term != nil && term.Valid() {
+				terms = append(terms, term)
+			}
+		}
+		if len(terms) == len(p.holders) {
+			p.log.Info("holding every partition", "took", time.Since(began).Round(time.Millisecond))
+			return termsFence(terms), release, nil
+		}
+		if time.Since(told) >= 5*time.Second {
+			p.log.Info("waiting for the other instances to hand every partition over", "held", len(terms), "of", len(p.holders), "claimer", p.members.Claimer())
+			told = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			release()
+			return Fencing{}, func() {}, context.Cause(ctx)
+		case <-t.C:
+		}
+	}
+}
+
+// termsFence is the fence of every one of terms.
+func termsFence(terms []*lease.Term) Fencing {
+	var f Fencing
+	for _, t := range terms {
+		f = f.And(Fencing{Fence: t.Check, Bound: t.Bound})
+	}
+	return f
 }
 
 // waitStream waits for the partitioned stream, and checks its number of

@@ -44,8 +44,16 @@ type ServiceConfig struct {
 	// Alongside, when set, runs beside the runtime while this instance
 	// holds the store's lease, and is cancelled when it loses it: the
 	// rebuilds, which write the store too, each write behind fence (the
-	// runtime's own Config.Fence and Config.Bound).
-	Alongside func(ctx context.Context, js jetstream.JetStream, fence Fencing) error
+	// runtime's own Config.Fence and Config.Bound); exclusive is nil. In
+	// partitions, it runs on the one instance holding the lease
+	// <name>.rebuild (CoordinatorLease), fence being that lease's term,
+	// and exclusive takes every partition when it must write alone.
+	Alongside func(ctx context.Context, js jetstream.JetStream, fence Fencing, exclusive Exclusive) error
+	// OnTake, when set, runs in partitions each time this instance takes
+	// a partition, before the partition's runtime writes: an instance
+	// that held every partition may have made another generation of the
+	// store live (a rebuild) meanwhile.
+	OnTake func(ctx context.Context) error
 	// Lease makes this instance the store's only writer while others of
 	// the same name stand by (see internal/lease).
 	Lease LeaseConfig
@@ -367,6 +375,9 @@ func (h *holder) run(ctx context.Context) error {
 		switch {
 		case errors.Is(err, errUnwanted):
 			h.log.Info("handed the partition over to the instance that should hold it", "held_for", time.Since(began).Round(time.Millisecond))
+		case errors.Is(err, errTake):
+			h.log.Warn("releasing the partition: it cannot be written yet; taking it again", "err", err)
+			_ = retry.Sleep(ctx, time.Second)
 		case errors.As(err, &fe), errors.Is(err, lease.ErrLost):
 			h.log.Error("lost the store's lease; standing by", "held_for", time.Since(began).Round(time.Millisecond), "err", err)
 		case err != nil:
@@ -375,6 +386,10 @@ func (h *holder) run(ctx context.Context) error {
 	}
 }
 
+// errTake is the failure of ServiceConfig.OnTake: the partition is
+// released, and taken again.
+var errTake = errors.New("projector: preparing to write partition")
+
 // hold is one term: the previous writer's unacknowledged messages are
 // delivered again at once, then the runtime (and Alongside) run until ctx
 // ends or the term is lost.
@@ -382,6 +397,14 @@ func (h *holder) hold(ctx context.Context, t *lease.Term, prepared *bool) error 
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	go h.watchTerm(ctx, t, cancel)
+	if h.part != nil && h.sc.OnTake != nil {
+		if err := h.sc.OnTake(ctx); err != nil {
+			if c := context.Cause(ctx); errors.Is(c, lease.ErrLost) || errors.Is(c, errUnwanted) {
+				return c
+			}
+			return fmt.Errorf("%w %s: %w", errTake, h.leaseName(), err)
+		}
+	}
 	if h.sc.Prepare != nil && !*prepared {
 		if err := h.sc.Prepare(ctx, h.js); err != nil {
 			if c := context.Cause(ctx); errors.Is(c, lease.ErrLost) {
@@ -401,8 +424,10 @@ func (h *holder) hold(ctx context.Context, t *lease.Term, prepared *bool) error 
 	h.resetConsumer(ctx)
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return h.r.Run(gctx) })
-	if h.sc.Alongside != nil {
-		g.Go(func() error { return h.sc.Alongside(gctx, h.js, Fencing{Fence: h.r.cfg.Fence, Bound: h.r.cfg.Bound}) })
+	if h.sc.Alongside != nil && h.part == nil { // in partitions, the coordinator runs it
+		g.Go(func() error {
+			return h.sc.Alongside(gctx, h.js, Fencing{Fence: h.r.cfg.Fence, Bound: h.r.cfg.Bound}, nil)
+		})
 	}
 	err := g.Wait()
 	if c := context.Cause(ctx); err == nil && (errors.Is(c, lease.ErrLost) || errors.Is(c, errUnwanted) || errors.Is(c, ErrPartitioned)) {

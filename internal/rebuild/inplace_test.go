@@ -262,7 +262,7 @@ func TestRebuildWritesOnlyBehindTheFence(t *testing.T) {
 	}}
 	var wg sync.WaitGroup
 	wg.Add(1)
-	go func() { defer wg.Done(); _ = m.RunFenced(ctx, js, fence) }()
+	go func() { defer wg.Done(); _ = m.RunFenced(ctx, js, fence, nil) }()
 	defer func() { cancel(); wg.Wait() }()
 	testenv.Eventually(t, "the manager to take a rebuild", 30*time.Second, func() bool {
 		_, _, err := m.Start(ctx)

@@ -27,6 +27,12 @@
 // only to the fresh generation until the swap, and to an in-place store
 // only while the live runtime is held back.
 //
+// A projector running in partitions has its live writers in several
+// processes: one of them runs its rebuilds (the holder of the lease
+// <name>.rebuild, see projector.CoordinatorLease), and takes every
+// partition (projector.Exclusive) before it holds the live writes back;
+// the others reopen the live generation when they take a partition again.
+//
 // The rebuild's state (its phase, the fresh and the previous generation) is
 // kept in the JetStream key-value bucket CONVERGE_REBUILDS, under the
 // projector's name, before any step that depends on it, so a projector
@@ -179,16 +185,19 @@ type Manager struct {
 	log     *slog.Logger
 	backoff retry.Backoff // between attempts of a failed step
 
-	js        jetstream.JetStream
-	kv        jetstream.KeyValue
-	fence     projector.Fencing // of the lease term Run runs in
-	ready     chan struct{}
-	readyOnce sync.Once
-	wake      chan struct{}
+	poll   time.Duration // between readings of the state, waiting for a rebuild
+	js     jetstream.JetStream
+	kv     jetstream.KeyValue
+	openMu sync.Mutex    // Open
+	ready  chan struct{} // closed once js and kv are set
+	wake   chan struct{}
 
-	mu     sync.Mutex
-	status Status
-	active bool // a rebuild is in progress
+	mu        sync.Mutex
+	fence     projector.Fencing   // of the lease term RunFenced runs in
+	exclusive projector.Exclusive // of the partitions, when the projector runs in them
+	running   bool                // RunFenced runs: this instance runs the rebuilds
+	status    Status
+	active    bool // a rebuild is in progress here
 }
 
 // NewManager returns a manager of the rebuilds of the projection whose
@@ -216,6 +225,7 @@ func NewManager(cfg Config, stores Stores, sw *Switch, log *slog.Logger) (*Manag
 		// One manager per projector, retrying its own step: nobody to
 		// spread its retries out from.
 		backoff: retry.Backoff{Min: min(time.Second, cfg.RetryMax), Max: cfg.RetryMax, Jitter: retry.NoJitter},
+		poll:    min(2*time.Second, cfg.RetryMax),
 		ready:   make(chan struct{}), wake: make(chan struct{}, 1),
 		status: Status{Projector: name, Phase: PhaseIdle, InPlace: ip}}, nil
 }
@@ -227,16 +237,21 @@ func ConsumerName(name string) string { return name + "-rebuild" }
 // left unfinished, and then runs the rebuilds [Manager.Start] asks for,
 // until ctx ends.
 func (m *Manager) Run(ctx context.Context, js jetstream.JetStream) error {
-	return m.RunFenced(ctx, js, projector.Fencing{})
+	return m.RunFenced(ctx, js, projector.Fencing{}, nil)
 }
 
-// RunFenced is Run within a lease term: the rebuild runtime's writes, the
-// wipe, the activation of a generation and the drop of the previous one
-// each pass fence first and are bound to the term, so an instance that
-// lost its lease (or is cut off from NATS past its validity) changes
-// nothing more.
-func (m *Manager) RunFenced(ctx context.Context, js jetstream.JetStream, fence projector.Fencing) error {
-	m.fence = fence
+// Open opens the state bucket, trying again until it can or ctx ends, so
+// that Start and Status answer. RunFenced opens it too: an instance of a
+// partitioned projector that does not coordinate its rebuilds opens it
+// alone, and a rebuild started there is run by the one that does.
+func (m *Manager) Open(ctx context.Context, js jetstream.JetStream) {
+	m.openMu.Lock()
+	defer m.openMu.Unlock()
+	select {
+	case <-m.ready:
+		return
+	default:
+	}
 	for attempt := 1; ; attempt++ {
 		// Create, never update: every projector shares the bucket, and
 		// none may change its configuration under the others.
@@ -247,18 +262,44 @@ func (m *Manager) RunFenced(ctx context.Context, js jetstream.JetStream, fence p
 					"bucket", Bucket)
 			}
 			m.js, m.kv = js, kv
-			break
+			close(m.ready)
+			return
 		}
 		if ctx.Err() != nil {
-			return nil
+			return
 		}
 		delay := m.backoff.Delay(attempt)
 		m.log.Warn("rebuild state bucket unavailable; trying again", "bucket", Bucket, "in", delay, "err", err)
 		if retry.Sleep(ctx, delay) != nil {
-			return nil
+			return
 		}
 	}
-	m.readyOnce.Do(func() { close(m.ready) }) // Run runs once per term of the lease
+}
+
+// RunFenced is Run within a lease term: the rebuild runtime's writes, the
+// wipe, the activation of a generation and the drop of the previous one
+// each pass fence first and are bound to the term, so an instance that
+// lost its lease (or is cut off from NATS past its validity) changes
+// nothing more. exclusive, when not nil (a projector in partitions, whose
+// live writers may run in other processes), is asked for every partition
+// before the live writes are held back, and its fence is added to
+// fence's for the writes made while they are.
+func (m *Manager) RunFenced(ctx context.Context, js jetstream.JetStream, fence projector.Fencing, exclusive projector.Exclusive) error {
+	m.Open(ctx, js)
+	select {
+	case <-m.ready:
+	default:
+		return nil // ctx ended
+	}
+	m.mu.Lock()
+	m.fence, m.exclusive = fence, exclusive
+	m.running = true
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		m.running = false
+		m.mu.Unlock()
+	}()
 	for {
 		st, err := m.load(ctx)
 		switch {
@@ -274,7 +315,9 @@ func (m *Manager) RunFenced(ctx context.Context, js jetstream.JetStream, fence p
 		case <-ctx.Done():
 			return nil
 		case <-m.wake:
-		case <-time.After(m.cfg.RetryMax):
+		case <-time.After(m.poll):
+			// A rebuild started on another instance (partitions) is
+			// found here.
 		}
 	}
 }
@@ -325,7 +368,7 @@ func (m *Manager) Start(ctx context.Context) (Status, bool, error) {
 	if err := m.save(ctx, st, true); err != nil {
 		return Status{}, false, err
 	}
-	m.active = true
+	m.active = m.running // else the instance that runs rebuilds finds it within its poll
 	m.setStatusLocked(st)
 	m.log.Info("rebuild requested", "id", st.ID, "target", m.stores.Describe(st.Target), "in_place", st.InPlace)
 	m.kick()
@@ -352,10 +395,20 @@ func (m *Manager) Status(ctx context.Context) Status {
 		s.Phase = PhaseStarting // not connected yet
 		return s
 	}
-	if s.Phase == PhaseIdle || s.Phase == PhaseDone {
-		// One left by a previous process, about to be resumed.
-		if st, err := m.load(ctx); err == nil && st != nil && st.ID != s.ID {
+	m.mu.Lock()
+	active := m.active
+	m.mu.Unlock()
+	switch {
+	case !active:
+		// One left by a previous process, about to be resumed; or one
+		// another instance runs (partitions), which it ends by deleting
+		// its state.
+		st, err := m.load(ctx)
+		switch {
+		case err == nil && st != nil:
 			s = m.statusOf(st, s.Completed)
+		case err == nil && s.ID != "" && s.Phase != PhaseDone && s.Phase != PhaseIdle:
+			s.Phase, s.Error = PhaseDone, ""
 		}
 	}
 	if s.Phase != PhaseFilling && s.Phase != PhaseSwitching && s.Phase != PhaseRetrying {
@@ -451,7 +504,7 @@ func (m *Manager) blueGreen(ctx context.Context, stores BlueGreen, st *State) er
 			_ = target.close()
 		}
 	}()
-	if err := m.fill(ctx, target); err != nil {
+	if err := m.fill(ctx, target, m.fenceNow()); err != nil {
 		return err
 	}
 	// Hold the live writes back, catch up with the stream as it is then,
@@ -470,12 +523,15 @@ func (m *Manager) blueGreen(ctx context.Context, stores BlueGreen, st *State) er
 	if err := m.save(ctx, st, false); err != nil {
 		return err
 	}
-	resume := m.sw.Pause()
-	defer resume()
-	if err := m.catchUpToLast(ctx, target); err != nil {
+	fence, resume, err := m.alone(ctx)
+	if err != nil {
 		return err
 	}
-	if err := m.fence.Do(ctx, func(ctx context.Context) error { return stores.Activate(ctx, st.Target) }); err != nil {
+	defer resume()
+	if err := m.catchUpToLast(ctx, target, fence); err != nil {
+		return err
+	}
+	if err := fence.Do(ctx, func(ctx context.Context) error { return stores.Activate(ctx, st.Target) }); err != nil {
 		return fmt.Errorf("activate %s: %w", stores.Describe(st.Target), err)
 	}
 	prev := m.sw.replace(target)
@@ -495,7 +551,7 @@ func (m *Manager) dropPrevious(ctx context.Context, stores BlueGreen, st *State)
 		if name == st.Target {
 			continue
 		}
-		if err := m.fence.Do(ctx, func(ctx context.Context) error { return stores.Drop(ctx, name) }); err != nil {
+		if err := m.fenceNow().Do(ctx, func(ctx context.Context) error { return stores.Drop(ctx, name) }); err != nil {
 			return fmt.Errorf("drop %s: %w", stores.Describe(name), err)
 		}
 	}
@@ -505,12 +561,15 @@ func (m *Manager) dropPrevious(ctx context.Context, stores BlueGreen, st *State)
 // inPlace wipes the live generation and fills it again, with the live
 // writes held back throughout.
 func (m *Manager) inPlace(ctx context.Context, stores InPlace, st *State) error {
-	resume := m.sw.Pause()
+	fence, resume, err := m.alone(ctx)
+	if err != nil {
+		return err
+	}
 	defer resume()
 	live := m.sw.Live()
 	if st.Phase == PhaseWiping {
 		m.setPhase(st, PhaseWiping)
-		if err := m.fence.Do(ctx, func(ctx context.Context) error { return stores.Wipe(ctx, live) }); err != nil {
+		if err := fence.Do(ctx, func(ctx context.Context) error { return stores.Wipe(ctx, live) }); err != nil {
 			return fmt.Errorf("wipe %s: %w", stores.Describe(live.Name), err)
 		}
 		// A consumer left from an interrupted wipe would skip the stream's
@@ -524,14 +583,45 @@ func (m *Manager) inPlace(ctx context.Context, stores InPlace, st *State) error 
 		}
 	}
 	m.setPhase(st, PhaseFilling)
-	if err := m.fill(ctx, live); err != nil {
+	if err := m.fill(ctx, live, fence); err != nil {
 		return err
 	}
-	if err := m.catchUpToLast(ctx, live); err != nil {
+	if err := m.catchUpToLast(ctx, live, fence); err != nil {
 		return err
 	}
-	resume()
+	// Finished before the live writes go on: once they do, on other
+	// instances too, the rebuild has written its last.
 	return m.finish(ctx, st)
+}
+
+// fenceNow is the fence of the lease term RunFenced runs in.
+func (m *Manager) fenceNow() projector.Fencing {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.fence
+}
+
+// alone holds the live writes back, once this instance holds every
+// partition when the projector runs in them. It returns the fence of the
+// writes made meanwhile (the lease term's, and every partition's) and the
+// function that lets the live writes go on and the partitions go back to
+// the other instances.
+func (m *Manager) alone(ctx context.Context) (projector.Fencing, func(), error) {
+	m.mu.Lock()
+	fence, exclusive := m.fence, m.exclusive
+	m.mu.Unlock()
+	release := func() {}
+	if exclusive != nil {
+		m.log.Info("taking every partition: the live writes are held back while the rebuild writes alone")
+		f, rel, err := exclusive(ctx)
+		if err != nil {
+			return fence, nil, fmt.Errorf("rebuild: taking every partition: %w", err)
+		}
+		fence, release = fence.And(f), rel
+	}
+	resume := m.sw.Pause()
+	var once sync.Once
+	return fence, func() { once.Do(func() { resume(); release() }) }, nil
 }
 
 // fill applies the stream to g in rounds, each up to the stream's last
@@ -539,14 +629,14 @@ func (m *Manager) inPlace(ctx context.Context, stores InPlace, st *State) error 
 // (within closeEnough messages). Under steady traffic the stream is never
 // "caught up" at an instant, but each round is shorter than the one before
 // as long as the rebuild applies faster than events arrive.
-func (m *Manager) fill(ctx context.Context, g *Generation) error {
+func (m *Manager) fill(ctx context.Context, g *Generation, fence projector.Fencing) error {
 	closeEnough := uint64(4 * max(m.cfg.Runtime.BatchSize, 256))
 	for {
 		last, err := m.lastSeq(ctx)
 		if err != nil {
 			return err
 		}
-		if err := m.catchUpTo(ctx, g, last); err != nil {
+		if err := m.catchUpTo(ctx, g, last, fence); err != nil {
 			return err
 		}
 		now, err := m.lastSeq(ctx)
@@ -561,12 +651,12 @@ func (m *Manager) fill(ctx context.Context, g *Generation) error {
 }
 
 // catchUpToLast applies the stream to g up to its last message now.
-func (m *Manager) catchUpToLast(ctx context.Context, g *Generation) error {
+func (m *Manager) catchUpToLast(ctx context.Context, g *Generation, fence projector.Fencing) error {
 	last, err := m.lastSeq(ctx)
 	if err != nil {
 		return err
 	}
-	return m.catchUpTo(ctx, g, last)
+	return m.catchUpTo(ctx, g, last, fence)
 }
 
 func (m *Manager) lastSeq(ctx context.Context) (uint64, error) {
@@ -580,13 +670,14 @@ func (m *Manager) lastSeq(ctx context.Context) (uint64, error) {
 // catchUpPoll is how often catchUpTo reads the rebuild consumer's position.
 var catchUpPoll = 20 * time.Millisecond
 
-// catchUpTo applies the stream to g with the rebuild consumer until the
-// consumer has acknowledged every message up to stream sequence target.
-func (m *Manager) catchUpTo(ctx context.Context, g *Generation, target uint64) error {
+// catchUpTo applies the stream to g with the rebuild consumer, its writes
+// behind fence, until the consumer has acknowledged every message up to
+// stream sequence target.
+func (m *Manager) catchUpTo(ctx context.Context, g *Generation, target uint64, fence projector.Fencing) error {
 	rc := m.cfg.Runtime
 	rc.Name = ConsumerName(m.name)
 	rc.StopWhenCaughtUp = false
-	rc.Fence, rc.Bound = m.fence.Fence, m.fence.Bound
+	rc.Fence, rc.Bound = fence.Fence, fence.Bound
 	rt, err := projector.New(m.js, g.Store, rc, nil, m.log)
 	if err != nil {
 		return err

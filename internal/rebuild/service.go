@@ -3,11 +3,13 @@ package rebuild
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"maps"
-	"net/http"
+	"time"
 
-	"github.com/converge-sync/converge/internal/httpjson"
+	"golang.org/x/sync/errgroup"
 
+	"github.com/converge-sync/converge/internal/lease"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/service"
 )
@@ -44,22 +46,52 @@ func RunService(ctx context.Context, sc projector.ServiceConfig, stores Stores, 
 	}
 	routes := sw.Routes()
 	maps.Copy(routes, m.Routes())
-	if sc.Partitions > 1 {
-		// The partitions' writers run in several processes, which a
-		// rebuild would have to hold back together.
-		routes["POST "+AdminPath] = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-			httpjson.Error(w, http.StatusServiceUnavailable, "rebuild_unavailable", ErrPartitioned.Error())
-		})
+	// Rebuilds write the store too: they run while this instance holds
+	// its lease, and resume on the instance that takes it over. In
+	// partitions, on the instance that holds the coordinator's lease,
+	// which takes every partition while it writes alone.
+	sc.Alongside = m.RunFenced
+	if sc.Partitions < 2 {
 		return projector.RunService(ctx, sc, sw, routes, deps)
 	}
-	// Rebuilds write the store too: they run while this instance holds
-	// its lease, and resume on the instance that takes it over.
-	sc.Alongside = m.RunFenced
-	return projector.RunService(ctx, sc, sw, routes, deps)
+	js, err := deps.JetStream()
+	if err != nil {
+		return err
+	}
+	// Another instance's rebuild may have made another generation live:
+	// a partition is taken on the live one, and an instance holding none
+	// serves its reads from it within a lease's TTL.
+	sc.OnTake = func(ctx context.Context) error {
+		_, err := sw.Reopen(ctx, stores, log)
+		return err
+	}
+	every := sc.Lease.TTL
+	if every <= 0 {
+		every = lease.DefaultTTL
+	}
+	eg, gctx := errgroup.WithContext(ctx)
+	eg.Go(func() error { m.Open(gctx, js); return nil }) // Start and Status answer on every instance
+	eg.Go(func() error { followLive(gctx, sw, stores, every, log); return nil })
+	eg.Go(func() error { return projector.RunService(gctx, sc, sw, routes, deps) })
+	return eg.Wait()
 }
 
-// ErrPartitioned refuses a rebuild of a projector running in partitions.
-var ErrPartitioned = errors.New("rebuild: a projector running in partitions is not rebuilt by its instances (its writers run in several processes): mend what differs with `converge verify -repair`, or have every partition read the stream again with `converge replay <name> -partitions N -from-seq 1`")
+// followLive reopens the live generation under sw every interval, when
+// another instance made another one live.
+func followLive(ctx context.Context, sw *Switch, stores Stores, every time.Duration, log *slog.Logger) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if _, err := sw.Reopen(ctx, stores, log); err != nil && ctx.Err() == nil {
+			log.Warn("reading which generation of the store is live failed", "err", err)
+		}
+	}
+}
 
 // stopped is nil when ctx was canceled while starting (a stop is not a
 // failure).

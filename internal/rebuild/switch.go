@@ -2,6 +2,8 @@ package rebuild
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
 	"net/http"
 	"sync"
 
@@ -120,6 +122,35 @@ func (s *Switch) Routes() map[string]http.Handler {
 		})
 	}
 	return routes
+}
+
+// Reopen makes the generation that stores name live the switch's, when
+// it is another (made live by another instance: a partitioned projector's
+// rebuild runs on one of them), holding the writes back meanwhile. It
+// reports whether it did.
+func (s *Switch) Reopen(ctx context.Context, stores Stores, log *slog.Logger) (bool, error) {
+	live, err := stores.Live(ctx)
+	if err != nil || live == s.Live().Name {
+		return false, err
+	}
+	resume := s.Pause()
+	defer resume()
+	// Again, held back: this instance's own rebuild may have swapped it
+	// in meanwhile.
+	if live, err = stores.Live(ctx); err != nil || live == s.Live().Name {
+		return false, err
+	}
+	g, err := stores.Open(ctx, live)
+	if err != nil {
+		return false, fmt.Errorf("rebuild: open the live generation %s: %w", stores.Describe(live), err)
+	}
+	prev := s.replace(g)
+	resume()
+	log.Info("another instance made another generation live: writing and reading it", "live", stores.Describe(live), "was", stores.Describe(prev.Name))
+	if err := prev.close(); err != nil {
+		log.Warn("closing the previous generation failed", "previous", stores.Describe(prev.Name), "err", err)
+	}
+	return true, nil
 }
 
 // Close closes the live generation.

@@ -57,6 +57,8 @@ func indexScaleProjector(q testenv.Qdrant, name, embedURL string) scaleProjector
 			"-embed-url", embedURL, "-embed-model", "fixed-latency", "-embed-dim", strconv.Itoa(scaleDim),
 			"-embed-batch", strconv.Itoa(scaleEmbedBatch), "-embed-concurrency", strconv.Itoa(scaleEmbedConcurrency)},
 		stored: func(ctx context.Context) (int, error) { return qdrantChunks(ctx, q.HTTPURL, name) },
+		live:   func(ctx context.Context) (string, error) { return qdrantAlias(ctx, q.HTTPURL, name) },
+		gone:   func(ctx context.Context, c string) (bool, error) { return qdrantGone(ctx, q.HTTPURL, c) },
 	}
 }
 
@@ -208,8 +210,9 @@ func benchScale(b *testing.B, what, goal string, store func(b *testing.B, run in
 // TestPartitionsScaleShort runs the scaling benchmark's index projector
 // on a few events, with one instance and then two: every event is applied
 // once, by the instance holding its partition, both instances write, and
-// Qdrant holds every chunk. The ratio is printed, not checked: this is
-// not a measurement (BenchmarkPartitionsScale is).
+// Qdrant holds every chunk; the two instances then rebuild the index
+// blue/green, asked of one of them. The ratio is printed, not checked:
+// this is not a measurement (BenchmarkPartitionsScale is).
 func TestPartitionsScaleShort(t *testing.T) {
 	const events, parts = 80, 4
 	bin := testenv.BuildBinaries(t)
@@ -219,7 +222,9 @@ func TestPartitionsScaleShort(t *testing.T) {
 	var one scaleResult
 	for _, instances := range []int{1, 2} {
 		t.Run(fmt.Sprintf("instances=%d", instances), func(t *testing.T) {
-			r := runScale(t, bin, indexScaleProjector(q, fmt.Sprintf("%s_%d", q.Collection, instances), embedder.URL), evs, scaleOptions{instances: instances, parts: parts, everyInstanceHolds: true})
+			// Two instances then rebuild the index blue/green.
+			r := runScale(t, bin, indexScaleProjector(q, fmt.Sprintf("%s_%d", q.Collection, instances), embedder.URL), evs,
+				scaleOptions{instances: instances, parts: parts, everyInstanceHolds: true, rebuild: instances == 2})
 			for i, n := range r.applied {
 				if r.split[i] > 0 && n == 0 {
 					t.Errorf("instance %d holds %d partitions and applied nothing", i+1, r.split[i])

@@ -35,6 +35,7 @@ import (
 	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/proc"
 	"github.com/converge-sync/converge/internal/projector"
+	"github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/relay"
 	"github.com/converge-sync/converge/internal/stack"
 	"github.com/converge-sync/converge/internal/telemetry"
@@ -89,6 +90,10 @@ type scaleProjector struct {
 	// server samples its store server's own figures, when it can (nil:
 	// none).
 	server func(ctx context.Context) (serverSample, error)
+	// live names the store's live generation and gone reports whether a
+	// generation no longer exists (nil: a store rebuilt in place).
+	live func(ctx context.Context) (string, error)
+	gone func(ctx context.Context, generation string) (bool, error)
 }
 
 // serverSample is a store server's counters at one moment.
@@ -106,6 +111,9 @@ type scaleOptions struct {
 	// least one partition (a test that every instance writes); else the
 	// split is whatever their first addresses give, as in a deployment.
 	everyInstanceHolds bool
+	// rebuild, once every event is applied, asks the last instance for a
+	// rebuild of the store and checks it (rebuildScaled).
+	rebuild bool
 }
 
 // scaleResult is one run: instances of a projector applying every event.
@@ -303,7 +311,56 @@ func runScale(t testing.TB, bin *testenv.Binaries, p scaleProjector, evs []contr
 	if stored != res.chunks {
 		t.Errorf("%s: the store holds %d chunks, the stream's events %d", p.binary, stored, res.chunks)
 	}
+	if opt.rebuild {
+		rebuildScaled(t, ins, p, res.chunks)
+	}
 	return res
+}
+
+// rebuildScaled asks the last of the instances for a rebuild of the store
+// blue/green, waits until it is done, and checks that another generation
+// is live, holding every chunk, and that the one before is gone.
+func rebuildScaled(t testing.TB, ins []*scaleInstance, p scaleProjector, chunks int) {
+	t.Helper()
+	ctx := context.Background()
+	before, err := p.live(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	asked := ins[len(ins)-1]
+	c := &rebuild.Client{Addr: asked.addr}
+	var st rebuild.Status
+	testenv.Eventually(t, "a rebuild to start", 30*time.Second, func() bool {
+		var started bool
+		st, started, err = c.Start(ctx)
+		return err == nil && started
+	})
+	began := time.Now()
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if _, err := c.Wait(wctx, st.ID, 50*time.Millisecond, nil); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(began)
+	after, err := p.live(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after == before {
+		t.Fatalf("rebuild %s done, but %s is still the live generation", st.ID, before)
+	}
+	if stored, err := p.stored(ctx); err != nil || stored != chunks {
+		t.Errorf("%s after the rebuild: the store holds %d chunks (%v), the stream's events %d", p.binary, stored, err, chunks)
+	}
+	if gone, err := p.gone(ctx, before); err != nil || !gone {
+		t.Errorf("%s after the rebuild: the previous generation %s is not dropped (%v)", p.binary, before, err)
+	}
+	for _, in := range ins {
+		if in.child.Exited() {
+			t.Errorf("%s %d exited during the rebuild: %v", p.binary, in.n, in.child.Err())
+		}
+	}
+	t.Logf("rebuilt blue/green, asked of instance %d, in %v: %s -> %s", asked.n, took.Round(time.Millisecond), before, after)
 }
 
 // scaleInstance is one instance of a scale run: a process of a projector's
@@ -554,6 +611,64 @@ func (m machineCPU) busySince(m0 machineCPU) float64 {
 
 // qdrantChunks counts the chunks' points of collection on the Qdrant server's REST
 // API at httpURL.
+// qdrantAlias is the collection the alias names ("" when it names none).
+func qdrantAlias(ctx context.Context, httpURL, alias string) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, httpURL+"/aliases", http.NoBody)
+	if err != nil {
+		return "", err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("qdrant: aliases: %s", resp.Status)
+	}
+	var out struct {
+		Result struct {
+			Aliases []struct {
+				Alias      string `json:"alias_name"`
+				Collection string `json:"collection_name"`
+			} `json:"aliases"`
+		} `json:"result"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return "", fmt.Errorf("qdrant: aliases: %w", err)
+	}
+	for _, a := range out.Result.Aliases {
+		if a.Alias == alias {
+			return a.Collection, nil
+		}
+	}
+	return "", nil
+}
+
+// qdrantGone reports whether the collection does not exist.
+func qdrantGone(ctx context.Context, httpURL, collection string) (bool, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, httpURL+"/collections/"+collection+"/exists", http.NoBody)
+	if err != nil {
+		return false, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return false, err
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Result struct {
+			Exists bool `json:"exists"`
+		} `json:"result"`
+	}
+	if resp.StatusCode != http.StatusOK {
+		return false, fmt.Errorf("qdrant: collection %s exists: %s", collection, resp.Status)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return false, err
+	}
+	return !out.Result.Exists, nil
+}
+
 func qdrantChunks(ctx context.Context, httpURL, collection string) (int, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, httpURL+"/collections/"+collection+"/points/count",
 		strings.NewReader(`{"exact": true, "filter": {"must": [{"key": "type", "match": {"value": "chunk"}}]}}`))

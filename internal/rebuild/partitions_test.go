@@ -1,0 +1,375 @@
+package rebuild_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/converge-sync/converge/internal/lease"
+	"github.com/converge-sync/converge/internal/localaddr"
+	"github.com/converge-sync/converge/internal/projector"
+	"github.com/converge-sync/converge/internal/rebuild"
+	"github.com/converge-sync/converge/internal/rebuild/rebuildtest"
+	"github.com/converge-sync/converge/internal/relay"
+	"github.com/converge-sync/converge/internal/service"
+	"github.com/converge-sync/converge/internal/testenv"
+	"github.com/converge-sync/converge/pkg/contract"
+)
+
+// sharedGens are the generations of one store that every instance of a
+// partitioned projector writes, blue/green or in place, recording what no
+// rebuild may let happen: a write to a generation after another was made
+// live in its place (lost when it is dropped), and, in place, a write by
+// another instance between the wipe and the rebuild's last write.
+type sharedGens struct {
+	inPlace bool
+	mu      sync.Mutex
+	gens    map[string]map[string]int64 // generation -> key -> version
+	live    string
+	retired map[string]bool // once live, replaced since
+	n       int
+	wrote   []write
+	bad     []string
+}
+
+type write struct {
+	instance, runtime string
+}
+
+func newSharedGens(inPlace bool) *sharedGens {
+	return &sharedGens{inPlace: inPlace, gens: map[string]map[string]int64{"gen-0": {}}, live: "gen-0", retired: map[string]bool{}}
+}
+
+func (s *sharedGens) apply(instance, gen string, ctx context.Context, events []*contract.Event) []projector.Result {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rt := projector.RuntimeName(ctx)
+	out := make([]projector.Result, len(events))
+	g, ok := s.gens[gen]
+	if !ok {
+		s.bad = append(s.bad, fmt.Sprintf("%s (%s) wrote %s, dropped", instance, rt, gen))
+		for i := range out {
+			out[i].Err = fmt.Errorf("generation %s was dropped", gen)
+		}
+		return out
+	}
+	if s.retired[gen] {
+		s.bad = append(s.bad, fmt.Sprintf("%s (%s) wrote %d events to %s after another generation was made live", instance, rt, len(events), gen))
+	}
+	if s.inPlace {
+		s.wrote = append(s.wrote, write{instance: instance, runtime: rt})
+	}
+	for i, ev := range events {
+		if g[ev.Key] >= ev.Version {
+			out[i].Outcome = projector.Skipped
+			continue
+		}
+		g[ev.Key] = ev.Version
+	}
+	return out
+}
+
+// liveVersions is what the live generation holds.
+func (s *sharedGens) liveVersions() map[string]int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps.Clone(s.gens[s.live])
+}
+
+// violations are the writes no rebuild may let happen, in place those of
+// another instance between the wipe and the rebuild runtime's last write.
+func (s *sharedGens) violations() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	bad := slices.Clone(s.bad)
+	if !s.inPlace {
+		return bad
+	}
+	for start := 0; start < len(s.wrote); start++ {
+		if s.wrote[start].runtime != "wipe" {
+			continue
+		}
+		wiper, last := s.wrote[start].instance, start
+		for i := start + 1; i < len(s.wrote); i++ {
+			if s.wrote[i].runtime == "wipe" {
+				break
+			}
+			if s.wrote[i].instance == wiper && s.wrote[i].runtime == rebuild.ConsumerName("index") {
+				last = i
+			}
+		}
+		for i := start + 1; i < last; i++ {
+			if s.wrote[i].instance != wiper {
+				bad = append(bad, fmt.Sprintf("%s (%s) wrote while %s rebuilt in place", s.wrote[i].instance, s.wrote[i].runtime, wiper))
+			}
+		}
+	}
+	return bad
+}
+
+// gens is one instance's view of the shared generations: blue/green or
+// in place as they were made.
+type gens struct {
+	s        *sharedGens
+	instance string
+}
+
+type genStore struct {
+	gens
+	name string
+}
+
+func (g genStore) Apply(ctx context.Context, events []*contract.Event) []projector.Result {
+	return g.s.apply(g.instance, g.name, ctx, events)
+}
+
+func (g gens) Live(context.Context) (string, error) {
+	g.s.mu.Lock()
+	defer g.s.mu.Unlock()
+	return g.s.live, nil
+}
+
+func (g gens) Open(_ context.Context, name string) (*rebuild.Generation, error) {
+	g.s.mu.Lock()
+	defer g.s.mu.Unlock()
+	if g.s.gens[name] == nil && !g.s.retired[name] {
+		g.s.gens[name] = map[string]int64{}
+	}
+	return &rebuild.Generation{Name: name, Store: genStore{gens: g, name: name}}, nil
+}
+
+func (g gens) Describe(name string) string { return "generation " + name }
+
+type blueGreenGens struct{ gens }
+
+func (g blueGreenGens) Fresh() string {
+	g.s.mu.Lock()
+	defer g.s.mu.Unlock()
+	g.s.n++
+	return fmt.Sprintf("gen-%d", g.s.n)
+}
+
+func (g blueGreenGens) Activate(_ context.Context, name string) error {
+	g.s.mu.Lock()
+	defer g.s.mu.Unlock()
+	if g.s.live != name {
+		g.s.retired[g.s.live] = true
+	}
+	g.s.live = name
+	return nil
+}
+
+func (g blueGreenGens) Drop(_ context.Context, name string) error {
+	g.s.mu.Lock()
+	defer g.s.mu.Unlock()
+	delete(g.s.gens, name)
+	return nil
+}
+
+type inPlaceGens struct{ gens }
+
+func (g inPlaceGens) Wipe(_ context.Context, gen *rebuild.Generation) error {
+	g.s.mu.Lock()
+	defer g.s.mu.Unlock()
+	g.s.gens[gen.Name] = map[string]int64{}
+	g.s.wrote = append(g.s.wrote, write{instance: g.instance, runtime: "wipe"})
+	return nil
+}
+
+// partInstance is one process of a partitioned projector, run in this one
+// as rebuild.RunService runs it, its HTTP routes served at addr.
+type partInstance struct {
+	id, addr string
+	cancel   context.CancelFunc
+	done     chan error
+}
+
+func startPartInstance(t *testing.T, url, id string, parts int, s *sharedGens) *partInstance {
+	t.Helper()
+	addr, err := localaddr.Free()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(url, nats.Name(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	in := &partInstance{id: id, addr: addr, cancel: cancel, done: make(chan error, 1)}
+	var stores rebuild.Stores = blueGreenGens{gens{s: s, instance: id}}
+	if s.inPlace {
+		stores = inPlaceGens{gens{s: s, instance: id}}
+	}
+	sc := projector.ServiceConfig{NATSURL: url, MetricsAddr: addr, Partitions: parts,
+		Runtime: projector.Config{Name: "index", BatchSize: 32, LagInterval: 200 * time.Millisecond},
+		Lease:   projector.LeaseConfig{TTL: 600 * time.Millisecond, Holder: id}}
+	go func() {
+		defer nc.Close()
+		in.done <- rebuild.RunService(ctx, sc, stores, service.Deps{NATS: nc, Registry: prometheus.NewRegistry(), Log: slog.New(slog.DiscardHandler)})
+	}()
+	t.Cleanup(in.stop)
+	return in
+}
+
+func (in *partInstance) stop() {
+	in.cancel()
+	if err := <-in.done; err != nil {
+		panic(fmt.Sprintf("instance %s: %v", in.id, err))
+	}
+	in.done <- nil
+}
+
+// leaseHolder is who holds the lease called key.
+func leaseHolder(js jetstream.JetStream, key string) string {
+	kv, err := js.KeyValue(context.Background(), lease.Bucket)
+	if err != nil {
+		return ""
+	}
+	e, err := kv.Get(context.Background(), key)
+	if err != nil {
+		return ""
+	}
+	var v lease.Value
+	_ = json.Unmarshal(e.Value(), &v)
+	return v.Holder
+}
+
+// A projector running in partitions on two instances is rebuilt, blue/
+// green and in place, while events keep arriving: asked on the instance
+// that does not coordinate the rebuilds, it is run by the one that does,
+// which takes every partition while it writes alone. No event is written
+// to a generation replaced by another (where it would be lost), nobody
+// else writes while the store is rebuilt in place, the store ends with
+// every event, and the instances share the partitions again, both writing
+// the generation made live.
+//
+// Stopped while it rebuilds, the coordinator hands the rebuild over: the
+// other instance takes the coordinator's lease and finishes it.
+func TestPartitionedProjectorIsRebuilt(t *testing.T) {
+	for _, inPlace := range []bool{false, true} {
+		for _, stopped := range []bool{false, true} {
+			name := map[bool]string{false: "blue-green", true: "in-place"}[inPlace] + map[bool]string{false: "", true: "-coordinator-stopped"}[stopped]
+			t.Run(name, func(t *testing.T) { testPartitionedRebuild(t, inPlace, stopped) })
+		}
+	}
+}
+
+func testPartitionedRebuild(t *testing.T, inPlace, stopCoordinator bool) {
+	const parts = 4
+	docs := 200
+	if stopCoordinator {
+		docs = 3000 // a rebuild long enough to stop in the middle
+	}
+	n := testenv.StartNATS(t)
+	_, js := n.DocsStream(t)
+	if _, err := relay.ApplyPartsStream(context.Background(), js, relay.StreamConfig{}, parts, false); err != nil {
+		t.Fatal(err)
+	}
+	for k := range docs {
+		rebuildtest.Publish(t, js, fmt.Sprintf("doc-%03d", k), 1)
+	}
+	s := newSharedGens(inPlace)
+	a := startPartInstance(t, n.URL, "a", parts, s)
+	b := startPartInstance(t, n.URL, "b", parts, s)
+	converged := func(what string) {
+		t.Helper()
+		testenv.Eventually(t, what, 60*time.Second, func() bool {
+			want := rebuildtest.LastVersions(t, js)
+			got := s.liveVersions()
+			return maps.Equal(got, want)
+		})
+	}
+	shared := func(what string) {
+		t.Helper()
+		testenv.Eventually(t, what, 30*time.Second, func() bool {
+			by := map[string]int{}
+			for p := range parts {
+				by[leaseHolder(js, projector.PartitionLease("index", p))]++
+			}
+			return by["a"] > 0 && by["b"] > 0 && by["a"]+by["b"] == parts
+		})
+	}
+	converged("a and b apply every event")
+	shared("a and b share the partitions")
+
+	var coordinator string
+	testenv.Eventually(t, "an instance to coordinate the rebuilds", 10*time.Second, func() bool {
+		coordinator = leaseHolder(js, projector.CoordinatorLease("index"))
+		return coordinator != ""
+	})
+	other, coord := a, b
+	if coordinator == "a" {
+		other, coord = b, a
+	}
+	stop := rebuildtest.Traffic(t, js, docs, -1)
+	defer stop()
+	time.Sleep(300 * time.Millisecond)
+	c := &rebuild.Client{Addr: other.addr}
+	var st rebuild.Status
+	testenv.Eventually(t, "a rebuild to start on "+other.id, 10*time.Second, func() bool {
+		var started bool
+		var err error
+		st, started, err = c.Start(context.Background())
+		return err == nil && started
+	})
+	t.Logf("rebuild %s asked of %s, coordinated by %s", st.ID, other.id, coordinator)
+	if stopCoordinator {
+		var at rebuild.Status
+		testenv.Eventually(t, "the rebuild to be under way", 30*time.Second, func() bool {
+			var err error
+			at, err = c.Status(context.Background())
+			return err == nil && at.AppliedSeq > 0
+		})
+		coord.stop()
+		if at.Phase == rebuild.PhaseDone || at.Pending == 0 {
+			t.Fatalf("the rebuild was not under way when %s stopped: %+v", coord.id, at)
+		}
+		t.Logf("%s stopped while it rebuilt: %s, applied %d, pending %d", coord.id, at.Phase, at.AppliedSeq, at.Pending)
+		testenv.Eventually(t, other.id+" to coordinate", 10*time.Second, func() bool {
+			return leaseHolder(js, projector.CoordinatorLease("index")) == other.id
+		})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	done, err := c.Wait(ctx, st.ID, 50*time.Millisecond, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !inPlace && s.liveVersions() == nil {
+		t.Fatal("no live generation")
+	}
+	time.Sleep(300 * time.Millisecond)
+	stop()
+	s.mu.Lock()
+	live := s.live
+	s.mu.Unlock()
+	if !inPlace && live == "gen-0" {
+		t.Fatalf("rebuild %s done (%+v), but gen-0 is still live", st.ID, done)
+	}
+	converged("the rebuilt store holds every event")
+	if stopCoordinator {
+		coord = startPartInstance(t, n.URL, coord.id, parts, s)
+		a, b = coord, other
+	}
+	shared("a and b share the partitions again after the rebuild")
+	for k := range docs {
+		rebuildtest.Publish(t, js, fmt.Sprintf("doc-%03d", k), 1_000_000)
+	}
+	converged("both instances write the live generation after the rebuild")
+	a.stop()
+	b.stop()
+	if bad := s.violations(); len(bad) > 0 {
+		t.Fatalf("%d writes no rebuild may let happen, the first: %v", len(bad), bad[:min(5, len(bad))])
+	}
+	t.Logf("live generation %s", live)
+}
