@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"slices"
@@ -42,10 +43,22 @@ func verifyCmd(ctx context.Context, args []string, out io.Writer) error {
 	repair := f.Bool("repair", "", false, "re-emit, through the writer, every document Postgres can repair, then verify again until the stores agree")
 	writerURL := f.String("writer-url", envWriterURL, "http://127.0.0.1:8080", "with --repair: the writer's API")
 	repairTimeout := f.Duration("repair-timeout", "", 2*time.Minute, "with --repair: how long to wait for the stores to agree")
+	partitions := f.Int("partitions", config.EnvPartitions, 0, "the projectors run in this many partitions: label each difference with its document's partition")
+	partition := f.Int("partition", "", -1, "with -partitions: verify this partition alone (both sides are still read whole; the other partitions' differences are left out)")
 	access := bindAPIAccess(f, auth.TokenFromEnv)
 	watch := bindWatch(f)
 	if err := f.Parse(args); err != nil {
 		return err
+	}
+	parts := verify.Partitions{N: *partitions}
+	if *partition >= 0 {
+		parts.Only = partition
+	}
+	if err := parts.Validate(); err != nil {
+		return service.Usage("%v", err)
+	}
+	if *watch.on && parts.N > 0 {
+		return service.Usage("-watch compares the whole stores; -partitions labels a single verify's differences")
 	}
 	if *watch.on {
 		if *asJSON {
@@ -101,11 +114,12 @@ func verifyCmd(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	rep = parts.Apply(rep)
 	if *repair && !rep.Agrees {
 		if !*asJSON {
 			printVerify(out, rep)
 		}
-		rep, err = verify.Repair(ctx, hintedWriter{wc}, truth, stored, rep, verify.RepairConfig{Buckets: *buckets, Timeout: *repairTimeout,
+		rep, err = verify.Repair(ctx, hintedWriter{wc}, truth, stored, rep, verify.RepairConfig{Buckets: *buckets, Timeout: *repairTimeout, Partitions: parts,
 			Progress: printRepairProgress(progressOut(!*asJSON, out), wc.URL(), *repairTimeout)})
 		if err != nil {
 			return err
@@ -233,6 +247,17 @@ func printEmbedder(out io.Writer, r verify.Report) {
 
 func printVerify(out io.Writer, rep verifyReport) {
 	for _, r := range rep.Stores {
+		if r.Partition != nil {
+			whole := fmt.Sprintf("the whole store: %d of %d buckets differ", r.DifferingBuckets, r.Buckets)
+			if r.Agrees {
+				fmt.Fprintf(out, "%-6s agrees with Postgres on partition %d of %d (%s)\n", r.Store, *r.Partition, r.Partitions, whole)
+				printEmbedder(out, r)
+				continue
+			}
+			fmt.Fprintf(out, "%-6s DISAGREES on partition %d of %d: %d documents differ (%s)\n", r.Store, *r.Partition, r.Partitions, len(r.Differences), whole)
+			printDifferences(out, r)
+			continue
+		}
 		if r.Agrees {
 			fmt.Fprintf(out, "%-6s agrees with Postgres on all %d documents (%d of %d bucket digests equal)\n", r.Store, r.Documents, r.Buckets, r.Buckets)
 			printEmbedder(out, r)
@@ -249,13 +274,35 @@ func printVerify(out io.Writer, rep verifyReport) {
 		slices.Sort(kinds)
 		fmt.Fprintf(out, "%-6s DISAGREES: %d documents differ (%s); %d of %d buckets differ; Postgres %d documents, %s %d\n",
 			r.Store, len(r.Differences), strings.Join(kinds, ", "), r.DifferingBuckets, r.Buckets, r.Documents, r.Store, r.StoreDocuments)
-		printEmbedder(out, r)
-		for i, d := range r.Differences {
-			if i == 50 {
-				fmt.Fprintf(out, "  ... and %d more (--json lists all)\n", len(r.Differences)-50)
-				break
+		if r.Partitions > 0 {
+			byPart := map[int]int{}
+			for _, d := range r.Differences {
+				if d.Partition != nil {
+					byPart[*d.Partition]++
+				}
 			}
-			fmt.Fprintf(out, "  %-16s %s: %s\n", d.Problem, d.Key, d.Detail)
+			var parts []string
+			for _, p := range slices.Sorted(maps.Keys(byPart)) {
+				parts = append(parts, fmt.Sprintf("%d in partition %d", byPart[p], p))
+			}
+			fmt.Fprintf(out, "%-6s by partition (of %d): %s\n", "", r.Partitions, strings.Join(parts, ", "))
 		}
+		printDifferences(out, r)
+	}
+}
+
+// printDifferences lists r's differences, the first 50.
+func printDifferences(out io.Writer, r verify.Report) {
+	printEmbedder(out, r)
+	for i, d := range r.Differences {
+		if i == 50 {
+			fmt.Fprintf(out, "  ... and %d more (--json lists all)\n", len(r.Differences)-50)
+			break
+		}
+		part := ""
+		if d.Partition != nil {
+			part = fmt.Sprintf(" (partition %d)", *d.Partition)
+		}
+		fmt.Fprintf(out, "  %-16s %s%s: %s\n", d.Problem, d.Key, part, d.Detail)
 	}
 }

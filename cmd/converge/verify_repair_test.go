@@ -23,6 +23,7 @@ import (
 	graphembedded "github.com/converge-sync/converge/internal/graph/embedded"
 	"github.com/converge-sync/converge/internal/notifier"
 	"github.com/converge-sync/converge/internal/stack"
+	"github.com/converge-sync/converge/pkg/contract"
 )
 
 // damageGraph stops the dev stack's graph projector (a child process),
@@ -174,6 +175,34 @@ func TestVerifyRepairThroughTheDevStack(t *testing.T) {
 	if err := run(ctx, verifyArgs, &out); !errors.Is(err, errDisagree) ||
 		!strings.Contains(out.String(), "stale_chunks     doc-03") || !strings.Contains(out.String(), "links_mismatch   doc-07") {
 		t.Fatalf("verify after the damage: %v\n%s", err, out.String())
+	}
+
+	// Verified by partition, as a projector in 4 partitions would be:
+	// doc-03's partition disagrees on it alone, a partition of neither
+	// damaged document agrees.
+	p3, p7 := contract.Partition("doc-03", 4), contract.Partition("doc-07", 4)
+	out.Reset()
+	if err := run(ctx, append(slices.Clone(verifyArgs), "-partitions", "4"), &out); !errors.Is(err, errDisagree) ||
+		!strings.Contains(out.String(), fmt.Sprintf("stale_chunks     doc-03 (partition %d)", p3)) ||
+		!strings.Contains(out.String(), "by partition (of 4): ") {
+		t.Fatalf("verify -partitions 4 after the damage: %v\n%s", err, out.String())
+	}
+	out.Reset()
+	if err := run(ctx, append(slices.Clone(verifyArgs), "-partitions", "4", "-partition", fmt.Sprint(p3)), &out); !errors.Is(err, errDisagree) ||
+		!strings.Contains(out.String(), fmt.Sprintf("graph  DISAGREES on partition %d of 4", p3)) || !strings.Contains(out.String(), "doc-03") ||
+		(p7 != p3 && strings.Contains(out.String(), "doc-07")) {
+		t.Fatalf("verify -partition %d (doc-03's) after the damage: %v\n%s", p3, err, out.String())
+	}
+	clean := -1
+	for p := range 4 {
+		if p != p3 && p != p7 {
+			clean = p
+		}
+	}
+	out.Reset()
+	if err := run(ctx, append(slices.Clone(verifyArgs), "-partitions", "4", "-partition", fmt.Sprint(clean)), &out); err != nil ||
+		!strings.Contains(out.String(), fmt.Sprintf("graph  agrees with Postgres on partition %d of 4", clean)) {
+		t.Fatalf("verify -partition %d (of no damaged document) after the damage: %v\n%s", clean, err, out.String())
 	}
 
 	out.Reset()

@@ -129,6 +129,9 @@ type RepairConfig struct {
 	Interval time.Duration
 	// Progress, if not nil, is told each step as it is reached.
 	Progress func(RepairProgress)
+	// Partitions restricts each verify after the re-emission as the first
+	// one was (see [Partitions]); zero: the whole store.
+	Partitions Partitions
 }
 
 // Validate checks c and sets its defaults.
@@ -211,6 +214,7 @@ func Repair(ctx context.Context, w Reemitter, truth Side, projections []Projecti
 		if err != nil {
 			return last, err
 		}
+		rep = cfg.Partitions.Apply(rep)
 		last = rep
 		remaining := rep.Differences()
 		if !slices.ContainsFunc(remaining, RepairItem.Unsettled) || time.Now().After(deadline) {

@@ -263,6 +263,9 @@ type Difference struct {
 	Detail   string `json:"detail"`
 	Expected *Doc   `json:"expected,omitempty"`
 	Actual   *Doc   `json:"actual,omitempty"`
+	// Partition is the document's partition, when the verify was asked
+	// of a projector's partitions ([Partitions]).
+	Partition *int `json:"partition,omitempty"`
 }
 
 // Report is the outcome of comparing one projection with Postgres.
@@ -278,6 +281,12 @@ type Report struct {
 	// Embedder made the vectors of the index's live generation, as its
 	// projector reports it; nil for the graph.
 	Embedder *embed.Identity `json:"embedder,omitempty"`
+	// Partitions is the number of partitions the differences are
+	// labelled by, and Partition the one partition this report speaks
+	// of (Agrees and Differences then are that partition's alone); see
+	// [Partitions].
+	Partitions int  `json:"partitions,omitempty"`
+	Partition  *int `json:"partition,omitempty"`
 }
 
 // Compare compares store with the truth (Postgres), descending only into
