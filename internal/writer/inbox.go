@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -85,6 +86,16 @@ type Inbox struct {
 	cfg     InboxConfig
 	metrics *Metrics
 	log     *slog.Logger
+
+	mu         sync.Mutex
+	unreadable map[string]*unreadableSource // sources whose view could not be read, by name
+}
+
+// unreadableSource is a source whose view could not be read: its rows
+// are left out of the batches until it is tried again.
+type unreadableSource struct {
+	attempts int
+	retry    time.Time
 }
 
 // NewInbox returns the inbox's drain over pool.
@@ -138,7 +149,15 @@ func (in *Inbox) listen(ctx context.Context, healthy func()) error {
 			return err
 		}
 		healthy()
-		if _, err := listener.WaitForNotification(ctx); err != nil {
+		// A source left out until a time is tried again then, whether or
+		// not a producer commits meanwhile.
+		wctx, cancel := ctx, context.CancelFunc(func() {})
+		if next, ok := in.nextRetry(); ok {
+			wctx, cancel = context.WithDeadline(ctx, next)
+		}
+		_, err := listener.WaitForNotification(wctx)
+		cancel()
+		if err != nil && (ctx.Err() != nil || !errors.Is(wctx.Err(), context.DeadlineExceeded)) {
 			return fmt.Errorf("inbox: wait for a notification: %w", err)
 		}
 	}
@@ -186,18 +205,90 @@ type inboxRow struct {
 }
 
 const takeInboxSQL = `SELECT id, coalesce(key, ''), coalesce(document::text, ''), coalesce(source, ''), coalesce(row_id, '')
-FROM converge_inbox WHERE refused_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`
+FROM converge_inbox WHERE refused_at IS NULL AND coalesce(source, '') <> ALL($2::text[]) ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`
 
 // drainBatch takes up to a batch of pending rows, applies them, deletes
-// the applied ones and marks the refused ones, in one transaction.
+// the applied ones and marks the refused ones, in one transaction. A
+// source whose view cannot be read has the batch rolled back and is left
+// out of the next ones until it is tried again (after a backoff): its rows
+// stay pending, and the others go on.
 func (in *Inbox) drainBatch(ctx context.Context) (int, error) {
+	n, err := in.takeBatch(ctx)
+	var ue *UnreadableSourceError
+	if errors.As(err, &ue) {
+		in.setUnreadable(ue)
+		return 0, errDeferred
+	}
+	return n, err
+}
+
+// setUnreadable leaves the source of e out until its next attempt.
+func (in *Inbox) setUnreadable(e *UnreadableSourceError) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.unreadable == nil {
+		in.unreadable = map[string]*unreadableSource{}
+	}
+	u := in.unreadable[e.Source]
+	if u == nil {
+		u = &unreadableSource{}
+		in.unreadable[e.Source] = u
+	}
+	delay := retry.Backoff{Min: in.cfg.RetryMin, Max: in.cfg.RetryMax}.Delay(u.attempts)
+	u.attempts++
+	u.retry = time.Now().Add(delay)
+	in.metrics.InboxSourceUnreadable.WithLabelValues(e.Source).Set(1)
+	in.log.Error(e.Error(), "source", e.Source, "code", e.Err.Code, "attempt", u.attempts, "again_in", delay.Round(time.Millisecond))
+}
+
+// readable notes that the sources of a committed batch were read.
+func (in *Inbox) readable(changes []*sourceChange) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	for _, c := range changes {
+		if _, ok := in.unreadable[c.source]; ok {
+			delete(in.unreadable, c.source)
+			in.metrics.InboxSourceUnreadable.WithLabelValues(c.source).Set(0)
+			in.log.Info("inbox: source's view read again: its pending rows are applied", "source", c.source)
+		}
+	}
+}
+
+// leftOut are the sources whose rows the batches leave out now.
+func (in *Inbox) leftOut() []string {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	out := []string{}
+	now := time.Now()
+	for name, u := range in.unreadable {
+		if now.Before(u.retry) {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// nextRetry is when the first source left out is tried again.
+func (in *Inbox) nextRetry() (time.Time, bool) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	var next time.Time
+	for _, u := range in.unreadable {
+		if next.IsZero() || u.retry.Before(next) {
+			next = u.retry
+		}
+	}
+	return next, !next.IsZero()
+}
+
+func (in *Inbox) takeBatch(ctx context.Context) (int, error) {
 	start := time.Now()
 	tx, err := in.pool.Begin(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("inbox: begin: %w", err)
 	}
 	defer tx.Rollback(context.Background()) //nolint:errcheck // after Commit, a no-op
-	rows, err := tx.Query(ctx, takeInboxSQL, in.cfg.BatchSize)
+	rows, err := tx.Query(ctx, takeInboxSQL, in.cfg.BatchSize, in.leftOut())
 	if err != nil {
 		return 0, fmt.Errorf("inbox: take: %w", err)
 	}
@@ -327,12 +418,13 @@ func (in *Inbox) drainBatch(ctx context.Context) (int, error) {
 	}
 	in.metrics.TxSeconds.WithLabelValues("inbox").Observe(time.Since(start).Seconds())
 	in.metrics.count("inbox", outs)
-	if deferred {
-		return len(taken), errDeferred
-	}
+	in.readable(order)
 	for i, id := range refusedIDs {
 		in.metrics.InboxRefused.WithLabelValues(codes[i]).Inc()
 		in.log.Warn("inbox: refused a handed-over row; it stays in converge_inbox with the reason", "id", id, "code", codes[i])
+	}
+	if deferred {
+		return len(taken), errDeferred
 	}
 	return len(taken), nil
 }

@@ -15,6 +15,9 @@ type Metrics struct {
 	DeadLetter   *prometheus.CounterVec // ingest messages dead-lettered, by code
 	OutboxPruned prometheus.Counter
 	InboxRefused *prometheus.CounterVec // handed-over documents refused, by code
+	// InboxSourceUnreadable is 1 for a source whose view could not be
+	// read at its last attempt (its rows left pending), by source.
+	InboxSourceUnreadable *prometheus.GaugeVec
 }
 
 // NewMetrics creates the writer's metrics and registers them with reg.
@@ -43,9 +46,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "converge_writer_inbox_refused_total",
 			Help: "Documents handed over in converge_inbox that the writer refused (kept there with the code and message), by code.",
 		}, []string{"code"}),
+		InboxSourceUnreadable: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "converge_writer_inbox_source_unreadable",
+			Help: "1 when the source's view could not be read at its last attempt: its changed rows stay pending in converge_inbox until it can, by source.",
+		}, []string{"source"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Requests, m.Documents, m.TxSeconds, m.Retries, m.DeadLetter, m.OutboxPruned, m.InboxRefused)
+		reg.MustRegister(m.Requests, m.Documents, m.TxSeconds, m.Retries, m.DeadLetter, m.OutboxPruned, m.InboxRefused, m.InboxSourceUnreadable)
 	}
 	return m
 }

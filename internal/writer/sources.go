@@ -355,11 +355,17 @@ func readSource(ctx context.Context, tx pgx.Tx, name string, cs []*sourceChange)
 		if transient(pgErr) {
 			return err
 		}
+		if !ofARow(pgErr) {
+			return &UnreadableSourceError{Source: name, View: views[0], Err: pgErr}
+		}
 		// One row spoils the read: each alone, so that only it is refused.
 		for _, c := range cs {
 			if err := readRows(ctx, tx, name, query, []*sourceChange{c}); err != nil {
 				if !errors.As(err, &pgErr) || transient(pgErr) {
 					return err
+				}
+				if !ofARow(pgErr) {
+					return &UnreadableSourceError{Source: name, View: views[0], Err: pgErr}
 				}
 				c.now, c.err = nil, &contract.ValidationError{Code: CodeRowUnreadable, Field: "source",
 					Message: fmt.Sprintf("row %s of source %s cannot be read through its view: %s (%s)", c.row, name, pgErr.Message, pgErr.Code)}
