@@ -98,6 +98,20 @@ func (g *Guard) Require(scope Scope, next http.Handler) http.Handler {
 	})
 }
 
+// Allows reports whether Require(scope) would serve r, without counting
+// or logging a refusal: what a page asks to show or hide an action.
+func (g *Guard) Allows(r *http.Request, scope Scope) bool {
+	if !g.Enabled() {
+		return true
+	}
+	token, ok := bearer(r)
+	if !ok {
+		return false
+	}
+	_, scopes, ok := g.tokens.lookup(token)
+	return ok && scopes&scope != 0
+}
+
 func (g *Guard) refuse(w http.ResponseWriter, r *http.Request, reason, name string) {
 	route := r.Pattern
 	if route == "" {

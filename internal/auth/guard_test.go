@@ -185,3 +185,51 @@ func TestGuardsShareARegistry(t *testing.T) {
 	}
 	t.Fatal("no converge_auth_refusals_total")
 }
+
+// Allows answers as Require would, and counts and logs nothing: a page
+// asking what to show is no refused request.
+func TestAllowsAnswersAsRequireWithoutCounting(t *testing.T) {
+	tokens, err := auth.Load(tokensFile(t, threeTokens))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := telemetry.NewRegistry()
+	var logs testenv.Buffer
+	g := auth.NewGuard(tokens, reg, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	for _, c := range []struct {
+		authorization string
+		scope         auth.Scope
+		want          bool
+	}{
+		{"", auth.Read, false},
+		{"Bearer not-a-token", auth.Read, false},
+		{"Bearer " + readToken, auth.Read, true},
+		{"Bearer " + readToken, auth.Admin, false},
+		{"Bearer " + adminToken, auth.Admin, true},
+		{"Bearer " + adminToken, auth.Read, false},
+		{"Bearer " + writeToken, auth.Read | auth.Write, true},
+	} {
+		req := httptest.NewRequest(http.MethodGet, "/", nil)
+		if c.authorization != "" {
+			req.Header.Set("Authorization", c.authorization)
+		}
+		if got := g.Allows(req, c.scope); got != c.want {
+			t.Errorf("Allows(%q, %v) = %v, want %v", c.authorization, c.scope, got, c.want)
+		}
+	}
+	if mfs, err := reg.Gather(); err != nil {
+		t.Fatal(err)
+	} else {
+		for _, mf := range mfs {
+			if mf.GetName() == "converge_auth_refusals_total" && len(mf.GetMetric()) > 0 {
+				t.Errorf("Allows counted refusals: %v", mf)
+			}
+		}
+	}
+	if logs.String() != "" {
+		t.Errorf("Allows logged: %s", logs.String())
+	}
+	if !auth.NewGuard(nil, nil, nil).Allows(httptest.NewRequest(http.MethodGet, "/", nil), auth.Admin) {
+		t.Error("without tokens, Allows refused")
+	}
+}

@@ -105,9 +105,6 @@ func (c *Config) setDefaults() {
 type Console struct {
 	cfg   Config
 	guard *auth.Guard
-	// probe asks whether a token holds the admin scope without counting
-	// nor logging a refusal: the page asks it of every token.
-	probe *auth.Guard
 	kick  chan struct{}
 
 	mu      sync.Mutex
@@ -125,7 +122,6 @@ func New(cfg Config) (*Console, error) {
 	return &Console{
 		cfg:   cfg,
 		guard: auth.NewGuard(cfg.Tokens, cfg.Registry, cfg.Log),
-		probe: auth.NewGuard(cfg.Tokens, nil, nil),
 		kick:  make(chan struct{}, 1),
 		rates: rates{},
 	}, nil
