@@ -32,7 +32,8 @@ import (
 // SIGKILLed, and the other two take its partitions within the lease's
 // bound, with everything committed before the kill applied soon after;
 // started again, it gets its share back. The graph is then rebuilt in
-// place, under load, asked of one of the instances. At the end converge verify
+// place, under load, asked of one of the instances, and then again with
+// its coordinator SIGKILLed mid-rebuild. At the end converge verify
 // agrees, every consumer has drained, and nothing acknowledged is lost.
 func TestPartitionsTakeOver(t *testing.T) {
 	if testing.Short() {
@@ -202,6 +203,61 @@ func TestPartitionsTakeOver(t *testing.T) {
 	rebuilt := time.Since(at)
 	testenv.Eventually(t, "the partitions spread again after the rebuild", time.Minute, func() bool { return spread(instances...) })
 	t.Logf("rebuilt in place, asked of %s, in %s; spread again %s after it began; partitions:%s", others[0].name, short(rebuilt), short(time.Since(at)), describe())
+
+	// Again, the coordinator SIGKILLed while it fills the graph: another
+	// instance takes the coordinator's lease and finishes the rebuild, the
+	// dead one's claim on every partition gone with its members' key.
+	var coord *service
+	testenv.Eventually(t, "an instance to coordinate the rebuilds", 30*time.Second, func() bool {
+		kv, err := p.js.KeyValue(ctx, lease.Bucket)
+		if err != nil {
+			return false
+		}
+		e, err := kv.Get(ctx, projector.CoordinatorLease("graph"))
+		if err != nil {
+			return false
+		}
+		var v lease.Value
+		if json.Unmarshal(e.Value(), &v) != nil {
+			return false
+		}
+		for addr, s := range byAddr {
+			if strings.HasSuffix(v.Holder, "/"+addr) {
+				coord = s
+			}
+		}
+		return coord != nil
+	})
+	asked := instances[0]
+	if asked == coord {
+		asked = instances[1]
+	}
+	c = &rebuild.Client{Addr: asked.addr, Token: p.operatorToken}
+	testenv.Eventually(t, "a second rebuild to start", 30*time.Second, func() bool {
+		var started bool
+		var err error
+		st, started, err = c.Start(ctx)
+		return err == nil && started
+	})
+	var during rebuild.Status
+	testenv.Eventually(t, "the second rebuild to be filling the graph", time.Minute, func() bool {
+		var err error
+		during, err = c.Status(ctx)
+		return err == nil && (during.Phase == rebuild.PhaseFilling && during.AppliedSeq > 0 || during.Phase == rebuild.PhaseDone)
+	})
+	if during.Phase == rebuild.PhaseDone || during.Pending == 0 {
+		t.Fatalf("the rebuild was done before its coordinator could be killed: %+v", during)
+	}
+	at = time.Now()
+	coord.kill()
+	if _, err := c.Wait(wctx, st.ID, 200*time.Millisecond, nil); err != nil {
+		t.Fatal(err)
+	}
+	resumed := time.Since(at)
+	coord.start()
+	testenv.Eventually(t, "the partitions spread again after the second rebuild", time.Minute, func() bool { return spread(instances...) })
+	t.Logf("SIGKILL of the coordinator %s while it filled the graph (applied %d, pending %d): the rebuild finished by another %s later (lease TTL %v); spread again after %s; partitions:%s",
+		coord.name, during.AppliedSeq, during.Pending, short(resumed), standbyTTL, short(time.Since(at)), describe())
 
 	stopLoad()
 	p.checkAfterLoad(ctx, l)
