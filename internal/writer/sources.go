@@ -347,30 +347,8 @@ func readSource(ctx context.Context, tx pgx.Tx, name string, cs []*sourceChange)
 	query := fmt.Sprintf(`SELECT row_id::text, coalesce(key, ''), coalesce(title, ''), coalesce(body, ''),
 		coalesce(array_remove(tags, NULL), '{}'), coalesce(array_remove(links, NULL), '{}'), coalesce(meta::text, '{}')
 		FROM %s WHERE row_id = ANY($1::text[]::%s[])`, views[0], typ)
-	if err := readRows(ctx, tx, name, query, cs); err != nil {
-		var pgErr *pgconn.PgError
-		if !errors.As(err, &pgErr) {
-			return err
-		}
-		if transient(pgErr) {
-			return err
-		}
-		if !ofARow(pgErr) {
-			return &UnreadableSourceError{Source: name, View: views[0], Err: pgErr}
-		}
-		// One row spoils the read: each alone, so that only it is refused.
-		for _, c := range cs {
-			if err := readRows(ctx, tx, name, query, []*sourceChange{c}); err != nil {
-				if !errors.As(err, &pgErr) || transient(pgErr) {
-					return err
-				}
-				if !ofARow(pgErr) {
-					return &UnreadableSourceError{Source: name, View: views[0], Err: pgErr}
-				}
-				c.now, c.err = nil, &contract.ValidationError{Code: CodeRowUnreadable, Field: "source",
-					Message: fmt.Sprintf("row %s of source %s cannot be read through its view: %s (%s)", c.row, name, pgErr.Message, pgErr.Code)}
-			}
-		}
+	if err := readIsolating(ctx, tx, name, views[0], query, cs); err != nil {
+		return err
 	}
 	ids, byRow := rowsOf(cs)
 	rows, err = tx.Query(ctx, `SELECT row_id, key FROM converge_mapped_rows WHERE source = $1 AND row_id = ANY($2)`, name, ids)
@@ -387,6 +365,35 @@ func readSource(ctx context.Context, tx pgx.Tx, name string, cs []*sourceChange)
 		return fmt.Errorf("inbox: read source %s's keys: %w", name, err)
 	}
 	return nil
+}
+
+// readIsolating reads the view's rows of cs with query; where a row
+// spoils the read, the halves are read apart, down to the rows that
+// cannot be read, each refused alone (a batch of n rows with one such row
+// takes some 2 log2 n reads, not n).
+func readIsolating(ctx context.Context, tx pgx.Tx, name, view, query string, cs []*sourceChange) error {
+	err := readRows(ctx, tx, name, query, cs)
+	if err == nil {
+		return nil
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || transient(pgErr) {
+		return err
+	}
+	if !ofARow(pgErr) {
+		return &UnreadableSourceError{Source: name, View: view, Err: pgErr}
+	}
+	if len(cs) == 1 {
+		c := cs[0]
+		c.now, c.err = nil, &contract.ValidationError{Code: CodeRowUnreadable, Field: "source",
+			Message: fmt.Sprintf("row %s of source %s cannot be read through its view: %s (%s)", c.row, name, pgErr.Message, pgErr.Code)}
+		return nil
+	}
+	half := len(cs) / 2
+	if err := readIsolating(ctx, tx, name, view, query, cs[:half]); err != nil {
+		return err
+	}
+	return readIsolating(ctx, tx, name, view, query, cs[half:])
 }
 
 // transient reports an error of the server's state rather than of a
