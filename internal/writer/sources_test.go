@@ -11,9 +11,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/converge-sync/converge/internal/source"
+	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/internal/writer"
 )
 
@@ -181,6 +184,20 @@ func drainAll(t *testing.T, e *env) {
 	if _, err := writer.NewInbox(e.pool, e.store, writer.InboxConfig{Parallel: 1}, e.metrics, nil).Drain(context.Background()); err != nil {
 		t.Fatalf("drain: %v", err)
 	}
+}
+
+// waitBatches waits until the inbox's drain has committed n batches (each
+// observed in its transaction's latency): what a batch did, a row
+// refused, applied or left pending, is in the database then.
+func waitBatches(t *testing.T, m *writer.Metrics, n uint64) {
+	t.Helper()
+	testenv.Eventually(t, fmt.Sprintf("%d inbox batches committed", n), 10*time.Second, func() bool {
+		var d dto.Metric
+		if err := m.TxSeconds.WithLabelValues("inbox").(prometheus.Histogram).Write(&d); err != nil {
+			t.Fatal(err)
+		}
+		return d.GetHistogram().GetSampleCount() >= n
+	})
 }
 
 // refusals are the inbox's refused rows, "source row_id code".
@@ -413,11 +430,12 @@ func TestSourceRowHeldElsewhereIsLeftForLater(t *testing.T) {
 	drained := make(chan error, 1)
 	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
+	metrics := writer.NewMetrics(nil) // the drain's batches alone, counted from none
 	go func() {
-		_, err := writer.NewInbox(e.pool, e.store, writer.InboxConfig{Parallel: 1, BatchSize: 1}, e.metrics, nil).Drain(dctx)
+		_, err := writer.NewInbox(e.pool, e.store, writer.InboxConfig{Parallel: 1, BatchSize: 1}, metrics, nil).Drain(dctx)
 		drained <- err
 	}()
-	time.Sleep(300 * time.Millisecond)
+	waitBatches(t, metrics, 1) // the batch committed: what it did is in the database
 	if got := refusals(t, e); len(got) != 0 {
 		t.Fatalf("refused %q while the other row was held", got)
 	}
@@ -471,13 +489,17 @@ func TestSourceRowTakingTheKeyOfADeferredRowWaits(t *testing.T) {
 	drained := make(chan error, 1)
 	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
+	metrics := writer.NewMetrics(nil) // the drain's batches alone, counted from none
 	go func() {
-		_, err := writer.NewInbox(e.pool, e.store, writer.InboxConfig{Parallel: 1, BatchSize: 2}, e.metrics, nil).Drain(dctx)
+		_, err := writer.NewInbox(e.pool, e.store, writer.InboxConfig{Parallel: 1, BatchSize: 2}, metrics, nil).Drain(dctx)
 		drained <- err
 	}()
-	time.Sleep(300 * time.Millisecond) // the batch tried, and waits
+	waitBatches(t, metrics, 1) // the batch committed: what it did is in the database
 	if got := refusals(t, e); len(got) != 0 {
 		t.Fatalf("refused %q while row 4 was held", got)
+	}
+	if n := count(t, e, `SELECT count(*) FROM converge_inbox`); n != 3 {
+		t.Fatalf("%d rows pending while row 4 was held, want all 3", n)
 	}
 	if err := other.Commit(ctx); err != nil {
 		t.Fatal(err)
