@@ -3,6 +3,7 @@ package lease_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -111,4 +112,67 @@ func TestClaimTakesEveryPartition(t *testing.T) {
 	testenv.Eventually(t, "a to hold every partition once the claimer left", 10*time.Second, func() bool {
 		return held(a) == 4 && a.Claimer() == ""
 	})
+}
+
+// A member that stops announcing without deleting its key (one that
+// crashed) is live while its key is newer than a TTL on the reader's
+// clock, and gone once the reader has seen it unchanged for a whole TTL:
+// its partitions go to the members left.
+func TestMemberNotRenewedForATTLIsGone(t *testing.T) {
+	js, err := jetstream.New(testenv.StartNATS(t).Connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ttl = 600 * time.Millisecond
+	parts := []string{"y.p00", "y.p01", "y.p02", "y.p03"}
+	ctx := context.Background()
+	open := func(holder string) *lease.Members {
+		m, err := lease.OpenMembers(ctx, js, "y", holder, parts, ttl, 1, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); _ = m.Run(rctx) }()
+		t.Cleanup(func() { cancel(); <-done })
+		return m
+	}
+	a, b := open("a"), open("b")
+	// shared reports whether a or b, not both, wants each partition.
+	shared := func() bool {
+		for _, p := range parts {
+			if a.Wants(p) == b.Wants(p) {
+				return false
+			}
+		}
+		return true
+	}
+	testenv.Eventually(t, "a and b to share the partitions", 10*time.Second, shared)
+
+	// The crashed member's key, written once, as its last announcement.
+	kv, err := js.KeyValue(ctx, lease.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	crashed := lease.MemberID("crashed")
+	put := time.Now()
+	if _, err := kv.Put(ctx, "y.members."+crashed, fmt.Appendf(nil, `{"holder":"crashed","renewed":%q}`, put.UTC().Format(time.RFC3339Nano))); err != nil {
+		t.Fatal(err)
+	}
+	counts := func(m *lease.Members) bool { return slices.Contains(m.Live(), crashed) }
+	testenv.Eventually(t, "a and b to count the crashed member live", ttl/2, func() bool { return counts(a) && counts(b) })
+	// Three live members, four partitions: one at least is the crashed
+	// member's, wanted by neither a nor b.
+	if shared() {
+		t.Fatal("a and b want every partition while the crashed member is live")
+	}
+
+	testenv.Eventually(t, "a and b to count the crashed member gone", 4*ttl, func() bool { return !counts(a) && !counts(b) })
+	if since := time.Since(put); since < ttl {
+		t.Fatalf("the crashed member gone %v after its last announcement, before a TTL (%v)", since, ttl)
+	}
+	testenv.Eventually(t, "a and b to share the partitions again", ttl, shared)
+	if !slices.Equal(a.Live(), b.Live()) || len(a.Live()) != 2 {
+		t.Fatalf("live members after the expiry: a %v, b %v; want a and b alone", a.Live(), b.Live())
+	}
 }
