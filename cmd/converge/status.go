@@ -100,9 +100,16 @@ func status(ctx context.Context, args []string, out io.Writer) error {
 	return nil
 }
 
+// holdersWatch bounds how long status watches the partitions' leases: a
+// holder renewing its lease is told within TTL/3 (its next renewal), one
+// that stopped after a whole TTL (lease.DefaultTTL: 3s); a lease of a
+// longer TTL is not told.
+const holdersWatch = 10 * time.Second
+
 // collectStatus reads the relay's slot and the outbox from Postgres and,
-// with a NATS URL, the streams, their consumers and the rebuilds (connected
-// with natsOpts: the operator's credentials).
+// with a NATS URL, the streams, their consumers (with whether each
+// partition's holder renews its lease) and the rebuilds (connected with
+// natsOpts: the operator's credentials).
 func collectStatus(ctx context.Context, pgURL, natsURL, slot string, natsOpts ...nats.Option) (statusReport, error) {
 	rep := statusReport{Slot: pipeline.SlotStatus{Name: slot}}
 	conn, err := pgx.Connect(ctx, pgURL)
@@ -139,6 +146,7 @@ func collectStatus(ctx context.Context, pgURL, natsURL, slot string, natsOpts ..
 		pipeline.ConsumedStream{Stream: writer.IngestStream, DeadLetters: writer.IngestDLQName}); err != nil {
 		return rep, err
 	}
+	pipeline.CheckHolders(ctx, js, rep.Consumers, holdersWatch)
 	if rep.Rebuilds, err = rebuild.InProgress(ctx, js); err != nil {
 		return rep, err
 	}
@@ -241,8 +249,12 @@ func printStatus(out io.Writer, rep statusReport) {
 			fmt.Fprintln(tw, "PARTITION\tHELD BY")
 			for _, c := range holders {
 				h := c.Holder
-				if h == "" {
+				switch {
+				case h == "":
 					h = "- (nobody: its instance stopped or died; another takes it within the lease's TTL)"
+				case c.HolderNotRenewedMs > 0:
+					silent := (time.Duration(c.HolderNotRenewedMs) * time.Millisecond).Truncate(100 * time.Millisecond)
+					h = fmt.Sprintf("%s (not renewed for %s or more: expired or cut off)", h, silent)
 				}
 				fmt.Fprintf(tw, "%s\t%s\n", c.Name, h)
 			}

@@ -12,7 +12,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/converge-sync/converge/internal/clock"
 	"github.com/converge-sync/converge/internal/deadletter"
+	"github.com/converge-sync/converge/internal/lease"
+	"github.com/converge-sync/converge/internal/pipeline"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/relay"
@@ -151,5 +154,89 @@ func TestStatusReportsSlotOutboxAndStreams(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Fatalf("table lacks %q:\n%s", want, out.String())
 		}
+	}
+}
+
+// A partition whose lease a reader sees unchanged for its whole TTL is
+// shown with its holder as not renewed; one renewed is shown as held.
+// Neither verdict reads the holders' wall clocks: the live holder's runs
+// an hour behind, the crashed one's an hour ahead.
+func TestStatusTellsAPartitionHolderThatStoppedRenewing(t *testing.T) {
+	ctx := context.Background()
+	url := pg.MigratedDatabase(t)
+	n := testenv.StartNATS(t)
+	js, err := jetstream.New(n.Connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := relay.ApplyPartsStream(ctx, js, relay.StreamConfig{}, 2, false); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"index-p00", "index-p01"} {
+		if _, err := js.CreateConsumer(ctx, contract.PartsStream, jetstream.ConsumerConfig{Durable: name, AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const ttl = 600 * time.Millisecond
+	l, err := lease.Open(ctx, js, lease.Config{Name: projector.PartitionLease("index", 0), Holder: "live", TTL: ttl, Clock: clock.NewShifted(-time.Hour)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	term, err := l.Acquire(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(term.Release)
+	// The crashed holder's last renewal, written once.
+	kv, err := js.KeyValue(ctx, lease.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ahead := time.Now().UTC().Add(time.Hour)
+	last, err := json.Marshal(lease.Value{Holder: "crashed", Since: ahead, Renewed: ahead, TTLms: ttl.Milliseconds()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, projector.PartitionLease("index", 1), last); err != nil {
+		t.Fatal(err)
+	}
+
+	var out bytes.Buffer
+	if err := run(ctx, []string{"status", "-postgres-url", url, "-nats-url", n.URL, "--json"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	var rep statusReport
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("%v: %s", err, out.String())
+	}
+	held := map[string]pipeline.ConsumerStatus{}
+	for _, c := range rep.Consumers {
+		held[c.Name] = c
+	}
+	if c := held["index-p00"]; c.Holder != "live" || c.HolderNotRenewedMs != 0 {
+		t.Fatalf("partition 0: %+v, want held by live, renewed", c)
+	}
+	if c := held["index-p01"]; c.Holder != "crashed" || c.HolderNotRenewedMs < ttl.Milliseconds() {
+		t.Fatalf("partition 1: %+v, want held by crashed, not renewed for %v or more", c, ttl)
+	}
+	if !strings.Contains(out.String(), `"holder_not_renewed_ms":`) {
+		t.Fatalf("the JSON lacks holder_not_renewed_ms: %s", out.String())
+	}
+
+	out.Reset()
+	if err := run(ctx, []string{"status", "-postgres-url", url, "-nats-url", n.URL}, &out); err != nil {
+		t.Fatal(err)
+	}
+	lines := map[string]string{}
+	for line := range strings.Lines(out.String()) {
+		if f := strings.Fields(line); len(f) > 1 && strings.HasPrefix(f[0], "index-p") {
+			lines[f[0]+" "+f[1]] = strings.TrimSpace(line)
+		}
+	}
+	if got := lines["index-p00 live"]; got == "" || strings.Contains(got, "not renewed") {
+		t.Fatalf("partition 0 shown as %q, want held by live:\n%s", got, out.String())
+	}
+	if got := lines["index-p01 crashed"]; !strings.Contains(got, "crashed (not renewed for ") || !strings.Contains(got, "expired or cut off") {
+		t.Fatalf("partition 1 shown as %q, want crashed, not renewed:\n%s", got, out.String())
 	}
 }

@@ -2,7 +2,8 @@
 // (converge status): the relay's slot and the outbox it reads, the streams
 // its events feed, and their durable consumers with their progress, dead
 // letters and last gap. Every read is one query or one JetStream request
-// per thing reported; nothing is written.
+// per thing reported, but for [CheckHolders], which reads the partitions'
+// leases again and again for up to a TTL; nothing is written.
 package pipeline
 
 import (
@@ -100,6 +101,12 @@ type ConsumerStatus struct {
 	// Holder, for a partition's consumer (contract.PartsStream), is the
 	// instance that holds the partition's lease ("" when none does).
 	Holder string `json:"holder,omitempty"`
+	// HolderNotRenewedMs, set by [CheckHolders], is how long the reader
+	// saw the partition's lease unchanged when that is the lease's whole
+	// TTL or more: its holder did not renew it (it died, or is cut off
+	// from NATS), and another instance may take it over. 0: renewed while
+	// watched, or not watched.
+	HolderNotRenewedMs int64 `json:"holder_not_renewed_ms,omitempty"`
 }
 
 // ConsumedStream is a stream whose durable consumers [ReadConsumers]
@@ -255,21 +262,133 @@ func partitionHolder(ctx context.Context, leases jetstream.KeyValue, consumer st
 	if leases == nil {
 		return ""
 	}
-	i := strings.LastIndex(consumer, "-p")
-	if i < 0 {
+	key, ok := partitionLeaseKey(consumer)
+	if !ok {
 		return ""
 	}
-	part, err := strconv.Atoi(consumer[i+2:])
+	v, _, err := readLease(ctx, leases, key)
 	if err != nil {
-		return ""
-	}
-	e, err := leases.Get(ctx, projector.PartitionLease(consumer[:i], part))
-	if err != nil {
-		return ""
-	}
-	var v lease.Value
-	if json.Unmarshal(e.Value(), &v) != nil {
 		return ""
 	}
 	return v.Holder
+}
+
+// partitionLeaseKey is the key of the lease of the partition whose
+// consumer is consumer (<name>-pNN); ok false for another name.
+func partitionLeaseKey(consumer string) (key string, ok bool) {
+	i := strings.LastIndex(consumer, "-p")
+	if i < 0 {
+		return "", false
+	}
+	part, err := strconv.Atoi(consumer[i+2:])
+	if err != nil {
+		return "", false
+	}
+	return projector.PartitionLease(consumer[:i], part), true
+}
+
+// errNoLease is a lease key absent or deleted: nobody holds it.
+var errNoLease = errors.New("pipeline: the lease is not held")
+
+// readLease reads the lease at key and its revision.
+func readLease(ctx context.Context, leases jetstream.KeyValue, key string) (lease.Value, uint64, error) {
+	e, err := leases.Get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+		return lease.Value{}, 0, errNoLease
+	}
+	if err != nil {
+		return lease.Value{}, 0, err
+	}
+	var v lease.Value
+	if err := json.Unmarshal(e.Value(), &v); err != nil {
+		return lease.Value{}, 0, fmt.Errorf("pipeline: lease %s: unreadable value: %w", key, err)
+	}
+	return v, e.Revision(), nil
+}
+
+// CheckHolders tells, for the partitions' consumers of cs that name a
+// holder, whether the holder still renews its lease, by the leases' rule
+// of time: a lease whose revision this reader sees unchanged for the
+// lease's whole TTL, on its own monotonic clock, was not renewed for that
+// long (HolderNotRenewedMs), whatever the wall clocks of its holder and of
+// this machine say; a revision that changes was renewed. The times in the
+// lease's value, the holder's wall clock's, are not read. It reads each
+// lease every TTL/6 until each is renewed or found not renewed, at most
+// for limit (a lease whose TTL is longer is not told); a lease taken over
+// or released meanwhile is reported with its holder then. A lease that
+// cannot be read is left as it was.
+func CheckHolders(ctx context.Context, js jetstream.JetStream, cs []ConsumerStatus, limit time.Duration) {
+	type watched struct {
+		c    *ConsumerStatus
+		key  string
+		rev  uint64
+		ttl  time.Duration
+		seen time.Time // when this reader first saw rev (monotonic)
+	}
+	var leases jetstream.KeyValue
+	var pending []*watched
+	poll := limit
+	for i := range cs {
+		c := &cs[i]
+		if c.Stream != contract.PartsStream || c.Holder == "" {
+			continue
+		}
+		key, ok := partitionLeaseKey(c.Name)
+		if !ok {
+			continue
+		}
+		if leases == nil {
+			kv, err := js.KeyValue(ctx, lease.Bucket)
+			if err != nil {
+				return
+			}
+			leases = kv
+		}
+		v, rev, err := readLease(ctx, leases, key)
+		if errors.Is(err, errNoLease) {
+			c.Holder = ""
+			continue
+		}
+		if err != nil {
+			continue
+		}
+		w := &watched{c: c, key: key, rev: rev, ttl: time.Duration(v.TTLms) * time.Millisecond, seen: time.Now()}
+		c.Holder = v.Holder
+		if w.ttl <= 0 {
+			w.ttl = lease.DefaultTTL
+		}
+		if w.ttl > limit {
+			continue
+		}
+		poll = min(poll, w.ttl/6)
+		pending = append(pending, w)
+	}
+	deadline := time.Now().Add(limit)
+	for len(pending) > 0 && time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(poll):
+		}
+		left := pending[:0]
+		for _, w := range pending {
+			// The revision read was the key's at some moment after sent:
+			// the silence until then is at least sent - seen.
+			sent := time.Now()
+			v, rev, err := readLease(ctx, leases, w.key)
+			switch {
+			case errors.Is(err, errNoLease):
+				w.c.Holder = "" // released
+			case err != nil:
+				left = append(left, w)
+			case rev != w.rev:
+				w.c.Holder = v.Holder // renewed, or taken over
+			case sent.Sub(w.seen) >= w.ttl:
+				w.c.HolderNotRenewedMs = sent.Sub(w.seen).Milliseconds()
+			default:
+				left = append(left, w)
+			}
+		}
+		pending = left
+	}
 }
