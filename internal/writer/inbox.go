@@ -417,7 +417,13 @@ func (in *Inbox) takeBatch(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("inbox: commit: %w", err)
 	}
 	in.metrics.TxSeconds.WithLabelValues("inbox").Observe(time.Since(start).Seconds())
-	in.metrics.count("inbox", outs)
+	counted := make([]docstore.Outcome, 0, len(outs))
+	for i, o := range outs {
+		if !left[i] { // a row left pending has no outcome yet
+			counted = append(counted, o)
+		}
+	}
+	in.metrics.count("inbox", counted)
 	in.readable(order)
 	for i, id := range refusedIDs {
 		in.metrics.InboxRefused.WithLabelValues(codes[i]).Inc()

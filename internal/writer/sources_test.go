@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 	"golang.org/x/sync/errgroup"
 
@@ -497,6 +498,9 @@ func TestSourceRowTakingTheKeyOfADeferredRowWaits(t *testing.T) {
 	waitBatches(t, metrics, 1) // the batch committed: what it did is in the database
 	if got := refusals(t, e); len(got) != 0 {
 		t.Fatalf("refused %q while row 4 was held", got)
+	}
+	if n := testutil.ToFloat64(metrics.Documents.WithLabelValues("inbox", "")); n != 0 {
+		t.Fatalf("%v rows left pending counted as documents without an outcome", n)
 	}
 	if n := count(t, e, `SELECT count(*) FROM converge_inbox`); n != 3 {
 		t.Fatalf("%d rows pending while row 4 was held, want all 3", n)
