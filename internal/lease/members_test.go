@@ -14,8 +14,8 @@ import (
 )
 
 // The assignment gives every partition to one live member, each member
-// its share or one more, the same from one call to the next; it logs how
-// many partitions move when a member joins.
+// its share or one more, the same from one call to the next; a member
+// joining moves at most half the partitions between the others.
 func TestAssignIsBalancedAndStable(t *testing.T) {
 	for _, n := range []int{2, 4, 8, 16} {
 		var parts []string
@@ -52,6 +52,11 @@ func TestAssignIsBalancedAndStable(t *testing.T) {
 					}
 				}
 				t.Logf("%d partitions, %d -> %d members: %d moved to the new member, %d between the others", n, len(live)-1, len(live), held[live[len(live)-1]], moved)
+				// A joining member moves few partitions besides those it
+				// takes: a modulo of the members would move most.
+				if moved > n/2 {
+					t.Errorf("%d partitions, %d -> %d members: %d moved between the others, more than half", n, len(live)-1, len(live), moved)
+				}
 			}
 			before = got
 		}
