@@ -38,8 +38,9 @@ func (c *countingEmbedder) count() int {
 // With EmbedAhead, Prepare embeds the chunks of the events the store does
 // not hold yet, and their Apply embeds nothing more and stores the same
 // vectors it would have; events the store holds are not embedded ahead
-// (a replay costs the embedder nothing), and without EmbedAhead Prepare
-// does nothing.
+// (a replay costs the embedder nothing), what a stopped runtime prepared
+// is dropped when it is forgotten, and without EmbedAhead Prepare does
+// nothing.
 func TestPrepareEmbedsAheadForApply(t *testing.T) {
 	ctx := context.Background()
 	h, err := embed.NewHash(benchDim)
@@ -102,6 +103,32 @@ func TestPrepareEmbedsAheadForApply(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	if got := e.count(); got != prepared {
 		t.Fatalf("Prepare of events the store holds embedded %d texts", got-prepared)
+	}
+
+	// Forgotten (the runtime that prepared stopped): Apply embeds what
+	// Prepare had asked for again, as if nothing had been prepared.
+	apply := func(x *index.Index) {
+		for _, r := range x.Apply(ctx, events[10:]) {
+			if r.Err != nil {
+				t.Fatal(r.Err)
+			}
+		}
+	}
+	alone, aloneE, _ := open(index.Options{EmbedAhead: true})
+	apply(alone)
+	ahead, aheadE, _ := open(index.Options{EmbedAhead: true})
+	ahead.Prepare(ctx, events[10:])
+	apply(ahead)
+	forgot, forgotE, _ := open(index.Options{EmbedAhead: true})
+	forgot.Prepare(ctx, events[10:])
+	forgot.Forget(ctx)
+	apply(forgot)
+	deadline := time.Now().Add(5 * time.Second)
+	for forgotE.count() != aheadE.count()+aloneE.count() && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond) // Prepare's requests run in the background
+	}
+	if got, want := forgotE.count(), aheadE.count()+aloneE.count(); got != want {
+		t.Fatalf("Prepare, Forget then Apply embedded %d texts; want what Prepare asked for (%d) and what Apply alone embeds (%d)", got, aheadE.count(), aloneE.count())
 	}
 
 	y, f, _ := open(index.Options{})

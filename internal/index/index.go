@@ -290,6 +290,14 @@ type aheadLane struct {
 	cur, prev map[string]*aheadVector
 }
 
+// Forget drops what Prepare asked for on behalf of ctx's runtime, which
+// stopped (projector.Forgetter).
+func (x *Index) Forget(ctx context.Context) {
+	x.aheadMu.Lock()
+	defer x.aheadMu.Unlock()
+	delete(x.lanes, projector.RuntimeName(ctx))
+}
+
 // laneLocked is the lane of ctx's runtime: the runtimes of a partitioned
 // projector each prepare their own next batch.
 func (x *Index) laneLocked(ctx context.Context) *aheadLane {

@@ -87,6 +87,14 @@ type Preparer interface {
 	Prepare(ctx context.Context, events []*contract.Event)
 }
 
+// Forgetter is a Preparer that keeps what it prepared apart for each
+// runtime (RuntimeName): a runtime calls Forget, with its name in ctx,
+// when it stops (a partition handed over, a rebuild's round done), so
+// that what it prepared and never applied is dropped.
+type Forgetter interface {
+	Forget(ctx context.Context)
+}
+
 // Delivery is an event with what its message tells besides the event.
 type Delivery struct {
 	Event *contract.Event

@@ -69,6 +69,9 @@ func (r *Runtime) Ready() <-chan struct{} { return r.ready }
 // released for redelivery.
 func (r *Runtime) Run(ctx context.Context) error {
 	ctx = context.WithValue(ctx, runtimeKey{}, r.cfg.Name)
+	if f, ok := r.store.(Forgetter); ok {
+		defer f.Forget(context.WithoutCancel(ctx))
+	}
 	if err := deadletter.EnsureStream(ctx, r.js, max(r.cfg.Replicas, 1)); err != nil {
 		if ctx.Err() != nil {
 			return nil // stopped while starting (a partition handed over at once)

@@ -81,6 +81,14 @@ func (s *Switch) Prepare(ctx context.Context, events []*contract.Event) {
 	}
 }
 
+// Forget has the live generation's store drop what it prepared for ctx's
+// runtime, when it can (projector.Forgetter).
+func (s *Switch) Forget(ctx context.Context) {
+	if f, ok := s.Live().Store.(projector.Forgetter); ok {
+		f.Forget(ctx)
+	}
+}
+
 // Pause waits for the store calls in progress and holds further ones back
 // until the returned function is called.
 func (s *Switch) Pause() (resume func()) {
