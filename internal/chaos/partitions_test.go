@@ -43,7 +43,7 @@ func TestPartitionsTakeOver(t *testing.T) {
 	const parts = 4
 	cfg := configFromFlags()
 	cfg.partitions, cfg.neo4j = parts, testenv.LeaseNeo4j(t)
-	cfg.rate, cfg.docs = 200, 200
+	cfg.rate, cfg.docs = 200, 1000 // a graph whose rebuild lasts long enough to kill its coordinator in the middle
 	p := startPipeline(t, cfg)
 	ctx := context.Background()
 	l, stopLoad := p.startLoad(ctx, cfg)
