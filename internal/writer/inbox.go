@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/errgroup"
 
@@ -156,8 +157,9 @@ func (in *Inbox) listen(ctx context.Context, healthy func()) error {
 			wctx, cancel = context.WithDeadline(ctx, next)
 		}
 		_, err := listener.WaitForNotification(wctx)
+		retryDue := ctx.Err() == nil && errors.Is(wctx.Err(), context.DeadlineExceeded) && pgconn.Timeout(err)
 		cancel()
-		if err != nil && (ctx.Err() != nil || !errors.Is(wctx.Err(), context.DeadlineExceeded)) {
+		if err != nil && !retryDue {
 			return fmt.Errorf("inbox: wait for a notification: %w", err)
 		}
 	}
@@ -175,6 +177,14 @@ func (in *Inbox) Drain(ctx context.Context) (int, error) {
 			for {
 				n, err := in.drainBatch(ctx)
 				total.Add(int64(n))
+				if errors.Is(err, errBlocked) {
+					// Rows wait for a source that cannot be read: the
+					// others go on, and they at its next attempt.
+					if n == 0 {
+						return nil
+					}
+					continue
+				}
 				if errors.Is(err, errDeferred) {
 					// What it waits for is another transaction's: soon
 					// committed.
@@ -233,9 +243,11 @@ func (in *Inbox) setUnreadable(e *UnreadableSourceError) {
 	if u == nil {
 		u = &unreadableSource{}
 		in.unreadable[e.Source] = u
+	} else if time.Now().Before(u.retry) {
+		return // another of this writer's batches failed on it first: one attempt
 	}
-	delay := retry.Backoff{Min: in.cfg.RetryMin, Max: in.cfg.RetryMax}.Delay(u.attempts)
 	u.attempts++
+	delay := retry.Backoff{Min: in.cfg.RetryMin, Max: in.cfg.RetryMax}.Delay(u.attempts)
 	u.retry = time.Now().Add(delay)
 	in.metrics.InboxSourceUnreadable.WithLabelValues(e.Source).Set(1)
 	in.log.Error(e.Error(), "source", e.Source, "code", e.Err.Code, "attempt", u.attempts, "again_in", delay.Round(time.Millisecond))
@@ -268,13 +280,16 @@ func (in *Inbox) leftOut() []string {
 	return out
 }
 
-// nextRetry is when the first source left out is tried again.
+// nextRetry is when the first source left out is tried again; a source
+// whose time has passed is in the batches already (its rows, if another
+// writer did not take them).
 func (in *Inbox) nextRetry() (time.Time, bool) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	var next time.Time
+	now := time.Now()
 	for _, u := range in.unreadable {
-		if next.IsZero() || u.retry.Before(next) {
+		if u.retry.After(now) && (next.IsZero() || u.retry.Before(next)) {
 			next = u.retry
 		}
 	}
@@ -365,9 +380,13 @@ func (in *Inbox) takeBatch(ctx context.Context) (int, error) {
 		}
 	}
 	var settled []*sourceChange
+	var blocked []*UnreadableSourceError
 	for _, c := range append(order, pulled...) {
 		if c.deferred {
 			deferred = true
+			if c.blocked != nil {
+				blocked = append(blocked, c.blocked)
+			}
 			continue
 		}
 		for _, i := range c.at {
@@ -429,11 +448,21 @@ func (in *Inbox) takeBatch(ctx context.Context) (int, error) {
 		in.metrics.InboxRefused.WithLabelValues(codes[i]).Inc()
 		in.log.Warn("inbox: refused a handed-over row; it stays in converge_inbox with the reason", "id", id, "code", codes[i])
 	}
+	if len(blocked) > 0 {
+		for _, ue := range blocked {
+			in.setUnreadable(ue)
+		}
+		return len(taken) - len(left), errBlocked
+	}
 	if deferred {
 		return len(taken), errDeferred
 	}
 	return len(taken), nil
 }
+
+// errBlocked is a batch that left rows for a source that cannot be read:
+// they are taken again at its next attempt, not at once.
+var errBlocked = errors.New("inbox: rows left until a source can be read")
 
 // errDeferred is a batch that left rows for later: another transaction
 // held what they need. The drain takes them again shortly.

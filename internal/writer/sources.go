@@ -36,13 +36,14 @@ type sourceChange struct {
 	source, row string
 	at          []int
 
-	err      error             // a refusal
-	deferred bool              // left for a later batch: another transaction holds what it needs
-	now      *viewRow          // the row's document now; nil: none
-	doc      contract.Document // now's document, normalised
-	before   string            // the key the row gave before; "" for none
-	writes   []docstore.Write  // what applying it writes (none: unchanged)
-	key      string            // the key its row gives now; "" for none
+	err      error                  // a refusal
+	deferred bool                   // left for a later batch: another transaction holds what it needs
+	blocked  *UnreadableSourceError // deferred because a row it must settle with is of a source that cannot be read
+	now      *viewRow               // the row's document now; nil: none
+	doc      contract.Document      // now's document, normalised
+	before   string                 // the key the row gave before; "" for none
+	writes   []docstore.Write       // what applying it writes (none: unchanged)
+	key      string                 // the key its row gives now; "" for none
 	result   docstore.Result
 }
 
@@ -254,6 +255,12 @@ func settleOwners(ctx context.Context, tx pgx.Tx, all []*sourceChange) (again bo
 		// Recorded for a row outside the batch: pulled in, if nothing
 		// else holds it; its change settles the key.
 		p, err := pull(ctx, tx, o)
+		if ue := (*UnreadableSourceError)(nil); errors.As(err, &ue) {
+			// The row it must settle the key with cannot be read: it
+			// waits for that source.
+			c.deferred, c.blocked = true, ue
+			return true, nil, nil
+		}
 		if err != nil {
 			return false, nil, err
 		}

@@ -7,16 +7,16 @@ import (
 )
 
 // ofARow reports an error a row's values cause (a value the view's
-// expressions refuse: a data exception, a constraint, an exception its
-// functions raise), rather than the view itself (a table it reads gone, a
+// expressions refuse: a data exception, a constraint, a subquery giving
+// several rows, an exception its functions raise), rather than the view itself (a table it reads gone, a
 // privilege revoked, a function that no longer exists): that row alone is
 // refused, where a view that cannot be read leaves every row pending.
 func ofARow(e *pgconn.PgError) bool {
 	switch e.Code[:2] {
-	case "22", "23", "P0", "2F", "38", "39":
+	case "21", "22", "23", "2F", "P0": // cardinality, data, constraint, a function's or PL/pgSQL's raise
 		return true
 	}
-	return false
+	return e.Code == "54000" // a limit one value exceeds (a jsonb too large, say)
 }
 
 // UnreadableSourceError is a source whose view cannot be read whatever
