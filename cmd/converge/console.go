@@ -10,7 +10,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/converge-sync/converge/internal/auth"
@@ -91,14 +90,6 @@ func consoleCmd(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	na, err := natsAuth()
-	if err != nil {
-		return err
-	}
-	natsOpts, err := na.Options()
-	if err != nil {
-		return err
-	}
 	log := config.NewLogger(out, *logLevel).With("component", "console")
 
 	pool, err := pgxpool.New(ctx, *pg)
@@ -106,15 +97,11 @@ func consoleCmd(ctx context.Context, args []string, out io.Writer) error {
 		return fmt.Errorf("console: postgres: %w", err)
 	}
 	defer pool.Close()
-	nc, err := nats.Connect(*natsURL, append(natsOpts, nats.Name("converge-console"), nats.MaxReconnects(-1))...)
+	nc, js, err := connectJetStream(*natsURL, "converge-console", natsAuth, nats.MaxReconnects(-1))
 	if err != nil {
-		return fmt.Errorf("console: connect nats: %w", err)
+		return fmt.Errorf("console: %w", err)
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
 	reg := telemetry.NewRegistry()
 	c, err := console.New(console.Config{
 		DB: pool, JS: js, Slot: *slot,

@@ -119,8 +119,9 @@ func parseInterspersed(f *config.Flags, args []string) ([]string, error) {
 }
 
 // connectJetStream connects to NATS at url, named name, with the
-// credentials the command's flags gave. The caller closes the connection.
-func connectJetStream(url, name string, credentials func() (natsauth.ClientConfig, error)) (*nats.Conn, jetstream.JetStream, error) {
+// credentials the command's flags gave and the extra options. The caller
+// closes the connection.
+func connectJetStream(url, name string, credentials func() (natsauth.ClientConfig, error), extra ...nats.Option) (*nats.Conn, jetstream.JetStream, error) {
 	na, err := credentials()
 	if err != nil {
 		return nil, nil, err
@@ -129,7 +130,7 @@ func connectJetStream(url, name string, credentials func() (natsauth.ClientConfi
 	if err != nil {
 		return nil, nil, err
 	}
-	nc, err := nats.Connect(url, append(opts, nats.Name(name))...)
+	nc, err := nats.Connect(url, append(append(opts, nats.Name(name)), extra...)...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect nats: %w", err)
 	}

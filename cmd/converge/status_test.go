@@ -103,13 +103,9 @@ func TestStatusReportsSlotOutboxAndStreams(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	var out bytes.Buffer
-	if err := run(ctx, []string{"status", "-postgres-url", url, "-nats-url", n.URL, "--json"}, &out); err != nil {
+	rep, err := statusJSON(ctx, url, n.URL)
+	if err != nil {
 		t.Fatal(err)
-	}
-	var rep statusReport
-	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
-		t.Fatalf("%v: %s", err, out.String())
 	}
 	if !rep.Slot.Exists || rep.Slot.Active || rep.Slot.ConfirmedLSN == "" {
 		t.Fatalf("slot %+v", rep.Slot)
@@ -145,7 +141,7 @@ func TestStatusReportsSlotOutboxAndStreams(t *testing.T) {
 		rep.Rebuilds[0].Target != "graph-20261130T100000Z" || !rep.Rebuilds[0].StartedAt.Equal(started) {
 		t.Fatalf("rebuilds %+v, want the graph's in progress", rep.Rebuilds)
 	}
-	out.Reset()
+	var out bytes.Buffer
 	if err := run(ctx, []string{"status", "-postgres-url", url, "-nats-url", n.URL}, &out); err != nil {
 		t.Fatal(err)
 	}

@@ -8,9 +8,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/natsauth"
@@ -81,23 +78,11 @@ func (s watchSettings) validate(buckets int) error {
 // out (JSON lines: each difference named, gone, re-emitted, repaired).
 func runWatch(ctx context.Context, s watchSettings, truth *postgres.Postgres, stores []verify.Projection, buckets int, repairer verify.Reemitter, out io.Writer) error {
 	log := config.NewLogger(out, *s.logLevel).With("component", "verify")
-	na, err := s.natsAuth()
+	nc, js, err := connectJetStream(*s.natsURL, "converge-verify", s.natsAuth)
 	if err != nil {
-		return err
-	}
-	opts, err := na.Options()
-	if err != nil {
-		return err
-	}
-	nc, err := nats.Connect(*s.natsURL, append(opts, nats.Name("converge-verify"))...)
-	if err != nil {
-		return fmt.Errorf("verify: connect nats: %w", err)
+		return fmt.Errorf("verify: %w", err)
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
 	consumers := map[string]string{}
 	for store, name := range s.consumers {
 		consumers[store] = *name
