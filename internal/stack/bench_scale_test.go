@@ -56,9 +56,14 @@ func indexScaleProjector(q testenv.Qdrant, name, embedURL string) scaleProjector
 		args: []string{"-qdrant-url", q.URL, "-qdrant-collection", name,
 			"-embed-url", embedURL, "-embed-model", "fixed-latency", "-embed-dim", strconv.Itoa(scaleDim),
 			"-embed-batch", strconv.Itoa(scaleEmbedBatch), "-embed-concurrency", strconv.Itoa(scaleEmbedConcurrency)},
-		stored: func(ctx context.Context) (int, error) { return qdrantChunks(ctx, q.HTTPURL, name) },
-		live:   func(ctx context.Context) (string, error) { return qdrantAlias(ctx, q.HTTPURL, name) },
-		gone:   func(ctx context.Context, c string) (bool, error) { return qdrantGone(ctx, q.HTTPURL, c) },
+		stored: func(ctx context.Context) (int, error) {
+			return q.Count(ctx, name, map[string]any{"must": []any{map[string]any{"key": "type", "match": map[string]any{"value": "chunk"}}}})
+		},
+		live: func(ctx context.Context) (string, error) { return q.AliasTarget(ctx, name) },
+		gone: func(ctx context.Context, c string) (bool, error) {
+			exists, err := q.CollectionExists(ctx, c)
+			return !exists, err
+		},
 	}
 }
 

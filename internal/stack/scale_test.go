@@ -14,7 +14,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -607,90 +606,4 @@ func (m machineCPU) busySince(m0 machineCPU) float64 {
 		return -1
 	}
 	return float64(m.busy-m0.busy) / float64(m.total-m0.total) * float64(runtime.NumCPU())
-}
-
-// qdrantChunks counts the chunks' points of collection on the Qdrant server's REST
-// API at httpURL.
-// qdrantAlias is the collection the alias names ("" when it names none).
-func qdrantAlias(ctx context.Context, httpURL, alias string) (string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, httpURL+"/aliases", http.NoBody)
-	if err != nil {
-		return "", err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("qdrant: aliases: %s", resp.Status)
-	}
-	var out struct {
-		Result struct {
-			Aliases []struct {
-				Alias      string `json:"alias_name"`
-				Collection string `json:"collection_name"`
-			} `json:"aliases"`
-		} `json:"result"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		return "", fmt.Errorf("qdrant: aliases: %w", err)
-	}
-	for _, a := range out.Result.Aliases {
-		if a.Alias == alias {
-			return a.Collection, nil
-		}
-	}
-	return "", nil
-}
-
-// qdrantGone reports whether the collection does not exist.
-func qdrantGone(ctx context.Context, httpURL, collection string) (bool, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, httpURL+"/collections/"+collection+"/exists", http.NoBody)
-	if err != nil {
-		return false, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return false, err
-	}
-	defer resp.Body.Close()
-	var out struct {
-		Result struct {
-			Exists bool `json:"exists"`
-		} `json:"result"`
-	}
-	if resp.StatusCode != http.StatusOK {
-		return false, fmt.Errorf("qdrant: collection %s exists: %s", collection, resp.Status)
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		return false, err
-	}
-	return !out.Result.Exists, nil
-}
-
-func qdrantChunks(ctx context.Context, httpURL, collection string) (int, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, httpURL+"/collections/"+collection+"/points/count",
-		strings.NewReader(`{"exact": true, "filter": {"must": [{"key": "type", "match": {"value": "chunk"}}]}}`))
-	if err != nil {
-		return 0, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	var out struct {
-		Result struct {
-			Count int `json:"count"`
-		} `json:"result"`
-	}
-	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("qdrant: count %s: %s", collection, resp.Status)
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		return 0, fmt.Errorf("qdrant: count %s: %w", collection, err)
-	}
-	return out.Result.Count, nil
 }

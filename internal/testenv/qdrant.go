@@ -170,24 +170,68 @@ func startOwnQdrant() (qdrantInstances, error) {
 	return s, nil
 }
 
+// qdrantAlias is an alias and the collection it names.
+type qdrantAlias struct {
+	AliasName      string `json:"alias_name"`
+	CollectionName string `json:"collection_name"`
+}
+
+// aliases lists the server's aliases.
+func (q Qdrant) aliases(ctx context.Context) ([]qdrantAlias, error) {
+	var reply struct {
+		Result struct {
+			Aliases []qdrantAlias `json:"aliases"`
+		} `json:"result"`
+	}
+	err := q.call(ctx, http.MethodGet, "/aliases", nil, &reply)
+	return reply.Result.Aliases, err
+}
+
+// AliasTarget is the collection the alias names ("" when it names none).
+func (q Qdrant) AliasTarget(ctx context.Context, alias string) (string, error) {
+	all, err := q.aliases(ctx)
+	for _, a := range all {
+		if a.AliasName == alias {
+			return a.CollectionName, nil
+		}
+	}
+	return "", err
+}
+
+// CollectionExists reports whether the collection exists.
+func (q Qdrant) CollectionExists(ctx context.Context, collection string) (bool, error) {
+	var reply struct {
+		Result struct {
+			Exists bool `json:"exists"`
+		} `json:"result"`
+	}
+	err := q.call(ctx, http.MethodGet, "/collections/"+url.PathEscape(collection)+"/exists", nil, &reply)
+	return reply.Result.Exists, err
+}
+
+// Count is the exact number of the points of collection (or of the
+// collection an alias names) that filter, a Qdrant filter, matches.
+func (q Qdrant) Count(ctx context.Context, collection string, filter any) (int, error) {
+	var reply struct {
+		Result struct {
+			Count int `json:"count"`
+		} `json:"result"`
+	}
+	err := q.call(ctx, http.MethodPost, "/collections/"+url.PathEscape(collection)+"/points/count", map[string]any{"exact": true, "filter": filter}, &reply)
+	return reply.Result.Count, err
+}
+
 // dropCollections deletes, through the REST API, the aliases and then the
 // collections of q.Collection.
 func (q Qdrant) dropCollections() error {
 	ctx, cancel := context.WithTimeout(context.Background(), qdrantCleanupTimeout)
 	defer cancel()
-	var aliases struct {
-		Result struct {
-			Aliases []struct {
-				AliasName      string `json:"alias_name"`
-				CollectionName string `json:"collection_name"`
-			} `json:"aliases"`
-		} `json:"result"`
-	}
-	if err := q.call(ctx, http.MethodGet, "/aliases", nil, &aliases); err != nil {
+	aliases, err := q.aliases(ctx)
+	if err != nil {
 		return err
 	}
 	var actions []any
-	for _, a := range aliases.Result.Aliases {
+	for _, a := range aliases {
 		if strings.HasPrefix(a.AliasName, q.Collection) || strings.HasPrefix(a.CollectionName, q.Collection) {
 			actions = append(actions, map[string]any{"delete_alias": map[string]string{"alias_name": a.AliasName}})
 		}
