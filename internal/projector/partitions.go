@@ -141,6 +141,7 @@ func newPartitioned(sc ServiceConfig, js jetstream.JetStream, store Store, deps 
 	if sc.Prepare != nil {
 		return nil, fmt.Errorf("projector %s: partitions do not prepare their runtimes (a notifier's move)", sc.Runtime.Name)
 	}
+	sc.Lease.TTL = sc.Lease.TTLOrDefault()
 	p := &partitioned{sc: sc, js: js, store: store, deps: deps, log: deps.Log.With("projector", sc.Runtime.Name, "partitions", sc.Partitions)}
 	p.wait("the partitioned stream")
 	return p, nil
@@ -294,6 +295,10 @@ func (p *partitioned) holdAll(ctx context.Context) (Fencing, func(), error) {
 	t := time.NewTicker(20 * time.Millisecond)
 	defer t.Stop()
 	began, told := time.Now(), time.Now()
+	// Every instance hands its partitions over within a batch and a
+	// renewal; one that does not (its store call stuck) fails the step,
+	// which releases the claim and tries again.
+	bound := 10 * p.sc.Lease.TTL
 	for {
 		var terms []*lease.Term
 		for _, h := range p.holders {
@@ -304,6 +309,11 @@ func (p *partitioned) holdAll(ctx context.Context) (Fencing, func(), error) {
 		if len(terms) == len(p.holders) {
 			p.log.Info("holding every partition", "took", time.Since(began).Round(time.Millisecond))
 			return termsFence(terms), release, nil
+		}
+		if time.Since(began) >= bound {
+			release()
+			return Fencing{}, func() {}, fmt.Errorf("projector %s: %d of %d partitions handed over to this instance within %v (the others' holders: stuck in a store call?)",
+				p.sc.Runtime.Name, len(terms), len(p.holders), bound)
 		}
 		if time.Since(told) >= 5*time.Second {
 			p.log.Info("waiting for the other instances to hand every partition over", "held", len(terms), "of", len(p.holders), "claimer", p.members.Claimer())

@@ -79,6 +79,14 @@ type LeaseConfig struct {
 	Holder string
 }
 
+// TTLOrDefault is the lease's TTL, lease.DefaultTTL when unset.
+func (c LeaseConfig) TTLOrDefault() time.Duration {
+	if c.TTL <= 0 {
+		return lease.DefaultTTL
+	}
+	return c.TTL
+}
+
 // Validate reports a configuration that cannot work.
 func (c ServiceConfig) Validate() error {
 	if c.NATSURL == "" {

@@ -29,14 +29,17 @@ import (
 // sharedGens are the generations of one store that every instance of a
 // partitioned projector writes, blue/green or in place, recording what no
 // rebuild may let happen: a write to a generation after another was made
-// live in its place (lost when it is dropped), and, in place, a write by
-// another instance between the wipe and the rebuild's last write.
+// live in its place (lost when it is dropped), a generation dropped while
+// an instance still serves it (its reads would fail), and, in place, a
+// write by another instance between the wipe and the rebuild's last
+// write.
 type sharedGens struct {
 	inPlace bool
 	mu      sync.Mutex
 	gens    map[string]map[string]int64 // generation -> key -> version
 	live    string
-	retired map[string]bool // once live, replaced since
+	retired map[string]bool   // once live, replaced since
+	serving map[string]string // instance -> the generation it opened last
 	n       int
 	wrote   []write
 	bad     []string
@@ -47,7 +50,7 @@ type write struct {
 }
 
 func newSharedGens(inPlace bool) *sharedGens {
-	return &sharedGens{inPlace: inPlace, gens: map[string]map[string]int64{"gen-0": {}}, live: "gen-0", retired: map[string]bool{}}
+	return &sharedGens{inPlace: inPlace, gens: map[string]map[string]int64{"gen-0": {}}, live: "gen-0", retired: map[string]bool{}, serving: map[string]string{}}
 }
 
 func (s *sharedGens) apply(instance, gen string, ctx context.Context, events []*contract.Event) []projector.Result {
@@ -145,6 +148,7 @@ func (g gens) Open(_ context.Context, name string) (*rebuild.Generation, error) 
 	if g.s.gens[name] == nil && !g.s.retired[name] {
 		g.s.gens[name] = map[string]int64{}
 	}
+	g.s.serving[g.instance] = name
 	return &rebuild.Generation{Name: name, Store: genStore{gens: g, name: name}}, nil
 }
 
@@ -172,6 +176,11 @@ func (g blueGreenGens) Activate(_ context.Context, name string) error {
 func (g blueGreenGens) Drop(_ context.Context, name string) error {
 	g.s.mu.Lock()
 	defer g.s.mu.Unlock()
+	for instance, gen := range g.s.serving {
+		if gen == name {
+			g.s.bad = append(g.s.bad, fmt.Sprintf("%s dropped %s while %s still served it", g.instance, name, instance))
+		}
+	}
 	delete(g.s.gens, name)
 	return nil
 }

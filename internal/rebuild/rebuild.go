@@ -174,6 +174,10 @@ type Config struct {
 	// RetryMax bounds the backoff between attempts of a failed step (1s,
 	// doubled per attempt); default 30s.
 	RetryMax time.Duration
+	// DropAfter is how long the previous generation is kept after the
+	// switch before it is dropped: the time other instances take to follow
+	// the switch (a projector in partitions). 0: dropped at once.
+	DropAfter time.Duration
 }
 
 // Manager runs the rebuilds of one projector process.
@@ -534,19 +538,21 @@ func (m *Manager) blueGreen(ctx context.Context, stores BlueGreen, st *State) er
 	if err := fence.Do(ctx, func(ctx context.Context) error { return stores.Activate(ctx, st.Target) }); err != nil {
 		return fmt.Errorf("activate %s: %w", stores.Describe(st.Target), err)
 	}
-	prev := m.sw.replace(target)
+	m.sw.swapIn(target, resume, stores, m.log)
 	swapped = true
-	resume()
 	m.log.Info("rebuilt generation is live", "target", stores.Describe(st.Target))
-	if err := prev.close(); err != nil {
-		m.log.Warn("closing the previous generation failed", "previous", stores.Describe(prev.Name), "err", err)
-	}
 	return m.dropPrevious(ctx, stores, st)
 }
 
 // dropPrevious drops the generation live when the rebuild began, and any
 // superseded one, and then finishes the rebuild.
 func (m *Manager) dropPrevious(ctx context.Context, stores BlueGreen, st *State) error {
+	if m.cfg.DropAfter > 0 {
+		m.log.Info("keeping the previous generation while the other instances follow the switch", "previous", stores.Describe(st.Previous), "for", m.cfg.DropAfter)
+		if err := retry.Sleep(ctx, m.cfg.DropAfter); err != nil {
+			return err
+		}
+	}
 	for _, name := range append([]string{st.Previous}, st.Superseded...) {
 		if name == st.Target {
 			continue

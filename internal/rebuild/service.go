@@ -9,7 +9,6 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"github.com/converge-sync/converge/internal/lease"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/service"
 )
@@ -37,7 +36,14 @@ func RunService(ctx context.Context, sc projector.ServiceConfig, stores Stores, 
 	if sc.Runtime.Clock == nil {
 		sc.Runtime.Clock = deps.Clock
 	}
-	m, err := NewManager(Config{Runtime: sc.Runtime}, stores, sw, log)
+	// In partitions, every instance follows the live generation every
+	// lease TTL (followLive): the previous one is kept two of those.
+	every := sc.Lease.TTLOrDefault()
+	mc := Config{Runtime: sc.Runtime}
+	if sc.Partitions > 1 {
+		mc.DropAfter = 2 * every
+	}
+	m, err := NewManager(mc, stores, sw, log)
 	if err != nil {
 		return err
 	}
@@ -64,10 +70,6 @@ func RunService(ctx context.Context, sc projector.ServiceConfig, stores Stores, 
 	sc.OnTake = func(ctx context.Context) error {
 		_, err := sw.Reopen(ctx, stores, log)
 		return err
-	}
-	every := sc.Lease.TTL
-	if every <= 0 {
-		every = lease.DefaultTTL
 	}
 	eg, gctx := errgroup.WithContext(ctx)
 	eg.Go(func() error { m.Open(gctx, js); return nil }) // Start and Status answer on every instance

@@ -152,13 +152,21 @@ func (s *Switch) Reopen(ctx context.Context, stores Stores, log *slog.Logger) (b
 	if err != nil {
 		return false, fmt.Errorf("rebuild: open the live generation %s: %w", stores.Describe(live), err)
 	}
+	prev := s.swapIn(g, resume, stores, log)
+	log.Info("another instance made another generation live: writing and reading it", "live", stores.Describe(live), "was", stores.Describe(prev))
+	return true, nil
+}
+
+// swapIn makes g the live generation (the caller holds the switch
+// paused), lets the writes go on with resume, closes the generation it
+// replaced and returns that one's name.
+func (s *Switch) swapIn(g *Generation, resume func(), stores Stores, log *slog.Logger) string {
 	prev := s.replace(g)
 	resume()
-	log.Info("another instance made another generation live: writing and reading it", "live", stores.Describe(live), "was", stores.Describe(prev.Name))
 	if err := prev.close(); err != nil {
 		log.Warn("closing the previous generation failed", "previous", stores.Describe(prev.Name), "err", err)
 	}
-	return true, nil
+	return prev.Name
 }
 
 // Close closes the live generation.
