@@ -43,7 +43,7 @@ func verifyCmd(ctx context.Context, args []string, out io.Writer) error {
 	repair := f.Bool("repair", "", false, "re-emit, through the writer, every document Postgres can repair, then verify again until the stores agree")
 	writerURL := f.String("writer-url", envWriterURL, "http://127.0.0.1:8080", "with --repair: the writer's API")
 	repairTimeout := f.Duration("repair-timeout", "", 2*time.Minute, "with --repair: how long to wait for the stores to agree")
-	partitions := f.Int("partitions", config.EnvPartitions, 0, "the projectors run in this many partitions: label each difference with its document's partition")
+	partitions := f.Int("partitions", "", 0, "the projectors run in this many partitions: label each difference with its document's partition")
 	partition := f.Int("partition", "", -1, "with -partitions: verify this partition alone (both sides are still read whole; the other partitions' differences are left out)")
 	access := bindAPIAccess(f, auth.TokenFromEnv)
 	watch := bindWatch(f)
