@@ -4,7 +4,6 @@ package chaos
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -15,8 +14,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/converge-sync/converge/internal/lease"
 	"github.com/converge-sync/converge/internal/projector"
+	"github.com/converge-sync/converge/internal/projector/projectortest"
 	"github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/relay"
 	"github.com/converge-sync/converge/internal/testenv"
@@ -55,25 +54,20 @@ func TestPartitionsTakeOver(t *testing.T) {
 	}
 	// held is which instance holds each partition (by its metrics
 	// address, the end of its default holder name).
+	holderOf := func(key string) *service {
+		h := projectortest.LeaseHolder(ctx, p.js, key)
+		for addr, s := range byAddr {
+			if h != "" && strings.HasSuffix(h, "/"+addr) {
+				return s
+			}
+		}
+		return nil
+	}
 	held := func() map[int]*service {
 		got := map[int]*service{}
-		kv, err := p.js.KeyValue(ctx, lease.Bucket)
-		if err != nil {
-			return got
-		}
 		for part := range parts {
-			e, err := kv.Get(ctx, projector.PartitionLease("graph", part))
-			if err != nil {
-				continue
-			}
-			var v lease.Value
-			if json.Unmarshal(e.Value(), &v) != nil {
-				continue
-			}
-			for addr, s := range byAddr {
-				if strings.HasSuffix(v.Holder, "/"+addr) && s.running() {
-					got[part] = s
-				}
+			if s := holderOf(projector.PartitionLease("graph", part)); s != nil && s.running() {
+				got[part] = s
 			}
 		}
 		return got
@@ -209,23 +203,7 @@ func TestPartitionsTakeOver(t *testing.T) {
 	// dead one's claim on every partition gone with its members' key.
 	var coord *service
 	testenv.Eventually(t, "an instance to coordinate the rebuilds", 30*time.Second, func() bool {
-		kv, err := p.js.KeyValue(ctx, lease.Bucket)
-		if err != nil {
-			return false
-		}
-		e, err := kv.Get(ctx, projector.CoordinatorLease("graph"))
-		if err != nil {
-			return false
-		}
-		var v lease.Value
-		if json.Unmarshal(e.Value(), &v) != nil {
-			return false
-		}
-		for addr, s := range byAddr {
-			if strings.HasSuffix(v.Holder, "/"+addr) {
-				coord = s
-			}
-		}
+		coord = holderOf(projector.CoordinatorLease("graph"))
 		return coord != nil
 	})
 	asked := instances[0]

@@ -189,16 +189,21 @@ func (l *Lease) Config() Config { return l.cfg }
 
 // Current reads who holds the lease (ok false: nobody).
 func (l *Lease) Current(ctx context.Context) (Value, uint64, bool, error) {
-	e, err := l.kv.Get(ctx, l.cfg.Name)
+	return Read(ctx, l.kv, l.cfg.Name)
+}
+
+// Read reads the lease called key in kv, the leases' bucket, and its
+// revision; ok false when nobody holds it.
+func Read(ctx context.Context, kv jetstream.KeyValue, key string) (v Value, rev uint64, ok bool, err error) {
+	e, err := kv.Get(ctx, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
 		return Value{}, 0, false, nil
 	}
 	if err != nil {
 		return Value{}, 0, false, err
 	}
-	var v Value
 	if err := json.Unmarshal(e.Value(), &v); err != nil {
-		return Value{}, e.Revision(), true, fmt.Errorf("lease %s: unreadable value: %w", l.cfg.Name, err)
+		return Value{}, e.Revision(), true, fmt.Errorf("lease %s: unreadable value: %w", key, err)
 	}
 	return v, e.Revision(), true, nil
 }

@@ -8,7 +8,6 @@ package pipeline
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -292,18 +291,11 @@ var errNoLease = errors.New("pipeline: the lease is not held")
 
 // readLease reads the lease at key and its revision.
 func readLease(ctx context.Context, leases jetstream.KeyValue, key string) (lease.Value, uint64, error) {
-	e, err := leases.Get(ctx, key)
-	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
-		return lease.Value{}, 0, errNoLease
+	v, rev, ok, err := lease.Read(ctx, leases, key)
+	if err == nil && !ok {
+		err = errNoLease
 	}
-	if err != nil {
-		return lease.Value{}, 0, err
-	}
-	var v lease.Value
-	if err := json.Unmarshal(e.Value(), &v); err != nil {
-		return lease.Value{}, 0, fmt.Errorf("pipeline: lease %s: unreadable value: %w", key, err)
-	}
-	return v, e.Revision(), nil
+	return v, rev, err
 }
 
 // CheckHolders tells, for the partitions' consumers of cs that name a

@@ -2,7 +2,6 @@ package projector_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/converge-sync/converge/internal/lease"
 	"github.com/converge-sync/converge/internal/projector"
+	"github.com/converge-sync/converge/internal/projector/projectortest"
 	"github.com/converge-sync/converge/internal/relay"
 	"github.com/converge-sync/converge/internal/service"
 	"github.com/converge-sync/converge/internal/testenv"
@@ -136,19 +136,10 @@ func (in *instance) stop() {
 // holders reads who holds each partition's lease.
 func holders(t *testing.T, js jetstream.JetStream, parts int) map[int]string {
 	t.Helper()
-	kv, err := js.KeyValue(context.Background(), lease.Bucket)
-	if err != nil {
-		return nil
-	}
 	got := map[int]string{}
 	for p := range parts {
-		e, err := kv.Get(context.Background(), projector.PartitionLease("index", p))
-		if err != nil {
-			continue
-		}
-		var v lease.Value
-		if err := json.Unmarshal(e.Value(), &v); err == nil {
-			got[p] = v.Holder
+		if h := projectortest.LeaseHolder(context.Background(), js, projector.PartitionLease("index", p)); h != "" {
+			got[p] = h
 		}
 	}
 	return got

@@ -2,7 +2,6 @@ package rebuild_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -12,12 +11,11 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/converge-sync/converge/internal/lease"
 	"github.com/converge-sync/converge/internal/localaddr"
 	"github.com/converge-sync/converge/internal/projector"
+	"github.com/converge-sync/converge/internal/projector/projectortest"
 	"github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/rebuild/rebuildtest"
 	"github.com/converge-sync/converge/internal/relay"
@@ -238,21 +236,6 @@ func (in *partInstance) stop() {
 	in.done <- nil
 }
 
-// leaseHolder is who holds the lease called key.
-func leaseHolder(js jetstream.JetStream, key string) string {
-	kv, err := js.KeyValue(context.Background(), lease.Bucket)
-	if err != nil {
-		return ""
-	}
-	e, err := kv.Get(context.Background(), key)
-	if err != nil {
-		return ""
-	}
-	var v lease.Value
-	_ = json.Unmarshal(e.Value(), &v)
-	return v.Holder
-}
-
 // A projector running in partitions on two instances is rebuilt, blue/
 // green and in place, while events keep arriving: asked on the instance
 // that does not coordinate the rebuilds, it is run by the one that does,
@@ -303,7 +286,7 @@ func testPartitionedRebuild(t *testing.T, inPlace, stopCoordinator bool) {
 		testenv.Eventually(t, what, 30*time.Second, func() bool {
 			by := map[string]int{}
 			for p := range parts {
-				by[leaseHolder(js, projector.PartitionLease("index", p))]++
+				by[projectortest.LeaseHolder(context.Background(), js, projector.PartitionLease("index", p))]++
 			}
 			return by["a"] > 0 && by["b"] > 0 && by["a"]+by["b"] == parts
 		})
@@ -313,7 +296,7 @@ func testPartitionedRebuild(t *testing.T, inPlace, stopCoordinator bool) {
 
 	var coordinator string
 	testenv.Eventually(t, "an instance to coordinate the rebuilds", 10*time.Second, func() bool {
-		coordinator = leaseHolder(js, projector.CoordinatorLease("index"))
+		coordinator = projectortest.LeaseHolder(context.Background(), js, projector.CoordinatorLease("index"))
 		return coordinator != ""
 	})
 	other, coord := a, b
@@ -345,7 +328,7 @@ func testPartitionedRebuild(t *testing.T, inPlace, stopCoordinator bool) {
 		}
 		t.Logf("%s stopped while it rebuilt: %s, applied %d, pending %d", coord.id, at.Phase, at.AppliedSeq, at.Pending)
 		testenv.Eventually(t, other.id+" to coordinate", 10*time.Second, func() bool {
-			return leaseHolder(js, projector.CoordinatorLease("index")) == other.id
+			return projectortest.LeaseHolder(context.Background(), js, projector.CoordinatorLease("index")) == other.id
 		})
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
