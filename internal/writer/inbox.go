@@ -217,21 +217,6 @@ type inboxRow struct {
 const takeInboxSQL = `SELECT id, coalesce(key, ''), coalesce(document::text, ''), coalesce(source, ''), coalesce(row_id, '')
 FROM converge_inbox WHERE refused_at IS NULL AND coalesce(source, '') <> ALL($2::text[]) ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`
 
-// drainBatch takes up to a batch of pending rows, applies them, deletes
-// the applied ones and marks the refused ones, in one transaction. A
-// source whose view cannot be read has the batch rolled back and is left
-// out of the next ones until it is tried again (after a backoff): its rows
-// stay pending, and the others go on.
-func (in *Inbox) drainBatch(ctx context.Context) (int, error) {
-	n, err := in.takeBatch(ctx)
-	var ue *UnreadableSourceError
-	if errors.As(err, &ue) {
-		in.setUnreadable(ue)
-		return 0, errDeferred
-	}
-	return n, err
-}
-
 // setUnreadable leaves the source of e out until its next attempt.
 func (in *Inbox) setUnreadable(e *UnreadableSourceError) {
 	in.mu.Lock()
@@ -296,7 +281,12 @@ func (in *Inbox) nextRetry() (time.Time, bool) {
 	return next, !next.IsZero()
 }
 
-func (in *Inbox) takeBatch(ctx context.Context) (int, error) {
+// drainBatch takes up to a batch of pending rows, applies them, deletes
+// the applied ones and marks the refused ones, in one transaction. The
+// rows of a source whose view cannot be read are left pending, and the
+// source out of the next batches until it is tried again (after a
+// backoff); so is a row that must settle a key with one of its rows.
+func (in *Inbox) drainBatch(ctx context.Context) (int, error) {
 	start := time.Now()
 	tx, err := in.pool.Begin(ctx)
 	if err != nil {

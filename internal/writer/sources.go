@@ -38,7 +38,7 @@ type sourceChange struct {
 
 	err      error                  // a refusal
 	deferred bool                   // left for a later batch: another transaction holds what it needs
-	blocked  *UnreadableSourceError // deferred because a row it must settle with is of a source that cannot be read
+	blocked  *UnreadableSourceError // deferred because its source's view cannot be read
 	now      *viewRow               // the row's document now; nil: none
 	doc      contract.Document      // now's document, normalised
 	before   string                 // the key the row gave before; "" for none
@@ -255,12 +255,6 @@ func settleOwners(ctx context.Context, tx pgx.Tx, all []*sourceChange) (again bo
 		// Recorded for a row outside the batch: pulled in, if nothing
 		// else holds it; its change settles the key.
 		p, err := pull(ctx, tx, o)
-		if ue := (*UnreadableSourceError)(nil); errors.As(err, &ue) {
-			// The row it must settle the key with cannot be read: it
-			// waits for that source.
-			c.deferred, c.blocked = true, ue
-			return true, nil, nil
-		}
 		if err != nil {
 			return false, nil, err
 		}
@@ -355,7 +349,16 @@ func readSource(ctx context.Context, tx pgx.Tx, name string, cs []*sourceChange)
 		coalesce(array_remove(tags, NULL), '{}'), coalesce(array_remove(links, NULL), '{}'), coalesce(meta::text, '{}')
 		FROM %s WHERE row_id = ANY($1::text[]::%s[])`, views[0], typ)
 	if err := readIsolating(ctx, tx, name, views[0], query, cs); err != nil {
-		return err
+		var ue *UnreadableSourceError
+		if !errors.As(err, &ue) {
+			return err
+		}
+		// No row of it can be read now: they wait for its next attempt,
+		// and the batch's others go on.
+		for _, c := range cs {
+			c.now, c.err, c.deferred, c.blocked = nil, nil, true, ue
+		}
+		return nil
 	}
 	ids, byRow := rowsOf(cs)
 	rows, err = tx.Query(ctx, `SELECT row_id, key FROM converge_mapped_rows WHERE source = $1 AND row_id = ANY($2)`, name, ids)
