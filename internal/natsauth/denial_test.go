@@ -375,8 +375,9 @@ func TestProjectorCannotReconfigureSharedStreams(t *testing.T) {
 	}
 }
 
-// A projector holds its own lease and resets its own consumer, and can do
-// neither for another projector: it cannot take over the graph's store.
+// A projector holds its own lease and resets its own consumer (and its
+// rebuild's), and can do neither for another projector: it cannot take
+// over the graph's store.
 func TestProjectorHoldsOnlyItsOwnLease(t *testing.T) {
 	e := newEnv(t)
 	a := e.connect(admin)
@@ -384,12 +385,19 @@ func TestProjectorHoldsOnlyItsOwnLease(t *testing.T) {
 	if _, err := a.js.CreateOrUpdateStream(bg, jetstream.StreamConfig{Name: contract.DocsStream, Subjects: []string{contract.DocsSubjectPrefix + ">"}}); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"index", "graph"} {
+	for _, name := range []string{"index", "graph", rebuild.ConsumerName("index"), rebuild.ConsumerName("graph")} {
 		if _, err := a.js.CreateOrUpdateConsumer(bg, contract.DocsStream, jetstream.ConsumerConfig{Durable: name, AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	p := e.connect(natsauth.UserIndex)
+	if _, err := p.js.ResetConsumer(ctx(t), contract.DocsStream, rebuild.ConsumerName("index")); err != nil {
+		t.Fatalf("the index projector cannot reset its own rebuild's consumer: %v", err)
+	}
+	if _, err := p.js.ResetConsumer(ctx(t), contract.DocsStream, rebuild.ConsumerName("graph")); err == nil {
+		t.Fatal("the index projector reset the graph's rebuild's consumer")
+	}
+	p.refused(t, "Publish to", "$JS.API.CONSUMER.RESET."+contract.DocsStream+"."+rebuild.ConsumerName("graph"))
 	own, err := lease.Open(ctx(t), p.js, lease.Config{Name: "index", TTL: time.Second}, nil)
 	if err != nil {
 		t.Fatalf("the index projector cannot open its lease: %v", err)

@@ -80,7 +80,8 @@ func Relay() *server.Permissions {
 
 // Projector, the user [ProjectorUser](name), may consume the documents'
 // stream with its own durable consumer (name) and the rebuild consumer it
-// creates (name-rebuild), which alone it may delete; acknowledge their
+// creates (name-rebuild), which alone it may delete (and reset, resuming a
+// rebuild); acknowledge their
 // messages; dead-letter to converge.dlq.<name> and
 // converge.dlq.<name>-rebuild; read the stream's info (a rebuild's
 // target); and keep its own key, name, in the rebuilds' bucket. It holds
@@ -111,7 +112,10 @@ func Projector(name string) *server.Permissions {
 		consume(contract.DocsStream, name),
 		leaseOf(contract.DocsStream, name),
 		consume(contract.DocsStream, rb),
-		[]string{api + "CONSUMER.DELETE." + contract.DocsStream + "." + rb, api + "CONSUMER.DELETE." + contract.DocsStream + "." + name},
+		[]string{api + "CONSUMER.DELETE." + contract.DocsStream + "." + rb, api + "CONSUMER.DELETE." + contract.DocsStream + "." + name,
+			// A rebuild resumed by another instance has what the last
+			// one held delivered again at once.
+			api + "CONSUMER.RESET." + contract.DocsStream + "." + rb},
 		deadLetters(dlq...),
 		sharedBucketCreate(RebuildBucket),
 		bucketKey(RebuildBucket, name),

@@ -446,6 +446,7 @@ func (m *Manager) run(ctx context.Context, st *State) {
 	m.setStatusLocked(st)
 	m.mu.Unlock()
 	m.log.Info("rebuilding", "id", st.ID, "phase", st.Phase, "target", m.stores.Describe(st.Target), "in_place", st.InPlace)
+	m.redeliver(ctx)
 	for attempt := 1; ctx.Err() == nil; attempt++ {
 		err := m.step(ctx, st)
 		if err == nil {
@@ -740,6 +741,21 @@ func (m *Manager) finish(ctx context.Context, st *State) error {
 	m.mu.Unlock()
 	m.log.Info("rebuild done", "id", st.ID, "target", m.stores.Describe(st.Target), "took", now.Sub(st.StartedAt).Round(time.Millisecond))
 	return nil
+}
+
+// redeliver has the rebuild consumer deliver again, at once, what it
+// delivered and nobody acknowledged: what a previous process (or this
+// one's previous term) held when it stopped would otherwise wait for its
+// ack wait, and the rebuild's catch-up with it.
+func (m *Manager) redeliver(ctx context.Context) {
+	if _, err := m.js.Consumer(ctx, m.stream(), ConsumerName(m.name)); err != nil {
+		return // none yet (a rebuild begun), or unreadable: nothing to reset
+	}
+	switch _, err := m.js.ResetConsumer(ctx, m.stream(), ConsumerName(m.name)); {
+	case err == nil, errors.Is(err, jetstream.ErrConsumerNotFound), errors.Is(err, jetstream.ErrStreamNotFound), ctx.Err() != nil:
+	default:
+		m.log.Warn("resetting the rebuild consumer failed: what a previous process held is delivered again after its ack wait", "err", err)
+	}
 }
 
 func (m *Manager) deleteConsumer(ctx context.Context) error {
