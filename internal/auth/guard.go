@@ -73,29 +73,42 @@ func (g *Guard) Require(scope Scope, next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		token, ok := bearer(r)
-		if !ok {
-			g.refuse(w, r, ReasonNoToken, "")
+		name, scopes, reason := g.decide(r, scope)
+		switch reason {
+		case "":
+			next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), nameKey{}, name)))
+		case ReasonNoToken:
+			g.refuse(w, r, reason, "")
 			w.Header().Set("WWW-Authenticate", `Bearer realm="converge"`)
 			httpjson.Error(w, http.StatusUnauthorized, "unauthorized", "this route needs a bearer token (Authorization: Bearer <token>)")
-			return
-		}
-		name, scopes, ok := g.tokens.lookup(token)
-		if !ok {
-			g.refuse(w, r, ReasonUnknownToken, "")
+		case ReasonUnknownToken:
+			g.refuse(w, r, reason, "")
 			w.Header().Set("WWW-Authenticate", `Bearer realm="converge", error="invalid_token"`)
 			httpjson.Error(w, http.StatusUnauthorized, "unauthorized", "the bearer token is not one this service accepts")
-			return
-		}
-		if scopes&scope == 0 {
-			g.refuse(w, r, ReasonScope, name)
+		default:
+			g.refuse(w, r, reason, name)
 			w.Header().Set("WWW-Authenticate", `Bearer realm="converge", error="insufficient_scope", scope="`+scopeList(scope)+`"`)
 			httpjson.Error(w, http.StatusForbidden, "forbidden",
 				"the token "+name+" has the scopes "+scopes.String()+"; this route needs "+scopeAlternatives(scope))
-			return
 		}
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), nameKey{}, name)))
 	})
+}
+
+// decide is whether r's token holds scope: the token's name and scopes,
+// and the reason of a refusal ("" when allowed).
+func (g *Guard) decide(r *http.Request, scope Scope) (name string, scopes Scope, reason string) {
+	token, ok := bearer(r)
+	if !ok {
+		return "", 0, ReasonNoToken
+	}
+	name, scopes, ok = g.tokens.lookup(token)
+	switch {
+	case !ok:
+		return "", 0, ReasonUnknownToken
+	case scopes&scope == 0:
+		return name, scopes, ReasonScope
+	}
+	return name, scopes, ""
 }
 
 // Allows reports whether Require(scope) would serve r, without counting
@@ -104,12 +117,8 @@ func (g *Guard) Allows(r *http.Request, scope Scope) bool {
 	if !g.Enabled() {
 		return true
 	}
-	token, ok := bearer(r)
-	if !ok {
-		return false
-	}
-	_, scopes, ok := g.tokens.lookup(token)
-	return ok && scopes&scope != 0
+	_, _, reason := g.decide(r, scope)
+	return reason == ""
 }
 
 func (g *Guard) refuse(w http.ResponseWriter, r *http.Request, reason, name string) {
