@@ -2,6 +2,7 @@ package natsauth_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -226,9 +227,31 @@ func testProjectorRebuilds(t *testing.T, name string) {
 	e.record(p.user)
 	stores := &inPlaceStores{store: &memStore{versions: map[string]int64{}, poison: map[string]bool{"poison": true}}}
 	proc := rebuildtest.Start(t, p.js, stores, projector.Config{Name: name})
-	defer proc.Stop()
 	st := proc.StartRebuild(t)
 	proc.WaitDone(t, st.ID, 30*time.Second)
+	proc.Stop()
+
+	// A rebuild a dead process left, with its consumer: resumed, with
+	// what that process held delivered again at once (the consumer
+	// reset).
+	if _, err := a.js.CreateOrUpdateConsumer(ctx(t), contract.DocsStream, jetstream.ConsumerConfig{Durable: rebuild.ConsumerName(name),
+		AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: contract.DocsSubjectPrefix + ">"}); err != nil {
+		t.Fatal(err)
+	}
+	left, err := json.Marshal(rebuild.State{ID: "left", Phase: rebuild.PhaseWiping, InPlace: true, Target: "db", Previous: "db", StartedAt: time.Now().UTC()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := a.js.KeyValue(ctx(t), rebuild.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx(t), name, left); err != nil {
+		t.Fatal(err)
+	}
+	resumed := rebuildtest.Start(t, p.js, stores, projector.Config{Name: name})
+	defer resumed.Stop()
+	resumed.WaitDone(t, "left", 30*time.Second)
 	e.used(p)
 	if n := stores.store.len(); n != 5 {
 		t.Errorf("the rebuilt store holds %d documents, want 5", n)
