@@ -31,8 +31,8 @@ func streamsCmd(ctx context.Context, args []string, out io.Writer) error {
 	natsURL := f.String("nats-url", config.EnvNATSURL, "", "NATS URL")
 	streams := relay.StreamFlags(f)
 	partitions := f.Int("partitions", config.EnvPartitions, 0,
-		"also create the partitioned stream "+contract.PartsStream+" of this many partitions (2 to 16), which the projectors started with the same -partitions consume; 0: leave it as it is")
-	repartition := f.Bool("repartition", "", false, "with -partitions: make the partitioned stream anew when it has another number of partitions (stop every partitioned projector first)")
+		"also create the partitioned stream "+contract.PartsStream+" of this many partitions (2 to 16), which the projectors started with the same -partitions consume, and with -effects the effects' partitions, which the notifiers started with it consume; 0: leave them as they are")
+	repartition := f.Bool("repartition", "", false, "with -partitions: make the partitioned stream anew when it has another number of partitions (stop every partitioned projector first), and the effects' partitions when they are empty")
 	natsAuth := natsauth.Flags(f)
 	if err := f.Parse(args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -68,10 +68,27 @@ func streamsCmd(ctx context.Context, args []string, out io.Writer) error {
 		fmt.Fprintf(out, "%s: %s (%d partitions)\n", contract.PartsStream, res, *partitions)
 	}
 	if cfg.Effects.Enabled {
-		if _, err := relay.ApplyEffectsStream(ctx, js, cfg); err != nil {
-			return err
+		// The effects' partitions: those of -partitions, or those the
+		// operator made before.
+		n := *partitions
+		if n == 0 {
+			if n, err = relay.EffectsPartitions(ctx, js); err != nil {
+				return err
+			}
 		}
-		fmt.Fprintf(out, "%s: applied\n%s: applied\n", contract.RemovalsStream, contract.EventsStream)
+		if n > 1 {
+			res, err := relay.ApplyEffectsPartitions(ctx, js, cfg, n, *repartition)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(out, "%s: applied\n%s to %s: %s (%d partitions of the effects; %s, where it exists, takes the relay's mark of the move)\n",
+				contract.RemovalsStream, contract.EventsPartitionStream(0), contract.EventsPartitionStream(n-1), res, n, contract.EventsStream)
+		} else {
+			if _, err := relay.ApplyEffectsStream(ctx, js, cfg); err != nil {
+				return err
+			}
+			fmt.Fprintf(out, "%s: applied\n%s: applied\n", contract.RemovalsStream, contract.EventsStream)
+		}
 	} else {
 		fmt.Fprintf(out, "%s, %s: left as they are (without -effects)\n", contract.EventsStream, contract.RemovalsStream)
 	}

@@ -344,7 +344,8 @@ func (p *catchUpPublisher) add(ctx context.Context, row catchUpRow) error {
 	}
 	p.futures = append(p.futures, f)
 	if p.relay.cfg.Effects.Enabled {
-		effects := &nats.Msg{Subject: eventsSubjectOf(msg.Subject), Data: msg.Data, Header: msg.Header}
+		subject, _ := p.relay.effectsTarget(msg.Subject)
+		effects := &nats.Msg{Subject: subject, Data: msg.Data, Header: msg.Header}
 		f, err := p.js.PublishMsgAsync(effects)
 		if err != nil {
 			return &publishError{err: fmt.Errorf("catch-up: publish %s to the effects' stream: %w", msgID, err)}

@@ -104,6 +104,13 @@ type EffectsConfig struct {
 	MaxBytes int64
 	// Replicas; default the documents' stream's.
 	Replicas int
+	// Partitions, when above 1, splits the effects by document partition
+	// (contract.Partition): each event goes to the work queue of its
+	// partition, contract.EventsPartitionStream, and no longer to Name.
+	// It is no setting of the relay: the operator makes the partitions'
+	// streams (`converge streams apply -effects -partitions N`), and the
+	// relay reads their number from them as it starts.
+	Partitions int
 }
 
 // TuneGC sets the collector for a relay process: the relay's garbage is

@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"strings"
 	"testing"
@@ -207,5 +208,113 @@ func run(t *testing.T, r *relay.Relay) (stop func()) {
 		if err := <-done; err != nil {
 			t.Error(err)
 		}
+	}
+}
+
+// The move of the effects to their partitions: once the operator made
+// them, a relay publishes each event for effects to its document's
+// partition and no longer to the effects' stream, after marking that
+// stream: every event before the mark was published before the move. A
+// relay started again marks it no second time; the partitions' number
+// changes only while they are empty.
+func TestRelayMovesEffectsToTheirPartitions(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	cfg := relay.Config{StatusInterval: 50 * time.Millisecond, Effects: relay.EffectsConfig{Enabled: true}}
+	_, stop := f.runWith(t, cfg, nil, nil)
+	f.waitSlot(t)
+	const docs = 60
+	f.write(t, 0, docs, 1)
+	testenv.Eventually(t, "the first versions in the effects' stream", 20*time.Second, func() bool {
+		return streamInfo(t, f.js, contract.EventsStream).State.Msgs == docs
+	})
+	waitConfirmedPastNow(t, f.pool, "converge_relay", 10*time.Second)
+	stop()
+
+	const n = 4
+	if res, err := relay.ApplyEffectsPartitions(ctx, f.js, cfg, n, false); err != nil || res != relay.PartsCreated {
+		t.Fatalf("apply the effects' partitions: %v, %v", res, err)
+	}
+	metrics := relay.NewMetrics(nil)
+	_, stop = f.runWith(t, cfg, metrics, nil)
+	f.write(t, 0, docs, 2)
+	partitioned := func() (msgs uint64) {
+		for p := range n {
+			msgs += streamInfo(t, f.js, contract.EventsPartitionStream(p)).State.Msgs
+		}
+		return msgs
+	}
+	testenv.Eventually(t, "the second versions in the partitions", 20*time.Second, func() bool { return partitioned() == docs })
+	waitConfirmedPastNow(t, f.pool, "converge_relay", 10*time.Second)
+	stop()
+	if got := testutil.ToFloat64(metrics.EffectsPublished); got != docs {
+		t.Fatalf("effects published: %v, want %d", got, docs)
+	}
+	events := readEvents(t, f.js)
+	if len(events) != docs+1 || events[docs].Subject != contract.EventsMovedSubject {
+		t.Fatalf("the effects' stream holds %d messages, the last on %s: want the %d first versions and the mark", len(events), events[len(events)-1].Subject, docs)
+	}
+	for _, m := range events[:docs] {
+		if ev, err := contract.DecodeEvent(m.Data); err != nil || ev.Version != 1 {
+			t.Fatalf("the effects' stream holds %s (%v): want first versions only before the mark", m.Subject, err)
+		}
+	}
+	for p := range n {
+		s, err := f.js.Stream(ctx, contract.EventsPartitionStream(p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		info := s.CachedInfo()
+		if info.Config.Retention != jetstream.WorkQueuePolicy || info.Config.Metadata[contract.MetaPartitions] != "4" {
+			t.Fatalf("%s: retention %v, metadata %v", info.Config.Name, info.Config.Retention, info.Config.Metadata)
+		}
+		for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
+			m, err := s.GetMsg(ctx, seq)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ev, err := contract.DecodeEvent(m.Data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ev.Version != 2 || m.Subject != contract.EventsPartitionSubjectPrefix(p)+contract.SubjectToken(ev.Key) || contract.Partition(ev.Key, n) != p {
+				t.Fatalf("%s holds version %d of %s on %s (its partition: %d)", info.Config.Name, ev.Version, ev.Key, m.Subject, contract.Partition(ev.Key, n))
+			}
+		}
+	}
+	removals := streamInfo(t, f.js, contract.RemovalsStream).Config.Subjects
+	if len(removals) != n+1 || removals[n] != contract.RemovalsSubject(contract.EventsPartitionStream(n-1), "*") {
+		t.Fatalf("the removals' stream records %v: want the effects' stream and its %d partitions", removals, n)
+	}
+
+	// Started again, the relay leaves the mark as it is.
+	_, stop = f.runWith(t, cfg, nil, nil)
+	f.write(t, 0, 1, 3)
+	testenv.Eventually(t, "the third version in the partitions", 20*time.Second, func() bool { return partitioned() == docs+1 })
+	stop()
+	if got := streamInfo(t, f.js, contract.EventsStream).State.Msgs; got != docs+1 {
+		t.Fatalf("the effects' stream holds %d messages after a restart, want %d: one mark", got, docs+1)
+	}
+
+	if _, err := relay.ApplyEffectsPartitions(ctx, f.js, cfg, 2, false); !errors.Is(err, relay.ErrEffectsRepartition) {
+		t.Fatalf("another number of partitions without -repartition: %v", err)
+	}
+	if _, err := relay.ApplyEffectsPartitions(ctx, f.js, cfg, 2, true); !errors.Is(err, relay.ErrEffectsRepartition) || !strings.Contains(err.Error(), "holds") {
+		t.Fatalf("another number of partitions that hold events: %v", err)
+	}
+	for p := range n {
+		s, err := f.js.Stream(ctx, contract.EventsPartitionStream(p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Purge(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if res, err := relay.ApplyEffectsPartitions(ctx, f.js, cfg, 2, true); err != nil || res != relay.PartsRecreated {
+		t.Fatalf("another number of empty partitions with -repartition: %v, %v", res, err)
+	}
+	if _, err := f.js.Stream(ctx, contract.EventsPartitionStream(2)); !errors.Is(err, jetstream.ErrStreamNotFound) {
+		t.Fatalf("partition 2 of the 4 of before: %v", err)
 	}
 }

@@ -147,8 +147,15 @@ func subjectOf(key []byte) string {
 	return string(buf[:])
 }
 
-// eventsSubjectOf is contract.EventsSubject for the subject of the same key
-// in the documents' stream: the token is taken from it, not hashed again.
-func eventsSubjectOf(docsSubject string) string {
-	return contract.EventsSubjectPrefix + docsSubject[len(contract.DocsSubjectPrefix):]
+// effectsTarget is the subject, and the stream, of the copy for effects of
+// an event whose subject in the documents' stream is docsSubject: the
+// effects' stream's, or its partition's when the effects have partitions.
+// The token is taken from docsSubject, not hashed again.
+func (r *Relay) effectsTarget(docsSubject string) (subject, stream string) {
+	token := docsSubject[len(contract.DocsSubjectPrefix):]
+	if n := r.cfg.Effects.Partitions; n > 1 {
+		p := contract.TokenPartition(token, n)
+		return r.effectsPrefixes[p] + token, r.effectsStreams[p]
+	}
+	return contract.EventsSubjectPrefix + token, r.cfg.Effects.Name
 }

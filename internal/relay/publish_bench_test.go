@@ -203,7 +203,7 @@ func publishWindow(b *testing.B, nc *nats.Conn, m publishMode, events []benchEve
 		if p.next-head >= uint64(m.window) {
 			awaitHead()
 		}
-		if _, err := p.publish(e.subject, e.id, hdr, nil, nil, e.payload, false); err != nil {
+		if _, err := p.publish(e.subject, e.id, hdr, nil, nil, e.payload, ""); err != nil {
 			b.Fatal(err)
 		}
 	}

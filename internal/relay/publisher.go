@@ -32,8 +32,9 @@ import (
 // acknowledgement of its previous publish was consumed.
 type publisher struct {
 	nc *nats.Conn
-	// stream acknowledges the publishes to converge.docs.>, effects (when
-	// not empty) those to converge.events.>.
+	// stream acknowledges the publishes to converge.docs.>; effects, when
+	// not empty, names the effects' stream, which acknowledges those to
+	// converge.events.> (or its partitions, those to converge.effects.>).
 	stream  string
 	effects string
 	sub     *nats.Subscription
@@ -93,7 +94,7 @@ type publisher struct {
 // goroutine, read by the session after state is no longer ackWaiting.
 type ackSlot struct {
 	state   atomic.Uint32
-	effects bool      // a publish to the effects' stream; written before the publish
+	effects string    // the effects' stream (or partition) published to, "" for the documents'; written before the publish
 	seq     uint64    // the stream sequence acknowledged, written before state
 	err     error     // written before state is set to ackFailed
 	at      time.Time // when the acknowledgement arrived (with its monotonic reading), written before state
@@ -170,8 +171,9 @@ func (p *publisher) connectionLost() bool {
 // Nats-Msg-Id; commitTimeHdr is the value of the commit-time header, shared
 // by a transaction's messages; reemission, when not nil, the value of the
 // re-emission header; traceParent, when not nil, the traceparent header's;
-// effects says the subject is the effects' stream's.
-func (p *publisher) publish(subject, msgID string, commitTimeHdr, reemission, traceParent []string, data []byte, effects bool) (uint64, error) {
+// effects, when not empty, is the effects' stream (or partition) whose
+// subject it is.
+func (p *publisher) publish(subject, msgID string, commitTimeHdr, reemission, traceParent []string, data []byte, effects string) (uint64, error) {
 	if p.connectionLost() {
 		return 0, errReconnected
 	}
@@ -181,7 +183,7 @@ func (p *publisher) publish(subject, msgID string, commitTimeHdr, reemission, tr
 	p.slots[i].effects = effects
 	p.slots[i].state.Store(ackWaiting)
 	p.id[0] = msgID
-	if !effects && p.chained {
+	if effects == "" && p.chained {
 		p.expect[0] = strconv.FormatUint(p.lastSeq, 10)
 		p.msg.Header[jetstream.ExpectedLastSeqHeader] = p.expect
 	} else {
@@ -205,7 +207,7 @@ func (p *publisher) publish(subject, msgID string, commitTimeHdr, reemission, tr
 		return 0, err
 	}
 	p.next++
-	if !effects && p.chained {
+	if effects == "" && p.chained {
 		p.lastSeq++
 	}
 	// Lost while this one was written: it may be in the reconnect buffer,
@@ -257,8 +259,8 @@ func (p *publisher) onAck(m *nats.Msg) {
 	s.at = time.Now()
 	p.last.Store(int64(s.at.Sub(p.origin)))
 	stream := p.stream
-	if s.effects {
-		stream = p.effects
+	if s.effects != "" {
+		stream = s.effects
 	}
 	state, seq, ackErr := parseAck(m, stream)
 	s.seq = seq

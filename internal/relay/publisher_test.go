@@ -65,7 +65,7 @@ func TestPublisherOutcomes(t *testing.T) {
 	// must not change what is stored.
 	buf := []byte("first payload")
 	sent := time.Now()
-	seq, err := p.publish("docs.a", "id-1", hdr, nil, nil, buf, false)
+	seq, err := p.publish("docs.a", "id-1", hdr, nil, nil, buf, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +124,7 @@ func TestPublisherOutcomes(t *testing.T) {
 		{"and again", "docs.d", "id-6", nil, []byte("z"), ackStored, ""},
 	}
 	for _, c := range cases {
-		seq, err := p.publish(c.subject, c.id, hdr, c.reemission, nil, c.data, false)
+		seq, err := p.publish(c.subject, c.id, hdr, c.reemission, nil, c.data, "")
 		if err != nil {
 			t.Fatalf("%s: %v", c.name, err)
 		}
@@ -235,7 +235,7 @@ func TestPublisherStopsOnceTheConnectionWasLost(t *testing.T) {
 	}
 	defer p.close()
 	hdr := []string{"2026-01-02T03:04:05Z"}
-	seq, err := p.publish("docs.a", "id-1", hdr, nil, nil, []byte("v1"), false)
+	seq, err := p.publish("docs.a", "id-1", hdr, nil, nil, []byte("v1"), "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,7 +245,7 @@ func TestPublisherStopsOnceTheConnectionWasLost(t *testing.T) {
 
 	n.Shutdown()
 	testenv.Eventually(t, "the connection to notice", 5*time.Second, func() bool { return nc.Status() != nats.CONNECTED })
-	if _, err := p.publish("docs.a", "id-2", hdr, nil, nil, []byte("v2"), false); !errors.Is(err, errReconnected) {
+	if _, err := p.publish("docs.a", "id-2", hdr, nil, nil, []byte("v2"), ""); !errors.Is(err, errReconnected) {
 		t.Fatalf("publish while reconnecting: %v, want %v", err, errReconnected)
 	}
 	// Not the publisher's own check: the connection itself refuses.
@@ -265,7 +265,7 @@ func TestPublisherStopsOnceTheConnectionWasLost(t *testing.T) {
 	if !p.reconnected() {
 		t.Fatal("the publisher does not know the connection was re-established")
 	}
-	if _, err := p.publish("docs.a", "id-3", hdr, nil, nil, []byte("v3"), false); !errors.Is(err, errReconnected) {
+	if _, err := p.publish("docs.a", "id-3", hdr, nil, nil, []byte("v3"), ""); !errors.Is(err, errReconnected) {
 		t.Fatalf("publish after the reconnect, same session: %v, want %v", err, errReconnected)
 	}
 	// The next session's publisher publishes again.
@@ -274,7 +274,7 @@ func TestPublisherStopsOnceTheConnectionWasLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p2.close()
-	seq, err = p2.publish("docs.a", "id-3", hdr, nil, nil, []byte("v3"), false)
+	seq, err = p2.publish("docs.a", "id-3", hdr, nil, nil, []byte("v3"), "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -307,7 +307,7 @@ func TestPublisherKeepsTheStreamInPublishOrder(t *testing.T) {
 	hdr := []string{"2026-01-02T03:04:05Z"}
 	publish := func(p *publisher, id string) (uint64, uint32, error) {
 		t.Helper()
-		seq, err := p.publish("docs."+id, id, hdr, nil, nil, []byte(id), false)
+		seq, err := p.publish("docs."+id, id, hdr, nil, nil, []byte(id), "")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -36,6 +36,10 @@ type Relay struct {
 	ensured, everEnsured bool
 	noStreamSince        time.Time
 	positions            *Positions
+	// effectsStreams and effectsPrefixes are the effects' partitions'
+	// streams and subject prefixes, read with cfg.Effects.Partitions when
+	// the streams are ensured.
+	effectsStreams, effectsPrefixes []string
 }
 
 // ensureAgain is how long sessions may find no stream before they create

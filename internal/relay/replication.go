@@ -217,9 +217,9 @@ func (s *session) publish(ctx context.Context, v *insertView) error {
 		}
 	}
 	for i := range n {
-		effects := i == 1
-		if effects {
-			subject = eventsSubjectOf(subject)
+		effects := ""
+		if i == 1 {
+			subject, effects = s.relay.effectsTarget(subject)
 		}
 		// Taken before the publish: its acknowledgement may be handled
 		// before publish returns.
@@ -230,7 +230,7 @@ func (s *session) publish(ctx context.Context, v *insertView) error {
 		if err != nil {
 			return &publishError{err: err}
 		}
-		s.queue = append(s.queue, pending{pub: true, effects: effects, seq: seq, sent: now, commitTime: s.commitTime,
+		s.queue = append(s.queue, pending{pub: true, effects: effects != "", seq: seq, sent: now, commitTime: s.commitTime,
 			size: len(v.payload), reemission: reemission != nil})
 		s.inflight++
 		s.inflightBytes += len(v.payload)

@@ -20,6 +20,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/nats-io/nats.go"
+
+	"github.com/converge-sync/converge/pkg/contract"
 )
 
 // replicationReadBuffer is the read buffer of the replication connection.
@@ -38,6 +40,37 @@ func replicationURL(dsn string) (string, error) {
 		return u.String(), nil
 	}
 	return dsn + " replication=database", nil
+}
+
+// ensureEffects reads how many partitions the effects have, ensures their
+// streams, and with partitions marks the effects' stream for the
+// notifier's move before anything is published to them.
+func (r *Relay) ensureEffects(ctx context.Context) error {
+	n, err := EffectsPartitions(ctx, r.js)
+	if err != nil {
+		return err
+	}
+	cfg := r.cfg
+	cfg.Effects.Partitions = n
+	if _, err := EnsureEffectsStream(ctx, r.js, cfg); err != nil {
+		return err
+	}
+	if n > 1 {
+		if err := markEffectsMoved(ctx, r.js, cfg, r.log); err != nil {
+			return err
+		}
+	}
+	if n > 1 && n != r.cfg.Effects.Partitions {
+		r.log.Info("the effects are published to their partitions", "partitions", n,
+			"streams", contract.EventsPartitionStream(0)+" to "+contract.EventsPartitionStream(n-1))
+	}
+	r.effectsStreams, r.effectsPrefixes = nil, nil
+	for p := range n {
+		r.effectsStreams = append(r.effectsStreams, contract.EventsPartitionStream(p))
+		r.effectsPrefixes = append(r.effectsPrefixes, contract.EventsPartitionSubjectPrefix(p))
+	}
+	r.cfg.Effects.Partitions = n
+	return nil
 }
 
 func (r *Relay) session(ctx context.Context) error {
@@ -66,7 +99,7 @@ func (r *Relay) session(ctx context.Context) error {
 			return &publishError{err: err}
 		}
 		if r.cfg.Effects.Enabled {
-			if _, err := EnsureEffectsStream(ectx, r.js, r.cfg); err != nil {
+			if err := r.ensureEffects(ectx); err != nil {
 				return &publishError{err: err}
 			}
 		} else if _, err := r.js.Stream(ctx, r.cfg.Effects.Name); err == nil {

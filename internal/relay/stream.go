@@ -64,7 +64,7 @@ func docsStreamConfig(cfg StreamConfig) jetstream.StreamConfig {
 // without its metadata.
 func effectsStreamConfig(cfg Config) jetstream.StreamConfig {
 	e := cfg.Effects
-	return jetstream.StreamConfig{
+	sc := jetstream.StreamConfig{
 		Name:        e.Name,
 		Description: "converge document events for effects (the notifier): every event, kept until acknowledged or MaxAge, published by the relay",
 		Subjects:    []string{contract.EventsSubjectPrefix + ">"},
@@ -77,6 +77,11 @@ func effectsStreamConfig(cfg Config) jetstream.StreamConfig {
 		MaxBytes:    e.MaxBytes,
 		MaxMsgSize:  contract.MaxMessageBytes,
 	}
+	if e.Partitions > 1 {
+		// The relay's mark that the effects moved to their partitions.
+		sc.Subjects = append(sc.Subjects, contract.EventsMovedSubject)
+	}
+	return sc
 }
 
 // RemovalsMaxAge and RemovalsMaxMsgs bound the removals' stream
@@ -89,12 +94,16 @@ const (
 
 // removalsStreamConfig is the removals' stream of cfg (defaults applied):
 // the server's advisories of the effects' stream's events removed while
-// delivered and unacknowledged.
+// delivered and unacknowledged, and of its partitions' when it has them.
 func removalsStreamConfig(cfg Config) jetstream.StreamConfig {
+	subjects := []string{contract.RemovalsSubject(cfg.Effects.Name, "*")}
+	for p := range cfg.Effects.Partitions {
+		subjects = append(subjects, contract.RemovalsSubject(contract.EventsPartitionStream(p), "*"))
+	}
 	return jetstream.StreamConfig{
 		Name:        contract.RemovalsStream,
-		Description: "the server's record of each event of " + cfg.Effects.Name + " its limits removed while a consumer held it unacknowledged, read by the notifier",
-		Subjects:    []string{contract.RemovalsSubject(cfg.Effects.Name, "*")},
+		Description: "the server's record of each event of " + cfg.Effects.Name + " (and of its partitions) its limits removed while a consumer held it unacknowledged, read by the notifier",
+		Subjects:    subjects,
 		Retention:   jetstream.LimitsPolicy,
 		Discard:     jetstream.DiscardOld,
 		Storage:     cfg.Stream.Storage,
@@ -198,6 +207,9 @@ func EnsureEffectsStream(ctx context.Context, js jetstream.JetStream, cfg Config
 	if _, err := ensure(ctx, js, removalsStreamConfig(cfg)); err != nil {
 		return nil, err
 	}
+	if cfg.Effects.Partitions > 1 {
+		return nil, ensureEffectsPartitions(ctx, js, cfg)
+	}
 	return effectsStream(ctx, js, cfg, false)
 }
 
@@ -209,6 +221,9 @@ func ApplyEffectsStream(ctx context.Context, js jetstream.JetStream, cfg Config)
 	want := removalsStreamConfig(cfg)
 	if _, err := js.CreateOrUpdateStream(ctx, want); err != nil {
 		return nil, fmt.Errorf("relay: apply stream %s: %w", want.Name, err)
+	}
+	if cfg.Effects.Partitions > 1 {
+		return nil, applyEffectsPartitions(ctx, js, cfg)
 	}
 	return effectsStream(ctx, js, cfg, true)
 }

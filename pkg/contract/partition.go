@@ -89,3 +89,33 @@ func SourceSequence(header string) (uint64, error) {
 	}
 	return seq, nil
 }
+
+// Partitions of effects. A partitioned deployment's notifier takes each
+// event from the work queue of its document's partition: the relay
+// publishes the event there ([EventsPartitionSubject]) instead of to
+// [EventsStream], once the operator has made those streams. Each is a
+// stream of its own, not a subject filter of one, so that its sequences
+// are the partition's alone: the notifier's gap detection counts them.
+const (
+	// EffectsSubjectPrefix prefixes the subjects of the effects'
+	// partitions, "converge.effects.<partition>.<token>".
+	EffectsSubjectPrefix = "converge.effects."
+	// EventsMovedSubject is the subject, in [EventsStream], of the relay's
+	// mark that it publishes effects to their partitions from then on:
+	// every event of EventsStream before the mark is older than the
+	// partitions' first. No consumer of EventsStream's events
+	// (converge.events.>) receives it.
+	EventsMovedSubject = "converge.effects.moved"
+)
+
+// EventsPartitionStream is the work queue of partition p of the effects:
+// "CONVERGE_EVENTS_P03". Its metadata holds the number of partitions
+// ([MetaPartitions]).
+func EventsPartitionStream(p int) string { return fmt.Sprintf("%s_P%02d", EventsStream, p) }
+
+// EventsPartitionSubjectPrefix is the prefix of the subjects of
+// [EventsPartitionStream](p): "converge.effects.<p>.", followed by a
+// document's token.
+func EventsPartitionSubjectPrefix(p int) string {
+	return EffectsSubjectPrefix + strconv.Itoa(p) + "."
+}

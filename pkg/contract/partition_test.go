@@ -34,6 +34,12 @@ func TestPartition(t *testing.T) {
 	if got := contract.PartitionSubjectPrefix(12); got != "converge.part.12." {
 		t.Errorf("PartitionSubjectPrefix: %s", got)
 	}
+	if got := contract.EventsPartitionStream(3); got != "CONVERGE_EVENTS_P03" {
+		t.Errorf("EventsPartitionStream: %s", got)
+	}
+	if got := contract.EventsPartitionSubjectPrefix(12); got != "converge.effects.12." {
+		t.Errorf("EventsPartitionSubjectPrefix: %s", got)
+	}
 	if src, dst := contract.PartitionTransform(4); src != "converge.docs.*" || dst != "converge.part.{{partition(4,1)}}.{{wildcard(1)}}" {
 		t.Errorf("PartitionTransform: %s -> %s", src, dst)
 	}
