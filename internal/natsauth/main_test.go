@@ -40,6 +40,9 @@ var exempt = map[string]map[string]string{
 	natsauth.ProjectorUser("graph"): {
 		"$JS.FC.KV_CONVERGE_LEASES.>": "flow control of the watch of the projector's members",
 	},
+	natsauth.UserNotifier: {
+		"$JS.FC.KV_CONVERGE_LEASES.>": "flow control of the watch of the notifier's members",
+	},
 }
 
 func reportUnused() int {

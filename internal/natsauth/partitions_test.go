@@ -226,16 +226,16 @@ func TestProjectorHoldsOnlyItsOwnPartitions(t *testing.T) {
 	p.refused(t, "Publish to", contract.DLQSubject(graph3))
 }
 
-// The notifier's one writer, run as a service past its lease's TTL, looks
-// for no partitions' mark: a key it may not read.
-func TestNotifierLooksForNoPartitionsMark(t *testing.T) {
+// The notifier's one writer, run as a service past its lease's TTL, reads
+// its partitions' mark.
+func TestNotifierReadsItsPartitionsMark(t *testing.T) {
 	e := newEnv(t)
 	a := e.docsAsAdmin()
 	if _, err := relay.EnsureEffectsStream(ctx(t), a.js, relay.Config{Effects: relay.EffectsConfig{Enabled: true}}); err != nil {
 		t.Fatal(err)
 	}
 	n := e.connect(natsauth.UserNotifier)
-	sc := projector.ServiceConfig{NATSURL: e.srv.URL, Unpartitioned: true,
+	sc := projector.ServiceConfig{NATSURL: e.srv.URL,
 		Runtime: projector.Config{Name: natsauth.NotifierName, Stream: contract.EventsStream, SubjectPrefix: contract.EventsSubjectPrefix},
 		Lease:   projector.LeaseConfig{TTL: 600 * time.Millisecond}}
 	runCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

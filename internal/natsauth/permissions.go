@@ -51,11 +51,13 @@ func RebuildConsumer(name string) string { return name + "-rebuild" }
 
 const api = "$JS.API."
 
-// Relay may create the documents' stream, the effects' stream and the
-// removals' stream (the server's advisories of what the effects' stream's
-// limits took from a consumer, which the server itself publishes), and
-// publish the two streams' events: the only publisher of converge.docs.> and
-// converge.events.>. It may not update either (a MaxMsgsPerSubject of 1
+// Relay may create the documents' stream, the effects' stream, its
+// partitions, and the removals' stream (the server's advisories of what
+// the effects' stream's limits took from a consumer, which the server
+// itself publishes), and publish the streams' events: the only publisher
+// of converge.docs.>, converge.events.> and converge.effects.> (the
+// partitions', and the mark of the move to them, which it looks for in
+// the effects' stream first). It may not update either (a MaxMsgsPerSubject of 1
 // or a short MaxAge removes what the consumers have not read, as a purge
 // would): the operator does. It reads both streams' info (the effects'
 // stream records where in the documents' stream it began), reads the
@@ -64,6 +66,11 @@ const api = "$JS.API."
 // of its confirmed positions whole. It may not delete or purge a stream,
 // nor touch a consumer.
 func Relay() *server.Permissions {
+	var parts []string
+	for p := range contract.MaxPartitions {
+		s := contract.EventsPartitionStream(p)
+		parts = append(parts, api+"STREAM.CREATE."+s, api+"STREAM.INFO."+s)
+	}
 	return perms(UserRelay,
 		[]string{api + "STREAM.CREATE." + contract.DocsStream, api + "STREAM.CREATE." + contract.EventsStream,
 			api + "STREAM.CREATE." + contract.RemovalsStream},
@@ -72,7 +79,11 @@ func Relay() *server.Permissions {
 		// A document's newest stored event, after which a catch-up
 		// publishes its rows of the outbox.
 		[]string{api + "DIRECT.GET." + contract.DocsStream, api + "DIRECT.GET." + contract.DocsStream + "." + contract.DocsSubjectPrefix + ">"},
-		[]string{contract.DocsSubjectPrefix + ">", contract.EventsSubjectPrefix + ">"},
+		// The effects' partitions, and the mark of the move to them
+		// (whether the effects' stream holds it already).
+		parts,
+		[]string{api + "STREAM.MSG.GET." + contract.EventsStream},
+		[]string{contract.DocsSubjectPrefix + ">", contract.EventsSubjectPrefix + ">", contract.EffectsSubjectPrefix + ">"},
 		bucketCreate(PositionBucket),
 		bucketKey(PositionBucket, ">"),
 	)
@@ -105,8 +116,6 @@ func Projector(name string) *server.Permissions {
 		parts = append(parts, api+"CONSUMER.RESET."+contract.PartsStream+"."+c)
 		dlq = append(dlq, c)
 	}
-	kv := "KV_" + lease.Bucket
-	members := "$KV." + lease.Bucket + "." + name + ".members.*"
 	return perms(ProjectorUser(name),
 		[]string{api + "STREAM.INFO." + contract.DocsStream},
 		consume(contract.DocsStream, name),
@@ -120,12 +129,20 @@ func Projector(name string) *server.Permissions {
 		sharedBucketCreate(RebuildBucket),
 		bucketKey(RebuildBucket, name),
 		parts,
-		bucketKey(lease.Bucket, name+".>"),
+		partitionLeases(name),
+	)
+}
+
+// partitionLeases: the keys name.> of the leases' bucket (the partitions'
+// leases, the mark, the members) and the watch of name's members.
+func partitionLeases(name string) []string {
+	kv := "KV_" + lease.Bucket
+	members := "$KV." + lease.Bucket + "." + name + ".members.*"
+	return slices.Concat(bucketKey(lease.Bucket, name+".>"),
 		// The watch's ordered consumer, deleted when the watch stops (the
 		// server names it; any ephemeral consumer of the bucket's stream
 		// could be named, which costs its watcher a new one).
-		[]string{api + "CONSUMER.CREATE." + kv + ".*." + members, api + "CONSUMER.DELETE." + kv + ".*", "$JS.FC." + kv + ".>"},
-	)
+		[]string{api + "CONSUMER.CREATE." + kv + ".*." + members, api + "CONSUMER.DELETE." + kv + ".*", "$JS.FC." + kv + ".>"})
 }
 
 // Notifier, the user notifier, may consume the effects' stream with its
@@ -134,9 +151,25 @@ func Projector(name string) *server.Permissions {
 // dead-letter to converge.dlq.<name>, own its dedup bucket whole, and hold
 // its lease (as a projector does). On the documents' stream it may finish
 // and delete its own consumer of an older deployment (notifier.Migrate),
-// and nothing else.
+// and nothing else. Run in partitions, it consumes each effects'
+// partition with its consumer (name-p00 to name-p15), dead-letters to
+// theirs, holds their leases and its members' keys as a partitioned
+// projector does, and, moving to them, reads and deletes the relay's
+// mark in the effects' stream and deletes its consumer there.
 func Notifier(name, bucket string) *server.Permissions {
+	var parts, dlq []string
+	for p := range contract.MaxPartitions {
+		s, c := contract.EventsPartitionStream(p), contract.PartitionName(name, p)
+		parts = append(parts, api+"STREAM.INFO."+s, api+"CONSUMER.RESET."+s+"."+c)
+		parts = append(parts, consume(s, c)...)
+		dlq = append(dlq, c)
+	}
 	return perms(UserNotifier,
+		parts,
+		deadLetters(dlq...),
+		partitionLeases(name),
+		[]string{api + "STREAM.MSG.GET." + contract.EventsStream, api + "STREAM.MSG.DELETE." + contract.EventsStream,
+			api + "CONSUMER.DELETE." + contract.EventsStream + "." + name},
 		[]string{api + "STREAM.INFO." + contract.EventsStream},
 		consume(contract.EventsStream, name),
 		// The server's record of the events the stream's limits took
@@ -243,6 +276,13 @@ func Operator() *server.Permissions {
 	}
 	// streams apply -repartition.
 	p = append(p, api+"STREAM.DELETE."+parts)
+	// The effects' partitions: streams apply makes them, and with
+	// -repartition deletes them once they are empty.
+	for part := range contract.MaxPartitions {
+		s := contract.EventsPartitionStream(part)
+		p = append(p, api+"STREAM.INFO."+s, api+"STREAM.DELETE."+s)
+		p = append(p, streamWrite(s)...)
+	}
 	return perms(UserOperator, p)
 }
 

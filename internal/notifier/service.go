@@ -12,6 +12,7 @@ import (
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/service"
+	"github.com/converge-sync/converge/pkg/contract"
 )
 
 // Environment variables of the notifier's own settings.
@@ -115,12 +116,14 @@ func (c ServiceConfig) Connections() service.Conns {
 // function after parsing.
 func ServiceFlags(f *config.Flags) func() (ServiceConfig, error) {
 	sc := projector.ServiceFlags(f, "notifier", DefaultMetricsAddr)
+	partitions := projector.PartitionsFlag(f)
 	own := Flags(f)
 	return func() (ServiceConfig, error) {
 		p, err := sc()
 		if err != nil {
 			return ServiceConfig{}, err
 		}
+		p.Partitions = *partitions
 		c, err := own()
 		if err != nil {
 			return ServiceConfig{}, err
@@ -138,9 +141,6 @@ func Run(ctx context.Context, cfg ServiceConfig, deps service.Deps) error {
 		return err
 	}
 	sc := cfg.Projector
-	// Its effects keep one writer: it never runs in partitions, nor looks
-	// for their mark (a key it may not read).
-	sc.Unpartitioned = true
 	log := deps.Log
 	if cfg.Notifier.Replicas <= 0 {
 		cfg.Notifier.Replicas = sc.Runtime.Replicas
@@ -154,20 +154,26 @@ func Run(ctx context.Context, cfg ServiceConfig, deps service.Deps) error {
 	}
 	defer func() { _ = n.Close() }()
 	sc.Runtime = RuntimeConfig(sc.Runtime)
-	sc.Prepare = func(ctx context.Context, js jetstream.JetStream) error {
-		info, err := WaitForStream(ctx, js, cfg.Notifier.Window, log)
-		if err != nil {
+	stream := sc.Runtime.Stream
+	if sc.Partitions > 1 {
+		sc.Source = partitionSource(n, sc.Runtime, cfg.Notifier.Window, log)
+		stream = contract.EventsPartitionStream(0) + " to " + contract.EventsPartitionStream(sc.Partitions-1)
+	} else {
+		sc.Prepare = func(ctx context.Context, js jetstream.JetStream) error {
+			info, err := WaitForStream(ctx, js, cfg.Notifier.Window, log)
+			if err != nil {
+				return err
+			}
+			_, err = Migrate(ctx, js, n, sc.Runtime, info, log)
 			return err
 		}
-		_, err = Migrate(ctx, js, n, sc.Runtime, info, log)
-		return err
 	}
 	targets := make([]string, len(n.targets))
 	for i, t := range n.targets {
 		targets[i] = t.name
 	}
 	c := cfg.Notifier
-	log.Info("notifier", "stream", sc.Runtime.Stream, "targets", targets, "window", c.Window, "notify_replayed", c.NotifyReplayed,
+	log.Info("notifier", "stream", stream, "partitions", max(sc.Partitions, 1), "targets", targets, "window", c.Window, "notify_replayed", c.NotifyReplayed,
 		"bucket", c.Bucket, "concurrency", c.Concurrency, "max_attempts", c.MaxAttempts)
 	return projector.RunService(ctx, sc, n, nil, deps)
 }

@@ -139,7 +139,7 @@ func newPartitioned(sc ServiceConfig, js jetstream.JetStream, store Store, deps 
 		return nil, fmt.Errorf("projector %s: this service does not run in partitions", sc.Runtime.Name)
 	}
 	if sc.Prepare != nil {
-		return nil, fmt.Errorf("projector %s: partitions do not prepare their runtimes (a notifier's move)", sc.Runtime.Name)
+		return nil, fmt.Errorf("projector %s: partitions do not prepare their runtimes (their source's Move does)", sc.Runtime.Name)
 	}
 	sc.Lease.TTL = sc.Lease.TTLOrDefault()
 	p := &partitioned{sc: sc, js: js, store: store, deps: deps, log: deps.Log.With("projector", sc.Runtime.Name, "partitions", sc.Partitions)}
@@ -172,7 +172,11 @@ func (p *partitioned) retrying(ctx context.Context, what string, f func() error)
 
 func (p *partitioned) run(ctx context.Context) error {
 	name, n := p.sc.Runtime.Name, p.sc.Partitions
-	if err := p.waitStream(ctx); err != nil || ctx.Err() != nil {
+	wait := p.waitStream
+	if src := p.sc.Source; src != nil {
+		wait = func(ctx context.Context) error { return src.Wait(ctx, p.js, n) }
+	}
+	if err := wait(ctx); err != nil || ctx.Err() != nil {
 		return err
 	}
 	holder := holderName(p.sc)
@@ -187,16 +191,26 @@ func (p *partitioned) run(ctx context.Context) error {
 	if err := p.retrying(ctx, "marking the projector partitioned", func() error { return whole.MarkPartitioned(ctx, n) }); err != nil || ctx.Err() != nil {
 		return nil
 	}
-	t, err := whole.Acquire(ctx, func(v lease.Value) {
-		p.log.Info("waiting for the store's writer without partitions to stop (it reads the partitions' mark within its lease's TTL)", "writer", v.Holder)
-	})
-	if err != nil {
-		return nil // ctx ended
+	for {
+		t, err := whole.Acquire(ctx, func(v lease.Value) {
+			p.log.Info("waiting for the store's writer without partitions to stop (it reads the partitions' mark within its lease's TTL)", "writer", v.Holder)
+		})
+		if err != nil {
+			return nil // ctx ended
+		}
+		// While no other instance writes: the partitions start where the
+		// one writer of before stopped, and its consumer goes.
+		err = p.moveFromOneWriter(ctx, t, name, n)
+		t.Release()
+		if err == nil || ctx.Err() != nil {
+			break
+		}
+		p.log.Warn("the move from the writer without partitions failed; taking the store's lease again", "err", err)
+		_ = retry.Sleep(ctx, time.Second)
 	}
-	// While no other instance writes: the partitions start where the one
-	// writer of before stopped, and its consumer goes.
-	p.takeOverFromOneWriter(ctx, name, n)
-	t.Release()
+	if ctx.Err() != nil {
+		return nil
+	}
 
 	p.wait("the other instances")
 	var members *lease.Members
@@ -236,6 +250,19 @@ func (p *partitioned) run(ctx context.Context) error {
 	p.started.Store(true)
 	p.log.Info("partitions: following the other instances", "member", members.ID(), "live", len(members.Live()))
 	return g.Wait()
+}
+
+// moveFromOneWriter takes over from the one writer of before while this
+// instance holds its lease (t): by the source's Move, or from the
+// documents' stream's consumer.
+func (p *partitioned) moveFromOneWriter(ctx context.Context, t *lease.Term, name string, n int) error {
+	src := p.sc.Source
+	if src == nil {
+		p.takeOverFromOneWriter(ctx, name, n)
+		return nil
+	}
+	p.wait("the move from the writer without partitions")
+	return src.Move(ctx, p.js, Fencing{Fence: t.Check, Bound: t.Bound}, t.Valid)
 }
 
 // CoordinatorLease is the lease of the instance of a partitioned
@@ -367,6 +394,11 @@ func (p *partitioned) waitStream(ctx context.Context) error {
 
 // runtimeConfig is the runtime configuration of partition part.
 func (p *partitioned) runtimeConfig(part int) Config {
+	if src := p.sc.Source; src != nil {
+		rc := src.Runtime(p.sc.Runtime, part)
+		rc.Name = contract.PartitionName(p.sc.Runtime.Name, part)
+		return rc
+	}
 	rc := p.sc.Runtime
 	rc.Name = contract.PartitionName(p.sc.Runtime.Name, part)
 	rc.Stream = contract.PartsStream

@@ -62,9 +62,28 @@ type ServiceConfig struct {
 	// partitioned stream (contract.PartsStream), the same for every
 	// instance. 0 or 1: one writer, instances standing by.
 	Partitions int
-	// Unpartitioned is a service that never runs in partitions (the
-	// notifier): its one writer does not look for the partitions' mark.
+	// Unpartitioned is a service that never runs in partitions: its one
+	// writer does not look for the partitions' mark.
 	Unpartitioned bool
+	// Source, when set, is where the partitions' events come from other
+	// than the partitioned stream (the notifier's: a work queue per
+	// partition).
+	Source *PartitionSource
+}
+
+// PartitionSource is where a partitioned service's events come from, when
+// not from the partitioned stream (contract.PartsStream).
+type PartitionSource struct {
+	// Runtime is partition p's runtime configuration, made from rc, the
+	// service's.
+	Runtime func(rc Config, p int) Config
+	// Wait waits for the partitions' streams and checks that they are n;
+	// nil when ctx ends.
+	Wait func(ctx context.Context, js jetstream.JetStream, n int) error
+	// Move takes over from the service's one writer, called while this
+	// instance holds the one writer's lease (term), before any partition
+	// runs; called again while it fails.
+	Move func(ctx context.Context, js jetstream.JetStream, term Fencing, writable func() bool) error
 }
 
 // LeaseConfig is how instances of one projector share its store.

@@ -1,0 +1,196 @@
+package notifier
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/converge-sync/converge/internal/lease"
+	"github.com/converge-sync/converge/internal/projector"
+	"github.com/converge-sync/converge/pkg/contract"
+)
+
+// Partitions: N notifier instances (-partitions N) share the effects, one
+// writer per partition. Partition p's events are the work queue
+// contract.EventsPartitionStream(p), which the relay fills once the
+// operator made the partitions (`converge streams apply -effects
+// -partitions N`); its consumer, lease and dead letters are
+// <name>-pNN, and its gap detection is the one-writer notifier's, on a
+// stream of its own. The dedup store is shared: a document's effects are
+// sent by its partition's writer alone.
+//
+// The move of a running deployment (see package relay): the operator
+// makes the partitions and restarts the relays, each of which marks the
+// effects' stream before it publishes to them; then the notifiers start
+// with -partitions N. The first of them marks the notifier partitioned
+// and takes the one writer's lease once it has stopped (it reads the
+// mark), then finishes the one writer's consumer of the effects' stream
+// up to the relay's mark ([moveToPartitions]) and deletes it, and only
+// then does any partition notify: no event is lost, and none is notified
+// before an older event of its document.
+
+// partitionSource is the notifier's projector.PartitionSource: its
+// partitions' work queues; rc is the one writer's runtime configuration.
+func partitionSource(n *Notifier, rc projector.Config, window time.Duration, log *slog.Logger) *projector.PartitionSource {
+	return &projector.PartitionSource{
+		Runtime: func(c projector.Config, p int) projector.Config {
+			c = RuntimeConfig(c)
+			c.Stream = contract.EventsPartitionStream(p)
+			c.SubjectPrefix = contract.EventsPartitionSubjectPrefix(p)
+			return c
+		},
+		Wait: func(ctx context.Context, js jetstream.JetStream, parts int) error {
+			return waitForPartitions(ctx, js, parts, window, log)
+		},
+		Move: func(ctx context.Context, js jetstream.JetStream, term projector.Fencing, writable func() bool) error {
+			return moveToPartitions(ctx, js, n, rc, term, writable, log)
+		},
+	}
+}
+
+// waitForPartitions waits until the effects' n partitions exist, saying
+// what is missing at once and then every minute; another number of them
+// is an error.
+func waitForPartitions(ctx context.Context, js jetstream.JetStream, n int, window time.Duration, log *slog.Logger) error {
+	var said time.Time
+	for {
+		missing, err := checkPartitions(ctx, js, n, window, log)
+		switch {
+		case err != nil:
+			return err
+		case missing == "":
+			return nil
+		case time.Since(said) >= time.Minute:
+			log.Error("waiting for the effects' partitions: run `converge streams apply -effects -partitions "+strconv.Itoa(n)+"` as the operator, then restart the relays",
+				"missing", missing)
+			said = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(StreamWait):
+		}
+	}
+}
+
+// checkPartitions names the first partition's stream that does not exist
+// ("" when all do), or fails on a stream that is not one of n partitions.
+func checkPartitions(ctx context.Context, js jetstream.JetStream, n int, window time.Duration, log *slog.Logger) (string, error) {
+	for p := range n {
+		name := contract.EventsPartitionStream(p)
+		s, err := js.Stream(ctx, name)
+		switch {
+		case errors.Is(err, jetstream.ErrStreamNotFound):
+			return name, nil
+		case err != nil:
+			if ctx.Err() != nil {
+				return "", nil
+			}
+			log.Warn("reading an effects' partition failed; retrying", "stream", name, "err", err)
+			return name, nil
+		}
+		info := s.CachedInfo()
+		if have := info.Config.Metadata[contract.MetaPartitions]; have != strconv.Itoa(n) {
+			return "", fmt.Errorf("notifier: the effects' partition %s is one of %s partitions, -partitions is %d: give every notifier the partitions' number (or make them anew, empty: converge streams apply -effects -partitions %d -repartition)",
+				name, have, n, n)
+		}
+		if info.Config.Retention != jetstream.WorkQueuePolicy {
+			return "", fmt.Errorf("notifier: stream %s has %v retention, not a work queue: it is not an effects' partition", name, info.Config.Retention)
+		}
+		if age := info.Config.MaxAge; p == 0 && age > 0 && age < window {
+			log.Warn("the effects' partitions keep events for less than the notifier's window: an event not notified within its max age leaves them and is reported missed; give the relay -effects-max-age of the window and apply the streams again",
+				"stream", name, "max_age", age, "window", window)
+		}
+	}
+	return "", nil
+}
+
+// moveToPartitions finishes what the one writer of before left in the
+// effects' stream, while this instance holds its lease (term): an older
+// deployment's consumer of the documents' stream first ([Migrate]), then
+// every event before the relay's mark (contract.EventsMovedSubject),
+// through n; it then deletes the one writer's consumer and the mark. A
+// stream that nobody consumed and that holds no event needs nothing; one
+// that does waits for the mark, which the relays write when they start
+// publishing to the partitions.
+func moveToPartitions(ctx context.Context, js jetstream.JetStream, n *Notifier, rc projector.Config, term projector.Fencing, writable func() bool, log *slog.Logger) error {
+	s, err := js.Stream(ctx, contract.EventsStream)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		return nil
+	case err != nil:
+		return fmt.Errorf("notifier: stream %s: %w", contract.EventsStream, err)
+	}
+	info := s.CachedInfo()
+	if _, err := Migrate(ctx, js, n, rc, info, log); err != nil {
+		return err
+	}
+	_, err = js.Consumer(ctx, contract.EventsStream, rc.Name)
+	consumed := err == nil
+	if err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return fmt.Errorf("notifier: the consumer %s of %s: %w", rc.Name, contract.EventsStream, err)
+	}
+	var said time.Time
+	var mark *jetstream.RawStreamMsg
+	for mark == nil {
+		m, err := s.GetLastMsgForSubject(ctx, contract.EventsMovedSubject)
+		switch {
+		case err == nil:
+			mark = m
+			continue
+		case !errors.Is(err, jetstream.ErrMsgNotFound):
+			return fmt.Errorf("notifier: reading the relay's mark in %s: %w", contract.EventsStream, err)
+		}
+		if !consumed {
+			if info, err := s.Info(ctx); err != nil {
+				return fmt.Errorf("notifier: stream %s: %w", contract.EventsStream, err)
+			} else if info.State.Msgs == 0 {
+				return nil // nothing to hand over
+			}
+		}
+		if !writable() {
+			return lease.ErrLost
+		}
+		if time.Since(said) >= time.Minute {
+			log.Error("waiting for the relay's mark in the effects' stream: the events it holds are notified before any partition's; restart the relays once the operator made the partitions (converge streams apply -effects -partitions N)",
+				"stream", contract.EventsStream, "consumer", rc.Name)
+			said = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(StreamWait):
+		}
+	}
+	dc := rc
+	dc.StopAtSeq = mark.Sequence
+	dc.Fence, dc.Bound, dc.Writable = term.Fence, term.Bound, writable
+	log.Info("moving to the effects' partitions: finishing the effects' stream up to the relay's mark first",
+		"stream", contract.EventsStream, "consumer", rc.Name, "mark_seq", mark.Sequence)
+	r, err := projector.New(js, n, dc, nil, log)
+	if err != nil {
+		return err
+	}
+	if err := r.Run(ctx); err != nil {
+		return fmt.Errorf("notifier: finishing the consumer %s of %s: %w", rc.Name, contract.EventsStream, err)
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if !writable() {
+		return lease.ErrLost
+	}
+	if err := js.DeleteConsumer(ctx, contract.EventsStream, rc.Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return fmt.Errorf("notifier: delete the finished consumer %s of %s: %w", rc.Name, contract.EventsStream, err)
+	}
+	if err := s.DeleteMsg(ctx, mark.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		log.Warn("deleting the relay's mark failed; it stays in the effects' stream until its max age", "err", err)
+	}
+	log.Info("moved to the effects' partitions: the effects' stream is finished and its consumer deleted", "stream", contract.EventsStream, "consumer", rc.Name)
+	return nil
+}

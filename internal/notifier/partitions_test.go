@@ -1,0 +1,142 @@
+package notifier
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/converge-sync/converge/internal/projector"
+	"github.com/converge-sync/converge/internal/relay"
+	"github.com/converge-sync/converge/internal/stack/stacktest"
+	"github.com/converge-sync/converge/internal/testenv"
+	"github.com/converge-sync/converge/pkg/contract"
+)
+
+// partitionPublish stores ev as a relay publishing to the effects' n
+// partitions does: on its partition's subject.
+func (e *env) partitionPublish(ev contract.Event, n int) {
+	e.t.Helper()
+	data, err := ev.Encode()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	m := nats.NewMsg(contract.EventsPartitionSubjectPrefix(contract.Partition(ev.Key, n)) + contract.SubjectToken(ev.Key))
+	m.Data = data
+	m.Header.Set(jetstream.MsgIDHeader, ev.ID.String())
+	m.Header.Set(contract.HeaderCommitTime, time.Now().UTC().Format(time.RFC3339Nano))
+	if _, err := e.js.PublishMsg(context.Background(), m); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// notifierService is the notifier service's configuration for tests: an
+// instance named holder, with parts partitions (0: one writer) and a
+// short lease.
+func notifierService(url, holder string, parts int, cfg Config) ServiceConfig {
+	return ServiceConfig{
+		Projector: projector.ServiceConfig{NATSURL: url, Partitions: parts,
+			Runtime: projector.Config{Name: "notifier", BatchSize: 16, RetryMin: 10 * time.Millisecond, RetryMax: 100 * time.Millisecond},
+			Lease:   projector.LeaseConfig{TTL: 600 * time.Millisecond, Holder: holder}},
+		Notifier: cfg,
+	}
+}
+
+// A deployment's notifier moves to partitions without losing an event or
+// notifying one before an older one of its document: the one writer had
+// notified the first versions, the second ones wait in the effects'
+// stream before the relay's mark, and the third ones are in the
+// partitions already. Two partitioned instances finish the effects'
+// stream up to the mark first, delete its consumer and the mark, then
+// share the partitions; a notifier started without partitions then
+// refuses to run; one instance stopping leaves its partitions to the
+// other; every effect is sent once.
+func TestPartitionedNotifiersMoveFromTheOneWriter(t *testing.T) {
+	const parts, docs = 4, 40
+	e := newRelayedEnv(t, 1, -1)
+	ctx := context.Background()
+	rcv := newReceiver(t)
+	cfg := testConfig(rcv.url("/hook"))
+	key := func(i int) string { return fmt.Sprintf("doc-%02d", i) }
+
+	one := stacktest.Start(t, notifierService(e.n.URL, "one", 0, cfg), Run)
+	for i := range docs {
+		e.relayPublish(upsert(key(i), 1), true)
+	}
+	testenv.Eventually(t, "the first versions notified by the one writer", 20*time.Second, func() bool { return len(rcv.requests()) == docs })
+	if err := one.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range docs {
+		e.relayPublish(upsert(key(i), 2), true)
+	}
+	// The operator makes the partitions; the relay, started again, marks
+	// the effects' stream and publishes to them.
+	rcfg := relay.Config{Effects: relay.EffectsConfig{Enabled: true}}
+	if _, err := relay.ApplyEffectsPartitions(ctx, e.js, rcfg, parts, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.js.Publish(ctx, contract.EventsMovedSubject, []byte("4")); err != nil {
+		t.Fatal(err)
+	}
+	for i := range docs {
+		e.partitionPublish(upsert(key(i), 3), parts)
+	}
+
+	a := stacktest.Start(t, notifierService(e.n.URL, "a", parts, cfg), Run)
+	b := stacktest.Start(t, notifierService(e.n.URL, "b", parts, cfg), Run)
+	testenv.Eventually(t, "every version notified", 30*time.Second, func() bool { return len(rcv.requests()) == 3*docs })
+	last := map[string]int64{}
+	for _, q := range rcv.requests() {
+		if q.Body.Version != last[q.Body.Key]+1 {
+			t.Fatalf("%s: version %d notified after %d", q.Body.Key, q.Body.Version, last[q.Body.Key])
+		}
+		last[q.Body.Key] = q.Body.Version
+	}
+	if _, err := e.js.Consumer(ctx, contract.EventsStream, "notifier"); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		t.Fatalf("the one writer's consumer after the move: %v, want it deleted", err)
+	}
+	testenv.Eventually(t, "the effects' stream emptied, its mark deleted", 5*time.Second, func() bool {
+		return e.streamState(contract.EventsStream).Msgs == 0
+	})
+	for p := range parts {
+		if _, err := e.js.Consumer(ctx, contract.EventsPartitionStream(p), contract.PartitionName("notifier", p)); err != nil {
+			t.Fatalf("partition %d's consumer: %v", p, err)
+		}
+	}
+
+	late := stacktest.Start(t, notifierService(e.n.URL, "late", 0, cfg), Run)
+	select {
+	case <-late.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("a notifier without partitions still runs after the move")
+	}
+	if err := late.Stop(); !errors.Is(err, projector.ErrPartitioned) {
+		t.Fatalf("a notifier without partitions after the move: %v, want %v", err, projector.ErrPartitioned)
+	}
+
+	if err := a.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range docs {
+		e.partitionPublish(upsert(key(i), 4), parts)
+	}
+	testenv.Eventually(t, "the fourth versions notified by the instance left", 30*time.Second, func() bool { return len(rcv.requests()) == 4*docs })
+	for effect, n := range rcv.check() {
+		if n != 1 {
+			t.Errorf("effect %s: %d POSTs", effect, n)
+		}
+	}
+	for p := range parts {
+		if rec, ok := e.gapRecord(contract.EventsPartitionStream(p), contract.PartitionName("notifier", p)); ok && rec.Missed != 0 {
+			t.Errorf("partition %d reported %d events missed", p, rec.Missed)
+		}
+	}
+	if err := b.Stop(); err != nil {
+		t.Fatal(err)
+	}
+}
