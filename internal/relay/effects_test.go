@@ -212,11 +212,11 @@ func run(t *testing.T, r *relay.Relay) (stop func()) {
 }
 
 // The move of the effects to their partitions: once the operator made
-// them, a relay publishes each event for effects to its document's
-// partition and no longer to the effects' stream, after marking that
-// stream: every event before the mark was published before the move. A
-// relay started again marks it no second time; the partitions' number
-// changes only while they are empty.
+// them, a relay (here a standby started before, which takes over) publishes
+// each event for effects to its document's partition and no longer to
+// the effects' stream, after marking that stream: every event before the
+// mark was published before the move. A relay started again marks it no
+// second time; the partitions' number changes only while they are empty.
 func TestRelayMovesEffectsToTheirPartitions(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
@@ -229,14 +229,18 @@ func TestRelayMovesEffectsToTheirPartitions(t *testing.T) {
 		return streamInfo(t, f.js, contract.EventsStream).State.Msgs == docs
 	})
 	waitConfirmedPastNow(t, f.pool, "converge_relay", 10*time.Second)
-	stop()
+	// A standby, started before the move, takes over after it.
+	metrics := relay.NewMetrics(nil)
+	standby, stopStandby := f.runWith(t, cfg, metrics, nil)
+	time.Sleep(time.Second) // it tries the slot, and stands by
 
 	const n = 4
 	if res, err := relay.ApplyEffectsPartitions(ctx, f.js, cfg, n, false); err != nil || res != relay.PartsCreated {
 		t.Fatalf("apply the effects' partitions: %v, %v", res, err)
 	}
-	metrics := relay.NewMetrics(nil)
-	_, stop = f.runWith(t, cfg, metrics, nil)
+	stop()
+	testenv.Eventually(t, "the standby to take over", 20*time.Second, standby.Active)
+	stop = stopStandby
 	f.write(t, 0, docs, 2)
 	partitioned := func() (msgs uint64) {
 		for p := range n {

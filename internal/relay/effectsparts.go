@@ -24,7 +24,7 @@ import (
 //
 // The move of a running deployment: the first session that publishes to
 // the partitions first marks the effects' stream (contract
-// .EventsMovedSubject, [markEffectsMoved]) when a notifier consumes it or
+// .EventsMovedSubject, [MarkEffectsMoved]) when a notifier consumes it or
 // it holds events: every event published to it before the mark is older
 // than the partitions' first. The partitioned notifier finishes the
 // effects' stream's consumer up to the mark before any partition
@@ -165,11 +165,15 @@ func ApplyEffectsPartitions(ctx context.Context, js jetstream.JetStream, cfg Con
 	return res, nil
 }
 
-// markEffectsMoved marks the effects' stream, for the notifier's move to
+// MarkEffectsMoved marks the effects' stream, for the notifier's move to
 // the partitions, before this relay publishes to them: when a notifier
 // consumes the stream or it holds events, and no mark is there yet. A
 // stream nobody consumes and that holds nothing needs none.
-func markEffectsMoved(ctx context.Context, js jetstream.JetStream, cfg Config, log *slog.Logger) error {
+func MarkEffectsMoved(ctx context.Context, js jetstream.JetStream, cfg Config, log *slog.Logger) error {
+	cfg.setDefaults()
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	s, err := js.Stream(ctx, cfg.Effects.Name)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):

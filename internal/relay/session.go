@@ -56,7 +56,7 @@ func (r *Relay) ensureEffects(ctx context.Context) error {
 		return err
 	}
 	if n > 1 {
-		if err := markEffectsMoved(ctx, r.js, cfg, r.log); err != nil {
+		if err := MarkEffectsMoved(ctx, r.js, cfg, r.log); err != nil {
 			return err
 		}
 	}
@@ -108,6 +108,18 @@ func (r *Relay) session(ctx context.Context) error {
 				"stream", r.cfg.Effects.Name, "slot", r.cfg.Slot)
 		}
 		r.ensured, r.everEnsured = true, true
+	} else if r.cfg.Effects.Enabled {
+		// The effects' partitions made since: a standby started before
+		// the move publishes to them once it takes over. An unreadable
+		// answer keeps what this relay knew.
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		n, err := EffectsPartitions(cctx, r.js)
+		cancel()
+		if err == nil && n != r.cfg.Effects.Partitions {
+			if err := r.ensureEffects(ctx); err != nil {
+				return &publishError{err: err}
+			}
+		}
 	}
 	dsn, err := replicationURL(r.cfg.PostgresURL)
 	if err != nil {
