@@ -264,8 +264,8 @@ func orDash(s string) string {
 }
 
 // isDocument reports whether subject is a document event's: of the
-// documents' stream or of the effects' stream.
+// documents' stream, the effects' stream, or their partitions.
 func isDocument(subject string) bool {
 	return strings.HasPrefix(subject, contract.DocsSubjectPrefix) || strings.HasPrefix(subject, contract.PartsSubjectPrefix) ||
-		strings.HasPrefix(subject, contract.EventsSubjectPrefix)
+		strings.HasPrefix(subject, contract.EventsSubjectPrefix) || strings.HasPrefix(subject, contract.EffectsSubjectPrefix)
 }

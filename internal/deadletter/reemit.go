@@ -25,10 +25,24 @@ const (
 	// writer writes the event of the document's current version to the
 	// outbox again, and the relay, the only publisher of CONVERGE_DOCS,
 	// publishes it. The path of the dead letters of CONVERGE_DOCS's
-	// consumers (converge.docs.>: the projectors, their rebuilds) and of
-	// CONVERGE_EVENTS's (converge.events.>: the notifier).
+	// consumers (converge.docs.>: the projectors, their rebuilds, and
+	// converge.part.>: their partitions) and of CONVERGE_EVENTS's
+	// (converge.events.>: the notifier, and converge.effects.>: its
+	// partitions).
 	Reemit Path = "re-emitted"
 )
+
+// effectsPartition is the partition of a subject of the effects'
+// partitions, "converge.effects.<p>.<token>".
+func effectsPartition(subject string) (int, bool) {
+	rest := strings.TrimPrefix(subject, contract.EffectsSubjectPrefix)
+	num, token, ok := strings.Cut(rest, ".")
+	p, err := strconv.Atoi(num)
+	if !ok || err != nil || p < 0 || p >= contract.MaxPartitions || token == "" || strings.Contains(token, ".") {
+		return 0, false
+	}
+	return p, true
+}
 
 // PathOf returns the path of a dead letter whose original subject is
 // subject, in stream (its [HeaderStream], "" when it has none): the stream
@@ -54,11 +68,20 @@ func PathOf(subject, stream string) (Path, error) {
 			return "", fmt.Errorf("its subject %s is one of %s, not of the stream %s it names", subject, contract.EventsStream, stream)
 		}
 		return Reemit, nil
+	case strings.HasPrefix(subject, contract.EffectsSubjectPrefix):
+		part, ok := effectsPartition(subject)
+		if !ok {
+			return "", fmt.Errorf("its subject %s names no partition of the effects", subject)
+		}
+		if want := contract.EventsPartitionStream(part); stream != "" && stream != want {
+			return "", fmt.Errorf("its subject %s is one of %s, not of the stream %s it names", subject, want, stream)
+		}
+		return Reemit, nil
 	case strings.HasPrefix(subject, contract.IngestSubjectPrefix):
 		return Republish, nil
 	default:
-		return "", fmt.Errorf("its subject %s (stream %s) is neither a document's (%s>, %s> or %s>) nor an ingest one (%s>)",
-			subject, orDash(stream), contract.DocsSubjectPrefix, contract.PartsSubjectPrefix, contract.EventsSubjectPrefix, contract.IngestSubjectPrefix)
+		return "", fmt.Errorf("its subject %s (stream %s) is neither a document's (%s>, %s>, %s> or %s>) nor an ingest one (%s>)",
+			subject, orDash(stream), contract.DocsSubjectPrefix, contract.PartsSubjectPrefix, contract.EventsSubjectPrefix, contract.EffectsSubjectPrefix, contract.IngestSubjectPrefix)
 	}
 }
 
