@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -15,7 +16,6 @@ import (
 	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/clock"
 	"github.com/converge-sync/converge/internal/config"
-	"github.com/converge-sync/converge/internal/deadletter"
 	"github.com/converge-sync/converge/internal/index"
 	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/pipeline"
@@ -138,12 +138,11 @@ func collectStatus(ctx context.Context, pgURL, natsURL, slot string, natsOpts ..
 	if err != nil {
 		return rep, err
 	}
-	if rep.Streams, err = pipeline.ReadStreams(ctx, js, contract.DocsStream, contract.EventsStream, writer.IngestStream, deadletter.Stream, contract.PartsStream); err != nil {
+	streams, consumed := pipeline.Deployment(ctx, js, writer.IngestStream, writer.IngestDLQName)
+	if rep.Streams, err = pipeline.ReadStreams(ctx, js, streams...); err != nil {
 		return rep, err
 	}
-	if rep.Consumers, err = pipeline.ReadConsumers(ctx, js, pipeline.ConsumedStream{Stream: contract.DocsStream}, pipeline.ConsumedStream{Stream: contract.PartsStream},
-		pipeline.ConsumedStream{Stream: contract.EventsStream},
-		pipeline.ConsumedStream{Stream: writer.IngestStream, DeadLetters: writer.IngestDLQName}); err != nil {
+	if rep.Consumers, err = pipeline.ReadConsumers(ctx, js, consumed...); err != nil {
 		return rep, err
 	}
 	pipeline.CheckHolders(ctx, js, rep.Consumers, holdersWatch)
@@ -211,11 +210,17 @@ func printStatus(out io.Writer, rep statusReport) {
 	if len(rep.Streams) > 0 {
 		fmt.Fprintln(tw)
 		fmt.Fprintln(tw, "STREAM\tMESSAGES\tBYTES\tSEQ\tSUBJECTS\tCONSUMERS\tREPLICAS\tLAST")
+		effectsParts := slices.ContainsFunc(rep.Streams, func(s pipeline.StreamStatus) bool {
+			return s.Exists && pipeline.Partitioned(s.Name) && s.Name != contract.PartsStream
+		})
 		for _, s := range rep.Streams {
 			if !s.Exists {
 				why := ""
 				switch s.Name {
 				case contract.EventsStream:
+					if effectsParts {
+						continue // the effects went to their partitions
+					}
 					why = " (the relay creates it with -effects, for the notifier)"
 				case contract.PartsStream:
 					continue // only a deployment in partitions has one
@@ -240,7 +245,7 @@ func printStatus(out io.Writer, rep statusReport) {
 				last = fmt.Sprintf("%s (%s ago)", c.LastApplied.Format(time.RFC3339), now.Sub(*c.LastApplied).Round(time.Second))
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\n", c.Name, c.Stream, c.Pending, c.AckPending, c.Redelivered, c.DeadLetters, missed(c), last)
-			if c.Stream == contract.PartsStream {
+			if pipeline.Partitioned(c.Stream) {
 				holders = append(holders, c)
 			}
 		}

@@ -149,11 +149,11 @@ func (c *Console) read(ctx context.Context) Reading {
 		fail("inbox", err)
 	}
 	js := c.cfg.JS
-	if r.Streams, err = pipeline.ReadStreams(ctx, js, contract.DocsStream, contract.PartsStream, contract.EventsStream, writer.IngestStream, deadletter.Stream); err != nil {
+	streams, consumed := pipeline.Deployment(ctx, js, writer.IngestStream, writer.IngestDLQName)
+	if r.Streams, err = pipeline.ReadStreams(ctx, js, streams...); err != nil {
 		fail("streams", err)
 	}
-	if r.Consumers, err = pipeline.ReadConsumers(ctx, js, pipeline.ConsumedStream{Stream: contract.DocsStream}, pipeline.ConsumedStream{Stream: contract.PartsStream},
-		pipeline.ConsumedStream{Stream: contract.EventsStream}, pipeline.ConsumedStream{Stream: writer.IngestStream, DeadLetters: writer.IngestDLQName}); err != nil {
+	if r.Consumers, err = pipeline.ReadConsumers(ctx, js, consumed...); err != nil {
 		fail("consumers", err)
 	}
 	if r.Streams == nil {
@@ -498,7 +498,7 @@ func holders(consumers []pipeline.ConsumerStatus, projectors []Service, metrics 
 		out = append(out, h)
 	}
 	for _, cs := range consumers {
-		if cs.Stream == contract.PartsStream {
+		if pipeline.Partitioned(cs.Stream) {
 			out = append(out, Holder{Lease: cs.Name, Kind: "partition", Holder: cs.Holder, Source: "lease bucket"})
 		}
 	}

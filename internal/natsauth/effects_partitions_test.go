@@ -18,6 +18,7 @@ import (
 	"github.com/converge-sync/converge/internal/lease"
 	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/notifier"
+	"github.com/converge-sync/converge/internal/pipeline"
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/relay"
 	"github.com/converge-sync/converge/internal/service"
@@ -159,6 +160,25 @@ func TestEffectsPartitionsDoTheirJob(t *testing.T) {
 	if got := hooks.Load(); got != int32(1+parts) {
 		t.Errorf("%d webhook requests, want %d", got, 1+parts)
 	}
+	// The operator reads the partitions' status: each one's consumer,
+	// dead letter and holder.
+	run("every partition taken for the status", func() bool {
+		streams, consumed := pipeline.Deployment(ctx(t), o.js, natsauth.IngestStream, natsauth.IngestDLQName)
+		if ss, err := pipeline.ReadStreams(ctx(t), o.js, streams...); err != nil || len(ss) != 5+parts {
+			t.Fatalf("the streams' status: %d streams, %v", len(ss), err)
+		}
+		cs, err := pipeline.ReadConsumers(ctx(t), o.js, consumed...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held := 0
+		for _, c := range cs {
+			if c.Holder == "instance" && c.DeadLetters == 1 && pipeline.Partitioned(c.Stream) {
+				held++
+			}
+		}
+		return held == parts
+	})
 	e.used(o, r, n)
 	o.allowed(t)
 	r.allowed(t)

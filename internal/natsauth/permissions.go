@@ -276,11 +276,12 @@ func Operator() *server.Permissions {
 	}
 	// streams apply -repartition.
 	p = append(p, api+"STREAM.DELETE."+parts)
-	// The effects' partitions: streams apply makes them, and with
-	// -repartition deletes them once they are empty.
+	// The effects' partitions: status reads them and their consumers;
+	// streams apply makes them, and with -repartition deletes them once
+	// they are empty.
 	for part := range contract.MaxPartitions {
 		s := contract.EventsPartitionStream(part)
-		p = append(p, api+"STREAM.INFO."+s, api+"STREAM.DELETE."+s)
+		p = append(p, api+"STREAM.INFO."+s, api+"CONSUMER.LIST."+s, api+"STREAM.DELETE."+s)
 		p = append(p, streamWrite(s)...)
 	}
 	return perms(UserOperator, p)

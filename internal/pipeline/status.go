@@ -97,8 +97,9 @@ type ConsumerStatus struct {
 	// runtime records them in the consumer's metadata; nil: none recorded.
 	Missed  uint64               `json:"missed_events"`
 	LastGap *projector.GapRecord `json:"last_gap,omitempty"`
-	// Holder, for a partition's consumer (contract.PartsStream), is the
-	// instance that holds the partition's lease ("" when none does).
+	// Holder, for a partition's consumer (of contract.PartsStream or an
+	// effects' partition, see [Partitioned]), is the instance that holds
+	// the partition's lease ("" when none does).
 	Holder string `json:"holder,omitempty"`
 	// HolderNotRenewedMs, set by [CheckHolders], is how long the reader
 	// saw the partition's lease unchanged when that is the lease's whole
@@ -232,7 +233,7 @@ func ReadConsumers(ctx context.Context, js jetstream.JetStream, streams ...Consu
 					}
 				}
 			}
-			if cs.Stream == contract.PartsStream {
+			if Partitioned(cs.Stream) {
 				if leases == nil {
 					leases, _ = js.KeyValue(ctx, lease.Bucket) // nil when unreadable: no holders
 				}
@@ -252,6 +253,29 @@ func ReadConsumers(ctx context.Context, js jetstream.JetStream, streams ...Consu
 		}
 	}
 	return out, nil
+}
+
+// Partitioned reports whether stream's consumers are partitions', each
+// with its lease: the partitioned stream's, or an effects' partition's.
+func Partitioned(stream string) bool {
+	return stream == contract.PartsStream || strings.HasPrefix(stream, contract.EventsStream+"_P")
+}
+
+// Deployment is what a deployment's status reads: its streams, and those
+// whose durable consumers it reports. The effects' partitions are among
+// them when the operator made them (their number read from the first's
+// metadata).
+func Deployment(ctx context.Context, js jetstream.JetStream, ingest, ingestDLQ string) (streams []string, consumed []ConsumedStream) {
+	streams = []string{contract.DocsStream, contract.EventsStream}
+	consumed = []ConsumedStream{{Stream: contract.DocsStream}, {Stream: contract.PartsStream}, {Stream: contract.EventsStream}}
+	if s, err := js.Stream(ctx, contract.EventsPartitionStream(0)); err == nil {
+		n, _ := strconv.Atoi(s.CachedInfo().Config.Metadata[contract.MetaPartitions])
+		for p := range min(max(n, 1), contract.MaxPartitions) {
+			streams = append(streams, contract.EventsPartitionStream(p))
+			consumed = append(consumed, ConsumedStream{Stream: contract.EventsPartitionStream(p)})
+		}
+	}
+	return append(streams, ingest, deadletter.Stream, contract.PartsStream), append(consumed, ConsumedStream{Stream: ingest, DeadLetters: ingestDLQ})
 }
 
 // partitionHolder is the holder of the lease of the partition whose
@@ -322,7 +346,7 @@ func CheckHolders(ctx context.Context, js jetstream.JetStream, cs []ConsumerStat
 	poll := limit
 	for i := range cs {
 		c := &cs[i]
-		if c.Stream != contract.PartsStream || c.Holder == "" {
+		if !Partitioned(c.Stream) || c.Holder == "" {
 			continue
 		}
 		key, ok := partitionLeaseKey(c.Name)
