@@ -33,10 +33,12 @@ import (
 const childEnv = "CONVERGE_NOTIFIER_TEST_CHILD"
 
 func TestMain(m *testing.M) {
-	switch os.Getenv(childEnv) {
-	case "":
-	case effectsChild:
+	switch kind := os.Getenv(childEnv); {
+	case kind == "":
+	case kind == effectsChild:
 		os.Exit(runEffectsChild())
+	case strings.HasPrefix(kind, partitionsChild):
+		os.Exit(runPartitionsChild(strings.TrimPrefix(kind, partitionsChild)))
 	default:
 		os.Exit(runChild())
 	}
