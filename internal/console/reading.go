@@ -362,11 +362,17 @@ func (c *Console) stages(r *Reading, metrics map[string]*telemetry.Metrics, now 
 		slot.State = "behind"
 	}
 	out = append(out, slot)
-	relayFeeds := []string{}
-	for _, name := range []string{contract.DocsStream, contract.PartsStream, contract.EventsStream} {
-		if _, ok := streams[name]; ok {
-			relayFeeds = append(relayFeeds, "stream:"+name)
+	// The streams the relay fills (the server copying the documents' one
+	// into its partitions), in the order read.
+	var fed []string
+	for _, s := range r.Streams {
+		if _, ok := streams[s.Name]; ok && (s.Name == contract.DocsStream || s.Name == contract.EventsStream || pipeline.Partitioned(s.Name)) {
+			fed = append(fed, s.Name)
 		}
+	}
+	relayFeeds := []string{}
+	for _, name := range fed {
+		relayFeeds = append(relayFeeds, "stream:"+name)
 	}
 	if c.cfg.Relay != "" {
 		rl := Stage{ID: "relay:relay", Kind: "relay", Name: "relay", Column: 3, RateUnit: "events/s",
@@ -382,11 +388,8 @@ func (c *Console) stages(r *Reading, metrics map[string]*telemetry.Metrics, now 
 		out[len(out)-1] = slot
 	}
 	consumersOf := map[string][]string{}
-	for _, name := range []string{contract.DocsStream, contract.PartsStream, contract.EventsStream} {
-		s, ok := streams[name]
-		if !ok {
-			continue
-		}
+	for _, name := range fed {
+		s := streams[name]
 		st := Stage{ID: "stream:" + name, Kind: "stream", Name: name, Column: 4, RateUnit: "messages/s", State: "ok",
 			Rate:   c.rates.rate("stream/"+name, float64(s.LastSeq), now),
 			Detail: fmt.Sprintf("%d messages, seq %d..%d, %d consumers", s.Messages, s.FirstSeq, s.LastSeq, s.Consumers)}
