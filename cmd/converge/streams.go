@@ -11,6 +11,7 @@ import (
 	"github.com/converge-sync/converge/internal/deadletter"
 	"github.com/converge-sync/converge/internal/lease"
 	"github.com/converge-sync/converge/internal/natsauth"
+	"github.com/converge-sync/converge/internal/notifier"
 	"github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/relay"
 	"github.com/converge-sync/converge/internal/service"
@@ -31,8 +32,10 @@ func streamsCmd(ctx context.Context, args []string, out io.Writer) error {
 	natsURL := f.String("nats-url", config.EnvNATSURL, "", "NATS URL")
 	streams := relay.StreamFlags(f)
 	partitions := f.Int("partitions", config.EnvPartitions, 0,
-		"also create the partitioned stream "+contract.PartsStream+" of this many partitions (2 to 16), which the projectors started with the same -partitions consume, and with -effects the effects' partitions, which the notifiers started with it consume; 0: leave them as they are")
-	repartition := f.Bool("repartition", "", false, "with -partitions: make the partitioned stream anew when it has another number of partitions (stop every partitioned projector first), and the effects' partitions when they are empty")
+		"also create the partitioned stream "+contract.PartsStream+" of this many partitions (2 to 16), which the projectors started with the same -partitions consume; 0: leave it as it is")
+	effectsPartitions := f.Int("effects-partitions", notifier.EnvPartitions, 0,
+		"with -effects: also create the effects' partitions (2 to 16), to which the relays then publish the effects and which the notifiers started with the same -partitions consume; 0: leave them as they are")
+	repartition := f.Bool("repartition", "", false, "with -partitions: make the partitioned stream anew when it has another number of partitions (stop every partitioned projector first); with -effects-partitions, the same of the effects' partitions, which must be empty")
 	natsAuth := natsauth.Flags(f)
 	if err := f.Parse(args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -68,9 +71,9 @@ func streamsCmd(ctx context.Context, args []string, out io.Writer) error {
 		fmt.Fprintf(out, "%s: %s (%d partitions)\n", contract.PartsStream, res, *partitions)
 	}
 	if cfg.Effects.Enabled {
-		// The effects' partitions: those of -partitions, or those the
-		// operator made before.
-		n := *partitions
+		// The effects' partitions: those of -effects-partitions, or those
+		// the operator made before.
+		n := *effectsPartitions
 		if n == 0 {
 			if n, err = relay.EffectsPartitions(ctx, js); err != nil {
 				return err
@@ -81,8 +84,8 @@ func streamsCmd(ctx context.Context, args []string, out io.Writer) error {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(out, "%s: applied\n%s to %s: %s (%d partitions of the effects; %s, where it exists, takes the relay's mark of the move)\n",
-				contract.RemovalsStream, contract.EventsPartitionStream(0), contract.EventsPartitionStream(n-1), res, n, contract.EventsStream)
+			fmt.Fprintf(out, "%s: applied\n%s to %s: %s (%d partitions of the effects; the relays publish to them from their next session)\n",
+				contract.RemovalsStream, contract.EventsPartitionStream(0), contract.EventsPartitionStream(n-1), res, n)
 		} else {
 			if _, err := relay.ApplyEffectsStream(ctx, js, cfg); err != nil {
 				return err
@@ -90,6 +93,9 @@ func streamsCmd(ctx context.Context, args []string, out io.Writer) error {
 			fmt.Fprintf(out, "%s: applied\n%s: applied\n", contract.RemovalsStream, contract.EventsStream)
 		}
 	} else {
+		if *effectsPartitions != 0 {
+			return service.Usage("streams apply: -effects-partitions %d needs -effects (%s)", *effectsPartitions, "CONVERGE_RELAY_EFFECTS=true")
+		}
 		fmt.Fprintf(out, "%s, %s: left as they are (without -effects)\n", contract.EventsStream, contract.RemovalsStream)
 	}
 	if err := deadletter.ApplyStream(ctx, js, replicas); err != nil {

@@ -257,7 +257,7 @@ func TestPathOf(t *testing.T) {
 		{contract.EventsPartitionSubjectPrefix(12) + contract.SubjectToken("k"), "CONVERGE_EVENTS_P12", deadletter.Reemit, ""},
 		{contract.EventsPartitionSubjectPrefix(12) + contract.SubjectToken("k"), "", deadletter.Reemit, ""},
 		{contract.EventsPartitionSubjectPrefix(12) + contract.SubjectToken("k"), contract.EventsStream, "", "not of the stream CONVERGE_EVENTS"},
-		{contract.EventsMovedSubject, "", "", "names no partition"},
+		{contract.EffectsSubjectPrefix + "moved", "", "", "names no partition"},
 		{contract.EffectsSubjectPrefix + "99.x", "", "", "names no partition"},
 		{contract.IngestSubject("k"), "CONVERGE_INGEST", deadletter.Republish, ""},
 		{contract.IngestSubject("k"), "", deadletter.Republish, ""},

@@ -108,8 +108,8 @@ type EffectsConfig struct {
 	// (contract.Partition): each event goes to the work queue of its
 	// partition, contract.EventsPartitionStream, and no longer to Name.
 	// It is no setting of the relay: the operator makes the partitions'
-	// streams (`converge streams apply -effects -partitions N`), and the
-	// relay reads their number from them as it starts.
+	// streams (`converge streams apply -effects -effects-partitions N`),
+	// and the relay reads their number from them at each session.
 	Partitions int
 }
 

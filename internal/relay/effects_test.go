@@ -211,36 +211,45 @@ func run(t *testing.T, r *relay.Relay) (stop func()) {
 	}
 }
 
-// The move of the effects to their partitions: once the operator made
-// them, a relay (here a standby started before, which takes over) publishes
-// each event for effects to its document's partition and no longer to
-// the effects' stream, after marking that stream: every event before the
-// mark was published before the move. A relay started again marks it no
-// second time; the partitions' number changes only while they are empty.
+// The move of the effects to their partitions: the operator makes them
+// while a relay publishes and a standby waits. The running relay's session
+// ends within a lag check, and the next one records the move in the
+// relay's bucket, holding the slot, before it publishes each event for
+// effects to its document's partition and no longer to the effects'
+// stream. The standby, taking over, publishes there too, and the record
+// is not written again. The partitions' number changes only while they
+// are empty.
 func TestRelayMovesEffectsToTheirPartitions(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
-	cfg := relay.Config{StatusInterval: 50 * time.Millisecond, Effects: relay.EffectsConfig{Enabled: true}}
-	_, stop := f.runWith(t, cfg, nil, nil)
+	cfg := relay.Config{StatusInterval: 50 * time.Millisecond, LagCheckInterval: 100 * time.Millisecond, Effects: relay.EffectsConfig{Enabled: true}}
+	metrics := relay.NewMetrics(nil)
+	_, stop := f.runWith(t, cfg, metrics, nil)
 	f.waitSlot(t)
+	standby, stopStandby := f.runWith(t, cfg, nil, nil)
 	const docs = 60
 	f.write(t, 0, docs, 1)
 	testenv.Eventually(t, "the first versions in the effects' stream", 20*time.Second, func() bool {
 		return streamInfo(t, f.js, contract.EventsStream).State.Msgs == docs
 	})
 	waitConfirmedPastNow(t, f.pool, "converge_relay", 10*time.Second)
-	// A standby, started before the move, takes over after it.
-	metrics := relay.NewMetrics(nil)
-	standby, stopStandby := f.runWith(t, cfg, metrics, nil)
-	time.Sleep(time.Second) // it tries the slot, and stands by
+	if _, ok, err := relay.ReadEffectsMoved(ctx, f.js); err != nil || ok {
+		t.Fatalf("the move recorded before the partitions exist: %v, %v", ok, err)
+	}
 
 	const n = 4
 	if res, err := relay.ApplyEffectsPartitions(ctx, f.js, cfg, n, false); err != nil || res != relay.PartsCreated {
 		t.Fatalf("apply the effects' partitions: %v, %v", res, err)
 	}
-	stop()
-	testenv.Eventually(t, "the standby to take over", 20*time.Second, standby.Active)
-	stop = stopStandby
+	var moved relay.EffectsMoved
+	testenv.Eventually(t, "the running relay to record the move", 20*time.Second, func() bool {
+		m, ok, err := relay.ReadEffectsMoved(ctx, f.js)
+		moved = m
+		return err == nil && ok
+	})
+	if moved.Partitions != n || moved.Slot != "converge_relay" {
+		t.Fatalf("the move's record: %+v", moved)
+	}
 	f.write(t, 0, docs, 2)
 	partitioned := func() (msgs uint64) {
 		for p := range n {
@@ -251,16 +260,24 @@ func TestRelayMovesEffectsToTheirPartitions(t *testing.T) {
 	testenv.Eventually(t, "the second versions in the partitions", 20*time.Second, func() bool { return partitioned() == docs })
 	waitConfirmedPastNow(t, f.pool, "converge_relay", 10*time.Second)
 	stop()
-	if got := testutil.ToFloat64(metrics.EffectsPublished); got != docs {
-		t.Fatalf("effects published: %v, want %d", got, docs)
+	testenv.Eventually(t, "the standby to take over", 20*time.Second, standby.Active)
+	f.write(t, 0, docs, 3)
+	testenv.Eventually(t, "the third versions in the partitions", 20*time.Second, func() bool { return partitioned() == 2*docs })
+	waitConfirmedPastNow(t, f.pool, "converge_relay", 10*time.Second)
+	stopStandby()
+	if got := testutil.ToFloat64(metrics.EffectsPublished); got < 2*docs {
+		t.Fatalf("effects published by the first relay: %v, want at least %d", got, 2*docs)
+	}
+	if again, _, err := relay.ReadEffectsMoved(ctx, f.js); err != nil || !again.At.Equal(moved.At) {
+		t.Fatalf("the move's record after the standby took over: %+v, %v; want the first, %+v", again, err, moved)
 	}
 	events := readEvents(t, f.js)
-	if len(events) != docs+1 || events[docs].Subject != contract.EventsMovedSubject {
-		t.Fatalf("the effects' stream holds %d messages, the last on %s: want the %d first versions and the mark", len(events), events[len(events)-1].Subject, docs)
+	if len(events) != docs {
+		t.Fatalf("the effects' stream holds %d messages, want the %d first versions alone", len(events), docs)
 	}
-	for _, m := range events[:docs] {
+	for _, m := range events {
 		if ev, err := contract.DecodeEvent(m.Data); err != nil || ev.Version != 1 {
-			t.Fatalf("the effects' stream holds %s (%v): want first versions only before the mark", m.Subject, err)
+			t.Fatalf("the effects' stream holds %s (%v): want first versions only", m.Subject, err)
 		}
 	}
 	for p := range n {
@@ -272,6 +289,7 @@ func TestRelayMovesEffectsToTheirPartitions(t *testing.T) {
 		if info.Config.Retention != jetstream.WorkQueuePolicy || info.Config.Metadata[contract.MetaPartitions] != "4" {
 			t.Fatalf("%s: retention %v, metadata %v", info.Config.Name, info.Config.Retention, info.Config.Metadata)
 		}
+		last := map[string]int64{}
 		for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
 			m, err := s.GetMsg(ctx, seq)
 			if err != nil {
@@ -281,23 +299,15 @@ func TestRelayMovesEffectsToTheirPartitions(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if ev.Version != 2 || m.Subject != contract.EventsPartitionSubjectPrefix(p)+contract.SubjectToken(ev.Key) || contract.Partition(ev.Key, n) != p {
-				t.Fatalf("%s holds version %d of %s on %s (its partition: %d)", info.Config.Name, ev.Version, ev.Key, m.Subject, contract.Partition(ev.Key, n))
+			if ev.Version < 2 || ev.Version <= last[ev.Key] || m.Subject != contract.EventsPartitionSubjectPrefix(p)+contract.SubjectToken(ev.Key) || contract.Partition(ev.Key, n) != p {
+				t.Fatalf("%s holds version %d of %s (after %d) on %s (its partition: %d)", info.Config.Name, ev.Version, ev.Key, last[ev.Key], m.Subject, contract.Partition(ev.Key, n))
 			}
+			last[ev.Key] = ev.Version
 		}
 	}
 	removals := streamInfo(t, f.js, contract.RemovalsStream).Config.Subjects
 	if len(removals) != n+1 || removals[n] != contract.RemovalsSubject(contract.EventsPartitionStream(n-1), "*") {
 		t.Fatalf("the removals' stream records %v: want the effects' stream and its %d partitions", removals, n)
-	}
-
-	// Started again, the relay leaves the mark as it is.
-	_, stop = f.runWith(t, cfg, nil, nil)
-	f.write(t, 0, 1, 3)
-	testenv.Eventually(t, "the third version in the partitions", 20*time.Second, func() bool { return partitioned() == docs+1 })
-	stop()
-	if got := streamInfo(t, f.js, contract.EventsStream).State.Msgs; got != docs+1 {
-		t.Fatalf("the effects' stream holds %d messages after a restart, want %d: one mark", got, docs+1)
 	}
 
 	if _, err := relay.ApplyEffectsPartitions(ctx, f.js, cfg, 2, false); !errors.Is(err, relay.ErrEffectsRepartition) {

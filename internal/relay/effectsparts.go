@@ -2,11 +2,11 @@ package relay
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
-	"slices"
 	"strconv"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -17,19 +17,21 @@ import (
 // effects to the work queue of its document's partition
 // (contract.EventsPartitionStream) instead of the effects' stream, so
 // that N notifier instances share the effects, one writer per partition.
-// The operator makes them (`converge streams apply -effects -partitions
-// N`, [ApplyEffectsPartitions]); a relay learns their number from them
-// when it first ensures its streams ([EffectsPartitions]), which a
-// restart of the relays makes it do.
+// The operator makes them (`converge streams apply -effects
+// -effects-partitions N`, [ApplyEffectsPartitions]); a relay reads their
+// number at the start of each session ([EffectsPartitions]), and a
+// session that finds it changed while it runs ends, so that the next one
+// publishes where the operator said.
 //
-// The move of a running deployment: the first session that publishes to
-// the partitions first marks the effects' stream (contract
-// .EventsMovedSubject, [MarkEffectsMoved]) when a notifier consumes it or
-// it holds events: every event published to it before the mark is older
-// than the partitions' first. The partitioned notifier finishes the
-// effects' stream's consumer up to the mark before any partition
-// notifies, so no event is lost and none overtakes an older one of its
-// document. An event published to both (sent before the move, not
+// The move of a running deployment: once a session of a relay that
+// knows the partitions holds the slot, it records so in the relay's
+// bucket ([EffectsMovedKey]) before it publishes anything: no session
+// that publishes to the effects' stream can run any more (the slot admits
+// one), and every event in the effects' stream was published before. The
+// partitioned notifier waits for that record, finishes the effects'
+// stream's consumer, deletes it, and only then lets any partition notify,
+// so that no event is lost and none is notified before an older one of
+// its document. An event published to both (sent before the move, not
 // confirmed, published again after it) is one effect, which the dedup
 // store sends once.
 
@@ -64,7 +66,7 @@ func EffectsPartitions(ctx context.Context, js jetstream.JetStream) (int, error)
 	raw := s.CachedInfo().Config.Metadata[contract.MetaPartitions]
 	n, err := strconv.Atoi(raw)
 	if err != nil || n < 2 || n > contract.MaxPartitions {
-		return 0, fmt.Errorf("relay: stream %s does not say how many partitions the effects have (metadata %s is %q): apply the streams again (%s -effects -partitions N)",
+		return 0, fmt.Errorf("relay: stream %s does not say how many partitions the effects have (metadata %s is %q): apply the streams again (%s -effects -effects-partitions N)",
 			contract.EventsPartitionStream(0), contract.MetaPartitions, raw, ApplyCommand)
 	}
 	return n, nil
@@ -165,41 +167,78 @@ func ApplyEffectsPartitions(ctx context.Context, js jetstream.JetStream, cfg Con
 	return res, nil
 }
 
-// MarkEffectsMoved marks the effects' stream, for the notifier's move to
-// the partitions, before this relay publishes to them: when a notifier
-// consumes the stream or it holds events, and no mark is there yet. A
-// stream nobody consumes and that holds nothing needs none.
-func MarkEffectsMoved(ctx context.Context, js jetstream.JetStream, cfg Config, log *slog.Logger) error {
-	cfg.setDefaults()
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	s, err := js.Stream(ctx, cfg.Effects.Name)
-	switch {
-	case errors.Is(err, jetstream.ErrStreamNotFound):
-		return nil
-	case err != nil:
-		return fmt.Errorf("relay: stream %s: %w", cfg.Effects.Name, err)
-	}
-	info := s.CachedInfo()
-	if info.State.Msgs == 0 && info.State.Consumers == 0 {
-		return nil
-	}
-	if !slices.Contains(info.Config.Subjects, contract.EventsMovedSubject) {
-		return &StreamSettingsError{Stream: cfg.Effects.Name, Differences: []string{"Subjects lack " + contract.EventsMovedSubject + ", which the move to the effects' partitions needs"}}
-	}
-	switch m, err := s.GetLastMsgForSubject(ctx, contract.EventsMovedSubject); {
-	case err == nil:
-		log.Debug("the effects' stream holds the mark of the move to partitions", "seq", m.Sequence)
-		return nil
-	case !errors.Is(err, jetstream.ErrMsgNotFound):
-		return fmt.Errorf("relay: reading the mark of the move in %s: %w", cfg.Effects.Name, err)
-	}
-	ack, err := js.Publish(ctx, contract.EventsMovedSubject, []byte(strconv.Itoa(cfg.Effects.Partitions)))
+// EffectsMovedKey is the key, in the relay's bucket (PositionBucket), of
+// the record that a relay publishing to the effects' partitions held the
+// slot: no relay publishes to the effects' stream any more.
+const EffectsMovedKey = "effects.moved"
+
+// EffectsMoved is the record at [EffectsMovedKey].
+type EffectsMoved struct {
+	Partitions int       `json:"partitions"`
+	Slot       string    `json:"slot"`
+	At         time.Time `json:"at"`
+}
+
+// RecordEffectsMoved records, once, that a relay holding slot publishes to
+// the n effects' partitions: the session's step, once it holds the slot.
+func (p *Positions) RecordEffectsMoved(ctx context.Context, n int, slot string) error {
+	b, err := json.Marshal(EffectsMoved{Partitions: n, Slot: slot, At: p.clock.Now().UTC()})
 	if err != nil {
-		return fmt.Errorf("relay: marking %s moved to the effects' partitions: %w", cfg.Effects.Name, err)
+		return err
 	}
-	log.Warn("the effects move to their partitions: the effects' stream is marked, and the notifier finishes it before any partition notifies",
-		"stream", cfg.Effects.Name, "mark_seq", ack.Sequence, "events_before_it", info.State.Msgs, "partitions", cfg.Effects.Partitions)
+	if _, err := p.kv.Create(ctx, EffectsMovedKey, b); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+		return fmt.Errorf("relay: recording the move to the effects' partitions: %w", err)
+	}
 	return nil
+}
+
+// ReadEffectsMoved reads the relay's record of the move to the effects'
+// partitions; false when there is none (or no relay's bucket).
+func ReadEffectsMoved(ctx context.Context, js jetstream.JetStream) (EffectsMoved, bool, error) {
+	kv, err := js.KeyValue(ctx, PositionBucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return EffectsMoved{}, false, nil
+	}
+	if err != nil {
+		return EffectsMoved{}, false, fmt.Errorf("relay: bucket %s: %w", PositionBucket, err)
+	}
+	e, err := kv.Get(ctx, EffectsMovedKey)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return EffectsMoved{}, false, nil
+	}
+	if err != nil {
+		return EffectsMoved{}, false, fmt.Errorf("relay: %s of bucket %s: %w", EffectsMovedKey, PositionBucket, err)
+	}
+	var m EffectsMoved
+	if err := json.Unmarshal(e.Value(), &m); err != nil {
+		return EffectsMoved{}, false, fmt.Errorf("relay: %s of bucket %s: %w", EffectsMovedKey, PositionBucket, err)
+	}
+	return m, true, nil
+}
+
+// errEffectsMoved ends a session whose effects' partitions changed while it
+// ran: the next session publishes where the operator now says.
+var errEffectsMoved = errors.New("relay: the effects' partitions changed: starting a new session to publish to them")
+
+// watchEffects ends the session (cancel) once the number of the effects'
+// partitions differs from the one it publishes with, read every
+// LagCheckInterval; a reading that fails is taken again at the next.
+func (r *Relay) watchEffects(ctx context.Context, cancel context.CancelCauseFunc) {
+	t := time.NewTicker(r.cfg.LagCheckInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		rctx, done := context.WithTimeout(ctx, 2*time.Second)
+		n, err := EffectsPartitions(rctx, r.js)
+		done()
+		if err == nil && int64(n) != r.effectsKnown.Load() {
+			r.log.Info("the effects' partitions changed; starting a new session", "partitions", n, "were", r.effectsKnown.Load())
+			cancel(errEffectsMoved)
+			return
+		}
+	}
 }

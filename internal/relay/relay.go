@@ -40,6 +40,9 @@ type Relay struct {
 	// streams and subject prefixes, read with cfg.Effects.Partitions when
 	// the streams are ensured.
 	effectsStreams, effectsPrefixes []string
+	// effectsKnown is cfg.Effects.Partitions, for the watch of a
+	// running session.
+	effectsKnown atomic.Int64
 }
 
 // ensureAgain is how long sessions may find no stream before they create
@@ -100,6 +103,9 @@ func (r *Relay) Run(ctx context.Context) error {
 		switch {
 		case errors.As(err, &elsewhere):
 			return err
+		case errors.Is(err, errEffectsMoved):
+			standbyLogged = false
+			wait = 0
 		case errors.Is(err, errSlotActive):
 			if !standbyLogged {
 				r.log.Info("slot held by another relay; waiting as a standby", "slot", r.cfg.Slot)

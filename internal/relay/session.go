@@ -42,9 +42,8 @@ func replicationURL(dsn string) (string, error) {
 	return dsn + " replication=database", nil
 }
 
-// ensureEffects reads how many partitions the effects have, ensures their
-// streams, and with partitions marks the effects' stream for the
-// notifier's move before anything is published to them.
+// ensureEffects reads how many partitions the effects have and ensures
+// their streams.
 func (r *Relay) ensureEffects(ctx context.Context) error {
 	n, err := EffectsPartitions(ctx, r.js)
 	if err != nil {
@@ -55,12 +54,14 @@ func (r *Relay) ensureEffects(ctx context.Context) error {
 	if _, err := EnsureEffectsStream(ctx, r.js, cfg); err != nil {
 		return err
 	}
-	if n > 1 {
-		if err := MarkEffectsMoved(ctx, r.js, cfg, r.log); err != nil {
-			return err
-		}
-	}
-	if n > 1 && n != r.cfg.Effects.Partitions {
+	r.setEffectsPartitions(n)
+	return nil
+}
+
+// setEffectsPartitions makes the sessions publish the effects to n
+// partitions (none: the effects' stream).
+func (r *Relay) setEffectsPartitions(n int) {
+	if n > 1 && int64(n) != r.effectsKnown.Load() {
 		r.log.Info("the effects are published to their partitions", "partitions", n,
 			"streams", contract.EventsPartitionStream(0)+" to "+contract.EventsPartitionStream(n-1))
 	}
@@ -70,10 +71,25 @@ func (r *Relay) ensureEffects(ctx context.Context) error {
 		r.effectsPrefixes = append(r.effectsPrefixes, contract.EventsPartitionSubjectPrefix(p))
 	}
 	r.cfg.Effects.Partitions = n
-	return nil
+	r.effectsKnown.Store(int64(n))
 }
 
-func (r *Relay) session(ctx context.Context) error {
+// session runs one replication session (runSession); with effects, it
+// ends the session when the effects' partitions change meanwhile.
+func (r *Relay) session(parent context.Context) error {
+	ctx, cancel := context.WithCancelCause(parent)
+	defer cancel(nil)
+	if r.cfg.Effects.Enabled {
+		go r.watchEffects(ctx, cancel)
+	}
+	err := r.runSession(ctx)
+	if c := context.Cause(ctx); parent.Err() == nil && errors.Is(c, errEffectsMoved) {
+		return c
+	}
+	return err
+}
+
+func (r *Relay) runSession(ctx context.Context) error {
 	if err := r.awaitConnection(ctx); err != nil {
 		return err
 	}
@@ -109,13 +125,16 @@ func (r *Relay) session(ctx context.Context) error {
 		}
 		r.ensured, r.everEnsured = true, true
 	} else if r.cfg.Effects.Enabled {
-		// The effects' partitions made since: a standby started before
-		// the move publishes to them once it takes over. An unreadable
-		// answer keeps what this relay knew.
+		// The effects' partitions made since (a standby started before
+		// the move): a session that does not know where the effects go
+		// publishes nothing.
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		n, err := EffectsPartitions(cctx, r.js)
 		cancel()
-		if err == nil && n != r.cfg.Effects.Partitions {
+		switch {
+		case err != nil:
+			return &publishError{err: fmt.Errorf("reading the effects' partitions: %w", err)}
+		case n != r.cfg.Effects.Partitions:
 			if err := r.ensureEffects(ctx); err != nil {
 				return &publishError{err: err}
 			}
@@ -169,6 +188,13 @@ func (r *Relay) session(ctx context.Context) error {
 		r.positions = pos
 	}
 	pos := r.positions
+	if r.cfg.Effects.Enabled && r.cfg.Effects.Partitions > 1 {
+		// Holding the slot: no session publishing to the effects' stream
+		// runs, and none will (each reads the partitions first).
+		if err := pos.RecordEffectsMoved(ctx, r.cfg.Effects.Partitions, r.cfg.Slot); err != nil {
+			return &publishError{err: err}
+		}
+	}
 	sys, err := pglogrepl.IdentifySystem(ctx, conn)
 	if err != nil {
 		return fmt.Errorf("relay: identify system: %w", err)

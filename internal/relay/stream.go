@@ -77,10 +77,6 @@ func effectsStreamConfig(cfg Config) jetstream.StreamConfig {
 		MaxBytes:    e.MaxBytes,
 		MaxMsgSize:  contract.MaxMessageBytes,
 	}
-	if e.Partitions > 1 {
-		// The relay's mark that the effects moved to their partitions.
-		sc.Subjects = append(sc.Subjects, contract.EventsMovedSubject)
-	}
 	return sc
 }
 

@@ -92,7 +92,7 @@ func SourceSequence(header string) (uint64, error) {
 
 // Partitions of effects. A partitioned deployment's notifier takes each
 // event from the work queue of its document's partition: the relay
-// publishes the event there ([EventsPartitionSubject]) instead of to
+// publishes the event there ([EventsPartitionSubjectPrefix]) instead of to
 // [EventsStream], once the operator has made those streams. Each is a
 // stream of its own, not a subject filter of one, so that its sequences
 // are the partition's alone: the notifier's gap detection counts them.
@@ -100,12 +100,6 @@ const (
 	// EffectsSubjectPrefix prefixes the subjects of the effects'
 	// partitions, "converge.effects.<partition>.<token>".
 	EffectsSubjectPrefix = "converge.effects."
-	// EventsMovedSubject is the subject, in [EventsStream], of the relay's
-	// mark that it publishes effects to their partitions from then on:
-	// every event of EventsStream before the mark is older than the
-	// partitions' first. No consumer of EventsStream's events
-	// (converge.events.>) receives it.
-	EventsMovedSubject = "converge.effects.moved"
 )
 
 // EventsPartitionStream is the work queue of partition p of the effects:
