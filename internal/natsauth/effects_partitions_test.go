@@ -28,10 +28,10 @@ import (
 
 // The move of the effects to every partition a deployment may have: the
 // operator makes the partitions (and makes them anew while they are
-// empty), the relay creates those that are missing, marks the effects'
-// stream and publishes to them, and the notifier, run in partitions,
-// finishes the effects' stream up to the mark, deletes its consumer and
-// the mark, consumes, acknowledges and dead-letters with each partition's
+// empty), the relay creates those that are missing, records the move in
+// its bucket and publishes to them, and the notifier, run in partitions,
+// reads that record, finishes the effects' stream, deletes its consumer
+// there, consumes, acknowledges and dead-letters with each partition's
 // consumer, and, started again, resets each consumer it takes over.
 func TestEffectsPartitionsDoTheirJob(t *testing.T) {
 	const parts = contract.MaxPartitions
@@ -72,10 +72,14 @@ func TestEffectsPartitionsDoTheirJob(t *testing.T) {
 	if got, err := relay.EffectsPartitions(ctx(t), r.js); err != nil || got != parts {
 		t.Fatalf("the relay reads %d effects' partitions (%v), want %d", got, err, parts)
 	}
-	for range 2 { // marks, then finds the mark
-		if err := relay.MarkEffectsMoved(ctx(t), r.js, rc, slog.New(slog.DiscardHandler)); err != nil {
-			t.Fatal(err)
-		}
+	// The relay's session, holding the slot, records the move in its
+	// bucket.
+	pos, err := relay.OpenPositions(ctx(t), r.js, "converge_relay", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pos.RecordEffectsMoved(ctx(t), parts, "converge_relay"); err != nil {
+		t.Fatal(err)
 	}
 	// An event and an undecodable message in each partition.
 	var keys []string
@@ -143,7 +147,7 @@ func TestEffectsPartitionsDoTheirJob(t *testing.T) {
 		t.Fatal(err)
 	}
 	if msgs := s.CachedInfo().State.Msgs; msgs != 0 {
-		t.Errorf("the effects' stream holds %d messages after the move, want none (the mark deleted)", msgs)
+		t.Errorf("the effects' stream holds %d messages after the move, want none", msgs)
 	}
 	kv, err := a.js.KeyValue(ctx(t), lease.Bucket)
 	if err != nil {
@@ -185,11 +189,12 @@ func TestEffectsPartitionsDoTheirJob(t *testing.T) {
 	n.allowed(t)
 }
 
-// The relay alone publishes to the effects' partitions, and nobody but the
-// operator changes or deletes them: the notifier's, a projector's and the
-// writer's publishes to a partition's subject are refused, so are the
-// notifier's update and delete of a partition and the relay's delete of
-// one, and the notifier's consumer of another notifier's partition.
+// The relay alone publishes to the effects' partitions and records the
+// move to them, and nobody but the operator changes or deletes them: the
+// notifier's, a projector's, the writer's and the operator's publishes to
+// a partition's subject are refused, so are the notifier's record of the
+// move, its update and delete of a partition, its consumer of another
+// notifier's partition, and the relay's delete of one.
 func TestEffectsPartitionsAreTheRelaysAlone(t *testing.T) {
 	e := newEnv(t)
 	a := e.docsAsAdmin()
@@ -204,11 +209,14 @@ func TestEffectsPartitionsAreTheRelaysAlone(t *testing.T) {
 			t.Fatal(err)
 		}
 		c.refused(t, "Publish to", subject)
-		if err := c.nc.Publish(contract.EventsMovedSubject, []byte("2")); err != nil {
-			t.Fatal(err)
-		}
-		c.refused(t, "Publish to", contract.EventsMovedSubject)
 	}
+	// Nor may the notifier forge the relay's record of the move.
+	n0 := e.connect(natsauth.UserNotifier)
+	moved := "$KV." + natsauth.PositionBucket + "." + natsauth.RelayEffectsMovedKey
+	if err := n0.nc.Publish(moved, []byte(`{"partitions":2}`)); err != nil {
+		t.Fatal(err)
+	}
+	n0.refused(t, "Publish to", moved)
 	n := e.connect(natsauth.UserNotifier)
 	p1 := contract.EventsPartitionStream(1)
 	if err := n.js.DeleteStream(ctx(t), p1); err == nil {

@@ -31,6 +31,8 @@ const (
 	NotifierBucket = "CONVERGE_EFFECTS"
 	// NotifierName is the notifier's default durable consumer.
 	NotifierName = "notifier"
+	// RelayEffectsMovedKey is relay.EffectsMovedKey.
+	RelayEffectsMovedKey = "effects.moved"
 )
 
 // User names of the services.
@@ -56,8 +58,8 @@ const api = "$JS.API."
 // the effects' stream's limits took from a consumer, which the server
 // itself publishes), and publish the streams' events: the only publisher
 // of converge.docs.>, converge.events.> and converge.effects.> (the
-// partitions', and the mark of the move to them, which it looks for in
-// the effects' stream first). It may not update either (a MaxMsgsPerSubject of 1
+// partitions'). Its bucket records, beside its positions, its move to the
+// effects' partitions. It may not update either (a MaxMsgsPerSubject of 1
 // or a short MaxAge removes what the consumers have not read, as a purge
 // would): the operator does. It reads both streams' info (the effects'
 // stream records where in the documents' stream it began), reads the
@@ -79,10 +81,8 @@ func Relay() *server.Permissions {
 		// A document's newest stored event, after which a catch-up
 		// publishes its rows of the outbox.
 		[]string{api + "DIRECT.GET." + contract.DocsStream, api + "DIRECT.GET." + contract.DocsStream + "." + contract.DocsSubjectPrefix + ">"},
-		// The effects' partitions, and the mark of the move to them
-		// (whether the effects' stream holds it already).
+		// The effects' partitions.
 		parts,
-		[]string{api + "STREAM.MSG.GET." + contract.EventsStream},
 		[]string{contract.DocsSubjectPrefix + ">", contract.EventsSubjectPrefix + ">", contract.EffectsSubjectPrefix + ">"},
 		bucketCreate(PositionBucket),
 		bucketKey(PositionBucket, ">"),
@@ -154,8 +154,9 @@ func partitionLeases(name string) []string {
 // and nothing else. Run in partitions, it consumes each effects'
 // partition with its consumer (name-p00 to name-p15), dead-letters to
 // theirs, holds their leases and its members' keys as a partitioned
-// projector does, and, moving to them, reads and deletes the relay's
-// mark in the effects' stream and deletes its consumer there.
+// projector does, and, moving to them, reads the relay's record of its
+// move (one key of the relay's bucket) and deletes its consumer of the
+// effects' stream.
 func Notifier(name, bucket string) *server.Permissions {
 	var parts, dlq []string
 	for p := range contract.MaxPartitions {
@@ -168,7 +169,10 @@ func Notifier(name, bucket string) *server.Permissions {
 		parts,
 		deadLetters(dlq...),
 		partitionLeases(name),
-		[]string{api + "STREAM.MSG.GET." + contract.EventsStream, api + "STREAM.MSG.DELETE." + contract.EventsStream,
+		// The move: the relay's record of it, and the delete of the
+		// finished consumer of the effects' stream.
+		[]string{api + "STREAM.INFO.KV_" + PositionBucket,
+			api + "DIRECT.GET.KV_" + PositionBucket + ".$KV." + PositionBucket + "." + RelayEffectsMovedKey,
 			api + "CONSUMER.DELETE." + contract.EventsStream + "." + name},
 		[]string{api + "STREAM.INFO." + contract.EventsStream},
 		consume(contract.EventsStream, name),

@@ -12,6 +12,7 @@ import (
 
 	"github.com/converge-sync/converge/internal/lease"
 	"github.com/converge-sync/converge/internal/projector"
+	"github.com/converge-sync/converge/internal/relay"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
@@ -25,14 +26,15 @@ import (
 // sent by its partition's writer alone.
 //
 // The move of a running deployment (see package relay): the operator
-// makes the partitions and restarts the relays, each of which marks the
-// effects' stream before it publishes to them; then the notifiers start
-// with -partitions N. The first of them marks the notifier partitioned
-// and takes the one writer's lease once it has stopped (it reads the
-// mark), then finishes the one writer's consumer of the effects' stream
-// up to the relay's mark ([moveToPartitions]) and deletes it, and only
+// makes the partitions; each relay's session ends within a lag check and
+// the next one, holding the slot, records the move before it publishes to
+// them; then the notifiers start with -partitions N. The first of them
+// marks the notifier partitioned and takes the one writer's lease once it
+// has stopped (it reads the mark), then finishes the one writer's consumer
+// of the effects' stream ([moveToPartitions]) and deletes it, and only
 // then does any partition notify: no event is lost, and none is notified
-// before an older event of its document.
+// before an older event of its document. A notifier without partitions
+// stops once the partitions exist ([refusePartitions]).
 
 // partitionSource is the notifier's projector.PartitionSource: its
 // partitions' work queues; rc is the one writer's runtime configuration.
@@ -66,7 +68,7 @@ func waitForPartitions(ctx context.Context, js jetstream.JetStream, n int, windo
 		case missing == "":
 			return nil
 		case time.Since(said) >= time.Minute:
-			log.Error("waiting for the effects' partitions: run `converge streams apply -effects -partitions "+strconv.Itoa(n)+"` as the operator, then restart the relays",
+			log.Error("waiting for the effects' partitions: run `converge streams apply -effects -effects-partitions "+strconv.Itoa(n)+"` as the operator",
 				"missing", missing)
 			said = time.Now()
 		}
@@ -96,7 +98,7 @@ func checkPartitions(ctx context.Context, js jetstream.JetStream, n int, window 
 		}
 		info := s.CachedInfo()
 		if have := info.Config.Metadata[contract.MetaPartitions]; have != strconv.Itoa(n) {
-			return "", fmt.Errorf("notifier: the effects' partition %s is one of %s partitions, -partitions is %d: give every notifier the partitions' number (or make them anew, empty: converge streams apply -effects -partitions %d -repartition)",
+			return "", fmt.Errorf("notifier: the effects' partition %s is one of %s partitions, -partitions is %d: give every notifier the partitions' number (or make them anew, empty: converge streams apply -effects -effects-partitions %d -repartition)",
 				name, have, n, n)
 		}
 		if info.Config.Retention != jetstream.WorkQueuePolicy {
@@ -113,11 +115,11 @@ func checkPartitions(ctx context.Context, js jetstream.JetStream, n int, window 
 // moveToPartitions finishes what the one writer of before left in the
 // effects' stream, while this instance holds its lease (term): an older
 // deployment's consumer of the documents' stream first ([Migrate]), then
-// every event before the relay's mark (contract.EventsMovedSubject),
-// through n; it then deletes the one writer's consumer and the mark. A
-// stream that nobody consumed and that holds no event needs nothing; one
-// that does waits for the mark, which the relays write when they start
-// publishing to the partitions.
+// every event of the effects' stream, through n, once the relay recorded
+// that it publishes to the partitions (relay.EffectsMovedKey: no relay
+// publishes to the effects' stream any more); it then deletes the one
+// writer's consumer. A stream that nobody consumed and that holds no
+// event needs nothing.
 func moveToPartitions(ctx context.Context, js jetstream.JetStream, n *Notifier, rc projector.Config, term projector.Fencing, writable func() bool, log *slog.Logger) error {
 	s, err := js.Stream(ctx, contract.EventsStream)
 	switch {
@@ -135,29 +137,25 @@ func moveToPartitions(ctx context.Context, js jetstream.JetStream, n *Notifier, 
 	if err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return fmt.Errorf("notifier: the consumer %s of %s: %w", rc.Name, contract.EventsStream, err)
 	}
+	if !consumed && info.State.Msgs == 0 {
+		return nil // nothing to hand over
+	}
 	var said time.Time
-	var mark *jetstream.RawStreamMsg
-	for mark == nil {
-		m, err := s.GetLastMsgForSubject(ctx, contract.EventsMovedSubject)
-		switch {
-		case err == nil:
-			mark = m
-			continue
-		case !errors.Is(err, jetstream.ErrMsgNotFound):
-			return fmt.Errorf("notifier: reading the relay's mark in %s: %w", contract.EventsStream, err)
+	for {
+		moved, ok, err := relay.ReadEffectsMoved(ctx, js)
+		if err != nil {
+			return err
 		}
-		if !consumed {
-			if info, err := s.Info(ctx); err != nil {
-				return fmt.Errorf("notifier: stream %s: %w", contract.EventsStream, err)
-			} else if info.State.Msgs == 0 {
-				return nil // nothing to hand over
-			}
+		if ok {
+			log.Info("moving to the effects' partitions: finishing the effects' stream first", "stream", contract.EventsStream,
+				"consumer", rc.Name, "relay_moved_at", moved.At, "events", info.State.Msgs)
+			break
 		}
 		if !writable() {
 			return lease.ErrLost
 		}
 		if time.Since(said) >= time.Minute {
-			log.Error("waiting for the relay's mark in the effects' stream: the events it holds are notified before any partition's; restart the relays once the operator made the partitions (converge streams apply -effects -partitions N)",
+			log.Error("waiting for a relay to publish to the effects' partitions: the events of the effects' stream are notified before any partition's, and a relay that has not read the partitions may still publish there; restart the relays once the operator made the partitions (converge streams apply -effects -effects-partitions N)",
 				"stream", contract.EventsStream, "consumer", rc.Name)
 			said = time.Now()
 		}
@@ -168,10 +166,8 @@ func moveToPartitions(ctx context.Context, js jetstream.JetStream, n *Notifier, 
 		}
 	}
 	dc := rc
-	dc.StopAtSeq = mark.Sequence
+	dc.StopWhenCaughtUp = true
 	dc.Fence, dc.Bound, dc.Writable = term.Fence, term.Bound, writable
-	log.Info("moving to the effects' partitions: finishing the effects' stream up to the relay's mark first",
-		"stream", contract.EventsStream, "consumer", rc.Name, "mark_seq", mark.Sequence)
 	r, err := projector.New(js, n, dc, nil, log)
 	if err != nil {
 		return err
@@ -185,12 +181,46 @@ func moveToPartitions(ctx context.Context, js jetstream.JetStream, n *Notifier, 
 	if !writable() {
 		return lease.ErrLost
 	}
+	// Nothing may be left behind the consumer once it is gone: an event
+	// published meanwhile (by a relay of an older version) is finished
+	// first.
+	c, err := js.Consumer(ctx, contract.EventsStream, rc.Name)
+	if err != nil {
+		return fmt.Errorf("notifier: the consumer %s of %s: %w", rc.Name, contract.EventsStream, err)
+	}
+	if left := c.CachedInfo().NumPending + uint64(c.CachedInfo().NumAckPending); left > 0 {
+		return fmt.Errorf("notifier: %d events reached %s after the relay moved to the effects' partitions (a relay of an older version publishes there?): finishing them first", left, contract.EventsStream)
+	}
 	if err := js.DeleteConsumer(ctx, contract.EventsStream, rc.Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return fmt.Errorf("notifier: delete the finished consumer %s of %s: %w", rc.Name, contract.EventsStream, err)
 	}
-	if err := s.DeleteMsg(ctx, mark.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-		log.Warn("deleting the relay's mark failed; it stays in the effects' stream until its max age", "err", err)
-	}
 	log.Info("moved to the effects' partitions: the effects' stream is finished and its consumer deleted", "stream", contract.EventsStream, "consumer", rc.Name)
 	return nil
+}
+
+// errEffectsPartitioned stops a notifier without partitions once the
+// effects have them: the relays publish there, and it would notify
+// nothing new.
+var errEffectsPartitioned = errors.New("notifier: the effects are in partitions, which this notifier, without -partitions, does not read")
+
+// EffectsPartitionsCheck is how often a notifier without partitions looks
+// for the effects' partitions.
+var EffectsPartitionsCheck = 30 * time.Second
+
+// refusePartitions runs beside the one writer's runtime: it ends it with
+// [errEffectsPartitioned] once the effects' partitions exist, looked for
+// at once and then every EffectsPartitionsCheck.
+func refusePartitions(ctx context.Context, js jetstream.JetStream) error {
+	for {
+		s, err := js.Stream(ctx, contract.EventsPartitionStream(0))
+		if err == nil {
+			n := s.CachedInfo().Config.Metadata[contract.MetaPartitions]
+			return fmt.Errorf("%w: start every notifier with -partitions %s (%s); what %s still holds is notified first", errEffectsPartitioned, n, EnvPartitions, contract.EventsStream)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(EffectsPartitionsCheck):
+		}
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -49,11 +50,11 @@ func notifierService(url, holder string, parts int, cfg Config) ServiceConfig {
 // A deployment's notifier moves to partitions without losing an event or
 // notifying one before an older one of its document: the one writer had
 // notified the first versions, the second ones wait in the effects'
-// stream before the relay's mark, and the third ones are in the
-// partitions already. Two partitioned instances finish the effects'
-// stream up to the mark first, delete its consumer and the mark, then
-// share the partitions; a notifier started without partitions then
-// refuses to run; one instance stopping leaves its partitions to the
+// stream, and the third ones reach the partitions once the relay recorded
+// its move. The first partitioned instance waits for that record, then
+// finishes the effects' stream and deletes its consumer; only then do two
+// instances share the partitions. A notifier started without partitions
+// then refuses to run; one instance stopping leaves its partitions to the
 // other; every effect is sent once.
 func TestPartitionedNotifiersMoveFromTheOneWriter(t *testing.T) {
 	const parts, docs = 4, 40
@@ -74,20 +75,32 @@ func TestPartitionedNotifiersMoveFromTheOneWriter(t *testing.T) {
 	for i := range docs {
 		e.relayPublish(upsert(key(i), 2), true)
 	}
-	// The operator makes the partitions; the relay, started again, marks
-	// the effects' stream and publishes to them.
+	// The operator makes the partitions; a partitioned notifier started
+	// now waits for the relay's record of the move.
 	rcfg := relay.Config{Effects: relay.EffectsConfig{Enabled: true}}
 	if _, err := relay.ApplyEffectsPartitions(ctx, e.js, rcfg, parts, false); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.js.Publish(ctx, contract.EventsMovedSubject, []byte("4")); err != nil {
+	saved := StreamWait
+	StreamWait = 50 * time.Millisecond
+	t.Cleanup(func() { StreamWait = saved })
+	a := stacktest.Start(t, notifierService(e.n.URL, "a", parts, cfg), Run)
+	time.Sleep(time.Second)
+	if got := len(rcv.requests()); got != docs {
+		t.Fatalf("%d notifications before the relay moved, want the %d of the one writer", got, docs)
+	}
+	// The relay, holding the slot, records the move, then publishes to
+	// the partitions.
+	pos, err := relay.OpenPositions(ctx, e.js, "converge_relay", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pos.RecordEffectsMoved(ctx, parts, "converge_relay"); err != nil {
 		t.Fatal(err)
 	}
 	for i := range docs {
 		e.partitionPublish(upsert(key(i), 3), parts)
 	}
-
-	a := stacktest.Start(t, notifierService(e.n.URL, "a", parts, cfg), Run)
 	b := stacktest.Start(t, notifierService(e.n.URL, "b", parts, cfg), Run)
 	testenv.Eventually(t, "every version notified", 30*time.Second, func() bool { return len(rcv.requests()) == 3*docs })
 	last := map[string]int64{}
@@ -100,7 +113,7 @@ func TestPartitionedNotifiersMoveFromTheOneWriter(t *testing.T) {
 	if _, err := e.js.Consumer(ctx, contract.EventsStream, "notifier"); !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		t.Fatalf("the one writer's consumer after the move: %v, want it deleted", err)
 	}
-	testenv.Eventually(t, "the effects' stream emptied, its mark deleted", 5*time.Second, func() bool {
+	testenv.Eventually(t, "the effects' stream emptied", 5*time.Second, func() bool {
 		return e.streamState(contract.EventsStream).Msgs == 0
 	})
 	for p := range parts {
@@ -115,8 +128,8 @@ func TestPartitionedNotifiersMoveFromTheOneWriter(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("a notifier without partitions still runs after the move")
 	}
-	if err := late.Stop(); !errors.Is(err, projector.ErrPartitioned) {
-		t.Fatalf("a notifier without partitions after the move: %v, want %v", err, projector.ErrPartitioned)
+	if err := late.Stop(); !errors.Is(err, projector.ErrPartitioned) && !errors.Is(err, errEffectsPartitioned) {
+		t.Fatalf("a notifier without partitions after the move: %v, want %v or %v", err, projector.ErrPartitioned, errEffectsPartitioned)
 	}
 
 	if err := a.Stop(); err != nil {
@@ -138,5 +151,30 @@ func TestPartitionedNotifiersMoveFromTheOneWriter(t *testing.T) {
 	}
 	if err := b.Stop(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A notifier without partitions stops, naming -partitions, once the
+// operator made the effects' partitions: the relays publish there, and it
+// would notify nothing new.
+func TestNotifierWithoutPartitionsStopsWhenTheEffectsHaveThem(t *testing.T) {
+	e := newRelayedEnv(t, 1, -1)
+	saved := EffectsPartitionsCheck
+	EffectsPartitionsCheck = 50 * time.Millisecond
+	t.Cleanup(func() { EffectsPartitionsCheck = saved })
+	rcv := newReceiver(t)
+	one := stacktest.Start(t, notifierService(e.n.URL, "one", 0, testConfig(rcv.url("/hook"))), Run)
+	e.relayPublish(upsert("doc", 1), true)
+	testenv.Eventually(t, "the one writer to notify", 20*time.Second, func() bool { return len(rcv.requests()) == 1 })
+	if _, err := relay.ApplyEffectsPartitions(context.Background(), e.js, relay.Config{Effects: relay.EffectsConfig{Enabled: true}}, 2, false); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-one.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the notifier without partitions still runs")
+	}
+	if err := one.Stop(); !errors.Is(err, errEffectsPartitioned) || !strings.Contains(err.Error(), "-partitions 2") {
+		t.Fatalf("the notifier without partitions: %v, want %v naming -partitions 2", err, errEffectsPartitioned)
 	}
 }

@@ -17,6 +17,10 @@ import (
 
 // Environment variables of the notifier's own settings.
 const (
+	// EnvPartitions is the notifier's -partitions: the effects' own
+	// number of partitions (converge streams apply -effects-partitions),
+	// apart from the projectors' CONVERGE_PARTITIONS.
+	EnvPartitions    = "CONVERGE_EFFECTS_PARTITIONS"
 	EnvWebhookURLs   = "CONVERGE_WEBHOOK_URLS"
 	EnvWebhookSecret = "CONVERGE_WEBHOOK_SECRET" //nolint:gosec // the name of a variable, not a credential; also read as _FILE
 )
@@ -116,7 +120,8 @@ func (c ServiceConfig) Connections() service.Conns {
 // function after parsing.
 func ServiceFlags(f *config.Flags) func() (ServiceConfig, error) {
 	sc := projector.ServiceFlags(f, "notifier", DefaultMetricsAddr)
-	partitions := projector.PartitionsFlag(f)
+	partitions := f.Int("partitions", EnvPartitions, 0,
+		"share the effects among the notifier's instances by partition: the number of the effects' partitions (`converge streams apply -effects -effects-partitions N`), the same for every instance; 0: one instance notifies, the others stand by")
 	own := Flags(f)
 	return func() (ServiceConfig, error) {
 		p, err := sc()
@@ -159,6 +164,9 @@ func Run(ctx context.Context, cfg ServiceConfig, deps service.Deps) error {
 		sc.Source = partitionSource(n, sc.Runtime, cfg.Notifier.Window, log)
 		stream = contract.EventsPartitionStream(0) + " to " + contract.EventsPartitionStream(sc.Partitions-1)
 	} else {
+		sc.Alongside = func(ctx context.Context, js jetstream.JetStream, _ projector.Fencing, _ projector.Exclusive) error {
+			return refusePartitions(ctx, js)
+		}
 		sc.Prepare = func(ctx context.Context, js jetstream.JetStream) error {
 			info, err := WaitForStream(ctx, js, cfg.Notifier.Window, log)
 			if err != nil {

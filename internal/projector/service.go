@@ -166,12 +166,12 @@ func ServiceFlags(f *config.Flags, name, metricsAddr string) func() (ServiceConf
 	}
 }
 
-// PartitionsFlag binds -partitions (CONVERGE_PARTITIONS) of a service
-// whose store every instance shares (Qdrant, Neo4j, the notifier's
-// webhooks): see ServiceConfig.Partitions.
+// PartitionsFlag binds -partitions (CONVERGE_PARTITIONS) of a projector
+// whose store every instance shares (Qdrant, Neo4j): see
+// ServiceConfig.Partitions.
 func PartitionsFlag(f *config.Flags) *int {
 	return f.Int("partitions", config.EnvPartitions, 0,
-		"share the work among this service's instances by partition: the number of partitions the operator made (`converge streams apply -partitions N`, with -effects for the notifier), the same for every instance; 0: one instance writes, the others stand by")
+		"share the store among this projector's instances by partition: the number of partitions of the partitioned stream (`converge streams apply -partitions N`), the same for every instance; 0: one instance writes, the others stand by")
 }
 
 // routeScope is the scope a projector's route needs: admin under
