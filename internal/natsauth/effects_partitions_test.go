@@ -212,7 +212,7 @@ func TestEffectsPartitionsAreTheRelaysAlone(t *testing.T) {
 	}
 	// Nor may the notifier forge the relay's record of the move.
 	n0 := e.connect(natsauth.UserNotifier)
-	moved := "$KV." + natsauth.PositionBucket + "." + natsauth.RelayEffectsMovedKey
+	moved := "$KV." + natsauth.PositionBucket + "." + contract.EffectsMovedKey
 	if err := n0.nc.Publish(moved, []byte(`{"partitions":2}`)); err != nil {
 		t.Fatal(err)
 	}

@@ -27,7 +27,6 @@ func TestNamesAreTheOwners(t *testing.T) {
 		{"RebuildBucket", natsauth.RebuildBucket, rebuild.Bucket},
 		{"NotifierBucket", natsauth.NotifierBucket, notifier.DefaultBucket},
 		{"PositionBucket", natsauth.PositionBucket, relay.PositionBucket},
-		{"RelayEffectsMovedKey", natsauth.RelayEffectsMovedKey, relay.EffectsMovedKey},
 		{"RebuildConsumer", natsauth.RebuildConsumer("index"), rebuild.ConsumerName("index")},
 	} {
 		if c.got != c.want {

@@ -31,8 +31,6 @@ const (
 	NotifierBucket = "CONVERGE_EFFECTS"
 	// NotifierName is the notifier's default durable consumer.
 	NotifierName = "notifier"
-	// RelayEffectsMovedKey is relay.EffectsMovedKey.
-	RelayEffectsMovedKey = "effects.moved"
 )
 
 // User names of the services.
@@ -172,7 +170,7 @@ func Notifier(name, bucket string) *server.Permissions {
 		// The move: the relay's record of it, and the delete of the
 		// finished consumer of the effects' stream.
 		[]string{api + "STREAM.INFO.KV_" + PositionBucket,
-			api + "DIRECT.GET.KV_" + PositionBucket + ".$KV." + PositionBucket + "." + RelayEffectsMovedKey,
+			api + "DIRECT.GET.KV_" + PositionBucket + ".$KV." + PositionBucket + "." + contract.EffectsMovedKey,
 			api + "CONSUMER.DELETE." + contract.EventsStream + "." + name},
 		[]string{api + "STREAM.INFO." + contract.EventsStream},
 		consume(contract.EventsStream, name),

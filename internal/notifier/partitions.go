@@ -2,6 +2,7 @@ package notifier
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -12,7 +13,6 @@ import (
 
 	"github.com/converge-sync/converge/internal/lease"
 	"github.com/converge-sync/converge/internal/projector"
-	"github.com/converge-sync/converge/internal/relay"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
@@ -116,7 +116,7 @@ func checkPartitions(ctx context.Context, js jetstream.JetStream, n int, window 
 // effects' stream, while this instance holds its lease (term): an older
 // deployment's consumer of the documents' stream first ([Migrate]), then
 // every event of the effects' stream, through n, once the relay recorded
-// that it publishes to the partitions (relay.EffectsMovedKey: no relay
+// that it publishes to the partitions (contract.EffectsMovedKey: no relay
 // publishes to the effects' stream any more); it then deletes the one
 // writer's consumer. A stream that nobody consumed and that holds no
 // event needs nothing.
@@ -142,7 +142,7 @@ func moveToPartitions(ctx context.Context, js jetstream.JetStream, n *Notifier, 
 	}
 	var said time.Time
 	for {
-		moved, ok, err := relay.ReadEffectsMoved(ctx, js)
+		moved, ok, err := readEffectsMoved(ctx, js)
 		if err != nil {
 			return err
 		}
@@ -196,6 +196,30 @@ func moveToPartitions(ctx context.Context, js jetstream.JetStream, n *Notifier, 
 	}
 	log.Info("moved to the effects' partitions: the effects' stream is finished and its consumer deleted", "stream", contract.EventsStream, "consumer", rc.Name)
 	return nil
+}
+
+// readEffectsMoved reads the relay's record of the move to the effects'
+// partitions; false when there is none (or no relay's bucket).
+func readEffectsMoved(ctx context.Context, js jetstream.JetStream) (contract.EffectsMoved, bool, error) {
+	var m contract.EffectsMoved
+	kv, err := js.KeyValue(ctx, contract.RelayBucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return m, false, nil
+	}
+	if err != nil {
+		return m, false, fmt.Errorf("notifier: bucket %s: %w", contract.RelayBucket, err)
+	}
+	e, err := kv.Get(ctx, contract.EffectsMovedKey)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return m, false, nil
+	}
+	if err != nil {
+		return m, false, fmt.Errorf("notifier: %s of bucket %s: %w", contract.EffectsMovedKey, contract.RelayBucket, err)
+	}
+	if err := json.Unmarshal(e.Value(), &m); err != nil {
+		return m, false, fmt.Errorf("notifier: %s of bucket %s: %w", contract.EffectsMovedKey, contract.RelayBucket, err)
+	}
+	return m, true, nil
 }
 
 // errEffectsPartitioned stops a notifier without partitions once the

@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"strings"
@@ -23,6 +24,25 @@ func streamInfo(t *testing.T, js jetstream.JetStream, name string) *jetstream.St
 		t.Fatal(err)
 	}
 	return s.CachedInfo()
+}
+
+// readEffectsMoved reads the relay's record of the move to the effects'
+// partitions; false when there is none.
+func readEffectsMoved(t *testing.T, js jetstream.JetStream) (contract.EffectsMoved, bool, error) {
+	t.Helper()
+	var m contract.EffectsMoved
+	kv, err := js.KeyValue(context.Background(), contract.RelayBucket)
+	if err != nil {
+		return m, false, err
+	}
+	e, err := kv.Get(context.Background(), contract.EffectsMovedKey)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return m, false, nil
+	}
+	if err != nil {
+		return m, false, err
+	}
+	return m, true, json.Unmarshal(e.Value(), &m)
 }
 
 // readEvents reads every message of the effects' stream, in order.
@@ -233,7 +253,7 @@ func TestRelayMovesEffectsToTheirPartitions(t *testing.T) {
 		return streamInfo(t, f.js, contract.EventsStream).State.Msgs == docs
 	})
 	waitConfirmedPastNow(t, f.pool, "converge_relay", 10*time.Second)
-	if _, ok, err := relay.ReadEffectsMoved(ctx, f.js); err != nil || ok {
+	if _, ok, err := readEffectsMoved(t, f.js); err != nil || ok {
 		t.Fatalf("the move recorded before the partitions exist: %v, %v", ok, err)
 	}
 
@@ -241,9 +261,9 @@ func TestRelayMovesEffectsToTheirPartitions(t *testing.T) {
 	if res, err := relay.ApplyEffectsPartitions(ctx, f.js, cfg, n, false); err != nil || res != relay.PartsCreated {
 		t.Fatalf("apply the effects' partitions: %v, %v", res, err)
 	}
-	var moved relay.EffectsMoved
+	var moved contract.EffectsMoved
 	testenv.Eventually(t, "the running relay to record the move", 20*time.Second, func() bool {
-		m, ok, err := relay.ReadEffectsMoved(ctx, f.js)
+		m, ok, err := readEffectsMoved(t, f.js)
 		moved = m
 		return err == nil && ok
 	})
@@ -268,7 +288,7 @@ func TestRelayMovesEffectsToTheirPartitions(t *testing.T) {
 	if got := testutil.ToFloat64(metrics.EffectsPublished); got < 2*docs {
 		t.Fatalf("effects published by the first relay: %v, want at least %d", got, 2*docs)
 	}
-	if again, _, err := relay.ReadEffectsMoved(ctx, f.js); err != nil || !again.At.Equal(moved.At) {
+	if again, _, err := readEffectsMoved(t, f.js); err != nil || !again.At.Equal(moved.At) {
 		t.Fatalf("the move's record after the standby took over: %+v, %v; want the first, %+v", again, err, moved)
 	}
 	events := readEvents(t, f.js)

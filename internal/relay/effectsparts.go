@@ -25,7 +25,7 @@ import (
 //
 // The move of a running deployment: once a session of a relay that
 // knows the partitions holds the slot, it records so in the relay's
-// bucket ([EffectsMovedKey]) before it publishes anything: no session
+// bucket (contract.EffectsMovedKey) before it publishes anything: no session
 // that publishes to the effects' stream can run any more (the slot admits
 // one), and every event in the effects' stream was published before. The
 // partitioned notifier waits for that record, finishes the effects'
@@ -167,53 +167,18 @@ func ApplyEffectsPartitions(ctx context.Context, js jetstream.JetStream, cfg Con
 	return res, nil
 }
 
-// EffectsMovedKey is the key, in the relay's bucket (PositionBucket), of
-// the record that a relay publishing to the effects' partitions held the
-// slot: no relay publishes to the effects' stream any more.
-const EffectsMovedKey = "effects.moved"
-
-// EffectsMoved is the record at [EffectsMovedKey].
-type EffectsMoved struct {
-	Partitions int       `json:"partitions"`
-	Slot       string    `json:"slot"`
-	At         time.Time `json:"at"`
-}
-
 // RecordEffectsMoved records, once, that a relay holding slot publishes to
-// the n effects' partitions: the session's step, once it holds the slot.
+// the n effects' partitions (contract.EffectsMovedKey): the session's
+// step, once it holds the slot.
 func (p *Positions) RecordEffectsMoved(ctx context.Context, n int, slot string) error {
-	b, err := json.Marshal(EffectsMoved{Partitions: n, Slot: slot, At: p.clock.Now().UTC()})
+	b, err := json.Marshal(contract.EffectsMoved{Partitions: n, Slot: slot, At: p.clock.Now().UTC()})
 	if err != nil {
 		return err
 	}
-	if _, err := p.kv.Create(ctx, EffectsMovedKey, b); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+	if _, err := p.kv.Create(ctx, contract.EffectsMovedKey, b); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
 		return fmt.Errorf("relay: recording the move to the effects' partitions: %w", err)
 	}
 	return nil
-}
-
-// ReadEffectsMoved reads the relay's record of the move to the effects'
-// partitions; false when there is none (or no relay's bucket).
-func ReadEffectsMoved(ctx context.Context, js jetstream.JetStream) (EffectsMoved, bool, error) {
-	kv, err := js.KeyValue(ctx, PositionBucket)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		return EffectsMoved{}, false, nil
-	}
-	if err != nil {
-		return EffectsMoved{}, false, fmt.Errorf("relay: bucket %s: %w", PositionBucket, err)
-	}
-	e, err := kv.Get(ctx, EffectsMovedKey)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return EffectsMoved{}, false, nil
-	}
-	if err != nil {
-		return EffectsMoved{}, false, fmt.Errorf("relay: %s of bucket %s: %w", EffectsMovedKey, PositionBucket, err)
-	}
-	var m EffectsMoved
-	if err := json.Unmarshal(e.Value(), &m); err != nil {
-		return EffectsMoved{}, false, fmt.Errorf("relay: %s of bucket %s: %w", EffectsMovedKey, PositionBucket, err)
-	}
-	return m, true, nil
 }
 
 // errEffectsMoved ends a session whose effects' partitions changed while it

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/converge-sync/converge/internal/clock"
+	"github.com/converge-sync/converge/pkg/contract"
 )
 
 // PositionBucket is the JetStream key-value bucket where the relay records,
@@ -35,7 +36,7 @@ import (
 // timeline): after a failover to a standby, whose WAL may end before the
 // old primary's, positions are not comparable, and a slot created anew
 // has no past.
-const PositionBucket = "CONVERGE_RELAY"
+const PositionBucket = contract.RelayBucket
 
 // Position is the record of [PositionBucket], JSON under the slot's name.
 type Position struct {

@@ -5,6 +5,7 @@ import (
 	"hash/fnv"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Partitions. A deployment may split the documents into a fixed number of
@@ -112,4 +113,22 @@ func EventsPartitionStream(p int) string { return fmt.Sprintf("%s_P%02d", Events
 // document's token.
 func EventsPartitionSubjectPrefix(p int) string {
 	return EffectsSubjectPrefix + strconv.Itoa(p) + "."
+}
+
+// RelayBucket is the relay's JetStream key-value bucket: its confirmed
+// position per slot, and its record of the move to the effects'
+// partitions ([EffectsMovedKey]).
+const RelayBucket = "CONVERGE_RELAY"
+
+// EffectsMovedKey is the key, in [RelayBucket], of the record that a
+// relay publishing to the effects' partitions held the slot: from then on
+// no relay publishes to [EventsStream]. The partitioned notifier waits for
+// it before it finishes EventsStream and lets its partitions run.
+const EffectsMovedKey = "effects.moved"
+
+// EffectsMoved is the record at [EffectsMovedKey].
+type EffectsMoved struct {
+	Partitions int       `json:"partitions"`
+	Slot       string    `json:"slot"`
+	At         time.Time `json:"at"`
 }
