@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -350,5 +351,51 @@ func TestRelayMovesEffectsToTheirPartitions(t *testing.T) {
 	}
 	if _, err := f.js.Stream(ctx, contract.EventsPartitionStream(2)); !errors.Is(err, jetstream.ErrStreamNotFound) {
 		t.Fatalf("partition 2 of the 4 of before: %v", err)
+	}
+}
+
+// A session that read the effects' partitions before the operator made
+// them, and takes the slot after, reads them again holding the slot and
+// publishes nothing to the effects' stream: another session may have
+// recorded the move meanwhile, after which the notifier no longer reads
+// that stream. (The running session's watch is kept out of the way.)
+func TestRelaySessionReadsThePartitionsAgainHoldingTheSlot(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	cfg := relay.Config{StatusInterval: 50 * time.Millisecond, LagCheckInterval: time.Hour, StandbyRetry: 50 * time.Millisecond,
+		Effects: relay.EffectsConfig{Enabled: true}}
+	if _, err := relay.EnsureStream(ctx, f.js, cfg.Stream); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := relay.EnsureEffectsStream(ctx, f.js, cfg); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	t.Cleanup(relay.SetBeforeSlotLock(func() {
+		once.Do(func() {
+			if _, err := relay.ApplyEffectsPartitions(ctx, f.js, cfg, 2, false); err != nil {
+				t.Error(err)
+			}
+		})
+	}))
+	_, stop := f.runWith(t, cfg, nil, nil)
+	defer stop()
+	f.write(t, 0, 20, 1)
+	partitioned := func() (msgs uint64) {
+		for p := range 2 {
+			s, err := f.js.Stream(ctx, contract.EventsPartitionStream(p))
+			if err != nil {
+				return 0 // not made yet
+			}
+			msgs += s.CachedInfo().State.Msgs
+		}
+		return msgs
+	}
+	testenv.Eventually(t, "every event in the partitions", 20*time.Second, func() bool { return partitioned() == 20 })
+	if n := streamInfo(t, f.js, contract.EventsStream).State.Msgs; n != 0 {
+		t.Fatalf("the effects' stream holds %d events published after the partitions were made", n)
+	}
+	if _, ok, err := readEffectsMoved(t, f.js); err != nil || !ok {
+		t.Fatalf("the move's record: %v, %v", ok, err)
 	}
 }

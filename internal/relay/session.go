@@ -74,6 +74,10 @@ func (r *Relay) setEffectsPartitions(n int) {
 	r.effectsKnown.Store(int64(n))
 }
 
+// beforeSlotLock, when set (tests), runs in each session after it read the
+// effects' partitions and before it takes the slot's lock.
+var beforeSlotLock func()
+
 // session runs one replication session (runSession); with effects, it
 // ends the session when the effects' partitions change meanwhile.
 func (r *Relay) session(parent context.Context) error {
@@ -168,12 +172,30 @@ func (r *Relay) runSession(ctx context.Context) error {
 		return err
 	}
 	defer db.Close(context.Background())
+	if beforeSlotLock != nil {
+		beforeSlotLock()
+	}
 	var locked bool
 	if err := db.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtextextended('converge.relay/' || $1, 0))`, r.cfg.Slot).Scan(&locked); err != nil {
 		return fmt.Errorf("relay: take the slot's lock: %w", err)
 	}
 	if !locked {
 		return errSlotActive
+	}
+	if r.cfg.Effects.Enabled {
+		// Read again, holding the slot: the partitions may have been made
+		// since the read above, and a session that knew them may have
+		// held the slot, recorded the move and ended meanwhile. This one
+		// must not publish to the effects' stream after that.
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		n, err := EffectsPartitions(cctx, r.js)
+		cancel()
+		if err != nil {
+			return &publishError{err: fmt.Errorf("reading the effects' partitions: %w", err)}
+		}
+		if n != r.cfg.Effects.Partitions {
+			return errEffectsMoved
+		}
 	}
 	start, created, err := ensureSlot(ctx, conn, r.cfg.Slot)
 	if err != nil {
