@@ -379,7 +379,7 @@ func TestRelaySessionReadsThePartitionsAgainHoldingTheSlot(t *testing.T) {
 		})
 	}))
 	_, stop := f.runWith(t, cfg, nil, nil)
-	defer stop()
+	defer func() { stop() }()
 	f.write(t, 0, 20, 1)
 	partitioned := func() (msgs uint64) {
 		for p := range 2 {
@@ -398,4 +398,31 @@ func TestRelaySessionReadsThePartitionsAgainHoldingTheSlot(t *testing.T) {
 	if _, ok, err := readEffectsMoved(t, f.js); err != nil || !ok {
 		t.Fatalf("the move's record: %v, %v", ok, err)
 	}
+
+	// The partitions gone after the move (here deleted, and the streams
+	// applied without them): the relay publishes nothing, not even to the
+	// effects' stream, which the notifier no longer reads, until they
+	// exist again.
+	stop()
+	for p := range 2 {
+		if err := f.js.DeleteStream(ctx, contract.EventsPartitionStream(p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := relay.ApplyEffectsStream(ctx, f.js, cfg); err != nil {
+		t.Fatal(err)
+	}
+	var logs testenv.LockedBuffer
+	_, stop = f.runWith(t, cfg, nil, slog.New(slog.NewTextHandler(&logs, nil)))
+	f.write(t, 20, 25, 1)
+	testenv.Eventually(t, "the relay to refuse, naming the move", 20*time.Second, func() bool {
+		return strings.Contains(logs.String(), "the effects moved to their partitions")
+	})
+	if n := streamInfo(t, f.js, contract.EventsStream).State.Msgs; n != 0 {
+		t.Fatalf("the effects' stream holds %d events published after the move", n)
+	}
+	if _, err := relay.ApplyEffectsPartitions(ctx, f.js, cfg, 2, false); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, "the new events in the partitions made anew", 20*time.Second, func() bool { return partitioned() == 5 })
 }

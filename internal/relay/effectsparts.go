@@ -125,7 +125,7 @@ func applyEffectsPartitions(ctx context.Context, js jetstream.JetStream, cfg Con
 // them is empty: they are then deleted and made anew.
 func ApplyEffectsPartitions(ctx context.Context, js jetstream.JetStream, cfg Config, n int, repartition bool) (PartsResult, error) {
 	if n < 2 || n > contract.MaxPartitions {
-		return "", fmt.Errorf("relay: -partitions %d: partitions are 2 to %d", n, contract.MaxPartitions)
+		return "", fmt.Errorf("relay: -effects-partitions %d: partitions are 2 to %d", n, contract.MaxPartitions)
 	}
 	have, err := EffectsPartitions(ctx, js)
 	if err != nil && !repartition {
@@ -137,7 +137,7 @@ func ApplyEffectsPartitions(ctx context.Context, js jetstream.JetStream, cfg Con
 		res = PartsCreated
 	case have != n:
 		if !repartition {
-			return "", fmt.Errorf("%w (they are %d, -partitions %d; -repartition makes them anew once they are empty)", ErrEffectsRepartition, have, n)
+			return "", fmt.Errorf("%w (they are %d, -effects-partitions %d; -repartition makes them anew once they are empty)", ErrEffectsRepartition, have, n)
 		}
 		var existing []string
 		for p := range contract.MaxPartitions {
@@ -181,6 +181,28 @@ func (p *Positions) RecordEffectsMoved(ctx context.Context, n int, slot string) 
 	return nil
 }
 
+// effectsMoved reads the record of the move to the effects' partitions;
+// false when there is none.
+func (p *Positions) effectsMoved(ctx context.Context) (contract.EffectsMoved, bool, error) {
+	var m contract.EffectsMoved
+	e, err := p.kv.Get(ctx, contract.EffectsMovedKey)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return m, false, nil
+	}
+	if err != nil {
+		return m, false, fmt.Errorf("relay: reading the record of the move to the effects' partitions: %w", err)
+	}
+	if err := json.Unmarshal(e.Value(), &m); err != nil {
+		return m, false, fmt.Errorf("relay: the record of the move to the effects' partitions: %w", err)
+	}
+	return m, true, nil
+}
+
+// errEffectsGone refuses a session that finds no effects' partitions once
+// the move to them was recorded: the notifier no longer reads the
+// effects' stream.
+var errEffectsGone = errors.New("relay: the effects moved to their partitions")
+
 // errEffectsMoved ends a session whose effects' partitions changed while it
 // ran: the next session publishes where the operator now says.
 var errEffectsMoved = errors.New("relay: the effects' partitions changed: starting a new session to publish to them")
@@ -200,7 +222,7 @@ func (r *Relay) watchEffects(ctx context.Context, cancel context.CancelCauseFunc
 		rctx, done := context.WithTimeout(ctx, 2*time.Second)
 		n, err := EffectsPartitions(rctx, r.js)
 		done()
-		if err == nil && int64(n) != r.effectsKnown.Load() {
+		if known := r.effectsKnown.Load(); err == nil && known >= 0 && int64(n) != known {
 			r.log.Info("the effects' partitions changed; starting a new session", "partitions", n, "were", r.effectsKnown.Load())
 			cancel(errEffectsMoved)
 			return

@@ -40,8 +40,8 @@ type Relay struct {
 	// streams and subject prefixes, read with cfg.Effects.Partitions when
 	// the streams are ensured.
 	effectsStreams, effectsPrefixes []string
-	// effectsKnown is cfg.Effects.Partitions, for the watch of a
-	// running session.
+	// effectsKnown is cfg.Effects.Partitions once the session read it
+	// (-1 before), for the watch of a running session.
 	effectsKnown atomic.Int64
 }
 
@@ -104,7 +104,6 @@ func (r *Relay) Run(ctx context.Context) error {
 		case errors.As(err, &elsewhere):
 			return err
 		case errors.Is(err, errEffectsMoved):
-			standbyLogged = false
 			wait = 0
 		case errors.Is(err, errSlotActive):
 			if !standbyLogged {

@@ -61,7 +61,7 @@ func (r *Relay) ensureEffects(ctx context.Context) error {
 // setEffectsPartitions makes the sessions publish the effects to n
 // partitions (none: the effects' stream).
 func (r *Relay) setEffectsPartitions(n int) {
-	if n > 1 && int64(n) != r.effectsKnown.Load() {
+	if n > 1 && n != r.cfg.Effects.Partitions {
 		r.log.Info("the effects are published to their partitions", "partitions", n,
 			"streams", contract.EventsPartitionStream(0)+" to "+contract.EventsPartitionStream(n-1))
 	}
@@ -84,6 +84,9 @@ func (r *Relay) session(parent context.Context) error {
 	ctx, cancel := context.WithCancelCause(parent)
 	defer cancel(nil)
 	if r.cfg.Effects.Enabled {
+		// Until this session has read the partitions, there is nothing to
+		// compare with.
+		r.effectsKnown.Store(-1)
 		go r.watchEffects(ctx, cancel)
 	}
 	err := r.runSession(ctx)
@@ -142,6 +145,8 @@ func (r *Relay) runSession(ctx context.Context) error {
 			if err := r.ensureEffects(ctx); err != nil {
 				return &publishError{err: err}
 			}
+		default:
+			r.effectsKnown.Store(int64(n))
 		}
 	}
 	dsn, err := replicationURL(r.cfg.PostgresURL)
@@ -210,11 +215,25 @@ func (r *Relay) runSession(ctx context.Context) error {
 		r.positions = pos
 	}
 	pos := r.positions
-	if r.cfg.Effects.Enabled && r.cfg.Effects.Partitions > 1 {
+	switch {
+	case r.cfg.Effects.Enabled && r.cfg.Effects.Partitions > 1:
 		// Holding the slot: no session publishing to the effects' stream
-		// runs, and none will (each reads the partitions first).
+		// runs, and none will (each reads the partitions, and the record,
+		// holding the slot).
 		if err := pos.RecordEffectsMoved(ctx, r.cfg.Effects.Partitions, r.cfg.Slot); err != nil {
 			return &publishError{err: err}
+		}
+	case r.cfg.Effects.Enabled:
+		// Once the move is recorded, the notifier no longer reads the
+		// effects' stream: partitions not found now are being made anew,
+		// or were deleted.
+		moved, ok, err := pos.effectsMoved(ctx)
+		if err != nil {
+			return &publishError{err: err}
+		}
+		if ok {
+			return &publishError{err: fmt.Errorf("%w (%d partitions, recorded %s), but %s is not found: the operator makes them anew (converge streams apply -effects -effects-partitions N); nothing is published until they exist",
+				errEffectsGone, moved.Partitions, moved.At.Format(time.RFC3339), contract.EventsPartitionStream(0))}
 		}
 	}
 	sys, err := pglogrepl.IdentifySystem(ctx, conn)
