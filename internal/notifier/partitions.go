@@ -20,7 +20,7 @@ import (
 // writer per partition. Partition p's events are the work queue
 // contract.EventsPartitionStream(p), which the relay fills once the
 // operator made the partitions (`converge streams apply -effects
-// -partitions N`); its consumer, lease and dead letters are
+// -effects-partitions N`); its consumer, lease and dead letters are
 // <name>-pNN, and its gap detection is the one-writer notifier's, on a
 // stream of its own. The dedup store is shared: a document's effects are
 // sent by its partition's writer alone.
@@ -113,14 +113,37 @@ func checkPartitions(ctx context.Context, js jetstream.JetStream, n int, window 
 }
 
 // moveToPartitions finishes what the one writer of before left in the
-// effects' stream, while this instance holds its lease (term): an older
-// deployment's consumer of the documents' stream first ([Migrate]), then
-// every event of the effects' stream, through n, once the relay recorded
-// that it publishes to the partitions (contract.EffectsMovedKey: no relay
-// publishes to the effects' stream any more); it then deletes the one
-// writer's consumer. A stream that nobody consumed and that holds no
-// event needs nothing.
+// effects' stream, while this instance holds its lease (term). It waits
+// first for the relay's record that it publishes to the partitions
+// (contract.EffectsMovedKey): from then on no relay publishes to the
+// effects' stream. Then an older deployment's consumer of the documents'
+// stream ([Migrate]), then every event of the effects' stream, through n;
+// and it deletes the one writer's consumer there.
 func moveToPartitions(ctx context.Context, js jetstream.JetStream, n *Notifier, rc projector.Config, term projector.Fencing, writable func() bool, log *slog.Logger) error {
+	var said time.Time
+	for {
+		moved, ok, err := readEffectsMoved(ctx, js)
+		if err != nil {
+			return err
+		}
+		if ok {
+			log.Info("the relays publish to the effects' partitions", "partitions", moved.Partitions, "since", moved.At)
+			break
+		}
+		if !writable() {
+			return lease.ErrLost
+		}
+		if time.Since(said) >= time.Minute {
+			log.Error("waiting for a relay to publish to the effects' partitions: until one holds the slot knowing them, a relay may still publish to the effects' stream, which is notified before any partition; the relays (with -effects) move by themselves within seconds of the partitions' making",
+				"stream", contract.EventsStream, "consumer", rc.Name)
+			said = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(StreamWait):
+		}
+	}
 	s, err := js.Stream(ctx, contract.EventsStream)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
@@ -140,31 +163,8 @@ func moveToPartitions(ctx context.Context, js jetstream.JetStream, n *Notifier, 
 	if !consumed && info.State.Msgs == 0 {
 		return nil // nothing to hand over
 	}
-	var said time.Time
-	for {
-		moved, ok, err := readEffectsMoved(ctx, js)
-		if err != nil {
-			return err
-		}
-		if ok {
-			log.Info("moving to the effects' partitions: finishing the effects' stream first", "stream", contract.EventsStream,
-				"consumer", rc.Name, "relay_moved_at", moved.At, "events", info.State.Msgs)
-			break
-		}
-		if !writable() {
-			return lease.ErrLost
-		}
-		if time.Since(said) >= time.Minute {
-			log.Error("waiting for a relay to publish to the effects' partitions: the events of the effects' stream are notified before any partition's, and a relay that has not read the partitions may still publish there; restart the relays once the operator made the partitions (converge streams apply -effects -effects-partitions N)",
-				"stream", contract.EventsStream, "consumer", rc.Name)
-			said = time.Now()
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(StreamWait):
-		}
-	}
+	log.Info("moving to the effects' partitions: finishing the effects' stream first", "stream", contract.EventsStream,
+		"consumer", rc.Name, "events", info.State.Msgs)
 	dc := rc
 	dc.StopWhenCaughtUp = true
 	dc.Fence, dc.Bound, dc.Writable = term.Fence, term.Bound, writable
@@ -181,9 +181,9 @@ func moveToPartitions(ctx context.Context, js jetstream.JetStream, n *Notifier, 
 	if !writable() {
 		return lease.ErrLost
 	}
-	// Nothing may be left behind the consumer once it is gone: an event
-	// published meanwhile (by a relay of an older version) is finished
-	// first.
+	// Caught up, with no relay publishing there since the record (a relay
+	// of an older version would: upgrade every relay first). Anything
+	// pending now is finished before the consumer goes.
 	c, err := js.Consumer(ctx, contract.EventsStream, rc.Name)
 	if err != nil {
 		return fmt.Errorf("notifier: the consumer %s of %s: %w", rc.Name, contract.EventsStream, err)

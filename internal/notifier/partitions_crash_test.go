@@ -72,6 +72,7 @@ func TestPartitionedNotifierKilledUnderLoad(t *testing.T) {
 	if _, err := relay.ApplyEffectsPartitions(context.Background(), e.js, relay.Config{Effects: relay.EffectsConfig{Enabled: true}}, crashParts, false); err != nil {
 		t.Fatal(err)
 	}
+	e.relayMoved(crashParts)
 	rcv := newReceiver(t)
 	urls := []string{rcv.url("/hook")}
 	startChild(t, e, partitionsChild+"a", urls)

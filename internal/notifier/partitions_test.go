@@ -35,6 +35,19 @@ func (e *env) partitionPublish(ev contract.Event, n int) {
 	}
 }
 
+// relayMoved records the move to the effects' n partitions as a relay's
+// session holding the slot does.
+func (e *env) relayMoved(n int) {
+	e.t.Helper()
+	pos, err := relay.OpenPositions(context.Background(), e.js, "converge_relay", 1)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if err := pos.RecordEffectsMoved(context.Background(), n, "converge_relay"); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
 // notifierService is the notifier service's configuration for tests: an
 // instance named holder, with parts partitions (0: one writer) and a
 // short lease.
@@ -91,13 +104,7 @@ func TestPartitionedNotifiersMoveFromTheOneWriter(t *testing.T) {
 	}
 	// The relay, holding the slot, records the move, then publishes to
 	// the partitions.
-	pos, err := relay.OpenPositions(ctx, e.js, "converge_relay", 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := pos.RecordEffectsMoved(ctx, parts, "converge_relay"); err != nil {
-		t.Fatal(err)
-	}
+	e.relayMoved(parts)
 	for i := range docs {
 		e.partitionPublish(upsert(key(i), 3), parts)
 	}
