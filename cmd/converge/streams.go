@@ -35,7 +35,7 @@ func streamsCmd(ctx context.Context, args []string, out io.Writer) error {
 		"also create the partitioned stream "+contract.PartsStream+" of this many partitions (2 to 16), which the projectors started with the same -partitions consume; 0: leave it as it is")
 	effectsPartitions := f.Int("effects-partitions", notifier.EnvPartitions, 0,
 		"with -effects: also create the effects' partitions (2 to 16), to which the relays then publish the effects and which the notifiers started with the same -partitions consume; 0: leave them as they are")
-	repartition := f.Bool("repartition", "", false, "with -partitions: make the partitioned stream anew when it has another number of partitions (stop every partitioned projector first); with -effects-partitions, the same of the effects' partitions, which must be empty")
+	repartition := f.Bool("repartition", "", false, "with -partitions: make the partitioned stream anew when it has another number of partitions (stop every partitioned projector first); with -effects-partitions, the same of the effects' partitions, which must be empty (stop the relays first)")
 	natsAuth := natsauth.Flags(f)
 	if err := f.Parse(args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
