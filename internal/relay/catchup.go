@@ -322,10 +322,13 @@ func (p *catchUpPublisher) add(ctx context.Context, row catchUpRow) error {
 		}
 	}
 	p.unrecorded++
-	if p.held && (p.heldVer > row.version || p.heldVer == row.version && p.heldEm >= row.emission) {
+	held := p.held && (p.heldVer > row.version || p.heldVer == row.version && p.heldEm >= row.emission)
+	if held {
 		p.cu.Held++
 		p.relay.metrics.CatchUp.WithLabelValues("held").Inc()
-		return nil
+		if !p.relay.cfg.Effects.Enabled {
+			return nil
+		}
 	}
 	msg := &nats.Msg{Subject: subjectOf([]byte(row.key)), Data: []byte(row.payload), Header: nats.Header{}}
 	msg.Header.Set(contract.HeaderCommitTime, row.created.UTC().Format(time.RFC3339Nano))
@@ -338,12 +341,20 @@ func (p *catchUpPublisher) add(ctx context.Context, row catchUpRow) error {
 	if row.trace != nil {
 		msg.Header.Set(traceParentHeader, *row.trace)
 	}
-	f, err := p.js.PublishMsgAsync(msg)
-	if err != nil {
-		return &publishError{err: fmt.Errorf("catch-up: publish %s: %w", msgID, err)}
+	if !held {
+		f, err := p.js.PublishMsgAsync(msg)
+		if err != nil {
+			return &publishError{err: fmt.Errorf("catch-up: publish %s: %w", msgID, err)}
+		}
+		p.futures = append(p.futures, f)
 	}
-	p.futures = append(p.futures, f)
 	if p.relay.cfg.Effects.Enabled {
+		// Also for a row the documents' stream holds: whether its copy for
+		// effects is stored cannot be read (a work queue keeps nothing
+		// acknowledged), and a catch-up that stopped between the two
+		// acknowledgements would otherwise leave it out for good. Published
+		// again, it is one effect: the stream's duplicate window drops it,
+		// or the notifier's dedup store knows it.
 		subject, _ := p.relay.effectsTarget(msg.Subject)
 		effects := &nats.Msg{Subject: subject, Data: msg.Data, Header: msg.Header}
 		f, err := p.js.PublishMsgAsync(effects)
@@ -352,7 +363,7 @@ func (p *catchUpPublisher) add(ctx context.Context, row catchUpRow) error {
 		}
 		p.effects = append(p.effects, f)
 	}
-	if len(p.futures) >= catchUpWindow {
+	if len(p.futures) >= catchUpWindow || len(p.effects) >= catchUpWindow {
 		return p.await(ctx)
 	}
 	return nil
