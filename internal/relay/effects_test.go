@@ -470,9 +470,9 @@ func TestCatchUpPublishesTheEffectsOfRowsTheStreamHolds(t *testing.T) {
 	var logs testenv.LockedBuffer
 	_, stop = f.runWith(t, cfg, metrics, slog.New(slog.NewTextHandler(&logs, nil)))
 	defer stop()
-	testenv.Eventually(t, "the catch-up to publish every copy for effects again", 20*time.Second, func() bool {
+	testenv.Eventually(t, "the catch-up to end, every copy for effects published again", 20*time.Second, func() bool {
 		s, err := f.js.Stream(ctx, contract.EventsStream)
-		return err == nil && s.CachedInfo().State.Msgs == docs
+		return err == nil && s.CachedInfo().State.Msgs == docs && strings.Contains(logs.String(), "caught up from the outbox")
 	})
 	if l := logs.String(); !strings.Contains(l, "held_by_stream="+strconv.Itoa(docs)) {
 		t.Fatalf("the catch-up did not find the %d rows held by the documents' stream:\n%s", docs, l)
