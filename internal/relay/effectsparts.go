@@ -81,12 +81,9 @@ func ensureEffectsPartitions(ctx context.Context, js jetstream.JetStream, cfg Co
 			return err
 		}
 	}
-	s, err := js.Stream(ctx, cfg.Effects.Name)
-	switch {
-	case errors.Is(err, jetstream.ErrStreamNotFound):
-		return nil
-	case err != nil:
-		return fmt.Errorf("relay: stream %s: %w", cfg.Effects.Name, err)
+	s, err := existingStream(ctx, js, cfg.Effects.Name)
+	if s == nil || err != nil {
+		return err
 	}
 	if diff := streamDifferences(s.CachedInfo().Config, effectsStreamConfig(cfg)); len(diff) > 0 {
 		return &StreamSettingsError{Stream: cfg.Effects.Name, Differences: diff}
@@ -95,7 +92,7 @@ func ensureEffectsPartitions(ctx context.Context, js jetstream.JetStream, cfg Co
 }
 
 // applyEffectsPartitions creates or updates each partition's stream, and
-// the effects' stream when it exists (it takes the mark's subject).
+// the effects' stream when it exists (its limits are the partitions').
 func applyEffectsPartitions(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 	for p := range cfg.Effects.Partitions {
 		want := effectsPartStreamConfig(cfg, p)
@@ -103,12 +100,9 @@ func applyEffectsPartitions(ctx context.Context, js jetstream.JetStream, cfg Con
 			return fmt.Errorf("relay: apply stream %s: %w", want.Name, err)
 		}
 	}
-	s, err := js.Stream(ctx, cfg.Effects.Name)
-	switch {
-	case errors.Is(err, jetstream.ErrStreamNotFound):
-		return nil
-	case err != nil:
-		return fmt.Errorf("relay: stream %s: %w", cfg.Effects.Name, err)
+	s, err := existingStream(ctx, js, cfg.Effects.Name)
+	if s == nil || err != nil {
+		return err
 	}
 	want := effectsStreamConfig(cfg)
 	want.Metadata = s.CachedInfo().Config.Metadata
@@ -116,6 +110,19 @@ func applyEffectsPartitions(ctx context.Context, js jetstream.JetStream, cfg Con
 		return fmt.Errorf("relay: update stream %s: %w", want.Name, err)
 	}
 	return nil
+}
+
+// existingStream is the stream called name; nil (and no error) when it
+// does not exist.
+func existingStream(ctx context.Context, js jetstream.JetStream, name string) (jetstream.Stream, error) {
+	s, err := js.Stream(ctx, name)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("relay: stream %s: %w", name, err)
+	}
+	return s, nil
 }
 
 // ApplyEffectsPartitions is the operator's step that moves the effects to

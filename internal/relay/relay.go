@@ -145,7 +145,8 @@ func (r *Relay) Run(ctx context.Context) error {
 // elected, whose stream API answers nothing for seconds), nor after a
 // lost connection, a lost publish or a refusal out of order (the stream
 // answered), nor when Postgres was the cause or another relay holds the
-// slot.
+// slot. A session that found the effects' partitions changed has the
+// next one ensure them.
 func (r *Relay) noteStreams(err error) {
 	var pe *publishError
 	switch {
@@ -154,6 +155,10 @@ func (r *Relay) noteStreams(err error) {
 			r.noStreamSince = time.Now()
 		}
 		r.ensured = time.Since(r.noStreamSince) < ensureAgain
+	case errors.Is(err, errEffectsMoved):
+		// The effects' partitions changed: their streams are ensured
+		// with their new number.
+		r.ensured = false
 	case errors.Is(err, errReconnected), errors.Is(err, errLostBefore), errors.As(err, new(*wrongLastError)):
 		r.noStreamSince = time.Time{}
 	case errors.As(err, &pe):

@@ -84,9 +84,14 @@ func (r *Relay) session(parent context.Context) error {
 	ctx, cancel := context.WithCancelCause(parent)
 	defer cancel(nil)
 	if r.cfg.Effects.Enabled {
-		// Until this session has read the partitions, there is nothing to
-		// compare with.
-		r.effectsKnown.Store(-1)
+		// What the session publishes with: the number read when the
+		// streams were ensured, or, until this session ensures them,
+		// nothing to compare with.
+		known := int64(r.cfg.Effects.Partitions)
+		if !r.ensured {
+			known = -1
+		}
+		r.effectsKnown.Store(known)
 		go r.watchEffects(ctx, cancel)
 	}
 	err := r.runSession(ctx)
@@ -131,23 +136,6 @@ func (r *Relay) runSession(ctx context.Context) error {
 				"stream", r.cfg.Effects.Name, "slot", r.cfg.Slot)
 		}
 		r.ensured, r.everEnsured = true, true
-	} else if r.cfg.Effects.Enabled {
-		// The effects' partitions made since (a standby started before
-		// the move): a session that does not know where the effects go
-		// publishes nothing.
-		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		n, err := EffectsPartitions(cctx, r.js)
-		cancel()
-		switch {
-		case err != nil:
-			return &publishError{err: fmt.Errorf("reading the effects' partitions: %w", err)}
-		case n != r.cfg.Effects.Partitions:
-			if err := r.ensureEffects(ctx); err != nil {
-				return &publishError{err: err}
-			}
-		default:
-			r.effectsKnown.Store(int64(n))
-		}
 	}
 	dsn, err := replicationURL(r.cfg.PostgresURL)
 	if err != nil {
@@ -188,10 +176,11 @@ func (r *Relay) runSession(ctx context.Context) error {
 		return errSlotActive
 	}
 	if r.cfg.Effects.Enabled {
-		// Read again, holding the slot: the partitions may have been made
-		// since the read above, and a session that knew them may have
-		// held the slot, recorded the move and ended meanwhile. This one
-		// must not publish to the effects' stream after that.
+		// Read holding the slot: the partitions may have been made since
+		// this relay ensured its streams, and a session that knew them may
+		// have held the slot, recorded the move and ended meanwhile. This
+		// one must not publish to the effects' stream after that; the
+		// next session ensures the streams again (noteStreams).
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		n, err := EffectsPartitions(cctx, r.js)
 		cancel()
