@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -324,16 +325,60 @@ func (b *Backend) Wipe(ctx context.Context) (deleted int64, err error) {
 	return deleted, nil
 }
 
+// WipeDocuments deletes what the graph holds of the documents called keys,
+// as if no event of theirs had been applied, for a rebuild of their
+// partition; the graph's other documents keep what they hold. First, for
+// every key, its chunks and outgoing LINKS_TO and TAGGED relationships;
+// then each node, or, where a document not in keys still links to it, its
+// fields: it stays as the stub that link made of it. Tag nodes stay, as
+// they do when a document drops a tag. Config.BatchSize keys per
+// transaction, halved while a transaction is too large for the server
+// ([ErrTooLarge]); deleted counts the nodes deleted. Run again after a
+// failure, it finishes the work.
+func (b *Backend) WipeDocuments(ctx context.Context, keys []string) (deleted int64, err error) {
+	keys = slices.Clone(keys)
+	slices.Sort(keys)
+	keys = slices.Compact(keys)
+	for _, st := range []struct{ name, cypher string }{
+		{"wipeDocumentRelationships", cypherWipeDocumentRelationships},
+		{"wipeDocuments", cypherWipeDocuments},
+	} {
+		size := b.cfg.BatchSize
+		for lo := 0; lo < len(keys); {
+			hi := min(lo+size, len(keys))
+			n, err := b.count(ctx, fmt.Sprintf("%s of %d", st.name, hi-lo), st.cypher, map[string]any{"keys": keys[lo:hi]})
+			if errors.Is(err, ErrTooLarge) && size > 1 {
+				size /= 2
+				continue
+			}
+			if err != nil {
+				return deleted, b.fail("wipe documents", err)
+			}
+			if st.name == "wipeDocuments" {
+				deleted += n
+			}
+			lo = hi
+		}
+	}
+	return deleted, nil
+}
+
 // wipeBatch runs one transaction of Wipe: cypher deletes up to limit
 // relationships or nodes and answers how many.
 func (b *Backend) wipeBatch(ctx context.Context, name, cypher string, limit int64) (int64, error) {
+	return b.count(ctx, fmt.Sprintf("%s of %d", name, limit), cypher, map[string]any{"limit": limit})
+}
+
+// count runs cypher with params in one write transaction, which answers
+// one record: how many it deleted. what names the transaction in errors.
+func (b *Backend) count(ctx context.Context, what, cypher string, params map[string]any) (int64, error) {
 	var (
 		n     int64
 		large error
 	)
 	err := b.run.ExecuteWrite(ctx, func(t tx) error {
 		large = nil
-		recs, err := t.Run(ctx, cypher, map[string]any{"limit": limit})
+		recs, err := t.Run(ctx, cypher, params)
 		if tooLarge(err) {
 			large = err
 			return errStopRetry
@@ -342,11 +387,11 @@ func (b *Backend) wipeBatch(ctx context.Context, name, cypher string, limit int6
 			return err
 		}
 		if len(recs) != 1 {
-			return fmt.Errorf("%s returned %d records; want 1", name, len(recs))
+			return fmt.Errorf("%s returned %d records; want 1", what, len(recs))
 		}
 		v, ok := recs[0]["deleted"].(int64)
 		if !ok {
-			return fmt.Errorf("%s returned deleted=%T; want an integer", name, recs[0]["deleted"])
+			return fmt.Errorf("%s returned deleted=%T; want an integer", what, recs[0]["deleted"])
 		}
 		n = v
 		return nil
@@ -355,7 +400,7 @@ func (b *Backend) wipeBatch(ctx context.Context, name, cypher string, limit int6
 		large = err
 	}
 	if large != nil {
-		return 0, fmt.Errorf("%s of %d: %w: %w", name, limit, ErrTooLarge, large)
+		return 0, fmt.Errorf("%s: %w: %w", what, ErrTooLarge, large)
 	}
 	return n, err
 }

@@ -186,3 +186,42 @@ WHERE n:Document OR n:Chunk OR n:Tag
 WITH n LIMIT $limit
 DETACH DELETE n
 RETURN count(*) AS deleted`
+
+// cypherWipeDocumentRelationships deletes, of the documents $keys, their
+// chunks and outgoing LINKS_TO and TAGGED relationships, for a rebuild of
+// their partition; run for every key before cypherWipeDocuments, so that
+// none of them still links to another.
+const cypherWipeDocumentRelationships = `UNWIND $keys AS key
+MATCH (d:Document {key: key})
+CALL {
+  WITH d
+  MATCH (d)-[:HAS_CHUNK]->(c:Chunk)
+  DETACH DELETE c
+}
+CALL {
+  WITH d
+  MATCH (d)-[r:LINKS_TO|TAGGED]->()
+  DELETE r
+}
+RETURN count(d) AS deleted`
+
+// cypherWipeDocuments deletes the document nodes $keys, after
+// cypherWipeDocumentRelationships; one another document still links to
+// loses its fields instead and stays, a stub. Answers how many it deleted.
+const cypherWipeDocuments = `UNWIND $keys AS key
+MATCH (d:Document {key: key})
+WITH d, EXISTS { (:Document)-[:LINKS_TO]->(d) } AS linked
+CALL {
+  WITH d, linked
+  WITH d
+  WHERE linked
+  SET d.stub = true
+  REMOVE d.version, d.title, d.content_hash, d.deleted
+}
+CALL {
+  WITH d, linked
+  WITH d
+  WHERE NOT linked
+  DETACH DELETE d
+}
+RETURN sum(CASE WHEN linked THEN 0 ELSE 1 END) AS deleted`

@@ -26,6 +26,8 @@ var statementNames = []struct{ name, cypher string }{
 	{"scanDocuments", cypherScanDocuments},
 	{"wipeRelationships", cypherWipeRelationships},
 	{"wipe", cypherWipe},
+	{"wipeDocumentRelationships", cypherWipeDocumentRelationships},
+	{"wipeDocuments", cypherWipeDocuments},
 }
 
 func statementName(cypher string) string {
@@ -289,6 +291,44 @@ func (g *modelGraph) run(cypher string, params map[string]any) ([]record, error)
 				delete(d.tagged, name)
 			}
 		})
+		return []record{{"deleted": n}}, nil
+	case cypherWipeDocumentRelationships:
+		var n int64
+		for _, key := range stringsParam(params, "keys") {
+			d := g.docs[key]
+			if d == nil {
+				continue
+			}
+			for id := range d.chunks {
+				delete(g.chunks, id) // DETACH DELETE of the chunk node
+			}
+			d.chunks, d.links, d.tagged = map[string]bool{}, map[string]bool{}, map[string]bool{}
+			n++
+		}
+		return []record{{"deleted": n}}, nil
+	case cypherWipeDocuments:
+		var n int64
+		for _, key := range stringsParam(params, "keys") {
+			d := g.docs[key]
+			if d == nil {
+				continue
+			}
+			linked := false
+			for _, other := range g.docs {
+				linked = linked || other.links[key]
+			}
+			if linked {
+				stub := newModelDoc()
+				stub.chunks, stub.links, stub.tagged = d.chunks, d.links, d.tagged
+				g.docs[key] = stub
+				continue
+			}
+			for _, other := range g.docs {
+				delete(other.links, key)
+			}
+			delete(g.docs, key)
+			n++
+		}
 		return []record{{"deleted": n}}, nil
 	}
 	return nil, fmt.Errorf("model: not a statement of the package: %q", cypher)

@@ -200,3 +200,36 @@ func (b *Backend) scrollSelect(ctx context.Context, op string, filter *qd.Filter
 		offset = next
 	}
 }
+
+// WipeDocuments deletes every point of the documents called keys, their
+// markers included, as if no event of theirs had been applied, for a
+// rebuild of their partition; the collection's other documents keep
+// theirs. BatchSize keys per pair of requests: their chunk points first,
+// then their markers, so that a wipe interrupted between the two leaves
+// markers that a scan of them finds again, and no chunk point without
+// its marker.
+func (b *Backend) WipeDocuments(ctx context.Context, keys []string) error {
+	keys = distinct(keys)
+	return b.inBatches(ctx, len(keys), b.cfg.BatchSize, func(ctx context.Context, lo, hi int) error {
+		batch := keys[lo:hi]
+		ids := make([]*qd.PointId, 0, len(batch))
+		for _, k := range batch {
+			ids = append(ids, markerID(k))
+		}
+		chunks := &qd.Filter{Must: []*qd.Condition{qd.NewMatchKeywords(fieldKey, batch...), qd.NewMatchKeyword(fieldType, typeChunk)}}
+		for _, sel := range []*qd.PointsSelector{qd.NewPointsSelectorFilter(chunks), qd.NewPointsSelector(ids...)} {
+			err := b.call(ctx, func(ctx context.Context) error {
+				_, err := b.client.GetPointsClient().Delete(ctx, &qd.DeletePoints{
+					CollectionName: b.cfg.Collection,
+					Wait:           qd.PtrOf(true),
+					Points:         sel,
+				})
+				return err
+			})
+			if err != nil {
+				return b.fail("wipe documents", err)
+			}
+		}
+		return nil
+	})
+}

@@ -1,0 +1,106 @@
+package neo4j
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/neo4j/neo4j-go-driver/v5/neo4j"
+
+	"github.com/converge-sync/converge/internal/graph"
+)
+
+// WipeDocuments forgets the documents named as if no event of theirs had
+// been applied, and nothing else: one another document links to stays as
+// the stub that link made, one only they linked to goes, the others keep
+// what they hold. Applied again, their events give back the graph as it
+// was. On the model and on the real server, which alone checks the
+// Cypher.
+func TestWipeDocuments(t *testing.T) {
+	t.Run("model", func(t *testing.T) {
+		r := newFakeRunner()
+		testWipeDocuments(t, newTestBackend(r, 2), func() int { return len(r.graph.chunks) })
+	})
+	t.Run("neo4j", func(t *testing.T) {
+		b := newServerBackend(t, Config{BatchSize: 2})
+		testWipeDocuments(t, b, func() int {
+			res, err := neo4j.ExecuteQuery(ctx(), b.driver, "MATCH (c:Chunk) RETURN count(c) AS n", nil,
+				neo4j.EagerResultTransformer, neo4j.ExecuteQueryWithDatabase(b.cfg.Database))
+			if err != nil {
+				t.Fatal(err)
+			}
+			n, _ := res.Records[0].Get("n")
+			return int(n.(int64))
+		})
+	})
+}
+
+func testWipeDocuments(t *testing.T, b *Backend, chunks func() int) {
+	if err := b.Ensure(ctx()); err != nil {
+		t.Fatal(err)
+	}
+	// a and c are wiped; b (another partition's) links to a; d is a stub
+	// only a links to.
+	docs := []graph.Doc{
+		doc("a", 1, 2, []string{"b", "c", "d"}, []string{"t"}),
+		doc("b", 1, 1, []string{"a"}, []string{"t"}),
+		doc("c", 2, 1, nil, []string{"u"}),
+	}
+	mustApply(t, b, docs...)
+	before := map[string]graph.View{}
+	for _, key := range []string{"a", "b", "c", "d"} {
+		before[key] = view(t, b, key)
+	}
+	deleted, err := b.WipeDocuments(ctx(), []string{"d", "c", "a", "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if deleted != 2 {
+		t.Errorf("WipeDocuments deleted %d nodes; want 2 (c and d; a stays, b links to it)", deleted)
+	}
+	a := view(t, b, "a")
+	if !a.Stub || a.Version != 0 || a.Title != "" || len(a.Chunks)+len(a.Links)+len(a.Tags) != 0 || !slices.Equal(a.LinkedBy, []string{"b"}) {
+		t.Errorf("a after the wipe: %+v; want a stub linked by b alone", a)
+	}
+	for _, key := range []string{"c", "d"} {
+		if v, ok, err := b.Document(ctx(), key); err != nil || ok {
+			t.Errorf("%s after the wipe: %+v, %v, %v; want no node", key, v, ok, err)
+		}
+	}
+	// b keeps what it holds; a's link to it went with a.
+	wantB := before["b"]
+	wantB.LinkedBy = nil
+	if got := view(t, b, "b"); !equalViews(got, wantB) {
+		t.Errorf("b, not wiped, changed:\n got %+v\nwant %+v", got, wantB)
+	}
+	if n := chunks(); n != 1 {
+		t.Errorf("%d chunk nodes after the wipe; want 1 (b's)", n)
+	}
+	// The events of a and c again: the graph as it was.
+	if applied := mustApply(t, b, docs[0], docs[2]); !applied[0] || !applied[1] {
+		t.Fatalf("the wiped documents' events were not applied again: %v", applied)
+	}
+	for key, want := range before {
+		if got := view(t, b, key); !equalViews(got, want) {
+			t.Errorf("%s after the wiped documents' events again:\n got %+v\nwant %+v", key, got, want)
+		}
+	}
+	// Nothing to wipe: nothing done.
+	if n, err := b.WipeDocuments(ctx(), nil); err != nil || n != 0 {
+		t.Errorf("WipeDocuments of none: %d, %v", n, err)
+	}
+}
+
+func view(t *testing.T, b *Backend, key string) graph.View {
+	t.Helper()
+	v, ok, err := b.Document(ctx(), key)
+	if err != nil || !ok {
+		t.Fatalf("document %s: %v, %v", key, ok, err)
+	}
+	return v
+}
+
+func equalViews(a, b graph.View) bool {
+	return a.Key == b.Key && a.Version == b.Version && a.Deleted == b.Deleted && a.Title == b.Title && a.ContentHash == b.ContentHash &&
+		a.Stub == b.Stub && slices.Equal(a.Links, b.Links) && slices.Equal(a.Tags, b.Tags) && slices.Equal(a.LinkedBy, b.LinkedBy) &&
+		slices.EqualFunc(a.Chunks, b.Chunks, func(x, y graph.Chunk) bool { return x == y })
+}
