@@ -171,7 +171,7 @@ func demo(ctx context.Context, args []string, out io.Writer) error {
 
 	d.step("rebuilding the index from the stream's start while it serves searches: converge rebuild index")
 	began := time.Now()
-	st, err := runRebuild(ctx, &rebuild.Client{Addr: cfg.IndexAddr, HTTP: &http.Client{Timeout: 30 * time.Second}, Token: s.OperatorToken}, 50*time.Millisecond, io.Discard)
+	st, err := runRebuild(ctx, &rebuild.Client{Addr: cfg.IndexAddr, HTTP: &http.Client{Timeout: 30 * time.Second}, Token: s.OperatorToken}, -1, 50*time.Millisecond, io.Discard)
 	if err != nil {
 		return err
 	}

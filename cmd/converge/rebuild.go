@@ -42,6 +42,7 @@ func rebuildCmd(ctx context.Context, args []string, out io.Writer) error {
 		"how long the verify at the end waits for the rebuilt store to catch up with writes still arriving before it reports a disagreement")
 	timeout := f.Duration("timeout", "", 0, "give up waiting after this long (0: wait until done; the rebuild goes on in the projector)")
 	asJSON := f.Bool("json", "", false, "machine-readable report")
+	partition := f.Int("partition", "", -1, "rebuild this partition alone (a projector in partitions): its documents are wiped and filled again from the partitioned stream, in place, while every partition's live writes wait")
 	access := bindAPIAccess(f, auth.TokenFromEnv)
 	var which string
 	if len(args) > 0 && (args[0] == "index" || args[0] == "graph") {
@@ -80,7 +81,7 @@ func rebuildCmd(ctx context.Context, args []string, out io.Writer) error {
 		progress = io.Discard
 	}
 	start := time.Now()
-	st, err := runRebuild(ctx, &rebuild.Client{Addr: addr, HTTP: hc, Token: a.token, InsecurePlainHTTP: a.InsecurePlainHTTP}, rebuildPollInterval, progress)
+	st, err := runRebuild(ctx, &rebuild.Client{Addr: addr, HTTP: hc, Token: a.token, InsecurePlainHTTP: a.InsecurePlainHTTP}, *partition, rebuildPollInterval, progress)
 	if err != nil {
 		return err
 	}
@@ -127,6 +128,8 @@ func rebuildCmd(ctx context.Context, args []string, out io.Writer) error {
 		switch {
 		case st.Target == "":
 			how = "finished while the projector restarted"
+		case st.Partition != nil:
+			how = fmt.Sprintf("partition %d of %d, in place in %s, after a wipe of its documents", *st.Partition, st.Partitions, st.Target)
 		case st.InPlace:
 			how = "in place, after a wipe of " + st.Target
 		}
@@ -141,13 +144,28 @@ func rebuildCmd(ctx context.Context, args []string, out io.Writer) error {
 	return nil
 }
 
-// runRebuild starts a rebuild on c's projector (or joins the one in
-// progress) and follows it until it is done, printing progress; c's token
-// needs the admin scope.
-func runRebuild(ctx context.Context, c *rebuild.Client, interval time.Duration, progress io.Writer) (rebuild.Status, error) {
-	st, _, err := c.Start(ctx)
+// runRebuild starts a rebuild on c's projector, of the whole store or of
+// partition alone (-1: the whole), or joins the one in progress when it
+// covers what was asked, and follows it until it is done, printing
+// progress; c's token needs the admin scope.
+func runRebuild(ctx context.Context, c *rebuild.Client, partition int, interval time.Duration, progress io.Writer) (rebuild.Status, error) {
+	var (
+		st  rebuild.Status
+		err error
+	)
+	if partition >= 0 {
+		st, _, err = c.StartPartition(ctx, partition)
+	} else {
+		st, _, err = c.Start(ctx)
+	}
 	if err != nil {
 		return st, err
+	}
+	switch {
+	case st.Partition != nil && partition < 0:
+		return st, fmt.Errorf("rebuild %s of partition %d is in progress on %s, not one of the whole store: ask again once it is done", st.ID, *st.Partition, st.Projector)
+	case st.Partition != nil && *st.Partition != partition:
+		return st, fmt.Errorf("rebuild %s of partition %d is in progress on %s, not one of partition %d: ask again once it is done", st.ID, *st.Partition, st.Projector, partition)
 	}
 	id := st.ID
 	fmt.Fprintf(progress, "rebuild %s of %s: %s\n", id, st.Projector, describeRebuild(st))
@@ -168,6 +186,9 @@ func runRebuild(ctx context.Context, c *rebuild.Client, interval time.Duration, 
 }
 
 func describeRebuild(st rebuild.Status) string {
+	if st.Partition != nil {
+		return fmt.Sprintf("partition %d of %d in place (wipe its documents, then fill them from its first event), live writes of every partition held back until it has caught up", *st.Partition, st.Partitions)
+	}
 	if st.InPlace {
 		return "in place (wipe, then fill from the stream's start), live writes held back until it has caught up"
 	}

@@ -62,7 +62,7 @@ func TestRunRebuildFollowsProgressThroughARestart(t *testing.T) {
 		step{0, filling},
 		step{0, done})
 	var progress bytes.Buffer
-	st, err := runRebuild(context.Background(), &rebuild.Client{Addr: srv.URL, HTTP: srv.Client()}, time.Millisecond, &progress)
+	st, err := runRebuild(context.Background(), &rebuild.Client{Addr: srv.URL, HTTP: srv.Client()}, -1, time.Millisecond, &progress)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +86,7 @@ func TestRunRebuildFollowsProgressThroughARestart(t *testing.T) {
 
 func TestRunRebuildErrors(t *testing.T) {
 	srv := scriptedProjector(t, step{http.StatusServiceUnavailable, rebuild.Status{}})
-	_, err := runRebuild(context.Background(), &rebuild.Client{Addr: srv.URL, HTTP: srv.Client()}, time.Millisecond, &bytes.Buffer{})
+	_, err := runRebuild(context.Background(), &rebuild.Client{Addr: srv.URL, HTTP: srv.Client()}, -1, time.Millisecond, &bytes.Buffer{})
 	if err == nil || !strings.Contains(err.Error(), "rebuild_unavailable: not ready yet") {
 		t.Fatalf("refused start: %v; want the projector's error", err)
 	}
@@ -98,5 +98,70 @@ func TestRunRebuildErrors(t *testing.T) {
 	t.Setenv("CONVERGE_POSTGRES_URL", "")
 	if err := rebuildCmd(context.Background(), []string{"graph"}, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), "postgres-url") {
 		t.Errorf("rebuild without -postgres-url: %v", err)
+	}
+}
+
+// converge rebuild -partition P asks for that partition's rebuild, and
+// follows it; a rebuild in progress of another partition, or of one when
+// the whole store was asked for, is an error naming it, not followed as
+// if it were the one asked for.
+func TestRunRebuildOfOnePartition(t *testing.T) {
+	two, one := 2, 1
+	filling := rebuild.Status{Projector: "graph", ID: "r2", Phase: rebuild.PhaseFilling, InPlace: true, Target: "neo4j", Previous: "neo4j", Partition: &two, Partitions: 4}
+	done := filling
+	done.Phase = rebuild.PhaseDone
+	var (
+		mu    sync.Mutex
+		asked []string
+	)
+	serve := func(post rebuild.Status, gets ...rebuild.Status) *httptest.Server {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			defer mu.Unlock()
+			if r.Method == http.MethodPost {
+				asked = append(asked, r.URL.RawQuery)
+				httpjson.Write(w, http.StatusAccepted, post)
+				return
+			}
+			if len(gets) == 0 {
+				t.Error("GET after the end of the script")
+				http.Error(w, "no more", http.StatusInternalServerError)
+				return
+			}
+			httpjson.Write(w, http.StatusOK, gets[0])
+			gets = gets[1:]
+		}))
+		t.Cleanup(srv.Close)
+		return srv
+	}
+	srv := serve(filling, done)
+	var progress bytes.Buffer
+	st, err := runRebuild(context.Background(), &rebuild.Client{Addr: srv.URL, HTTP: srv.Client()}, 2, time.Millisecond, &progress)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Phase != rebuild.PhaseDone || st.Partition == nil || *st.Partition != 2 {
+		t.Fatalf("final status %+v", st)
+	}
+	if len(asked) != 1 || asked[0] != "partition=2" {
+		t.Errorf("the rebuild was asked with %q, want partition=2", asked)
+	}
+	if !strings.Contains(progress.String(), "partition 2 of 4 in place") {
+		t.Errorf("progress does not say which partition:\n%s", progress.String())
+	}
+
+	other := filling
+	other.Partition = &one
+	for _, c := range []struct {
+		asked int
+		want  string
+	}{
+		{2, "rebuild r2 of partition 1 is in progress on graph, not one of partition 2"},
+		{-1, "rebuild r2 of partition 1 is in progress on graph, not one of the whole store"},
+	} {
+		srv := serve(other)
+		if _, err := runRebuild(context.Background(), &rebuild.Client{Addr: srv.URL, HTTP: srv.Client()}, c.asked, time.Millisecond, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("asked for partition %d with another's rebuild in progress: %v; want %q", c.asked, err, c.want)
+		}
 	}
 }

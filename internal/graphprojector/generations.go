@@ -13,6 +13,7 @@ import (
 	"github.com/converge-sync/converge/internal/graph/neo4j"
 	"github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/verify"
+	"github.com/converge-sync/converge/pkg/contract"
 )
 
 // NewStores returns the graph's generations for [rebuild] as c configures
@@ -73,7 +74,10 @@ type Neo4jStores struct {
 	log *slog.Logger
 }
 
-var _ rebuild.InPlace = (*Neo4jStores)(nil)
+var (
+	_ rebuild.InPlace        = (*Neo4jStores)(nil)
+	_ rebuild.PartitionWiper = (*Neo4jStores)(nil)
+)
 
 // Live is the configured database.
 func (s *Neo4jStores) Live(context.Context) (string, error) { return s.cfg.Neo4jDatabase, nil }
@@ -105,6 +109,32 @@ func (s *Neo4jStores) Wipe(ctx context.Context, g *rebuild.Generation) error {
 	}
 	deleted, err := b.Wipe(ctx)
 	s.log.Info("graph wiped for the rebuild", "nodes_deleted", deleted, "err", err)
+	return err
+}
+
+// WipePartition deletes from the database g what it holds of the
+// documents of partition part of n: their keys are read from the document
+// nodes; one another partition's document links to stays, a stub.
+func (s *Neo4jStores) WipePartition(ctx context.Context, g *rebuild.Generation, part, n int) error {
+	p, ok := g.Store.(*graph.Projection)
+	if !ok {
+		return fmt.Errorf("wipe partition: generation %s is not a graph projection", g.Name)
+	}
+	b, ok := p.Backend().(*neo4j.Backend)
+	if !ok {
+		return errors.New("wipe partition: only a Neo4j graph runs in partitions")
+	}
+	var keys []string
+	if err := b.ScanDocuments(ctx, func(v graph.View) error {
+		if contract.Partition(v.Key, n) == part {
+			keys = append(keys, v.Key)
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	deleted, err := b.WipeDocuments(ctx, keys)
+	s.log.Info("graph partition wiped for its rebuild", "partition", part, "of", n, "documents", len(keys), "nodes_deleted", deleted, "err", err)
 	return err
 }
 

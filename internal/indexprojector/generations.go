@@ -3,6 +3,7 @@ package indexprojector
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 	"github.com/converge-sync/converge/internal/index/qdrant"
 	"github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/verify"
+	"github.com/converge-sync/converge/pkg/contract"
 )
 
 // Stores are the generations of the index for [rebuild], which rebuilds
@@ -35,7 +37,10 @@ type Stores struct {
 	admin *qdrant.Backend
 }
 
-var _ rebuild.BlueGreen = (*Stores)(nil)
+var (
+	_ rebuild.BlueGreen      = (*Stores)(nil)
+	_ rebuild.PartitionWiper = (*Stores)(nil)
+)
 
 // NewStores returns the index's generations as c configures them. Close
 // releases the Qdrant connection it may hold.
@@ -196,6 +201,33 @@ func (s *Stores) Drop(ctx context.Context, name string) error {
 		return s.dirs.Drop(name)
 	}
 	return s.admin.DropCollection(ctx, name)
+}
+
+// WipePartition deletes from the live generation g every point of the
+// documents of partition part of n: their keys are read from the markers
+// (every document the index holds has one, written before its chunks).
+// Only a Qdrant index runs in partitions.
+func (s *Stores) WipePartition(ctx context.Context, g *rebuild.Generation, part, n int) error {
+	x, ok := g.Store.(*index.Index)
+	if !ok {
+		return fmt.Errorf("wipe partition: generation %s is not an index", g.Name)
+	}
+	b, ok := x.Backend().(*qdrant.Backend)
+	if !ok {
+		return errors.New("wipe partition: only a Qdrant index runs in partitions")
+	}
+	var keys []string
+	if err := b.ScanMarkers(ctx, func(m index.Marker) error {
+		if contract.Partition(m.Key, n) == part {
+			keys = append(keys, m.Key)
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	err := b.WipeDocuments(ctx, keys)
+	s.log.Info("index partition wiped for its rebuild", "collection", g.Name, "partition", part, "of", n, "documents", len(keys), "err", err)
+	return err
 }
 
 // Describe names a generation.

@@ -17,6 +17,7 @@ import (
 	"github.com/converge-sync/converge/internal/natsauth"
 	"github.com/converge-sync/converge/internal/pipeline"
 	"github.com/converge-sync/converge/internal/projector"
+	"github.com/converge-sync/converge/internal/rebuild"
 	"github.com/converge-sync/converge/internal/relay"
 	"github.com/converge-sync/converge/internal/service"
 	"github.com/converge-sync/converge/internal/testenv"
@@ -173,7 +174,7 @@ func contains(keys []string, parts, p int) bool {
 }
 
 // The index projector neither consumes a partition of the graph
-// projector's, nor holds its partitions' leases, nor marks it
+// projector's (nor rebuilds one), nor holds its partitions' leases, nor marks it
 // partitioned, nor announces itself among its members, nor watches them.
 func TestProjectorHoldsOnlyItsOwnPartitions(t *testing.T) {
 	e := newEnv(t)
@@ -192,6 +193,17 @@ func TestProjectorHoldsOnlyItsOwnPartitions(t *testing.T) {
 		t.Fatal("the index projector reset a partition consumer of the graph projector")
 	}
 	p.refused(t, "Publish to", "$JS.API.CONSUMER.RESET."+contract.PartsStream+"."+graph3)
+	// Nor the rebuild of one of its partitions.
+	graphRebuild := rebuild.ConsumerName("graph")
+	if _, err := p.js.CreateOrUpdateConsumer(ctx(t), contract.PartsStream, jetstream.ConsumerConfig{
+		Durable: graphRebuild, AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: contract.PartitionSubjectPrefix(3) + ">"}); err == nil {
+		t.Fatal("the index projector created the graph projector's rebuild consumer on the partitioned stream")
+	}
+	p.refused(t, "Publish to", "$JS.API.CONSUMER.CREATE."+contract.PartsStream+"."+graphRebuild+"."+contract.PartitionSubjectPrefix(3)+">")
+	if err := p.js.DeleteConsumer(ctx(t), contract.PartsStream, graphRebuild); err == nil {
+		t.Fatal("the index projector deleted the graph projector's rebuild consumer on the partitioned stream")
+	}
+	p.refused(t, "Publish to", "$JS.API.CONSUMER.DELETE."+contract.PartsStream+"."+graphRebuild)
 	for _, key := range []string{projector.PartitionLease("graph", 3), "graph.partitioned", "graph.members.0123456789abcdef"} {
 		if err := p.nc.Publish("$KV."+lease.Bucket+"."+key, []byte(`{"holder":"index"}`)); err != nil {
 			t.Fatal(err)

@@ -97,7 +97,9 @@ func Relay() *server.Permissions {
 // its own lease, name, in the leases' bucket, and resets its own consumer
 // when it takes the lease (what the previous instance held is delivered
 // again). Run in partitions, it consumes the partitioned stream with its
-// partitions' consumers (name-p00 to name-p15), dead-letters to theirs,
+// partitions' consumers (name-p00 to name-p15) and, rebuilding one
+// partition, with its rebuild consumer (which it deletes and resets as on
+// the documents' stream), dead-letters to theirs,
 // holds their leases, its rebuilds' coordinator's (name.rebuild) and its
 // members' keys (name.> in the leases' bucket) and watches its members (a
 // push ordered consumer of those keys alone). It publishes nothing to converge.docs.> and reads no other
@@ -107,6 +109,10 @@ func Projector(name string) *server.Permissions {
 	// The stream's info and, moving from one writer, its messages by
 	// sequence (where the partitions start).
 	parts := []string{api + "STREAM.INFO." + contract.PartsStream, api + "STREAM.MSG.GET." + contract.PartsStream}
+	// A rebuild of one partition reads it with the rebuild consumer,
+	// filtered to its subjects.
+	parts = append(parts, consume(contract.PartsStream, rb)...)
+	parts = append(parts, api+"CONSUMER.DELETE."+contract.PartsStream+"."+rb, api+"CONSUMER.RESET."+contract.PartsStream+"."+rb)
 	dlq := []string{name, rb}
 	for p := range contract.MaxPartitions {
 		c := contract.PartitionName(name, p)

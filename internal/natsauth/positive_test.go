@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -267,6 +268,119 @@ func testProjectorRebuilds(t *testing.T, name string) {
 		t.Errorf("dead letters of the rebuild: %d, %v; want 1", n, err)
 	}
 	p.allowed(t)
+}
+
+// wipePartitionStores are inPlaceStores whose partitions can be wiped
+// one at a time.
+type wipePartitionStores struct{ inPlaceStores }
+
+func (s *wipePartitionStores) WipePartition(_ context.Context, _ *rebuild.Generation, part, n int) error {
+	s.store.mu.Lock()
+	defer s.store.mu.Unlock()
+	for key := range s.store.versions {
+		if contract.Partition(key, n) == part {
+			delete(s.store.versions, key)
+		}
+	}
+	return nil
+}
+
+// A projector in partitions rebuilds one of them: its rebuild consumer on
+// the partitioned stream, filtered to the partition, created, consumed,
+// reset (a rebuild a dead process left), deleted; the partition's last
+// message read; dead letters of the rebuild.
+func TestPartitionedProjectorRebuildsAPartition(t *testing.T) {
+	for _, name := range []string{"index", "graph"} {
+		t.Run(name, func(t *testing.T) { testPartitionedProjectorRebuildsAPartition(t, name) })
+	}
+}
+
+func testPartitionedProjectorRebuildsAPartition(t *testing.T, name string) {
+	const parts, part = 2, 1
+	e := newEnv(t)
+	a := e.docsAsAdmin()
+	if _, err := relay.ApplyPartsStream(ctx(t), a.js, relay.StreamConfig{}, parts, false); err != nil {
+		t.Fatal(err)
+	}
+	var mine, all []string
+	poisoned := ""
+	for i := 0; len(mine) < 4; i++ {
+		key := fmt.Sprintf("doc-%d", i)
+		publishEvent(t, a.js, upsert(t, key, 1))
+		all = append(all, key)
+		if contract.Partition(key, parts) == part {
+			if poisoned == "" {
+				poisoned = key
+			}
+			mine = append(mine, key)
+		}
+	}
+	testenv.Eventually(t, "the partitioned stream to hold every event", 10*time.Second, func() bool {
+		s, err := a.js.Stream(ctx(t), contract.PartsStream)
+		return err == nil && s.CachedInfo().State.Msgs > 0 && s.CachedInfo().State.Msgs == lastSeqOf(t, a.js, contract.DocsStream)
+	})
+	p := e.connect(natsauth.ProjectorUser(name))
+	e.record(p.user)
+	stores := &wipePartitionStores{inPlaceStores{store: &memStore{versions: map[string]int64{}, poison: map[string]bool{poisoned: true}}}}
+	// The live runtime is the one writer's; the manager knows the
+	// partitions.
+	mc := rebuild.Config{Runtime: projector.Config{Name: name}, Partitions: parts}
+	proc := rebuildtest.StartWith(t, p.js, stores, mc)
+	var st rebuild.Status
+	testenv.Eventually(t, "the rebuild manager to be ready", 30*time.Second, func() bool {
+		var started bool
+		var err error
+		st, started, err = proc.Manager.StartPartition(ctx(t), part)
+		if err != nil && proc.Manager.Status(ctx(t)).Phase == rebuild.PhaseStarting {
+			return false
+		}
+		if err != nil || !started {
+			t.Fatalf("start a rebuild of partition %d: started %v, %v", part, started, err)
+		}
+		return true
+	})
+	proc.WaitDone(t, st.ID, 30*time.Second)
+	proc.Stop()
+
+	// A rebuild of the partition a dead process left, with its consumer.
+	if _, err := a.js.CreateOrUpdateConsumer(ctx(t), contract.PartsStream, jetstream.ConsumerConfig{Durable: rebuild.ConsumerName(name),
+		AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: contract.PartitionSubjectPrefix(part) + ">"}); err != nil {
+		t.Fatal(err)
+	}
+	p1 := part
+	left, err := json.Marshal(rebuild.State{ID: "left", Phase: rebuild.PhaseWiping, InPlace: true, Target: "live", Previous: "live",
+		Partition: &p1, Partitions: parts, StartedAt: time.Now().UTC()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := a.js.KeyValue(ctx(t), rebuild.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx(t), name, left); err != nil {
+		t.Fatal(err)
+	}
+	resumed := rebuildtest.StartWith(t, p.js, stores, mc)
+	defer resumed.Stop()
+	resumed.WaitDone(t, "left", 30*time.Second)
+	e.used(p)
+	if n := stores.store.len(); n != len(all)-1 {
+		t.Errorf("the store holds %d documents, want %d (all but the poisoned one)", n, len(all)-1)
+	}
+	if _, err := a.js.Consumer(context.Background(), contract.PartsStream, rebuild.ConsumerName(name)); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		t.Errorf("the rebuild consumer after the rebuild: %v", err)
+	}
+	p.allowed(t)
+}
+
+// lastSeqOf is stream's last sequence.
+func lastSeqOf(t *testing.T, js jetstream.JetStream, stream string) uint64 {
+	t.Helper()
+	s, err := js.Stream(ctx(t), stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s.CachedInfo().State.LastSeq
 }
 
 // The notifier keeps its effects in its own bucket while it sends; it

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
+	"strconv"
 	"time"
 
 	"github.com/converge-sync/converge/internal/auth"
@@ -30,7 +32,7 @@ type Client struct {
 type APIError struct {
 	URL        string
 	StatusCode int
-	Code       string // "rebuild_unavailable"; "" when the body was no error of the API
+	Code       string // "rebuild_unavailable", "invalid_partition"; "" when the body was no error of the API
 	Message    string
 }
 
@@ -41,15 +43,24 @@ func (e *APIError) Error() string {
 	return fmt.Sprintf("projector at %s: %s: %s", e.URL, e.Code, e.Message)
 }
 
-// Start starts a rebuild, or joins the one in progress: started says which.
+// Start starts a rebuild of the whole store, or joins the one in
+// progress: started says which.
 func (c *Client) Start(ctx context.Context) (st Status, started bool, err error) {
-	st, code, err := c.do(ctx, http.MethodPost)
+	st, code, err := c.do(ctx, http.MethodPost, nil)
+	return st, code == http.StatusAccepted, err
+}
+
+// StartPartition starts a rebuild of partition part alone, or joins the
+// rebuild in progress (of the whole or of another partition; its status
+// says which): started says which.
+func (c *Client) StartPartition(ctx context.Context, part int) (st Status, started bool, err error) {
+	st, code, err := c.do(ctx, http.MethodPost, url.Values{"partition": {strconv.Itoa(part)}})
 	return st, code == http.StatusAccepted, err
 }
 
 // Status reports the rebuild in progress, or the last one.
 func (c *Client) Status(ctx context.Context) (Status, error) {
-	st, _, err := c.do(ctx, http.MethodGet)
+	st, _, err := c.do(ctx, http.MethodGet, nil)
 	return st, err
 }
 
@@ -105,13 +116,13 @@ func (c *Client) adminURL() string {
 	return u.JoinPath(AdminPath).String()
 }
 
-func (c *Client) do(ctx context.Context, method string) (Status, int, error) {
+func (c *Client) do(ctx context.Context, method string, query url.Values) (Status, int, error) {
 	var st Status
 	hc := c.HTTP
 	if hc == nil {
 		hc = &http.Client{Timeout: 30 * time.Second}
 	}
-	u, err := auth.Endpoint{Addr: c.Addr, Token: c.Token, InsecurePlainHTTP: c.InsecurePlainHTTP}.URL(AdminPath, nil)
+	u, err := auth.Endpoint{Addr: c.Addr, Token: c.Token, InsecurePlainHTTP: c.InsecurePlainHTTP}.URL(AdminPath, query)
 	if err != nil {
 		return st, 0, fmt.Errorf("projector: %w", err)
 	}

@@ -2,6 +2,7 @@ package rebuild_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -41,6 +42,8 @@ type sharedGens struct {
 	n       int
 	wrote   []write
 	bad     []string
+	// rebuilt are the keys the rebuild runtime wrote.
+	rebuilt map[string]bool
 }
 
 type write struct {
@@ -48,7 +51,8 @@ type write struct {
 }
 
 func newSharedGens(inPlace bool) *sharedGens {
-	return &sharedGens{inPlace: inPlace, gens: map[string]map[string]int64{"gen-0": {}}, live: "gen-0", retired: map[string]bool{}, serving: map[string]string{}}
+	return &sharedGens{inPlace: inPlace, gens: map[string]map[string]int64{"gen-0": {}}, live: "gen-0", retired: map[string]bool{}, serving: map[string]string{},
+		rebuilt: map[string]bool{}}
 }
 
 func (s *sharedGens) apply(instance, gen string, ctx context.Context, events []*contract.Event) []projector.Result {
@@ -67,10 +71,11 @@ func (s *sharedGens) apply(instance, gen string, ctx context.Context, events []*
 	if s.retired[gen] {
 		s.bad = append(s.bad, fmt.Sprintf("%s (%s) wrote %d events to %s after another generation was made live", instance, rt, len(events), gen))
 	}
-	if s.inPlace {
-		s.wrote = append(s.wrote, write{instance: instance, runtime: rt})
-	}
+	s.wrote = append(s.wrote, write{instance: instance, runtime: rt})
 	for i, ev := range events {
+		if rt == rebuild.ConsumerName("index") {
+			s.rebuilt[ev.Key] = true
+		}
 		if g[ev.Key] >= ev.Version {
 			out[i].Outcome = projector.Skipped
 			continue
@@ -87,15 +92,13 @@ func (s *sharedGens) liveVersions() map[string]int64 {
 	return maps.Clone(s.gens[s.live])
 }
 
-// violations are the writes no rebuild may let happen, in place those of
-// another instance between the wipe and the rebuild runtime's last write.
+// violations are the writes no rebuild may let happen, in place (of the
+// whole, or of one partition) those of another instance between the wipe
+// and the rebuild runtime's last write.
 func (s *sharedGens) violations() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	bad := slices.Clone(s.bad)
-	if !s.inPlace {
-		return bad
-	}
 	for start := 0; start < len(s.wrote); start++ {
 		if s.wrote[start].runtime != "wipe" {
 			continue
@@ -181,6 +184,36 @@ func (g blueGreenGens) Drop(_ context.Context, name string) error {
 	}
 	delete(g.s.gens, name)
 	return nil
+}
+
+// WipePartition deletes the keys of partition part from gen, as a wipe.
+func (g gens) WipePartition(_ context.Context, gen *rebuild.Generation, part, n int) error {
+	g.s.mu.Lock()
+	defer g.s.mu.Unlock()
+	for key := range g.s.gens[gen.Name] {
+		if contract.Partition(key, n) == part {
+			delete(g.s.gens[gen.Name], key)
+		}
+	}
+	g.s.wrote = append(g.s.wrote, write{instance: g.instance, runtime: "wipe"})
+	return nil
+}
+
+// lose deletes keys from the live generation: a store that lost them.
+func (s *sharedGens) lose(keys ...string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, k := range keys {
+		delete(s.gens[s.live], k)
+	}
+}
+
+// haunt writes key at version into the live generation, past every
+// writer: a document the store holds that no event made.
+func (s *sharedGens) haunt(key string, version int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.gens[s.live][key] = version
 }
 
 type inPlaceGens struct{ gens }
@@ -364,4 +397,149 @@ func testPartitionedRebuild(t *testing.T, inPlace, stopCoordinator bool) {
 		t.Fatalf("%d writes no rebuild may let happen, the first: %v", len(bad), bad[:min(5, len(bad))])
 	}
 	t.Logf("live generation %s", live)
+}
+
+// One partition of a projector running in partitions on two instances is
+// rebuilt, with the store blue/green and in place, while events keep
+// arriving: asked on the instance that does not coordinate the rebuilds,
+// it is run by the one that does, on the live generation, from the
+// partition's events alone. A document of that partition the store lost
+// is back and one no event made is gone; one of another partition the
+// store lost is still missing and one no event made still there (nothing
+// else was touched); no other generation was made; nobody else
+// wrote between the wipe and the rebuild's last write; and the instances
+// share the partitions again afterwards.
+func TestOnePartitionIsRebuilt(t *testing.T) {
+	for _, inPlace := range []bool{false, true} {
+		t.Run(map[bool]string{false: "blue-green", true: "in-place"}[inPlace], func(t *testing.T) { testOnePartitionRebuilt(t, inPlace) })
+	}
+}
+
+func testOnePartitionRebuilt(t *testing.T, inPlace bool) {
+	const parts, part, docs = 4, 2, 200
+	n := testenv.StartNATS(t)
+	_, js := n.DocsStream(t)
+	if _, err := relay.ApplyPartsStream(context.Background(), js, relay.StreamConfig{}, parts, false); err != nil {
+		t.Fatal(err)
+	}
+	for k := range docs {
+		rebuildtest.Publish(t, js, fmt.Sprintf("doc-%03d", k), 1)
+	}
+	// A document in the partition rebuilt, and one in another, that the
+	// store will lose; live traffic does not write them.
+	var lostHere, lostElsewhere string
+	for i := 0; lostHere == "" || lostElsewhere == ""; i++ {
+		key := fmt.Sprintf("kept-%d", i)
+		switch p := contract.Partition(key, parts); {
+		case p == part && lostHere == "":
+			lostHere = key
+		case p != part && lostElsewhere == "":
+			lostElsewhere = key
+		}
+	}
+	rebuildtest.Publish(t, js, lostHere, 1)
+	rebuildtest.Publish(t, js, lostElsewhere, 1)
+	s := newSharedGens(inPlace)
+	a := startPartInstance(t, n.URL, "a", parts, s)
+	b := startPartInstance(t, n.URL, "b", parts, s)
+	holds := func(what string, except map[string]int64) {
+		t.Helper()
+		testenv.Eventually(t, what, 60*time.Second, func() bool {
+			want := rebuildtest.LastVersions(t, js)
+			for k, v := range except {
+				want[k] = v
+				if v == 0 {
+					delete(want, k)
+				}
+			}
+			return maps.Equal(s.liveVersions(), want)
+		})
+	}
+	shared := func(what string) {
+		t.Helper()
+		testenv.Eventually(t, what, 30*time.Second, func() bool {
+			by := map[string]int{}
+			for p := range parts {
+				by[projectortest.LeaseHolder(context.Background(), js, projector.PartitionLease("index", p))]++
+			}
+			return by["a"] > 0 && by["b"] > 0 && by["a"]+by["b"] == parts
+		})
+	}
+	holds("a and b apply every event", nil)
+	shared("a and b share the partitions")
+	s.lose(lostHere, lostElsewhere)
+	ghostHere, ghostElsewhere := "ghost-"+lostHere, "ghost-"+lostElsewhere
+	for contract.Partition(ghostHere, parts) != part {
+		ghostHere += "x"
+	}
+	for contract.Partition(ghostElsewhere, parts) == part {
+		ghostElsewhere += "x"
+	}
+	s.haunt(ghostHere, 99)
+	s.haunt(ghostElsewhere, 99)
+
+	var coordinator string
+	testenv.Eventually(t, "an instance to coordinate the rebuilds", 10*time.Second, func() bool {
+		coordinator = projectortest.LeaseHolder(context.Background(), js, projector.CoordinatorLease("index"))
+		return coordinator != ""
+	})
+	other := a
+	if coordinator == "a" {
+		other = b
+	}
+	stop := rebuildtest.Traffic(t, js, docs, -1)
+	defer stop()
+	time.Sleep(300 * time.Millisecond)
+	c := &rebuild.Client{Addr: other.addr}
+	if _, _, err := c.StartPartition(context.Background(), parts); err == nil {
+		t.Fatalf("a rebuild of partition %d of %d started", parts, parts)
+	} else if ae, ok := errors.AsType[*rebuild.APIError](err); !ok || ae.Code != "invalid_partition" {
+		t.Fatalf("a rebuild of partition %d of %d: %v, want invalid_partition", parts, parts, err)
+	}
+	var st rebuild.Status
+	testenv.Eventually(t, "a rebuild of partition 2 to start on "+other.id, 10*time.Second, func() bool {
+		var started bool
+		var err error
+		st, started, err = c.StartPartition(context.Background(), part)
+		return err == nil && started
+	})
+	if st.Partition == nil || *st.Partition != part || st.Partitions != parts || !st.InPlace {
+		t.Fatalf("the rebuild started: %+v, want partition %d of %d, in place", st, part, parts)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	done, err := c.Wait(ctx, st.ID, 50*time.Millisecond, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	stop()
+	holds("the store holds every event, and of another partition the lost document missing and the ghost there",
+		map[string]int64{lostElsewhere: 0, ghostElsewhere: 99})
+	s.mu.Lock()
+	live, fresh := s.live, s.n
+	var others []string
+	for key := range s.rebuilt {
+		if contract.Partition(key, parts) != part {
+			others = append(others, key)
+		}
+	}
+	rebuilt := len(s.rebuilt)
+	s.mu.Unlock()
+	if live != "gen-0" || fresh != 0 {
+		t.Errorf("a rebuild of one partition made generation %s live (%d fresh ones named)", live, fresh)
+	}
+	if len(others) > 0 {
+		t.Errorf("the rebuild of partition %d wrote %d documents of other partitions, such as %s", part, len(others), others[0])
+	}
+	if rebuilt == 0 {
+		t.Error("the rebuild runtime wrote nothing")
+	}
+	shared("a and b share the partitions again after the rebuild")
+	a.stop()
+	b.stop()
+	if bad := s.violations(); len(bad) > 0 {
+		t.Fatalf("%d writes no rebuild may let happen, the first: %v", len(bad), bad[:min(5, len(bad))])
+	}
+	t.Logf("rebuild %s of partition %d (%+v): %d documents rewritten", st.ID, part, done, rebuilt)
 }

@@ -102,6 +102,25 @@ type InPlace interface {
 	Wipe(ctx context.Context, g *Generation) error
 }
 
+// PartitionWiper are stores whose live generation can lose the documents
+// of one partition alone. A rebuild of one partition (a projector in
+// partitions, [Manager.StartPartition]) wipes them and fills them again
+// from the partition's events in the partitioned stream: in place on the
+// live generation, whichever way the stores rebuild the whole, since one
+// generation holds every partition.
+type PartitionWiper interface {
+	// WipePartition deletes from g, the live generation, everything it
+	// holds of the documents of partition part of n
+	// ([contract.Partition] of their keys), their version markers
+	// included, and leaves the other documents as they are.
+	WipePartition(ctx context.Context, g *Generation, part, n int) error
+}
+
+// ErrInvalid is the error of a rebuild asked for with what cannot be
+// rebuilt (a partition the projector does not have); Start's other errors
+// are the rebuild's being unavailable for now.
+var ErrInvalid = errors.New("rebuild: invalid request")
+
 // isInPlace reports whether stores are rebuilt in place; an error when they
 // are not exactly one of BlueGreen and InPlace.
 func isInPlace(stores Stores) (bool, error) {
@@ -142,19 +161,29 @@ type State struct {
 	// collection and creating its alias).
 	Superseded []string  `json:"superseded,omitempty"`
 	StartedAt  time.Time `json:"started_at"`
+	// Partition, when set, is the one partition of Partitions being
+	// rebuilt: in place on the live generation (InPlace; Target is the
+	// live generation), from the partitioned stream.
+	Partition  *int `json:"partition,omitempty"`
+	Partitions int  `json:"partitions,omitempty"`
 }
 
 // Status reports the rebuild in progress, or the last one.
 type Status struct {
-	Projector string     `json:"projector"`
-	ID        string     `json:"id,omitempty"`
-	Phase     string     `json:"phase"`
-	InPlace   bool       `json:"in_place"`
-	Target    string     `json:"target,omitempty"`
-	Previous  string     `json:"previous,omitempty"`
-	StartedAt *time.Time `json:"started_at,omitempty"`
-	DoneAt    *time.Time `json:"done_at,omitempty"`
-	// StreamLastSeq is the stream's last sequence and AppliedSeq the
+	Projector string `json:"projector"`
+	ID        string `json:"id,omitempty"`
+	Phase     string `json:"phase"`
+	InPlace   bool   `json:"in_place"`
+	Target    string `json:"target,omitempty"`
+	Previous  string `json:"previous,omitempty"`
+	// Partition is the one partition of Partitions rebuilt; absent for a
+	// rebuild of the whole store.
+	Partition  *int       `json:"partition,omitempty"`
+	Partitions int        `json:"partitions,omitempty"`
+	StartedAt  *time.Time `json:"started_at,omitempty"`
+	DoneAt     *time.Time `json:"done_at,omitempty"`
+	// StreamLastSeq is the stream's last sequence (of a partition: the
+	// partitioned stream's last of that partition) and AppliedSeq the
 	// rebuild consumer's acknowledgement floor, when Status was called;
 	// Pending is what the rebuild has still to apply.
 	StreamLastSeq uint64 `json:"stream_last_seq"`
@@ -178,6 +207,9 @@ type Config struct {
 	// switch before it is dropped: the time other instances take to follow
 	// the switch (a projector in partitions). 0: dropped at once.
 	DropAfter time.Duration
+	// Partitions is the number of partitions the projector runs in (0 or
+	// 1: none); a rebuild of one partition is refused without them.
+	Partitions int
 }
 
 // Manager runs the rebuilds of one projector process.
@@ -326,9 +358,32 @@ func (m *Manager) RunFenced(ctx context.Context, js jetstream.JetStream, fence p
 	}
 }
 
-// Start begins a rebuild, unless one is in progress. It reports the
-// rebuild's status and whether this call started it.
-func (m *Manager) Start(ctx context.Context) (Status, bool, error) {
+// Start begins a rebuild of the whole store, unless one is in progress. It
+// reports the rebuild's status and whether this call started it.
+func (m *Manager) Start(ctx context.Context) (Status, bool, error) { return m.start(ctx, nil) }
+
+// StartPartition begins a rebuild of partition part alone, unless a
+// rebuild is in progress (of the whole or of any partition: one at a
+// time): its documents are wiped from the live generation and filled
+// again from their events in the partitioned stream, while every
+// partition's live writes are held back. The stores must be a
+// [PartitionWiper] and the projector run in partitions; otherwise, or for
+// a partition it does not have, the error is [ErrInvalid].
+func (m *Manager) StartPartition(ctx context.Context, part int) (Status, bool, error) {
+	n := m.cfg.Partitions
+	switch {
+	case n < 2:
+		return Status{}, false, fmt.Errorf("%w: projector %s does not run in partitions: rebuild the whole store", ErrInvalid, m.name)
+	case part < 0 || part >= n:
+		return Status{}, false, fmt.Errorf("%w: partition %d: projector %s has partitions 0 to %d", ErrInvalid, part, m.name, n-1)
+	}
+	if _, ok := m.stores.(PartitionWiper); !ok {
+		return Status{}, false, fmt.Errorf("%w: %s cannot wipe one partition's documents: rebuild the whole store", ErrInvalid, m.stores.Describe(""))
+	}
+	return m.start(ctx, &part)
+}
+
+func (m *Manager) start(ctx context.Context, part *int) (Status, bool, error) {
 	select {
 	case <-m.ready:
 	case <-ctx.Done():
@@ -347,26 +402,30 @@ func (m *Manager) Start(ctx context.Context) (Status, bool, error) {
 		m.kick() // Run takes it up if it has not yet
 		return m.status, false, nil
 	}
+	now := m.cfg.Runtime.Clock.Now().UTC()
+	st := &State{ID: now.Format("20060102T150405.000Z"), StartedAt: now}
+	if part != nil {
+		st.Partition, st.Partitions = part, m.cfg.Partitions
+	}
 	// No earlier rebuild consumer may remain: the new one starts at the
 	// stream's first message. Deleted before the state is written, so that
 	// a resumed rebuild never continues an older one's consumer.
-	if err := m.deleteConsumer(ctx); err != nil {
+	if err := m.deleteConsumer(ctx, m.sourceOf(st)); err != nil {
 		return Status{}, false, err
 	}
-	now := m.cfg.Runtime.Clock.Now().UTC()
-	st := &State{ID: now.Format("20060102T150405.000Z"), StartedAt: now}
 	live, err := m.stores.Live(ctx)
 	if err != nil {
 		return Status{}, false, err
 	}
 	st.Previous = live
-	switch s := m.stores.(type) {
-	case BlueGreen:
+	if s, ok := m.stores.(BlueGreen); ok && part == nil {
 		st.Phase, st.Target = PhaseFilling, s.Fresh()
 		if st.Target == live {
 			return Status{}, false, fmt.Errorf("rebuild: the fresh generation's name %q is the live one's", live)
 		}
-	case InPlace:
+	} else {
+		// In place: the stores hold one generation, or one partition of
+		// the one that holds them all is rebuilt.
 		st.Phase, st.Target, st.InPlace = PhaseWiping, live, true
 	}
 	if err := m.save(ctx, st, true); err != nil {
@@ -374,9 +433,17 @@ func (m *Manager) Start(ctx context.Context) (Status, bool, error) {
 	}
 	m.active = m.running // else the instance that runs rebuilds finds it within its poll
 	m.setStatusLocked(st)
-	m.log.Info("rebuild requested", "id", st.ID, "target", m.stores.Describe(st.Target), "in_place", st.InPlace)
+	m.log.Info("rebuild requested", "id", st.ID, "target", m.stores.Describe(st.Target), "in_place", st.InPlace, "partition", partitionOf(st))
 	m.kick()
 	return m.status, true, nil
+}
+
+// partitionOf is st's partition for logs: "all" for the whole store.
+func partitionOf(st *State) any {
+	if st.Partition == nil {
+		return "all"
+	}
+	return *st.Partition
 }
 
 // kick wakes Run up to look for a rebuild to run.
@@ -418,11 +485,11 @@ func (m *Manager) Status(ctx context.Context) Status {
 	if s.Phase != PhaseFilling && s.Phase != PhaseSwitching && s.Phase != PhaseRetrying {
 		return s
 	}
-	stream := m.stream()
-	if info, err := m.js.Stream(ctx, stream); err == nil {
-		s.StreamLastSeq = info.CachedInfo().State.LastSeq
+	src := m.sourceOf(&State{Partition: s.Partition})
+	if last, err := m.lastSeq(ctx, src); err == nil {
+		s.StreamLastSeq = last
 	}
-	if c, err := m.js.Consumer(ctx, stream, ConsumerName(m.name)); err == nil {
+	if c, err := m.js.Consumer(ctx, src.stream, ConsumerName(m.name)); err == nil {
 		if info, err := c.Info(ctx); err == nil {
 			s.AppliedSeq = info.AckFloor.Stream
 			s.Pending = info.NumPending + uint64(info.NumAckPending)
@@ -431,11 +498,23 @@ func (m *Manager) Status(ctx context.Context) Status {
 	return s
 }
 
-func (m *Manager) stream() string {
-	if m.cfg.Runtime.Stream != "" {
-		return m.cfg.Runtime.Stream
+// source is what a rebuild reads: a stream and, for one partition, the
+// subjects of its documents there.
+type source struct {
+	stream string
+	prefix string // the subjects' prefix; "" for the runtime's own
+}
+
+// sourceOf is what the rebuild st reads: the partitioned stream's subjects
+// of its partition, or the live runtime's stream whole.
+func (m *Manager) sourceOf(st *State) source {
+	if st.Partition != nil {
+		return source{stream: contract.PartsStream, prefix: contract.PartitionSubjectPrefix(*st.Partition)}
 	}
-	return contract.DocsStream
+	if m.cfg.Runtime.Stream != "" {
+		return source{stream: m.cfg.Runtime.Stream}
+	}
+	return source{stream: contract.DocsStream}
 }
 
 // run carries the rebuild st through its remaining phases, retrying a
@@ -445,8 +524,8 @@ func (m *Manager) run(ctx context.Context, st *State) {
 	m.active = true
 	m.setStatusLocked(st)
 	m.mu.Unlock()
-	m.log.Info("rebuilding", "id", st.ID, "phase", st.Phase, "target", m.stores.Describe(st.Target), "in_place", st.InPlace)
-	m.redeliver(ctx)
+	m.log.Info("rebuilding", "id", st.ID, "phase", st.Phase, "target", m.stores.Describe(st.Target), "in_place", st.InPlace, "partition", partitionOf(st))
+	m.redeliver(ctx, m.sourceOf(st))
 	for attempt := 1; ctx.Err() == nil; attempt++ {
 		err := m.step(ctx, st)
 		if err == nil {
@@ -473,6 +552,18 @@ func (m *Manager) run(ctx context.Context, st *State) {
 // otherwise before a restart) fails, and is retried until the store is as
 // it was.
 func (m *Manager) step(ctx context.Context, st *State) error {
+	if st.Partition != nil {
+		part, n := *st.Partition, st.Partitions
+		w, ok := m.stores.(PartitionWiper)
+		switch {
+		case !ok:
+			return fmt.Errorf("rebuild %s is of partition %d, but %s cannot wipe one partition", st.ID, part, m.stores.Describe(st.Target))
+		case n != m.cfg.Partitions:
+			return fmt.Errorf("rebuild %s is of partition %d of %d, but the projector runs in %d partitions: run it with %d until the rebuild is done",
+				st.ID, part, n, m.cfg.Partitions, n)
+		}
+		return m.inPlace(ctx, st, func(ctx context.Context, g *Generation) error { return w.WipePartition(ctx, g, part, n) })
+	}
 	switch s := m.stores.(type) {
 	case BlueGreen:
 		if st.InPlace {
@@ -483,7 +574,7 @@ func (m *Manager) step(ctx context.Context, st *State) error {
 		if !st.InPlace {
 			return fmt.Errorf("rebuild %s was begun blue/green, but %s is rebuilt in place", st.ID, s.Describe(st.Target))
 		}
-		return m.inPlace(ctx, s, st)
+		return m.inPlace(ctx, st, func(ctx context.Context, g *Generation) error { return s.Wipe(ctx, g) })
 	}
 	return fmt.Errorf("rebuild: stores %T are neither blue/green nor in place", m.stores)
 }
@@ -509,7 +600,8 @@ func (m *Manager) blueGreen(ctx context.Context, stores BlueGreen, st *State) er
 			_ = target.close()
 		}
 	}()
-	if err := m.fill(ctx, target, m.fenceNow()); err != nil {
+	src := m.sourceOf(st)
+	if err := m.fill(ctx, src, target, m.fenceNow()); err != nil {
 		return err
 	}
 	// Hold the live writes back, catch up with the stream as it is then,
@@ -533,7 +625,7 @@ func (m *Manager) blueGreen(ctx context.Context, stores BlueGreen, st *State) er
 		return err
 	}
 	defer resume()
-	if err := m.catchUpToLast(ctx, target, fence); err != nil {
+	if err := m.catchUpToLast(ctx, src, target, fence); err != nil {
 		return err
 	}
 	if err := fence.Do(ctx, func(ctx context.Context) error { return stores.Activate(ctx, st.Target) }); err != nil {
@@ -565,23 +657,24 @@ func (m *Manager) dropPrevious(ctx context.Context, stores BlueGreen, st *State)
 	return m.finish(ctx, st)
 }
 
-// inPlace wipes the live generation and fills it again, with the live
+// inPlace wipes the live generation (the whole projection, or one
+// partition's documents) with wipe and fills it again, with the live
 // writes held back throughout.
-func (m *Manager) inPlace(ctx context.Context, stores InPlace, st *State) error {
+func (m *Manager) inPlace(ctx context.Context, st *State, wipe func(context.Context, *Generation) error) error {
 	fence, resume, err := m.alone(ctx)
 	if err != nil {
 		return err
 	}
 	defer resume()
-	live := m.sw.Live()
+	live, src := m.sw.Live(), m.sourceOf(st)
 	if st.Phase == PhaseWiping {
 		m.setPhase(st, PhaseWiping)
-		if err := fence.Do(ctx, func(ctx context.Context) error { return stores.Wipe(ctx, live) }); err != nil {
-			return fmt.Errorf("wipe %s: %w", stores.Describe(live.Name), err)
+		if err := fence.Do(ctx, func(ctx context.Context) error { return wipe(ctx, live) }); err != nil {
+			return fmt.Errorf("wipe %s (partition %v): %w", m.stores.Describe(live.Name), partitionOf(st), err)
 		}
 		// A consumer left from an interrupted wipe would skip the stream's
 		// start.
-		if err := m.deleteConsumer(ctx); err != nil {
+		if err := m.deleteConsumer(ctx, src); err != nil {
 			return err
 		}
 		st.Phase = PhaseFilling
@@ -590,10 +683,10 @@ func (m *Manager) inPlace(ctx context.Context, stores InPlace, st *State) error 
 		}
 	}
 	m.setPhase(st, PhaseFilling)
-	if err := m.fill(ctx, live, fence); err != nil {
+	if err := m.fill(ctx, src, live, fence); err != nil {
 		return err
 	}
-	if err := m.catchUpToLast(ctx, live, fence); err != nil {
+	if err := m.catchUpToLast(ctx, src, live, fence); err != nil {
 		return err
 	}
 	// Finished before the live writes go on: once they do, on other
@@ -636,17 +729,17 @@ func (m *Manager) alone(ctx context.Context) (projector.Fencing, func(), error) 
 // (within closeEnough messages). Under steady traffic the stream is never
 // "caught up" at an instant, but each round is shorter than the one before
 // as long as the rebuild applies faster than events arrive.
-func (m *Manager) fill(ctx context.Context, g *Generation, fence projector.Fencing) error {
+func (m *Manager) fill(ctx context.Context, src source, g *Generation, fence projector.Fencing) error {
 	closeEnough := uint64(4 * max(m.cfg.Runtime.BatchSize, 256))
 	for {
-		last, err := m.lastSeq(ctx)
+		last, err := m.lastSeq(ctx, src)
 		if err != nil {
 			return err
 		}
-		if err := m.catchUpTo(ctx, g, last, fence); err != nil {
+		if err := m.catchUpTo(ctx, src, g, last, fence); err != nil {
 			return err
 		}
-		now, err := m.lastSeq(ctx)
+		now, err := m.lastSeq(ctx, src)
 		if err != nil {
 			return err
 		}
@@ -657,32 +750,47 @@ func (m *Manager) fill(ctx context.Context, g *Generation, fence projector.Fenci
 	}
 }
 
-// catchUpToLast applies the stream to g up to its last message now.
-func (m *Manager) catchUpToLast(ctx context.Context, g *Generation, fence projector.Fencing) error {
-	last, err := m.lastSeq(ctx)
+// catchUpToLast applies src to g up to its last message now.
+func (m *Manager) catchUpToLast(ctx context.Context, src source, g *Generation, fence projector.Fencing) error {
+	last, err := m.lastSeq(ctx, src)
 	if err != nil {
 		return err
 	}
-	return m.catchUpTo(ctx, g, last, fence)
+	return m.catchUpTo(ctx, src, g, last, fence)
 }
 
-func (m *Manager) lastSeq(ctx context.Context) (uint64, error) {
-	s, err := m.js.Stream(ctx, m.stream())
+// lastSeq is the sequence of src's last message: the stream's, or that of
+// its last on src's subjects (0: none).
+func (m *Manager) lastSeq(ctx context.Context, src source) (uint64, error) {
+	s, err := m.js.Stream(ctx, src.stream)
 	if err != nil {
-		return 0, fmt.Errorf("rebuild: stream %s: %w", m.stream(), err)
+		return 0, fmt.Errorf("rebuild: stream %s: %w", src.stream, err)
 	}
-	return s.CachedInfo().State.LastSeq, nil
+	if src.prefix == "" {
+		return s.CachedInfo().State.LastSeq, nil
+	}
+	msg, err := s.GetLastMsgForSubject(ctx, src.prefix+">")
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return 0, nil
+	case err != nil:
+		return 0, fmt.Errorf("rebuild: the last message of %s> in %s: %w", src.prefix, src.stream, err)
+	}
+	return msg.Sequence, nil
 }
 
 // catchUpPoll is how often catchUpTo reads the rebuild consumer's position.
 var catchUpPoll = 20 * time.Millisecond
 
-// catchUpTo applies the stream to g with the rebuild consumer, its writes
-// behind fence, until the consumer has acknowledged every message up to
+// catchUpTo applies src to g with the rebuild consumer, its writes behind
+// fence, until the consumer has acknowledged every message of src up to
 // stream sequence target.
-func (m *Manager) catchUpTo(ctx context.Context, g *Generation, target uint64, fence projector.Fencing) error {
+func (m *Manager) catchUpTo(ctx context.Context, src source, g *Generation, target uint64, fence projector.Fencing) error {
 	rc := m.cfg.Runtime
 	rc.Name = ConsumerName(m.name)
+	if src.prefix != "" {
+		rc.Stream, rc.SubjectPrefix = src.stream, src.prefix
+	}
 	rc.StopWhenCaughtUp = false
 	rc.Fence, rc.Bound = fence.Fence, fence.Bound
 	rt, err := projector.New(m.js, g.Store, rc, nil, m.log)
@@ -707,7 +815,7 @@ func (m *Manager) catchUpTo(ctx context.Context, g *Generation, target uint64, f
 			return err
 		case <-t.C:
 		}
-		c, err := m.js.Consumer(ctx, m.stream(), ConsumerName(m.name))
+		c, err := m.js.Consumer(ctx, src.stream, ConsumerName(m.name))
 		if err != nil {
 			continue // not created yet
 		}
@@ -727,7 +835,7 @@ func (m *Manager) catchUpTo(ctx context.Context, g *Generation, target uint64, f
 
 // finish deletes the rebuild consumer and then the state.
 func (m *Manager) finish(ctx context.Context, st *State) error {
-	if err := m.deleteConsumer(ctx); err != nil {
+	if err := m.deleteConsumer(ctx, m.sourceOf(st)); err != nil {
 		return err
 	}
 	if err := m.kv.Delete(ctx, m.name); err != nil {
@@ -739,7 +847,7 @@ func (m *Manager) finish(ctx context.Context, st *State) error {
 	m.status.Phase, m.status.Error, m.status.DoneAt = PhaseDone, "", &now
 	m.status.Completed++
 	m.mu.Unlock()
-	m.log.Info("rebuild done", "id", st.ID, "target", m.stores.Describe(st.Target), "took", now.Sub(st.StartedAt).Round(time.Millisecond))
+	m.log.Info("rebuild done", "id", st.ID, "target", m.stores.Describe(st.Target), "partition", partitionOf(st), "took", now.Sub(st.StartedAt).Round(time.Millisecond))
 	return nil
 }
 
@@ -747,19 +855,19 @@ func (m *Manager) finish(ctx context.Context, st *State) error {
 // delivered and nobody acknowledged: what a previous process (or this
 // one's previous term) held when it stopped would otherwise wait for its
 // ack wait, and the rebuild's catch-up with it.
-func (m *Manager) redeliver(ctx context.Context) {
-	if _, err := m.js.Consumer(ctx, m.stream(), ConsumerName(m.name)); err != nil {
+func (m *Manager) redeliver(ctx context.Context, src source) {
+	if _, err := m.js.Consumer(ctx, src.stream, ConsumerName(m.name)); err != nil {
 		return // none yet (a rebuild begun), or unreadable: nothing to reset
 	}
-	switch _, err := m.js.ResetConsumer(ctx, m.stream(), ConsumerName(m.name)); {
+	switch _, err := m.js.ResetConsumer(ctx, src.stream, ConsumerName(m.name)); {
 	case err == nil, errors.Is(err, jetstream.ErrConsumerNotFound), errors.Is(err, jetstream.ErrStreamNotFound), ctx.Err() != nil:
 	default:
 		m.log.Warn("resetting the rebuild consumer failed: what a previous process held is delivered again after its ack wait", "err", err)
 	}
 }
 
-func (m *Manager) deleteConsumer(ctx context.Context) error {
-	err := m.js.DeleteConsumer(ctx, m.stream(), ConsumerName(m.name))
+func (m *Manager) deleteConsumer(ctx context.Context, src source) error {
+	err := m.js.DeleteConsumer(ctx, src.stream, ConsumerName(m.name))
 	if err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) && !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return fmt.Errorf("rebuild: delete consumer %s: %w", ConsumerName(m.name), err)
 	}
@@ -779,7 +887,7 @@ func (m *Manager) setStatusLocked(st *State) { m.status = m.statusOf(st, m.statu
 func (m *Manager) statusOf(st *State, completed int) Status {
 	started := st.StartedAt
 	return Status{Projector: m.name, ID: st.ID, Phase: st.Phase, InPlace: st.InPlace, Target: st.Target,
-		Previous: st.Previous, StartedAt: &started, Completed: completed}
+		Previous: st.Previous, Partition: st.Partition, Partitions: st.Partitions, StartedAt: &started, Completed: completed}
 }
 
 // InProgress reads the rebuilds in progress (or interrupted) from the

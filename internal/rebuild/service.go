@@ -39,7 +39,7 @@ func RunService(ctx context.Context, sc projector.ServiceConfig, stores Stores, 
 	// In partitions, every instance follows the live generation every
 	// lease TTL (followLive): the previous one is kept two of those.
 	every := sc.Lease.TTLOrDefault()
-	mc := Config{Runtime: sc.Runtime}
+	mc := Config{Runtime: sc.Runtime, Partitions: sc.Partitions}
 	if sc.Partitions > 1 {
 		mc.DropAfter = 2 * every
 	}

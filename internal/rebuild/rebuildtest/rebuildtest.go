@@ -34,6 +34,14 @@ type Process struct {
 // (configured by cfg) and the rebuild manager on js until Stop.
 func Start(t testing.TB, js jetstream.JetStream, stores rebuild.Stores, cfg projector.Config) *Process {
 	t.Helper()
+	return StartWith(t, js, stores, rebuild.Config{Runtime: cfg})
+}
+
+// StartWith is Start with the manager's whole configuration, the live
+// runtime's its Runtime.
+func StartWith(t testing.TB, js jetstream.JetStream, stores rebuild.Stores, mc rebuild.Config) *Process {
+	t.Helper()
+	cfg := mc.Runtime
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Process{cancel: cancel}
 	live, err := stores.Live(ctx)
@@ -47,7 +55,7 @@ func Start(t testing.TB, js jetstream.JetStream, stores rebuild.Stores, cfg proj
 		t.Fatal(err)
 	}
 	p.Switch = rebuild.NewSwitch(g)
-	if p.Manager, err = rebuild.NewManager(rebuild.Config{Runtime: cfg}, stores, p.Switch, nil); err != nil {
+	if p.Manager, err = rebuild.NewManager(mc, stores, p.Switch, nil); err != nil {
 		p.Stop()
 		t.Fatal(err)
 	}
