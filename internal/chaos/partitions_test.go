@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/neo4j/neo4j-go-driver/v5/neo4j"
 
 	"github.com/converge-sync/converge/internal/projector"
 	"github.com/converge-sync/converge/internal/projector/projectortest"
@@ -32,8 +33,11 @@ import (
 // bound, with everything committed before the kill applied soon after;
 // started again, it gets its share back. The graph is then rebuilt in
 // place, under load, asked of one of the instances, and then again with
-// its coordinator SIGKILLed mid-rebuild. At the end converge verify
-// agrees, every consumer has drained, and nothing acknowledged is lost.
+// its coordinator SIGKILLed mid-rebuild. Last, a document of one
+// partition is corrupted in Neo4j past every writer (a version no event
+// has), and that partition alone is rebuilt under load: its documents are
+// wiped and filled again. At the end converge verify agrees, every
+// consumer has drained, and nothing acknowledged is lost.
 func TestPartitionsTakeOver(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs every service as a process of its own, with faults")
@@ -238,11 +242,65 @@ func TestPartitionsTakeOver(t *testing.T) {
 	t.Logf("SIGKILL of the coordinator %s while it filled the graph (applied %d, pending %d): the rebuild finished by another %s later (lease TTL %v); spread again after %s; partitions:%s",
 		coord.name, during.AppliedSeq, during.Pending, short(resumed), standbyTTL, short(time.Since(at)), describe())
 
+	// One partition rebuilt alone, under load, after one of its
+	// documents was corrupted: the live writer skips every event of it
+	// from then on (its stored version is ahead of them all), so only the
+	// partition's wipe and fill make the final verify agree.
+	const part = 2
+	corrupted := corruptDocument(t, cfg.neo4j, parts, part)
+	c = &rebuild.Client{Addr: instances[2].addr, Token: p.operatorToken}
+	testenv.Eventually(t, "a rebuild of partition 2 to start", 30*time.Second, func() bool {
+		var started bool
+		var err error
+		st, started, err = c.StartPartition(ctx, part)
+		if err != nil {
+			t.Logf("starting a rebuild of partition %d: %v", part, err)
+		}
+		return err == nil && started
+	})
+	at = time.Now()
+	if _, err := c.Wait(wctx, st.ID, 200*time.Millisecond, nil); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, "the partitions spread again after the partition's rebuild", time.Minute, func() bool { return spread(instances...) })
+	t.Logf("partition %d of %d rebuilt alone (document %s corrupted before) in %s; partitions:%s", part, parts, corrupted, short(time.Since(at)), describe())
+
 	stopLoad()
 	p.checkAfterLoad(ctx, l)
 	if dead := p.deadLetters(ctx); dead > 0 {
 		t.Errorf("%d dead letters", dead)
 	}
+}
+
+// corruptDocument gives a document of partition part, in the graph of
+// Neo4j n, a version and title no event of it has, past every writer, and
+// returns its key.
+func corruptDocument(t *testing.T, n testenv.Neo4j, parts, part int) string {
+	t.Helper()
+	ctx := context.Background()
+	d, err := neo4j.NewDriverWithContext(n.URL, neo4j.BasicAuth(n.User, n.Password, ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = d.Close(ctx) }()
+	res, err := neo4j.ExecuteQuery(ctx, d, "MATCH (d:Document) WHERE d.version IS NOT NULL RETURN d.key AS key LIMIT 1000", nil, neo4j.EagerResultTransformer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range res.Records {
+		key, _ := r.Get("key")
+		k, _ := key.(string)
+		if contract.Partition(k, parts) != part {
+			continue
+		}
+		if _, err := neo4j.ExecuteQuery(ctx, d, "MATCH (d:Document {key: $key}) SET d.version = 1000000000000, d.title = 'corrupted'",
+			map[string]any{"key": k}, neo4j.EagerResultTransformer); err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	t.Fatalf("no document of partition %d among %d in the graph", part, len(res.Records))
+	return ""
 }
 
 // partitionLasts is the last sequence of each partition's subjects in the
