@@ -270,7 +270,10 @@ func printStatus(out io.Writer, rep statusReport) {
 		fmt.Fprintln(tw, "REBUILD	PHASE	INTO	REPLACING	STARTED")
 		for _, r := range rep.Rebuilds {
 			into := r.Target
-			if r.InPlace {
+			switch {
+			case r.Partition != nil:
+				into += fmt.Sprintf(" (partition %d of %d, in place)", *r.Partition, r.Partitions)
+			case r.InPlace:
 				into += " (in place)"
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s (%s ago)\n", r.Projector, r.Phase, into, r.Previous,

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -102,6 +103,10 @@ func TestStatusReportsSlotOutboxAndStreams(t *testing.T) {
 	if _, err := kv.Put(ctx, "graph", []byte(`{"id":"r1","phase":"filling","target":"graph-20261130T100000Z","previous":"graph","started_at":"`+started.Format(time.RFC3339)+`"}`)); err != nil {
 		t.Fatal(err)
 	}
+	// And of one partition of the index.
+	if _, err := kv.Put(ctx, "index", []byte(`{"id":"r2","phase":"wiping","in_place":true,"target":"converge_chunks_1","previous":"converge_chunks_1","partition":2,"partitions":4,"started_at":"`+started.Format(time.RFC3339)+`"}`)); err != nil {
+		t.Fatal(err)
+	}
 
 	rep, err := statusJSON(ctx, url, n.URL)
 	if err != nil {
@@ -137,16 +142,20 @@ func TestStatusReportsSlotOutboxAndStreams(t *testing.T) {
 		c.DeadLetters != 2 || c.LastApplied == nil || !c.LastApplied.Equal(commit) {
 		t.Fatalf("consumer %+v (last applied %v), want index caught up at seq 1, 2 dead letters, last applied %v", c, c.LastApplied, commit)
 	}
-	if len(rep.Rebuilds) != 1 || rep.Rebuilds[0].Projector != "graph" || rep.Rebuilds[0].Phase != rebuild.PhaseFilling ||
-		rep.Rebuilds[0].Target != "graph-20261130T100000Z" || !rep.Rebuilds[0].StartedAt.Equal(started) {
+	slices.SortFunc(rep.Rebuilds, func(a, b rebuild.State) int { return strings.Compare(a.Projector, b.Projector) })
+	if len(rep.Rebuilds) != 2 || rep.Rebuilds[0].Projector != "graph" || rep.Rebuilds[0].Phase != rebuild.PhaseFilling ||
+		rep.Rebuilds[0].Target != "graph-20261130T100000Z" || !rep.Rebuilds[0].StartedAt.Equal(started) || rep.Rebuilds[0].Partition != nil {
 		t.Fatalf("rebuilds %+v, want the graph's in progress", rep.Rebuilds)
+	}
+	if ix := rep.Rebuilds[1]; ix.Projector != "index" || ix.Partition == nil || *ix.Partition != 2 || ix.Partitions != 4 {
+		t.Fatalf("rebuilds %+v, want the index's of partition 2 of 4 in progress", rep.Rebuilds)
 	}
 	var out bytes.Buffer
 	if err := run(ctx, []string{"status", "-postgres-url", url, "-nats-url", n.URL}, &out); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"converge_relay", "standby/stopped", contract.DocsStream, contract.EventsStream, "OUTBOX", "INBOX", "2 pending", "1 refused", "CONSUMER", "index",
-		"REBUILD", "graph-20261130T100000Z", "MISSED", "3 (last 2..4 at 2026-11-30T09:30:00Z)"} {
+		"REBUILD", "graph-20261130T100000Z", "converge_chunks_1 (partition 2 of 4, in place)", "MISSED", "3 (last 2..4 at 2026-11-30T09:30:00Z)"} {
 		if !strings.Contains(out.String(), want) {
 			t.Fatalf("table lacks %q:\n%s", want, out.String())
 		}

@@ -241,13 +241,20 @@ async function redrive(consumer, seq, what) {
   poll();
 }
 
+// rebuildTarget is what a rebuild fills: its generation, in place or not,
+// and the one partition it rebuilds, when it rebuilds one.
+function rebuildTarget(x) {
+  if (x.partition !== undefined && x.partition !== null) return (x.target || "") + " (partition " + x.partition + " of " + x.partitions + ", in place)";
+  return (x.target || "") + (x.in_place ? " (in place)" : "");
+}
+
 function drawRebuilds(rbs) {
   document.getElementById("rebuilds-none").hidden = rbs.length > 0;
   document.getElementById("rebuild-rows").hidden = rbs.length === 0;
   fill(document.querySelector("#rebuild-rows tbody"), rbs.map((rb) => {
     const st = rb.status, state = rb.state;
     if (!st) {
-      return el("tr", { "data-projector": rb.projector }, td(rb.projector), td(state.phase), td("-"), td("(its projector was not asked)"), td(state.target), td(when(state.started_at)));
+      return el("tr", { "data-projector": rb.projector }, td(rb.projector), td(state.phase), td("-"), td("(its projector was not asked)"), td(rebuildTarget(state)), td(when(state.started_at)));
     }
     const bar = el("progress", { max: "1", value: String(rb.fraction) });
     let applied = st.applied_seq + " of " + st.stream_last_seq + " (pending " + st.pending + ")";
@@ -255,7 +262,7 @@ function drawRebuilds(rbs) {
     if (st.error) applied += "; last error: " + st.error;
     return el("tr", { "data-projector": rb.projector, "data-phase": st.phase, "data-applied": st.applied_seq, "data-last": st.stream_last_seq },
       td(rb.projector), td(st.phase), el("td", {}, bar, " " + Math.round(100 * rb.fraction) + "%"), td(applied, "applied"),
-      td((st.target || "") + (st.in_place ? " (in place)" : "")), td(when(st.started_at)));
+      td(rebuildTarget(st)), td(when(st.started_at)));
   }));
 }
 
