@@ -44,6 +44,9 @@ type sharedGens struct {
 	bad     []string
 	// rebuilt are the keys the rebuild runtime wrote.
 	rebuilt map[string]bool
+	// rebuildDelay slows each batch of the rebuild runtime down: a
+	// rebuild long enough to stop in the middle.
+	rebuildDelay time.Duration
 }
 
 type write struct {
@@ -56,6 +59,9 @@ func newSharedGens(inPlace bool) *sharedGens {
 }
 
 func (s *sharedGens) apply(instance, gen string, ctx context.Context, events []*contract.Event) []projector.Result {
+	if projector.RuntimeName(ctx) == rebuild.ConsumerName("index") && s.rebuildDelay > 0 {
+		time.Sleep(s.rebuildDelay)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	rt := projector.RuntimeName(ctx)
@@ -409,13 +415,20 @@ func testPartitionedRebuild(t *testing.T, inPlace, stopCoordinator bool) {
 // else was touched); no other generation was made; nobody else
 // wrote between the wipe and the rebuild's last write; and the instances
 // share the partitions again afterwards.
+//
+// Stopped while it rebuilds the partition, the coordinator hands the
+// rebuild over: the other instance takes the coordinator's lease and
+// finishes it, with the same outcome.
 func TestOnePartitionIsRebuilt(t *testing.T) {
 	for _, inPlace := range []bool{false, true} {
-		t.Run(map[bool]string{false: "blue-green", true: "in-place"}[inPlace], func(t *testing.T) { testOnePartitionRebuilt(t, inPlace) })
+		for _, stopped := range []bool{false, true} {
+			name := map[bool]string{false: "blue-green", true: "in-place"}[inPlace] + map[bool]string{false: "", true: "-coordinator-stopped"}[stopped]
+			t.Run(name, func(t *testing.T) { testOnePartitionRebuilt(t, inPlace, stopped) })
+		}
 	}
 }
 
-func testOnePartitionRebuilt(t *testing.T, inPlace bool) {
+func testOnePartitionRebuilt(t *testing.T, inPlace, stopCoordinator bool) {
 	const parts, part, docs = 4, 2, 200
 	n := testenv.StartNATS(t)
 	_, js := n.DocsStream(t)
@@ -440,6 +453,11 @@ func testOnePartitionRebuilt(t *testing.T, inPlace bool) {
 	rebuildtest.Publish(t, js, lostHere, 1)
 	rebuildtest.Publish(t, js, lostElsewhere, 1)
 	s := newSharedGens(inPlace)
+	if stopCoordinator {
+		// About 50 of the partition's events a second: seconds to
+		// stop the coordinator in.
+		s.rebuildDelay = 20 * time.Millisecond
+	}
 	a := startPartInstance(t, n.URL, "a", parts, s)
 	b := startPartInstance(t, n.URL, "b", parts, s)
 	holds := func(what string, except map[string]int64) {
@@ -483,9 +501,9 @@ func testOnePartitionRebuilt(t *testing.T, inPlace bool) {
 		coordinator = projectortest.LeaseHolder(context.Background(), js, projector.CoordinatorLease("index"))
 		return coordinator != ""
 	})
-	other := a
+	other, coord := a, b
 	if coordinator == "a" {
-		other = b
+		other, coord = b, a
 	}
 	stop := rebuildtest.Traffic(t, js, docs, -1)
 	defer stop()
@@ -505,6 +523,22 @@ func testOnePartitionRebuilt(t *testing.T, inPlace bool) {
 	})
 	if st.Partition == nil || *st.Partition != part || st.Partitions != parts || !st.InPlace {
 		t.Fatalf("the rebuild started: %+v, want partition %d of %d, in place", st, part, parts)
+	}
+	if stopCoordinator {
+		var at rebuild.Status
+		testenv.Eventually(t, "the partition's rebuild to be under way", 30*time.Second, func() bool {
+			var err error
+			at, err = c.Status(context.Background())
+			return err == nil && at.Phase == rebuild.PhaseFilling && at.AppliedSeq > 0
+		})
+		coord.stop()
+		if at.Pending == 0 {
+			t.Fatalf("the rebuild was not under way when %s stopped: %+v", coord.id, at)
+		}
+		t.Logf("%s stopped while it rebuilt partition %d: applied %d, pending %d", coord.id, part, at.AppliedSeq, at.Pending)
+		testenv.Eventually(t, other.id+" to coordinate", 10*time.Second, func() bool {
+			return projectortest.LeaseHolder(context.Background(), js, projector.CoordinatorLease("index")) == other.id
+		})
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -534,6 +568,14 @@ func testOnePartitionRebuilt(t *testing.T, inPlace bool) {
 	}
 	if rebuilt == 0 {
 		t.Error("the rebuild runtime wrote nothing")
+	}
+	if stopCoordinator {
+		coord = startPartInstance(t, n.URL, coord.id, parts, s)
+		if coord.id == "a" {
+			a = coord
+		} else {
+			b = coord
+		}
 	}
 	shared("a and b share the partitions again after the rebuild")
 	a.stop()
