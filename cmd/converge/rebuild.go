@@ -42,7 +42,7 @@ func rebuildCmd(ctx context.Context, args []string, out io.Writer) error {
 		"how long the verify at the end waits for the rebuilt store to catch up with writes still arriving before it reports a disagreement")
 	timeout := f.Duration("timeout", "", 0, "give up waiting after this long (0: wait until done; the rebuild goes on in the projector)")
 	asJSON := f.Bool("json", "", false, "machine-readable report")
-	partition := f.Int("partition", "", -1, "rebuild this partition alone (a projector in partitions): its documents are wiped and filled again from the partitioned stream, in place, while every partition's live writes wait")
+	partition := f.Int("partition", "", -1, "rebuild this partition alone (a projector in partitions): its documents are wiped and filled again from the partitioned stream, in place, while every partition's live writes wait; the verify at the end is of that partition")
 	access := bindAPIAccess(f, auth.TokenFromEnv)
 	var which string
 	if len(args) > 0 && (args[0] == "index" || args[0] == "graph") {
@@ -94,7 +94,8 @@ func rebuildCmd(ctx context.Context, args []string, out io.Writer) error {
 		defer pool.Close()
 		// The rebuilt store is live: writes committed since the rebuild
 		// caught up may still be on their way to it, so a disagreement is
-		// final only once it has lasted verifyWait.
+		// final only once it has lasted verifyWait. Of one partition's
+		// rebuild, that partition is verified.
 		deadline := time.Now().Add(*verifyWait)
 		// A projector reads its whole store to answer.
 		vc, err := a.httpClient(5 * time.Minute)
@@ -107,6 +108,7 @@ func rebuildCmd(ctx context.Context, args []string, out io.Writer) error {
 			if err != nil {
 				return fmt.Errorf("verify after the rebuild: %w", err)
 			}
+			r = rebuiltPart(r, st)
 			rep.Verify = &r
 			if r.Agrees || !time.Now().Before(deadline) {
 				break
@@ -142,6 +144,18 @@ func rebuildCmd(ctx context.Context, args []string, out io.Writer) error {
 		return errDisagree
 	}
 	return nil
+}
+
+// rebuiltPart is what r, the verify of a whole store, says of what the
+// rebuild st rebuilt: of one partition, that partition's differences
+// alone, each labelled (the rest of the store was not rebuilt).
+func rebuiltPart(r verify.Report, st rebuild.Status) verify.Report {
+	if st.Partition == nil || st.Partitions < 2 {
+		return r
+	}
+	part := *st.Partition
+	res := verify.Partitions{N: st.Partitions, Only: &part}.Apply(verify.Result{Agrees: r.Agrees, Stores: []verify.Report{r}})
+	return res.Stores[0]
 }
 
 // runRebuild starts a rebuild on c's projector, of the whole store or of

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -12,6 +13,8 @@ import (
 
 	"github.com/converge-sync/converge/internal/httpjson"
 	"github.com/converge-sync/converge/internal/rebuild"
+	"github.com/converge-sync/converge/internal/verify"
+	"github.com/converge-sync/converge/pkg/contract"
 )
 
 // scriptedProjector answers POST with the first status and each GET with
@@ -163,5 +166,34 @@ func TestRunRebuildOfOnePartition(t *testing.T) {
 		if _, err := runRebuild(context.Background(), &rebuild.Client{Addr: srv.URL, HTTP: srv.Client()}, c.asked, time.Millisecond, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("asked for partition %d with another's rebuild in progress: %v; want %q", c.asked, err, c.want)
 		}
+	}
+}
+
+// The verify at the end of a partition's rebuild speaks of that
+// partition: another partition's differences leave it agreeing, its own
+// do not; a rebuild of the whole keeps every difference.
+func TestRebuiltPartIsThePartitionsVerify(t *testing.T) {
+	const parts = 4
+	var here, elsewhere string
+	for i := 0; here == "" || elsewhere == ""; i++ {
+		key := fmt.Sprintf("doc-%d", i)
+		if contract.Partition(key, parts) == 1 {
+			here = key
+		} else {
+			elsewhere = key
+		}
+	}
+	one := 1
+	st := rebuild.Status{Partition: &one, Partitions: parts}
+	other := verify.Report{Store: "graph", Agrees: false, Differences: []verify.Difference{{Key: elsewhere}}}
+	if r := rebuiltPart(other, st); !r.Agrees || len(r.Differences) != 0 || r.Partition == nil || *r.Partition != 1 || r.Partitions != parts {
+		t.Errorf("another partition's difference: %+v; want partition 1 of 4 agreeing", r)
+	}
+	mine := verify.Report{Store: "graph", Agrees: false, Differences: []verify.Difference{{Key: elsewhere}, {Key: here}}}
+	if r := rebuiltPart(mine, st); r.Agrees || len(r.Differences) != 1 || r.Differences[0].Key != here {
+		t.Errorf("the partition's own difference: %+v; want it alone, disagreeing", r)
+	}
+	if r := rebuiltPart(mine, rebuild.Status{}); r.Agrees || len(r.Differences) != 2 || r.Partition != nil {
+		t.Errorf("a whole rebuild's verify: %+v; want every difference", r)
 	}
 }
