@@ -114,7 +114,8 @@ func (s *Neo4jStores) Wipe(ctx context.Context, g *rebuild.Generation) error {
 
 // WipePartition deletes from the database g what it holds of the
 // documents of partition part of n: their keys are read from the document
-// nodes; one another partition's document links to stays, a stub.
+// and chunk nodes; a node another partition's document links to stays, a
+// stub.
 func (s *Neo4jStores) WipePartition(ctx context.Context, g *rebuild.Generation, part, n int) error {
 	p, ok := g.Store.(*graph.Projection)
 	if !ok {
@@ -124,19 +125,32 @@ func (s *Neo4jStores) WipePartition(ctx context.Context, g *rebuild.Generation, 
 	if !ok {
 		return errors.New("wipe partition: only a Neo4j graph runs in partitions")
 	}
-	var keys []string
-	if err := b.ScanDocuments(ctx, func(v graph.View) error {
-		if contract.Partition(v.Key, n) == part {
-			keys = append(keys, v.Key)
+	var keys, chunksOnly []string
+	if err := b.ScanKeys(ctx, func(key string, node bool) error {
+		switch {
+		case contract.Partition(key, n) != part:
+		case node:
+			keys = append(keys, key)
+		default:
+			chunksOnly = append(chunksOnly, key)
 		}
 		return nil
 	}); err != nil {
 		return err
 	}
+	chunks, err := b.WipeChunks(ctx, chunksOnly)
+	if err != nil {
+		return err
+	}
 	deleted, err := b.WipeDocuments(ctx, keys)
-	s.log.Info("graph partition wiped for its rebuild", "partition", part, "of", n, "documents", len(keys), "nodes_deleted", deleted, "err", err)
+	s.log.Info("graph partition wiped for its rebuild", "partition", part, "of", n, "documents", len(keys), "document_nodes_deleted", deleted,
+		"chunks_without_their_document_deleted", chunks, "err", err)
 	return err
 }
+
+// PartitionRefused is nil: the graph's partitions can always be rebuilt
+// alone.
+func (s *Neo4jStores) PartitionRefused(*rebuild.Generation) error { return nil }
 
 // Describe names the database.
 func (s *Neo4jStores) Describe(name string) string {

@@ -205,8 +205,7 @@ func (s *Stores) Drop(ctx context.Context, name string) error {
 
 // WipePartition deletes from the live generation g every point of the
 // documents of partition part of n: their keys are read from the markers
-// (every document the index holds has one, written before its chunks).
-// Only a Qdrant index runs in partitions.
+// and the chunk points. Only a Qdrant index runs in partitions.
 func (s *Stores) WipePartition(ctx context.Context, g *rebuild.Generation, part, n int) error {
 	x, ok := g.Store.(*index.Index)
 	if !ok {
@@ -216,10 +215,12 @@ func (s *Stores) WipePartition(ctx context.Context, g *rebuild.Generation, part,
 	if !ok {
 		return errors.New("wipe partition: only a Qdrant index runs in partitions")
 	}
+	seen := map[string]bool{}
 	var keys []string
-	if err := b.ScanMarkers(ctx, func(m index.Marker) error {
-		if contract.Partition(m.Key, n) == part {
-			keys = append(keys, m.Key)
+	if err := b.ScanKeys(ctx, func(key string) error {
+		if !seen[key] && contract.Partition(key, n) == part {
+			seen[key] = true
+			keys = append(keys, key)
 		}
 		return nil
 	}); err != nil {
@@ -228,6 +229,18 @@ func (s *Stores) WipePartition(ctx context.Context, g *rebuild.Generation, part,
 	err := b.WipeDocuments(ctx, keys)
 	s.log.Info("index partition wiped for its rebuild", "collection", g.Name, "partition", part, "of", n, "documents", len(keys), "err", err)
 	return err
+}
+
+// PartitionRefused is why no partition of g can be rebuilt alone: the
+// generation refuses writes (its vectors are another embedder's), so a
+// partition wiped would stay empty; a whole rebuild replaces it.
+func (s *Stores) PartitionRefused(g *rebuild.Generation) error {
+	if x, ok := g.Store.(*index.Index); ok {
+		if _, _, refusing := x.Embedder(); refusing != nil {
+			return fmt.Errorf("the index refuses writes: %w", refusing)
+		}
+	}
+	return nil
 }
 
 // Describe names a generation.

@@ -346,7 +346,7 @@ func (b *Backend) WipeDocuments(ctx context.Context, keys []string) (deleted int
 		size := b.cfg.BatchSize
 		for lo := 0; lo < len(keys); {
 			hi := min(lo+size, len(keys))
-			n, err := b.count(ctx, fmt.Sprintf("%s of %d", st.name, hi-lo), st.cypher, map[string]any{"keys": keys[lo:hi]})
+			n, err := b.count(ctx, st.name, hi-lo, st.cypher, map[string]any{"keys": keys[lo:hi]})
 			if errors.Is(err, ErrTooLarge) && size > 1 {
 				size /= 2
 				continue
@@ -363,15 +363,101 @@ func (b *Backend) WipeDocuments(ctx context.Context, keys []string) (deleted int
 	return deleted, nil
 }
 
+// keysPage is how many keys a read transaction of ScanKeys reads.
+const keysPage = 10000
+
+// ScanKeys calls fn with the key of every document the graph holds
+// anything of, in no particular order: those of the document nodes
+// (stubs included), with node true, and those of chunk nodes whose
+// document node is gone, with node false. An error from fn ends the scan
+// and is returned as it is.
+func (b *Backend) ScanKeys(ctx context.Context, fn func(key string, node bool) error) error {
+	nodes := map[string]bool{}
+	after := ""
+	for {
+		var page []string
+		if err := b.run.ExecuteRead(ctx, func(t tx) error {
+			page = page[:0]
+			recs, err := t.Run(ctx, cypherDocumentKeys, map[string]any{"after": after, "limit": int64(keysPage)})
+			if err != nil {
+				return err
+			}
+			for _, rec := range recs {
+				key, ok := rec["key"].(string)
+				if !ok {
+					return fmt.Errorf("documentKeys returned key=%T; want a string", rec["key"])
+				}
+				page = append(page, key)
+			}
+			return nil
+		}); err != nil {
+			return b.fail("scan keys", err)
+		}
+		slices.Sort(page)
+		for _, key := range page {
+			nodes[key] = true
+			if err := fn(key, true); err != nil {
+				return err
+			}
+		}
+		if len(page) < keysPage {
+			break
+		}
+		after = page[len(page)-1]
+	}
+	var chunks []string
+	if err := b.run.ExecuteRead(ctx, func(t tx) error {
+		chunks = chunks[:0]
+		recs, err := t.Run(ctx, cypherChunkKeys, nil)
+		if err != nil {
+			return err
+		}
+		for _, rec := range recs {
+			if key, ok := rec["key"].(string); ok {
+				chunks = append(chunks, key)
+			}
+		}
+		return nil
+	}); err != nil {
+		return b.fail("scan keys", err)
+	}
+	for _, key := range chunks {
+		if !nodes[key] {
+			if err := fn(key, false); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// WipeChunks deletes the chunk nodes of the documents keys, for those
+// whose document node is gone (ScanKeys' keys with node false); every
+// other chunk goes with its document in WipeDocuments. Each transaction
+// reads every chunk node, so keys go 1,000 to one. deleted counts the
+// chunks.
+func (b *Backend) WipeChunks(ctx context.Context, keys []string) (deleted int64, err error) {
+	for lo := 0; lo < len(keys); lo += 1000 {
+		hi := min(lo+1000, len(keys))
+		n, err := b.count(ctx, "wipeChunks", hi-lo, cypherWipeChunks, map[string]any{"keys": keys[lo:hi]})
+		if err != nil {
+			return deleted, b.fail("wipe chunks", err)
+		}
+		deleted += n
+	}
+	return deleted, nil
+}
+
 // wipeBatch runs one transaction of Wipe: cypher deletes up to limit
 // relationships or nodes and answers how many.
 func (b *Backend) wipeBatch(ctx context.Context, name, cypher string, limit int64) (int64, error) {
-	return b.count(ctx, fmt.Sprintf("%s of %d", name, limit), cypher, map[string]any{"limit": limit})
+	return b.count(ctx, name, int(limit), cypher, map[string]any{"limit": limit})
 }
 
-// count runs cypher with params in one write transaction, which answers
-// one record: how many it deleted. what names the transaction in errors.
-func (b *Backend) count(ctx context.Context, what, cypher string, params map[string]any) (int64, error) {
+// count runs cypher, the statement name of size keys or rows, with params
+// in one write transaction, which answers one record: how many it
+// deleted.
+func (b *Backend) count(ctx context.Context, name string, size int, cypher string, params map[string]any) (int64, error) {
 	var (
 		n     int64
 		large error
@@ -387,11 +473,11 @@ func (b *Backend) count(ctx context.Context, what, cypher string, params map[str
 			return err
 		}
 		if len(recs) != 1 {
-			return fmt.Errorf("%s returned %d records; want 1", what, len(recs))
+			return fmt.Errorf("%s returned %d records; want 1", name, len(recs))
 		}
 		v, ok := recs[0]["deleted"].(int64)
 		if !ok {
-			return fmt.Errorf("%s returned deleted=%T; want an integer", what, recs[0]["deleted"])
+			return fmt.Errorf("%s returned deleted=%T; want an integer", name, recs[0]["deleted"])
 		}
 		n = v
 		return nil
@@ -400,7 +486,7 @@ func (b *Backend) count(ctx context.Context, what, cypher string, params map[str
 		large = err
 	}
 	if large != nil {
-		return 0, fmt.Errorf("%s: %w: %w", what, ErrTooLarge, large)
+		return 0, fmt.Errorf("%s of %d: %w: %w", name, size, ErrTooLarge, large)
 	}
 	return n, err
 }

@@ -225,3 +225,25 @@ CALL {
   DETACH DELETE d
 }
 RETURN sum(CASE WHEN linked THEN 0 ELSE 1 END) AS deleted`
+
+// cypherDocumentKeys reads the next page of document keys, in key order,
+// after $after: a rebuild of a partition finds its documents' keys with
+// it.
+const cypherDocumentKeys = `MATCH (d:Document)
+WHERE d.key > $after
+RETURN d.key AS key
+ORDER BY key
+LIMIT $limit`
+
+// cypherChunkKeys reads the keys of the documents chunk nodes belong to,
+// each once: a chunk whose document node is gone is found by them alone.
+const cypherChunkKeys = `MATCH (c:Chunk)
+RETURN DISTINCT c.key AS key`
+
+// cypherWipeChunks deletes the chunk nodes of the documents $keys whose
+// document node is gone, with their relationships; it reads every chunk
+// node, so it is run for those keys alone. Answers how many it deleted.
+const cypherWipeChunks = `MATCH (c:Chunk)
+WHERE c.key IN $keys
+DETACH DELETE c
+RETURN count(c) AS deleted`

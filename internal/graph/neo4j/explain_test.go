@@ -12,8 +12,8 @@ import (
 
 // sentStatements are the statements the backend sends, with their
 // parameters: those of the plans of planScenarios, and those that
-// Ensure (repairing a schema), Document, ScanDocuments, WipeDocuments and
-// Wipe send,
+// Ensure (repairing a schema), Document, ScanDocuments, ScanKeys,
+// WipeChunks, WipeDocuments and Wipe send,
 // recorded from a backend on the model.
 func sentStatements(t *testing.T) []statement {
 	t.Helper()
@@ -45,6 +45,12 @@ func sentStatements(t *testing.T) []statement {
 		t.Fatal(err)
 	}
 	if err := b.ScanDocuments(ctx(), func(graph.View) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.ScanKeys(ctx(), func(string, bool) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.WipeChunks(ctx(), []string{"a"}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := b.WipeDocuments(ctx(), []string{"a", "b"}); err != nil {

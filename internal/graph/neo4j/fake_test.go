@@ -28,6 +28,9 @@ var statementNames = []struct{ name, cypher string }{
 	{"wipe", cypherWipe},
 	{"wipeDocumentRelationships", cypherWipeDocumentRelationships},
 	{"wipeDocuments", cypherWipeDocuments},
+	{"documentKeys", cypherDocumentKeys},
+	{"chunkKeys", cypherChunkKeys},
+	{"wipeChunks", cypherWipeChunks},
 }
 
 func statementName(cypher string) string {
@@ -291,6 +294,38 @@ func (g *modelGraph) run(cypher string, params map[string]any) ([]record, error)
 				delete(d.tagged, name)
 			}
 		})
+		return []record{{"deleted": n}}, nil
+	case cypherDocumentKeys:
+		after, limit := params["after"].(string), params["limit"].(int64)
+		var out []record
+		for _, key := range slices.Sorted(maps.Keys(g.docs)) {
+			if key > after && int64(len(out)) < limit {
+				out = append(out, record{"key": key})
+			}
+		}
+		return out, nil
+	case cypherChunkKeys:
+		seen := map[string]bool{}
+		var out []record
+		for _, c := range g.chunks {
+			if !seen[c.key] {
+				seen[c.key] = true
+				out = append(out, record{"key": c.key})
+			}
+		}
+		return out, nil
+	case cypherWipeChunks:
+		var n int64
+		keys := stringsParam(params, "keys")
+		for id, c := range g.chunks {
+			if slices.Contains(keys, c.key) {
+				delete(g.chunks, id)
+				for _, d := range g.docs {
+					delete(d.chunks, id)
+				}
+				n++
+			}
+		}
 		return []record{{"deleted": n}}, nil
 	case cypherWipeDocumentRelationships:
 		var n int64

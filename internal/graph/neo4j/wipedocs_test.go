@@ -1,6 +1,7 @@
 package neo4j
 
 import (
+	"maps"
 	"slices"
 	"testing"
 
@@ -9,19 +10,30 @@ import (
 	"github.com/converge-sync/converge/internal/graph"
 )
 
-// WipeDocuments forgets the documents named as if no event of theirs had
-// been applied, and nothing else: one another document links to stays as
-// the stub that link made, one only they linked to goes, the others keep
-// what they hold. Applied again, their events give back the graph as it
-// was. On the model and on the real server, which alone checks the
-// Cypher.
+// ScanKeys names every document the graph holds anything of, one whose
+// node is gone but not its chunks included. WipeDocuments forgets the
+// documents named as if no event of theirs had been applied, and nothing
+// else: one another document links to stays as the stub that link made,
+// one only they linked to (or itself) goes, a withdrawn one goes, the
+// others keep what they hold; WipeChunks deletes the chunks whose node is
+// gone. Applied again, their events give back the graph as it was. On
+// the model and on the real server, which alone checks the Cypher.
 func TestWipeDocuments(t *testing.T) {
 	t.Run("model", func(t *testing.T) {
 		r := newFakeRunner()
-		testWipeDocuments(t, newTestBackend(r, 2), func() int { return len(r.graph.chunks) })
+		testWipeDocuments(t, newTestBackend(r, 2), func() int { return len(r.graph.chunks) }, func(key string) { delete(r.graph.docs, key) })
 	})
 	t.Run("neo4j", func(t *testing.T) {
 		b := newServerBackend(t, Config{BatchSize: 2})
+		run := func(cypher string, params map[string]any) *neo4j.EagerResult {
+			t.Helper()
+			res, err := neo4j.ExecuteQuery(ctx(), b.driver, cypher, params, neo4j.EagerResultTransformer, neo4j.ExecuteQueryWithDatabase(b.cfg.Database))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return res
+		}
+		drop := func(key string) { run("MATCH (d:Document {key: $key}) DETACH DELETE d", map[string]any{"key": key}) }
 		testWipeDocuments(t, b, func() int {
 			res, err := neo4j.ExecuteQuery(ctx(), b.driver, "MATCH (c:Chunk) RETURN count(c) AS n", nil,
 				neo4j.EagerResultTransformer, neo4j.ExecuteQueryWithDatabase(b.cfg.Database))
@@ -30,38 +42,64 @@ func TestWipeDocuments(t *testing.T) {
 			}
 			n, _ := res.Records[0].Get("n")
 			return int(n.(int64))
-		})
+		}, drop)
 	})
 }
 
-func testWipeDocuments(t *testing.T, b *Backend, chunks func() int) {
+func testWipeDocuments(t *testing.T, b *Backend, chunks func() int, dropNode func(key string)) {
 	if err := b.Ensure(ctx()); err != nil {
 		t.Fatal(err)
 	}
-	// a and c are wiped; b (another partition's) links to a; d is a stub
-	// only a links to.
+	// a, c, d and w are wiped; b (not wiped) links to a, which links to
+	// itself; d is a stub only a links to; w is withdrawn; e's node is
+	// gone, its chunk left.
+	withdrawn := doc("w", 3, 0, nil, nil)
+	withdrawn.Deleted = true
 	docs := []graph.Doc{
-		doc("a", 1, 2, []string{"b", "c", "d"}, []string{"t"}),
+		doc("a", 1, 2, []string{"a", "b", "c", "d"}, []string{"t"}),
 		doc("b", 1, 1, []string{"a"}, []string{"t"}),
 		doc("c", 2, 1, nil, []string{"u"}),
+		withdrawn,
+		doc("e", 1, 1, nil, nil),
 	}
 	mustApply(t, b, docs...)
+	dropNode("e")
 	before := map[string]graph.View{}
-	for _, key := range []string{"a", "b", "c", "d"} {
+	for _, key := range []string{"a", "b", "c", "d", "w"} {
 		before[key] = view(t, b, key)
 	}
-	deleted, err := b.WipeDocuments(ctx(), []string{"d", "c", "a", "a"})
+	nodes, chunksOnly := map[string]bool{}, map[string]bool{}
+	if err := b.ScanKeys(ctx(), func(key string, node bool) error {
+		if node {
+			nodes[key] = true
+		} else {
+			chunksOnly[key] = true
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := slices.Sorted(maps.Keys(nodes)); !slices.Equal(got, []string{"a", "b", "c", "d", "w"}) {
+		t.Errorf("ScanKeys' document nodes: %v", got)
+	}
+	if got := slices.Sorted(maps.Keys(chunksOnly)); !slices.Equal(got, []string{"e"}) {
+		t.Errorf("ScanKeys' keys of chunks without their node: %v; want [e]", got)
+	}
+	if n, err := b.WipeChunks(ctx(), []string{"e"}); err != nil || n != 1 {
+		t.Errorf("WipeChunks of e: %d, %v; want its one chunk", n, err)
+	}
+	deleted, err := b.WipeDocuments(ctx(), []string{"d", "c", "a", "a", "w"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if deleted != 2 {
-		t.Errorf("WipeDocuments deleted %d nodes; want 2 (c and d; a stays, b links to it)", deleted)
+	if deleted != 3 {
+		t.Errorf("WipeDocuments deleted %d nodes; want 3 (c, d and w; a stays, b links to it)", deleted)
 	}
 	a := view(t, b, "a")
 	if !a.Stub || a.Version != 0 || a.Title != "" || len(a.Chunks)+len(a.Links)+len(a.Tags) != 0 || !slices.Equal(a.LinkedBy, []string{"b"}) {
 		t.Errorf("a after the wipe: %+v; want a stub linked by b alone", a)
 	}
-	for _, key := range []string{"c", "d"} {
+	for _, key := range []string{"c", "d", "w"} {
 		if v, ok, err := b.Document(ctx(), key); err != nil || ok {
 			t.Errorf("%s after the wipe: %+v, %v, %v; want no node", key, v, ok, err)
 		}
@@ -75,8 +113,8 @@ func testWipeDocuments(t *testing.T, b *Backend, chunks func() int) {
 	if n := chunks(); n != 1 {
 		t.Errorf("%d chunk nodes after the wipe; want 1 (b's)", n)
 	}
-	// The events of a and c again: the graph as it was.
-	if applied := mustApply(t, b, docs[0], docs[2]); !applied[0] || !applied[1] {
+	// The events of a, c and w again: the graph as it was.
+	if applied := mustApply(t, b, docs[0], docs[2], docs[3]); !applied[0] || !applied[1] || !applied[2] {
 		t.Fatalf("the wiped documents' events were not applied again: %v", applied)
 	}
 	for key, want := range before {

@@ -201,13 +201,27 @@ func (b *Backend) scrollSelect(ctx context.Context, op string, filter *qd.Filter
 	}
 }
 
+// ScanKeys calls fn with the key of every document the collection holds
+// anything of: a marker, or chunk points (a first write stopped before
+// its marker leaves points without one), in no particular order; a key
+// may come more than once. An error from fn stops the scan and is
+// returned as is.
+func (b *Backend) ScanKeys(ctx context.Context, fn func(key string) error) error {
+	keyOf := func(p *qd.RetrievedPoint) error { return fn(p.GetPayload()[fieldKey].GetStringValue()) }
+	if err := b.scrollSelect(ctx, "scan keys", onlyType(typeMarker), qd.NewWithPayloadInclude(fieldKey), false, keysPageSize, keyOf); err != nil {
+		return err
+	}
+	return b.scrollSelect(ctx, "scan keys", onlyType(typeChunk), qd.NewWithPayloadInclude(fieldKey), false, keysPageSize, keyOf)
+}
+
+// keysPageSize is ScanKeys' page: the key alone of each point.
+const keysPageSize = 4096
+
 // WipeDocuments deletes every point of the documents called keys, their
 // markers included, as if no event of theirs had been applied, for a
 // rebuild of their partition; the collection's other documents keep
 // theirs. BatchSize keys per pair of requests: their chunk points first,
-// then their markers, so that a wipe interrupted between the two leaves
-// markers that a scan of them finds again, and no chunk point without
-// its marker.
+// then their markers.
 func (b *Backend) WipeDocuments(ctx context.Context, keys []string) error {
 	keys = distinct(keys)
 	return b.inBatches(ctx, len(keys), b.cfg.BatchSize, func(ctx context.Context, lo, hi int) error {

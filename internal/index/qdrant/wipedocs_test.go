@@ -1,15 +1,19 @@
 package qdrant_test
 
 import (
+	"maps"
+	"slices"
 	"testing"
 
 	"github.com/converge-sync/converge/internal/index"
 	"github.com/converge-sync/converge/internal/index/qdrant"
 )
 
-// WipeDocuments deletes every point of the documents named, their
-// markers included, and nothing of the others: after it their events
-// apply again as to a collection that never held them.
+// ScanKeys names every document the collection holds anything of, one
+// with chunk points but no marker (a first write stopped before it)
+// included; WipeDocuments deletes every point of the documents named,
+// their markers included, and nothing of the others: after it their
+// events apply again as to a collection that never held them.
 func TestWipeDocuments(t *testing.T) {
 	onBoth(t, func(t *testing.T, s server) {
 		b := s.ensured(t, func(c *qdrant.Config) { c.BatchSize = 2 })
@@ -24,7 +28,16 @@ func TestWipeDocuments(t *testing.T) {
 		}
 		must(t, b.SetMarkers(ctx(), markers))
 		must(t, b.Upsert(ctx(), points))
-		must(t, b.WipeDocuments(ctx(), []string{"c", "a", "a", "gone"}))
+		must(t, b.Upsert(ctx(), []index.Point{chunk("unmarked", 1, 0, axis(0))}))
+		found := map[string]bool{}
+		must(t, b.ScanKeys(ctx(), func(key string) error { found[key] = true; return nil }))
+		if want := []string{"a", "b", "c", "d", "unmarked"}; !slices.Equal(slices.Sorted(maps.Keys(found)), want) {
+			t.Fatalf("ScanKeys found %v; want %v", slices.Sorted(maps.Keys(found)), want)
+		}
+		must(t, b.WipeDocuments(ctx(), []string{"c", "a", "a", "gone", "unmarked"}))
+		if pts, err := b.Points(ctx(), "unmarked", false); err != nil || len(pts) != 0 {
+			t.Errorf("the unmarked document after the wipe: %d points, %v", len(pts), err)
+		}
 		got, err := b.Markers(ctx(), keys)
 		must(t, err)
 		for _, key := range keys {
