@@ -13,6 +13,7 @@ import (
 	"github.com/converge-sync/converge/internal/auth"
 	"github.com/converge-sync/converge/internal/config"
 	"github.com/converge-sync/converge/internal/rebuild"
+	"github.com/converge-sync/converge/internal/service"
 	"github.com/converge-sync/converge/internal/verify"
 	"github.com/converge-sync/converge/internal/verify/postgres"
 )
@@ -53,6 +54,9 @@ func rebuildCmd(ctx context.Context, args []string, out io.Writer) error {
 	}
 	if which == "" || f.NArg() > 0 {
 		return errors.New("rebuild needs the projection to rebuild: converge rebuild index | converge rebuild graph")
+	}
+	if *partition < -1 {
+		return service.Usage("rebuild: -partition %d: a partition is 0 or more (-1, the default: the whole store)", *partition)
 	}
 	addr, kind := *indexAddr, verify.Index
 	if which == "graph" {
@@ -185,7 +189,7 @@ func runRebuild(ctx context.Context, c *rebuild.Client, partition int, interval 
 	fmt.Fprintf(progress, "rebuild %s of %s: %s\n", id, st.Projector, describeRebuild(st))
 	line := newProgressLine(progress)
 	defer line.Done()
-	return c.Wait(ctx, id, interval, func(st rebuild.Status, err error) {
+	st, err = c.Wait(ctx, id, interval, func(st rebuild.Status, err error) {
 		if err != nil {
 			// The projector may be restarting: it resumes the rebuild.
 			line.Printf("rebuild %s: %v; asking again\n", id, err)
@@ -197,6 +201,18 @@ func runRebuild(ctx context.Context, c *rebuild.Client, partition int, interval 
 		}
 		line.Update(l)
 	})
+	if err == nil && st.Abandoned != "" {
+		err = fmt.Errorf("rebuild %s of partition %v was abandoned: %s", id, partitionLabel(st), st.Abandoned)
+	}
+	return st, err
+}
+
+// partitionLabel is st's partition, "-" for a rebuild of the whole store.
+func partitionLabel(st rebuild.Status) string {
+	if st.Partition == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%d of %d", *st.Partition, st.Partitions)
 }
 
 func describeRebuild(st rebuild.Status) string {

@@ -153,6 +153,18 @@ func TestRunRebuildOfOnePartition(t *testing.T) {
 		t.Errorf("progress does not say which partition:\n%s", progress.String())
 	}
 
+	// Abandoned (the partitions made anew meanwhile): an error saying so.
+	abandoned := done
+	abandoned.Abandoned = "the partitioned stream now has 8 partitions, not 4"
+	srv = serve(filling, abandoned)
+	if _, err := runRebuild(context.Background(), &rebuild.Client{Addr: srv.URL, HTTP: srv.Client()}, 2, time.Millisecond, &bytes.Buffer{}); err == nil ||
+		!strings.Contains(err.Error(), "rebuild r2 of partition 2 of 4 was abandoned: the partitioned stream now has 8 partitions") {
+		t.Errorf("an abandoned rebuild: %v; want an error saying why", err)
+	}
+	if err := rebuildCmd(context.Background(), []string{"graph", "-partition", "-2", "-no-verify"}, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), "-partition -2") {
+		t.Errorf("rebuild -partition -2: %v; want a usage error, never a rebuild of the whole store", err)
+	}
+
 	other := filling
 	other.Partition = &one
 	for _, c := range []struct {

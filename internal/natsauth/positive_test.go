@@ -274,6 +274,8 @@ func testProjectorRebuilds(t *testing.T, name string) {
 // one at a time.
 type wipePartitionStores struct{ inPlaceStores }
 
+func (s *wipePartitionStores) PartitionRefused(*rebuild.Generation) error { return nil }
+
 func (s *wipePartitionStores) WipePartition(_ context.Context, _ *rebuild.Generation, part, n int) error {
 	s.store.mu.Lock()
 	defer s.store.mu.Unlock()

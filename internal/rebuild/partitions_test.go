@@ -205,6 +205,8 @@ func (g gens) WipePartition(_ context.Context, gen *rebuild.Generation, part, n 
 	return nil
 }
 
+func (g gens) PartitionRefused(*rebuild.Generation) error { return nil }
+
 // lose deletes keys from the live generation: a store that lost them.
 func (s *sharedGens) lose(keys ...string) {
 	s.mu.Lock()

@@ -46,6 +46,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -114,6 +115,10 @@ type PartitionWiper interface {
 	// ([contract.Partition] of their keys), their version markers
 	// included, and leaves the other documents as they are.
 	WipePartition(ctx context.Context, g *Generation, part, n int) error
+	// PartitionRefused is why no partition of g can be rebuilt alone now
+	// (the index refusing writes: its vectors are another embedder's,
+	// which a whole rebuild replaces); nil: one can.
+	PartitionRefused(g *Generation) error
 }
 
 // ErrInvalid is the error of a rebuild asked for with what cannot be
@@ -190,6 +195,10 @@ type Status struct {
 	AppliedSeq    uint64 `json:"applied_seq"`
 	Pending       uint64 `json:"pending"`
 	Error         string `json:"error,omitempty"`
+	// Abandoned, with the phase done, is why the rebuild of one partition
+	// was ended unfinished (the partitions were made anew; the index
+	// refuses writes), and what its documents then hold.
+	Abandoned string `json:"abandoned,omitempty"`
 	// Completed counts the rebuilds finished since the process started.
 	Completed int `json:"completed"`
 }
@@ -377,8 +386,12 @@ func (m *Manager) StartPartition(ctx context.Context, part int) (Status, bool, e
 	case part < 0 || part >= n:
 		return Status{}, false, fmt.Errorf("%w: partition %d: projector %s has partitions 0 to %d", ErrInvalid, part, m.name, n-1)
 	}
-	if _, ok := m.stores.(PartitionWiper); !ok {
+	w, ok := m.stores.(PartitionWiper)
+	if !ok {
 		return Status{}, false, fmt.Errorf("%w: %s cannot wipe one partition's documents: rebuild the whole store", ErrInvalid, m.stores.Describe(""))
+	}
+	if err := w.PartitionRefused(m.sw.Live()); err != nil {
+		return Status{}, false, fmt.Errorf("%w: %w: rebuild the whole store", ErrInvalid, err)
 	}
 	return m.start(ctx, &part)
 }
@@ -555,12 +568,24 @@ func (m *Manager) step(ctx context.Context, st *State) error {
 	if st.Partition != nil {
 		part, n := *st.Partition, st.Partitions
 		w, ok := m.stores.(PartitionWiper)
-		switch {
-		case !ok:
+		if !ok {
 			return fmt.Errorf("rebuild %s is of partition %d, but %s cannot wipe one partition", st.ID, part, m.stores.Describe(st.Target))
-		case n != m.cfg.Partitions:
-			return fmt.Errorf("rebuild %s is of partition %d of %d, but the projector runs in %d partitions: run it with %d until the rebuild is done",
-				st.ID, part, n, m.cfg.Partitions, n)
+		}
+		if n != m.cfg.Partitions {
+			now, err := m.partitionsNow(ctx)
+			if err != nil {
+				return err
+			}
+			if now == n {
+				// This instance is configured otherwise than the stream:
+				// one configured as it is resumes the rebuild.
+				return fmt.Errorf("rebuild %s is of partition %d of %d, as the partitioned stream has them, but this instance runs in %d partitions: run it with %d",
+					st.ID, part, n, m.cfg.Partitions, n)
+			}
+			return m.abandon(ctx, st, fmt.Sprintf("the partitioned stream now has %d partitions, not %d: its consumers, made anew, read it from its start, filling every document again", now, n))
+		}
+		if err := w.PartitionRefused(m.sw.Live()); err != nil {
+			return m.abandon(ctx, st, err.Error()+": rebuild the whole store")
 		}
 		return m.inPlace(ctx, st, func(ctx context.Context, g *Generation) error { return w.WipePartition(ctx, g, part, n) })
 	}
@@ -667,6 +692,12 @@ func (m *Manager) inPlace(ctx context.Context, st *State, wipe func(context.Cont
 	}
 	defer resume()
 	live, src := m.sw.Live(), m.sourceOf(st)
+	if st.Partition != nil && live.Name != st.Target {
+		// A partition is rebuilt on whichever generation is live.
+		m.log.Warn("the live generation is not the one recorded when the partition's rebuild began; rebuilding the partition on it",
+			"live", m.stores.Describe(live.Name), "recorded", m.stores.Describe(st.Target))
+		st.Target = live.Name
+	}
 	if st.Phase == PhaseWiping {
 		m.setPhase(st, PhaseWiping)
 		if err := fence.Do(ctx, func(ctx context.Context) error { return wipe(ctx, live) }); err != nil {
@@ -743,7 +774,9 @@ func (m *Manager) fill(ctx context.Context, src source, g *Generation, fence pro
 		if err != nil {
 			return err
 		}
-		if now-last <= closeEnough {
+		// A partition's last message may have gone (the stream's limits)
+		// since it was read: now below last.
+		if now <= last || now-last <= closeEnough {
 			return nil
 		}
 		m.log.Debug("rebuild round done; another one", "behind", now-last)
@@ -834,7 +867,17 @@ func (m *Manager) catchUpTo(ctx context.Context, src source, g *Generation, targ
 }
 
 // finish deletes the rebuild consumer and then the state.
-func (m *Manager) finish(ctx context.Context, st *State) error {
+func (m *Manager) finish(ctx context.Context, st *State) error { return m.end(ctx, st, "") }
+
+// abandon ends the rebuild of a partition that can no longer be rebuilt
+// alone, saying why in its status (Error, with the phase done) and its
+// log, so that the rebuilds asked next can run.
+func (m *Manager) abandon(ctx context.Context, st *State, why string) error {
+	m.log.Error("the rebuild of one partition is abandoned", "id", st.ID, "partition", partitionOf(st), "of", st.Partitions, "why", why)
+	return m.end(ctx, st, why)
+}
+
+func (m *Manager) end(ctx context.Context, st *State, abandoned string) error {
 	if err := m.deleteConsumer(ctx, m.sourceOf(st)); err != nil {
 		return err
 	}
@@ -844,11 +887,27 @@ func (m *Manager) finish(ctx context.Context, st *State) error {
 	now := m.cfg.Runtime.Clock.Now().UTC()
 	m.mu.Lock()
 	m.active = false
-	m.status.Phase, m.status.Error, m.status.DoneAt = PhaseDone, "", &now
+	m.status.Phase, m.status.Error, m.status.Abandoned, m.status.DoneAt = PhaseDone, "", abandoned, &now
 	m.status.Completed++
 	m.mu.Unlock()
-	m.log.Info("rebuild done", "id", st.ID, "target", m.stores.Describe(st.Target), "partition", partitionOf(st), "took", now.Sub(st.StartedAt).Round(time.Millisecond))
+	if abandoned == "" {
+		m.log.Info("rebuild done", "id", st.ID, "target", m.stores.Describe(st.Target), "partition", partitionOf(st), "took", now.Sub(st.StartedAt).Round(time.Millisecond))
+	}
 	return nil
+}
+
+// partitionsNow is the number of partitions of the partitioned stream
+// now; 0 when there is none.
+func (m *Manager) partitionsNow(ctx context.Context) (int, error) {
+	s, err := m.js.Stream(ctx, contract.PartsStream)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		return 0, nil
+	case err != nil:
+		return 0, fmt.Errorf("rebuild: stream %s: %w", contract.PartsStream, err)
+	}
+	n, _ := strconv.Atoi(s.CachedInfo().Config.Metadata[contract.MetaPartitions])
+	return n, nil
 }
 
 // redeliver has the rebuild consumer deliver again, at once, what it
