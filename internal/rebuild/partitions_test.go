@@ -99,8 +99,9 @@ func (s *sharedGens) liveVersions() map[string]int64 {
 }
 
 // violations are the writes no rebuild may let happen, in place (of the
-// whole, or of one partition) those of another instance between the wipe
-// and the rebuild runtime's last write.
+// whole, or of one partition) any but the rebuild runtime's between the
+// wipe and its last write: another instance's, or a live runtime's of the
+// instance that rebuilds.
 func (s *sharedGens) violations() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -119,7 +120,7 @@ func (s *sharedGens) violations() []string {
 			}
 		}
 		for i := start + 1; i < last; i++ {
-			if s.wrote[i].instance != wiper {
+			if s.wrote[i].instance != wiper || s.wrote[i].runtime != rebuild.ConsumerName("index") {
 				bad = append(bad, fmt.Sprintf("%s (%s) wrote while %s rebuilt in place", s.wrote[i].instance, s.wrote[i].runtime, wiper))
 			}
 		}
