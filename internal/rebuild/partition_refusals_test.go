@@ -98,15 +98,18 @@ func TestPartitionRebuildRefusals(t *testing.T) {
 // since, whose consumers fill every document again), is abandoned
 // without a wipe, saying why, so that the next rebuild can run; on an
 // instance configured otherwise than the stream, it waits for one
-// configured as the stream is.
+// configured as the stream is. One resumed on an index that now refuses
+// writes is abandoned too: a whole rebuild is what replaces that index.
 func TestPartitionRebuildOfAnotherNumberOfPartitions(t *testing.T) {
 	for _, c := range []struct {
 		name                   string
 		began, stream, running int
-		abandoned              bool
+		refusing               bool
+		abandoned              string // what the status says; "": not abandoned
 	}{
-		{"partitions made anew", 4, 2, 2, true},
-		{"instance configured otherwise", 2, 2, 4, false},
+		{"partitions made anew", 4, 2, 2, false, "now has 2 partitions, not 4"},
+		{"instance configured otherwise", 2, 2, 4, false, ""},
+		{"index refusing writes", 2, 2, 2, true, "another embedder's: rebuild the whole store"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			n := testenv.StartNATS(t)
@@ -115,7 +118,10 @@ func TestPartitionRebuildOfAnotherNumberOfPartitions(t *testing.T) {
 				t.Fatal(err)
 			}
 			s := newSharedGens(true)
-			stores := inPlaceGens{gens{s: s, instance: "a"}}
+			var stores rebuild.Stores = inPlaceGens{gens{s: s, instance: "a"}}
+			if c.refusing {
+				stores = refusingGens{inPlaceGens{gens{s: s, instance: "a"}}}
+			}
 			first, _ := serveRebuilds(t, js, stores, c.running) // makes the bucket
 			first.Stop()
 			part := 1
@@ -132,14 +138,14 @@ func TestPartitionRebuildOfAnotherNumberOfPartitions(t *testing.T) {
 				t.Fatal(err)
 			}
 			p, _ := serveRebuilds(t, js, stores, c.running)
-			if c.abandoned {
+			if c.abandoned != "" {
 				testenv.Eventually(t, "the rebuild to be abandoned", 10*time.Second, func() bool {
 					st := p.Manager.Status(context.Background())
 					return st.Phase == rebuild.PhaseDone && st.ID == "left"
 				})
 				st := p.Manager.Status(context.Background())
-				if !strings.Contains(st.Abandoned, "now has 2 partitions, not 4") {
-					t.Errorf("abandoned: %q; want it to name the partitions", st.Abandoned)
+				if !strings.Contains(st.Abandoned, c.abandoned) {
+					t.Errorf("abandoned: %q; want it to say %q", st.Abandoned, c.abandoned)
 				}
 				if _, err := kv.Get(context.Background(), "index"); !errors.Is(err, jetstream.ErrKeyNotFound) {
 					t.Errorf("the abandoned rebuild's state: %v; want it gone", err)
