@@ -181,6 +181,9 @@ func moveToPartitions(ctx context.Context, js jetstream.JetStream, n *Notifier, 
 	if !writable() {
 		return lease.ErrLost
 	}
+	if afterDrain != nil {
+		afterDrain()
+	}
 	// Caught up, with no relay publishing there since the record (a relay
 	// of an older version would: upgrade every relay first). Anything
 	// pending now is finished before the consumer goes.
@@ -197,6 +200,10 @@ func moveToPartitions(ctx context.Context, js jetstream.JetStream, n *Notifier, 
 	log.Info("moved to the effects' partitions: the effects' stream is finished and its consumer deleted", "stream", contract.EventsStream, "consumer", rc.Name)
 	return nil
 }
+
+// afterDrain, set by a test, runs when the move has drained the effects'
+// stream, before it looks for events still pending there.
+var afterDrain func()
 
 // readEffectsMoved reads the relay's record of the move to the effects'
 // partitions; false when there is none (or no relay's bucket).

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -183,5 +184,70 @@ func TestNotifierWithoutPartitionsStopsWhenTheEffectsHaveThem(t *testing.T) {
 	}
 	if err := one.Stop(); !errors.Is(err, errEffectsPartitioned) || !strings.Contains(err.Error(), "-partitions 2") {
 		t.Fatalf("the notifier without partitions: %v, want %v naming -partitions 2", err, errEffectsPartitioned)
+	}
+}
+
+// A relay of an older version still publishes to the effects' stream
+// after the relay's record of the move: the move, finding an event there
+// once it has drained the stream, refuses to delete the stream's
+// consumer and takes the move again, notifying it; every effect is sent
+// once, each document's in order, and the consumer goes in the end.
+func TestNotifierMoveFinishesWhatReachesTheEffectsStreamLate(t *testing.T) {
+	const parts, docs = 4, 10
+	e := newRelayedEnv(t, 1, -1)
+	ctx := context.Background()
+	rcv := newReceiver(t)
+	cfg := testConfig(rcv.url("/hook"))
+	key := func(i int) string { return fmt.Sprintf("doc-%02d", i) }
+	one := stacktest.Start(t, notifierService(e.n.URL, "one", 0, cfg), Run)
+	for i := range docs {
+		e.relayPublish(upsert(key(i), 1), true)
+	}
+	testenv.Eventually(t, "the first versions notified by the one writer", 20*time.Second, func() bool { return len(rcv.requests()) == docs })
+	if err := one.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range docs {
+		e.relayPublish(upsert(key(i), 2), true)
+	}
+	rcfg := relay.Config{Effects: relay.EffectsConfig{Enabled: true}}
+	if _, err := relay.ApplyEffectsPartitions(ctx, e.js, rcfg, parts, false); err != nil {
+		t.Fatal(err)
+	}
+	e.relayMoved(parts)
+	var drains atomic.Int32
+	afterDrain = func() {
+		if drains.Add(1) == 1 {
+			e.relayPublish(upsert("late", 1), true) // an older relay, after the record
+		}
+	}
+	t.Cleanup(func() { afterDrain = nil })
+	for i := range docs {
+		e.partitionPublish(upsert(key(i), 3), parts)
+	}
+	e.partitionPublish(upsert("late", 2), parts)
+	a := stacktest.Start(t, notifierService(e.n.URL, "a", parts, cfg), Run)
+	testenv.Eventually(t, "every version notified", 30*time.Second, func() bool { return len(rcv.requests()) == 3*docs+2 })
+	last := map[string]int64{}
+	for _, q := range rcv.requests() {
+		if q.Body.Version != last[q.Body.Key]+1 {
+			t.Fatalf("%s: version %d notified after %d", q.Body.Key, q.Body.Version, last[q.Body.Key])
+		}
+		last[q.Body.Key] = q.Body.Version
+	}
+	if n := drains.Load(); n != 2 {
+		t.Errorf("the move drained the effects' stream %d times, want 2 (the first refused to delete the consumer)", n)
+	}
+	testenv.Eventually(t, "the effects' stream's consumer deleted", 10*time.Second, func() bool {
+		_, err := e.js.Consumer(ctx, contract.EventsStream, "notifier")
+		return errors.Is(err, jetstream.ErrConsumerNotFound)
+	})
+	for effect, n := range rcv.check() {
+		if n != 1 {
+			t.Errorf("effect %s: %d POSTs", effect, n)
+		}
+	}
+	if err := a.Stop(); err != nil {
+		t.Fatal(err)
 	}
 }
