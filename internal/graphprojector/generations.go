@@ -128,7 +128,7 @@ func (s *Neo4jStores) WipePartition(ctx context.Context, g *rebuild.Generation, 
 	var keys, chunksOnly []string
 	if err := b.ScanKeys(ctx, func(key string, node bool) error {
 		switch {
-		case contract.Partition(key, n) != part:
+		case key == "" || contract.Partition(key, n) != part:
 		case node:
 			keys = append(keys, key)
 		default:

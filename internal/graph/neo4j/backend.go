@@ -367,12 +367,11 @@ func (b *Backend) WipeDocuments(ctx context.Context, keys []string) (deleted int
 const keysPage = 10000
 
 // ScanKeys calls fn with the key of every document the graph holds
-// anything of, in no particular order: those of the document nodes
-// (stubs included), with node true, and those of chunk nodes whose
-// document node is gone, with node false. An error from fn ends the scan
-// and is returned as it is.
+// anything of: those of the document nodes (stubs included), in key
+// order, with node true, then those of chunk nodes no document node holds
+// (its node gone, or made again as a stub), with node false; a key may
+// come in both. An error from fn ends the scan and is returned as it is.
 func (b *Backend) ScanKeys(ctx context.Context, fn func(key string, node bool) error) error {
-	nodes := map[string]bool{}
 	after := ""
 	for {
 		var page []string
@@ -393,9 +392,10 @@ func (b *Backend) ScanKeys(ctx context.Context, fn func(key string, node bool) e
 		}); err != nil {
 			return b.fail("scan keys", err)
 		}
-		slices.Sort(page)
+		if len(page) > 0 && page[0] <= after {
+			return b.fail("scan keys", fmt.Errorf("a page after %q began with %q", after, page[0]))
+		}
 		for _, key := range page {
-			nodes[key] = true
 			if err := fn(key, true); err != nil {
 				return err
 			}
@@ -422,20 +422,17 @@ func (b *Backend) ScanKeys(ctx context.Context, fn func(key string, node bool) e
 		return b.fail("scan keys", err)
 	}
 	for _, key := range chunks {
-		if !nodes[key] {
-			if err := fn(key, false); err != nil {
-				return err
-			}
+		if err := fn(key, false); err != nil {
+			return err
 		}
 	}
 	return nil
 }
 
-// WipeChunks deletes the chunk nodes of the documents keys, for those
-// whose document node is gone (ScanKeys' keys with node false); every
-// other chunk goes with its document in WipeDocuments. Each transaction
-// reads every chunk node, so keys go 1,000 to one. deleted counts the
-// chunks.
+// WipeChunks deletes the chunk nodes of the documents keys that no
+// document node holds (ScanKeys' keys with node false); every other chunk
+// goes with its document in WipeDocuments. Each transaction reads every
+// chunk node, so keys go 1,000 to one. deleted counts the chunks.
 func (b *Backend) WipeChunks(ctx context.Context, keys []string) (deleted int64, err error) {
 	for lo := 0; lo < len(keys); lo += 1000 {
 		hi := min(lo+1000, len(keys))

@@ -235,15 +235,17 @@ RETURN d.key AS key
 ORDER BY key
 LIMIT $limit`
 
-// cypherChunkKeys reads the keys of the documents chunk nodes belong to,
-// each once: a chunk whose document node is gone is found by them alone.
+// cypherChunkKeys reads the keys of the chunk nodes no document node
+// holds (HAS_CHUNK), each once: a chunk whose document node is gone, or
+// was made again (a stub), is found by them alone.
 const cypherChunkKeys = `MATCH (c:Chunk)
+WHERE c.key IS NOT NULL AND NOT EXISTS { (:Document)-[:HAS_CHUNK]->(c) }
 RETURN DISTINCT c.key AS key`
 
-// cypherWipeChunks deletes the chunk nodes of the documents $keys whose
-// document node is gone, with their relationships; it reads every chunk
-// node, so it is run for those keys alone. Answers how many it deleted.
+// cypherWipeChunks deletes the chunk nodes of the documents $keys that no
+// document node holds; it reads every chunk node, so it is run for those
+// keys alone. Answers how many it deleted.
 const cypherWipeChunks = `MATCH (c:Chunk)
-WHERE c.key IN $keys
+WHERE c.key IN $keys AND NOT EXISTS { (:Document)-[:HAS_CHUNK]->(c) }
 DETACH DELETE c
 RETURN count(c) AS deleted`

@@ -103,6 +103,16 @@ func newModelGraph() *modelGraph {
 		indexes: map[string]modelIndex{}}
 }
 
+// held reports whether a document node holds the chunk id (HAS_CHUNK).
+func (g *modelGraph) held(id string) bool {
+	for _, d := range g.docs {
+		if d.chunks[id] {
+			return true
+		}
+	}
+	return false
+}
+
 func newModelDoc() *modelDoc {
 	return &modelDoc{chunks: map[string]bool{}, links: map[string]bool{}, tagged: map[string]bool{}}
 }
@@ -307,8 +317,8 @@ func (g *modelGraph) run(cypher string, params map[string]any) ([]record, error)
 	case cypherChunkKeys:
 		seen := map[string]bool{}
 		var out []record
-		for _, c := range g.chunks {
-			if !seen[c.key] {
+		for id, c := range g.chunks {
+			if !seen[c.key] && !g.held(id) {
 				seen[c.key] = true
 				out = append(out, record{"key": c.key})
 			}
@@ -318,7 +328,7 @@ func (g *modelGraph) run(cypher string, params map[string]any) ([]record, error)
 		var n int64
 		keys := stringsParam(params, "keys")
 		for id, c := range g.chunks {
-			if slices.Contains(keys, c.key) {
+			if slices.Contains(keys, c.key) && !g.held(id) {
 				delete(g.chunks, id)
 				for _, d := range g.docs {
 					delete(d.chunks, id)

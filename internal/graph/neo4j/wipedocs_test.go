@@ -52,7 +52,8 @@ func testWipeDocuments(t *testing.T, b *Backend, chunks func() int, dropNode fun
 	}
 	// a, c, d and w are wiped; b (not wiped) links to a, which links to
 	// itself; d is a stub only a links to; w is withdrawn; e's node is
-	// gone, its chunk left.
+	// gone, its chunk left; f's too, and g's link made f again, a stub
+	// that does not hold f's chunk.
 	withdrawn := doc("w", 3, 0, nil, nil)
 	withdrawn.Deleted = true
 	docs := []graph.Doc{
@@ -61,9 +62,12 @@ func testWipeDocuments(t *testing.T, b *Backend, chunks func() int, dropNode fun
 		doc("c", 2, 1, nil, []string{"u"}),
 		withdrawn,
 		doc("e", 1, 1, nil, nil),
+		doc("f", 1, 1, nil, nil),
 	}
 	mustApply(t, b, docs...)
 	dropNode("e")
+	dropNode("f")
+	mustApply(t, b, doc("g", 1, 1, []string{"f"}, nil))
 	before := map[string]graph.View{}
 	for _, key := range []string{"a", "b", "c", "d", "w"} {
 		before[key] = view(t, b, key)
@@ -79,14 +83,14 @@ func testWipeDocuments(t *testing.T, b *Backend, chunks func() int, dropNode fun
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if got := slices.Sorted(maps.Keys(nodes)); !slices.Equal(got, []string{"a", "b", "c", "d", "w"}) {
+	if got := slices.Sorted(maps.Keys(nodes)); !slices.Equal(got, []string{"a", "b", "c", "d", "f", "g", "w"}) {
 		t.Errorf("ScanKeys' document nodes: %v", got)
 	}
-	if got := slices.Sorted(maps.Keys(chunksOnly)); !slices.Equal(got, []string{"e"}) {
-		t.Errorf("ScanKeys' keys of chunks without their node: %v; want [e]", got)
+	if got := slices.Sorted(maps.Keys(chunksOnly)); !slices.Equal(got, []string{"e", "f"}) {
+		t.Errorf("ScanKeys' keys of chunks no node holds: %v; want [e f]", got)
 	}
-	if n, err := b.WipeChunks(ctx(), []string{"e"}); err != nil || n != 1 {
-		t.Errorf("WipeChunks of e: %d, %v; want its one chunk", n, err)
+	if n, err := b.WipeChunks(ctx(), []string{"e", "f", "g"}); err != nil || n != 2 {
+		t.Errorf("WipeChunks of e, f and g: %d, %v; want the 2 chunks no node holds (g's is held)", n, err)
 	}
 	deleted, err := b.WipeDocuments(ctx(), []string{"d", "c", "a", "a", "w"})
 	if err != nil {
@@ -110,8 +114,8 @@ func testWipeDocuments(t *testing.T, b *Backend, chunks func() int, dropNode fun
 	if got := view(t, b, "b"); !equalViews(got, wantB) {
 		t.Errorf("b, not wiped, changed:\n got %+v\nwant %+v", got, wantB)
 	}
-	if n := chunks(); n != 1 {
-		t.Errorf("%d chunk nodes after the wipe; want 1 (b's)", n)
+	if n := chunks(); n != 2 {
+		t.Errorf("%d chunk nodes after the wipe; want 2 (b's and g's)", n)
 	}
 	// The events of a, c and w again: the graph as it was.
 	if applied := mustApply(t, b, docs[0], docs[2], docs[3]); !applied[0] || !applied[1] || !applied[2] {
