@@ -235,8 +235,8 @@ func TestNotifierMoveFinishesWhatReachesTheEffectsStreamLate(t *testing.T) {
 		}
 		last[q.Body.Key] = q.Body.Version
 	}
-	if n := drains.Load(); n != 2 {
-		t.Errorf("the move drained the effects' stream %d times, want 2 (the first refused to delete the consumer)", n)
+	if n := drains.Load(); n < 2 {
+		t.Errorf("the move drained the effects' stream %d times, want 2 or more (the first refused to delete the consumer)", n)
 	}
 	testenv.Eventually(t, "the effects' stream's consumer deleted", 10*time.Second, func() bool {
 		_, err := e.js.Consumer(ctx, contract.EventsStream, "notifier")
