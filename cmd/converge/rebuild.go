@@ -201,6 +201,9 @@ func runRebuild(ctx context.Context, c *rebuild.Client, partition int, interval 
 		}
 		line.Update(l)
 	})
+	if st.Widened != "" {
+		fmt.Fprintf(progress, "rebuild %s became one of the whole store: %s\n", id, st.Widened)
+	}
 	if err == nil && st.Abandoned != "" {
 		err = fmt.Errorf("rebuild %s of partition %v was abandoned: %s", id, partitionLabel(st), st.Abandoned)
 	}

@@ -179,8 +179,10 @@ func TestBlueGreenRebuildUnderLiveTraffic(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := kv.Get(context.Background(), "index"); !errors.Is(err, jetstream.ErrKeyNotFound) {
-		t.Errorf("the rebuild state remains: %v", err)
+	if ent, err := kv.Get(context.Background(), "index"); err != nil || !strings.Contains(string(ent.Value()), `"phase":"done"`) || !strings.Contains(string(ent.Value()), `"done_at"`) {
+		t.Errorf("the rebuild state after the rebuild: %v; want it ended, with its end's time", err)
+	} else if states, err := rebuild.InProgress(context.Background(), e.js); err != nil || len(states) != 0 {
+		t.Errorf("rebuilds in progress after the rebuild: %+v, %v", states, err)
 	}
 	if s := p.Manager.Status(context.Background()); s.Completed != 1 || s.DoneAt == nil {
 		t.Errorf("status after the rebuild: %+v", s)

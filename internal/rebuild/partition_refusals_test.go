@@ -88,28 +88,38 @@ func TestPartitionRebuildRefusals(t *testing.T) {
 	if st, err := c.Status(context.Background()); err != nil || st.ID != "" {
 		t.Errorf("after the refusals the projector reports %+v, %v; want no rebuild", st, err)
 	}
-	if len(s.wrote) != 0 {
-		t.Errorf("the refusals wrote %d times to the store", len(s.wrote))
+	s.mu.Lock()
+	wrote := len(s.wrote)
+	s.mu.Unlock()
+	if wrote != 0 {
+		t.Errorf("the refusals wrote %d times to the store", wrote)
 	}
 }
 
-// A rebuild of one partition left by a process, begun with another
-// number of partitions than the partitioned stream has now (made anew
-// since, whose consumers fill every document again), is abandoned
-// without a wipe, saying why, so that the next rebuild can run; on an
-// instance configured otherwise than the stream, it waits for one
-// configured as the stream is. One resumed on an index that now refuses
-// writes is abandoned too: a whole rebuild is what replaces that index.
-func TestPartitionRebuildOfAnotherNumberOfPartitions(t *testing.T) {
+// A rebuild of one partition left by a process that can no longer be
+// done as begun ends so that nothing stays wiped and the next rebuild
+// can run: abandoned where nothing was wiped yet, or where the
+// partitioned stream was made anew (its consumers fill every document
+// again); widened into a rebuild of the whole store where the partition
+// may be wiped and nothing would fill it again (the projector back to
+// one writer), or where the index refuses writes (a whole rebuild is what
+// replaces it). On an instance configured otherwise than the stream, it
+// waits for one configured as the stream is. The outcome stays in the
+// rebuilds' bucket: a process started afterwards reports it.
+func TestPartitionRebuildThatCannotGoOnAsBegun(t *testing.T) {
 	for _, c := range []struct {
 		name                   string
 		began, stream, running int
+		phase                  string
 		refusing               bool
-		abandoned              string // what the status says; "": not abandoned
+		abandoned, widened     string // what the status says
+		wiped                  bool   // the whole store wiped (widened)
 	}{
-		{"partitions made anew", 4, 2, 2, false, "now has 2 partitions, not 4"},
-		{"instance configured otherwise", 2, 2, 4, false, ""},
-		{"index refusing writes", 2, 2, 2, true, "another embedder's: rebuild the whole store"},
+		{"partitions made anew, nothing wiped", 4, 2, 2, rebuild.PhaseWiping, false, "nothing was wiped", "", false},
+		{"partitions made anew after the wipe", 4, 2, 2, rebuild.PhaseFilling, false, "made anew with 2 partitions, not 4", "", false},
+		{"one writer now, after the wipe", 2, 2, 0, rebuild.PhaseFilling, false, "", "runs in 0 partitions now", true},
+		{"index refusing writes", 2, 2, 2, rebuild.PhaseWiping, true, "", "another embedder's", true},
+		{"instance configured otherwise", 2, 2, 4, rebuild.PhaseWiping, false, "", "", false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			n := testenv.StartNATS(t)
@@ -125,7 +135,7 @@ func TestPartitionRebuildOfAnotherNumberOfPartitions(t *testing.T) {
 			first, _ := serveRebuilds(t, js, stores, c.running) // makes the bucket
 			first.Stop()
 			part := 1
-			left, err := json.Marshal(rebuild.State{ID: "left", Phase: rebuild.PhaseWiping, InPlace: true, Target: "gen-0", Previous: "gen-0",
+			left, err := json.Marshal(rebuild.State{ID: "left", Phase: c.phase, InPlace: true, Target: "gen-0", Previous: "gen-0",
 				Partition: &part, Partitions: c.began, StartedAt: time.Now().UTC()})
 			if err != nil {
 				t.Fatal(err)
@@ -138,32 +148,39 @@ func TestPartitionRebuildOfAnotherNumberOfPartitions(t *testing.T) {
 				t.Fatal(err)
 			}
 			p, _ := serveRebuilds(t, js, stores, c.running)
-			if c.abandoned != "" {
-				testenv.Eventually(t, "the rebuild to be abandoned", 10*time.Second, func() bool {
-					st := p.Manager.Status(context.Background())
-					return st.Phase == rebuild.PhaseDone && st.ID == "left"
-				})
-				st := p.Manager.Status(context.Background())
-				if !strings.Contains(st.Abandoned, c.abandoned) {
-					t.Errorf("abandoned: %q; want it to say %q", st.Abandoned, c.abandoned)
-				}
-				if _, err := kv.Get(context.Background(), "index"); !errors.Is(err, jetstream.ErrKeyNotFound) {
-					t.Errorf("the abandoned rebuild's state: %v; want it gone", err)
-				}
-			} else {
+			if c.abandoned == "" && c.widened == "" {
 				testenv.Eventually(t, "the rebuild to wait for an instance configured as the stream", 10*time.Second, func() bool {
 					st := p.Manager.Status(context.Background())
 					return st.Phase == rebuild.PhaseRetrying && strings.Contains(st.Error, "run it with 2")
 				})
-				if _, err := kv.Get(context.Background(), "index"); err != nil {
-					t.Errorf("the rebuild's state: %v; want it kept", err)
+				if st, err := rebuild.InProgress(context.Background(), js); err != nil || len(st) != 1 {
+					t.Errorf("the rebuilds in progress: %+v, %v; want it kept", st, err)
 				}
+				if wipes := s.wipes(); wipes != 0 {
+					t.Errorf("%d wipes; want none", wipes)
+				}
+				return
 			}
-			s.mu.Lock()
-			wrote := len(s.wrote)
-			s.mu.Unlock()
-			if wrote != 0 {
-				t.Errorf("%d writes to the store; want none (no wipe)", wrote)
+			testenv.Eventually(t, "the rebuild to end", 10*time.Second, func() bool {
+				st := p.Manager.Status(context.Background())
+				return st.Phase == rebuild.PhaseDone && st.ID == "left"
+			})
+			p.Stop()
+			// Reported by a process started afterwards, from the bucket.
+			again, _ := serveRebuilds(t, js, stores, c.running)
+			st := again.Manager.Status(context.Background())
+			if st.Phase != rebuild.PhaseDone || st.ID != "left" || st.DoneAt == nil || !strings.Contains(st.Abandoned, c.abandoned) ||
+				!strings.Contains(st.Widened, c.widened) || (c.abandoned == "") != (st.Abandoned == "") || (c.widened == "") != (st.Widened == "") {
+				t.Errorf("status after the end: %+v; want done, abandoned %q, widened %q", st, c.abandoned, c.widened)
+			}
+			if c.widened != "" && st.Partition != nil {
+				t.Errorf("a widened rebuild reports partition %d", *st.Partition)
+			}
+			if states, err := rebuild.InProgress(context.Background(), js); err != nil || len(states) != 0 {
+				t.Errorf("the rebuilds in progress after the end: %+v, %v; want none", states, err)
+			}
+			if wipes := s.wipes(); (wipes > 0) != c.wiped {
+				t.Errorf("%d wipes; want the whole store wiped: %v", wipes, c.wiped)
 			}
 		})
 	}

@@ -217,6 +217,19 @@ func (s *sharedGens) lose(keys ...string) {
 	}
 }
 
+// wipes counts the wipes, whole or of a partition.
+func (s *sharedGens) wipes() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, w := range s.wrote {
+		if w.runtime == "wipe" {
+			n++
+		}
+	}
+	return n
+}
+
 // haunt writes key at version into the live generation, past every
 // writer: a document the store holds that no event made.
 func (s *sharedGens) haunt(key string, version int64) {

@@ -171,7 +171,18 @@ type State struct {
 	// live generation), from the partitioned stream.
 	Partition  *int `json:"partition,omitempty"`
 	Partitions int  `json:"partitions,omitempty"`
+	// Widened is why a rebuild begun of one partition became one of the
+	// whole store (it could no longer be done as begun).
+	Widened string `json:"widened,omitempty"`
+	// DoneAt is set once the rebuild ended (Phase done): the state stays,
+	// for every instance to report, until the next rebuild replaces it.
+	// Abandoned is then why a partition's rebuild ended unfinished.
+	DoneAt    *time.Time `json:"done_at,omitempty"`
+	Abandoned string     `json:"abandoned,omitempty"`
 }
+
+// running reports whether st is a rebuild still to carry out.
+func (st *State) running() bool { return st != nil && st.Phase != PhaseDone }
 
 // Status reports the rebuild in progress, or the last one.
 type Status struct {
@@ -196,9 +207,11 @@ type Status struct {
 	Pending       uint64 `json:"pending"`
 	Error         string `json:"error,omitempty"`
 	// Abandoned, with the phase done, is why the rebuild of one partition
-	// was ended unfinished (the partitions were made anew; the index
-	// refuses writes), and what its documents then hold.
+	// was ended unfinished (the partitions were made anew), and what its
+	// documents then hold. Widened is why one begun of one partition
+	// became a rebuild of the whole store.
 	Abandoned string `json:"abandoned,omitempty"`
+	Widened   string `json:"widened,omitempty"`
 	// Completed counts the rebuilds finished since the process started.
 	Completed int `json:"completed"`
 }
@@ -352,7 +365,7 @@ func (m *Manager) RunFenced(ctx context.Context, js jetstream.JetStream, fence p
 			return nil
 		case err != nil:
 			m.log.Warn("reading the rebuild state failed", "err", err)
-		case st != nil:
+		case st.running():
 			m.run(ctx, st)
 			continue
 		}
@@ -369,7 +382,7 @@ func (m *Manager) RunFenced(ctx context.Context, js jetstream.JetStream, fence p
 
 // Start begins a rebuild of the whole store, unless one is in progress. It
 // reports the rebuild's status and whether this call started it.
-func (m *Manager) Start(ctx context.Context) (Status, bool, error) { return m.start(ctx, nil) }
+func (m *Manager) Start(ctx context.Context) (Status, bool, error) { return m.start(ctx, nil, nil) }
 
 // StartPartition begins a rebuild of partition part alone, unless a
 // rebuild is in progress (of the whole or of any partition: one at a
@@ -386,17 +399,21 @@ func (m *Manager) StartPartition(ctx context.Context, part int) (Status, bool, e
 	case part < 0 || part >= n:
 		return Status{}, false, fmt.Errorf("%w: partition %d: projector %s has partitions 0 to %d", ErrInvalid, part, m.name, n-1)
 	}
-	w, ok := m.stores.(PartitionWiper)
-	if !ok {
-		return Status{}, false, fmt.Errorf("%w: %s cannot wipe one partition's documents: rebuild the whole store", ErrInvalid, m.stores.Describe(""))
-	}
-	if err := w.PartitionRefused(m.sw.Live()); err != nil {
-		return Status{}, false, fmt.Errorf("%w: %w: rebuild the whole store", ErrInvalid, err)
-	}
-	return m.start(ctx, &part)
+	return m.start(ctx, &part, func() error {
+		w, ok := m.stores.(PartitionWiper)
+		if !ok {
+			return fmt.Errorf("%w: %s cannot wipe one partition's documents: rebuild the whole store", ErrInvalid, m.stores.Describe(""))
+		}
+		if err := w.PartitionRefused(m.sw.Live()); err != nil {
+			return fmt.Errorf("%w: %w: rebuild the whole store", ErrInvalid, err)
+		}
+		return nil
+	})
 }
 
-func (m *Manager) start(ctx context.Context, part *int) (Status, bool, error) {
+// start begins a rebuild, of partition part alone when not nil, once
+// check (nil: none) passes, unless one is in progress.
+func (m *Manager) start(ctx context.Context, part *int, check func() error) (Status, bool, error) {
 	select {
 	case <-m.ready:
 	case <-ctx.Done():
@@ -409,11 +426,18 @@ func (m *Manager) start(ctx context.Context, part *int) (Status, bool, error) {
 	if m.active {
 		return m.status, false, nil
 	}
-	if st, err := m.load(ctx); err != nil {
+	last, rev, err := m.loadRev(ctx)
+	if err != nil {
 		return Status{}, false, err
-	} else if st != nil {
+	}
+	if last.running() {
 		m.kick() // Run takes it up if it has not yet
-		return m.status, false, nil
+		return m.statusOf(last, m.status.Completed), false, nil
+	}
+	if check != nil {
+		if err := check(); err != nil {
+			return Status{}, false, err
+		}
 	}
 	now := m.cfg.Runtime.Clock.Now().UTC()
 	st := &State{ID: now.Format("20060102T150405.000Z"), StartedAt: now}
@@ -441,7 +465,7 @@ func (m *Manager) start(ctx context.Context, part *int) (Status, bool, error) {
 		// the one that holds them all is rebuilt.
 		st.Phase, st.Target, st.InPlace = PhaseWiping, live, true
 	}
-	if err := m.save(ctx, st, true); err != nil {
+	if err := m.create(ctx, st, rev); err != nil {
 		return Status{}, false, err
 	}
 	m.active = m.running // else the instance that runs rebuilds finds it within its poll
@@ -484,9 +508,8 @@ func (m *Manager) Status(ctx context.Context) Status {
 	m.mu.Unlock()
 	switch {
 	case !active:
-		// One left by a previous process, about to be resumed; or one
-		// another instance runs (partitions), which it ends by deleting
-		// its state.
+		// One left by a previous process, about to be resumed; one
+		// another instance runs (partitions); or the last one, ended.
 		st, err := m.load(ctx)
 		switch {
 		case err == nil && st != nil:
@@ -566,28 +589,7 @@ func (m *Manager) run(ctx context.Context, st *State) {
 // it was.
 func (m *Manager) step(ctx context.Context, st *State) error {
 	if st.Partition != nil {
-		part, n := *st.Partition, st.Partitions
-		w, ok := m.stores.(PartitionWiper)
-		if !ok {
-			return fmt.Errorf("rebuild %s is of partition %d, but %s cannot wipe one partition", st.ID, part, m.stores.Describe(st.Target))
-		}
-		if n != m.cfg.Partitions {
-			now, err := m.partitionsNow(ctx)
-			if err != nil {
-				return err
-			}
-			if now == n {
-				// This instance is configured otherwise than the stream:
-				// one configured as it is resumes the rebuild.
-				return fmt.Errorf("rebuild %s is of partition %d of %d, as the partitioned stream has them, but this instance runs in %d partitions: run it with %d",
-					st.ID, part, n, m.cfg.Partitions, n)
-			}
-			return m.abandon(ctx, st, fmt.Sprintf("the partitioned stream now has %d partitions, not %d: its consumers, made anew, read it from its start, filling every document again", now, n))
-		}
-		if err := w.PartitionRefused(m.sw.Live()); err != nil {
-			return m.abandon(ctx, st, err.Error()+": rebuild the whole store")
-		}
-		return m.inPlace(ctx, st, func(ctx context.Context, g *Generation) error { return w.WipePartition(ctx, g, part, n) })
+		return m.partition(ctx, st)
 	}
 	switch s := m.stores.(type) {
 	case BlueGreen:
@@ -599,9 +601,89 @@ func (m *Manager) step(ctx context.Context, st *State) error {
 		if !st.InPlace {
 			return fmt.Errorf("rebuild %s was begun blue/green, but %s is rebuilt in place", st.ID, s.Describe(st.Target))
 		}
-		return m.inPlace(ctx, st, func(ctx context.Context, g *Generation) error { return s.Wipe(ctx, g) })
+		return m.inPlace(ctx, st, func(ctx context.Context, g *Generation) error { return s.Wipe(ctx, g) }, nil)
 	}
 	return fmt.Errorf("rebuild: stores %T are neither blue/green nor in place", m.stores)
+}
+
+// partition carries the rebuild of one partition st through its
+// remaining phases, as begun if it still can be. Otherwise it is
+// abandoned where that leaves nothing to mend (nothing wiped yet, or the
+// partitioned stream made anew, whose consumers fill every document
+// again), and widened into a rebuild of the whole store where the
+// partition's documents may be wiped and nothing would fill them again.
+func (m *Manager) partition(ctx context.Context, st *State) error {
+	part, n, running := *st.Partition, st.Partitions, m.cfg.Partitions
+	w, ok := m.stores.(PartitionWiper)
+	if !ok {
+		return m.widen(ctx, st, m.stores.Describe(st.Target)+" cannot wipe one partition")
+	}
+	now, err := m.partitionsNow(ctx)
+	if err != nil {
+		return err
+	}
+	switch {
+	case now == n && running == n:
+	case running >= 2 && running != now:
+		// This instance is configured otherwise than the stream (which
+		// an instance in partitions refuses to start with): one
+		// configured as the stream is resumes the rebuild.
+		return fmt.Errorf("rebuild %s is of partition %d of %d, and the partitioned stream has %d partitions, but this instance runs in %d: run it with %d",
+			st.ID, part, n, now, running, now)
+	case st.Phase == PhaseWiping:
+		return m.abandon(ctx, st, fmt.Sprintf("nothing was wiped: the projector now runs in %d partitions (the partitioned stream has %d), not %d", running, now, n))
+	case now >= 2 && running == now:
+		return m.abandon(ctx, st, fmt.Sprintf("the partitioned stream was made anew with %d partitions, not %d: its consumers read it from its start, filling every document again", now, n))
+	default:
+		return m.widen(ctx, st, fmt.Sprintf("the projector runs in %d partitions now (the partitioned stream has %d), not %d, and the partition may be wiped", running, now, n))
+	}
+	err = m.inPlace(ctx, st, func(ctx context.Context, g *Generation) error { return w.WipePartition(ctx, g, part, n) }, w.PartitionRefused)
+	if r, ok := errors.AsType[*refusedError](err); ok {
+		return m.widen(ctx, st, r.Error())
+	}
+	return err
+}
+
+// refusedError is a store's refusal to have one partition rebuilt alone
+// (PartitionWiper.PartitionRefused).
+type refusedError struct{ err error }
+
+func (e *refusedError) Error() string { return e.err.Error() }
+func (e *refusedError) Unwrap() error { return e.err }
+
+// widen makes the rebuild of one partition st a rebuild of the whole
+// store, under the same id, and carries it through: the way a partition's
+// documents are filled again when the partition's rebuild cannot be done
+// as begun.
+func (m *Manager) widen(ctx context.Context, st *State, why string) error {
+	m.log.Warn("the rebuild of one partition becomes a rebuild of the whole store", "id", st.ID, "partition", partitionOf(st), "of", st.Partitions, "why", why)
+	whole := &State{ID: st.ID, StartedAt: st.StartedAt, Widened: fmt.Sprintf("partition %d of %d: %s", *st.Partition, st.Partitions, why)}
+	// The whole store's rebuild consumer starts at the stream's first
+	// message; the partition's goes.
+	for _, src := range []source{m.sourceOf(st), m.sourceOf(whole)} {
+		if err := m.deleteConsumer(ctx, src); err != nil {
+			return err
+		}
+	}
+	live, err := m.stores.Live(ctx)
+	if err != nil {
+		return err
+	}
+	whole.Previous = live
+	if s, ok := m.stores.(BlueGreen); ok {
+		whole.Phase, whole.Target = PhaseFilling, s.Fresh()
+		if whole.Target == live {
+			return fmt.Errorf("rebuild: the fresh generation's name %q is the live one's", live)
+		}
+	} else {
+		whole.Phase, whole.Target, whole.InPlace = PhaseWiping, live, true
+	}
+	if err := m.save(ctx, whole, false); err != nil {
+		return err
+	}
+	*st = *whole
+	m.setPhase(st, st.Phase)
+	return m.step(ctx, st)
 }
 
 // blueGreen fills the fresh generation, then swaps it in.
@@ -684,14 +766,21 @@ func (m *Manager) dropPrevious(ctx context.Context, stores BlueGreen, st *State)
 
 // inPlace wipes the live generation (the whole projection, or one
 // partition's documents) with wipe and fills it again, with the live
-// writes held back throughout.
-func (m *Manager) inPlace(ctx context.Context, st *State, wipe func(context.Context, *Generation) error) error {
+// writes held back throughout. refused, when not nil, is asked of the
+// live generation once the live writes are held back: its error, a
+// *refusedError, ends the step before anything is written.
+func (m *Manager) inPlace(ctx context.Context, st *State, wipe func(context.Context, *Generation) error, refused func(*Generation) error) error {
 	fence, resume, err := m.alone(ctx)
 	if err != nil {
 		return err
 	}
 	defer resume()
 	live, src := m.sw.Live(), m.sourceOf(st)
+	if refused != nil {
+		if err := refused(live); err != nil {
+			return &refusedError{err}
+		}
+	}
 	if st.Partition != nil && live.Name != st.Target {
 		// A partition is rebuilt on whichever generation is live.
 		m.log.Warn("the live generation is not the one recorded when the partition's rebuild began; rebuilding the partition on it",
@@ -866,12 +955,13 @@ func (m *Manager) catchUpTo(ctx context.Context, src source, g *Generation, targ
 	}
 }
 
-// finish deletes the rebuild consumer and then the state.
+// finish deletes the rebuild consumer and then records the rebuild done
+// in its state.
 func (m *Manager) finish(ctx context.Context, st *State) error { return m.end(ctx, st, "") }
 
-// abandon ends the rebuild of a partition that can no longer be rebuilt
-// alone, saying why in its status (Error, with the phase done) and its
-// log, so that the rebuilds asked next can run.
+// abandon ends the rebuild of a partition that need not go on, saying
+// why in its state (Abandoned, with the phase done) and its log, so that
+// the rebuilds asked next can run.
 func (m *Manager) abandon(ctx context.Context, st *State, why string) error {
 	m.log.Error("the rebuild of one partition is abandoned", "id", st.ID, "partition", partitionOf(st), "of", st.Partitions, "why", why)
 	return m.end(ctx, st, why)
@@ -881,14 +971,14 @@ func (m *Manager) end(ctx context.Context, st *State, abandoned string) error {
 	if err := m.deleteConsumer(ctx, m.sourceOf(st)); err != nil {
 		return err
 	}
-	if err := m.kv.Delete(ctx, m.name); err != nil {
-		return fmt.Errorf("rebuild: delete state: %w", err)
-	}
 	now := m.cfg.Runtime.Clock.Now().UTC()
+	st.Phase, st.DoneAt, st.Abandoned = PhaseDone, &now, abandoned
+	if err := m.save(ctx, st, false); err != nil {
+		return err
+	}
 	m.mu.Lock()
 	m.active = false
-	m.status.Phase, m.status.Error, m.status.Abandoned, m.status.DoneAt = PhaseDone, "", abandoned, &now
-	m.status.Completed++
+	m.status = m.statusOf(st, m.status.Completed+1)
 	m.mu.Unlock()
 	if abandoned == "" {
 		m.log.Info("rebuild done", "id", st.ID, "target", m.stores.Describe(st.Target), "partition", partitionOf(st), "took", now.Sub(st.StartedAt).Round(time.Millisecond))
@@ -946,7 +1036,8 @@ func (m *Manager) setStatusLocked(st *State) { m.status = m.statusOf(st, m.statu
 func (m *Manager) statusOf(st *State, completed int) Status {
 	started := st.StartedAt
 	return Status{Projector: m.name, ID: st.ID, Phase: st.Phase, InPlace: st.InPlace, Target: st.Target,
-		Previous: st.Previous, Partition: st.Partition, Partitions: st.Partitions, StartedAt: &started, Completed: completed}
+		Previous: st.Previous, Partition: st.Partition, Partitions: st.Partitions, StartedAt: &started, Completed: completed,
+		DoneAt: st.DoneAt, Abandoned: st.Abandoned, Widened: st.Widened}
 }
 
 // InProgress reads the rebuilds in progress (or interrupted) from the
@@ -977,25 +1068,50 @@ func InProgress(ctx context.Context, js jetstream.JetStream) ([]State, error) {
 			return out, fmt.Errorf("rebuild: state of %s in %s is not valid: %w", key, Bucket, err)
 		}
 		st.Projector = key
-		out = append(out, st)
+		if st.running() {
+			out = append(out, st)
+		}
 	}
 	return out, nil
 }
 
-// load reads the state of an unfinished rebuild; nil when there is none.
+// load reads the state of the rebuild in progress (or interrupted), or of
+// the last one, ended (State.running is false); nil when there is none.
 func (m *Manager) load(ctx context.Context) (*State, error) {
+	st, _, err := m.loadRev(ctx)
+	return st, err
+}
+
+// loadRev is load with the state's revision (0: none).
+func (m *Manager) loadRev(ctx context.Context) (*State, uint64, error) {
 	e, err := m.kv.Get(ctx, m.name)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return nil, nil
+		return nil, 0, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("rebuild: read state: %w", err)
+		return nil, 0, fmt.Errorf("rebuild: read state: %w", err)
 	}
 	var st State
 	if err := json.Unmarshal(e.Value(), &st); err != nil {
-		return nil, fmt.Errorf("rebuild: state of %s in %s is not valid: %w", m.name, Bucket, err)
+		return nil, 0, fmt.Errorf("rebuild: state of %s in %s is not valid: %w", m.name, Bucket, err)
 	}
-	return &st, nil
+	return &st, e.Revision(), nil
+}
+
+// create writes the state of a rebuild begun, in place of the ended one
+// at revision rev (0: none): it fails if another was written meanwhile.
+func (m *Manager) create(ctx context.Context, st *State, rev uint64) error {
+	if rev == 0 {
+		return m.save(ctx, st, true)
+	}
+	b, err := json.Marshal(st)
+	if err != nil {
+		return err
+	}
+	if _, err := m.kv.Update(ctx, m.name, b, rev); err != nil {
+		return fmt.Errorf("rebuild: write state: %w", err)
+	}
+	return nil
 }
 
 // save writes the state; create refuses to replace an existing one.
