@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/converge-sync/converge/internal/localaddr"
@@ -311,53 +312,147 @@ func TestPartitionedProjectorIsRebuilt(t *testing.T) {
 	}
 }
 
+// partRig is two instances, a and b, of the partitioned projector
+// "index" on one NATS server, sharing the generations s.
+type partRig struct {
+	t     *testing.T
+	url   string
+	js    jetstream.JetStream
+	parts int
+	s     *sharedGens
+	a, b  *partInstance
+}
+
+// startPartRig starts NATS with the documents' and the partitioned
+// stream, has publish write the documents there, and starts a and b.
+func startPartRig(t *testing.T, parts int, s *sharedGens, publish func(jetstream.JetStream)) *partRig {
+	t.Helper()
+	n := testenv.StartNATS(t)
+	_, js := n.DocsStream(t)
+	if _, err := relay.ApplyPartsStream(context.Background(), js, relay.StreamConfig{}, parts, false); err != nil {
+		t.Fatal(err)
+	}
+	publish(js)
+	r := &partRig{t: t, url: n.URL, js: js, parts: parts, s: s}
+	r.a = startPartInstance(t, n.URL, "a", parts, s)
+	r.b = startPartInstance(t, n.URL, "b", parts, s)
+	return r
+}
+
+// holds waits until the live generation holds every key's last version
+// in the documents' stream, but for except: a key there with version 0
+// is missing, any other holds that version.
+func (r *partRig) holds(what string, except map[string]int64) {
+	r.t.Helper()
+	testenv.Eventually(r.t, what, 60*time.Second, func() bool {
+		want := rebuildtest.LastVersions(r.t, r.js)
+		for k, v := range except {
+			want[k] = v
+			if v == 0 {
+				delete(want, k)
+			}
+		}
+		return maps.Equal(r.s.liveVersions(), want)
+	})
+}
+
+// shared waits until a and b hold every partition, each some.
+func (r *partRig) shared(what string) {
+	r.t.Helper()
+	testenv.Eventually(r.t, what, 30*time.Second, func() bool {
+		by := map[string]int{}
+		for p := range r.parts {
+			by[projectortest.LeaseHolder(context.Background(), r.js, projector.PartitionLease("index", p))]++
+		}
+		return by["a"] > 0 && by["b"] > 0 && by["a"]+by["b"] == r.parts
+	})
+}
+
+// coordinated returns the instance that coordinates the rebuilds, and the
+// other.
+func (r *partRig) coordinated() (coord, other *partInstance) {
+	r.t.Helper()
+	var holder string
+	testenv.Eventually(r.t, "an instance to coordinate the rebuilds", 10*time.Second, func() bool {
+		holder = projectortest.LeaseHolder(context.Background(), r.js, projector.CoordinatorLease("index"))
+		return holder != ""
+	})
+	if holder == "a" {
+		return r.a, r.b
+	}
+	return r.b, r.a
+}
+
+// stopMidRebuild stops coord once the rebuild other's client c reports is
+// underWay, and waits for other to coordinate in its place; the test
+// fails if nothing was left to apply when coord stopped.
+func (r *partRig) stopMidRebuild(c *rebuild.Client, coord, other *partInstance, underWay func(rebuild.Status) bool) {
+	r.t.Helper()
+	var at rebuild.Status
+	testenv.Eventually(r.t, "the rebuild to be under way", 30*time.Second, func() bool {
+		var err error
+		at, err = c.Status(context.Background())
+		return err == nil && underWay(at)
+	})
+	coord.stop()
+	if at.Phase == rebuild.PhaseDone || at.Pending == 0 {
+		r.t.Fatalf("the rebuild was not under way when %s stopped: %+v", coord.id, at)
+	}
+	r.t.Logf("%s stopped while it rebuilt (partition %v): %s, applied %d, pending %d", coord.id, at.Partition, at.Phase, at.AppliedSeq, at.Pending)
+	testenv.Eventually(r.t, other.id+" to coordinate", 10*time.Second, func() bool {
+		return projectortest.LeaseHolder(context.Background(), r.js, projector.CoordinatorLease("index")) == other.id
+	})
+}
+
+// restart starts the stopped instance in again.
+func (r *partRig) restart(in *partInstance) {
+	started := startPartInstance(r.t, r.url, in.id, r.parts, r.s)
+	if in.id == "a" {
+		r.a = started
+	} else {
+		r.b = started
+	}
+}
+
+// wait waits for rebuild id on c to be done.
+func wait(t *testing.T, c *rebuild.Client, id string) rebuild.Status {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	done, err := c.Wait(ctx, id, 50*time.Millisecond, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return done
+}
+
+// stop stops a and b and fails the test on any write no rebuild may let
+// happen.
+func (r *partRig) stop() {
+	r.t.Helper()
+	r.a.stop()
+	r.b.stop()
+	if bad := r.s.violations(); len(bad) > 0 {
+		r.t.Fatalf("%d writes no rebuild may let happen, the first: %v", len(bad), bad[:min(5, len(bad))])
+	}
+}
+
 func testPartitionedRebuild(t *testing.T, inPlace, stopCoordinator bool) {
 	const parts = 4
 	docs := 200
 	if stopCoordinator {
 		docs = 3000 // a rebuild long enough to stop in the middle
 	}
-	n := testenv.StartNATS(t)
-	_, js := n.DocsStream(t)
-	if _, err := relay.ApplyPartsStream(context.Background(), js, relay.StreamConfig{}, parts, false); err != nil {
-		t.Fatal(err)
-	}
-	for k := range docs {
-		rebuildtest.Publish(t, js, fmt.Sprintf("doc-%03d", k), 1)
-	}
-	s := newSharedGens(inPlace)
-	a := startPartInstance(t, n.URL, "a", parts, s)
-	b := startPartInstance(t, n.URL, "b", parts, s)
-	converged := func(what string) {
-		t.Helper()
-		testenv.Eventually(t, what, 60*time.Second, func() bool {
-			want := rebuildtest.LastVersions(t, js)
-			got := s.liveVersions()
-			return maps.Equal(got, want)
-		})
-	}
-	shared := func(what string) {
-		t.Helper()
-		testenv.Eventually(t, what, 30*time.Second, func() bool {
-			by := map[string]int{}
-			for p := range parts {
-				by[projectortest.LeaseHolder(context.Background(), js, projector.PartitionLease("index", p))]++
-			}
-			return by["a"] > 0 && by["b"] > 0 && by["a"]+by["b"] == parts
-		})
-	}
-	converged("a and b apply every event")
-	shared("a and b share the partitions")
-
-	var coordinator string
-	testenv.Eventually(t, "an instance to coordinate the rebuilds", 10*time.Second, func() bool {
-		coordinator = projectortest.LeaseHolder(context.Background(), js, projector.CoordinatorLease("index"))
-		return coordinator != ""
+	r := startPartRig(t, parts, newSharedGens(inPlace), func(js jetstream.JetStream) {
+		for k := range docs {
+			rebuildtest.Publish(t, js, fmt.Sprintf("doc-%03d", k), 1)
+		}
 	})
-	other, coord := a, b
-	if coordinator == "a" {
-		other, coord = b, a
-	}
+	s, js := r.s, r.js
+	r.holds("a and b apply every event", nil)
+	r.shared("a and b share the partitions")
+
+	coord, other := r.coordinated()
 	stop := rebuildtest.Traffic(t, js, docs, -1)
 	defer stop()
 	time.Sleep(300 * time.Millisecond)
@@ -369,29 +464,11 @@ func testPartitionedRebuild(t *testing.T, inPlace, stopCoordinator bool) {
 		st, started, err = c.Start(context.Background())
 		return err == nil && started
 	})
-	t.Logf("rebuild %s asked of %s, coordinated by %s", st.ID, other.id, coordinator)
+	t.Logf("rebuild %s asked of %s, coordinated by %s", st.ID, other.id, coord.id)
 	if stopCoordinator {
-		var at rebuild.Status
-		testenv.Eventually(t, "the rebuild to be under way", 30*time.Second, func() bool {
-			var err error
-			at, err = c.Status(context.Background())
-			return err == nil && at.AppliedSeq > 0
-		})
-		coord.stop()
-		if at.Phase == rebuild.PhaseDone || at.Pending == 0 {
-			t.Fatalf("the rebuild was not under way when %s stopped: %+v", coord.id, at)
-		}
-		t.Logf("%s stopped while it rebuilt: %s, applied %d, pending %d", coord.id, at.Phase, at.AppliedSeq, at.Pending)
-		testenv.Eventually(t, other.id+" to coordinate", 10*time.Second, func() bool {
-			return projectortest.LeaseHolder(context.Background(), js, projector.CoordinatorLease("index")) == other.id
-		})
+		r.stopMidRebuild(c, coord, other, func(at rebuild.Status) bool { return at.AppliedSeq > 0 })
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	done, err := c.Wait(ctx, st.ID, 50*time.Millisecond, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	done := wait(t, c, st.ID)
 	if !inPlace && s.liveVersions() == nil {
 		t.Fatal("no live generation")
 	}
@@ -403,21 +480,16 @@ func testPartitionedRebuild(t *testing.T, inPlace, stopCoordinator bool) {
 	if !inPlace && live == "gen-0" {
 		t.Fatalf("rebuild %s done (%+v), but gen-0 is still live", st.ID, done)
 	}
-	converged("the rebuilt store holds every event")
+	r.holds("the rebuilt store holds every event", nil)
 	if stopCoordinator {
-		coord = startPartInstance(t, n.URL, coord.id, parts, s)
-		a, b = coord, other
+		r.restart(coord)
 	}
-	shared("a and b share the partitions again after the rebuild")
+	r.shared("a and b share the partitions again after the rebuild")
 	for k := range docs {
 		rebuildtest.Publish(t, js, fmt.Sprintf("doc-%03d", k), 1_000_000)
 	}
-	converged("both instances write the live generation after the rebuild")
-	a.stop()
-	b.stop()
-	if bad := s.violations(); len(bad) > 0 {
-		t.Fatalf("%d writes no rebuild may let happen, the first: %v", len(bad), bad[:min(5, len(bad))])
-	}
+	r.holds("both instances write the live generation after the rebuild", nil)
+	r.stop()
 	t.Logf("live generation %s", live)
 }
 
@@ -446,14 +518,6 @@ func TestOnePartitionIsRebuilt(t *testing.T) {
 
 func testOnePartitionRebuilt(t *testing.T, inPlace, stopCoordinator bool) {
 	const parts, part, docs = 4, 2, 200
-	n := testenv.StartNATS(t)
-	_, js := n.DocsStream(t)
-	if _, err := relay.ApplyPartsStream(context.Background(), js, relay.StreamConfig{}, parts, false); err != nil {
-		t.Fatal(err)
-	}
-	for k := range docs {
-		rebuildtest.Publish(t, js, fmt.Sprintf("doc-%03d", k), 1)
-	}
 	// A document in the partition rebuilt, and one in another, that the
 	// store will lose; live traffic does not write them.
 	var lostHere, lostElsewhere string
@@ -466,41 +530,22 @@ func testOnePartitionRebuilt(t *testing.T, inPlace, stopCoordinator bool) {
 			lostElsewhere = key
 		}
 	}
-	rebuildtest.Publish(t, js, lostHere, 1)
-	rebuildtest.Publish(t, js, lostElsewhere, 1)
 	s := newSharedGens(inPlace)
 	if stopCoordinator {
 		// About 50 of the partition's events a second: seconds to
 		// stop the coordinator in.
 		s.rebuildDelay = 20 * time.Millisecond
 	}
-	a := startPartInstance(t, n.URL, "a", parts, s)
-	b := startPartInstance(t, n.URL, "b", parts, s)
-	holds := func(what string, except map[string]int64) {
-		t.Helper()
-		testenv.Eventually(t, what, 60*time.Second, func() bool {
-			want := rebuildtest.LastVersions(t, js)
-			for k, v := range except {
-				want[k] = v
-				if v == 0 {
-					delete(want, k)
-				}
-			}
-			return maps.Equal(s.liveVersions(), want)
-		})
-	}
-	shared := func(what string) {
-		t.Helper()
-		testenv.Eventually(t, what, 30*time.Second, func() bool {
-			by := map[string]int{}
-			for p := range parts {
-				by[projectortest.LeaseHolder(context.Background(), js, projector.PartitionLease("index", p))]++
-			}
-			return by["a"] > 0 && by["b"] > 0 && by["a"]+by["b"] == parts
-		})
-	}
-	holds("a and b apply every event", nil)
-	shared("a and b share the partitions")
+	r := startPartRig(t, parts, s, func(js jetstream.JetStream) {
+		for k := range docs {
+			rebuildtest.Publish(t, js, fmt.Sprintf("doc-%03d", k), 1)
+		}
+		rebuildtest.Publish(t, js, lostHere, 1)
+		rebuildtest.Publish(t, js, lostElsewhere, 1)
+	})
+	js := r.js
+	r.holds("a and b apply every event", nil)
+	r.shared("a and b share the partitions")
 	s.lose(lostHere, lostElsewhere)
 	ghostHere, ghostElsewhere := "ghost-"+lostHere, "ghost-"+lostElsewhere
 	for contract.Partition(ghostHere, parts) != part {
@@ -512,15 +557,7 @@ func testOnePartitionRebuilt(t *testing.T, inPlace, stopCoordinator bool) {
 	s.haunt(ghostHere, 99)
 	s.haunt(ghostElsewhere, 99)
 
-	var coordinator string
-	testenv.Eventually(t, "an instance to coordinate the rebuilds", 10*time.Second, func() bool {
-		coordinator = projectortest.LeaseHolder(context.Background(), js, projector.CoordinatorLease("index"))
-		return coordinator != ""
-	})
-	other, coord := a, b
-	if coordinator == "a" {
-		other, coord = b, a
-	}
+	coord, other := r.coordinated()
 	stop := rebuildtest.Traffic(t, js, docs, -1)
 	defer stop()
 	time.Sleep(300 * time.Millisecond)
@@ -541,30 +578,12 @@ func testOnePartitionRebuilt(t *testing.T, inPlace, stopCoordinator bool) {
 		t.Fatalf("the rebuild started: %+v, want partition %d of %d, in place", st, part, parts)
 	}
 	if stopCoordinator {
-		var at rebuild.Status
-		testenv.Eventually(t, "the partition's rebuild to be under way", 30*time.Second, func() bool {
-			var err error
-			at, err = c.Status(context.Background())
-			return err == nil && at.Phase == rebuild.PhaseFilling && at.AppliedSeq > 0
-		})
-		coord.stop()
-		if at.Pending == 0 {
-			t.Fatalf("the rebuild was not under way when %s stopped: %+v", coord.id, at)
-		}
-		t.Logf("%s stopped while it rebuilt partition %d: applied %d, pending %d", coord.id, part, at.AppliedSeq, at.Pending)
-		testenv.Eventually(t, other.id+" to coordinate", 10*time.Second, func() bool {
-			return projectortest.LeaseHolder(context.Background(), js, projector.CoordinatorLease("index")) == other.id
-		})
+		r.stopMidRebuild(c, coord, other, func(at rebuild.Status) bool { return at.Phase == rebuild.PhaseFilling && at.AppliedSeq > 0 })
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	done, err := c.Wait(ctx, st.ID, 50*time.Millisecond, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	done := wait(t, c, st.ID)
 	time.Sleep(300 * time.Millisecond)
 	stop()
-	holds("the store holds every event, and of another partition the lost document missing and the ghost there",
+	r.holds("the store holds every event, and of another partition the lost document missing and the ghost there",
 		map[string]int64{lostElsewhere: 0, ghostElsewhere: 99})
 	s.mu.Lock()
 	live, fresh := s.live, s.n
@@ -586,18 +605,9 @@ func testOnePartitionRebuilt(t *testing.T, inPlace, stopCoordinator bool) {
 		t.Error("the rebuild runtime wrote nothing")
 	}
 	if stopCoordinator {
-		coord = startPartInstance(t, n.URL, coord.id, parts, s)
-		if coord.id == "a" {
-			a = coord
-		} else {
-			b = coord
-		}
+		r.restart(coord)
 	}
-	shared("a and b share the partitions again after the rebuild")
-	a.stop()
-	b.stop()
-	if bad := s.violations(); len(bad) > 0 {
-		t.Fatalf("%d writes no rebuild may let happen, the first: %v", len(bad), bad[:min(5, len(bad))])
-	}
+	r.shared("a and b share the partitions again after the rebuild")
+	r.stop()
 	t.Logf("rebuild %s of partition %d (%+v): %d documents rewritten", st.ID, part, done, rebuilt)
 }
