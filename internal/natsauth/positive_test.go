@@ -2,7 +2,6 @@ package natsauth_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -239,17 +238,7 @@ func testProjectorRebuilds(t *testing.T, name string) {
 		AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: contract.DocsSubjectPrefix + ">"}); err != nil {
 		t.Fatal(err)
 	}
-	left, err := json.Marshal(rebuild.State{ID: "left", Phase: rebuild.PhaseWiping, InPlace: true, Target: "db", Previous: "db", StartedAt: time.Now().UTC()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	kv, err := a.js.KeyValue(ctx(t), rebuild.Bucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kv.Put(ctx(t), name, left); err != nil {
-		t.Fatal(err)
-	}
+	rebuildtest.Leave(t, a.js, name, rebuild.State{ID: "left", Phase: rebuild.PhaseWiping, InPlace: true, Target: "db", Previous: "db", StartedAt: time.Now().UTC()})
 	resumed := rebuildtest.Start(t, p.js, stores, projector.Config{Name: name})
 	defer resumed.Stop()
 	resumed.WaitDone(t, "left", 30*time.Second)
@@ -350,18 +339,8 @@ func testPartitionedProjectorRebuildsAPartition(t *testing.T, name string) {
 		t.Fatal(err)
 	}
 	p1 := part
-	left, err := json.Marshal(rebuild.State{ID: "left", Phase: rebuild.PhaseWiping, InPlace: true, Target: "live", Previous: "live",
+	rebuildtest.Leave(t, a.js, name, rebuild.State{ID: "left", Phase: rebuild.PhaseWiping, InPlace: true, Target: "live", Previous: "live",
 		Partition: &p1, Partitions: parts, StartedAt: time.Now().UTC()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	kv, err := a.js.KeyValue(ctx(t), rebuild.Bucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kv.Put(ctx(t), name, left); err != nil {
-		t.Fatal(err)
-	}
 	resumed := rebuildtest.StartWith(t, p.js, stores, mc)
 	defer resumed.Stop()
 	resumed.WaitDone(t, "left", 30*time.Second)

@@ -2,7 +2,6 @@ package rebuild_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -135,18 +134,8 @@ func TestPartitionRebuildThatCannotGoOnAsBegun(t *testing.T) {
 			first, _ := serveRebuilds(t, js, stores, c.running) // makes the bucket
 			first.Stop()
 			part := 1
-			left, err := json.Marshal(rebuild.State{ID: "left", Phase: c.phase, InPlace: true, Target: "gen-0", Previous: "gen-0",
+			rebuildtest.Leave(t, js, "index", rebuild.State{ID: "left", Phase: c.phase, InPlace: true, Target: "gen-0", Previous: "gen-0",
 				Partition: &part, Partitions: c.began, StartedAt: time.Now().UTC()})
-			if err != nil {
-				t.Fatal(err)
-			}
-			kv, err := js.KeyValue(context.Background(), rebuild.Bucket)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := kv.Put(context.Background(), "index", left); err != nil {
-				t.Fatal(err)
-			}
 			p, _ := serveRebuilds(t, js, stores, c.running)
 			if c.abandoned == "" && c.widened == "" {
 				testenv.Eventually(t, "the rebuild to wait for an instance configured as the stream", 10*time.Second, func() bool {

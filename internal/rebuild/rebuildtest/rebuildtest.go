@@ -6,6 +6,7 @@ package rebuildtest
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sync"
 	"testing"
@@ -218,4 +219,21 @@ func Traffic(t testing.TB, js jetstream.JetStream, docs, damaged int) (stop func
 		close(done)
 		wg.Wait()
 	})
+}
+
+// Leave writes st as the state of projector name's rebuild in the
+// rebuilds' bucket, as a process that died during it leaves it.
+func Leave(t testing.TB, js jetstream.JetStream, name string, st rebuild.State) {
+	t.Helper()
+	b, err := json.Marshal(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(context.Background(), rebuild.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(context.Background(), name, b); err != nil {
+		t.Fatal(err)
+	}
 }
