@@ -61,6 +61,43 @@ func notifierService(url, holder string, parts int, cfg Config) ServiceConfig {
 	}
 }
 
+// beforeTheMove has a notifier without partitions notify the first version
+// of docs documents key(0)..., and stop; leaves their second versions in
+// the effects' stream; and makes the effects' parts partitions, as an
+// operator moving to them does.
+func (e *env) beforeTheMove(rcv *receiver, cfg Config, parts, docs int, key func(int) string) {
+	t := e.t
+	t.Helper()
+	one := stacktest.Start(t, notifierService(e.n.URL, "one", 0, cfg), Run)
+	for i := range docs {
+		e.relayPublish(upsert(key(i), 1), true)
+	}
+	testenv.Eventually(t, "the first versions notified by the one writer", 20*time.Second, func() bool { return len(rcv.requests()) == docs })
+	if err := one.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range docs {
+		e.relayPublish(upsert(key(i), 2), true)
+	}
+	rcfg := relay.Config{Effects: relay.EffectsConfig{Enabled: true}}
+	if _, err := relay.ApplyEffectsPartitions(context.Background(), e.js, rcfg, parts, false); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// inOrder fails t unless rcv received each document's versions one after
+// another from 1.
+func inOrder(t *testing.T, rcv *receiver) {
+	t.Helper()
+	last := map[string]int64{}
+	for _, q := range rcv.requests() {
+		if q.Body.Version != last[q.Body.Key]+1 {
+			t.Fatalf("%s: version %d notified after %d", q.Body.Key, q.Body.Version, last[q.Body.Key])
+		}
+		last[q.Body.Key] = q.Body.Version
+	}
+}
+
 // A deployment's notifier moves to partitions without losing an event or
 // notifying one before an older one of its document: the one writer had
 // notified the first versions, the second ones wait in the effects'
@@ -78,23 +115,9 @@ func TestPartitionedNotifiersMoveFromTheOneWriter(t *testing.T) {
 	cfg := testConfig(rcv.url("/hook"))
 	key := func(i int) string { return fmt.Sprintf("doc-%02d", i) }
 
-	one := stacktest.Start(t, notifierService(e.n.URL, "one", 0, cfg), Run)
-	for i := range docs {
-		e.relayPublish(upsert(key(i), 1), true)
-	}
-	testenv.Eventually(t, "the first versions notified by the one writer", 20*time.Second, func() bool { return len(rcv.requests()) == docs })
-	if err := one.Stop(); err != nil {
-		t.Fatal(err)
-	}
-	for i := range docs {
-		e.relayPublish(upsert(key(i), 2), true)
-	}
 	// The operator makes the partitions; a partitioned notifier started
 	// now waits for the relay's record of the move.
-	rcfg := relay.Config{Effects: relay.EffectsConfig{Enabled: true}}
-	if _, err := relay.ApplyEffectsPartitions(ctx, e.js, rcfg, parts, false); err != nil {
-		t.Fatal(err)
-	}
+	e.beforeTheMove(rcv, cfg, parts, docs, key)
 	saved := StreamWait
 	StreamWait = 50 * time.Millisecond
 	t.Cleanup(func() { StreamWait = saved })
@@ -111,13 +134,7 @@ func TestPartitionedNotifiersMoveFromTheOneWriter(t *testing.T) {
 	}
 	b := stacktest.Start(t, notifierService(e.n.URL, "b", parts, cfg), Run)
 	testenv.Eventually(t, "every version notified", 30*time.Second, func() bool { return len(rcv.requests()) == 3*docs })
-	last := map[string]int64{}
-	for _, q := range rcv.requests() {
-		if q.Body.Version != last[q.Body.Key]+1 {
-			t.Fatalf("%s: version %d notified after %d", q.Body.Key, q.Body.Version, last[q.Body.Key])
-		}
-		last[q.Body.Key] = q.Body.Version
-	}
+	inOrder(t, rcv)
 	if _, err := e.js.Consumer(ctx, contract.EventsStream, "notifier"); !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		t.Fatalf("the one writer's consumer after the move: %v, want it deleted", err)
 	}
@@ -199,21 +216,7 @@ func TestNotifierMoveFinishesWhatReachesTheEffectsStreamLate(t *testing.T) {
 	rcv := newReceiver(t)
 	cfg := testConfig(rcv.url("/hook"))
 	key := func(i int) string { return fmt.Sprintf("doc-%02d", i) }
-	one := stacktest.Start(t, notifierService(e.n.URL, "one", 0, cfg), Run)
-	for i := range docs {
-		e.relayPublish(upsert(key(i), 1), true)
-	}
-	testenv.Eventually(t, "the first versions notified by the one writer", 20*time.Second, func() bool { return len(rcv.requests()) == docs })
-	if err := one.Stop(); err != nil {
-		t.Fatal(err)
-	}
-	for i := range docs {
-		e.relayPublish(upsert(key(i), 2), true)
-	}
-	rcfg := relay.Config{Effects: relay.EffectsConfig{Enabled: true}}
-	if _, err := relay.ApplyEffectsPartitions(ctx, e.js, rcfg, parts, false); err != nil {
-		t.Fatal(err)
-	}
+	e.beforeTheMove(rcv, cfg, parts, docs, key)
 	e.relayMoved(parts)
 	var drains atomic.Int32
 	afterDrain = func() {
@@ -228,13 +231,7 @@ func TestNotifierMoveFinishesWhatReachesTheEffectsStreamLate(t *testing.T) {
 	e.partitionPublish(upsert("late", 2), parts)
 	a := stacktest.Start(t, notifierService(e.n.URL, "a", parts, cfg), Run)
 	testenv.Eventually(t, "every version notified", 30*time.Second, func() bool { return len(rcv.requests()) == 3*docs+2 })
-	last := map[string]int64{}
-	for _, q := range rcv.requests() {
-		if q.Body.Version != last[q.Body.Key]+1 {
-			t.Fatalf("%s: version %d notified after %d", q.Body.Key, q.Body.Version, last[q.Body.Key])
-		}
-		last[q.Body.Key] = q.Body.Version
-	}
+	inOrder(t, rcv)
 	if n := drains.Load(); n < 2 {
 		t.Errorf("the move drained the effects' stream %d times, want 2 or more (the first refused to delete the consumer)", n)
 	}
