@@ -2,7 +2,6 @@ package notifier
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/converge-sync/converge/internal/lease"
 	"github.com/converge-sync/converge/internal/projector"
+	"github.com/converge-sync/converge/internal/sharedkv"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
@@ -216,17 +216,11 @@ func readEffectsMoved(ctx context.Context, js jetstream.JetStream) (contract.Eff
 	if err != nil {
 		return m, false, fmt.Errorf("notifier: bucket %s: %w", contract.RelayBucket, err)
 	}
-	e, err := kv.Get(ctx, contract.EffectsMovedKey)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return m, false, nil
-	}
+	found, err := sharedkv.GetJSON(ctx, kv, contract.EffectsMovedKey, &m)
 	if err != nil {
-		return m, false, fmt.Errorf("notifier: %s of bucket %s: %w", contract.EffectsMovedKey, contract.RelayBucket, err)
+		return m, false, fmt.Errorf("notifier: %w", err)
 	}
-	if err := json.Unmarshal(e.Value(), &m); err != nil {
-		return m, false, fmt.Errorf("notifier: %s of bucket %s: %w", contract.EffectsMovedKey, contract.RelayBucket, err)
-	}
-	return m, true, nil
+	return m, found, nil
 }
 
 // errEffectsPartitioned stops a notifier without partitions once the

@@ -97,12 +97,11 @@ func TestPartitionRebuildRefusals(t *testing.T) {
 
 // A rebuild of one partition left by a process that can no longer be
 // done as begun ends so that nothing stays wiped and the next rebuild
-// can run: abandoned where nothing was wiped yet, or where the
-// partitioned stream was made anew (its consumers fill every document
-// again); widened into a rebuild of the whole store where the partition
-// may be wiped and nothing would fill it again (the projector back to
-// one writer), or where the index refuses writes (a whole rebuild is what
-// replaces it). On an instance configured otherwise than the stream, it
+// can run: abandoned where the partitioned stream was made anew (its
+// consumers fill every document again); widened into a rebuild of the
+// whole store where the partition may be wiped, even in part, and
+// nothing would fill it again (the projector back to one writer), or
+// where the index refuses writes (a whole rebuild is what replaces it). On an instance configured otherwise than the stream, it
 // waits for one configured as the stream is. The outcome stays in the
 // rebuilds' bucket: a process started afterwards reports it.
 func TestPartitionRebuildThatCannotGoOnAsBegun(t *testing.T) {
@@ -114,7 +113,8 @@ func TestPartitionRebuildThatCannotGoOnAsBegun(t *testing.T) {
 		abandoned, widened     string // what the status says
 		wiped                  bool   // the whole store wiped (widened)
 	}{
-		{"partitions made anew, nothing wiped", 4, 2, 2, rebuild.PhaseWiping, false, "nothing was wiped", "", false},
+		{"partitions made anew before the wipe", 4, 2, 2, rebuild.PhaseWiping, false, "made anew with 2 partitions, not 4", "", false},
+		{"one writer now, during the wipe", 2, 2, 0, rebuild.PhaseWiping, false, "", "runs in 0 partitions now", true},
 		{"partitions made anew after the wipe", 4, 2, 2, rebuild.PhaseFilling, false, "made anew with 2 partitions, not 4", "", false},
 		{"one writer now, after the wipe", 2, 2, 0, rebuild.PhaseFilling, false, "", "runs in 0 partitions now", true},
 		{"index refusing writes", 2, 2, 2, rebuild.PhaseWiping, true, "", "another embedder's", true},

@@ -608,10 +608,11 @@ func (m *Manager) step(ctx context.Context, st *State) error {
 
 // partition carries the rebuild of one partition st through its
 // remaining phases, as begun if it still can be. Otherwise it is
-// abandoned where that leaves nothing to mend (nothing wiped yet, or the
-// partitioned stream made anew, whose consumers fill every document
-// again), and widened into a rebuild of the whole store where the
-// partition's documents may be wiped and nothing would fill them again.
+// abandoned where that leaves nothing to mend (the partitioned stream
+// made anew, whose consumers fill every document again), and widened into
+// a rebuild of the whole store where the partition's documents may be
+// wiped, even in part (a wipe is saved done only once it is), and
+// nothing would fill them again.
 func (m *Manager) partition(ctx context.Context, st *State) error {
 	part, n, running := *st.Partition, st.Partitions, m.cfg.Partitions
 	w, ok := m.stores.(PartitionWiper)
@@ -630,8 +631,6 @@ func (m *Manager) partition(ctx context.Context, st *State) error {
 		// configured as the stream is resumes the rebuild.
 		return fmt.Errorf("rebuild %s is of partition %d of %d, and the partitioned stream has %d partitions, but this instance runs in %d: run it with %d",
 			st.ID, part, n, now, running, now)
-	case st.Phase == PhaseWiping:
-		return m.abandon(ctx, st, fmt.Sprintf("nothing was wiped: the projector now runs in %d partitions (the partitioned stream has %d), not %d", running, now, n))
 	case now >= 2 && running == now:
 		return m.abandon(ctx, st, fmt.Sprintf("the partitioned stream was made anew with %d partitions, not %d: its consumers read it from its start, filling every document again", now, n))
 	default:

@@ -2,7 +2,6 @@ package relay_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"log/slog"
 	"strconv"
@@ -15,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/converge-sync/converge/internal/relay"
+	"github.com/converge-sync/converge/internal/sharedkv"
 	"github.com/converge-sync/converge/internal/testenv"
 	"github.com/converge-sync/converge/pkg/contract"
 )
@@ -37,14 +37,8 @@ func readEffectsMoved(t *testing.T, js jetstream.JetStream) (contract.EffectsMov
 	if err != nil {
 		return m, false, err
 	}
-	e, err := kv.Get(context.Background(), contract.EffectsMovedKey)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return m, false, nil
-	}
-	if err != nil {
-		return m, false, err
-	}
-	return m, true, json.Unmarshal(e.Value(), &m)
+	found, err := sharedkv.GetJSON(context.Background(), kv, contract.EffectsMovedKey, &m)
+	return m, found, err
 }
 
 // readEvents reads every message of the effects' stream, in order.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/converge-sync/converge/internal/sharedkv"
 	"github.com/converge-sync/converge/pkg/contract"
 )
 
@@ -192,17 +193,11 @@ func (p *Positions) RecordEffectsMoved(ctx context.Context, n int, slot string) 
 // false when there is none.
 func (p *Positions) effectsMoved(ctx context.Context) (contract.EffectsMoved, bool, error) {
 	var m contract.EffectsMoved
-	e, err := p.kv.Get(ctx, contract.EffectsMovedKey)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return m, false, nil
-	}
+	found, err := sharedkv.GetJSON(ctx, p.kv, contract.EffectsMovedKey, &m)
 	if err != nil {
-		return m, false, fmt.Errorf("relay: reading the record of the move to the effects' partitions: %w", err)
-	}
-	if err := json.Unmarshal(e.Value(), &m); err != nil {
 		return m, false, fmt.Errorf("relay: the record of the move to the effects' partitions: %w", err)
 	}
-	return m, true, nil
+	return m, found, nil
 }
 
 // errEffectsGone refuses a session that finds no effects' partitions once

@@ -21,6 +21,7 @@ package sharedkv
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -150,4 +151,20 @@ func Apply(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 		return fmt.Errorf("sharedkv: apply bucket %s: %w", cfg.Bucket, err)
 	}
 	return nil
+}
+
+// GetJSON reads key's value from kv, any bucket, into v; found is false
+// when there is no such key.
+func GetJSON(ctx context.Context, kv jetstream.KeyValue, key string, v any) (found bool, err error) {
+	e, err := kv.Get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("%s of bucket %s: %w", key, kv.Bucket(), err)
+	}
+	if err := json.Unmarshal(e.Value(), v); err != nil {
+		return false, fmt.Errorf("%s of bucket %s is not valid: %w", key, kv.Bucket(), err)
+	}
+	return true, nil
 }
