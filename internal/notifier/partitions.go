@@ -181,8 +181,8 @@ func moveToPartitions(ctx context.Context, js jetstream.JetStream, n *Notifier, 
 	if !writable() {
 		return lease.ErrLost
 	}
-	if afterDrain != nil {
-		afterDrain()
+	if moveStep != nil {
+		moveStep("drained")
 	}
 	// Caught up, with no relay publishing there since the record (a relay
 	// of an older version would: upgrade every relay first). Anything
@@ -197,13 +197,25 @@ func moveToPartitions(ctx context.Context, js jetstream.JetStream, n *Notifier, 
 	if err := js.DeleteConsumer(ctx, contract.EventsStream, rc.Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return fmt.Errorf("notifier: delete the finished consumer %s of %s: %w", rc.Name, contract.EventsStream, err)
 	}
+	if moveStep != nil {
+		moveStep("deleted")
+	}
+	// An event stored between the look above and the delete waits in the
+	// work queue, which keeps it unread: the move is taken again, and
+	// finishes it with a consumer made anew.
+	if s, err := js.Stream(ctx, contract.EventsStream); err != nil {
+		return fmt.Errorf("notifier: stream %s: %w", contract.EventsStream, err)
+	} else if left := s.CachedInfo().State.Msgs; left > 0 {
+		return fmt.Errorf("notifier: %d events reached %s as its consumer was deleted (a relay of an older version publishes there?): finishing them first", left, contract.EventsStream)
+	}
 	log.Info("moved to the effects' partitions: the effects' stream is finished and its consumer deleted", "stream", contract.EventsStream, "consumer", rc.Name)
 	return nil
 }
 
-// afterDrain, set by a test, runs when the move has drained the effects'
-// stream, before it looks for events still pending there.
-var afterDrain func()
+// moveStep, set by a test, runs at steps of the move: "drained", once the
+// effects' stream is drained and before the move looks for events still
+// pending there; "deleted", once its consumer is deleted.
+var moveStep func(step string)
 
 // readEffectsMoved reads the relay's record of the move to the effects'
 // partitions; false when there is none (or no relay's bucket).

@@ -205,10 +205,11 @@ func TestNotifierWithoutPartitionsStopsWhenTheEffectsHaveThem(t *testing.T) {
 }
 
 // A relay of an older version still publishes to the effects' stream
-// after the relay's record of the move: the move, finding an event there
-// once it has drained the stream, refuses to delete the stream's
-// consumer and takes the move again, notifying it; every effect is sent
-// once, each document's in order, and the consumer goes in the end.
+// after the relay's record of the move, once the move has drained it, and
+// again once the move has deleted its consumer: the move, finding an
+// event there, takes the move again (with a consumer made anew the second
+// time) and notifies it; every effect is sent once, each document's in
+// order, and the consumer goes in the end.
 func TestNotifierMoveFinishesWhatReachesTheEffectsStreamLate(t *testing.T) {
 	const parts, docs = 4, 10
 	e := newRelayedEnv(t, 1, -1)
@@ -218,22 +219,26 @@ func TestNotifierMoveFinishesWhatReachesTheEffectsStreamLate(t *testing.T) {
 	key := func(i int) string { return fmt.Sprintf("doc-%02d", i) }
 	e.beforeTheMove(rcv, cfg, parts, docs, key)
 	e.relayMoved(parts)
-	var drains atomic.Int32
-	afterDrain = func() {
-		if drains.Add(1) == 1 {
+	var drains, deletes atomic.Int32
+	moveStep = func(step string) {
+		switch {
+		case step == "drained" && drains.Add(1) == 1:
 			e.relayPublish(upsert("late", 1), true) // an older relay, after the record
+		case step == "deleted" && deletes.Add(1) == 1:
+			e.relayPublish(upsert("later", 1), true) // and as the consumer goes
 		}
 	}
-	t.Cleanup(func() { afterDrain = nil })
+	t.Cleanup(func() { moveStep = nil })
 	for i := range docs {
 		e.partitionPublish(upsert(key(i), 3), parts)
 	}
 	e.partitionPublish(upsert("late", 2), parts)
+	e.partitionPublish(upsert("later", 2), parts)
 	a := stacktest.Start(t, notifierService(e.n.URL, "a", parts, cfg), Run)
-	testenv.Eventually(t, "every version notified", 30*time.Second, func() bool { return len(rcv.requests()) == 3*docs+2 })
+	testenv.Eventually(t, "every version notified", 30*time.Second, func() bool { return len(rcv.requests()) == 3*docs+4 })
 	inOrder(t, rcv)
-	if n := drains.Load(); n < 2 {
-		t.Errorf("the move drained the effects' stream %d times, want 2 or more (the first refused to delete the consumer)", n)
+	if n := drains.Load(); n < 3 {
+		t.Errorf("the move drained the effects' stream %d times, want 3 or more (the first refused to delete the consumer, the second found an event after the delete)", n)
 	}
 	testenv.Eventually(t, "the effects' stream's consumer deleted", 10*time.Second, func() bool {
 		_, err := e.js.Consumer(ctx, contract.EventsStream, "notifier")
