@@ -76,19 +76,24 @@ func (b *Backend) deleteChunks(ctx context.Context, op string, keep []index.Keep
 		for _, k := range keep[lo:hi] {
 			conds = append(conds, qd.NewFilterAsCondition(selected(k)))
 		}
-		err := b.call(ctx, func(ctx context.Context) error {
-			_, err := b.client.GetPointsClient().Delete(ctx, &qd.DeletePoints{
-				CollectionName: b.cfg.Collection,
-				Wait:           qd.PtrOf(true),
-				Points:         qd.NewPointsSelectorFilter(&qd.Filter{Should: conds}),
-			})
-			return err
-		})
-		if err != nil {
-			return b.fail(op, err)
-		}
-		return nil
+		return b.deletePoints(ctx, op, qd.NewPointsSelectorFilter(&qd.Filter{Should: conds}))
 	})
+}
+
+// deletePoints deletes the points sel selects, waiting for the write.
+func (b *Backend) deletePoints(ctx context.Context, op string, sel *qd.PointsSelector) error {
+	err := b.call(ctx, func(ctx context.Context) error {
+		_, err := b.client.GetPointsClient().Delete(ctx, &qd.DeletePoints{
+			CollectionName: b.cfg.Collection,
+			Wait:           qd.PtrOf(true),
+			Points:         sel,
+		})
+		return err
+	})
+	if err != nil {
+		return b.fail(op, err)
+	}
+	return nil
 }
 
 // Counts counts each key's chunk points from one scroll of their ids
@@ -231,19 +236,9 @@ func (b *Backend) WipeDocuments(ctx context.Context, keys []string) error {
 			ids = append(ids, markerID(k))
 		}
 		chunks := &qd.Filter{Must: []*qd.Condition{qd.NewMatchKeywords(fieldKey, batch...), qd.NewMatchKeyword(fieldType, typeChunk)}}
-		for _, sel := range []*qd.PointsSelector{qd.NewPointsSelectorFilter(chunks), qd.NewPointsSelector(ids...)} {
-			err := b.call(ctx, func(ctx context.Context) error {
-				_, err := b.client.GetPointsClient().Delete(ctx, &qd.DeletePoints{
-					CollectionName: b.cfg.Collection,
-					Wait:           qd.PtrOf(true),
-					Points:         sel,
-				})
-				return err
-			})
-			if err != nil {
-				return b.fail("wipe documents", err)
-			}
+		if err := b.deletePoints(ctx, "wipe documents", qd.NewPointsSelectorFilter(chunks)); err != nil {
+			return err
 		}
-		return nil
+		return b.deletePoints(ctx, "wipe documents", qd.NewPointsSelector(ids...))
 	})
 }
