@@ -26,8 +26,8 @@ func (m *Manager) Routes() map[string]http.Handler {
 				started bool
 				err     error
 			)
-			if r.URL.Query().Has("partition") {
-				q := r.URL.Query().Get("partition")
+			if qs, ok := r.URL.Query()["partition"]; ok {
+				q := qs[0]
 				part, perr := strconv.Atoi(q)
 				if perr != nil {
 					httpjson.Error(w, http.StatusBadRequest, "invalid_partition", fmt.Sprintf("partition %q is not a number", q))

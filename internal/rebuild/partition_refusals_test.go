@@ -154,6 +154,10 @@ func TestPartitionRebuildThatCannotGoOnAsBegun(t *testing.T) {
 				st := p.Manager.Status(context.Background())
 				return st.Phase == rebuild.PhaseDone && st.ID == "left"
 			})
+			// An abandoned rebuild is not counted completed.
+			if got, want := p.Manager.Status(context.Background()).Completed, map[bool]int{true: 0, false: 1}[c.abandoned != ""]; got != want {
+				t.Errorf("rebuilds completed: %d, want %d", got, want)
+			}
 			p.Stop()
 			// Reported by a process started afterwards, from the bucket.
 			again, _ := serveRebuilds(t, js, stores, c.running)

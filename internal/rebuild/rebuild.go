@@ -450,20 +450,8 @@ func (m *Manager) start(ctx context.Context, part *int, check func() error) (Sta
 	if err := m.deleteConsumer(ctx, m.sourceOf(st)); err != nil {
 		return Status{}, false, err
 	}
-	live, err := m.stores.Live(ctx)
-	if err != nil {
+	if err := m.target(ctx, st); err != nil {
 		return Status{}, false, err
-	}
-	st.Previous = live
-	if s, ok := m.stores.(BlueGreen); ok && part == nil {
-		st.Phase, st.Target = PhaseFilling, s.Fresh()
-		if st.Target == live {
-			return Status{}, false, fmt.Errorf("rebuild: the fresh generation's name %q is the live one's", live)
-		}
-	} else {
-		// In place: the stores hold one generation, or one partition of
-		// the one that holds them all is rebuilt.
-		st.Phase, st.Target, st.InPlace = PhaseWiping, live, true
 	}
 	if err := m.create(ctx, st, rev); err != nil {
 		return Status{}, false, err
@@ -473,6 +461,27 @@ func (m *Manager) start(ctx context.Context, part *int, check func() error) (Sta
 	m.log.Info("rebuild requested", "id", st.ID, "target", m.stores.Describe(st.Target), "in_place", st.InPlace, "partition", partitionOf(st))
 	m.kick()
 	return m.status, true, nil
+}
+
+// target sets the first phase of the rebuild st and the generations it
+// fills and replaces: a fresh one, blue/green; the live one, in place (the
+// stores hold one generation, or one partition of the one that holds them
+// all is rebuilt).
+func (m *Manager) target(ctx context.Context, st *State) error {
+	live, err := m.stores.Live(ctx)
+	if err != nil {
+		return err
+	}
+	st.Previous = live
+	if s, ok := m.stores.(BlueGreen); ok && st.Partition == nil {
+		st.Phase, st.Target = PhaseFilling, s.Fresh()
+		if st.Target == live {
+			return fmt.Errorf("rebuild: the fresh generation's name %q is the live one's", live)
+		}
+		return nil
+	}
+	st.Phase, st.Target, st.InPlace = PhaseWiping, live, true
+	return nil
 }
 
 // partitionOf is st's partition for logs: "all" for the whole store.
@@ -521,7 +530,7 @@ func (m *Manager) Status(ctx context.Context) Status {
 	if s.Phase != PhaseFilling && s.Phase != PhaseSwitching && s.Phase != PhaseRetrying {
 		return s
 	}
-	src := m.sourceOf(&State{Partition: s.Partition})
+	src := m.source(s.Partition)
 	if last, err := m.lastSeq(ctx, src); err == nil {
 		s.StreamLastSeq = last
 	}
@@ -543,9 +552,13 @@ type source struct {
 
 // sourceOf is what the rebuild st reads: the partitioned stream's subjects
 // of its partition, or the live runtime's stream whole.
-func (m *Manager) sourceOf(st *State) source {
-	if st.Partition != nil {
-		return source{stream: contract.PartsStream, prefix: contract.PartitionSubjectPrefix(*st.Partition)}
+func (m *Manager) sourceOf(st *State) source { return m.source(st.Partition) }
+
+// source is what a rebuild of partition part (nil: the whole store)
+// reads.
+func (m *Manager) source(part *int) source {
+	if part != nil {
+		return source{stream: contract.PartsStream, prefix: contract.PartitionSubjectPrefix(*part)}
 	}
 	if m.cfg.Runtime.Stream != "" {
 		return source{stream: m.cfg.Runtime.Stream}
@@ -664,18 +677,8 @@ func (m *Manager) widen(ctx context.Context, st *State, why string) error {
 			return err
 		}
 	}
-	live, err := m.stores.Live(ctx)
-	if err != nil {
+	if err := m.target(ctx, whole); err != nil {
 		return err
-	}
-	whole.Previous = live
-	if s, ok := m.stores.(BlueGreen); ok {
-		whole.Phase, whole.Target = PhaseFilling, s.Fresh()
-		if whole.Target == live {
-			return fmt.Errorf("rebuild: the fresh generation's name %q is the live one's", live)
-		}
-	} else {
-		whole.Phase, whole.Target, whole.InPlace = PhaseWiping, live, true
 	}
 	if err := m.save(ctx, whole, false); err != nil {
 		return err
@@ -977,7 +980,11 @@ func (m *Manager) end(ctx context.Context, st *State, abandoned string) error {
 	}
 	m.mu.Lock()
 	m.active = false
-	m.status = m.statusOf(st, m.status.Completed+1)
+	completed := m.status.Completed
+	if abandoned == "" {
+		completed++
+	}
+	m.status = m.statusOf(st, completed)
 	m.mu.Unlock()
 	if abandoned == "" {
 		m.log.Info("rebuild done", "id", st.ID, "target", m.stores.Describe(st.Target), "partition", partitionOf(st), "took", now.Sub(st.StartedAt).Round(time.Millisecond))
