@@ -125,20 +125,20 @@ func (s *Neo4jStores) WipePartition(ctx context.Context, g *rebuild.Generation, 
 	if !ok {
 		return errors.New("wipe partition: only a Neo4j graph runs in partitions")
 	}
-	var keys, chunksOnly []string
-	if err := b.ScanKeys(ctx, func(key string, node bool) error {
+	var keys, stray []string
+	if err := b.ScanKeys(ctx, func(key, chunk string) error {
 		switch {
 		case key == "" || contract.Partition(key, n) != part:
-		case node:
+		case chunk == "":
 			keys = append(keys, key)
 		default:
-			chunksOnly = append(chunksOnly, key)
+			stray = append(stray, chunk)
 		}
 		return nil
 	}); err != nil {
 		return err
 	}
-	chunks, err := b.WipeChunks(ctx, chunksOnly)
+	chunks, err := b.WipeChunks(ctx, stray)
 	if err != nil {
 		return err
 	}

@@ -368,10 +368,11 @@ const keysPage = 10000
 
 // ScanKeys calls fn with the key of every document the graph holds
 // anything of: those of the document nodes (stubs included), in key
-// order, with node true, then those of chunk nodes no document node holds
-// (its node gone, or made again as a stub), with node false; a key may
-// come in both. An error from fn ends the scan and is returned as it is.
-func (b *Backend) ScanKeys(ctx context.Context, fn func(key string, node bool) error) error {
+// order, with stray "", then those of the chunk nodes no document node
+// holds (its node gone, or made again as a stub), with stray the chunk's
+// id; a key may come more than once. An error from fn ends the scan and
+// is returned as it is.
+func (b *Backend) ScanKeys(ctx context.Context, fn func(key, stray string) error) error {
 	after := ""
 	for {
 		var page []string
@@ -396,7 +397,7 @@ func (b *Backend) ScanKeys(ctx context.Context, fn func(key string, node bool) e
 			return b.fail("scan keys", fmt.Errorf("a page after %q began with %q", after, page[0]))
 		}
 		for _, key := range page {
-			if err := fn(key, true); err != nil {
+			if err := fn(key, ""); err != nil {
 				return err
 			}
 		}
@@ -405,38 +406,40 @@ func (b *Backend) ScanKeys(ctx context.Context, fn func(key string, node bool) e
 		}
 		after = page[len(page)-1]
 	}
-	var chunks []string
+	var stray [][2]string // key, id
 	if err := b.run.ExecuteRead(ctx, func(t tx) error {
-		chunks = chunks[:0]
-		recs, err := t.Run(ctx, cypherChunkKeys, nil)
+		stray = stray[:0]
+		recs, err := t.Run(ctx, cypherStrayChunks, nil)
 		if err != nil {
 			return err
 		}
 		for _, rec := range recs {
-			if key, ok := rec["key"].(string); ok {
-				chunks = append(chunks, key)
+			key, kok := rec["key"].(string)
+			id, iok := rec["id"].(string)
+			if kok && iok {
+				stray = append(stray, [2]string{key, id})
 			}
 		}
 		return nil
 	}); err != nil {
 		return b.fail("scan keys", err)
 	}
-	for _, key := range chunks {
-		if err := fn(key, false); err != nil {
+	for _, c := range stray {
+		if err := fn(c[0], c[1]); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// WipeChunks deletes the chunk nodes of the documents keys that no
-// document node holds (ScanKeys' keys with node false); every other chunk
-// goes with its document in WipeDocuments. Each transaction reads every
-// chunk node, so keys go 1,000 to one. deleted counts the chunks.
-func (b *Backend) WipeChunks(ctx context.Context, keys []string) (deleted int64, err error) {
-	for lo := 0; lo < len(keys); lo += 1000 {
-		hi := min(lo+1000, len(keys))
-		n, err := b.count(ctx, "wipeChunks", hi-lo, cypherWipeChunks, map[string]any{"keys": keys[lo:hi]})
+// WipeChunks deletes the chunk nodes of ids that no document node holds
+// (ScanKeys' strays); every other chunk goes with its document in
+// WipeDocuments. Config.BatchSize ids per transaction; deleted counts the
+// chunks.
+func (b *Backend) WipeChunks(ctx context.Context, ids []string) (deleted int64, err error) {
+	for lo := 0; lo < len(ids); lo += b.cfg.BatchSize {
+		hi := min(lo+b.cfg.BatchSize, len(ids))
+		n, err := b.count(ctx, "wipeChunks", hi-lo, cypherWipeChunks, map[string]any{"ids": ids[lo:hi]})
 		if err != nil {
 			return deleted, b.fail("wipe chunks", err)
 		}

@@ -235,17 +235,18 @@ RETURN d.key AS key
 ORDER BY key
 LIMIT $limit`
 
-// cypherChunkKeys reads the keys of the chunk nodes no document node
-// holds (HAS_CHUNK), each once: a chunk whose document node is gone, or
-// was made again (a stub), is found by them alone.
-const cypherChunkKeys = `MATCH (c:Chunk)
+// cypherStrayChunks reads the chunk nodes no document node holds
+// (HAS_CHUNK), their keys and ids: a chunk whose document node is gone,
+// or was made again (a stub), is found by them alone. It reads every
+// chunk node.
+const cypherStrayChunks = `MATCH (c:Chunk)
 WHERE c.key IS NOT NULL AND NOT EXISTS { (:Document)-[:HAS_CHUNK]->(c) }
-RETURN DISTINCT c.key AS key`
+RETURN c.key AS key, c.id AS id`
 
-// cypherWipeChunks deletes the chunk nodes of the documents $keys that no
-// document node holds; it reads every chunk node, so it is run for those
-// keys alone. Answers how many it deleted.
-const cypherWipeChunks = `MATCH (c:Chunk)
-WHERE c.key IN $keys AND NOT EXISTS { (:Document)-[:HAS_CHUNK]->(c) }
+// cypherWipeChunks deletes the chunk nodes $ids that no document node
+// holds. Answers how many it deleted.
+const cypherWipeChunks = `UNWIND $ids AS id
+MATCH (c:Chunk {id: id})
+WHERE NOT EXISTS { (:Document)-[:HAS_CHUNK]->(c) }
 DETACH DELETE c
 RETURN count(c) AS deleted`

@@ -8,6 +8,7 @@ import (
 	"github.com/neo4j/neo4j-go-driver/v5/neo4j"
 
 	"github.com/converge-sync/converge/internal/graph"
+	"github.com/converge-sync/converge/pkg/contract"
 )
 
 // sentStatements are the statements the backend sends, with their
@@ -47,10 +48,10 @@ func sentStatements(t *testing.T) []statement {
 	if err := b.ScanDocuments(ctx(), func(graph.View) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.ScanKeys(ctx(), func(string, bool) error { return nil }); err != nil {
+	if err := b.ScanKeys(ctx(), func(string, string) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.WipeChunks(ctx(), []string{"a"}); err != nil {
+	if _, err := b.WipeChunks(ctx(), []string{contract.ChunkID("a", 1, 0).String()}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := b.WipeDocuments(ctx(), []string{"a", "b"}); err != nil {

@@ -29,7 +29,7 @@ var statementNames = []struct{ name, cypher string }{
 	{"wipeDocumentRelationships", cypherWipeDocumentRelationships},
 	{"wipeDocuments", cypherWipeDocuments},
 	{"documentKeys", cypherDocumentKeys},
-	{"chunkKeys", cypherChunkKeys},
+	{"strayChunks", cypherStrayChunks},
 	{"wipeChunks", cypherWipeChunks},
 }
 
@@ -314,21 +314,19 @@ func (g *modelGraph) run(cypher string, params map[string]any) ([]record, error)
 			}
 		}
 		return out, nil
-	case cypherChunkKeys:
-		seen := map[string]bool{}
+	case cypherStrayChunks:
 		var out []record
 		for id, c := range g.chunks {
-			if !seen[c.key] && !g.held(id) {
-				seen[c.key] = true
-				out = append(out, record{"key": c.key})
+			if !g.held(id) {
+				out = append(out, record{"key": c.key, "id": id})
 			}
 		}
 		return out, nil
 	case cypherWipeChunks:
 		var n int64
-		keys := stringsParam(params, "keys")
-		for id, c := range g.chunks {
-			if slices.Contains(keys, c.key) && !g.held(id) {
+		ids := stringsParam(params, "ids")
+		for id := range g.chunks {
+			if slices.Contains(ids, id) && !g.held(id) {
 				delete(g.chunks, id)
 				for _, d := range g.docs {
 					delete(d.chunks, id)
