@@ -26,7 +26,7 @@ const (
 	RebuildBucket = "CONVERGE_REBUILDS"
 	// PositionBucket is relay.PositionBucket: the relay's record of its
 	// confirmed position.
-	PositionBucket = "CONVERGE_RELAY"
+	PositionBucket = contract.RelayBucket
 	// NotifierBucket is notifier.DefaultBucket.
 	NotifierBucket = "CONVERGE_EFFECTS"
 	// NotifierName is the notifier's default durable consumer.

@@ -57,12 +57,9 @@ func effectsPartStreamConfig(cfg Config, p int) jetstream.StreamConfig {
 // EffectsPartitions is the number of the effects' partitions the operator
 // made: that of their first stream's metadata; 0 when there is none.
 func EffectsPartitions(ctx context.Context, js jetstream.JetStream) (int, error) {
-	s, err := js.Stream(ctx, contract.EventsPartitionStream(0))
-	switch {
-	case errors.Is(err, jetstream.ErrStreamNotFound):
-		return 0, nil
-	case err != nil:
-		return 0, fmt.Errorf("relay: stream %s: %w", contract.EventsPartitionStream(0), err)
+	s, err := existingStream(ctx, js, contract.EventsPartitionStream(0))
+	if s == nil || err != nil {
+		return 0, err
 	}
 	raw := s.CachedInfo().Config.Metadata[contract.MetaPartitions]
 	n, err := strconv.Atoi(raw)
@@ -149,12 +146,12 @@ func ApplyEffectsPartitions(ctx context.Context, js jetstream.JetStream, cfg Con
 		}
 		var existing []string
 		for p := range contract.MaxPartitions {
-			s, err := js.Stream(ctx, contract.EventsPartitionStream(p))
-			if errors.Is(err, jetstream.ErrStreamNotFound) {
-				continue
-			}
+			s, err := existingStream(ctx, js, contract.EventsPartitionStream(p))
 			if err != nil {
-				return "", fmt.Errorf("relay: stream %s: %w", contract.EventsPartitionStream(p), err)
+				return "", err
+			}
+			if s == nil {
+				continue
 			}
 			if held := s.CachedInfo().State.Msgs; held > 0 {
 				return "", fmt.Errorf("%w (%s holds %d)", ErrEffectsRepartition, contract.EventsPartitionStream(p), held)
